@@ -1,0 +1,78 @@
+"""Predict every published run we can express and print the error, per source and overall.
+
+    python bench/validate_published.py [--csv PATH] [--rows]
+
+The data: shared/data/published_runs.csv (see its README). Step-time rows compare the
+predicted step time with the step time the measured figure implies under its source's
+own FLOP accounting (partita.validation.published); memory rows compare peak memory.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from partita.estimate import estimate
+from partita.validation.published import load_cases
+
+DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs.csv"
+
+
+def p90(values: list[float]) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def run(csv_path: Path, show_rows: bool = False) -> dict[str, float]:
+    cases, skipped = load_cases(csv_path)
+    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    signed: dict[str, list[float]] = defaultdict(list)
+    for case in cases:
+        est = estimate(case.model, case.cluster, case.plan)
+        predicted = est.step_time_s if case.metric == "step_time_s" else est.peak_memory_gib
+        err = (predicted - case.measured) / case.measured
+        errors[case.metric][case.source].append(abs(err))
+        signed[case.source + " " + case.metric].append(err)
+        if show_rows:
+            print(f"{case.source:22s} {case.name:28s} n={case.cluster.world_size:5d} {case.plan.summary():42s} "
+                  f"{case.metric:15s} measured {case.measured:9.3f} predicted {predicted:9.3f} err {err:+.1%}")
+    summary: dict[str, float] = {}
+    for metric in ("step_time_s", "peak_memory_gib"):
+        print(f"\n{metric}: absolute percentage error")
+        print(f"  {'source':24s} {'rows':>5s} {'median':>8s} {'p90':>8s} {'mean signed':>12s}")
+        everything: list[float] = []
+        for source, errs in sorted(errors[metric].items()):
+            everything += errs
+            mean_signed = statistics.mean(signed[source + " " + metric])
+            print(f"  {source:24s} {len(errs):5d} {statistics.median(errs):8.1%} {p90(errs):8.1%} {mean_signed:+12.1%}")
+        if everything:
+            med, hi = statistics.median(everything), p90(everything)
+            print(f"  {'OVERALL':24s} {len(everything):5d} {med:8.1%} {hi:8.1%}")
+            summary[metric + "_median"] = med
+            summary[metric + "_p90"] = hi
+            summary[metric + "_rows"] = len(everything)
+    print(f"\nskipped {len(skipped)} rows:")
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for label, reason in skipped:
+        reasons[reason].append(label)
+    for reason, labels in reasons.items():
+        print(f"  {len(labels):3d} x {reason}  (e.g. {labels[0]})")
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    args = parser.parse_args()
+    if not args.csv.exists():
+        print(f"published runs file {args.csv} not found; pass --csv", file=sys.stderr)
+        return 2
+    run(args.csv, args.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

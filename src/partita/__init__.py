@@ -1,0 +1,13 @@
+"""Partita: plan, run, profile and calibrate parallel training of large language models.
+
+Planning (``partita.estimate``, ``partita.search``) is pure Python and never imports
+torch; the runtime (``partita.runtime``) does.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import PartitaError
+from .plan import Plan
+
+__all__ = ["Plan", "PartitaError", "__version__"]

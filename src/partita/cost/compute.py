@@ -1,0 +1,152 @@
+"""Compute time of one transformer layer (and the embedding/output ends) on one rank.
+
+Time = GEMMs at the device's achievable rate + fused attention at its own rate +
+element-wise kernels bound by HBM bandwidth + a fixed per-layer launch overhead.
+
+GEMM efficiency falls for small GEMMs; we use the saturating curve
+``eff(G) = eff_max * G / (G + G_half)`` in the GEMM's size ``G`` (GFLOP), a smooth
+version of Calculon's step table (0.95/0.9/0.6/0.1 at 128/16/1/<1 GFLOP) and
+consistent with MAMF measurements that only large shapes reach the plateau
+(shared/reference/hardware.md sec. 2.1). ``eff_max`` and ``G_half`` are named
+parameters of the hardware family.
+
+Per rank, tensor parallelism divides every GEMM's output (or input) width by ``tp``;
+context parallelism divides the tokens by ``cp``. Routed experts are not tensor-split
+(expert tensor parallel = 1, the usual Megatron MoE layout); with sequence parallel the
+``tp`` ranks route disjoint tokens, so expert work per rank is also divided by ``tp``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import Plan
+from ..spec.hardware import Device
+from ..spec.model import ModelSpec
+
+BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}  # activation bytes; fp8 keeps bf16 activations
+
+
+@dataclass
+class LayerCost:
+    """Forward cost of one layer for one micro-batch on one rank (backward = 2x GEMM/attention)."""
+
+    gemm_flops: float = 0.0
+    gemm_time: float = 0.0
+    attn_flops: float = 0.0
+    attn_time: float = 0.0
+    elementwise_time: float = 0.0
+    overhead_time: float = 0.0
+
+    @property
+    def flops(self) -> float:
+        return self.gemm_flops + self.attn_flops
+
+    @property
+    def time(self) -> float:
+        return self.gemm_time + self.attn_time + self.elementwise_time + self.overhead_time
+
+    def __add__(self, other: "LayerCost") -> "LayerCost":
+        return LayerCost(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def scaled(self, k: float) -> "LayerCost":
+        return LayerCost(*(a * k for a in self.astuple()))
+
+    def astuple(self) -> tuple[float, ...]:
+        return (self.gemm_flops, self.gemm_time, self.attn_flops, self.attn_time,
+                self.elementwise_time, self.overhead_time)
+
+
+def gemm_time(device: Device, flops: float, dtype: str, count: int = 1) -> float:
+    """Seconds for ``count`` equal GEMMs totalling ``flops`` FLOPs."""
+    if flops <= 0:
+        return 0.0
+    eff = device.efficiency["gemm_fp8" if dtype == "fp8" else "gemm"]
+    peak = device.peak_flops("fp8" if dtype == "fp8" else dtype)
+    size_gflop = flops / count / 1e9
+    eff *= size_gflop / (size_gflop + device.efficiency["gemm_half_gflop"])
+    return flops / (peak * eff)
+
+
+def layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
+    """Forward cost of one layer (dense or MoE) for one micro-batch on one rank."""
+    tp, cp = plan.tp, plan.cp
+    tokens = plan.mbs * plan.seq_len / cp  # tokens this rank's GEMMs see (SP gathers them back)
+    h, dtype = model.hidden, plan.dtype
+    e = BYTES[dtype]
+    cost = LayerCost()
+
+    # ---- attention projections
+    if model.mla:
+        m = model.mla
+        qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q_proj = (h * m.q_lora_rank + m.q_lora_rank * model.heads * qk_head) if m.q_lora_rank else h * model.heads * qk_head
+        kv_proj = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * model.heads * (m.qk_nope_head_dim + m.v_head_dim)
+        proj_weights = (q_proj + kv_proj) / tp + model.attn_out_dim * h / tp
+        n_gemms = 6
+    else:
+        proj_weights = h * (model.q_dim + 2 * model.kv_dim) / tp + model.q_dim * h / tp
+        n_gemms = 4
+    attn_proj_flops = 2 * tokens * proj_weights
+    cost.gemm_flops += attn_proj_flops
+    cost.gemm_time += gemm_time(device, attn_proj_flops, dtype, n_gemms)
+
+    # ---- attention core (flash attention, causal: half the score matrix)
+    s_ctx = (plan.seq_len + 1) / 2
+    d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
+    attn_flops = 2 * tokens * s_ctx * (model.heads / tp) * (d_qk + d_v)
+    cost.attn_flops += attn_flops
+    attn_dtype = "bf16" if dtype == "fp8" else dtype
+    cost.attn_time += attn_flops / (device.peak_flops(attn_dtype) * device.efficiency["attention"])
+
+    # ---- MLP / experts
+    mats = 3 if model.gated else 2
+    if moe and model.moe:
+        mo = model.moe
+        router = 2 * tokens * h * mo.num_experts / tp
+        routed_tokens = tokens * mo.top_k / tp  # SP: the tp ranks route disjoint token slices
+        local_experts = mo.num_experts / plan.ep
+        routed = 2 * routed_tokens * mats * h * mo.expert_ffn_hidden
+        shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp
+        cost.gemm_flops += router + routed + shared
+        cost.gemm_time += gemm_time(device, router, dtype)
+        cost.gemm_time += gemm_time(device, routed, dtype, max(1, int(local_experts * mats)))
+        cost.gemm_time += gemm_time(device, shared, dtype, mats) if shared else 0.0
+        ffn_width = (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden) / tp
+        permute_bytes = 4 * e * tokens * mo.top_k * h / tp  # scatter to experts and gather back
+    else:
+        mlp = 2 * tokens * mats * h * model.ffn_hidden / tp
+        cost.gemm_flops += mlp
+        cost.gemm_time += gemm_time(device, mlp, dtype, mats)
+        ffn_width = model.ffn_hidden / tp
+        permute_bytes = 0.0
+
+    # ---- element-wise traffic (read + write), per token:
+    #   2 norms (read h, write h) and 2 residual adds (read 2h, write h): 10h, sharded by tp only with SP
+    #   RoPE on q and k: read + write (q + kv); activation: read 2f write f (gated) or read f write f
+    #   dropout (GPT): 2 x (read h, write h, write 1-byte mask)
+    outside = 10 * h + (5 * h if model.dropout else 0)
+    outside_div = tp if plan.sp else 1
+    rope = 2 * (model.q_dim + model.kv_dim) / tp if model.position == "rope" else 0.0
+    act = (3 if model.gated else 2) * ffn_width
+    elem_bytes = tokens * e * (outside / outside_div + rope + act) + permute_bytes
+    cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency["memory_bandwidth"])
+    cost.overhead_time += device.efficiency["kernel_overhead_us_per_layer"] * 1e-6
+    return cost
+
+
+def output_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
+    """Final norm, output projection and cross-entropy for one micro-batch on the last stage."""
+    tokens = plan.mbs * plan.seq_len / plan.cp
+    flops = 2 * tokens * model.hidden * model.vocab / plan.tp
+    cost = LayerCost(gemm_flops=flops, gemm_time=gemm_time(device, flops, "bf16" if plan.dtype == "fp8" else plan.dtype))
+    # softmax cross-entropy in fp32 over the vocab shard: read logits, write probs, read again for the loss
+    ce_bytes = tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 3 * 4)
+    cost.elementwise_time = ce_bytes / (device.hbm_tbps * 1e12 * device.efficiency["memory_bandwidth"])
+    return cost
+
+
+def embedding_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
+    """Embedding lookup on the first stage: a gather, bandwidth-bound."""
+    tokens = plan.mbs * plan.seq_len / plan.cp
+    nbytes = 2 * tokens * model.hidden * BYTES[plan.dtype]
+    return LayerCost(elementwise_time=nbytes / (device.hbm_tbps * 1e12 * device.efficiency["memory_bandwidth"]))

@@ -1,0 +1,97 @@
+"""``estimate(model, cluster, plan)``: memory and step time of one plan, explained.
+
+This is the entry point of the cost model; :mod:`partita.cost` holds the formulas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .cost.memory import GIB, RankMemory, estimate_memory
+from .cost.step import StepTime, estimate_step_time
+from .plan import Plan, check, normalise
+from .spec.hardware import Cluster
+from .spec.model import ModelSpec
+
+
+@dataclass
+class Estimate:
+    """Predicted memory and speed of a plan; the numbers `partita estimate` prints."""
+
+    model: ModelSpec
+    cluster: Cluster
+    plan: Plan
+    memory: list[RankMemory]
+    time: StepTime
+
+    @property
+    def step_time_s(self) -> float:
+        return self.time.step
+
+    @property
+    def peak_rank(self) -> RankMemory:
+        return max(self.memory, key=lambda m: m.total)
+
+    @property
+    def peak_memory_gib(self) -> float:
+        return self.peak_rank.total / GIB
+
+    @property
+    def tokens_per_s_per_device(self) -> float:
+        return self.plan.tokens_per_step / self.step_time_s / self.cluster.world_size
+
+    @property
+    def model_flops_per_step(self) -> float:
+        return self.model.model_flops_per_token(self.plan.seq_len) * self.plan.tokens_per_step
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        return self.model_flops_per_step / self.step_time_s / self.cluster.world_size / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation against the dense bf16/fp16 peak (fp8 plans too, so plans compare)."""
+        dtype = "bf16" if self.plan.dtype in ("fp8", "bf16") else self.plan.dtype
+        if not self.cluster.device.supports(dtype):
+            dtype = "fp16"
+        return self.model_tflops_per_device * 1e12 / self.cluster.device.peak_flops(dtype)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_gib <= self.cluster.device.usable_gib
+
+    def run_days(self, tokens: float) -> float:
+        return tokens / self.plan.tokens_per_step * self.step_time_s / 86400
+
+    def to_dict(self) -> dict[str, Any]:
+        peak = self.peak_rank
+        return {
+            "model": self.model.name,
+            "hardware": self.cluster.device.name,
+            "devices": self.cluster.world_size,
+            "devices_per_node": self.cluster.devices_per_node,
+            "plan": self.plan.to_dict(),
+            "step_time_s": self.step_time_s,
+            "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "model_tflops_per_device": self.model_tflops_per_device,
+            "mfu": self.mfu,
+            "peak_memory_gib": self.peak_memory_gib,
+            "usable_memory_gib": self.cluster.device.usable_gib,
+            "fits": self.fits,
+            "peak_memory_rank": peak.rank,
+            "memory": {k: v / GIB for k, v in peak.parts.items()},
+            "memory_per_stage_gib": [m.total / GIB for m in self.memory],
+            "time": dict(self.time.parts),
+            "stage_time_per_microbatch_s": [s.total for s in self.time.stages],
+        }
+
+
+def estimate(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
+    """Predict per-rank memory and the step time of ``plan`` (validated first)."""
+    plan = normalise(plan)
+    check(plan, model, cluster.world_size)
+    if plan.dtype != "fp32":
+        cluster.device.peak_flops(plan.dtype)  # raises a clear error for e.g. fp8 on 910B
+    return Estimate(model=model, cluster=cluster, plan=plan,
+                    memory=estimate_memory(model, cluster.device, plan),
+                    time=estimate_step_time(model, cluster, plan))

@@ -1,0 +1,387 @@
+"""The framework-neutral parallel plan: one JSON format every Partita command reads.
+
+Glossary (the field names are the field's own short names):
+
+=========  ===================================================================
+dp         data-parallel replicas (each sees a different slice of the batch)
+tp         tensor parallel: every GEMM of a layer split over ``tp`` devices
+           [Shoeybi et al. 2019, Megatron-LM]
+sp         sequence parallel: with tp, norms/dropout shard the sequence and the
+           all-reduces become all-gather + reduce-scatter [Korthikanti et al. 2022]
+pp         pipeline stages (layers split into ``pp`` consecutive groups)
+vpp        virtual stages (model chunks) per pipeline rank: interleaved 1F1B
+           [Narayanan et al. SC'21]
+cp         context parallel: the sequence split over ``cp`` devices, K/V exchanged
+           in a ring (ring attention / Megatron CP)
+ep         expert parallel: routed experts split over ``ep`` devices, tokens
+           exchanged with all-to-all; carved out of dp x cp as Megatron does, so it
+           is not a factor of the world size [Megatron-Core MoE]
+zero       0: replicated optimizer (DDP); 1: optimizer states sharded over dp x cp
+           (Megatron distributed optimizer); 2: + gradients sharded; 3: + parameters
+           sharded (FSDP / ZeRO-3) [Rajbhandari et al. 2020]
+mbs        micro-batch size in sequences per device
+gbs        global batch in sequences; gradient accumulation ``gbs / (dp * mbs)``
+recompute  none | selective (recompute attention core) | full (store only each
+           layer's input) [Korthikanti et al. 2022]
+dtype      bf16 | fp16 | fp8 (GEMMs in fp8, the rest bf16) | fp32
+schedule   1f1b | gpipe | interleaved-1f1b | zero-bubble
+=========  ===================================================================
+
+The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
+a group crosses) and the runtime (which ranks form a group) both use :func:`axis_ranks`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import PartitaError
+
+#: Device-mesh axes, outermost first: tp is innermost (fastest link), pp outermost.
+MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
+
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("bf16", "fp16", "fp8", "fp32")
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+PLAN_FORMAT = "partita.plan/1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one training job is split; see the module docstring for each field."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    zero: int = 1
+    mbs: int = 1
+    gbs: int = 1
+    seq_len: int = 2048
+    recompute: str = "none"
+    dtype: str = "bf16"
+    schedule: str = "1f1b"
+    layer_split: tuple[int, ...] | None = None  # layers per virtual stage, pp*vpp entries, in pipeline order
+    grad_dtype: str = "fp32"  # main-gradient buffer and reduction dtype (Megatron-LM fp32; NeMo bf16)
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+
+    # ------------------------------------------------------------ derived
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per step on each pipeline (gradient accumulation steps)."""
+        return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.gbs * self.seq_len
+
+    def stage_layers(self, layers: int) -> tuple[int, ...]:
+        """Layers of each virtual stage in pipeline order (pp*vpp entries)."""
+        if self.layer_split:
+            return tuple(self.layer_split)
+        chunks = self.pp * self.vpp
+        return tuple([layers // chunks] * chunks)
+
+    def rank_layers(self, layers: int) -> list[list[int]]:
+        """For each pipeline rank, the layer counts of the model chunks it holds.
+
+        Virtual stage ``j`` lives on pipeline rank ``j % pp`` (Megatron's interleaving).
+        """
+        split = self.stage_layers(layers)
+        out: list[list[int]] = [[] for _ in range(self.pp)]
+        for j, n in enumerate(split):
+            out[j % self.pp].append(n)
+        return out
+
+    def summary(self) -> str:
+        parts = [f"dp{self.dp}", f"tp{self.tp}"]
+        if self.sp and self.tp > 1:
+            parts[-1] += "+sp"
+        parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else ""))
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        parts.append(f"z{self.zero}")
+        parts.append(f"mbs{self.mbs}x{self.grad_accum}")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        return " ".join(parts)
+
+    # ------------------------------------------------------------ io
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_split"] = list(self.layer_split) if self.layer_split else None
+        return {"format": PLAN_FORMAT, **d, "grad_accum": self.grad_accum}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "plan") -> "Plan":
+        data = {k: v for k, v in data.items() if k not in ("format", "grad_accum")}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PartitaError(f"{where}: unknown field(s) {', '.join(unknown)}; plan fields are {', '.join(sorted(known))}")
+        typed: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            typed[f.name] = _coerce(f.name, data[f.name], where)
+        plan = cls(**typed)
+        if "sp" not in data:
+            plan = replace(plan, sp=plan.tp > 1)
+        if "schedule" not in data and plan.vpp > 1:
+            plan = replace(plan, schedule="interleaved-1f1b")
+        return plan
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise PartitaError(f"plan file {path} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise PartitaError(f"plan file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):
+            data = data["plan"]  # the output of `partita plan --json` / `estimate --json`
+        if not isinstance(data, dict):
+            raise PartitaError(f"plan file {path} must hold a JSON object")
+        return cls.from_dict(data, f"plan file {path}")
+
+    @classmethod
+    def parse(cls, text: str, world_size: int | None = None, defaults: dict[str, Any] | None = None) -> "Plan":
+        """Parse ``"dp=2,tp=2,mbs=1"`` (or a path to a plan JSON).
+
+        Unspecified degrees are 1, except dp, which fills ``world_size`` when given.
+        """
+        if text.endswith(".json") or Path(text).is_file():
+            return cls.load(text)
+        data: dict[str, Any] = dict(defaults or {})
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            if "=" not in item:
+                raise PartitaError(f"plan item {item!r} must be key=value, e.g. tp=2")
+            key, value = (s.strip() for s in item.split("=", 1))
+            data[key] = value
+        if "dp" not in data and world_size:
+            other = 1
+            for axis in ("tp", "pp", "cp"):
+                other *= int(_coerce(axis, data.get(axis, 1), "plan"))
+            if world_size % other:
+                raise PartitaError(f"plan: tp*pp*cp = {other} does not divide the world size {world_size}")
+            data["dp"] = world_size // other
+        if "gbs" not in data:
+            dp = int(_coerce("dp", data.get("dp", 1), "plan"))
+            mbs = int(_coerce("mbs", data.get("mbs", 1), "plan"))
+            pp = int(_coerce("pp", data.get("pp", 1), "plan"))
+            data["gbs"] = dp * mbs * pp  # enough micro-batches to fill the pipeline
+        return cls.from_dict(data, "plan")
+
+
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "y": True,
+         "false": False, "0": False, "no": False, "off": False, "n": False}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Convert a JSON or key=value string value to the field's type, with a clear error."""
+    kind = {f.name: f.type for f in fields(Plan)}[name]
+    if name == "layer_split":
+        if value in (None, "", "none"):
+            return None
+        if isinstance(value, str):
+            value = value.replace("/", " ").replace(":", " ").split()
+        try:
+            return tuple(int(v) for v in value)
+        except (TypeError, ValueError):
+            raise PartitaError(f"{where}: layer_split must be a list of integers, got {value!r}") from None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in _BOOL:
+            return _BOOL[str(value).lower()]
+        raise PartitaError(f"{where}: {name} must be true or false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise PartitaError(f"{where}: {name} must be an integer, got {value!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise PartitaError(f"{where}: {name} must be an integer, got {value!r}") from None
+        if str(number) != str(value).strip() and not isinstance(value, int):
+            raise PartitaError(f"{where}: {name} must be an integer, got {value!r}")
+        return number
+    text = str(value).lower()
+    text = {"1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zb": "zero-bubble",
+            "zbv": "zero-bubble", "sel": "selective"}.get(text, text)
+    return text
+
+
+def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> list[str]:
+    """Every violated constraint of ``plan``, one line each (empty list: valid).
+
+    This is the only place plan constraints are written down; the search, the
+    estimator and the runtime all call it.
+    """
+    errs: list[str] = []
+    for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "mbs", "gbs", "seq_len"):
+        if getattr(plan, name) < 1:
+            errs.append(f"{name} must be >= 1, got {getattr(plan, name)}")
+    if errs:
+        return errs
+    if plan.zero not in (0, 1, 2, 3):
+        errs.append(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
+    if plan.recompute not in RECOMPUTE:
+        errs.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got {plan.recompute!r}")
+    if plan.dtype not in DTYPES:
+        errs.append(f"dtype must be one of {', '.join(DTYPES)}, got {plan.dtype!r}")
+    if plan.grad_dtype not in ("fp32", "bf16"):
+        errs.append(f"grad_dtype must be fp32 or bf16, got {plan.grad_dtype!r}")
+    if plan.schedule not in SCHEDULES:
+        errs.append(f"schedule must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
+    if world_size is not None and plan.world_size != world_size:
+        errs.append(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} "
+                    f"must equal the device count {world_size}")
+    if plan.gbs % (plan.dp * plan.mbs):
+        errs.append(f"global batch {plan.gbs} must be a multiple of dp*mbs = {plan.dp}*{plan.mbs} = {plan.dp * plan.mbs}")
+    if plan.vpp > 1 and plan.pp == 1:
+        errs.append(f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)")
+    if plan.vpp > 1 and plan.schedule not in ("interleaved-1f1b", "zero-bubble"):
+        errs.append(f"vpp={plan.vpp} needs schedule interleaved-1f1b or zero-bubble, not {plan.schedule}")
+    if plan.schedule == "interleaved-1f1b" and plan.vpp > 1 and plan.gbs % (plan.dp * plan.mbs) == 0 \
+            and plan.grad_accum % plan.pp:
+        errs.append(f"interleaved 1F1B needs the micro-batch count ({plan.grad_accum}) to be a multiple of pp={plan.pp}")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        errs.append(f"seq_len {plan.seq_len} must be divisible by 2*cp = {2 * plan.cp} (load-balanced causal context parallel)")
+    if plan.ep > 1 and (plan.dp * plan.cp) % plan.ep:
+        errs.append(f"ep={plan.ep} must divide dp*cp = {plan.dp * plan.cp} (expert parallel is carved out of data x context parallel)")
+    if model is not None:
+        errs += _validate_against_model(plan, model)
+    return errs
+
+
+def _validate_against_model(plan: Plan, model: Any) -> list[str]:
+    errs: list[str] = []
+    if model.heads % plan.tp:
+        errs.append(f"attention heads ({model.heads}) must be divisible by tp={plan.tp}")
+    if not model.mla and model.kv_heads % plan.tp:
+        errs.append(f"KV heads ({model.kv_heads}) must be divisible by tp={plan.tp}")
+    if model.ffn_hidden % plan.tp and model.dense_layers:
+        errs.append(f"FFN size ({model.ffn_hidden}) must be divisible by tp={plan.tp}")
+    chunks = plan.pp * plan.vpp
+    if plan.layer_split:
+        if len(plan.layer_split) != chunks:
+            errs.append(f"layer_split has {len(plan.layer_split)} entries, needs pp*vpp = {chunks}")
+        elif sum(plan.layer_split) != model.layers:
+            errs.append(f"layer_split sums to {sum(plan.layer_split)}, the model has {model.layers} layers")
+        elif min(plan.layer_split[1:-1] or (1,)) < 1 or min(plan.layer_split) < 0:
+            errs.append("every pipeline stage in layer_split needs at least one layer "
+                        "(only the first and last, which hold the embedding and the loss, may have none)")
+    elif model.layers % chunks:
+        errs.append(f"layers ({model.layers}) must be divisible by pp*vpp = {plan.pp}*{plan.vpp} = {chunks} "
+                    f"(or give an uneven layer_split)")
+    if plan.ep > 1:
+        if not model.moe:
+            errs.append(f"ep={plan.ep} needs a mixture-of-experts model; {model.name} is dense")
+        elif model.moe.num_experts % plan.ep:
+            errs.append(f"routed experts ({model.moe.num_experts}) must be divisible by ep={plan.ep}")
+    return errs
+
+
+def check(plan: Plan, model: Any = None, world_size: int | None = None) -> Plan:
+    """Raise a one-line :class:`PartitaError` for the first violated constraint(s)."""
+    errs = validate(plan, model, world_size)
+    if errs:
+        raise PartitaError("invalid plan: " + "; ".join(errs))
+    return plan
+
+
+# ---------------------------------------------------------------- rank layout
+def axis_sizes(plan: Plan) -> dict[str, int]:
+    return {"pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "tp": plan.tp}
+
+
+def axis_stride(plan: Plan, axis: str) -> int:
+    """Distance in global rank between neighbours along ``axis`` (row-major over MESH_AXES)."""
+    sizes = axis_sizes(plan)
+    if axis == "ep":
+        return plan.tp  # ep groups: consecutive members of the flattened (dp, cp) axes
+    if axis == "dp_cp":
+        return plan.tp
+    stride = 1
+    for name in reversed(MESH_AXES):
+        if name == axis:
+            return stride
+        stride *= sizes[name]
+    raise ValueError(f"unknown mesh axis {axis!r}")
+
+
+def axis_size(plan: Plan, axis: str) -> int:
+    if axis == "ep":
+        return plan.ep
+    if axis == "dp_cp":
+        return plan.dp * plan.cp
+    return axis_sizes(plan)[axis]
+
+
+def axis_ranks(plan: Plan, axis: str, rank: int = 0) -> list[int]:
+    """Global ranks of the ``axis`` group that contains ``rank``."""
+    stride, size = axis_stride(plan, axis), axis_size(plan, axis)
+    block = stride * size
+    base = (rank // block) * block + rank % stride
+    return [base + i * stride for i in range(size)]
+
+
+def group_span(plan: Plan, axis: str, devices_per_node: int) -> tuple[int, int]:
+    """(members per node, nodes) of an ``axis`` group under the row-major layout.
+
+    A group whose members are ``stride`` apart stays inside a node while
+    ``stride * size <= devices_per_node``; once ``stride >= devices_per_node`` every member
+    sits on its own node.
+    """
+    ranks = axis_ranks(plan, axis)
+    nodes = len({r // devices_per_node for r in ranks})
+    return len(ranks) // nodes, nodes
+
+
+def balanced_split(layers: int, chunks: int) -> tuple[int, ...]:
+    """Spread ``layers`` over ``chunks`` virtual stages, counting the embedding and the
+    output layer as one layer each on the first and last stage (Megatron's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``)."""
+    total = layers + 2
+    base, extra = divmod(total, chunks)
+    sizes = [base + (1 if i < extra else 0) for i in range(chunks)]
+    sizes = sizes[extra:] + sizes[:extra] if extra else sizes  # larger stages in the middle
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    if min(sizes) < 0:
+        raise PartitaError(f"cannot split {layers} layers over {chunks} pipeline stages")
+    return tuple(sizes)
+
+
+def normalise(plan: Plan) -> Plan:
+    """Drop settings that do nothing (sp without tp, vpp schedule names without vpp)."""
+    changes: dict[str, Any] = {}
+    if plan.tp == 1 and plan.sp:
+        changes["sp"] = False
+    if plan.pp == 1 and plan.schedule != "1f1b":
+        changes["schedule"] = "1f1b"
+    return replace(plan, **changes) if changes else plan
+
+
+def iter_fields() -> Iterable[str]:
+    return (f.name for f in fields(Plan))

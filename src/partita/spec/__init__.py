@@ -1,0 +1,1 @@
+"""Specifications: what a model is (:mod:`.model`) and what a cluster is (:mod:`.hardware`)."""

@@ -1,0 +1,267 @@
+"""Devices and clusters, loaded from data files.
+
+A device is a JSON file (``catalog/devices/*.json``); a file may ``"extends"`` another
+one (a family such as ``family-nvidia-hopper`` carries the efficiency parameters shared
+by its members) and overrides any field. A user's own file works exactly like a
+built-in one: ``--hardware my-cluster.json``. A cluster is a device, a number of
+devices per node and a number of nodes; any device field can be overridden with
+``--set section.field=value``.
+
+Units: TFLOPS = 1e12 FLOP/s dense (no sparsity); bandwidths in GB/s = 1e9 B/s per
+direction per device; memory in GiB. Sources for every number are in the files and in
+docs/hardware.md.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import PartitaError, unknown_name
+
+DEVICES_DIR = Path(__file__).resolve().parent.parent / "catalog" / "devices"
+
+#: Efficiency parameters every device must end up with (after ``extends``), with their meaning.
+EFFICIENCY_FIELDS = {
+    "gemm": "achievable fraction of the bf16/fp16 peak on large GEMMs",
+    "gemm_fp8": "achievable fraction of the fp8 peak on large fp8 GEMMs",
+    "attention": "achievable fraction of peak inside fused (flash) attention",
+    "memory_bandwidth": "achievable fraction of HBM bandwidth in element-wise kernels",
+    "intra_node_comm": "achieved bus bandwidth / link bandwidth inside a node",
+    "inter_node_comm": "achieved bus bandwidth / NIC line rate between nodes",
+    "gemm_half_gflop": "GEMM size (GFLOP) at which efficiency drops to half of `gemm`",
+    "kernel_overhead_us_per_layer": "launch/framework overhead per layer per forward pass",
+    "tp_overlap": "fraction of tensor-parallel communication hidden when the plan overlaps it",
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator and the node it sits in, with achievable-efficiency parameters."""
+
+    name: str
+    description: str
+    peak_tflops: dict[str, float | None]
+    hbm_gib: float
+    usable_gib: float
+    hbm_tbps: float
+    runtime_reserved_gib: float
+    allocator_fragmentation: float
+    comm_buffer_mib_per_group: float
+    intra_link: str
+    intra_topology: str  # "switch" (NVSwitch/UB) or "full-mesh" (HCCS, xGMI)
+    intra_gbps: float  # aggregate per direction, one device to all peers
+    peer_gbps: float  # one pair of devices, per direction
+    devices_per_node: int
+    intra_latency_us: float
+    inter_link: str
+    inter_gbps: float  # per device NIC, per direction
+    inter_latency_us: float
+    efficiency: dict[str, float]
+    source_file: str
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (bf16, fp16, fp8, fp32)."""
+        value = self.peak_tflops.get(dtype)
+        if not value:
+            raise PartitaError(f"hardware {self.name} has no {dtype} peak; choose a dtype it supports "
+                               f"({', '.join(k for k, v in self.peak_tflops.items() if v)})")
+        return float(value) * 1e12
+
+    def supports(self, dtype: str) -> bool:
+        return bool(self.peak_tflops.get(dtype))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` x ``devices_per_node`` copies of ``device``."""
+
+    device: Device
+    devices_per_node: int
+    nodes: int
+
+    @property
+    def world_size(self) -> int:
+        return self.devices_per_node * self.nodes
+
+    def describe(self) -> str:
+        return (f"{self.world_size} x {self.device.name} ({self.nodes} node(s) of {self.devices_per_node}, "
+                f"{self.device.intra_link} inside, {self.device.inter_link} between)")
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _builtin_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(DEVICES_DIR.glob("*.json"))}
+
+
+@lru_cache(maxsize=None)
+def _alias_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for stem, path in _builtin_files().items():
+        if stem.startswith("family-"):
+            continue
+        index[stem.lower()] = stem
+        for alias in _read_json(path).get("aliases", []):
+            index.setdefault(alias.lower(), stem)
+    return index
+
+
+def builtin_devices() -> list[str]:
+    """Names of the built-in devices (families excluded)."""
+    return [s for s in _builtin_files() if not s.startswith("family-")]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise PartitaError(f"hardware file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except OSError as e:
+        raise PartitaError(f"cannot read hardware file {path}: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise PartitaError(f"hardware file {path} must hold a JSON object")
+    return data
+
+
+def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
+    """Return the merged raw dict of a device (following ``extends``) and the file it came from."""
+    if name_or_path in seen:
+        raise PartitaError(f"hardware file extends itself in a loop: {' -> '.join(seen + (name_or_path,))}")
+    path = Path(name_or_path)
+    if name_or_path.endswith(".json") or path.exists():
+        if not path.exists():
+            raise PartitaError(f"hardware file {name_or_path} does not exist")
+        raw = _read_json(path)
+    else:
+        stem = _alias_index().get(name_or_path.lower())
+        if stem is None and name_or_path.startswith("family-") and name_or_path in _builtin_files():
+            stem = name_or_path
+        if stem is None:
+            raise unknown_name("hardware", name_or_path, builtin_devices() + list(_alias_index()))
+        path = _builtin_files()[stem]
+        raw = _read_json(path)
+    parent = raw.get("extends")
+    if parent:
+        base, _ = _resolve_raw(parent, seen + (name_or_path,))
+        base.pop("aliases", None)
+        raw = _deep_merge(base, {k: v for k, v in raw.items() if k != "extends"})
+    return raw, str(path)
+
+
+def _get(raw: dict, section: str, key: str, source: str, default: Any = None) -> Any:
+    value = raw.get(section, {}).get(key, default)
+    if value is None:
+        raise PartitaError(f"hardware file {source}: missing field {section}.{key}")
+    return value
+
+
+def _number(value: Any, where: str, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PartitaError(f"hardware file {source}: {where} must be a number, got {value!r}")
+    if value < 0:
+        raise PartitaError(f"hardware file {source}: {where} must not be negative, got {value}")
+    return float(value)
+
+
+def parse_overrides(pairs: list[str] | None) -> dict:
+    """Turn ``["inter_node.gbps_per_direction=25", ...]`` into a nested dict of overrides."""
+    out: dict = {}
+    for pair in pairs or []:
+        if "=" not in pair or "." not in pair.split("=", 1)[0]:
+            raise PartitaError(f"override {pair!r} must look like section.field=value, "
+                               "e.g. inter_node.gbps_per_direction=25")
+        key, value = pair.split("=", 1)
+        section, field_name = key.split(".", 1)
+        try:
+            parsed: Any = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        out.setdefault(section, {})[field_name] = parsed
+    return out
+
+
+def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
+    """Load a built-in device by name/alias, or a user's JSON file, applying ``overrides``."""
+    raw, source = _resolve_raw(name_or_path)
+    if overrides:
+        raw = _deep_merge(raw, overrides)
+    eff = dict(raw.get("efficiency", {}))
+    for key in EFFICIENCY_FIELDS:
+        if key not in eff:
+            raise PartitaError(f"hardware file {source}: missing efficiency.{key} ({EFFICIENCY_FIELDS[key]})")
+        eff[key] = _number(eff[key], f"efficiency.{key}", source)
+    peaks = raw.get("peak_tflops")
+    if not isinstance(peaks, dict) or not any(peaks.values()):
+        raise PartitaError(f"hardware file {source}: peak_tflops must map dtypes to TFLOPS, e.g. {{\"bf16\": 989}}")
+    mem = raw.get("memory", {})
+    hbm = _number(_get(raw, "memory", "hbm_gib", source), "memory.hbm_gib", source)
+    topology = _get(raw, "intra_node", "topology", source, "switch")
+    if topology not in ("switch", "full-mesh"):
+        raise PartitaError(f"hardware file {source}: intra_node.topology must be 'switch' or 'full-mesh', got {topology!r}")
+    intra = _number(_get(raw, "intra_node", "gbps_per_direction", source), "intra_node.gbps_per_direction", source)
+    return Device(
+        name=str(raw.get("name", Path(source).stem)),
+        description=str(raw.get("description", "")),
+        peak_tflops={k: (None if v is None else _number(v, f"peak_tflops.{k}", source)) for k, v in peaks.items()},
+        hbm_gib=hbm,
+        usable_gib=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source),
+        hbm_tbps=_number(_get(raw, "memory", "hbm_tbps", source), "memory.hbm_tbps", source),
+        runtime_reserved_gib=_number(mem.get("runtime_reserved_gib", 1.0), "memory.runtime_reserved_gib", source),
+        allocator_fragmentation=_number(mem.get("allocator_fragmentation", 0.05), "memory.allocator_fragmentation", source),
+        comm_buffer_mib_per_group=_number(mem.get("comm_buffer_mib_per_group", 0), "memory.comm_buffer_mib_per_group", source),
+        intra_link=str(raw.get("intra_node", {}).get("link", "intra-node link")),
+        intra_topology=topology,
+        intra_gbps=intra,
+        peer_gbps=_number(raw.get("intra_node", {}).get("peer_gbps_per_direction") or intra,
+                          "intra_node.peer_gbps_per_direction", source),
+        devices_per_node=int(_number(_get(raw, "intra_node", "devices_per_node", source, 8), "intra_node.devices_per_node", source)),
+        intra_latency_us=_number(raw.get("intra_node", {}).get("latency_us", 10), "intra_node.latency_us", source),
+        inter_link=str(raw.get("inter_node", {}).get("link", "network")),
+        inter_gbps=_number(_get(raw, "inter_node", "gbps_per_direction", source), "inter_node.gbps_per_direction", source),
+        inter_latency_us=_number(raw.get("inter_node", {}).get("latency_us", 20), "inter_node.latency_us", source),
+        efficiency=eff,
+        source_file=source,
+    )
+
+
+def make_cluster(hardware: str, devices: int | None = None, devices_per_node: int | None = None,
+                 overrides: dict | None = None) -> Cluster:
+    """A cluster of ``devices`` devices of type ``hardware``.
+
+    ``devices_per_node`` defaults to the device file's node size; a cluster file may
+    also carry ``"cluster": {"nodes": N, "devices_per_node": K}``.
+    """
+    device = load_device(hardware, overrides)
+    raw_cluster = {}
+    if hardware.endswith(".json"):
+        raw_cluster = _read_json(Path(hardware)).get("cluster", {}) or {}
+    per_node = devices_per_node or int(raw_cluster.get("devices_per_node", device.devices_per_node))
+    if per_node <= 0:
+        raise PartitaError(f"--devices-per-node must be positive, got {per_node}")
+    if devices is None:
+        devices = int(raw_cluster.get("nodes", 1)) * per_node
+    if devices <= 0:
+        raise PartitaError(f"--devices must be positive, got {devices}")
+    if devices < per_node:
+        per_node = devices
+    if devices % per_node:
+        raise PartitaError(f"--devices {devices} is not a whole number of nodes of {per_node}; "
+                           f"use a multiple of {per_node} or set --devices-per-node")
+    return Cluster(device=device, devices_per_node=per_node, nodes=devices // per_node)
