@@ -67,8 +67,27 @@ def gemm_time(device: Device, flops: float, dtype: str, count: int = 1) -> float
     return flops / (peak * eff)
 
 
+_CACHE: dict[tuple, LayerCost] = {}
+
+
+def _key(model: ModelSpec, device: Device, plan: Plan, what: str) -> tuple:
+    """Layer costs depend on the shape fields below only, not on pp/vpp/zero/recompute;
+    the search evaluates thousands of plans that share them."""
+    return (what, id(model), id(device), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.ep, plan.dtype)
+
+
 def layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
-    """Forward cost of one layer (dense or MoE) for one micro-batch on one rank."""
+    """Forward cost of one layer (dense or MoE) for one micro-batch on one rank (memoised)."""
+    key = _key(model, device, plan, f"layer{moe}")
+    cached = _CACHE.get(key)
+    if cached is None:
+        if len(_CACHE) > 100_000:
+            _CACHE.clear()
+        cached = _CACHE[key] = _layer_forward(model, device, plan, moe)
+    return cached
+
+
+def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
     tp, cp = plan.tp, plan.cp
     tokens = plan.mbs * plan.seq_len / cp  # tokens this rank's GEMMs see (SP gathers them back)
     h, dtype = model.hidden, plan.dtype

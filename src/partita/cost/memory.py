@@ -28,7 +28,8 @@ residual-stream tensors) only with sequence parallel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from ..plan import Plan
 from ..spec.hardware import Device
@@ -57,8 +58,22 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
+_ACT_CACHE: dict[tuple, float] = {}
+
+
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
-    """Bytes one layer keeps for backward, per micro-batch, on one rank (no recompute)."""
+    """Bytes one layer keeps for backward, per micro-batch, on one rank (memoised)."""
+    key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.recompute, moe)
+    value = _ACT_CACHE.get(key)
+    if value is None:
+        if len(_ACT_CACHE) > 100_000:
+            _ACT_CACHE.clear()
+        value = _ACT_CACHE[key] = _activation_bytes_per_layer(model, plan, moe)
+    return value
+
+
+def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one rank."""
     tp, e = plan.tp, BYTES[plan.dtype]
     tokens = plan.mbs * plan.seq_len / plan.cp
     h = model.hidden
@@ -92,8 +107,9 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float
 
 def layer_working_bytes(model: ModelSpec, plan: Plan, moe: bool) -> float:
     """Transient memory while one layer runs backward (its full activations plus gradients)."""
-    no_rc = Plan(**{**plan.__dict__, "recompute": "none"})
-    return 2 * activation_bytes_per_layer(model, no_rc, moe)
+    if plan.recompute != "none":
+        plan = replace(plan, recompute="none")
+    return 2 * activation_bytes_per_layer(model, plan, moe)
 
 
 @dataclass
@@ -110,15 +126,15 @@ class RankMemory:
 
 def rank_params(model: ModelSpec, plan: Plan, layer_ids: list[int], first: bool, last: bool) -> tuple[float, float]:
     """(dense, expert) parameters held by one rank of the ``tp`` x ``ep`` group."""
-    dense = 0.0
+    flags = model.moe_flags
+    n_moe = sum(flags[i] for i in layer_ids)
+    n_dense = len(layer_ids) - n_moe
+    dense = n_dense * model.layer_kind_params(False) / plan.tp
     expert = 0.0
-    for i in layer_ids:
-        if model.is_moe_layer(i):
-            routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
-            expert += routed / plan.ep
-            dense += (model.layer_params(i) - routed) / plan.tp
-        else:
-            dense += model.layer_params(i) / plan.tp
+    if n_moe:
+        routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
+        expert = n_moe * routed / plan.ep
+        dense += n_moe * (model.layer_kind_params(True) - routed) / plan.tp
     if first:
         dense += model.embedding_params() / plan.tp
     if last:
@@ -131,14 +147,18 @@ def rank_params(model: ModelSpec, plan: Plan, layer_ids: list[int], first: bool,
 
 def layers_of_rank(model: ModelSpec, plan: Plan, rank: int) -> list[int]:
     """Layer indices on pipeline rank ``rank`` (virtual stage j on rank j % pp)."""
-    split = plan.stage_layers(model.layers)
-    ids: list[int] = []
+    return all_rank_layers(model.layers, plan.pp, plan.stage_layers(model.layers))[rank]
+
+
+@lru_cache(maxsize=4096)
+def all_rank_layers(layers: int, pp: int, split: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Layer indices of every pipeline rank for a given virtual-stage split."""
+    out: list[list[int]] = [[] for _ in range(pp)]
     start = 0
     for j, n in enumerate(split):
-        if j % plan.pp == rank:
-            ids.extend(range(start, start + n))
+        out[j % pp].extend(range(start, start + n))
         start += n
-    return ids
+    return tuple(tuple(ids) for ids in out)
 
 
 def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int) -> RankMemory:
@@ -157,7 +177,9 @@ def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int
     m, v = plan.grad_accum, plan.vpp
     chunks = in_flight_chunks(plan.schedule, plan.pp, v, m, rank)
     n_layers = max(len(ids), 1)
-    per_layer = sum(activation_bytes_per_layer(model, plan, model.is_moe_layer(i)) for i in ids) / n_layers
+    n_moe = sum(model.moe_flags[i] for i in ids)
+    per_layer = ((len(ids) - n_moe) * activation_bytes_per_layer(model, plan, False)
+                 + (n_moe * activation_bytes_per_layer(model, plan, True) if n_moe else 0.0)) / n_layers
     layers_per_chunk = len(ids) / v
     e = BYTES[plan.dtype]
     tokens = plan.mbs * plan.seq_len / plan.cp
@@ -165,7 +187,7 @@ def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int
     if first:
         act += chunks / v * tokens * e * model.hidden / (plan.tp if plan.sp else 1)  # embedding output
     mem.parts["activations"] = act
-    working = max((layer_working_bytes(model, plan, model.is_moe_layer(i)) for i in ids[:1] + ids[-1:]), default=0.0)
+    working = max((layer_working_bytes(model, plan, model.moe_flags[i]) for i in {ids[0], ids[-1]}), default=0.0) if ids else 0.0
     if last:
         # logits plus the fp32 softmax that vocab-parallel cross-entropy keeps for backward
         # (computed in place, Megatron's fused_vocab_parallel_cross_entropy), one micro-batch
@@ -184,5 +206,19 @@ def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int
 
 
 def estimate_memory(model: ModelSpec, device: Device, plan: Plan) -> list[RankMemory]:
-    """Memory of every pipeline rank (index = pipeline rank)."""
-    return [estimate_rank_memory(model, device, plan, r) for r in range(plan.pp)]
+    """Memory of every pipeline rank (index = pipeline rank).
+
+    Ranks with the same layer mix, ends and in-flight count have the same memory, so
+    each distinct one is computed once (this keeps the search fast)."""
+    out = []
+    seen: dict[tuple, RankMemory] = {}
+    rank_ids = all_rank_layers(model.layers, plan.pp, plan.stage_layers(model.layers))
+    for r, ids in enumerate(rank_ids):
+        n_moe = sum(model.moe_flags[i] for i in ids)
+        key = (len(ids), n_moe, ids[:1] and model.moe_flags[ids[0]], ids[-1:] and model.moe_flags[ids[-1]],
+               r == 0, r == plan.pp - 1, in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r))
+        if key not in seen:
+            seen[key] = estimate_rank_memory(model, device, plan, r)
+        mem = seen[key]
+        out.append(mem if mem.rank == r else RankMemory(rank=r, parts=mem.parts))
+    return out

@@ -34,7 +34,7 @@ from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
-from .memory import _grad_bytes, layers_of_rank, rank_params
+from .memory import _grad_bytes, all_rank_layers, layers_of_rank, rank_params
 from .pipeline import pipeline_time
 
 
@@ -70,15 +70,16 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> St
     dev, dpn = cluster.device, cluster.devices_per_node
     ids = layers_of_rank(model, plan, rank)
     first, last = rank == 0, rank == plan.pp - 1
-    fwd = LayerCost()
-    n_moe = 0
+    n_moe = sum(model.moe_flags[i] for i in ids)
+    n_dense = len(ids) - n_moe
     cache: dict[bool, LayerCost] = {}
-    for i in ids:
-        is_moe = model.is_moe_layer(i)
-        n_moe += is_moe
-        if is_moe not in cache:
-            cache[is_moe] = layer_forward(model, dev, plan, is_moe)
-        fwd = fwd + cache[is_moe]
+    fwd = LayerCost()
+    if n_dense:
+        cache[False] = layer_forward(model, dev, plan, False)
+        fwd = fwd + cache[False].scaled(n_dense)
+    if n_moe:
+        cache[True] = layer_forward(model, dev, plan, True)
+        fwd = fwd + cache[True].scaled(n_moe)
     layers_fwd = fwd
     if first:
         fwd = fwd + embedding_forward(model, dev, plan)
@@ -109,8 +110,7 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> St
     if plan.tp > 1:
         g, k = group_span(plan, "tp", dpn)
         size = tokens * model.hidden * e
-        per_layer_fwd = [1 if model.is_moe_layer(i) else 2 for i in ids]
-        n_coll = sum(per_layer_fwd) * (2 + (1 if plan.recompute == "full" else 0)) + first + 2 * last
+        n_coll = (2 * n_dense + n_moe) * (2 + (1 if plan.recompute == "full" else 0)) + first + 2 * last
         t_tp = n_coll * comm.all_reduce(dev, size, g, k)
         if plan.tp_comm_overlap:
             t_tp *= 1 - dev.efficiency["tp_overlap"]
@@ -160,7 +160,15 @@ def _expert_dp_span(plan: Plan, dpn: int) -> tuple[int, int]:
 
 def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTime:
     dev, dpn = cluster.device, cluster.devices_per_node
-    stages = [_stage_time(model, cluster, plan, r) for r in range(plan.pp)]
+    stages = []
+    seen: dict[tuple, StageTime] = {}
+    for r, ids in enumerate(all_rank_layers(model.layers, plan.pp, plan.stage_layers(model.layers))):
+        key = (len(ids), sum(model.moe_flags[i] for i in ids), r == 0, r == plan.pp - 1)
+        if key not in seen:
+            seen[key] = _stage_time(model, cluster, plan, r)
+        st = seen[key]
+        stages.append(st if st.rank == r else StageTime(rank=r, parts=st.parts, flops=st.flops,
+                                                        forward=st.forward, backward=st.backward))
     m = plan.grad_accum
     per_mb = [s.total for s in stages]
     pipe = pipeline_time(per_mb, m, plan.vpp, plan.schedule)
@@ -174,8 +182,13 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     g, k = group_span(plan, "dp_cp", dpn)
     eg, ek = _expert_dp_span(plan, dpn)
     w_bytes = 4 if plan.dtype == "fp32" else 2
+    done: set[tuple] = set()
     for st in stages:
         ids = layers_of_rank(model, plan, st.rank)
+        key = (len(ids), st.rank == 0, st.rank == plan.pp - 1, st.total)
+        if key in done:
+            continue
+        done.add(key)
         dense, expert = rank_params(model, plan, ids, st.rank == 0, st.rank == plan.pp - 1)
         t_rs = t_ag = 0.0
         if plan.zero == 0:

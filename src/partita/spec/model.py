@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +166,28 @@ class ModelSpec:
         return self.hidden * m.num_experts + routed + shared + gate
 
     def layer_params(self, i: int, active: bool = False) -> int:
+        return self.layer_kind_params(self.is_moe_layer(i), active)
+
+    def layer_kind_params(self, moe: bool, active: bool = False) -> int:
+        """Parameters of a dense (``moe=False``) or MoE layer."""
+        return self._kind_params[(moe, active)]
+
+    @cached_property
+    def _kind_params(self) -> dict[tuple[bool, bool], int]:
         norms = 2 * self._norm_params(self.hidden)
-        mlp = self.moe_block_params(active) if self.is_moe_layer(i) else self.mlp_params(self.ffn_hidden)
-        return self.attention_params() + mlp + norms
+        out = {}
+        for moe in (False, True):
+            for active in (False, True):
+                if moe and not self.moe:
+                    continue
+                mlp = self.moe_block_params(active) if moe else self.mlp_params(self.ffn_hidden)
+                out[(moe, active)] = self.attention_params() + mlp + norms
+        return out
+
+    @cached_property
+    def moe_flags(self) -> tuple[bool, ...]:
+        """Per layer: is it a MoE layer?"""
+        return tuple(self.is_moe_layer(i) for i in range(self.layers))
 
     def embedding_params(self) -> int:
         params = self.vocab * self.hidden

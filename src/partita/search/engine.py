@@ -1,0 +1,189 @@
+"""Enumerate, prune by memory, rank by predicted step time.
+
+For every structural layout (tp, pp, vpp, cp, ep, mbs) the memory-saving knobs are
+walked in order of cost - recompute none -> selective -> full, zero 1 -> 2, and zero 3
+separately when allowed - and the first setting that fits is kept (each later setting
+only adds time in the cost model, so nothing faster is skipped). Every evaluation is
+counted in ``candidates_evaluated``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from ..cost.compute import layer_forward, output_forward
+from ..cost.memory import GIB, estimate_memory
+from ..cost.step import estimate_step_time
+from ..errors import PartitaError
+from ..estimate import Estimate
+from ..plan import Plan, balanced_split, validate
+from ..spec.hardware import Cluster
+from ..spec.model import ModelSpec
+from .space import SearchSpace, best_split, divisors, powers_of_two
+
+LADDER = [("none", 1), ("none", 2), ("selective", 1), ("selective", 2), ("full", 1), ("full", 2)]
+LADDER_Z3 = [("none", 3), ("selective", 3), ("full", 3)]
+
+
+@dataclass
+class Attempt:
+    """One evaluated candidate: its plan, memory, and (if it fits) its estimate."""
+
+    plan: Plan
+    peak_gib: float
+    peak_rank: int
+    estimate: Estimate | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate is not None
+
+
+@dataclass
+class SearchResult:
+    model: ModelSpec
+    cluster: Cluster
+    plans: list[Estimate]
+    attempts: list[Attempt]
+    candidates_evaluated: int
+    search_time_s: float
+    memory_limit_gib: float
+    invalid: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Estimate | None:
+        return self.plans[0] if self.plans else None
+
+
+def _structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: SearchSpace, cross_node_tp: bool):
+    n, dpn = cluster.world_size, cluster.devices_per_node
+    tps = [space.tp] if space.tp else [t for t in powers_of_two(dpn * (2 if cross_node_tp else 1)) if n % t == 0]
+    for tp in tps:
+        if model.heads % tp or (not model.mla and model.kv_heads % tp):
+            continue
+        cps = [space.cp] if space.cp else [c for c in powers_of_two(n // tp) if seq // c >= space.min_tokens_per_cp_rank
+                                           and seq % (2 * c) == 0 or c == 1]
+        for cp in cps:
+            if (n // tp) % cp:
+                continue
+            rest = n // (tp * cp)
+            pps = [space.pp] if space.pp else [p for p in divisors(rest) if p <= model.layers]
+            for pp in pps:
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                if space.dp and dp != space.dp:
+                    continue
+                if gbs % dp:
+                    continue
+                per_replica = gbs // dp
+                mbss = [space.mbs] if space.mbs else [b for b in powers_of_two(min(space.max_mbs, per_replica)) if per_replica % b == 0]
+                eps = [1]
+                if model.moe:
+                    eps = [space.ep] if space.ep else [e for e in divisors(dp * cp) if model.moe.num_experts % e == 0]
+                vpps = [1]
+                if pp > 1:
+                    vpps = [space.vpp] if space.vpp else [v for v in range(1, min(space.max_vpp, model.layers // pp) + 1)
+                                                          if v == 1 or model.layers % (pp * v) == 0
+                                                          or (model.layers + 2) % (pp * v) == 0]
+                for ep in eps:
+                    for mbs in mbss:
+                        m = per_replica // mbs
+                        for vpp in vpps:
+                            if vpp > 1 and m % pp:
+                                continue
+                            yield tp, cp, pp, dp, ep, mbs, vpp
+
+
+def _split(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[int, ...] | None:
+    """Layer split: even when possible, else the exact min-max split (v=1) or the
+    embedding-aware balanced split (v>1)."""
+    chunks = plan.pp * plan.vpp
+    if chunks == 1:
+        return None
+    if plan.vpp > 1:
+        if model.layers % chunks == 0:
+            return None
+        return balanced_split(model.layers, chunks)
+    layer = layer_forward(model, cluster.device, plan, bool(model.moe) and model.moe_flags[-1]).time
+    out = output_forward(model, cluster.device, plan).time
+    split = best_split(model.layers, chunks, 0.0, out / layer if layer else 0.0)
+    if split and model.layers % chunks == 0 and max(split) >= model.layers // chunks:
+        return None  # even split is as good
+    return split or None
+
+
+def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int,
+                 space: SearchSpace | None = None, top: int = 5, cross_node_tp: bool = True) -> SearchResult:
+    """Search the whole plan space for ``model`` on ``cluster``; best plans first."""
+    space = space or SearchSpace()
+    t0 = time.perf_counter()
+    dev = cluster.device
+    if not dev.supports(space.dtype):
+        dev.peak_flops(space.dtype)  # raises the one-line error
+    usable = dev.usable_gib * (1 - space.memory_headroom)
+    if space.max_memory_gib:
+        usable = min(usable, space.max_memory_gib)
+    attempts: list[Attempt] = []
+    fitting: list[Estimate] = []
+    evaluated = 0
+    invalid: list[str] = []
+    for tp, cp, pp, dp, ep, mbs, vpp in _structures(model, cluster, global_batch, seq_len, space, cross_node_tp):
+        base = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp * cp > 1 else 0,
+                    mbs=mbs, gbs=global_batch, seq_len=seq_len, dtype=space.dtype,
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+        split = _split(model, cluster, base)
+        if split is not None:
+            base = replace(base, layer_split=split)
+        errs = validate(base, model, cluster.world_size)
+        if errs:
+            invalid.append(f"{base.summary()}: {errs[0]}")
+            continue
+        ladders = [LADDER] + ([LADDER_Z3] if space.allow_zero3 and dp * cp > 1 else [])
+        for ladder in ladders:
+            for recompute, zero in ladder:
+                if space.recompute and recompute != space.recompute:
+                    continue
+                if not space.allow_recompute and recompute != "none":
+                    continue
+                if dp * cp == 1:
+                    zero = 0 if zero < 3 else 3
+                if space.zero is not None and zero != space.zero:
+                    continue
+                plan = replace(base, recompute=recompute, zero=zero)
+                evaluated += 1
+                memory = estimate_memory(model, dev, plan)
+                peak = max(memory, key=lambda r: r.total)
+                attempt = Attempt(plan=plan, peak_gib=peak.total / GIB, peak_rank=peak.rank)
+                attempts.append(attempt)
+                if attempt.peak_gib <= usable:
+                    est = Estimate(model=model, cluster=cluster, plan=plan, memory=memory,
+                                   time=estimate_step_time(model, cluster, plan))
+                    attempt.estimate = est
+                    fitting.append(est)
+                    break
+    fitting.sort(key=lambda e: e.step_time_s)
+    # keep tp groups inside a node for the ranking unless the user fixed tp; cross-node
+    # candidates stay in `attempts` for the explanations
+    ranked = [e for e in fitting if space.tp or e.plan.tp <= cluster.devices_per_node]
+    return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=attempts,
+                        candidates_evaluated=evaluated, search_time_s=time.perf_counter() - t0,
+                        memory_limit_gib=usable, invalid=invalid)
+
+
+def infeasible_message(result: SearchResult) -> str:
+    """Why nothing fits, the smallest memory any plan reaches, and what would change that."""
+    if not result.attempts:
+        reason = result.invalid[0] if result.invalid else "no layout divides the devices and the global batch"
+        raise PartitaError(f"no valid plan for {result.model.name} on {result.cluster.world_size} devices: {reason}")
+    smallest = min(result.attempts, key=lambda a: a.peak_gib)
+    hints = []
+    if not any(a.plan.zero == 3 for a in result.attempts):
+        hints.append("allow zero-3")
+    if not any(a.plan.recompute == "full" for a in result.attempts):
+        hints.append("allow full recompute")
+    need = smallest.peak_gib / result.memory_limit_gib
+    hints.append(f"about {need:.1f}x the devices ({int(result.cluster.world_size * need + 0.999)}+) or devices with more memory")
+    hints.append("optimizer offload (not modelled)")
+    return (f"no plan fits: the smallest any plan reaches is {smallest.peak_gib:.1f} GiB per device "
+            f"({smallest.plan.summary()}) > {result.memory_limit_gib:.1f} GiB usable; try: " + "; ".join(hints))

@@ -1,0 +1,50 @@
+""""Why not" explanations: for each knob, the nearest other choice and what binds it."""
+from __future__ import annotations
+
+from ..estimate import Estimate
+from .engine import Attempt, SearchResult
+
+KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "recompute", "zero")
+
+
+def _biggest_increase(alt: Estimate, best: Estimate) -> str:
+    diffs = {k: alt.time.parts.get(k, 0.0) - best.time.parts.get(k, 0.0) for k in set(alt.time.parts) | set(best.time.parts)}
+    key = max(diffs, key=lambda k: diffs[k])
+    share = alt.time.parts.get(key, 0.0) / alt.step_time_s
+    return f"{key} {share:.0%} of its step"
+
+
+def why_not(result: SearchResult) -> list[str]:
+    """One line per knob: the nearest rejected or slower value and its binding reason."""
+    best = result.best
+    if best is None:
+        return []
+    lines = []
+    for knob in KNOBS:
+        mine = getattr(best.plan, knob)
+        values = sorted({getattr(a.plan, knob) for a in result.attempts if getattr(a.plan, knob) != mine},
+                        key=lambda v: (abs(KNOB_ORDER(knob, v) - KNOB_ORDER(knob, mine)), KNOB_ORDER(knob, v)))
+        for value in values[:2]:
+            group = [a for a in result.attempts if getattr(a.plan, knob) == value]
+            fitting = [a.estimate for a in group if a.estimate is not None]
+            label = f"{knob}={value}"
+            if fitting:
+                alt = min(fitting, key=lambda e: e.step_time_s)
+                slower = alt.step_time_s / best.step_time_s - 1
+                cross = (knob == "tp" and value > result.cluster.devices_per_node)
+                where = " (crosses nodes)" if cross else ""
+                lines.append(f"{label}{where}: {slower:+.0%} step time ({alt.step_time_s:.2f} s vs "
+                             f"{best.step_time_s:.2f} s); {_biggest_increase(alt, best)} [{alt.plan.summary()}]")
+            else:
+                smallest: Attempt = min(group, key=lambda a: a.peak_gib)
+                lines.append(f"{label}: rank {smallest.peak_rank} needs {smallest.peak_gib:.1f} GiB > "
+                             f"{result.memory_limit_gib:.1f} GiB usable even at its smallest [{smallest.plan.summary()}]")
+    return lines
+
+
+def KNOB_ORDER(knob: str, value) -> float:  # noqa: N802 - small helper used like a table
+    """Distance metric for 'nearest': log2 for degrees, list index for modes."""
+    if knob == "recompute":
+        return ["none", "selective", "full"].index(value)
+    import math
+    return math.log2(value) if isinstance(value, int) and value > 0 else float(value)

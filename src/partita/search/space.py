@@ -1,0 +1,102 @@
+"""The search space and its pruning rules, each stated.
+
+* tp: powers of two up to the node size (a tp group crossing nodes puts every
+  layer's all-reduce on the network; it is still evaluated once, to explain why not);
+  must divide heads and KV heads.
+* cp: powers of two while each rank keeps >= ``min_tokens_per_cp_rank`` tokens (below
+  that a ring-attention hop cannot hide behind the attention kernel).
+* pp: any divisor of the remaining devices up to the layer count; uneven layer counts
+  get an exact min-max split (:func:`best_split`).
+* vpp: every value with at least one layer per virtual stage, when pp > 1 and the
+  micro-batch count is a multiple of pp (Megatron's interleaving constraint).
+* ep: divisors of dp*cp that divide the expert count (MoE only).
+* sp: always on with tp > 1 - it keeps tp's communication volume and cuts activation
+  memory by tp (Korthikanti et al. 2022), so it dominates sp off.
+* zero: 1 (distributed optimizer) and 2 cost the same time as 0 in our model and use
+  less memory, so 0 is only used when there is no data parallelism; 3 trades time for
+  memory and is tried when allowed.
+* recompute: none, selective and full.
+* mbs: powers of two dividing the per-replica batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+@dataclass
+class SearchSpace:
+    """Constraints a user sets; ``None`` means search it."""
+
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    dp: int | None = None
+    mbs: int | None = None
+    zero: int | None = None
+    recompute: str | None = None
+    dtype: str = "bf16"
+    allow_zero3: bool = True
+    allow_recompute: bool = True
+    max_memory_gib: float | None = None
+    memory_headroom: float = 0.05  # keep 5% of usable memory free for spikes not modelled
+    max_mbs: int = 8
+    max_vpp: int = 16
+    min_tokens_per_cp_rank: int = 1024
+    fixed: dict = field(default_factory=dict)
+
+
+def best_split(layers: int, chunks: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
+    """Exact contiguous split of ``layers`` unit-cost layers into ``chunks`` stages that
+    minimises the slowest stage, where the first and last stages also carry
+    ``first_extra`` / ``last_extra`` (embedding, output layer + loss) in layer units.
+
+    The optimum max-stage cost is ``T*``: the smallest T for which stage i can take
+    ``floor(T - extra_i)`` layers and the capacities sum to ``layers``. Capacities are
+    monotone in T, so a binary search over the candidate values of T (each a whole
+    number of layers plus an end's extra) finds ``T*`` exactly; layers are then handed
+    out up to capacity, middle stages first.
+    """
+    if chunks == 1:
+        return (layers,)
+    extras = [first_extra] + [0.0] * (chunks - 2) + [last_extra]
+
+    def capacity(t: float) -> list[int]:
+        return [max(0, int(t - x + 1e-9)) for x in extras]
+
+    candidates = sorted({n + x for x in set(extras) for n in range(0, layers + 1)})
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(capacity(candidates[mid])) >= layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    caps = capacity(candidates[lo])
+    # hand out layers as evenly as the capacities allow: start from the capacity and
+    # remove the surplus from the stages with the most slack first
+    split = list(caps)
+    surplus = sum(split) - layers
+    order = sorted(range(chunks), key=lambda i: (-(split[i] + extras[i]), i))
+    while surplus > 0:
+        for i in order:
+            if surplus and split[i] > (1 if 0 < i < chunks - 1 else 0):
+                split[i] -= 1
+                surplus -= 1
+        order = sorted(range(chunks), key=lambda i: (-(split[i] + extras[i]), i))
+    if min(split[1:-1] or [1]) < 1:
+        return ()
+    return tuple(split)

@@ -1,0 +1,85 @@
+"""Plan search: pruning, constraints, why-not explanations and impossible cases."""
+import json
+
+import pytest
+
+from partita.cli import main
+from partita.plan import validate
+from partita.search import SearchSpace, search_plans
+from partita.search.explain import why_not
+from partita.search.space import best_split
+from partita.spec.hardware import make_cluster
+from partita.spec.model import load_model
+
+
+@pytest.fixture(scope="module")
+def llama13_result():
+    return search_plans(load_model("llama-13b"), make_cluster("a100-40gb", 64), 512, 2048, top=0)
+
+
+def test_no_returned_plan_exceeds_memory(llama13_result):
+    r = llama13_result
+    assert r.plans
+    for est in r.plans:
+        assert est.peak_memory_gib <= r.memory_limit_gib
+        assert not validate(est.plan, r.model, 64)
+    assert [e.step_time_s for e in r.plans] == sorted(e.step_time_s for e in r.plans)
+
+
+def test_rejected_attempts_really_did_not_fit(llama13_result):
+    r = llama13_result
+    rejected = [a for a in r.attempts if not a.fits]
+    assert rejected  # llama-13b on 40 GB parts: some layouts must not fit
+    assert all(a.peak_gib > r.memory_limit_gib for a in rejected)
+
+
+def test_fixed_degree_is_honoured():
+    r = search_plans(load_model("llama-13b"), make_cluster("a100-80gb", 64), 512, 2048, SearchSpace(tp=4, pp=2))
+    assert r.plans and all(e.plan.tp == 4 and e.plan.pp == 2 for e in r.plans)
+
+
+def test_why_not_names_memory_or_slowdown(llama13_result):
+    lines = why_not(llama13_result)
+    assert any(line.startswith("tp=") for line in lines)
+    assert all(("GiB >" in line) or ("step time" in line) for line in lines)
+
+
+def test_published_layout_reachable_and_not_better_than_best():
+    # GPT-3 175B, Megatron-LM paper: tp8 pp12 on 1536 A100; the search must reach it and not rank it above its best
+    model, cluster = load_model("gpt3-175b"), make_cluster("a100-80gb", 384)
+    r = search_plans(model, cluster, 1536, 2048, top=0)
+    published = [a for a in r.attempts if (a.plan.tp, a.plan.pp, a.plan.vpp, a.plan.mbs) == (8, 12, 1, 1)]
+    assert published
+    best = r.best
+    fitting = [a.estimate for a in published if a.estimate]
+    assert fitting and best.step_time_s <= min(e.step_time_s for e in fitting)
+
+
+def test_best_split_lightens_the_last_stage():
+    assert best_split(32, 4, 0.0, 2.0) == (9, 9, 8, 6) or max(best_split(32, 4, 0.0, 2.0)[:3]) == 9
+    split = best_split(32, 4, 0.0, 2.0)
+    assert sum(split) == 32 and split[-1] + 2 <= max(split) + 1e-9
+    assert best_split(30, 4, 0.0, 0.0) in {(8, 8, 7, 7), (7, 8, 8, 7), (8, 7, 8, 7), (7, 8, 7, 8), (8, 7, 7, 8), (7, 7, 8, 8)}
+
+
+def test_nothing_fits_says_smallest_memory(capsys):
+    code = main(["plan", "--model", "llama3-405b", "--hardware", "a100-40gb", "--devices", "8", "--global-batch", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no plan fits: the smallest any plan reaches is" in err and len(err.strip().splitlines()) == 1
+
+
+def test_impossible_fixed_degree(capsys):
+    code = main(["plan", "--model", "llama-13b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "512",
+                 "--tp", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "partita: error:" in err
+
+
+def test_plan_json_has_search_fields(capsys):
+    code = main(["plan", "--model", "llama-7b", "--hardware", "a100-80gb", "--devices", "16", "--global-batch", "64",
+                 "--json", "--top", "2"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["candidates_evaluated"] > 50 and data["search_time_s"] > 0
+    assert len(data["plans"]) == 2 and "step_time_s" in data["plans"][0]
+    assert data["plans"][0]["plan"]["format"] == "partita.plan/1"
