@@ -21,8 +21,16 @@ class Estimate:
     model: ModelSpec
     cluster: Cluster
     plan: Plan
-    memory: list[RankMemory]
     time: StepTime
+    _memory: list[RankMemory] | None = None
+
+    @property
+    def memory(self) -> list[RankMemory]:
+        """Per-pipeline-rank memory breakdowns (computed on first use: the search builds
+        thousands of estimates and prints few)."""
+        if self._memory is None:
+            self._memory = estimate_memory(self.model, self.cluster.device, self.plan)
+        return self._memory
 
     @property
     def step_time_s(self) -> float:
@@ -92,6 +100,4 @@ def estimate(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     check(plan, model, cluster.world_size)
     if plan.dtype != "fp32":
         cluster.device.peak_flops(plan.dtype)  # raises a clear error for e.g. fp8 on 910B
-    return Estimate(model=model, cluster=cluster, plan=plan,
-                    memory=estimate_memory(model, cluster.device, plan),
-                    time=estimate_step_time(model, cluster, plan))
+    return Estimate(model=model, cluster=cluster, plan=plan, time=estimate_step_time(model, cluster, plan))

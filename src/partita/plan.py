@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -71,6 +72,13 @@ class Plan:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+
+    def with_(self, **changes: Any) -> "Plan":
+        """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
+        new = object.__new__(Plan)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     # ------------------------------------------------------------ derived
     @property
@@ -347,13 +355,18 @@ def axis_ranks(plan: Plan, axis: str, rank: int = 0) -> list[int]:
 
 
 def group_span(plan: Plan, axis: str, devices_per_node: int) -> tuple[int, int]:
+    return _group_span(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, axis, devices_per_node)
+
+
+@lru_cache(maxsize=65536)
+def _group_span(pp: int, dp: int, cp: int, tp: int, ep: int, axis: str, devices_per_node: int) -> tuple[int, int]:
     """(members per node, nodes) of an ``axis`` group under the row-major layout.
 
     A group whose members are ``stride`` apart stays inside a node while
     ``stride * size <= devices_per_node``; once ``stride >= devices_per_node`` every member
     sits on its own node.
     """
-    ranks = axis_ranks(plan, axis)
+    ranks = axis_ranks(Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), axis)
     nodes = len({r // devices_per_node for r in ranks})
     return len(ranks) // nodes, nodes
 

@@ -107,9 +107,11 @@ def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> floa
 
 def layer_working_bytes(model: ModelSpec, plan: Plan, moe: bool) -> float:
     """Transient memory while one layer runs backward (its full activations plus gradients)."""
-    if plan.recompute != "none":
-        plan = replace(plan, recompute="none")
-    return 2 * activation_bytes_per_layer(model, plan, moe)
+    key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, "none", moe)
+    value = _ACT_CACHE.get(key)
+    if value is None:
+        value = _ACT_CACHE[key] = _activation_bytes_per_layer(model, plan.with_(recompute="none"), moe)
+    return 2 * value
 
 
 @dataclass
@@ -124,25 +126,11 @@ class RankMemory:
         return sum(self.parts.values())
 
 
-def rank_params(model: ModelSpec, plan: Plan, layer_ids: list[int], first: bool, last: bool) -> tuple[float, float]:
+def rank_params(model: ModelSpec, plan: Plan, layer_ids: list[int] | tuple[int, ...], first: bool,
+                last: bool) -> tuple[float, float]:
     """(dense, expert) parameters held by one rank of the ``tp`` x ``ep`` group."""
-    flags = model.moe_flags
-    n_moe = sum(flags[i] for i in layer_ids)
-    n_dense = len(layer_ids) - n_moe
-    dense = n_dense * model.layer_kind_params(False) / plan.tp
-    expert = 0.0
-    if n_moe:
-        routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
-        expert = n_moe * routed / plan.ep
-        dense += n_moe * (model.layer_kind_params(True) - routed) / plan.tp
-    if first:
-        dense += model.embedding_params() / plan.tp
-    if last:
-        out = model.output_params()
-        if model.tied_embeddings and plan.pp > 1:
-            out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight
-        dense += out / plan.tp
-    return dense, expert
+    n_moe = sum(model.moe_flags[i] for i in layer_ids)
+    return _shape_params(model, plan, RankShape(len(layer_ids), n_moe, (), first, last))
 
 
 def layers_of_rank(model: ModelSpec, plan: Plan, rank: int) -> list[int]:
@@ -161,64 +149,192 @@ def all_rank_layers(layers: int, pp: int, split: tuple[int, ...]) -> tuple[tuple
     return tuple(tuple(ids) for ids in out)
 
 
-def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int) -> RankMemory:
-    """Peak memory of pipeline rank ``rank`` (bytes per component)."""
-    first, last = rank == 0, rank == plan.pp - 1
-    ids = layers_of_rank(model, plan, rank)
-    dense, expert = rank_params(model, plan, ids, first, last)
-    dp_shard = plan.dp * plan.cp
-    ep_shard = max(1, plan.dp * plan.cp * plan.tp // plan.ep)
-    states = model_state_bytes(plan, dense, dp_shard)
-    for k, v in model_state_bytes(plan, expert, ep_shard).items():
-        states[k] += v
-    mem = RankMemory(rank=rank, parts=dict(states))
+@dataclass(frozen=True)
+class RankShape:
+    """What a pipeline rank holds: its layers (and how many are MoE), and whether it
+    carries the embedding (first) or the output layer (last)."""
 
-    # activations: in-flight chunks x layers per chunk
-    m, v = plan.grad_accum, plan.vpp
-    chunks = in_flight_chunks(plan.schedule, plan.pp, v, m, rank)
-    n_layers = max(len(ids), 1)
-    n_moe = sum(model.moe_flags[i] for i in ids)
-    per_layer = ((len(ids) - n_moe) * activation_bytes_per_layer(model, plan, False)
-                 + (n_moe * activation_bytes_per_layer(model, plan, True) if n_moe else 0.0)) / n_layers
-    layers_per_chunk = len(ids) / v
-    e = BYTES[plan.dtype]
-    tokens = plan.mbs * plan.seq_len / plan.cp
-    act = chunks * layers_per_chunk * per_layer
-    if first:
-        act += chunks / v * tokens * e * model.hidden / (plan.tp if plan.sp else 1)  # embedding output
-    mem.parts["activations"] = act
-    working = max((layer_working_bytes(model, plan, model.moe_flags[i]) for i in {ids[0], ids[-1]}), default=0.0) if ids else 0.0
-    if last:
+    n_layers: int
+    n_moe: int
+    edge_moe: tuple[bool, ...]  # MoE flags of its first and last layer (for the transient)
+    first: bool
+    last: bool
+
+
+_SHAPES: dict[tuple, tuple[RankShape, ...]] = {}
+
+
+def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
+    """The :class:`RankShape` of every pipeline rank (memoised per model and split)."""
+    split = plan.stage_layers(model.layers)
+    key = (id(model), plan.pp, split)
+    shapes = _SHAPES.get(key)
+    if shapes is None:
+        flags = model.moe_flags
+        out = []
+        for r, ids in enumerate(all_rank_layers(model.layers, plan.pp, split)):
+            edges = tuple(flags[i] for i in sorted({ids[0], ids[-1]})) if ids else ()
+            out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == plan.pp - 1))
+        shapes = _SHAPES[key] = tuple(out)
+    return shapes
+
+
+_PARAMS: dict[tuple, tuple[float, float]] = {}
+
+
+def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
+    """(dense, expert) parameters of a rank of this shape (memoised)."""
+    key = (id(model), shape, plan.tp, plan.ep, plan.pp > 1)
+    value = _PARAMS.get(key)
+    if value is None:
+        if len(_PARAMS) > 100_000:
+            _PARAMS.clear()
+        value = _PARAMS[key] = _compute_shape_params(model, plan, shape)
+    return value
+
+
+def _compute_shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
+    n_dense = shape.n_layers - shape.n_moe
+    dense = n_dense * model.layer_kind_params(False) / plan.tp
+    expert = 0.0
+    if shape.n_moe:
+        routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
+        expert = shape.n_moe * routed / plan.ep
+        dense += shape.n_moe * (model.layer_kind_params(True) - routed) / plan.tp
+    if shape.first:
+        dense += model.embedding_params() / plan.tp
+    if shape.last:
+        out = model.output_params()
+        if model.tied_embeddings and plan.pp > 1:
+            out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight
+        dense += out / plan.tp
+    return dense, expert
+
+
+def _states(plan: Plan, dense: float, expert: float) -> dict[str, float]:
+    states = model_state_bytes(plan, dense, plan.dp * plan.cp)
+    if expert:
+        for k, v in model_state_bytes(plan, expert, max(1, plan.dp * plan.cp * plan.tp // plan.ep)).items():
+            states[k] += v
+    return states
+
+
+def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """Activation bytes one in-flight model chunk of this rank keeps."""
+    n_dense = shape.n_layers - shape.n_moe
+    per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False)
+                 + (shape.n_moe * activation_bytes_per_layer(model, plan, True) if shape.n_moe else 0.0)) / plan.vpp
+    if shape.first:
+        tokens = plan.mbs * plan.seq_len / plan.cp
+        per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output
+    return per_chunk
+
+
+def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    working = 0.0
+    for moe in shape.edge_moe:
+        working = max(working, layer_working_bytes(model, plan, moe))
+    if shape.last:
         # logits plus the fp32 softmax that vocab-parallel cross-entropy keeps for backward
         # (computed in place, Megatron's fused_vocab_parallel_cross_entropy), one micro-batch
-        working = max(working, tokens * model.vocab / plan.tp * (e + 4))
-    mem.parts["transient"] = working
-    if plan.zero >= 3:
-        # FSDP keeps the current and the prefetched layer unsharded (weights + grads)
-        per_layer_params = (dense + expert) / max(len(ids), 1)
-        mem.parts["zero3 gathered layers"] = 2 * per_layer_params * (2 + _grad_bytes(plan))
+        tokens = plan.mbs * plan.seq_len / plan.cp
+        working = max(working, tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4))
+    return working
+
+
+def _zero3_gathered(plan: Plan, shape: RankShape, dense: float, expert: float) -> float:
+    """FSDP keeps the current and the prefetched layer unsharded (weights + grads)."""
+    if plan.zero < 3:
+        return 0.0
+    return 2 * (dense + expert) / max(shape.n_layers, 1) * (2 + _grad_bytes(plan))
+
+
+def _buffers(device: Device, plan: Plan) -> float:
+    """Per-communicator buffers (HCCL: 2 x HCCL_BUFFSIZE each) for every group the rank is in."""
     groups = sum(1 for size in (plan.tp, plan.dp * plan.cp, plan.pp, plan.cp, plan.ep) if size > 1) + 1
-    mem.parts["communication buffers"] = groups * device.comm_buffer_mib_per_group * 2 ** 20
-    allocated = mem.total
-    mem.parts["allocator fragmentation"] = allocated * device.allocator_fragmentation
-    mem.parts["runtime (context, workspaces)"] = device.runtime_reserved_gib * GIB
-    return mem
+    return groups * device.comm_buffer_mib_per_group * 2 ** 20
+
+
+def _static_parts(model: ModelSpec, device: Device, plan: Plan, shape: RankShape) -> tuple[dict[str, float], float]:
+    """Everything but the in-flight activations, and the activation bytes per in-flight chunk."""
+    dense, expert = _shape_params(model, plan, shape)
+    parts = _states(plan, dense, expert)
+    parts["transient"] = _transient(model, plan, shape)
+    if plan.zero >= 3:
+        parts["zero3 gathered layers"] = _zero3_gathered(plan, shape, dense, expert)
+    parts["communication buffers"] = _buffers(device, plan)
+    return parts, _activations_per_chunk(model, plan, shape)
+
+
+def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
+                       steps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[float, int]]:
+    """:func:`peak_memory` for several (recompute, zero) settings of one layout at once:
+    the zero stage only changes the model states and the recompute mode only the
+    activations, so each is computed once per rank shape and combined."""
+    frag = 1 + device.allocator_fragmentation
+    runtime = device.runtime_reserved_gib * GIB
+    buffers = _buffers(device, plan)
+    zeros = sorted({z for _, z in steps})
+    modes = sorted({rc for rc, _ in steps})
+    plans_z = {z: plan.with_(zero=z) for z in zeros}
+    plans_rc = {rc: plan.with_(recompute=rc) for rc in modes}
+    per_shape: dict[RankShape, tuple[dict, dict, float]] = {}
+    out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
+    for r, shape in enumerate(rank_shapes(model, plan)):
+        if shape not in per_shape:
+            dense, expert = _shape_params(model, plan, shape)
+            fixed = {z: sum(_states(plans_z[z], dense, expert).values()) + _zero3_gathered(plans_z[z], shape, dense, expert)
+                     for z in zeros}
+            acts = {rc: _activations_per_chunk(model, plans_rc[rc], shape) for rc in modes}
+            per_shape[shape] = (fixed, acts, _transient(model, plan, shape) + buffers)
+        fixed, acts, other = per_shape[shape]
+        chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
+        for rc, z in steps:
+            total = (fixed[z] + other + chunks * acts[rc]) * frag + runtime
+            if total > out[(rc, z)][0]:
+                out[(rc, z)] = (total, r)
+    return out
+
+
+def _finish(device: Device, parts: dict[str, float]) -> dict[str, float]:
+    """Allocator slack on top of what is allocated, plus the runtime's own reservation."""
+    allocated = sum(parts.values())
+    parts["allocator fragmentation"] = allocated * device.allocator_fragmentation
+    parts["runtime (context, workspaces)"] = device.runtime_reserved_gib * GIB
+    return parts
+
+
+def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int) -> RankMemory:
+    """Peak memory of pipeline rank ``rank`` (bytes per component)."""
+    shape = rank_shapes(model, plan)[rank]
+    static, per_chunk = _static_parts(model, device, plan, shape)
+    chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
+    parts = {k: static[k] for k in ("weights", "gradients", "optimizer")}
+    parts["activations"] = chunks * per_chunk
+    parts.update({k: v for k, v in static.items() if k not in parts})
+    return RankMemory(rank=rank, parts=_finish(device, parts))
 
 
 def estimate_memory(model: ModelSpec, device: Device, plan: Plan) -> list[RankMemory]:
-    """Memory of every pipeline rank (index = pipeline rank).
+    """Memory of every pipeline rank (index = pipeline rank)."""
+    return [estimate_rank_memory(model, device, plan, r) for r in range(plan.pp)]
 
-    Ranks with the same layer mix, ends and in-flight count have the same memory, so
-    each distinct one is computed once (this keeps the search fast)."""
-    out = []
-    seen: dict[tuple, RankMemory] = {}
-    rank_ids = all_rank_layers(model.layers, plan.pp, plan.stage_layers(model.layers))
-    for r, ids in enumerate(rank_ids):
-        n_moe = sum(model.moe_flags[i] for i in ids)
-        key = (len(ids), n_moe, ids[:1] and model.moe_flags[ids[0]], ids[-1:] and model.moe_flags[ids[-1]],
-               r == 0, r == plan.pp - 1, in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r))
-        if key not in seen:
-            seen[key] = estimate_rank_memory(model, device, plan, r)
-        mem = seen[key]
-        out.append(mem if mem.rank == r else RankMemory(rank=r, parts=mem.parts))
-    return out
+
+def peak_memory(model: ModelSpec, device: Device, plan: Plan) -> tuple[float, int]:
+    """(bytes, pipeline rank) of the most loaded rank - the same numbers as
+    :func:`estimate_memory`, without building the breakdowns (the search calls this
+    for every candidate)."""
+    best, best_rank = -1.0, 0
+    statics: dict[RankShape, tuple[float, float]] = {}
+    frag = 1 + device.allocator_fragmentation
+    runtime = device.runtime_reserved_gib * GIB
+    for r, shape in enumerate(rank_shapes(model, plan)):
+        if shape not in statics:
+            parts, per_chunk = _static_parts(model, device, plan, shape)
+            statics[shape] = (sum(parts.values()), per_chunk)
+        static, per_chunk = statics[shape]
+        chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
+        total = (static + chunks * per_chunk) * frag + runtime
+        if total > best:
+            best, best_rank = total, r
+    return best, best_rank

@@ -34,7 +34,7 @@ from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
-from .memory import _grad_bytes, all_rank_layers, layers_of_rank, rank_params
+from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes
 from .pipeline import pipeline_time
 
 
@@ -66,12 +66,11 @@ class StepTime:
     stages: list[StageTime]
 
 
-def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> StageTime:
+def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape: RankShape) -> StageTime:
     dev, dpn = cluster.device, cluster.devices_per_node
-    ids = layers_of_rank(model, plan, rank)
-    first, last = rank == 0, rank == plan.pp - 1
-    n_moe = sum(model.moe_flags[i] for i in ids)
-    n_dense = len(ids) - n_moe
+    first, last = shape.first, shape.last
+    n_moe = shape.n_moe
+    n_dense = shape.n_layers - n_moe
     cache: dict[bool, LayerCost] = {}
     fwd = LayerCost()
     if n_dense:
@@ -105,7 +104,7 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> St
 
     e = BYTES[plan.dtype]
     tokens = plan.mbs * plan.seq_len / plan.cp
-    n_layers = len(ids)
+    n_layers = shape.n_layers
     # tensor parallel
     if plan.tp > 1:
         g, k = group_span(plan, "tp", dpn)
@@ -136,7 +135,7 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> St
         st.parts["pp send/recv"] = 2 * comm.send_recv(dev, size, k > 1)
     # ZeRO-3 gathers per micro-batch
     if plan.zero >= 3:
-        dense, expert = rank_params(model, plan, ids, first, last)
+        dense, expert = _shape_params(model, plan, shape)
         g, k = group_span(plan, "dp_cp", dpn)
         w = 4 if plan.dtype == "fp32" else 2
         t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k)
@@ -162,10 +161,11 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     dev, dpn = cluster.device, cluster.devices_per_node
     stages = []
     seen: dict[tuple, StageTime] = {}
-    for r, ids in enumerate(all_rank_layers(model.layers, plan.pp, plan.stage_layers(model.layers))):
-        key = (len(ids), sum(model.moe_flags[i] for i in ids), r == 0, r == plan.pp - 1)
+    shapes = rank_shapes(model, plan)
+    for r, shape in enumerate(shapes):
+        key = (shape.n_layers, shape.n_moe, shape.first, shape.last)
         if key not in seen:
-            seen[key] = _stage_time(model, cluster, plan, r)
+            seen[key] = _stage_time(model, cluster, plan, r, shape)
         st = seen[key]
         stages.append(st if st.rank == r else StageTime(rank=r, parts=st.parts, flops=st.flops,
                                                         forward=st.forward, backward=st.backward))
@@ -184,19 +184,19 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     w_bytes = 4 if plan.dtype == "fp32" else 2
     done: set[tuple] = set()
     for st in stages:
-        ids = layers_of_rank(model, plan, st.rank)
-        key = (len(ids), st.rank == 0, st.rank == plan.pp - 1, st.total)
+        shape = shapes[st.rank]
+        key = (shape.n_layers, shape.n_moe, shape.first, shape.last)
         if key in done:
             continue
         done.add(key)
-        dense, expert = rank_params(model, plan, ids, st.rank == 0, st.rank == plan.pp - 1)
+        dense, expert = _shape_params(model, plan, shape)
         t_rs = t_ag = 0.0
         if plan.zero == 0:
             t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)
         elif plan.zero in (1, 2):
             t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
             t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)
-        n_layers = max(len(ids), 1)
+        n_layers = max(shape.n_layers, 1)
         bwd_window = st.backward / plan.vpp
         fwd_window = st.forward / plan.vpp
         exp_rs = max(t_rs / n_layers, t_rs - bwd_window) if plan.overlap_grad_reduce else t_rs

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..cost.compute import layer_forward, output_forward
-from ..cost.memory import GIB, estimate_memory
+from ..cost.memory import GIB, peak_memory_ladder
 from ..cost.step import estimate_step_time
 from ..errors import PartitaError
 from ..estimate import Estimate
@@ -23,6 +23,7 @@ from .space import SearchSpace, best_split, divisors, powers_of_two
 
 LADDER = [("none", 1), ("none", 2), ("selective", 1), ("selective", 2), ("full", 1), ("full", 2)]
 LADDER_Z3 = [("none", 3), ("selective", 3), ("full", 3)]
+RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SearchResult:
     candidates_evaluated: int
     search_time_s: float
     memory_limit_gib: float
+    candidates_pruned: int = 0  # layouts skipped by memory dominance, never evaluated
     invalid: list[str] = field(default_factory=list)
 
     @property
@@ -67,7 +69,8 @@ def _structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: S
             if (n // tp) % cp:
                 continue
             rest = n // (tp * cp)
-            pps = [space.pp] if space.pp else [p for p in divisors(rest) if p <= model.layers]
+            # deepest pipeline first: memory per rank only grows as pp shrinks (see search_plans)
+            pps = [space.pp] if space.pp else sorted((p for p in divisors(rest) if p <= model.layers), reverse=True)
             for pp in pps:
                 if rest % pp:
                     continue
@@ -79,8 +82,9 @@ def _structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: S
                 per_replica = gbs // dp
                 mbss = [space.mbs] if space.mbs else [b for b in powers_of_two(min(space.max_mbs, per_replica)) if per_replica % b == 0]
                 eps = [1]
-                if model.moe:
-                    eps = [space.ep] if space.ep else [e for e in divisors(dp * cp) if model.moe.num_experts % e == 0]
+                if model.moe:  # largest first: less expert memory, so a failure prunes the smaller ones
+                    eps = [space.ep] if space.ep else sorted((e for e in divisors(dp * cp) if model.moe.num_experts % e == 0),
+                                                             reverse=True)
                 vpps = [1]
                 if pp > 1:
                     vpps = [space.vpp] if space.vpp else [v for v in range(1, min(space.max_vpp, model.layers // pp) + 1)
@@ -127,47 +131,78 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     attempts: list[Attempt] = []
     fitting: list[Estimate] = []
     evaluated = 0
+    pruned = 0
     invalid: list[str] = []
+    # Memory dominance, all else equal: it grows with mbs, shrinks with ep (> 1), and
+    # shrinks with pp (> 1) at vpp = 1 - per-rank weights fall as 1/pp while the first
+    # stage's in-flight activations stay ~constant (min(m, p) micro-batches of L/p layers,
+    # m scaling with p at fixed devices), and interleaving only adds activations. Once
+    # the leanest setting of a layout fails, every layout it dominates fails too.
+    failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
     for tp, cp, pp, dp, ep, mbs, vpp in _structures(model, cluster, global_batch, seq_len, space, cross_node_tp):
+        doomed_key = (tp, cp)
+        if any(mbs_f <= mbs and ep_f >= ep and (ep > 1 or ep_f == 1)
+               and ((pp_f == pp and vpp_f == vpp) or (vpp_f == 1 and pp_f >= pp > 1))
+               for pp_f, vpp_f, ep_f, mbs_f in failed.get(doomed_key, ())):
+            pruned += 1
+            continue
         base = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp * cp > 1 else 0,
                     mbs=mbs, gbs=global_batch, seq_len=seq_len, dtype=space.dtype,
                     schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
         split = _split(model, cluster, base)
         if split is not None:
-            base = replace(base, layer_split=split)
+            base = base.with_(layer_split=split)
         errs = validate(base, model, cluster.world_size)
         if errs:
             invalid.append(f"{base.summary()}: {errs[0]}")
             continue
-        ladders = [LADDER] + ([LADDER_Z3] if space.allow_zero3 and dp * cp > 1 else [])
-        for ladder in ladders:
-            for recompute, zero in ladder:
-                if space.recompute and recompute != space.recompute:
-                    continue
-                if not space.allow_recompute and recompute != "none":
-                    continue
-                if dp * cp == 1:
-                    zero = 0 if zero < 3 else 3
-                if space.zero is not None and zero != space.zero:
-                    continue
-                plan = replace(base, recompute=recompute, zero=zero)
-                evaluated += 1
-                memory = estimate_memory(model, dev, plan)
-                peak = max(memory, key=lambda r: r.total)
-                attempt = Attempt(plan=plan, peak_gib=peak.total / GIB, peak_rank=peak.rank)
+        allow_z3 = space.allow_zero3 and dp * cp > 1
+        ladder = [step for step in LADDER + (LADDER_Z3 if allow_z3 else [])
+                  if (not space.recompute or step[0] == space.recompute)
+                  and (space.allow_recompute or step[0] == "none")]
+        ladder = [(rc, 0 if dp * cp == 1 and z < 3 else z) for rc, z in ladder]
+        ladder = [step for step in dict.fromkeys(ladder) if space.zero is None or step[1] == space.zero]
+        if not ladder:
+            continue
+        # the setting with the least memory first: if even that does not fit, no setting does
+        leanest = max(ladder, key=lambda st: (st[1], RECOMPUTE_ORDER[st[0]]))
+        peaks = peak_memory_ladder(model, dev, base, [leanest])
+        evaluated += 1
+        peak_bytes, peak_rank = peaks[leanest]
+        if peak_bytes / GIB > usable:
+            attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
+                                    peak_gib=peak_bytes / GIB, peak_rank=peak_rank))
+            failed.setdefault(doomed_key, []).append((pp, vpp, ep, mbs))
+            continue
+        peaks.update(peak_memory_ladder(model, dev, base, [st for st in ladder if st != leanest]))
+        # walk each ladder (zero <= 2, then zero 3) in order of cost; keep the first fit of each.
+        # ZeRO-3 only adds communication to the same compute, so it is only worth trying
+        # with a lighter recompute than the zero <= 2 ladder needed.
+        heaviest = 3
+        for group in ([st for st in ladder if st[1] < 3], [st for st in ladder if st[1] == 3]):
+            for recompute, zero in group:
+                weight = RECOMPUTE_ORDER[recompute]
+                if zero == 3 and weight >= heaviest:
+                    break
+                plan = base.with_(recompute=recompute, zero=zero)
+                if (recompute, zero) != leanest:
+                    evaluated += 1
+                pb, pr = peaks[(recompute, zero)]
+                attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr)
                 attempts.append(attempt)
                 if attempt.peak_gib <= usable:
-                    est = Estimate(model=model, cluster=cluster, plan=plan, memory=memory,
-                                   time=estimate_step_time(model, cluster, plan))
+                    est = Estimate(model=model, cluster=cluster, plan=plan, time=estimate_step_time(model, cluster, plan))
                     attempt.estimate = est
                     fitting.append(est)
+                    if zero < 3:
+                        heaviest = weight
                     break
     fitting.sort(key=lambda e: e.step_time_s)
     # keep tp groups inside a node for the ranking unless the user fixed tp; cross-node
     # candidates stay in `attempts` for the explanations
     ranked = [e for e in fitting if space.tp or e.plan.tp <= cluster.devices_per_node]
     return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=attempts,
-                        candidates_evaluated=evaluated, search_time_s=time.perf_counter() - t0,
+                        candidates_evaluated=evaluated, candidates_pruned=pruned, search_time_s=time.perf_counter() - t0,
                         memory_limit_gib=usable, invalid=invalid)
 
 

@@ -3,8 +3,10 @@
 * tp: powers of two up to the node size (a tp group crossing nodes puts every
   layer's all-reduce on the network; it is still evaluated once, to explain why not);
   must divide heads and KV heads.
-* cp: powers of two while each rank keeps >= ``min_tokens_per_cp_rank`` tokens (below
-  that a ring-attention hop cannot hide behind the attention kernel).
+* cp: powers of two while each rank keeps >= ``min_tokens_per_cp_rank`` (2048) tokens:
+  a ring-attention hop moves K/V linear in s/cp but hides behind attention work
+  quadratic in s/cp, so short shards expose it (Megatron recommends CP for long
+  sequences; the published layouts use cp with >= 4096 tokens per rank).
 * pp: any divisor of the remaining devices up to the layer count; uneven layer counts
   get an exact min-max split (:func:`best_split`).
 * vpp: every value with at least one layer per virtual stage, when pp > 1 and the
@@ -55,7 +57,7 @@ class SearchSpace:
     memory_headroom: float = 0.05  # keep 5% of usable memory free for spikes not modelled
     max_mbs: int = 8
     max_vpp: int = 16
-    min_tokens_per_cp_rank: int = 1024
+    min_tokens_per_cp_rank: int = 2048
     fixed: dict = field(default_factory=dict)
 
 
