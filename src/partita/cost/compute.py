@@ -153,6 +153,18 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
     return cost
 
 
+def _memoised(fn):
+    def wrapper(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
+        key = _key(model, device, plan, fn.__name__)
+        cached = _CACHE.get(key)
+        if cached is None:
+            cached = _CACHE[key] = fn(model, device, plan)
+        return cached
+    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
+    return wrapper
+
+
+@_memoised
 def output_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
     """Final norm, output projection and cross-entropy for one micro-batch on the last stage."""
     tokens = plan.mbs * plan.seq_len / plan.cp
@@ -164,6 +176,7 @@ def output_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
     return cost
 
 
+@_memoised
 def embedding_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
     """Embedding lookup on the first stage: a gather, bandwidth-bound."""
     tokens = plan.mbs * plan.seq_len / plan.cp

@@ -147,6 +147,26 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape
     return st
 
 
+def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """A cheap lower bound of :func:`estimate_step_time`: the slowest rank's layer compute
+    (forward + 2x backward + recompute) times the micro-batch count, with no communication,
+    bubble or optimizer. The search skips the full estimate of a plan whose bound cannot
+    beat what it has already found."""
+    dev = cluster.device
+    dense = layer_forward(model, dev, plan, False) if model.dense_layers else None
+    moe = layer_forward(model, dev, plan, True) if model.moe else None
+    worst = 0.0
+    for shape in rank_shapes(model, plan):
+        t = 0.0
+        if dense is not None:
+            n = shape.n_layers - shape.n_moe
+            t += n * (3 * dense.time + (dense.time if plan.recompute == "full" else 0.0))
+        if moe is not None:
+            t += shape.n_moe * (3 * moe.time + (moe.time if plan.recompute == "full" else 0.0))
+        worst = max(worst, t)
+    return plan.grad_accum * worst
+
+
 def _expert_dp_span(plan: Plan, dpn: int) -> tuple[int, int]:
     """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp)."""
     size = plan.dp * plan.cp * plan.tp // plan.ep

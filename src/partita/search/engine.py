@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, replace
 
 from ..cost.compute import layer_forward, output_forward
 from ..cost.memory import GIB, peak_memory_ladder
-from ..cost.step import estimate_step_time
+import heapq
+
+from ..cost.step import estimate_step_time, step_time_lower_bound
 from ..errors import PartitaError
 from ..estimate import Estimate
 from ..plan import Plan, balanced_split, validate
@@ -24,6 +26,7 @@ from .space import SearchSpace, best_split, divisors, powers_of_two
 LADDER = [("none", 1), ("none", 2), ("selective", 1), ("selective", 2), ("full", 1), ("full", 2)]
 LADDER_Z3 = [("none", 3), ("selective", 3), ("full", 3)]
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+EXPLAINED_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "recompute", "zero")
 
 
 @dataclass
@@ -34,10 +37,11 @@ class Attempt:
     peak_gib: float
     peak_rank: int
     estimate: Estimate | None = None
+    bounded: bool = False  # fits, but provably slower than what the search already had
 
     @property
     def fits(self) -> bool:
-        return self.estimate is not None
+        return self.estimate is not None or self.bounded
 
 
 @dataclass
@@ -50,6 +54,7 @@ class SearchResult:
     search_time_s: float
     memory_limit_gib: float
     candidates_pruned: int = 0  # layouts skipped by memory dominance, never evaluated
+    candidates_bounded: int = 0  # fitting plans whose time bound could not beat the best found
     invalid: list[str] = field(default_factory=list)
 
     @property
@@ -80,7 +85,8 @@ def _structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: S
                 if gbs % dp:
                     continue
                 per_replica = gbs // dp
-                mbss = [space.mbs] if space.mbs else [b for b in powers_of_two(min(space.max_mbs, per_replica)) if per_replica % b == 0]
+                mbss = [space.mbs] if space.mbs else [b for b in divisors(per_replica)
+                                                      if b * seq <= space.max_tokens_per_microbatch]
                 eps = [1]
                 if model.moe:  # largest first: less expert memory, so a failure prunes the smaller ones
                     eps = [space.ep] if space.ep else sorted((e for e in divisors(dp * cp) if model.moe.num_experts % e == 0),
@@ -111,7 +117,7 @@ def _split(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[int, ...] | 
         return balanced_split(model.layers, chunks)
     layer = layer_forward(model, cluster.device, plan, bool(model.moe) and model.moe_flags[-1]).time
     out = output_forward(model, cluster.device, plan).time
-    split = best_split(model.layers, chunks, 0.0, out / layer if layer else 0.0)
+    split = best_split(model.layers, chunks, 0.0, round(out / layer, 2) if layer else 0.0)
     if split and model.layers % chunks == 0 and max(split) >= model.layers // chunks:
         return None  # even split is as good
     return split or None
@@ -139,6 +145,12 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     # m scaling with p at fixed devices), and interleaving only adds activations. Once
     # the leanest setting of a layout fails, every layout it dominates fails too.
     failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
+    # Bounding: a fitting plan whose compute-only lower bound is no better than the
+    # top-K so far and than the best plan found for each of its knob values cannot change
+    # the ranking or any "why not" line, so its full estimate is skipped.
+    best_by_knob: dict[tuple[str, object], float] = {}
+    top_heap: list[float] = []  # negated step times of the best `top` rankable plans
+    bounded = 0
     for tp, cp, pp, dp, ep, mbs, vpp in _structures(model, cluster, global_batch, seq_len, space, cross_node_tp):
         doomed_key = (tp, cp)
         if any(mbs_f <= mbs and ep_f >= ep and (ep > 1 or ep_f == 1)
@@ -164,9 +176,18 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
         ladder = [step for step in dict.fromkeys(ladder) if space.zero is None or step[1] == space.zero]
         if not ladder:
             continue
+        if top and len(top_heap) >= top:
+            # no setting of this layout can be faster than its compute with no recompute
+            lb = step_time_lower_bound(model, cluster, base.with_(recompute="none"))
+            rankable = bool(space.tp) or tp <= cluster.devices_per_node
+            values = [(k, getattr(base, k)) for k in EXPLAINED_KNOBS if k not in ("recompute", "zero")]
+            values += [("recompute", rc) for rc, _ in ladder] + [("zero", z) for _, z in ladder]
+            if (not rankable or lb >= -top_heap[0]) and all(lb >= best_by_knob.get(kv, float("inf")) for kv in values):
+                bounded += 1
+                continue
         # the setting with the least memory first: if even that does not fit, no setting does
         leanest = max(ladder, key=lambda st: (st[1], RECOMPUTE_ORDER[st[0]]))
-        peaks = peak_memory_ladder(model, dev, base, [leanest])
+        peaks = peak_memory_ladder(model, dev, base, ladder)  # all settings at once: they share the work
         evaluated += 1
         peak_bytes, peak_rank = peaks[leanest]
         if peak_bytes / GIB > usable:
@@ -174,7 +195,6 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
                                     peak_gib=peak_bytes / GIB, peak_rank=peak_rank))
             failed.setdefault(doomed_key, []).append((pp, vpp, ep, mbs))
             continue
-        peaks.update(peak_memory_ladder(model, dev, base, [st for st in ladder if st != leanest]))
         # walk each ladder (zero <= 2, then zero 3) in order of cost; keep the first fit of each.
         # ZeRO-3 only adds communication to the same compute, so it is only worth trying
         # with a lighter recompute than the zero <= 2 ladder needed.
@@ -191,18 +211,36 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
                 attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr)
                 attempts.append(attempt)
                 if attempt.peak_gib <= usable:
+                    if zero < 3:
+                        heaviest = weight
+                    rankable = bool(space.tp) or tp <= cluster.devices_per_node
+                    knobs = [(k, getattr(plan, k)) for k in EXPLAINED_KNOBS]
+                    if top and len(top_heap) >= top:
+                        lb = step_time_lower_bound(model, cluster, plan)
+                        if (not rankable or lb >= -top_heap[0]) and all(lb >= best_by_knob.get(kv, float("inf")) for kv in knobs):
+                            attempt.bounded = True
+                            bounded += 1
+                            break
                     est = Estimate(model=model, cluster=cluster, plan=plan, time=estimate_step_time(model, cluster, plan))
                     attempt.estimate = est
                     fitting.append(est)
-                    if zero < 3:
-                        heaviest = weight
+                    t = est.step_time_s
+                    for kv in knobs:
+                        if t < best_by_knob.get(kv, float("inf")):
+                            best_by_knob[kv] = t
+                    if rankable and top:
+                        if len(top_heap) < top:
+                            heapq.heappush(top_heap, -t)
+                        elif t < -top_heap[0]:
+                            heapq.heapreplace(top_heap, -t)
                     break
     fitting.sort(key=lambda e: e.step_time_s)
     # keep tp groups inside a node for the ranking unless the user fixed tp; cross-node
     # candidates stay in `attempts` for the explanations
     ranked = [e for e in fitting if space.tp or e.plan.tp <= cluster.devices_per_node]
     return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=attempts,
-                        candidates_evaluated=evaluated, candidates_pruned=pruned, search_time_s=time.perf_counter() - t0,
+                        candidates_evaluated=evaluated, candidates_pruned=pruned, candidates_bounded=bounded,
+                        search_time_s=time.perf_counter() - t0,
                         memory_limit_gib=usable, invalid=invalid)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..estimate import Estimate
 from .engine import Attempt, SearchResult
 
-KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "recompute", "zero")
+from .engine import EXPLAINED_KNOBS as KNOBS
 
 
 def _biggest_increase(alt: Estimate, best: Estimate) -> str:
@@ -27,6 +27,8 @@ def why_not(result: SearchResult) -> list[str]:
         for value in values[:2]:
             group = [a for a in result.attempts if getattr(a.plan, knob) == value]
             fitting = [a.estimate for a in group if a.estimate is not None]
+            if not fitting and any(a.bounded for a in group):
+                continue  # fits, but never closer than the plans already explained
             label = f"{knob}={value}"
             if fitting:
                 alt = min(fitting, key=lambda e: e.step_time_s)

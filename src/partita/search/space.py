@@ -18,11 +18,14 @@
   less memory, so 0 is only used when there is no data parallelism; 3 trades time for
   memory and is tried when allowed.
 * recompute: none, selective and full.
-* mbs: powers of two dividing the per-replica batch.
+* mbs: every divisor of the per-replica batch up to ``max_tokens_per_microbatch``
+  (64k) tokens per micro-batch; larger micro-batches only add activation memory once
+  the GEMMs are saturated.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 def divisors(n: int) -> list[int]:
@@ -55,12 +58,13 @@ class SearchSpace:
     allow_recompute: bool = True
     max_memory_gib: float | None = None
     memory_headroom: float = 0.05  # keep 5% of usable memory free for spikes not modelled
-    max_mbs: int = 8
+    max_tokens_per_microbatch: int = 65536
     max_vpp: int = 16
     min_tokens_per_cp_rank: int = 2048
     fixed: dict = field(default_factory=dict)
 
 
+@lru_cache(maxsize=65536)
 def best_split(layers: int, chunks: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
     """Exact contiguous split of ``layers`` unit-cost layers into ``chunks`` stages that
     minimises the slowest stage, where the first and last stages also carry

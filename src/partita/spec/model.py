@@ -109,11 +109,11 @@ class ModelSpec:
         m = self.moe
         return bool(m) and i >= m.first_dense_layers and (i - m.first_dense_layers) % m.layer_freq == 0
 
-    @property
+    @cached_property
     def moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
-    @property
+    @cached_property
     def dense_layers(self) -> int:
         return self.layers - self.moe_layers
 
