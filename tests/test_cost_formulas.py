@@ -63,7 +63,7 @@ def test_model_states_by_zero_stage():
     z1 = model_state_bytes(Plan(dp=8, zero=1), 1e9, 8)
     assert z1["optimizer"] == pytest.approx(12e9 / 8) and z1["gradients"] == 4e9
     z3 = model_state_bytes(Plan(dp=8, zero=3), 1e9, 8)
-    assert sum(z3.values()) == pytest.approx(18e9 / 8)
+    assert sum(z3.values()) == pytest.approx(16e9 / 8)  # fp32 param is the master copy
 
 
 def test_activations_reduce_to_korthikanti_for_gpt():

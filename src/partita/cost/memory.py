@@ -45,14 +45,27 @@ def _grad_bytes(plan: Plan) -> int:
 
 
 def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]:
-    """Weights, gradients and optimizer bytes for ``params`` parameters sharded ``shard`` ways."""
-    weight_b = 4 if plan.dtype == "fp32" else 2
-    opt_b = 8 if plan.dtype == "fp32" else 12
+    """Weights, gradients and optimizer bytes for ``params`` parameters sharded ``shard`` ways.
+
+    zero 0-2 (Megatron-style): bf16 working weights (2), main gradients (4 fp32, or 2),
+    fp32 master + Adam m, v (12), the last sharded from zero 1 and the gradients from
+    zero 2. zero 3 (FSDP2 mixed precision / ZeRO-3): the sharded fp32 parameter *is* the
+    master copy, so 4 (weights) + 4 (fp32 gradients, or 2) + 8 (m, v), all sharded; the
+    bf16 copy exists only for gathered layers (counted in ``zero3 gathered layers``).
+    fp8 (Transformer Engine style) caches an fp8 copy of each weight (1 byte) across
+    micro-batches; the transpose is made per GEMM.
+    """
     grad_b = _grad_bytes(plan)
+    if plan.dtype == "fp32":
+        weight_b, opt_b = 4, 8
+    elif plan.zero >= 3:
+        weight_b, opt_b = 4, 8
+    else:
+        weight_b, opt_b = 2, 12
     z = plan.zero
     weights = params * weight_b / (shard if z >= 3 else 1)
     if plan.dtype == "fp8":
-        weights += params * 2 / (shard if z >= 3 else 1)
+        weights += params * 1 / (shard if z >= 3 else 1)
     grads = params * grad_b / (shard if z >= 2 else 1)
     optimizer = params * opt_b / (shard if z >= 1 else 1)
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
@@ -243,10 +256,12 @@ def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
 
 
 def _zero3_gathered(plan: Plan, shape: RankShape, dense: float, expert: float) -> float:
-    """FSDP keeps the current and the prefetched layer unsharded (weights + grads)."""
+    """FSDP keeps the current and the prefetched layer unsharded in bf16, and one layer's
+    unsharded gradients before its reduce-scatter."""
     if plan.zero < 3:
         return 0.0
-    return 2 * (dense + expert) / max(shape.n_layers, 1) * (2 + _grad_bytes(plan))
+    per_layer = (dense + expert) / max(shape.n_layers, 1)
+    return per_layer * (2 * 2 + _grad_bytes(plan))
 
 
 def _buffers(device: Device, plan: Plan) -> float:

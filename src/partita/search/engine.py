@@ -93,7 +93,7 @@ def _structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: S
                                                              reverse=True)
                 vpps = [1]
                 if pp > 1:
-                    vpps = [space.vpp] if space.vpp else [v for v in range(1, min(space.max_vpp, model.layers // pp) + 1)
+                    vpps = [space.vpp] if space.vpp else [v for v in range(1, min(space.max_vpp, (model.layers + 2) // pp) + 1)
                                                           if v == 1 or model.layers % (pp * v) == 0
                                                           or (model.layers + 2) % (pp * v) == 0]
                 for ep in eps:
@@ -160,7 +160,7 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
             continue
         base = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp * cp > 1 else 0,
                     mbs=mbs, gbs=global_batch, seq_len=seq_len, dtype=space.dtype,
-                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **space.options)
         split = _split(model, cluster, base)
         if split is not None:
             base = base.with_(layer_split=split)

@@ -19,7 +19,7 @@
   memory and is tried when allowed.
 * recompute: none, selective and full.
 * mbs: every divisor of the per-replica batch up to ``max_tokens_per_microbatch``
-  (64k) tokens per micro-batch; larger micro-batches only add activation memory once
+  (128k) tokens per micro-batch; larger micro-batches only add activation memory once
   the GEMMs are saturated.
 """
 from __future__ import annotations
@@ -58,8 +58,11 @@ class SearchSpace:
     allow_recompute: bool = True
     max_memory_gib: float | None = None
     memory_headroom: float = 0.05  # keep 5% of usable memory free for spikes not modelled
-    max_tokens_per_microbatch: int = 65536
-    max_vpp: int = 16
+    max_tokens_per_microbatch: int = 131072
+    #: plan options every candidate carries (framework settings, not searched):
+    #: grad_dtype, tp_comm_overlap, overlap_grad_reduce, overlap_param_gather
+    options: dict = field(default_factory=dict)
+    max_vpp: int = 32
     min_tokens_per_cp_rank: int = 2048
     fixed: dict = field(default_factory=dict)
 

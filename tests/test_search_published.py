@@ -1,0 +1,36 @@
+"""Issue 3 acceptance: every published layout the estimator can express is inside the
+search space, and the searched best plan is predicted at least as fast as it."""
+from partita.estimate import estimate
+from partita.search import SearchSpace, search_plans
+from partita.search.engine import _structures
+from partita.validation.published import load_cases
+
+
+def test_published_layouts_reachable_and_not_beaten(published_csv):
+    cases, _ = load_cases(published_csv)
+    scenarios: dict[tuple, list] = {}
+    for case in cases:
+        p = case.plan
+        space = SearchSpace(dtype=p.dtype, options=dict(grad_dtype=p.grad_dtype, tp_comm_overlap=p.tp_comm_overlap))
+        structures = set(_structures(case.model, case.cluster, p.gbs, p.seq_len, space, True))
+        assert (p.tp, p.cp, p.pp, p.dp, p.ep, p.mbs, p.vpp) in structures, f"{case.source} {case.name}: {p.summary()}"
+        key = (case.model.name, case.cluster.device.name, case.cluster.world_size, p.gbs, p.seq_len, p.dtype,
+               p.grad_dtype, p.tp_comm_overlap)
+        scenarios.setdefault(key, []).append((case, space))
+    over_budget = 0
+    compared = 0
+    for group in scenarios.values():
+        case, space = group[0]
+        result = search_plans(case.model, case.cluster, case.plan.gbs, case.plan.seq_len, space)
+        for case, _ in group:
+            published = estimate(case.model, case.cluster, case.plan)
+            if published.peak_memory_gib > result.memory_limit_gib:
+                over_budget += 1  # the cost model thinks this run needed more memory than the card has
+                continue
+            compared += 1
+            assert result.best is not None
+            assert result.best.step_time_s <= published.step_time_s * (1 + 1e-9), (
+                f"{case.source} {case.name}: search {result.best.plan.summary()} {result.best.step_time_s:.3f} s "
+                f"slower than published {case.plan.summary()} {published.step_time_s:.3f} s")
+    assert compared >= 240
+    assert over_budget <= 8
