@@ -96,15 +96,16 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from .report import make_console
     t = Table(title="Built-in models (or pass any HF config.json)")
     for col in ("name", "params", "active", "layers", "hidden", "heads/kv", "experts"):
         t.add_column(col, justify="left" if col == "name" else "right")
     for r in rows:
         t.add_row(r["name"], f"{r['params_b']:.2f}B", f"{r['active_b']:.2f}B", str(r["layers"]), str(r["hidden"]),
                   f"{r['heads']}/{r['kv_heads']}", str(r["experts"] or "-"))
-    Console().print(t)
+    make_console().print(t)
     return 0
 
 
@@ -114,8 +115,9 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([d.to_dict() for d in devices], indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from .report import make_console
     t = Table(title="Built-in devices (or pass your own JSON file; see docs/hardware.md)")
     for col in ("name", "bf16 TF", "fp8 TF", "HBM GiB", "HBM TB/s", "intra GB/s", "node", "inter GB/s"):
         t.add_column(col, justify="left" if col == "name" else "right")
@@ -123,7 +125,7 @@ def cmd_hardware(args: argparse.Namespace) -> int:
         t.add_row(d.name, str(d.peak_tflops.get("bf16") or d.peak_tflops.get("fp16")), str(d.peak_tflops.get("fp8") or "-"),
                   f"{d.hbm_gib:g}", f"{d.hbm_tbps:g}", f"{d.intra_gbps:g} ({d.intra_topology})", str(d.devices_per_node),
                   f"{d.inter_gbps:g}")
-    Console().print(t)
+    make_console().print(t)
     return 0
 
 

@@ -9,6 +9,14 @@ from .estimate import Estimate
 GIB = 1024 ** 3
 
 
+def make_console() -> Console:
+    """A console that does not squash wide tables when output is piped to a file or CI log."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    return console
+
+
 def fmt_time(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.2f} s"
@@ -38,7 +46,7 @@ def breakdown_tables(est: Estimate) -> tuple[Table, Table]:
 
 
 def print_estimate(est: Estimate, console: Console | None = None, tokens: float | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     p = est.plan
     console.print(f"[bold]{est.model.name}[/bold] on {est.cluster.describe()}")
     console.print(f"plan: {p.summary()}  (seq {p.seq_len}, global batch {p.gbs} = {p.tokens_per_step:,} tokens, "

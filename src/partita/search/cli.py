@@ -57,10 +57,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                "why_not": reasons}
         print(json.dumps(out, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
-    from ..report import breakdown_tables
-    console = Console()
+    from ..report import breakdown_tables, make_console
+    console = make_console()
     console.print(f"[bold]{model.name}[/bold] on {cluster.describe()}; seq {args.seq_len}, global batch "
                   f"{args.global_batch} ({args.global_batch * args.seq_len:,} tokens)")
     t = Table(title=f"Best plans ({result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s; "
