@@ -1,0 +1,40 @@
+"""The device mesh of a plan, in the axis order the cost model uses (plan.MESH_AXES)."""
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..plan import MESH_AXES, Plan, axis_ranks
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """A (pp, dp, cp, tp) mesh over the world; rank r sits where :func:`plan.axis_ranks` says."""
+    sizes = {"pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "tp": plan.tp}
+    return init_device_mesh(device_type, tuple(sizes[a] for a in MESH_AXES), mesh_dim_names=MESH_AXES)
+
+
+def new_subgroups(plan: Plan, axis: str) -> dist.ProcessGroup | None:
+    """The process group of ``axis`` ('ep' or 'edp') containing this rank; every rank
+    creates every group, in the same order, as ``new_group`` requires."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    seen: set[tuple[int, ...]] = set()
+    mine = None
+    for r in range(world):
+        ranks = tuple(_ranks(plan, axis, r))
+        if ranks in seen:
+            continue
+        seen.add(ranks)
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def _ranks(plan: Plan, axis: str, rank: int) -> list[int]:
+    if axis == "ep":
+        return axis_ranks(plan, "ep", rank)
+    if axis == "edp":  # same expert shard, other replicas: dp ranks with the same ep index
+        dp_group = axis_ranks(plan, "dp", rank)
+        pos = dp_group.index(rank)
+        return [r for i, r in enumerate(dp_group) if i % plan.ep == pos % plan.ep]
+    raise ValueError(axis)

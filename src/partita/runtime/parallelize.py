@@ -1,0 +1,296 @@
+"""``parallelize(model, plan)``: apply a plan, in this order, and return a trainable object.
+
+1. mesh (pp, dp, cp, tp) - the axis order of :data:`partita.plan.MESH_AXES`
+2. pipeline split into stage modules (each step below applies to every stage)
+3. tensor + sequence parallel (DTensor)        - before anything wraps the modules
+4. expert parallel (shards experts, all-to-all) - after TP, before data parallel
+5. activation recomputation                      - wraps block forwards
+6. data parallel by ZeRO stage (FSDP2 last, as torchtitan orders it: it must see the
+   final, TP-sharded parameters)
+7. optimizer (ZeRO-1 sharded where asked), gradient clipping over all shards
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from ..errors import PartitaError
+from ..plan import Plan, check
+from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
+from .device import detect_device_type, local_device
+from .mesh import build_mesh, new_subgroups
+from .recompute import apply_recompute
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def runtime_check(plan: Plan, model: nn.Module) -> None:
+    """Constraints of this runtime on top of :func:`partita.plan.validate` (one line each)."""
+    errs = []
+    if plan.cp > 1:
+        errs.append("cp > 1 (context parallel) is not implemented by the runtime yet")
+    if plan.dtype == "fp8":
+        errs.append("fp8 training is not implemented by the runtime yet (plan and estimate it; run bf16)")
+    moe = getattr(model, "cfg", None) is not None and model.cfg.num_experts > 0
+    if plan.ep > 1 and (plan.tp > 1 or plan.pp > 1 or plan.zero >= 2):
+        errs.append("ep > 1 runs with tp = 1, pp = 1 and zero 0/1 in this runtime")
+    if moe and plan.pp > 1:
+        errs.append("pipeline parallel with a MoE model is not implemented by the runtime yet")
+    if plan.dtype == "fp16" and plan.zero >= 2:
+        errs.append("fp16 with loss scaling runs with zero 0/1 (use bf16 with FSDP)")
+    if errs:
+        raise PartitaError("plan not runnable: " + "; ".join(errs))
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy; with tensor parallel the logits stay sharded on the vocab
+    and the caller runs forward and backward inside ``loss_parallel()``."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@dataclass
+class ParallelModel:
+    """A model with a plan applied. ``train_step(inputs, targets)`` takes this data-parallel
+    rank's share of the global batch (``gbs / dp`` sequences) and returns the global mean loss."""
+
+    plan: Plan
+    modules: list[nn.Module]  # this rank's model or pipeline stages
+    optimizer: object
+    device: torch.device
+    mesh: object
+    max_grad_norm: float | None = 1.0
+    grad_sync: Callable[[], None] | None = None
+    schedule: object | None = None
+    scaler: object | None = None
+    _autocast: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+    pp_group: dist.ProcessGroup | None = None
+    dp_group: dist.ProcessGroup | None = None
+    ep_group: dist.ProcessGroup | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        return self.modules[0]
+
+    def parameters(self):
+        for m in self.modules:
+            yield from m.parameters()
+
+    def state_dict(self) -> dict:
+        out = {}
+        for m in self.modules:
+            out.update(m.state_dict())
+        return out
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        plan = self.plan
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        m = plan.grad_accum
+        if inputs.shape[0] != plan.mbs * m:
+            raise PartitaError(f"train_step got {inputs.shape[0]} sequences, this rank needs gbs/dp = {plan.mbs * m}")
+        with loss_parallel() if plan.tp > 1 else contextlib.nullcontext():
+            if self.schedule is not None:
+                local = self._pipeline_step(inputs, targets)
+            else:
+                local = self._accumulate(inputs, targets)
+        if self.grad_sync is not None:
+            self.grad_sync()
+        self._clip_and_step()
+        loss = torch.tensor([local], dtype=torch.float64)
+        if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
+            dist.all_reduce(loss, group=self.dp_group)
+            loss /= dist.get_world_size(self.dp_group)
+        return float(loss.item())
+
+    def _accumulate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        model = self.model
+        m = self.plan.grad_accum
+        total = 0.0
+        for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
+            if hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(i == m - 1)
+            sync = model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) and i < m - 1 \
+                else contextlib.nullcontext()
+            with sync:
+                with self._autocast():
+                    logits = model(x)
+                    core = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+                    loss = cross_entropy(logits, y) + core.aux_loss().to(logits.device if not isinstance(logits, DTensor) else self.device)
+                scaled = loss / m
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
+            total += float(loss.detach().float()) / m
+        return total
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        losses: list[torch.Tensor] = []
+        is_first = any(getattr(mod, "tok_embeddings", None) is not None for mod in self.modules)
+        is_last = any(getattr(mod, "output", None) is not None for mod in self.modules)
+        with self._autocast():
+            if is_first:
+                self.schedule.step(inputs, target=targets if is_last else None, losses=losses if is_last else None)
+            else:
+                self.schedule.step(target=targets if is_last else None, losses=losses if is_last else None)
+        value = torch.tensor([sum(float(l.detach().float()) for l in losses) / len(losses) if losses else 0.0],
+                             dtype=torch.float64)
+        # the loss lives on the last stage: broadcast it along the pipeline
+        ranks = dist.get_process_group_ranks(self.pp_group)
+        dist.broadcast(value, src=ranks[-1], group=self.pp_group)
+        return float(value.item())
+
+    def _clip_and_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.max_grad_norm:
+            total = self.grad_norm()
+            coef = self.max_grad_norm / (total + 1e-6)
+            if coef < 1:
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def grad_norm(self) -> float:
+        """L2 norm of the full gradient across tp/fsdp shards, pipeline stages and experts."""
+        dense_sq = torch.zeros((), dtype=torch.float64)
+        expert_sq = torch.zeros((), dtype=torch.float64)
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            g = p.grad
+            if isinstance(g, DTensor):
+                sq = (g.float().norm() ** 2).full_tensor().double().cpu()
+            else:
+                sq = g.detach().float().norm().double().cpu() ** 2
+            if getattr(p, "_partita_expert", False):
+                expert_sq += sq
+            else:
+                dense_sq += sq
+        if self.ep_group is not None:
+            dist.all_reduce(expert_sq, group=self.ep_group)
+        total = (dense_sq + expert_sq).reshape(1)
+        if self.pp_group is not None and dist.get_world_size(self.pp_group) > 1:
+            dist.all_reduce(total, group=self.pp_group)
+        return math.sqrt(float(total.item()))
+
+
+def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
+                device_type: str | None = None, max_grad_norm: float | None = 1.0) -> ParallelModel:
+    """Apply ``plan`` to ``model`` (a :class:`partita.models.Transformer`, identical on every
+    rank) with PyTorch's parallel primitives. The process group must be initialised with
+    ``plan.world_size`` ranks."""
+    world = dist.get_world_size()
+    check(plan, None, world)
+    runtime_check(plan, model)
+    device_type = detect_device_type(device_type)
+    device = local_device(device_type)
+    mesh = build_mesh(plan, device_type)
+    make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
+    model = model.to(device)
+
+    # 2. pipeline stages
+    if plan.pp > 1:
+        from .pipeline import stage_modules
+        modules = [mod for _, mod in stage_modules(model, plan)]
+    else:
+        modules = [model]
+    # 3. tensor + sequence parallel
+    if plan.tp > 1:
+        from .tensor_parallel import apply_tp
+        for mod in modules:
+            apply_tp(mod, mesh["tp"], plan.sp)
+    # 4. expert parallel
+    ep_group = None
+    edp_group = None
+    if plan.ep > 1:
+        from .expert_parallel import apply_ep
+        ep_group = new_subgroups(plan, "ep")
+        edp_group = new_subgroups(plan, "edp")
+        for mod in modules:
+            apply_ep(mod, ep_group, plan.ep)
+    # 5. recomputation
+    for mod in modules:
+        apply_recompute(mod, plan.recompute)
+    # 6. data parallel
+    dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
+    param_dtype = DTYPES.get(plan.dtype)
+    grad_sync = None
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    if plan.dp > 1 and plan.zero >= 2:
+        for mod in modules:
+            apply_fsdp(mod, mesh["dp"], plan.zero, param_dtype)
+    else:
+        if param_dtype is not None:
+            autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731
+        plain = plan.tp == 1 and plan.pp == 1 and plan.ep == 1
+        if plan.dp > 1 and plain and plan.zero == 0:
+            modules = [nn.parallel.DistributedDataParallel(modules[0], process_group=dp_group, broadcast_buffers=False)]
+        elif plan.dp > 1:
+            grad_sync = GradientSync([p for mod in modules for p in mod.parameters()], dp_group, edp_group)
+    # 7. optimizer
+    params = [p for mod in modules for p in mod.parameters()]
+    if plan.zero == 1 and plan.dp > 1:
+        dense = [p for p in params if not getattr(p, "_partita_expert", False)]
+        experts = [p for p in params if getattr(p, "_partita_expert", False)]
+        optimizer = _CombinedOptimizer([ShardedOptimizer(dense, make_optimizer, dp_group)] +
+                                       ([ShardedOptimizer(experts, make_optimizer, edp_group)] if experts and edp_group else
+                                        [_Wrapped(make_optimizer(experts))] if experts else []))
+    else:
+        optimizer = make_optimizer(params)
+    scaler = torch.amp.GradScaler(device_type) if plan.dtype == "fp16" else None
+    pm = ParallelModel(plan=plan, modules=modules, optimizer=optimizer, device=device, mesh=mesh,
+                       max_grad_norm=max_grad_norm, grad_sync=grad_sync, scaler=scaler, _autocast=autocast,
+                       pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
+    if plan.pp > 1:
+        from .pipeline import build_schedule
+        ids = [j for j, _ in stage_modules_indices(plan, len(model.layers))]
+        pm.schedule = build_schedule(list(zip(ids, modules)), plan, device, mesh["pp"].get_group(), cross_entropy)
+    return pm
+
+
+def stage_modules_indices(plan: Plan, layers: int) -> list[tuple[int, None]]:
+    """Virtual stage indices held by this pipeline rank."""
+    pp_rank = dist.get_rank() // (plan.dp * plan.cp * plan.tp)
+    return [(j, None) for j in range(plan.pp * plan.vpp) if j % plan.pp == pp_rank]
+
+
+class _Wrapped:
+    def __init__(self, opt):
+        self.optimizer = opt
+        self.param_groups = opt.param_groups
+
+    def step(self):
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class _CombinedOptimizer:
+    """Several (sharded) optimizers stepped together."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.param_groups = [g for p in parts for g in p.param_groups]
+
+    def step(self) -> None:
+        for p in self.parts:
+            p.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parts:
+            p.zero_grad(set_to_none=set_to_none)

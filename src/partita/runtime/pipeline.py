@@ -1,0 +1,66 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``.
+
+The model is split into ``pp * vpp`` virtual stages by the plan's layer split; virtual
+stage ``j`` runs on pipeline rank ``j % pp`` (Megatron's interleaving, the same
+placement the cost model assumes). Each stage is a copy of the model that keeps only its
+layers (names unchanged), the embedding on the first and the norm + output on the last.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble)
+
+from ..errors import PartitaError
+from ..plan import Plan
+
+
+def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
+    """(virtual stage index, module) for the stages of this pipeline rank."""
+    split = plan.stage_layers(len(model.layers))
+    pp_rank = _pp_rank(plan)
+    out = []
+    start = 0
+    for j, n in enumerate(split):
+        keep = {str(i) for i in range(start, start + n)}
+        start += n
+        if j % plan.pp != pp_rank:
+            continue
+        stage = copy.deepcopy(model)
+        for name in list(stage.layers.keys()):
+            if name not in keep:
+                del stage.layers[name]
+        if j != 0:
+            stage.tok_embeddings = None
+        if j != len(split) - 1:
+            stage.norm = None
+            stage.output = None
+        out.append((j, stage))
+    return out
+
+
+def _pp_rank(plan: Plan) -> int:
+    stride = plan.dp * plan.cp * plan.tp
+    return dist.get_rank() // stride
+
+
+def build_schedule(stages: list[tuple[int, nn.Module]], plan: Plan, device: torch.device,
+                   group: dist.ProcessGroup, loss_fn) -> object:
+    n_stages = plan.pp * plan.vpp
+    pipe_stages = [PipelineStage(mod, j, n_stages, device, group=group) for j, mod in stages]
+    m = plan.grad_accum
+    if plan.schedule == "gpipe":
+        return ScheduleGPipe(pipe_stages[0], m, loss_fn=loss_fn)
+    if plan.schedule == "1f1b":
+        if m < plan.pp:
+            raise PartitaError(f"1F1B needs at least pp={plan.pp} micro-batches, the plan has {m}")
+        return Schedule1F1B(pipe_stages[0], m, loss_fn=loss_fn)
+    if plan.schedule == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(pipe_stages, m, loss_fn=loss_fn)
+    if plan.schedule == "zero-bubble":
+        return ScheduleInterleavedZeroBubble(pipe_stages, m, loss_fn=loss_fn)
+    raise PartitaError(f"unknown pipeline schedule {plan.schedule}")

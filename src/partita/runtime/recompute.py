@@ -1,0 +1,52 @@
+"""Activation recomputation per block: full, or op-level selective.
+
+Applied by wrapping each block's ``forward`` in ``torch.utils.checkpoint`` (non-reentrant),
+which keeps parameter names unchanged. Selective recomputation saves the outputs of every
+other matmul and of attention and recomputes everything else - the policy the cost model
+assumes (``cost/memory.py``; torchtitan's "op" SAC).
+"""
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+_ATTENTION_OPS = {getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
+    if hasattr(torch.ops.aten, name)}
+_MM_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
+def _selective_context():
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, op, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op in _ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        if op in _MM_OPS:
+            counts[mode] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_recompute(model: nn.Module, mode: str) -> None:
+    """Wrap every block of ``model.layers`` for ``mode`` in {"none", "selective", "full"}."""
+    if mode == "none":
+        return
+    for block in model.layers.values():
+        forward = block.forward
+
+        @functools.wraps(forward)
+        def wrapped(*args, _forward=forward, **kwargs):
+            if mode == "selective":
+                return checkpoint(_forward, *args, use_reentrant=False, context_fn=_selective_context, **kwargs)
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = wrapped

@@ -1,0 +1,41 @@
+"""Tensor + sequence parallelism with DTensor ``parallelize_module`` (Megatron layout).
+
+Column-parallel wq/wk/wv/w1/w3 and row-parallel wo/w2 [Shoeybi et al. 2019]; with
+sequence parallel the norms and the residual stream are sharded on the sequence dim and
+the row-parallel outputs reduce-scatter into it [Korthikanti et al. 2022]. The output
+layer keeps its logits sharded on the vocab for ``loss_parallel``.
+"""
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Shard ``model`` (a :class:`partita.models.Transformer` or a pipeline stage of one) over ``tp_mesh``."""
+    seq = Shard(1) if sp else Replicate()
+    top: dict[str, object] = {}
+    if getattr(model, "tok_embeddings", None) is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if getattr(model, "norm", None) is not None and sp:
+        top["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is not None:
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        plan: dict[str, object] = {
+            "attention": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq),
+            "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if sp:
+            plan["attention_norm"] = SequenceParallel()
+            plan["ffn_norm"] = SequenceParallel()
+        parallelize_module(block, tp_mesh, plan)
