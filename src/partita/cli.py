@@ -157,11 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--json", action="store_true")
     hw.set_defaults(func=cmd_hardware)
 
-    try:
-        from .search.cli import add_plan_command
-        add_plan_command(sub, _add_cluster_args)
-    except ImportError:  # search not built yet
-        pass
+    from .search.cli import add_plan_command
+    from .train.launch import add_train_command
+    add_plan_command(sub, _add_cluster_args)
+    add_train_command(sub)
     return parser
 
 

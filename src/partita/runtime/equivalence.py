@@ -17,21 +17,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ..models.llama import build_model
+from ..train.data import dp_shard, synthetic_batch
 from ..plan import Plan
 from .parallelize import cross_entropy, parallelize
-
-
-def synthetic_batch(step: int, gbs: int, seq_len: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of ``step``: random tokens, reproducible from ``seed``."""
-    g = torch.Generator().manual_seed(seed * 100003 + step)
-    data = torch.randint(0, vocab, (gbs, seq_len + 1), generator=g)
-    return data[:, :-1], data[:, 1:]
-
-
-def dp_shard(x: torch.Tensor, plan: Plan, rank: int) -> torch.Tensor:
-    dp_index = (rank // (plan.cp * plan.tp)) % plan.dp
-    per = plan.gbs // plan.dp
-    return x[dp_index * per:(dp_index + 1) * per]
 
 
 def reference_run(model_name: str, plan: Plan, steps: int, seed: int, lr: float, max_grad_norm: float | None):

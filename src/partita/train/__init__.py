@@ -1,0 +1,1 @@
+"""Launch and run training: ``partita train`` (launch.py) starts torchrun, which runs worker.py."""
