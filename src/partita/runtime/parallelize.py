@@ -154,9 +154,8 @@ class ParallelModel:
             total = self.grad_norm()
             coef = self.max_grad_norm / (total + 1e-6)
             if coef < 1:
-                for p in self.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
+                grads = [p.grad for p in self.parameters() if p.grad is not None]
+                torch._foreach_mul_(grads, coef) if _same_kind(grads) else [g.mul_(coef) for g in grads]
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -165,18 +164,31 @@ class ParallelModel:
         self.optimizer.zero_grad(set_to_none=True)
 
     def grad_norm(self) -> float:
-        """L2 norm of the full gradient across tp/fsdp shards, pipeline stages and experts."""
-        dense_sq = torch.zeros((), dtype=torch.float64)
-        expert_sq = torch.zeros((), dtype=torch.float64)
+        """L2 norm of the full gradient across tp/fsdp shards, pipeline stages and experts.
+
+        DTensor gradients are grouped by (mesh, placements) and reduced once per group;
+        expert gradients (different on every ep rank) are summed over the ep group and
+        everything over the pipeline group."""
+        groups: dict[tuple, list[torch.Tensor]] = {}
         for p in self.parameters():
             if p.grad is None:
                 continue
             g = p.grad
-            if isinstance(g, DTensor):
-                sq = (g.float().norm() ** 2).full_tensor().double().cpu()
-            else:
-                sq = g.detach().float().norm().double().cpu() ** 2
             if getattr(p, "_partita_expert", False):
+                key: tuple = ("expert",)
+            elif isinstance(g, DTensor):
+                key = ("dtensor", id(g.device_mesh), tuple(g.placements))
+            else:
+                key = ("local",)
+            groups.setdefault(key, []).append(g)
+        dense_sq = torch.zeros((), dtype=torch.float64)
+        expert_sq = torch.zeros((), dtype=torch.float64)
+        for key, grads in groups.items():
+            norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            sq = norm.detach().double().cpu() ** 2
+            if key[0] == "expert":
                 expert_sq += sq
             else:
                 dense_sq += sq
@@ -186,6 +198,12 @@ class ParallelModel:
         if self.pp_group is not None and dist.get_world_size(self.pp_group) > 1:
             dist.all_reduce(total, group=self.pp_group)
         return math.sqrt(float(total.item()))
+
+
+def _same_kind(grads: list[torch.Tensor]) -> bool:
+    """foreach kernels need all-DTensor (on one mesh) or all-plain lists."""
+    kinds = {(type(g), id(g.device_mesh)) if isinstance(g, DTensor) else (type(g), None) for g in grads}
+    return len(kinds) == 1
 
 
 def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
