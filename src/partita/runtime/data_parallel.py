@@ -25,6 +25,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from .modules import blocks
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
@@ -34,7 +36,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: to
     """FSDP2 per block, then the root; bf16/fp16 compute with fp32 master weights and reductions."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     reshard = zero >= 3
-    for block in model.layers.values():
+    for block in blocks(model):
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
 

@@ -19,21 +19,29 @@ from torch.distributed.tensor import DTensor
 from ..models.llama import build_model
 from ..train.data import dp_shard, synthetic_batch
 from ..plan import Plan
+from .modules import aux_loss, logits, vocab_size
 from .parallelize import cross_entropy, parallelize
+
+
+def make_model(name: str, seed: int):
+    if name.startswith("hf-"):
+        from ..models.hf import build_hf_model
+        return build_hf_model(name, seed)
+    return build_model(name, seed=seed)
 
 
 def reference_run(model_name: str, plan: Plan, steps: int, seed: int, lr: float, max_grad_norm: float | None):
     """Single-process training: the loss of each (dp rank, micro-batch) chunk averaged, as
     the parallel run computes it (equal to the global mean for dense models)."""
-    model = build_model(model_name, seed=seed)
+    model = make_model(model_name, seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for step in range(steps):
-        x, y = synthetic_batch(step, plan.gbs, plan.seq_len, model.cfg.vocab, seed)
+        x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab_size(model), seed)
         chunks = plan.dp * plan.grad_accum
         total = 0.0
         for xc, yc in zip(x.chunk(chunks), y.chunk(chunks)):
-            loss = cross_entropy(model(xc), yc) + model.aux_loss()
+            loss = cross_entropy(logits(model, xc), yc) + aux_loss(model)
             (loss / chunks).backward()
             total += float(loss.detach()) / chunks
         if max_grad_norm:
@@ -48,11 +56,11 @@ def run_case(model_name: str, plan_text: str, steps: int = 5, seed: int = 0, lr:
              max_grad_norm: float | None = 1.0) -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
     plan = Plan.parse(plan_text, world_size=world, defaults={"dtype": "fp32"})
-    model = build_model(model_name, seed=seed)
+    model = make_model(model_name, seed)
     pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=lr), max_grad_norm=max_grad_norm)
     losses = []
     for step in range(steps):
-        x, y = synthetic_batch(step, plan.gbs, plan.seq_len, model.cfg.vocab, seed)
+        x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab_size(model), seed)
         losses.append(pm.train_step(dp_shard(x, plan, rank), dp_shard(y, plan, rank)))
     ref_losses, ref_params = reference_run(model_name, plan, steps, seed, lr, max_grad_norm)
     loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))

@@ -28,6 +28,7 @@ from ..plan import Plan, check
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
+from .modules import aux_loss, logits as logits_of
 from .recompute import apply_recompute
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -40,6 +41,12 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
         errs.append("cp > 1 (context parallel) is not implemented by the runtime yet")
     if plan.dtype == "fp8":
         errs.append("fp8 training is not implemented by the runtime yet (plan and estimate it; run bf16)")
+    from ..models.hf import is_hf
+    if is_hf(model):
+        if plan.pp > 1 or plan.ep > 1:
+            errs.append("HF models run with dp/zero, tp and recompute in this runtime (no pp or ep)")
+        if plan.tp > 1 and plan.sp:
+            errs.append("HF models run tp without sequence parallel (HF derives positions from the local sequence); pass sp=false")
     moe = getattr(model, "cfg", None) is not None and model.cfg.num_experts > 0
     if plan.ep > 1 and (plan.tp > 1 or plan.pp > 1 or plan.zero >= 2):
         errs.append("ep > 1 runs with tp = 1, pp = 1 and zero 0/1 in this runtime")
@@ -121,9 +128,10 @@ class ParallelModel:
                 else contextlib.nullcontext()
             with sync:
                 with self._autocast():
-                    logits = model(x)
                     core = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-                    loss = cross_entropy(logits, y) + core.aux_loss().to(logits.device if not isinstance(logits, DTensor) else self.device)
+                    out = model(x) if core is not model else logits_of(model, x)
+                    out = out.logits if hasattr(out, "logits") else out
+                    loss = cross_entropy(out, y) + aux_loss(core).to(self.device)
                 scaled = loss / m
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import torch
 from torch import nn
+from .modules import blocks
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 _ATTENTION_OPS = {getattr(torch.ops.aten, name).default for name in (
@@ -40,7 +41,7 @@ def apply_recompute(model: nn.Module, mode: str) -> None:
     """Wrap every block of ``model.layers`` for ``mode`` in {"none", "selective", "full"}."""
     if mode == "none":
         return
-    for block in model.layers.values():
+    for block in blocks(model):
         forward = block.forward
 
         @functools.wraps(forward)

@@ -8,6 +8,8 @@ layer keeps its logits sharded on the vocab for ``loss_parallel``.
 from __future__ import annotations
 
 from torch import nn
+
+from ..models.hf import is_hf
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -16,6 +18,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Shard ``model`` (a :class:`partita.models.Transformer` or a pipeline stage of one) over ``tp_mesh``."""
+    if is_hf(model):
+        return apply_tp_hf(model, tp_mesh)
     seq = Shard(1) if sp else Replicate()
     top: dict[str, object] = {}
     if getattr(model, "tok_embeddings", None) is not None:
@@ -39,3 +43,22 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
+
+
+def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Tensor parallel (without SP: HF computes positions from the local sequence length)
+    for HF Llama / Qwen2 / Mixtral: attention projections, dense MLPs, vocab-parallel head.
+    Mixtral's fused expert weights stay replicated over tp."""
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    })
+    for layer in model.model.layers:
+        plan: dict[str, object] = {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+        }
+        if hasattr(layer.mlp, "gate_proj"):
+            plan.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                         "mlp.down_proj": RowwiseParallel()})
+        parallelize_module(layer, tp_mesh, plan)

@@ -1,0 +1,31 @@
+"""What the runtime needs to know about a model, for both model families it accepts:
+:class:`partita.models.Transformer` and Hugging Face ``*ForCausalLM`` models."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.hf import is_hf
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks, in order (the units of recompute, FSDP and pipelining)."""
+    if is_hf(model):
+        return list(model.model.layers)
+    return list(model.layers.values())
+
+
+def logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    if is_hf(model):
+        return model(input_ids=tokens, use_cache=False).logits
+    return model(tokens)
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor:
+    """MoE load-balancing loss of the last forward (reference models; HF: not used)."""
+    fn = getattr(model, "aux_loss", None)
+    return fn() if callable(fn) and not is_hf(model) else torch.zeros(())
+
+
+def vocab_size(model: nn.Module) -> int:
+    return model.config.vocab_size if is_hf(model) else model.cfg.vocab
