@@ -129,6 +129,26 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export
+    from .plan import Plan
+    from .spec.model import load_model
+    plan = Plan.load(args.plan_file)
+    model = load_model(args.model) if args.model else None
+    if model is not None:
+        from .plan import check
+        check(plan, model)
+    result = export(args.to, plan, model)
+    for w in result.warnings:
+        print(f"partita: warning: {w}", file=sys.stderr)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(result.text)
+    else:
+        sys.stdout.write(result.text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="partita", description="Plan, run and check parallel LLM training.")
     sub = parser.add_subparsers(dest="command")
@@ -149,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"])
     est.add_argument("--layer-split", help="layers per virtual stage, e.g. 9,10,10,9")
     est.set_defaults(func=cmd_estimate)
+
+    exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan config")
+    exp.add_argument("--to", required=True, choices=["megatron", "mindspeed", "deepspeed", "torchtitan"])
+    exp.add_argument("plan_file", metavar="PLAN.json", help="a plan (or the output of plan/estimate --json)")
+    exp.add_argument("--model", help="add the model shape (Megatron/MindSpeed) and check the plan against it")
+    exp.add_argument("-o", "--output", help="write here instead of stdout")
+    exp.set_defaults(func=cmd_export)
 
     models = sub.add_parser("models", help="list built-in model presets")
     models.add_argument("--json", action="store_true")

@@ -166,8 +166,10 @@ class Plan:
             raise PartitaError(f"plan file {path} does not exist") from None
         except json.JSONDecodeError as e:
             raise PartitaError(f"plan file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        if isinstance(data, dict) and isinstance(data.get("plans"), list) and data["plans"]:
+            data = data["plans"][0]  # the output of `partita plan --json`: its best plan
         if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):
-            data = data["plan"]  # the output of `partita plan --json` / `estimate --json`
+            data = data["plan"]  # an estimate (`partita estimate --json`)
         if not isinstance(data, dict):
             raise PartitaError(f"plan file {path} must hold a JSON object")
         return cls.from_dict(data, f"plan file {path}")

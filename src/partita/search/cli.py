@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Callable
 
 from ..errors import PartitaError
@@ -23,6 +24,8 @@ def add_plan_command(sub, add_cluster_args: Callable[..., None]) -> None:
     p.add_argument("--no-zero3", action="store_true", help="forbid ZeRO-3 / FSDP")
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
     p.add_argument("--max-memory-gib", type=float, help="memory cap per device")
+    p.add_argument("--export", choices=["megatron", "mindspeed", "deepspeed", "torchtitan"],
+                   help="also print the best plan as this framework's configuration")
     p.add_argument("--headroom", type=float, default=0.05, help="fraction of usable memory kept free (default 0.05)")
     p.set_defaults(func=cmd_plan)
 
@@ -46,6 +49,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not result.plans:
         raise PartitaError(infeasible_message(result))
     reasons = why_not(result)
+    exported = None
+    if args.export:
+        from ..export import export
+        exported = export(args.export, result.best.plan, model)
     if args.json:
         out = {"model": model.name, "hardware": cluster.device.name, "devices": cluster.world_size,
                "devices_per_node": cluster.devices_per_node, "global_batch": args.global_batch, "seq_len": args.seq_len,
@@ -55,6 +62,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                "device_hours": e.run_days(tokens) * 24 * cluster.world_size} if tokens else {}))
                          for e in result.plans],
                "why_not": reasons}
+        if exported:
+            out["export"] = {"target": exported.target, "text": exported.text, "warnings": exported.warnings}
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -91,4 +100,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console.print("[bold]Why not[/bold]")
     for line in reasons:
         console.print("  " + line, highlight=False)
+    if exported:
+        console.print(f"[bold]Plan 1 as {exported.target} configuration[/bold]")
+        print(exported.text, end="")
+        for w in exported.warnings:
+            print(f"partita: warning: {w}", file=sys.stderr)
     return 0
