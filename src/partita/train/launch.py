@@ -38,17 +38,30 @@ def model_spec_for(name: str):
 
 def cmd_train(args: argparse.Namespace) -> int:
     world = args.nproc * args.nnodes
-    plan = Plan.parse(args.plan, world_size=world, defaults=train_defaults(args.device))
+    defaults = train_defaults(args.device)
+    plan_text = args.plan
+    if args.resume and not plan_text and args.checkpoint_dir:
+        plan_text = _checkpoint_plan(args.checkpoint_dir) or ""
+    plan = Plan.parse(plan_text, world_size=world, defaults=defaults) if plan_text.endswith(".json") or "=" in plan_text \
+        or not plan_text else Plan.parse(plan_text, world_size=world, defaults=defaults)
+    if plan.world_size != world:
+        from .replan import describe_change, replan
+        new = replan(plan, world, model_spec_for(args.model))
+        print(f"partita: the checkpoint's plan ran on {plan.world_size} processes; re-planned for {world} keeping "
+              f"global batch {plan.gbs}: {describe_change(plan, new)}", file=sys.stderr)
+        plan = new
     spec = model_spec_for(args.model)
     check(plan, spec, world)
     try:
         import torch  # noqa: F401
     except ImportError:
         raise PartitaError("partita train needs PyTorch: pip install 'partita[runtime]'") from None
-    from ..models.llama import TransformerConfig, build_model
+    from ..models.llama import build_model
     from ..runtime.parallelize import runtime_check
     runtime_check(plan, build_model(args.model) if args.model.startswith("tiny-") else _Shape(spec))
-    run_dir = args.run_dir or tempfile.mkdtemp(prefix="partita-run-")
+    if args.data and not os.path.exists(args.data):
+        raise PartitaError(f"--data {args.data} does not exist")
+    run_dir = args.run_dir or args.checkpoint_dir or tempfile.mkdtemp(prefix="partita-run-")
     os.makedirs(run_dir, exist_ok=True)
     plan_path = os.path.join(run_dir, "plan.json")
     plan.to_json(plan_path)
@@ -62,23 +75,65 @@ def cmd_train(args: argparse.Namespace) -> int:
         cmd += [f"--max-restarts={args.max_restarts}"]
     cmd += ["-m", "partita.train.worker", "--model", args.model, "--plan", plan_path, "--steps", str(args.steps),
             "--seed", str(args.seed), "--lr", str(args.lr), "--optimizer", args.optimizer,
-            "--timeout-s", str(args.timeout_s)]
-    if args.device:
-        cmd += ["--device", args.device]
+            "--momentum", str(args.momentum), "--timeout-s", str(args.timeout_s), "--run-dir", run_dir,
+            "--lr-schedule", args.lr_schedule, "--warmup-steps", str(args.warmup_steps), "--min-lr", str(args.min_lr),
+            "--max-grad-norm", str(args.max_grad_norm), "--keep", str(args.keep)]
+    for flag, value in (("--device", args.device), ("--data", args.data), ("--tokenizer", args.tokenizer),
+                        ("--checkpoint-dir", args.checkpoint_dir)):
+        if value:
+            cmd += [flag, value]
+    if args.checkpoint_every:
+        cmd += ["--checkpoint-every", str(args.checkpoint_every)]
+    if args.resume:
+        cmd += ["--resume"]
     if args.json:
         cmd += ["--json"]
+    elif not args.no_progress:
+        cmd += ["--progress"]
+    if args.hardware:
+        cmd += _prediction_args(spec, plan, args.hardware, world)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if not args.json:
         print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
-              f"{world} process(es); plan file {plan_path}", flush=True)
+              f"{world} process(es); run dir {run_dir}", flush=True)
     proc = subprocess.run(cmd, env=env, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr.splitlines():
+        if line.startswith("partita: ") and "error" not in line:
+            print(line, file=sys.stderr)  # resume / re-plan / skipped-checkpoint messages
     if proc.returncode:
         # show the worker's own error line(s), not torchrun's wrapper traceback
         msg = root_cause(proc.stderr)
         print(msg if msg.startswith("partita: error:") else f"partita: error: a rank failed: {msg}", file=sys.stderr)
         return 2 if "partita: error:" in msg else 1
     return 0
+
+
+def _checkpoint_plan(checkpoint_dir: str) -> str | None:
+    """Path of a plan JSON holding the newest complete checkpoint's plan, if any."""
+    import json
+    from pathlib import Path
+
+    from ..runtime.checkpoint import complete_checkpoints
+    found = complete_checkpoints(checkpoint_dir)
+    if not found:
+        return None
+    meta = json.loads((found[-1][1] / "meta.json").read_text())
+    path = Path(checkpoint_dir) / "resume-plan.json"
+    path.write_text(json.dumps(meta["plan"]))
+    return str(path)
+
+
+def _prediction_args(spec, plan: Plan, hardware: str, world: int) -> list[str]:
+    """The planner's predicted step time and the MFU inputs, for the progress line."""
+    from ..estimate import estimate
+    from ..spec.hardware import make_cluster
+    cluster = make_cluster(hardware, world)
+    est = estimate(spec, cluster, plan)
+    dtype = "bf16" if plan.dtype in ("bf16", "fp8") else plan.dtype
+    return ["--predicted-step-s", repr(est.step_time_s),
+            "--model-flops-per-token", repr(spec.model_flops_per_token(plan.seq_len)),
+            "--peak-flops", repr(cluster.device.peak_flops(dtype if cluster.device.supports(dtype) else "fp16"))]
 
 
 def root_cause(stderr: str) -> str:
@@ -118,7 +173,21 @@ def add_train_command(sub) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                   help="cosine: linear warm-up then cosine decay to --min-lr")
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--min-lr", type=float, default=0.0)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping over all shards (0: off)")
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    p.add_argument("--data", help="text file, directory of .txt/.jsonl, or tokens .npy (default: synthetic)")
+    p.add_argument("--tokenizer", help="HF tokenizer.json (default: a byte-level BPE trained on --data)")
+    p.add_argument("--checkpoint-dir", help="where checkpoints go")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps")
+    p.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--hardware", help="print the planner's prediction and MFU against this device's peak")
+    p.add_argument("--no-progress", action="store_true", help="plain lines instead of a progress bar")
     p.add_argument("--device", help="cpu, cuda or npu (default: what the machine has)")
     p.add_argument("--run-dir", help="where the plan and logs go (default: a temp dir)")
     p.add_argument("--timeout-s", type=int, default=300, help="collective timeout per process group")
