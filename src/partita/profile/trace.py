@@ -1,0 +1,197 @@
+"""Trace analysis: compute vs communication, overlap, exposed communication and idle time.
+
+Works on Chrome traces written by ``torch.profiler`` (Kineto), also ones recorded
+elsewhere, without importing torch:
+
+* accelerator traces: device events (``cat`` kernel / gpu_memcpy / gpu_memset) on the
+  device's streams; collective kernels are recognised by name (``ncclKernel_*``,
+  ``ncclDevKernel_*``, HCCL ``hcom_*``); everything else on the device is compute
+  (memcpy/memset are reported apart);
+* CPU traces (gloo): there are no device streams; collectives run as ``gloo:<op>`` events
+  on gloo's worker threads and ``c10d::<op>_`` on the calling thread; compute is the
+  top-level ``cpu_op`` events of the training threads that are not collectives.
+
+Each category is reduced to a union of time intervals, so nested or concurrent events
+count once. Then, over the analysed window:
+``overlapped = |compute ∩ comm|``, ``exposed comm = |comm \\ compute|``,
+``idle = window - |compute ∪ comm ∪ memory|``. Per collective kind (all_reduce,
+all_gather, reduce_scatter, all_to_all, broadcast, send/recv, barrier) the union of its
+intervals is reported too. The window is the ProfilerStep annotations when present,
+else the span of all analysed events.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+COLLECTIVE_KINDS = [
+    ("all_to_all", re.compile(r"all_?to_?all|alltoall", re.I)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter|reducescatter", re.I)),
+    ("all_gather", re.compile(r"all_?gather|allgather", re.I)),
+    ("all_reduce", re.compile(r"all_?reduce|allreduce", re.I)),
+    ("broadcast", re.compile(r"broadcast", re.I)),
+    ("send_recv", re.compile(r"send|recv|sendrecv", re.I)),
+    ("barrier", re.compile(r"barrier", re.I)),
+]
+DEVICE_COMM = re.compile(r"^(nccl|ncclDev|hcom|hccl)|ncclKernel|ncclDevKernel", re.I)
+CPU_COMM = re.compile(r"^(gloo:|c10d::|record_param_comms|nccl:)", re.I)
+
+Interval = tuple[float, float]
+
+
+def load_trace(path: str | Path) -> dict:
+    """A Chrome trace (``.json`` or ``.json.gz``)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def union(intervals: list[Interval]) -> list[Interval]:
+    """Merge overlapping intervals."""
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def length(intervals: list[Interval]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """Intersection of two sorted, disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def clip(intervals: list[Interval], window: list[Interval]) -> list[Interval]:
+    return intersect(union(intervals), union(window))
+
+
+def collective_kind(name: str) -> str:
+    for kind, pattern in COLLECTIVE_KINDS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+@dataclass
+class TraceBreakdown:
+    """Where the analysed window's time went (microseconds, as traces record them)."""
+
+    kind: str  # "device" or "cpu"
+    window_us: float
+    compute_us: float
+    communication_us: float
+    overlapped_us: float
+    exposed_communication_us: float
+    memory_us: float
+    idle_us: float
+    by_collective_us: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _events(trace: dict) -> list[dict]:
+    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+
+
+def _collective_launchers(trace: dict) -> dict:
+    """correlation id -> name of the c10d/nccl op whose runtime call launched the kernel."""
+    events = _events(trace)
+    ops: dict[tuple, list[dict]] = {}
+    for e in events:
+        if e.get("cat") == "cpu_op" and CPU_COMM.search(str(e.get("name", ""))) and "record_param" not in e["name"]:
+            ops.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    out = {}
+    if not ops:
+        return out
+    for e in events:
+        if e.get("cat") != "cuda_runtime" and e.get("cat") != "cuda_driver":
+            continue
+        corr = e.get("args", {}).get("correlation")
+        for op in ops.get((e.get("pid"), e.get("tid")), ()):
+            if op["ts"] <= e["ts"] <= op["ts"] + op["dur"]:
+                out[corr] = op["name"]
+                if op["name"].startswith("c10d::"):
+                    break
+    return out
+
+
+def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
+    """Compute/communication/overlap split of one rank's trace."""
+    if not isinstance(trace, dict):
+        trace = load_trace(trace)
+    events = _events(trace)
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    device = [e for e in events if e.get("cat") in DEVICE_CATS]
+    compute: list[Interval] = []
+    comm: list[Interval] = []
+    memory: list[Interval] = []
+    by_kind: dict[str, list[Interval]] = {}
+    if device:
+        kind = "device"
+        launched_by = _collective_launchers(trace)
+        for e in device:
+            iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            name = str(e.get("name", ""))
+            if e["cat"] != "kernel":
+                memory.append(iv)
+            elif DEVICE_COMM.search(name):
+                comm.append(iv)
+                # NCCL runs all-to-all as SendRecv kernels: name the collective after the
+                # c10d op that launched the kernel when the trace links them
+                launcher = launched_by.get(e.get("args", {}).get("correlation"))
+                by_kind.setdefault(collective_kind(launcher or name), []).append(iv)
+            else:
+                compute.append(iv)
+        if steps:
+            # device work of a step can run past its CPU-side annotation: extend to the last kernel
+            window = [(min(a for a, _ in steps), max(max(b for _, b in steps), max(b for _, b in compute + comm + memory)))]
+        else:
+            window = [(min(a for a, _ in compute + comm + memory), max(b for _, b in compute + comm + memory))]
+    else:
+        kind = "cpu"
+        cpu = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation") or str(e.get("name", "")).startswith("gloo:")]
+        comm_events = [e for e in cpu if CPU_COMM.search(str(e.get("name", "")))]
+        comm_threads = {(e.get("pid"), e.get("tid")) for e in comm_events if str(e["name"]).startswith("gloo:")}
+        for e in comm_events:
+            iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            comm.append(iv)
+            by_kind.setdefault(collective_kind(str(e["name"])), []).append(iv)
+        for e in cpu:
+            if e.get("cat") != "cpu_op" or CPU_COMM.search(str(e.get("name", ""))):
+                continue
+            if (e.get("pid"), e.get("tid")) in comm_threads:
+                continue
+            compute.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+        spans = compute + comm
+        window = steps if steps else ([(min(a for a, _ in spans), max(b for _, b in spans))] if spans else [(0.0, 0.0)])
+    compute_u, comm_u, memory_u = clip(compute, window), clip(comm, window), clip(memory, window)
+    comm_only = [iv for iv in comm_u]
+    overlapped = length(intersect(compute_u, comm_only))
+    busy = length(union(compute_u + comm_u + memory_u))
+    win = length(union(window))
+    return TraceBreakdown(
+        kind=kind, window_us=win, compute_us=length(compute_u), communication_us=length(comm_u),
+        overlapped_us=overlapped, exposed_communication_us=length(comm_u) - overlapped, memory_us=length(memory_u),
+        idle_us=win - busy, by_collective_us={k: length(clip(v, window)) for k, v in sorted(by_kind.items())},
+        steps=len(steps))
