@@ -105,3 +105,19 @@ def test_cpu_trace_recorded_with_gloo(tmp_path):
     assert "all_reduce" in b.by_collective_us
     assert b.overlapped_us + b.exposed_communication_us == pytest.approx(b.communication_us)
     assert 0 <= b.idle_us <= b.window_us
+
+
+def test_partita_profile_reports_measured_beside_predicted(tmp_path):
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-m", "partita", "profile", "--model", "tiny-llama", "--plan", "dp=2",
+                           "--nproc", "2", "--steps", "4", "--json", "--run-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    for r in report["ranks"]:
+        assert r["step_time_s"] > 0 and r["compute_s"] > 0 and r["communication_s"] > 0
+        assert "all_reduce" in r["by_collective_s"] and r["memory"]["peak_rss_gib"] > 0
+    assert report["predicted"]["step_time_s"] > 0
+    assert report["ratio_measured_over_predicted"]["step_time_s"] > 0
+    assert (tmp_path / "profile" / "rank0.json").exists() and (tmp_path / "profile" / "rank1.json").exists()

@@ -92,12 +92,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         cmd += ["--progress"]
     if args.hardware:
         cmd += _prediction_args(spec, plan, args.hardware, world)
+    if getattr(args, "profile_dir", None):
+        cmd += ["--profile-dir", args.profile_dir]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    if not args.json:
+    if not args.json and not getattr(args, "worker_stdout", None):
         print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
               f"{world} process(es); run dir {run_dir}", flush=True)
-    proc = subprocess.run(cmd, env=env, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, env=env, stdout=getattr(args, "worker_stdout", None) or sys.stdout,
+                          stderr=subprocess.PIPE, text=True)
     for line in proc.stderr.splitlines():
         if line.startswith("partita: ") and "error" not in line:
             print(line, file=sys.stderr)  # resume / re-plan / skipped-checkpoint messages
@@ -162,6 +165,20 @@ class _Shape:
 
 def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train a model with a plan (torchrun; gloo on CPU, nccl/hccl on accelerators)")
+    _train_args(p)
+    p.set_defaults(func=cmd_train)
+    prof = sub.add_parser("profile", help="run a plan under torch.profiler and compare with the prediction")
+    _train_args(prof)
+    prof.add_argument("--profile-dir", help="where the per-rank traces go (default: <run dir>/profile)")
+    prof.set_defaults(func=cmd_profile, steps=5)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .profile_report import run_profile
+    return run_profile(args, cmd_train)
+
+
+def _train_args(p) -> None:
     p.add_argument("--model", required=True, help="tiny-llama, tiny-moe, a preset or a config.json")
     p.add_argument("--plan", default="", help='"dp=2,tp=2,..." (dp fills the world) or plan.json')
     p.add_argument("--nproc", type=int, default=1, help="processes per node")
@@ -192,4 +209,3 @@ def add_train_command(sub) -> None:
     p.add_argument("--run-dir", help="where the plan and logs go (default: a temp dir)")
     p.add_argument("--timeout-s", type=int, default=300, help="collective timeout per process group")
     p.add_argument("--json", action="store_true", help="one JSON object per step")
-    p.set_defaults(func=cmd_train)

@@ -55,6 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model-flops-per-token", type=float)
     p.add_argument("--peak-flops", type=float)
     p.add_argument("--timeout-s", type=int, default=300)
+    p.add_argument("--profile-dir", help="record every rank's steps (after the first) with torch.profiler here")
     return p.parse_args(argv)
 
 
@@ -77,6 +78,35 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
         module = getattr(torch, device.type)
         return module.max_memory_allocated(device) / 2 ** 30, "allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, "rss"
+
+
+def _start_profiler(args, device: torch.device, rank: int, steps: int):
+    """torch.profiler over all but the first step (warm-up), one Chrome trace per rank."""
+    if not args.profile_dir or steps < 2:
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    out = Path(args.profile_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps - 1),
+                   on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
+    prof.start()
+    return prof
+
+
+def _write_profile_summary(profile_dir: str, rank: int, device: torch.device, times: list[float]) -> None:
+    """Per-rank memory and step times beside the trace (allocator figures where the device has them)."""
+    summary: dict = {"rank": rank, "device": device.type, "step_times_s": times}
+    if device.type != "cpu":
+        module = getattr(torch, device.type)
+        summary["peak_allocated_gib"] = module.max_memory_allocated(device) / 2 ** 30
+        summary["peak_reserved_gib"] = module.max_memory_reserved(device) / 2 ** 30
+        summary["fragmentation"] = 1 - summary["peak_allocated_gib"] / max(summary["peak_reserved_gib"], 1e-9)
+    else:
+        summary["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    (Path(profile_dir) / f"rank{rank}.summary.json").write_text(json.dumps(summary))
 
 
 class Metrics:
@@ -181,6 +211,7 @@ def train(args: argparse.Namespace, device_type: str, rank: int, world: int) -> 
         progress.start()
     times = []
     last_loss = float("nan")
+    profiler = _start_profiler(args, pm.device, rank, args.steps - start)
     for step in range(start, args.steps):
         lr = lr_at(step, args.lr, args.warmup_steps, args.steps, args.min_lr, args.lr_schedule)
         for group in pm.optimizer.param_groups:
@@ -224,6 +255,11 @@ def train(args: argparse.Namespace, device_type: str, rank: int, world: int) -> 
                     "scheduler": {"kind": args.lr_schedule, "step": step + 1},
                     "rng_state": torch.get_rng_state().tolist()}
             save_checkpoint(pm, ckpt_dir, step, meta, keep=args.keep)
+        if profiler is not None:
+            profiler.step()
+    if profiler is not None:
+        profiler.stop()
+        _write_profile_summary(args.profile_dir, rank, pm.device, times)
     if progress is not None:
         progress.stop()
     if rank == 0 and not args.json and times:
