@@ -1,0 +1,151 @@
+"""``partita calibrate``: measure this machine and write a hardware file the planner reads.
+
+Run under torchrun with the process count a plan will use. It measures, on the
+device each rank trains on:
+
+* GEMM throughput at several sizes; the cost model's curve ``rate(G) = peak * eff * G /
+  (G + G_half)`` is linear in 1/G as ``1/rate = a + b/G``, so least squares gives
+  ``eff = 1/(a peak)`` and ``G_half = b/a`` exactly;
+* element-wise bandwidth (a large copy) -> ``memory.hbm_tbps`` at efficiency 1;
+* all-reduce time over all ranks at sizes 4 KiB ... 16 MiB, fitted to the model's
+  ``t = 2(n-1) alpha + 2 (n-1)/n S / B`` -> ``intra_node.latency_us`` and
+  ``intra_node.gbps_per_direction`` at efficiency 1;
+* the per-layer overhead: a tiny transformer block's forward time minus its predicted
+  GEMM time -> ``efficiency.kernel_overhead_us_per_layer``.
+
+The output ``extends`` the base device file, so every field not measured keeps its
+documented value; the raw measurements are stored under ``calibration``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+
+def _timeit(fn, min_time: float = 0.2, repeat: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            if time.perf_counter() - t0 >= min_time / repeat:
+                break
+        times.append((time.perf_counter() - t0) / n)
+    return statistics.median(times)
+
+
+def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares y = a + b x."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-30)
+    return my - b * mx, b
+
+
+def measure(device_type: str, dtype_name: str = "fp32") -> dict:
+    import torch
+    import torch.distributed as dist
+    from ..runtime.device import local_device
+    device = local_device(device_type)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    sync = (lambda: getattr(torch, device.type).synchronize()) if device.type != "cpu" else (lambda: None)
+    out: dict = {"device": device.type, "dtype": dtype_name, "world": dist.get_world_size()}
+    gemm = []
+    for n in (64, 128, 256, 512, 1024):
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        t = _timeit(lambda: (a @ b, sync()))
+        gemm.append({"gflop": 2 * n ** 3 / 1e9, "seconds": t})
+    out["gemm"] = gemm
+    x = torch.randn(16_000_000 // (1 if dtype_name == "fp32" else 2), device=device, dtype=dtype)
+    t = _timeit(lambda: (x.clone(), sync()))
+    out["copy_bytes_per_s"] = 2 * x.numel() * x.element_size() / t
+    coll = []
+    for size, iters in ((4096, 40), (65536, 40), (1 << 20, 20), (4 << 20, 10), (16 << 20, 5)):
+        # every rank must run the same number of collectives: fixed counts, no time-based loop
+        buf = torch.zeros(size // 4, device=device)
+        dist.all_reduce(buf)
+        dist.barrier()
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(buf)
+            sync()
+            runs.append((time.perf_counter() - t0) / iters)
+        coll.append({"bytes": size, "seconds": statistics.median(runs)})
+    out["all_reduce"] = coll
+    # per-layer overhead: a tiny block (hidden 64) is launch/framework bound
+    from ..models.llama import Block, TransformerConfig, rope_tables
+    cfg = TransformerConfig()
+    block = Block(cfg).to(device)
+    h = torch.randn(1, 64, cfg.hidden, device=device)
+    cos, sin = rope_tables(cfg.head_dim, 64, cfg.rope_theta)
+    cos, sin = cos.to(device), sin.to(device)
+    out["tiny_block_forward_s"] = _timeit(lambda: (block(h, cos, sin), sync()))
+    params = sum(p.numel() for p in block.parameters() if p.dim() == 2)
+    out["tiny_block_gflop"] = 2 * 64 * params / 1e9
+    return out
+
+
+def hardware_file(m: dict, base: str, name: str) -> dict:
+    """Turn measurements into a device file that extends ``base``."""
+    from ..spec.hardware import load_device
+    dev = load_device(base)
+    dtype = m["dtype"]
+    peak = dev.peak_flops(dtype) if dev.supports(dtype) else max(g["gflop"] * 1e9 / g["seconds"] for g in m["gemm"])
+    xs = [1 / g["gflop"] for g in m["gemm"]]
+    ys = [g["seconds"] / (g["gflop"] * 1e9) for g in m["gemm"]]  # 1/rate
+    a, b = _fit_line(xs, ys)
+    a = max(a, 1e-30)
+    best = max(g["gflop"] * 1e9 / g["seconds"] for g in m["gemm"])
+    if best > peak:  # the base peak is too low for this machine: raise it to what was measured
+        peak = best
+    eff = min(1.0, 1 / (a * peak))
+    g_half = max(b / a, 0.0)
+    n = m["world"]
+    if n > 1:
+        xs = [2 * (n - 1) / n * c["bytes"] for c in m["all_reduce"]]
+        ys = [c["seconds"] for c in m["all_reduce"]]
+        lat_total, inv_bw = _fit_line(xs, ys)
+        bw = 1 / max(inv_bw, 1e-15)
+        alpha = max(lat_total, 0.0) / (2 * (n - 1))
+    else:
+        bw, alpha = dev.intra_gbps * 1e9, dev.intra_latency_us * 1e-6
+    layer_gemm = m["tiny_block_gflop"] * 1e9 / (peak * eff * m["tiny_block_gflop"] / (m["tiny_block_gflop"] + g_half))
+    overhead = max(m["tiny_block_forward_s"] - layer_gemm, 0.0)
+    return {
+        "name": name, "extends": base,
+        "description": f"{base} calibrated by `partita calibrate` on this machine ({n} process(es), {m['device']})",
+        "peak_tflops": {dtype: peak / 1e12},
+        "memory": {"hbm_tbps": m["copy_bytes_per_s"] / 1e12},
+        "intra_node": {"gbps_per_direction": bw / 1e9, "peer_gbps_per_direction": bw / 1e9, "latency_us": alpha * 1e6},
+        "efficiency": {"gemm": eff, "gemm_half_gflop": g_half, "memory_bandwidth": 1.0, "intra_node_comm": 1.0,
+                       "kernel_overhead_us_per_layer": overhead * 1e6},
+        "calibration": m,
+    }
+
+
+def main() -> None:
+    """``torchrun ... -m partita.profile.calibrate OUT.json BASE NAME DEVICE DTYPE``"""
+    import torch.distributed as dist
+    from ..runtime.device import backend_for, detect_device_type
+    out_path, base, name, device, dtype = sys.argv[1:6]
+    device_type = detect_device_type(device if device != "auto" else None)
+    dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=300))
+    m = measure(device_type, dtype)
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(hardware_file(m, base, name), f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
