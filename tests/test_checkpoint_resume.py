@@ -108,3 +108,15 @@ def test_loss_goes_down_on_real_text(tmp_path):
     assert first > 5.0            # ~ln(256) at initialisation
     assert last < first - 1.5     # it learned the text
     assert any((tmp_path / "run").glob("tokenizer-*.json"))  # a real BPE was trained on the corpus
+
+
+def test_resume_on_fewer_processes_replans_keeping_the_global_batch(uninterrupted, first_half, tmp_path):
+    ckpt, _ = first_half
+    cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--nproc", "2", "--steps", "6",
+           "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert "re-planned for 2 keeping global batch 8" in proc.stderr
+    got = losses(proc)
+    assert sorted(got) == [3, 4, 5]
+    for step, loss in got.items():
+        assert loss == pytest.approx(uninterrupted[step], rel=1e-5)

@@ -40,11 +40,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     world = args.nproc * args.nnodes
     defaults = train_defaults(args.device)
     plan_text = args.plan
+    from_checkpoint = False
     if args.resume and not plan_text and args.checkpoint_dir:
         plan_text = _checkpoint_plan(args.checkpoint_dir) or ""
-    plan = Plan.parse(plan_text, world_size=world, defaults=defaults) if plan_text.endswith(".json") or "=" in plan_text \
-        or not plan_text else Plan.parse(plan_text, world_size=world, defaults=defaults)
-    if plan.world_size != world:
+        from_checkpoint = bool(plan_text)
+    plan = Plan.parse(plan_text, world_size=world, defaults=defaults)
+    if from_checkpoint and plan.world_size != world:
         from .replan import describe_change, replan
         new = replan(plan, world, model_spec_for(args.model))
         print(f"partita: the checkpoint's plan ran on {plan.world_size} processes; re-planned for {world} keeping "
