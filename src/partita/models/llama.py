@@ -59,6 +59,7 @@ class TransformerConfig:
 
 MODEL_PRESETS = {
     "tiny-llama": TransformerConfig(),
+    "small-llama": TransformerConfig(vocab=2048, hidden=256, layers=4, heads=8, kv_heads=4, ffn_hidden=704),
     "tiny-moe": TransformerConfig(num_experts=4, top_k=2, expert_ffn_hidden=64, shared_experts=1, shared_ffn_hidden=64),
 }
 
