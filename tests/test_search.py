@@ -83,3 +83,23 @@ def test_plan_json_has_search_fields(capsys):
     assert data["candidates_evaluated"] > 50 and data["search_time_s"] > 0
     assert len(data["plans"]) == 2 and "step_time_s" in data["plans"][0]
     assert data["plans"][0]["plan"]["format"] == "partita.plan/1"
+
+
+def test_plan_export_with_nothing_expressible_is_a_clear_error(capsys):
+    # every plan the search may return has tp=2, which a ds_config cannot express
+    code = main(["plan", "--model", "llama-13b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "512",
+                 "--tp", "2", "--export", "deepspeed"])
+    err = capsys.readouterr().err
+    assert code == 2 and "can be expressed in deepspeed" in err and "tp=2" in err
+
+
+def test_plan_export_falls_back_and_says_so(capsys):
+    code = main(["plan", "--model", "llama-13b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "512",
+                 "--export", "deepspeed", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    ds = json.loads(data["export"]["text"])
+    assert ds["train_batch_size"] == 512
+    best = data["plans"][0]["plan"]
+    if best["tp"] > 1 or best["vpp"] > 1:
+        assert data["export"]["note"] and "cannot express plan 1" in data["export"]["note"]

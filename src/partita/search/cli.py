@@ -44,15 +44,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
     if args.ep and not model.moe:
         raise PartitaError(f"--ep {args.ep} needs a mixture-of-experts model; {model.name} is dense")
-    result = search_plans(model, cluster, args.global_batch, args.seq_len, space, top=args.top)
+    # with --export, keep more ranked plans: the best one the target can express is exported
+    result = search_plans(model, cluster, args.global_batch, args.seq_len, space,
+                          top=max(args.top, 200) if args.export else args.top)
+    ranked_all = result.plans
+    result.plans = ranked_all[:args.top]
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if not result.plans:
         raise PartitaError(infeasible_message(result))
     reasons = why_not(result)
     exported = None
+    export_note = None
     if args.export:
         from ..export import export
-        exported = export(args.export, result.best.plan, model)
+        refusals = []
+        for rank, candidate in enumerate(ranked_all, 1):
+            try:
+                exported = export(args.export, candidate.plan, model)
+            except PartitaError as e:
+                refusals.append(f"plan {rank}: {e}")
+                continue
+            if rank > 1:
+                export_note = (f"{args.export} cannot express plan 1 ({refusals[0].split(': ', 1)[1]}); exported plan "
+                               f"{rank}, {candidate.plan.summary()}, {candidate.step_time_s / result.best.step_time_s - 1:+.0%} "
+                               "step time")
+            break
+        if exported is None:
+            raise PartitaError(f"none of the {len(ranked_all)} best plans can be expressed in {args.export}: "
+                               + (refusals[0] if refusals else "no plan"))
     if args.json:
         out = {"model": model.name, "hardware": cluster.device.name, "devices": cluster.world_size,
                "devices_per_node": cluster.devices_per_node, "global_batch": args.global_batch, "seq_len": args.seq_len,
@@ -63,7 +82,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          for e in result.plans],
                "why_not": reasons}
         if exported:
-            out["export"] = {"target": exported.target, "text": exported.text, "warnings": exported.warnings}
+            out["export"] = {"target": exported.target, "text": exported.text, "warnings": exported.warnings,
+                             "note": export_note}
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -101,7 +121,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for line in reasons:
         console.print("  " + line, highlight=False)
     if exported:
-        console.print(f"[bold]Plan 1 as {exported.target} configuration[/bold]")
+        if export_note:
+            print(f"partita: warning: {export_note}", file=sys.stderr)
+        console.print(f"[bold]{'Plan 1' if not export_note else 'Best expressible plan'} as {exported.target} "
+                      f"configuration[/bold]")
         print(exported.text, end="")
         for w in exported.warnings:
             print(f"partita: warning: {w}", file=sys.stderr)
