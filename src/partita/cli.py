@@ -70,6 +70,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             fields["schedule"] = args.schedule
         if args.layer_split:
             fields["layer_split"] = args.layer_split
+        if args.tp_comm_overlap:
+            fields["tp_comm_overlap"] = True
         plan = Plan.from_dict(fields, "plan")
     est = estimate(model, cluster, plan)
     tokens = parse_tokens(args.tokens) if args.tokens else None
@@ -194,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     est.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"])
     est.add_argument("--layer-split", help="layers per virtual stage, e.g. 9,10,10,9")
+    est.add_argument("--tp-comm-overlap", action="store_true",
+                     help="overlap tensor-parallel communication (Megatron --tp-comm-overlap, Ascend MC2)")
     est.set_defaults(func=cmd_estimate)
 
     exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan config")

@@ -59,9 +59,10 @@ class SearchSpace:
     max_memory_gib: float | None = None
     memory_headroom: float = 0.05  # keep 5% of usable memory free for spikes not modelled
     max_tokens_per_microbatch: int = 131072
-    #: plan options every candidate carries (framework settings, not searched):
-    #: grad_dtype, tp_comm_overlap, overlap_grad_reduce, overlap_param_gather
-    options: dict = field(default_factory=dict)
+    #: plan options every candidate carries (framework settings, not searched): grad_dtype,
+    #: tp_comm_overlap (on by default: production Megatron/NeMo runs use --tp-comm-overlap,
+    #: MindSpeed its MC2 fusion), overlap_grad_reduce, overlap_param_gather
+    options: dict = field(default_factory=lambda: {"tp_comm_overlap": True})
     max_vpp: int = 32
     min_tokens_per_cp_rank: int = 2048
     fixed: dict = field(default_factory=dict)
