@@ -14,7 +14,8 @@ of the communication that sits on the critical path:
   backward, overlapped with the attention kernel; only the excess is exposed.
 * expert parallel: dispatch + combine all-to-all forward, the same backward, of
   ``top_k b s h / tp`` elements per rank [Megatron-Core MoE; hardware.md sec. 3.4].
-* pipeline: one activation send per stage boundary and direction per micro-batch.
+* pipeline: one activation send per direction per micro-batch on the critical path
+  (with interleaving the other vpp - 1 are overlapped, Megatron's overlap_p2p_comm).
 * ZeRO-3: per micro-batch all-gather (forward and backward) and reduce-scatter of the
   rank's parameters, overlapped with that micro-batch's compute.
 
@@ -132,6 +133,10 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape
     if plan.pp > 1:
         g, k = group_span(plan, "pp", dpn)
         size = tokens * model.hidden * e / (plan.tp if plan.sp else 1)
+        # Interleaving multiplies pipeline traffic by vpp [Narayanan et al. SC'21 sec. 2.2],
+        # but Megatron overlaps those transfers with the other chunks' compute
+        # (overlap_p2p_comm, on by default with vpp); one send per direction and
+        # micro-batch stays on the critical path, as in plain (blocking) 1F1B.
         st.parts["pp send/recv"] = 2 * comm.send_recv(dev, size, k > 1)
     # ZeRO-3 gathers per micro-batch
     if plan.zero >= 3:
