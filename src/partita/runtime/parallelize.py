@@ -52,8 +52,8 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
         errs.append("ep > 1 runs with tp = 1, pp = 1 and zero 0/1 in this runtime")
     if moe and plan.pp > 1:
         errs.append("pipeline parallel with a MoE model is not implemented by the runtime yet")
-    if plan.dtype == "fp16" and plan.zero >= 2:
-        errs.append("fp16 with loss scaling runs with zero 0/1 (use bf16 with FSDP)")
+    if plan.dtype == "fp16" and plan.zero >= 1 and plan.dp > 1:
+        errs.append("fp16 with loss scaling runs with zero 0 in this runtime (use bf16 with sharded optimizers/FSDP)")
     if errs:
         raise PartitaError("plan not runnable: " + "; ".join(errs))
 
@@ -283,15 +283,15 @@ def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], t
                        pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
     if plan.pp > 1:
         from .pipeline import build_schedule
-        ids = [j for j, _ in stage_modules_indices(plan, len(model.layers))]
-        pm.schedule = build_schedule(list(zip(ids, modules)), plan, device, mesh["pp"].get_group(), cross_entropy)
+        pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
+                                     mesh["pp"].get_group(), cross_entropy)
     return pm
 
 
-def stage_modules_indices(plan: Plan, layers: int) -> list[tuple[int, None]]:
-    """Virtual stage indices held by this pipeline rank."""
+def virtual_stages_of_rank(plan: Plan) -> list[int]:
+    """Virtual stage indices this pipeline rank holds (stage j on rank j % pp), in order."""
     pp_rank = dist.get_rank() // (plan.dp * plan.cp * plan.tp)
-    return [(j, None) for j in range(plan.pp * plan.vpp) if j % plan.pp == pp_rank]
+    return [j for j in range(plan.pp * plan.vpp) if j % plan.pp == pp_rank]
 
 
 class _Wrapped:
