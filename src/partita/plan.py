@@ -356,6 +356,11 @@ def axis_ranks(plan: Plan, axis: str, rank: int = 0) -> list[int]:
     return [base + i * stride for i in range(size)]
 
 
+def axis_index(plan: Plan, axis: str, rank: int) -> int:
+    """This rank's coordinate along ``axis`` (its position in its ``axis`` group)."""
+    return axis_ranks(plan, axis, rank).index(rank)
+
+
 def group_span(plan: Plan, axis: str, devices_per_node: int) -> tuple[int, int]:
     return _group_span(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, axis, devices_per_node)
 

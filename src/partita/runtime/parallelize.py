@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from ..errors import PartitaError
-from ..plan import Plan, check
+from ..plan import Plan, axis_index, check
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
@@ -290,7 +290,7 @@ def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], t
 
 def virtual_stages_of_rank(plan: Plan) -> list[int]:
     """Virtual stage indices this pipeline rank holds (stage j on rank j % pp), in order."""
-    pp_rank = dist.get_rank() // (plan.dp * plan.cp * plan.tp)
+    pp_rank = axis_index(plan, "pp", dist.get_rank())
     return [j for j in range(plan.pp * plan.vpp) if j % plan.pp == pp_rank]
 
 

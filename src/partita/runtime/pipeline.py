@@ -16,7 +16,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                           ScheduleInterleavedZeroBubble)
 
 from ..errors import PartitaError
-from ..plan import Plan
+from ..plan import Plan, axis_index
 
 
 def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
@@ -44,8 +44,7 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
 
 
 def _pp_rank(plan: Plan) -> int:
-    stride = plan.dp * plan.cp * plan.tp
-    return dist.get_rank() // stride
+    return axis_index(plan, "pp", dist.get_rank())
 
 
 def build_schedule(stages: list[tuple[int, nn.Module]], plan: Plan, device: torch.device,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import PartitaError
-from ..plan import Plan
+from ..plan import Plan, axis_index
 
 
 def synthetic_batch(step: int, gbs: int, seq_len: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +35,7 @@ def synthetic_batch(step: int, gbs: int, seq_len: int, vocab: int, seed: int) ->
 
 
 def dp_index(plan: Plan, rank: int) -> int:
-    return (rank // (plan.cp * plan.tp)) % plan.dp
+    return axis_index(plan, "dp", rank)
 
 
 def dp_shard(x: torch.Tensor, plan: Plan, rank: int) -> torch.Tensor:
