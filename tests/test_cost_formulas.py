@@ -6,7 +6,7 @@ from partita.cost.memory import activation_bytes_per_layer, model_state_bytes
 from partita.cost.pipeline import bubble_fraction, in_flight_chunks, pipeline_time
 from partita.plan import Plan, axis_ranks, group_span
 from partita.spec.hardware import load_device
-from partita.spec.model import ModelSpec, load_model
+from partita.spec.model import ModelSpec
 
 H100 = load_device("h100-sxm")
 B910 = load_device("ascend-910b2")

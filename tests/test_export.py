@@ -156,10 +156,11 @@ def test_torchtitan_fields_accepted_by_torchtitan():
     config = pytest.importorskip("torchtitan.config")
     for name, plan in PLANS[:2]:
         sections, _ = _titan_back(export("torchtitan", plan).text)
-        types = {f.name: f.type for f in __import__("dataclasses").fields(config.ParallelismConfig)}
-        config.ParallelismConfig(**{k: _typed(v) for k, v in sections["parallelism"].items()})
-        config.TrainingConfig(**{k: _typed(v) for k, v in sections["training"].items()})
-        assert types
+        # constructing torchtitan's own dataclasses raises TypeError on any field it does not have
+        par = config.ParallelismConfig(**{k: _typed(v) for k, v in sections["parallelism"].items()})
+        train = config.TrainingConfig(**{k: _typed(v) for k, v in sections["training"].items()})
+        assert par.tensor_parallel_degree == plan.tp and par.pipeline_parallel_degree == plan.pp
+        assert train.global_batch_size == plan.gbs and train.seq_len == plan.seq_len
 
 
 def _typed(v: str):

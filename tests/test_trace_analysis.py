@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from partita.profile.trace import DEVICE_CATS, DEVICE_COMM, analyze_trace, load_trace
+from partita.profile.trace import DEVICE_COMM, analyze_trace, load_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -71,14 +71,16 @@ def test_real_gpu_traces_match_an_independent_count(name):
     assert b.compute_us == pytest.approx(compute, rel=0.01)
     assert b.communication_us == pytest.approx(comm, rel=0.01)
     assert b.overlapped_us == pytest.approx(both, rel=0.02)
-    assert sum(b.by_collective_us.values()) == pytest.approx(b.communication_us, rel=1e-6) or \
-        sum(b.by_collective_us.values()) >= b.communication_us
+    # each collective kernel is attributed to one kind; kinds may run concurrently on
+    # different streams, so their sum covers the total communication time and can exceed it
+    assert sum(b.by_collective_us.values()) >= b.communication_us * (1 - 1e-9)
+    assert "other" not in b.by_collective_us
     if name.startswith("a2a"):
         assert {"all_to_all", "all_gather", "all_reduce"} <= set(b.by_collective_us)
 
 
 def test_cpu_trace_recorded_with_gloo(tmp_path):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     script = tmp_path / "rec.py"
     script.write_text(textwrap.dedent('''
         import os, sys, torch, torch.distributed as dist

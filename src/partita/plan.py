@@ -33,10 +33,10 @@ a group crosses) and the runtime (which ranks form a group) both use :func:`axis
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import PartitaError
 
@@ -100,17 +100,6 @@ class Plan:
             return tuple(self.layer_split)
         chunks = self.pp * self.vpp
         return tuple([layers // chunks] * chunks)
-
-    def rank_layers(self, layers: int) -> list[list[int]]:
-        """For each pipeline rank, the layer counts of the model chunks it holds.
-
-        Virtual stage ``j`` lives on pipeline rank ``j % pp`` (Megatron's interleaving).
-        """
-        split = self.stage_layers(layers)
-        out: list[list[int]] = [[] for _ in range(self.pp)]
-        for j, n in enumerate(split):
-            out[j % self.pp].append(n)
-        return out
 
     def summary(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}"]
@@ -402,6 +391,3 @@ def normalise(plan: Plan) -> Plan:
         changes["schedule"] = "1f1b"
     return replace(plan, **changes) if changes else plan
 
-
-def iter_fields() -> Iterable[str]:
-    return (f.name for f in fields(Plan))

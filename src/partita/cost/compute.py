@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
+from .memo import Memo
 
 BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}  # activation bytes; fp8 keeps bf16 activations
 
@@ -67,7 +68,7 @@ def gemm_time(device: Device, flops: float, dtype: str, count: int = 1) -> float
     return flops / (peak * eff)
 
 
-_CACHE: dict[tuple, LayerCost] = {}
+_CACHE = Memo()
 
 
 def _key(model: ModelSpec, device: Device, plan: Plan, what: str) -> tuple:
@@ -78,13 +79,7 @@ def _key(model: ModelSpec, device: Device, plan: Plan, what: str) -> tuple:
 
 def layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
     """Forward cost of one layer (dense or MoE) for one micro-batch on one rank (memoised)."""
-    key = _key(model, device, plan, f"layer{moe}")
-    cached = _CACHE.get(key)
-    if cached is None:
-        if len(_CACHE) > 100_000:
-            _CACHE.clear()
-        cached = _CACHE[key] = _layer_forward(model, device, plan, moe)
-    return cached
+    return _CACHE.get(_key(model, device, plan, f"layer{moe}"), lambda: _layer_forward(model, device, plan, moe))
 
 
 def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
@@ -155,11 +150,7 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
 
 def _memoised(fn):
     def wrapper(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
-        key = _key(model, device, plan, fn.__name__)
-        cached = _CACHE.get(key)
-        if cached is None:
-            cached = _CACHE[key] = fn(model, device, plan)
-        return cached
+        return _CACHE.get(_key(model, device, plan, fn.__name__), lambda: fn(model, device, plan))
     wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
     return wrapper
 

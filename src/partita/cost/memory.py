@@ -28,13 +28,14 @@ residual-stream tensors) only with sequence parallel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
 from .compute import BYTES
+from .memo import Memo
 from .pipeline import in_flight_chunks
 
 GIB = 1024 ** 3
@@ -71,18 +72,13 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
-_ACT_CACHE: dict[tuple, float] = {}
+_ACT_CACHE = Memo()
 
 
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
     """Bytes one layer keeps for backward, per micro-batch, on one rank (memoised)."""
     key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.recompute, moe)
-    value = _ACT_CACHE.get(key)
-    if value is None:
-        if len(_ACT_CACHE) > 100_000:
-            _ACT_CACHE.clear()
-        value = _ACT_CACHE[key] = _activation_bytes_per_layer(model, plan, moe)
-    return value
+    return _ACT_CACHE.get(key, lambda: _activation_bytes_per_layer(model, plan, moe))
 
 
 def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
@@ -120,11 +116,7 @@ def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> floa
 
 def layer_working_bytes(model: ModelSpec, plan: Plan, moe: bool) -> float:
     """Transient memory while one layer runs backward (its full activations plus gradients)."""
-    key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, "none", moe)
-    value = _ACT_CACHE.get(key)
-    if value is None:
-        value = _ACT_CACHE[key] = _activation_bytes_per_layer(model, plan.with_(recompute="none"), moe)
-    return 2 * value
+    return 2 * activation_bytes_per_layer(model, plan.with_(recompute="none"), moe)
 
 
 @dataclass
@@ -137,18 +129,6 @@ class RankMemory:
     @property
     def total(self) -> float:
         return sum(self.parts.values())
-
-
-def rank_params(model: ModelSpec, plan: Plan, layer_ids: list[int] | tuple[int, ...], first: bool,
-                last: bool) -> tuple[float, float]:
-    """(dense, expert) parameters held by one rank of the ``tp`` x ``ep`` group."""
-    n_moe = sum(model.moe_flags[i] for i in layer_ids)
-    return _shape_params(model, plan, RankShape(len(layer_ids), n_moe, (), first, last))
-
-
-def layers_of_rank(model: ModelSpec, plan: Plan, rank: int) -> list[int]:
-    """Layer indices on pipeline rank ``rank`` (virtual stage j on rank j % pp)."""
-    return all_rank_layers(model.layers, plan.pp, plan.stage_layers(model.layers))[rank]
 
 
 @lru_cache(maxsize=4096)
@@ -192,18 +172,13 @@ def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
     return shapes
 
 
-_PARAMS: dict[tuple, tuple[float, float]] = {}
+_PARAMS = Memo()
 
 
 def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
     """(dense, expert) parameters of a rank of this shape (memoised)."""
-    key = (id(model), shape, plan.tp, plan.ep, plan.pp > 1)
-    value = _PARAMS.get(key)
-    if value is None:
-        if len(_PARAMS) > 100_000:
-            _PARAMS.clear()
-        value = _PARAMS[key] = _compute_shape_params(model, plan, shape)
-    return value
+    return _PARAMS.get((id(model), shape, plan.tp, plan.ep, plan.pp > 1),
+                       lambda: _compute_shape_params(model, plan, shape))
 
 
 def _compute_shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:

@@ -8,7 +8,7 @@ so tensor parallelism can shard heads without the module knowing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

@@ -9,7 +9,7 @@ counted in ``candidates_evaluated``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..cost.compute import layer_forward, output_forward
 from ..cost.memory import GIB, peak_memory_ladder

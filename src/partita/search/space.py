@@ -65,7 +65,6 @@ class SearchSpace:
     options: dict = field(default_factory=lambda: {"tp_comm_overlap": True})
     max_vpp: int = 32
     min_tokens_per_cp_rank: int = 2048
-    fixed: dict = field(default_factory=dict)
 
 
 @lru_cache(maxsize=65536)

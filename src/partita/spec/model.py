@@ -14,7 +14,7 @@ against the published totals); the FLOP counts follow the standard accounting:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
@@ -277,9 +277,6 @@ class ModelSpec:
         if self.moe and not (0 < self.moe.top_k <= self.moe.num_experts):
             raise PartitaError(f"{where}: moe.top_k must be in 1..num_experts ({self.moe.num_experts}), got {self.moe.top_k}")
         return self
-
-    def with_layers(self, layers: int) -> "ModelSpec":
-        return replace(self, layers=layers)
 
 
 @lru_cache(maxsize=1)
