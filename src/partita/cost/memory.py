@@ -75,10 +75,13 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
 _ACT_CACHE = Memo()
 
 
-def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
-    """Bytes one layer keeps for backward, per micro-batch, on one rank (memoised)."""
-    key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.recompute, moe)
-    return _ACT_CACHE.get(key, lambda: _activation_bytes_per_layer(model, plan, moe))
+def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one rank (memoised);
+    ``recompute`` overrides the plan's mode without copying the plan."""
+    mode = recompute or plan.recompute
+    key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, mode, moe)
+    return _ACT_CACHE.get(key, lambda: _activation_bytes_per_layer(
+        model, plan if mode == plan.recompute else plan.with_(recompute=mode), moe))
 
 
 def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
@@ -116,7 +119,7 @@ def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> floa
 
 def layer_working_bytes(model: ModelSpec, plan: Plan, moe: bool) -> float:
     """Transient memory while one layer runs backward (its full activations plus gradients)."""
-    return 2 * activation_bytes_per_layer(model, plan.with_(recompute="none"), moe)
+    return 2 * activation_bytes_per_layer(model, plan, moe, recompute="none")
 
 
 @dataclass
