@@ -259,6 +259,16 @@ def _static_parts(model: ModelSpec, device: Device, plan: Plan, shape: RankShape
     return parts, _activations_per_chunk(model, plan, shape)
 
 
+def _first_rank_of_each_shape(model: ModelSpec, plan: Plan) -> list[tuple[int, RankShape]]:
+    """(rank, shape) for the first pipeline rank of each distinct shape. Ranks of one shape
+    differ only in their in-flight micro-batches, which never grow with the rank (see
+    :func:`.pipeline.in_flight_chunks`), so the first is the most loaded of them."""
+    first: dict[RankShape, int] = {}
+    for r, shape in enumerate(rank_shapes(model, plan)):
+        first.setdefault(shape, r)
+    return [(r, shape) for shape, r in first.items()]
+
+
 def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
                        steps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[float, int]]:
     """:func:`peak_memory` for several (recompute, zero) settings of one layout at once:
@@ -271,16 +281,13 @@ def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
     modes = sorted({rc for rc, _ in steps})
     plans_z = {z: plan.with_(zero=z) for z in zeros}
     plans_rc = {rc: plan.with_(recompute=rc) for rc in modes}
-    per_shape: dict[RankShape, tuple[dict, dict, float]] = {}
     out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
-    for r, shape in enumerate(rank_shapes(model, plan)):
-        if shape not in per_shape:
-            dense, expert = _shape_params(model, plan, shape)
-            fixed = {z: sum(_states(plans_z[z], dense, expert).values()) + _zero3_gathered(plans_z[z], shape, dense, expert)
-                     for z in zeros}
-            acts = {rc: _activations_per_chunk(model, plans_rc[rc], shape) for rc in modes}
-            per_shape[shape] = (fixed, acts, _transient(model, plan, shape) + buffers)
-        fixed, acts, other = per_shape[shape]
+    for r, shape in _first_rank_of_each_shape(model, plan):
+        dense, expert = _shape_params(model, plan, shape)
+        fixed = {z: sum(_states(plans_z[z], dense, expert).values()) + _zero3_gathered(plans_z[z], shape, dense, expert)
+                 for z in zeros}
+        acts = {rc: _activations_per_chunk(model, plans_rc[rc], shape) for rc in modes}
+        other = _transient(model, plan, shape) + buffers
         chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
         for rc, z in steps:
             total = (fixed[z] + other + chunks * acts[rc]) * frag + runtime
@@ -318,14 +325,11 @@ def peak_memory(model: ModelSpec, device: Device, plan: Plan) -> tuple[float, in
     :func:`estimate_memory`, without building the breakdowns (the search calls this
     for every candidate)."""
     best, best_rank = -1.0, 0
-    statics: dict[RankShape, tuple[float, float]] = {}
     frag = 1 + device.allocator_fragmentation
     runtime = device.runtime_reserved_gib * GIB
-    for r, shape in enumerate(rank_shapes(model, plan)):
-        if shape not in statics:
-            parts, per_chunk = _static_parts(model, device, plan, shape)
-            statics[shape] = (sum(parts.values()), per_chunk)
-        static, per_chunk = statics[shape]
+    for r, shape in _first_rank_of_each_shape(model, plan):
+        parts, per_chunk = _static_parts(model, device, plan, shape)
+        static = sum(parts.values())
         chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
         total = (static + chunks * per_chunk) * frag + runtime
         if total > best:

@@ -29,12 +29,14 @@ embedding all-reduce between first and last stage are added.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..plan import Plan, group_span
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
+from .memo import Memo
 from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes
 from .pipeline import pipeline_time
 
@@ -67,117 +69,187 @@ class StepTime:
     stages: list[StageTime]
 
 
-def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape: RankShape) -> StageTime:
-    dev, dpn = cluster.device, cluster.devices_per_node
-    first, last = shape.first, shape.last
-    n_moe = shape.n_moe
-    n_dense = shape.n_layers - n_moe
-    cache: dict[bool, LayerCost] = {}
-    fwd = LayerCost()
-    if n_dense:
-        cache[False] = layer_forward(model, dev, plan, False)
-        fwd = fwd + cache[False].scaled(n_dense)
-    if n_moe:
-        cache[True] = layer_forward(model, dev, plan, True)
-        fwd = fwd + cache[True].scaled(n_moe)
-    layers_fwd = fwd
-    if first:
-        fwd = fwd + embedding_forward(model, dev, plan)
-    if last:
-        fwd = fwd + output_forward(model, dev, plan)
-    bwd = fwd.scaled(2.0)
+#: Per-micro-batch stage terms, in this order, then forward, backward (incl. recompute), FLOPs.
+STAGE_PARTS = ("compute", "recompute", "tp communication", "cp communication", "ep all-to-all", "pp send/recv")
+Terms = tuple[float, ...]
+_ZERO: Terms = (0.0,) * (len(STAGE_PARTS) + 3)
+_TERMS = Memo()
+
+
+def _layer_terms(layer: LayerCost, plan: Plan, tp_coll: float, n_tp: int, cp_pass: float, a2a: float) -> Terms:
+    """One layer's contribution: forward + 2x backward, recompute (full: the forward again;
+    selective: element-wise ops and a share of the GEMMs), and its communication."""
     if plan.recompute == "full":
-        rc = layers_fwd.time
-        rc_flops = layers_fwd.flops
+        rc, rc_flops = layer.time, layer.flops
     elif plan.recompute == "selective":
         # op-level SAC recomputes every other GEMM (about a third of the layer's GEMM FLOPs:
         # k/o projections and one MLP projection) and the element-wise ops
-        rc = layers_fwd.elementwise_time + SELECTIVE_GEMM_FRACTION * layers_fwd.gemm_time
-        rc_flops = SELECTIVE_GEMM_FRACTION * layers_fwd.gemm_flops
+        rc = layer.elementwise_time + SELECTIVE_GEMM_FRACTION * layer.gemm_time
+        rc_flops = SELECTIVE_GEMM_FRACTION * layer.gemm_flops
     else:
         rc, rc_flops = 0.0, 0.0
+    t = layer.time
+    return (3 * t, rc, n_tp * tp_coll, cp_pass, a2a, 0.0, t, 2 * t + rc, 3 * layer.flops + rc_flops)
 
-    st = StageTime(rank=rank)
-    st.parts["compute"] = fwd.time + bwd.time
-    st.parts["recompute"] = rc
-    st.flops = 3 * fwd.flops + rc_flops
-    st.forward, st.backward = fwd.time, bwd.time + rc
 
+def _end_terms(cost: LayerCost, tp_coll: float, n_tp: int) -> Terms:
+    """The embedding or the output layer: forward + 2x backward, never recomputed."""
+    t = cost.time
+    return (3 * t, 0.0, n_tp * tp_coll, 0.0, 0.0, 0.0, t, 2 * t, 3 * cost.flops)
+
+
+def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[tuple[Terms, ...], Terms]:
+    """Per-micro-batch terms of one dense layer, one MoE layer, the embedding, the output
+    layer and the per-stage constant (pipeline send/recv), and the time each adds (the
+    sum of its parts). A stage's time is linear in them, so every rank shape,
+    virtual-stage count and ZeRO stage of a layout shares them (memoised on the plan
+    fields they depend on)."""
+    spans = _collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, cluster.devices_per_node)
+    key = (id(model), id(cluster.device), plan.tp, plan.cp, plan.ep, plan.pp > 1, plan.mbs, plan.seq_len, plan.sp,
+           plan.dtype, plan.recompute, plan.tp_comm_overlap, spans)
+    return _TERMS.get(key, lambda: _with_totals(_compute_stage_terms(model, cluster, plan, spans)))
+
+
+@lru_cache(maxsize=65536)
+def _collective_spans(pp: int, dp: int, cp: int, tp: int, ep: int, dpn: int) -> tuple:
+    """What the per-micro-batch collectives see of the layout: the tp and ep groups'
+    spans, and whether a cp or pp neighbour sits on another node."""
+    plan = Plan(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
+    return (group_span(plan, "tp", dpn), group_span(plan, "cp", dpn)[1] > 1,
+            group_span(plan, "ep", dpn), group_span(plan, "pp", dpn)[1] > 1)
+
+
+def _with_totals(terms: tuple[Terms, ...]) -> tuple[tuple[Terms, ...], Terms]:
+    return terms, tuple(sum(t[:len(STAGE_PARTS)]) for t in terms)
+
+
+def _compute_stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan, spans) -> tuple[Terms, ...]:
+    dev = cluster.device
+    (tg, tk), cp_crosses, (eg, ek), pp_crosses = spans
     e = BYTES[plan.dtype]
     tokens = plan.mbs * plan.seq_len / plan.cp
-    n_layers = shape.n_layers
-    # tensor parallel
+    rc_full = 1 if plan.recompute == "full" else 0
+    dense = layer_forward(model, dev, plan, False) if model.dense_layers else None
+    moe = layer_forward(model, dev, plan, True) if model.moe else None
+    # tensor parallel: 2 collectives forward and 2 backward per attention block and per
+    # dense MLP (a MoE MLP exchanges through the all-to-all instead); full recompute
+    # repeats the forward ones
+    tp_coll = 0.0
     if plan.tp > 1:
-        g, k = group_span(plan, "tp", dpn)
-        size = tokens * model.hidden * e
-        n_coll = (2 * n_dense + n_moe) * (2 + (1 if plan.recompute == "full" else 0)) + first + 2 * last
-        t_tp = n_coll * comm.all_reduce(dev, size, g, k)
+        tp_coll = comm.all_reduce(dev, tokens * model.hidden * e, tg, tk)
         if plan.tp_comm_overlap:
-            t_tp *= 1 - dev.efficiency["tp_overlap"]
-        st.parts["tp communication"] = t_tp
-    # context parallel: ring K/V exchange, hidden behind the attention kernel
+            tp_coll *= 1 - dev.efficiency["tp_overlap"]
+    # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
+    # dense and MoE layers)
+    cp_pass = 0.0
     if plan.cp > 1:
-        g, k = group_span(plan, "cp", dpn)
         kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
-        hop = comm.send_recv(dev, tokens * kv_width * e / plan.tp, k > 1)
-        attn = cache.get(False, cache.get(True, LayerCost())).attn_time
-        passes = 3 + (1 if plan.recompute == "full" else 0)
-        st.parts["cp communication"] = n_layers * passes * max(0.0, (plan.cp - 1) * hop - attn)
-    # expert parallel all-to-all
-    if plan.ep > 1 and n_moe:
-        g, k = group_span(plan, "ep", dpn)
-        size = tokens / plan.tp * model.moe.top_k * model.hidden * e  # type: ignore[union-attr]
-        n_a2a = 2 * (2 + (1 if plan.recompute == "full" else 0))
-        st.parts["ep all-to-all"] = n_moe * n_a2a * comm.all_to_all(dev, size, g, k)
-    # pipeline send/recv
+        hop = comm.send_recv(dev, tokens * kv_width * e / plan.tp, cp_crosses)
+        attn = (dense or moe).attn_time  # type: ignore[union-attr]
+        cp_pass = (3 + rc_full) * max(0.0, (plan.cp - 1) * hop - attn)
+    # expert parallel all-to-all: dispatch + combine forward and backward
+    a2a = 0.0
+    if plan.ep > 1 and model.moe:
+        size = tokens / plan.tp * model.moe.top_k * model.hidden * e
+        a2a = 2 * (2 + rc_full) * comm.all_to_all(dev, size, eg, ek)
+    # Interleaving multiplies pipeline traffic by vpp [Narayanan et al. SC'21 sec. 2.2],
+    # but Megatron overlaps those transfers with the other chunks' compute
+    # (overlap_p2p_comm, on by default with vpp); one send per direction and
+    # micro-batch stays on the critical path, as in plain (blocking) 1F1B.
+    const = _ZERO
     if plan.pp > 1:
-        g, k = group_span(plan, "pp", dpn)
         size = tokens * model.hidden * e / (plan.tp if plan.sp else 1)
-        # Interleaving multiplies pipeline traffic by vpp [Narayanan et al. SC'21 sec. 2.2],
-        # but Megatron overlaps those transfers with the other chunks' compute
-        # (overlap_p2p_comm, on by default with vpp); one send per direction and
-        # micro-batch stays on the critical path, as in plain (blocking) 1F1B.
-        st.parts["pp send/recv"] = 2 * comm.send_recv(dev, size, k > 1)
-    # ZeRO-3 gathers per micro-batch
+        const = (0.0,) * 5 + (2 * comm.send_recv(dev, size, pp_crosses), 0.0, 0.0, 0.0)
+    return (_layer_terms(dense, plan, tp_coll, 2 * (2 + rc_full), cp_pass, 0.0) if dense else _ZERO,
+            _layer_terms(moe, plan, tp_coll, 2 + rc_full, cp_pass, a2a) if moe else _ZERO,
+            _end_terms(embedding_forward(model, dev, plan), tp_coll, 1),
+            _end_terms(output_forward(model, dev, plan), tp_coll, 2),
+            const)
+
+
+def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> Terms:
+    """A rank's per-micro-batch terms: its layers, its ends and the constant."""
+    (dense, moe, emb, out, const), _ = stage_terms(model, cluster, plan)
+    n_moe = shape.n_moe
+    n_dense = shape.n_layers - n_moe
+    first, last = shape.first, shape.last
+    return tuple(n_dense * d + n_moe * m + first * f + last * o + c
+                 for d, m, f, o, c in zip(dense, moe, emb, out, const))
+
+
+def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape: RankShape) -> StageTime:
+    dev, dpn = cluster.device, cluster.devices_per_node
+    terms = _shape_terms(model, cluster, plan, shape)
+    st = StageTime(rank=rank, parts={"compute": terms[0], "recompute": terms[1]},
+                   forward=terms[6], backward=terms[7], flops=terms[8])
+    if plan.tp > 1:
+        st.parts["tp communication"] = terms[2]
+    if plan.cp > 1:
+        st.parts["cp communication"] = terms[3]
+    if plan.ep > 1 and shape.n_moe:
+        st.parts["ep all-to-all"] = terms[4]
+    if plan.pp > 1:
+        st.parts["pp send/recv"] = terms[5]
     if plan.zero >= 3:
-        dense, expert = _shape_params(model, plan, shape)
-        g, k = group_span(plan, "dp_cp", dpn)
-        w = 4 if plan.dtype == "fp32" else 2
-        t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k)
-        if expert:
-            eg, ek = _expert_dp_span(plan, dpn)
-            t += 2 * comm.all_gather(dev, expert * w, eg, ek) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
-        compute = st.parts["compute"] + rc
-        st.parts["zero3 gather/scatter"] = max(0.0, t - compute) + t / max(n_layers, 1)
+        st.parts["zero3 gather/scatter"] = _zero3_exposed(model, cluster, plan, shape, terms[0] + terms[1])
     return st
 
 
+def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape, compute: float) -> float:
+    """ZeRO-3 per micro-batch: all-gather of the rank's parameters forward and backward
+    and reduce-scatter of its gradients, overlapped with the micro-batch's compute (incl.
+    recompute) except for the first layer's."""
+    dpn = cluster.devices_per_node
+    key = (id(model), id(cluster.device), shape, plan.tp, plan.ep, plan.pp > 1, plan.dtype, plan.grad_dtype,
+           group_span(plan, "dp_cp", dpn), _expert_dp_span(plan, dpn))
+    t = _TERMS.get(key, lambda: _zero3_traffic(model, cluster, plan, shape))
+    return max(0.0, t - compute) + t / max(shape.n_layers, 1)
+
+
+def _zero3_traffic(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> float:
+    dev, dpn = cluster.device, cluster.devices_per_node
+    dense, expert = _shape_params(model, plan, shape)
+    g, k = group_span(plan, "dp_cp", dpn)
+    w = 4 if plan.dtype == "fp32" else 2
+    t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k)
+    if expert:
+        eg, ek = _expert_dp_span(plan, dpn)
+        t += 2 * comm.all_gather(dev, expert * w, eg, ek) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
+    return t
+
+
 def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
-    """A cheap lower bound of :func:`estimate_step_time`: the slowest rank's layer compute
-    (forward + 2x backward + recompute) times the micro-batch count, with no communication,
-    bubble or optimizer. The search skips the full estimate of a plan whose bound cannot
-    beat what it has already found."""
-    dev = cluster.device
-    dense = layer_forward(model, dev, plan, False) if model.dense_layers else None
-    moe = layer_forward(model, dev, plan, True) if model.moe else None
-    worst = 0.0
-    for shape in rank_shapes(model, plan):
-        t = 0.0
-        if dense is not None:
-            n = shape.n_layers - shape.n_moe
-            t += n * (3 * dense.time + (dense.time if plan.recompute == "full" else 0.0))
-        if moe is not None:
-            t += shape.n_moe * (3 * moe.time + (moe.time if plan.recompute == "full" else 0.0))
-        worst = max(worst, t)
-    return plan.grad_accum * worst
+    """A cheap lower bound of :func:`estimate_step_time` for ``plan``: every rank's
+    per-micro-batch time through the pipeline, without the data-parallel gradient sync,
+    the optimizer step and the tied-embedding sync (each >= 0). The pipeline time is
+    monotone in every stage's time, and more recompute or ZeRO-3 only add terms, so the
+    bound at ``recompute="none"`` and zero <= 2 holds for every setting of the layout.
+    The search ranks layouts by it and skips the ones that cannot beat what it has
+    already found."""
+    _, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan)
+    shapes = rank_shapes(model, plan)
+    per_mb = [(s.n_layers - s.n_moe) * dense + s.n_moe * moe + s.first * emb + s.last * out + const for s in shapes]
+    if plan.zero >= 3:
+        seen: dict[RankShape, float] = {}
+        for i, shape in enumerate(shapes):
+            if shape not in seen:
+                terms = _shape_terms(model, cluster, plan, shape)
+                seen[shape] = _zero3_exposed(model, cluster, plan, shape, terms[0] + terms[1])
+            per_mb[i] += seen[shape]
+    return pipeline_time(per_mb, plan.grad_accum, plan.vpp, plan.schedule)
 
 
 def _expert_dp_span(plan: Plan, dpn: int) -> tuple[int, int]:
     """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp)."""
-    size = plan.dp * plan.cp * plan.tp // plan.ep
+    return _expert_dp_span_of(plan.dp, plan.cp, plan.tp, plan.ep, dpn)
+
+
+@lru_cache(maxsize=65536)
+def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int) -> tuple[int, int]:
+    size = dp * cp * tp // ep
     if size <= 1:
         return 1, 1
-    stride = plan.ep * plan.tp if plan.ep > 1 else 1
+    stride = ep * tp if ep > 1 else 1
     nodes = len({(i * stride) // dpn for i in range(size)})
     return max(1, size // nodes), nodes
 

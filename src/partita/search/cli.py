@@ -76,6 +76,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out = {"model": model.name, "hardware": cluster.device.name, "devices": cluster.world_size,
                "devices_per_node": cluster.devices_per_node, "global_batch": args.global_batch, "seq_len": args.seq_len,
                "search_time_s": result.search_time_s, "candidates_evaluated": result.candidates_evaluated,
+               "candidates_pruned_by_memory": result.candidates_pruned,
+               "candidates_bounded_by_time": result.candidates_bounded,
                "memory_limit_gib": result.memory_limit_gib,
                "plans": [dict(e.to_dict(), **({"run_days": e.run_days(tokens),
                                                "device_hours": e.run_days(tokens) * 24 * cluster.world_size} if tokens else {}))
@@ -91,7 +93,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console = make_console()
     console.print(f"[bold]{model.name}[/bold] on {cluster.describe()}; seq {args.seq_len}, global batch "
                   f"{args.global_batch} ({args.global_batch * args.seq_len:,} tokens)")
-    t = Table(title=f"Best plans ({result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s; "
+    t = Table(title=f"Best plans ({result.candidates_evaluated:,} candidates evaluated, "
+                    f"{result.candidates_pruned + result.candidates_bounded:,} ruled out by memory or time bounds, "
+                    f"in {result.search_time_s:.2f} s; "
                     f"memory limit {result.memory_limit_gib:.1f} GiB)", title_justify="left")
     for col in ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "zero", "mbs x acc", "recompute", "mem GiB", "step s",
                 "tok/s/dev", "MFU") + (("days", "device-hours") if tokens else ()):

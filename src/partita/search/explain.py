@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 from ..estimate import Estimate
-from .engine import Attempt, SearchResult
-
 from .engine import EXPLAINED_KNOBS as KNOBS
+from .engine import Attempt, SearchResult, nearest_values
 
 
 def _biggest_increase(alt: Estimate, best: Estimate) -> str:
@@ -21,11 +20,13 @@ def why_not(result: SearchResult) -> list[str]:
         return []
     lines = []
     for knob in KNOBS:
-        mine = getattr(best.plan, knob)
-        values = sorted({getattr(a.plan, knob) for a in result.attempts if getattr(a.plan, knob) != mine},
-                        key=lambda v: (abs(KNOB_ORDER(knob, v) - KNOB_ORDER(knob, mine)), KNOB_ORDER(knob, v)))
-        for value in values[:2]:
+        values = result.alternatives.get(knob)
+        if values is None:  # a result built without the search's alternatives
+            values = nearest_values(knob, getattr(best.plan, knob), {getattr(a.plan, knob) for a in result.attempts})
+        for value in values:
             group = [a for a in result.attempts if getattr(a.plan, knob) == value]
+            if not group:
+                continue  # every layout with this value is dominated by one that does not fit
             fitting = [a.estimate for a in group if a.estimate is not None]
             if not fitting and any(a.bounded for a in group):
                 continue  # fits, but never closer than the plans already explained
@@ -43,10 +44,3 @@ def why_not(result: SearchResult) -> list[str]:
                              f"{result.memory_limit_gib:.1f} GiB usable even at its smallest [{smallest.plan.summary()}]")
     return lines
 
-
-def KNOB_ORDER(knob: str, value) -> float:  # noqa: N802 - small helper used like a table
-    """Distance metric for 'nearest': log2 for degrees, list index for modes."""
-    if knob == "recompute":
-        return ["none", "selective", "full"].index(value)
-    import math
-    return math.log2(value) if isinstance(value, int) and value > 0 else float(value)
