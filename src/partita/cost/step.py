@@ -178,7 +178,6 @@ def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShap
 
 
 def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape: RankShape) -> StageTime:
-    dev, dpn = cluster.device, cluster.devices_per_node
     terms = _shape_terms(model, cluster, plan, shape)
     st = StageTime(rank=rank, parts={"compute": terms[0], "recompute": terms[1]},
                    forward=terms[6], backward=terms[7], flops=terms[8])
