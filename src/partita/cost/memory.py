@@ -56,20 +56,22 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     fp8 (Transformer Engine style) caches an fp8 copy of each weight (1 byte) across
     micro-batches; the transpose is made per GEMM.
     """
-    grad_b = _grad_bytes(plan)
-    if plan.dtype == "fp32":
-        weight_b, opt_b = 4, 8
-    elif plan.zero >= 3:
+    weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard)
+    return {"weights": weights, "gradients": grads, "optimizer": optimizer}
+
+
+def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot path)."""
+    if dtype == "fp32" or z >= 3:
         weight_b, opt_b = 4, 8
     else:
         weight_b, opt_b = 2, 12
-    z = plan.zero
     weights = params * weight_b / (shard if z >= 3 else 1)
-    if plan.dtype == "fp8":
+    if dtype == "fp8":
         weights += params * 1 / (shard if z >= 3 else 1)
     grads = params * grad_b / (shard if z >= 2 else 1)
     optimizer = params * opt_b / (shard if z >= 1 else 1)
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer}
+    return weights, grads, optimizer
 
 
 _ACT_CACHE = Memo()
@@ -210,11 +212,12 @@ def _states(plan: Plan, dense: float, expert: float) -> dict[str, float]:
     return states
 
 
-def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
-    """Activation bytes one in-flight model chunk of this rank keeps."""
+def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recompute: str | None = None) -> float:
+    """Activation bytes one in-flight model chunk of this rank keeps (``recompute``
+    overrides the plan's mode)."""
     n_dense = shape.n_layers - shape.n_moe
-    per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False)
-                 + (shape.n_moe * activation_bytes_per_layer(model, plan, True) if shape.n_moe else 0.0)) / plan.vpp
+    per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False, recompute)
+                 + (shape.n_moe * activation_bytes_per_layer(model, plan, True, recompute) if shape.n_moe else 0.0)) / plan.vpp
     if shape.first:
         tokens = plan.mbs * plan.seq_len / plan.cp
         per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output
@@ -233,10 +236,10 @@ def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
     return working
 
 
-def _zero3_gathered(plan: Plan, shape: RankShape, dense: float, expert: float) -> float:
+def _zero3_gathered(plan: Plan, shape: RankShape, dense: float, expert: float, zero: int | None = None) -> float:
     """FSDP keeps the current and the prefetched layer unsharded in bf16, and one layer's
-    unsharded gradients before its reduce-scatter."""
-    if plan.zero < 3:
+    unsharded gradients before its reduce-scatter (``zero`` overrides the plan's stage)."""
+    if (plan.zero if zero is None else zero) < 3:
         return 0.0
     per_layer = (dense + expert) / max(shape.n_layers, 1)
     return per_layer * (2 * 2 + _grad_bytes(plan))
@@ -259,14 +262,36 @@ def _static_parts(model: ModelSpec, device: Device, plan: Plan, shape: RankShape
     return parts, _activations_per_chunk(model, plan, shape)
 
 
-def _first_rank_of_each_shape(model: ModelSpec, plan: Plan) -> list[tuple[int, RankShape]]:
-    """(rank, shape) for the first pipeline rank of each distinct shape. Ranks of one shape
-    differ only in their in-flight micro-batches, which never grow with the rank (see
-    :func:`.pipeline.in_flight_chunks`), so the first is the most loaded of them."""
-    first: dict[RankShape, int] = {}
-    for r, shape in enumerate(rank_shapes(model, plan)):
-        first.setdefault(shape, r)
-    return [(r, shape) for shape, r in first.items()]
+def _first_rank_of_each_shape(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape], ...]:
+    """(rank, shape) for the first pipeline rank of each distinct shape (memoised). Ranks
+    of one shape differ only in their in-flight micro-batches, which never grow with the
+    rank (see :func:`.pipeline.in_flight_chunks`), so the first is the most loaded."""
+    key = (id(model), plan.pp, plan.stage_layers(model.layers))
+    firsts = _FIRSTS.get(key)
+    if firsts is None:
+        first: dict[RankShape, int] = {}
+        for r, shape in enumerate(rank_shapes(model, plan)):
+            first.setdefault(shape, r)
+        firsts = _FIRSTS[key] = tuple((r, shape) for shape, r in first.items())
+    return firsts
+
+
+_FIRSTS: dict[tuple, tuple[tuple[int, RankShape], ...]] = {}
+
+
+def shape_counts(model: ModelSpec, plan: Plan) -> tuple[tuple[RankShape, int], ...]:
+    """Each distinct rank shape with the number of pipeline ranks of that shape (memoised)."""
+    key = (id(model), plan.pp, plan.stage_layers(model.layers))
+    counts = _COUNTS.get(key)
+    if counts is None:
+        tally: dict[RankShape, int] = {}
+        for shape in rank_shapes(model, plan):
+            tally[shape] = tally.get(shape, 0) + 1
+        counts = _COUNTS[key] = tuple(tally.items())
+    return counts
+
+
+_COUNTS: dict[tuple, tuple[tuple[RankShape, int], ...]] = {}
 
 
 def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
@@ -277,16 +302,21 @@ def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
     frag = 1 + device.allocator_fragmentation
     runtime = device.runtime_reserved_gib * GIB
     buffers = _buffers(device, plan)
-    zeros = sorted({z for _, z in steps})
-    modes = sorted({rc for rc, _ in steps})
-    plans_z = {z: plan.with_(zero=z) for z in zeros}
-    plans_rc = {rc: plan.with_(recompute=rc) for rc in modes}
+    zeros = {z for _, z in steps}
+    modes = {rc for rc, _ in steps}
+    grad_b = _grad_bytes(plan)
+    dense_shard = plan.dp * plan.cp
+    expert_shard = max(1, dense_shard * plan.tp // plan.ep)
     out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
     for r, shape in _first_rank_of_each_shape(model, plan):
         dense, expert = _shape_params(model, plan, shape)
-        fixed = {z: sum(_states(plans_z[z], dense, expert).values()) + _zero3_gathered(plans_z[z], shape, dense, expert)
-                 for z in zeros}
-        acts = {rc: _activations_per_chunk(model, plans_rc[rc], shape) for rc in modes}
+        fixed = {}
+        for z in zeros:
+            f = sum(_state_bytes(plan.dtype, grad_b, z, dense, dense_shard))
+            if expert:
+                f += sum(_state_bytes(plan.dtype, grad_b, z, expert, expert_shard))
+            fixed[z] = f + _zero3_gathered(plan, shape, dense, expert, z)
+        acts = {rc: _activations_per_chunk(model, plan, shape, rc) for rc in modes}
         other = _transient(model, plan, shape) + buffers
         chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
         for rc, z in steps:

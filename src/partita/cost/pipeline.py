@@ -39,8 +39,12 @@ def pipeline_time(stage_times: list[float], m: int, v: int, schedule: str) -> fl
     """
     if not stage_times:
         return 0.0
-    slowest = max(stage_times)
-    bubble = (sum(stage_times) - slowest) / v
+    return pipeline_time_of(sum(stage_times), max(stage_times), m, v, schedule)
+
+
+def pipeline_time_of(total: float, slowest: float, m: int, v: int, schedule: str) -> float:
+    """:func:`pipeline_time` from the sum and the maximum of the stage times (all it uses)."""
+    bubble = (total - slowest) / v
     if schedule == "zero-bubble":
         bubble /= 3
     return m * slowest + bubble

@@ -37,8 +37,8 @@ from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
 from .memo import Memo
-from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes
-from .pipeline import pipeline_time
+from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes, shape_counts
+from .pipeline import pipeline_time, pipeline_time_of
 
 
 #: Fraction of a layer's GEMM FLOPs op-level selective checkpointing recomputes: with
@@ -226,16 +226,15 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     The search ranks layouts by it and skips the ones that cannot beat what it has
     already found."""
     _, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan)
-    shapes = rank_shapes(model, plan)
-    per_mb = [(s.n_layers - s.n_moe) * dense + s.n_moe * moe + s.first * emb + s.last * out + const for s in shapes]
-    if plan.zero >= 3:
-        seen: dict[RankShape, float] = {}
-        for i, shape in enumerate(shapes):
-            if shape not in seen:
-                terms = _shape_terms(model, cluster, plan, shape)
-                seen[shape] = _zero3_exposed(model, cluster, plan, shape, terms[0] + terms[1])
-            per_mb[i] += seen[shape]
-    return pipeline_time(per_mb, plan.grad_accum, plan.vpp, plan.schedule)
+    total = slowest = 0.0
+    for shape, count in shape_counts(model, plan):
+        t = (shape.n_layers - shape.n_moe) * dense + shape.n_moe * moe + shape.first * emb + shape.last * out + const
+        if plan.zero >= 3:
+            terms = _shape_terms(model, cluster, plan, shape)
+            t += _zero3_exposed(model, cluster, plan, shape, terms[0] + terms[1])
+        total += count * t
+        slowest = max(slowest, t)
+    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
 
 
 def _expert_dp_span(plan: Plan, dpn: int) -> tuple[int, int]:

@@ -218,6 +218,7 @@ class _Search:
         # dominates fails too.
         self.failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
         self.best_by_knob: dict[tuple[str, object], float] = {}
+        self.plain_fails_from: dict[tuple, int] = {}  # smallest mbs at which no recompute-free setting fits
         self.tried: set[tuple[str, object]] = set()  # knob values with at least one attempt
         self.top_heap: list[float] = []  # negated step times of the best `top` rankable plans
 
@@ -250,6 +251,8 @@ class _Search:
                                          peak_gib=peak_bytes / GIB, peak_rank=peak_rank))
             self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
             return
+        if self._needs_recompute_or_zero3(layout, leanest, wanted):
+            return
         peaks = peak_memory_ladder(self.model, self.cluster.device, base, ladder)  # all settings share the work
         counted = {leanest}
         estimated: list[Plan] = []
@@ -273,6 +276,36 @@ class _Search:
                 for step in (st for st in ladder if st[index] == value):
                     if self._try(layout, step, peaks, counted, [(knob, value)], estimated):
                         break
+
+    def _needs_recompute_or_zero3(self, layout: _Layout, leanest: tuple[str, int], wanted) -> bool:
+        """True (and counted as bounded) when no recompute-free ZeRO <= 2 setting fits and
+        the cheapest settings left - recompute with ZeRO <= 2, or ZeRO-3 - are bounded
+        out. Many layouts with a low bound only fit with recompute or ZeRO-3; this rules
+        them out with one memory figure and two bounds instead of the whole ladder."""
+        if wanted is not None and any(k in LADDER_KNOBS for k, _ in wanted):
+            return False
+        plain = [st for st in layout.ladder if st[0] == "none" and st[1] < 3]
+        if not plain or plain[-1] == leanest:
+            return False
+        base = layout.plan
+        # activation memory grows with mbs, all else equal: once a recompute-free setting
+        # fails at some mbs, it fails at every larger one
+        shape_key = (base.tp, base.cp, base.pp, base.vpp, base.ep, base.dp)
+        if base.mbs < self.plain_fails_from.get(shape_key, 1 << 30):
+            lightest = max(plain, key=lambda st: st[1])  # the recompute-free setting with the least memory
+            peak_bytes, _ = peak_memory_ladder(self.model, self.cluster.device, base, [lightest])[lightest]
+            if peak_bytes / GIB <= self.usable:
+                return False
+            self.plain_fails_from[shape_key] = base.mbs
+        # the first setting of each family left: more recompute (ZeRO <= 2) or ZeRO-3;
+        # later settings of a family only add time
+        rest = [st for st in layout.ladder if st not in plain]
+        firsts = [next(st for st in rest if (st[1] == 3) == z3) for z3 in (False, True) if any((st[1] == 3) == z3 for st in rest)]
+        lb = min(step_time_lower_bound(self.model, self.cluster, layout.plan.with_(recompute=rc, zero=z)) for rc, z in firsts)
+        if self._rules_out(layout, lb, wanted):
+            self.bounded += 1
+            return True
+        return False
 
     def _try(self, layout: _Layout, step: tuple[str, int], peaks: dict, counted: set,
              wanted: list[tuple[str, object]] | None, estimated: list[Plan]) -> bool:
@@ -315,8 +348,11 @@ class _Search:
             lb = layout.bound  # the layout's bound is this plan's
         else:
             lb = step_time_lower_bound(self.model, self.cluster, plan)
+        return self._rules_out(layout, lb, wanted)
+
+    def _rules_out(self, layout: _Layout, lb: float, wanted) -> bool:
         if wanted is None:
-            return lb >= self.kth_best()
+            return layout.rankable and lb >= self.kth_best()
         return all(lb >= self.best_by_knob.get(kv, float("inf")) for kv in wanted)
 
     def _record(self, est: Estimate, rankable: bool) -> None:
