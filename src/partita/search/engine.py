@@ -1,10 +1,20 @@
-"""Enumerate, prune by memory, rank by predicted step time.
+"""Enumerate, prune by memory, rank by predicted step time - a branch and bound.
 
-For every structural layout (tp, pp, vpp, cp, ep, mbs) the memory-saving knobs are
-walked in order of cost - recompute none -> selective -> full, zero 1 -> 2, and zero 3
-separately when allowed - and the first setting that fits is kept (each later setting
-only adds time in the cost model, so nothing faster is skipped). Every evaluation is
-counted in ``candidates_evaluated``.
+Every structural layout (tp, cp, pp, dp, ep, mbs, vpp and its layer split) gets a lower
+bound of the step time of any plan it can produce (:func:`step_time_lower_bound`:
+per-micro-batch compute and communication through the pipeline, no recompute). Layouts
+are evaluated in bound order; once the next bound is no better than the K-th best plan
+found, every later layout is provably slower and the first pass stops. A second pass
+finds the best plan at the two values nearest the winner's of every knob (the "why not"
+alternatives), with the same rule per value.
+
+Evaluating a layout walks its memory-saving knobs in order of cost - recompute none ->
+selective -> full, zero 1 -> 2, and zero 3 separately when allowed - and keeps the first
+setting that fits (each later setting only adds time in the cost model, so nothing
+faster is skipped). Memory dominance rules out layouts that cannot fit without
+evaluating them. Every memory evaluation of a setting is counted in
+``candidates_evaluated``; layouts and settings ruled out by a bound in
+``candidates_pruned`` (memory) and ``candidates_bounded`` (time).
 """
 from __future__ import annotations
 
