@@ -111,8 +111,10 @@ def test_cpu_trace_recorded_with_gloo(tmp_path):
 
 def test_partita_profile_reports_measured_beside_predicted(tmp_path):
     pytest.importorskip("torch")
+    report_path = tmp_path / "profile.html"
     proc = subprocess.run([sys.executable, "-m", "partita", "profile", "--model", "tiny-llama", "--plan", "dp=2",
-                           "--nproc", "2", "--steps", "4", "--json", "--run-dir", str(tmp_path)],
+                           "--nproc", "2", "--steps", "4", "--json", "--run-dir", str(tmp_path),
+                           "--report", str(report_path)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -120,6 +122,38 @@ def test_partita_profile_reports_measured_beside_predicted(tmp_path):
     for r in report["ranks"]:
         assert r["step_time_s"] > 0 and r["compute_s"] > 0 and r["communication_s"] > 0
         assert "all_reduce" in r["by_collective_s"] and r["memory"]["peak_rss_gib"] > 0
+        # the gradient all-reduce runs on the dp group; gloo's worker thread is matched to it
+        assert r["by_axis_s"].get("dp", 0) > 0
     assert report["predicted"]["step_time_s"] > 0
     assert report["ratio_measured_over_predicted"]["step_time_s"] > 0
     assert (tmp_path / "profile" / "rank0.json").exists() and (tmp_path / "profile" / "rank1.json").exists()
+    # the HTML report: plotly.js inline (opens offline), a timeline row per rank with
+    # compute and all-reduce bars, and the measured/predicted figures of this report
+    page = report_path.read_text()
+    assert report["html_report"] == str(report_path)
+    assert page.count("<script src=") == 0 and "Plotly.newPlot" in page and len(page) > 1_000_000
+    for fig in range(3):
+        assert f'id="partita-fig-{fig}"' in page
+    assert '"name":"compute"' in page and '"name":"all_reduce"' in page
+    assert '"rank 0"' in page and '"rank 1"' in page
+    assert f"{report['overall']['step_time_s'] * 1e3:.1f}" in page
+    assert f"{report['predicted']['step_time_s'] * 1e3:.1f}" in page
+
+
+def test_groups_are_named_after_mesh_axes():
+    from partita.plan import Plan
+    from partita.train.profile_report import axis_of_group, by_axis
+    plan = Plan(dp=2, tp=2, pp=2)  # mesh (pp, dp, cp, tp): rank = pp*4 + dp*2 + tp
+    assert axis_of_group(plan, 5, "4,5") == "tp"
+    assert axis_of_group(plan, 5, "5,7") == "dp"
+    assert axis_of_group(plan, 5, "1,5") == "pp"
+    assert axis_of_group(plan, 5, "0,1,2,3,4,5,6,7") == "world"
+    assert axis_of_group(plan, 5, "0,3") == "ranks 0,3"
+    assert by_axis(plan, 0, {"0,1": 0.5, "0,2": 0.25, "0,4": 0.125}) == {"tp": 0.5, "dp": 0.25, "pp": 0.125}
+
+
+def test_gpu_trace_communication_by_process_group():
+    # the NCCL kernels of the DDP fixture name their group: [0, 1] for every collective
+    b = analyze_trace(TRACES / "ddp_2gpu_rank0.json.gz")
+    assert list(b.by_group_us) == ["0,1"]
+    assert b.by_group_us["0,1"] == pytest.approx(b.communication_us)

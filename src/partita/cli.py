@@ -172,8 +172,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     eff = data["efficiency"]
     print(f"wrote {args.output}: {data['peak_tflops']} TFLOPS peak, gemm efficiency {eff['gemm']:.2f} "
           f"(half at {eff['gemm_half_gflop']:.3f} GFLOP), all-reduce {data['intra_node']['gbps_per_direction']:.2f} GB/s "
-          f"+ {data['intra_node']['latency_us']:.0f} us/step, layer overhead {eff['kernel_overhead_us_per_layer']:.0f} us; "
-          f"use it with --hardware {args.output}")
+          f"+ {data['intra_node']['latency_us']:.0f} us/step, layer overhead {eff['kernel_overhead_us_per_layer']:.0f} us"
+          + (f", framework per layer: tp {eff['tp_framework_us_per_layer']:.0f} us, zero-3 "
+             f"{eff['zero3_framework_us_per_layer']:.0f} us" if "tp_framework_us_per_layer" in eff else "")
+          + f"; use it with --hardware {args.output}")
     return 0
 
 

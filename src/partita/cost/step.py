@@ -9,7 +9,10 @@ of the communication that sits on the critical path:
   (with SP each becomes all-gather + reduce-scatter, same bytes) [Korthikanti et al.
   2022 sec. 4.2.2]; full recompute repeats the forward two. A MoE layer keeps the
   attention pair only - its MLP exchange is the expert all-to-all. Exposed unless the
-  plan overlaps it (``tp_comm_overlap``), then ``1 - tp_overlap`` of it.
+  plan overlaps it (``tp_comm_overlap``), then ``1 - tp_overlap`` of it. Plus the
+  device's ``tp_framework_us_per_layer``: host-side DTensor work that is on the critical
+  path where the host does not run ahead of the device (CPU; `partita calibrate`
+  measures it, accelerators default to 0).
 * context parallel (ring attention): ``cp - 1`` K/V hops per layer forward, twice in
   backward, overlapped with the attention kernel; only the excess is exposed.
 * expert parallel: dispatch + combine all-to-all forward, the same backward, of
@@ -17,7 +20,8 @@ of the communication that sits on the critical path:
 * pipeline: one activation send per direction per micro-batch on the critical path
   (with interleaving the other vpp - 1 are overlapped, Megatron's overlap_p2p_comm).
 * ZeRO-3: per micro-batch all-gather (forward and backward) and reduce-scatter of the
-  rank's parameters, overlapped with that micro-batch's compute.
+  rank's parameters, overlapped with that micro-batch's compute; plus the device's
+  ``zero3_framework_us_per_layer`` (FSDP hooks and launches, as for tp above).
 
 The pipeline combines the stages (:func:`.pipeline.pipeline_time`). After it, the
 data-parallel gradient reduction (all-reduce for zero 0; reduce-scatter + all-gather
@@ -76,7 +80,8 @@ _ZERO: Terms = (0.0,) * (len(STAGE_PARTS) + 3)
 _TERMS = Memo()
 
 
-def _layer_terms(layer: LayerCost, plan: Plan, tp_coll: float, n_tp: int, cp_pass: float, a2a: float) -> Terms:
+def _layer_terms(layer: LayerCost, plan: Plan, tp_coll: float, n_tp: int, tp_framework: float, cp_pass: float,
+                 a2a: float) -> Terms:
     """One layer's contribution: forward + 2x backward, recompute (full: the forward again;
     selective: element-wise ops and a share of the GEMMs), and its communication."""
     if plan.recompute == "full":
@@ -89,7 +94,7 @@ def _layer_terms(layer: LayerCost, plan: Plan, tp_coll: float, n_tp: int, cp_pas
     else:
         rc, rc_flops = 0.0, 0.0
     t = layer.time
-    return (3 * t, rc, n_tp * tp_coll, cp_pass, a2a, 0.0, t, 2 * t + rc, 3 * layer.flops + rc_flops)
+    return (3 * t, rc, n_tp * tp_coll + tp_framework, cp_pass, a2a, 0.0, t, 2 * t + rc, 3 * layer.flops + rc_flops)
 
 
 def _end_terms(cost: LayerCost, tp_coll: float, n_tp: int) -> Terms:
@@ -134,11 +139,13 @@ def _compute_stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan, spans) 
     # tensor parallel: 2 collectives forward and 2 backward per attention block and per
     # dense MLP (a MoE MLP exchanges through the all-to-all instead); full recompute
     # repeats the forward ones
-    tp_coll = 0.0
+    tp_coll = tp_framework = 0.0
     if plan.tp > 1:
         tp_coll = comm.all_reduce(dev, tokens * model.hidden * e, tg, tk)
         if plan.tp_comm_overlap:
             tp_coll *= 1 - dev.efficiency["tp_overlap"]
+        # host-side DTensor work per layer (forward + backward; full recompute repeats the forward)
+        tp_framework = dev.efficiency["tp_framework_us_per_layer"] * 1e-6 * (1 + rc_full / 3)
     # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
     # dense and MoE layers)
     cp_pass = 0.0
@@ -160,8 +167,8 @@ def _compute_stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan, spans) 
     if plan.pp > 1:
         size = tokens * model.hidden * e / (plan.tp if plan.sp else 1)
         const = (0.0,) * 5 + (2 * comm.send_recv(dev, size, pp_crosses), 0.0, 0.0, 0.0)
-    return (_layer_terms(dense, plan, tp_coll, 2 * (2 + rc_full), cp_pass, 0.0) if dense else _ZERO,
-            _layer_terms(moe, plan, tp_coll, 2 + rc_full, cp_pass, a2a) if moe else _ZERO,
+    return (_layer_terms(dense, plan, tp_coll, 2 * (2 + rc_full), tp_framework, cp_pass, 0.0) if dense else _ZERO,
+            _layer_terms(moe, plan, tp_coll, 2 + rc_full, tp_framework, cp_pass, a2a) if moe else _ZERO,
             _end_terms(embedding_forward(model, dev, plan), tp_coll, 1),
             _end_terms(output_forward(model, dev, plan), tp_coll, 2),
             const)
@@ -197,12 +204,14 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape
 def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape, compute: float) -> float:
     """ZeRO-3 per micro-batch: all-gather of the rank's parameters forward and backward
     and reduce-scatter of its gradients, overlapped with the micro-batch's compute (incl.
-    recompute) except for the first layer's."""
+    recompute) except for the first layer's, plus the host-side framework time per layer."""
     dpn = cluster.devices_per_node
     key = (id(model), id(cluster.device), shape, plan.tp, plan.ep, plan.pp > 1, plan.dtype, plan.grad_dtype,
            group_span(plan, "dp_cp", dpn), _expert_dp_span(plan, dpn))
     t = _TERMS.get(key, lambda: _zero3_traffic(model, cluster, plan, shape))
-    return max(0.0, t - compute) + t / max(shape.n_layers, 1)
+    # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
+    framework = shape.n_layers * cluster.device.efficiency["zero3_framework_us_per_layer"] * 1e-6
+    return max(0.0, t - compute) + t / max(shape.n_layers, 1) + framework
 
 
 def _zero3_traffic(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> float:

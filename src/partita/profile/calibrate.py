@@ -11,17 +11,24 @@ device each rank trains on:
   ``t = 2(n-1) alpha + 2 (n-1)/n S / B`` -> ``intra_node.latency_us`` and
   ``intra_node.gbps_per_direction`` at efficiency 1;
 * the per-layer overhead: a tiny transformer block's forward time minus its predicted
-  GEMM time -> ``efficiency.kernel_overhead_us_per_layer``.
+  GEMM time -> ``efficiency.kernel_overhead_us_per_layer``;
+* with more than one process, the host-side framework time tensor parallelism (DTensor)
+  and FSDP add per layer: the tiny model's forward + backward alone, tensor parallel and
+  FSDP over all ranks; what each costs beyond the plain run, minus what the cost model
+  already predicts for it (its collectives on the calibrated numbers) ->
+  ``efficiency.tp_framework_us_per_layer`` and ``efficiency.zero3_framework_us_per_layer``.
 
 The output ``extends`` the base device file, so every field not measured keeps its
 documented value; the raw measurements are stored under ``calibration``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from datetime import timedelta
 
@@ -89,7 +96,92 @@ def measure(device_type: str, dtype_name: str = "fp32") -> dict:
     out["tiny_block_forward_s"] = _timeit(lambda: (block(h, cos, sin), sync()))
     params = sum(p.numel() for p in block.parameters() if p.dim() == 2)
     out["tiny_block_gflop"] = 2 * 64 * params / 1e9
+    if out["world"] > 1:
+        out["framework"] = _measure_framework(device, sync)
     return out
+
+
+FRAMEWORK_MODEL, FRAMEWORK_SEQ = "tiny-llama", 64
+
+
+def _measure_framework(device, sync) -> dict:
+    """Forward + backward of the tiny model (one micro-batch of 64 tokens) three ways:
+    alone on each rank, tensor parallel (DTensor, sp) over as many ranks as its heads
+    allow, and FSDP2 (zero 3) over all ranks - every rank runs the same fixed number of steps (collectives inside
+    a time-based loop would deadlock)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
+    from ..models.llama import build_model
+    from ..runtime.data_parallel import apply_fsdp
+    from ..runtime.parallelize import cross_entropy
+    from ..runtime.tensor_parallel import apply_tp
+    world = dist.get_world_size()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (1, FRAMEWORK_SEQ + 1), generator=g).to(device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def fixed_time(model, context) -> float:
+        def step():
+            with context():
+                cross_entropy(model(x), y).backward()
+            sync()
+        for _ in range(2):
+            step()
+        dist.barrier()
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(6):
+                step()
+            runs.append((time.perf_counter() - t0) / 6)
+        dist.barrier()
+        return statistics.median(runs)
+
+    plain = build_model(FRAMEWORK_MODEL, device=device)
+    # the largest tensor-parallel degree the model's heads allow; the other ranks of the
+    # world run independent replicas beside it (no gradient sync in this measurement)
+    tp_degree = max(d for d in range(1, world + 1) if world % d == 0 and plain.cfg.kv_heads % d == 0
+                    and plain.cfg.heads % d == 0)
+    mesh = init_device_mesh(device.type, (world // tp_degree, tp_degree), mesh_dim_names=("dp", "tp"))
+    tp = build_model(FRAMEWORK_MODEL, device=device)
+    apply_tp(tp, mesh["tp"], sp=True)
+    fsdp = build_model(FRAMEWORK_MODEL, device=device)
+    apply_fsdp(fsdp, init_device_mesh(device.type, (world,)), zero=3, param_dtype=None)
+    return {"model": FRAMEWORK_MODEL, "seq_len": FRAMEWORK_SEQ, "tp": tp_degree,
+            "plain_s": fixed_time(plain, contextlib.nullcontext),
+            "tp_s": fixed_time(tp, loss_parallel), "fsdp_s": fixed_time(fsdp, contextlib.nullcontext)}
+
+
+def framework_overheads(m: dict, device_file: dict) -> dict[str, float]:
+    """Per-layer host-side time (us) that tensor parallelism and FSDP add beyond what the
+    cost model already predicts for them on the calibrated device: the measured
+    difference to the plain run minus the predicted difference, per layer."""
+    from ..cost.step import step_time_lower_bound
+    from ..plan import Plan
+    from ..spec.hardware import Cluster, load_device
+    from ..spec.model import load_model
+    f, world = m["framework"], m["world"]
+    model = load_model(f["model"])
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as tmp:
+        json.dump(device_file, tmp)
+    try:
+        device = load_device(tmp.name)
+    finally:
+        os.unlink(tmp.name)
+    cluster = Cluster(device=device, nodes=1, devices_per_node=max(world, 1))
+    common = {"mbs": 1, "seq_len": f["seq_len"], "dtype": m["dtype"]}
+
+    def predicted(**degrees) -> float:  # one micro-batch through one stage: forward + backward
+        plan = Plan(gbs=degrees.get("dp", 1), **degrees, **common)
+        return step_time_lower_bound(model, cluster, plan)
+
+    plain = predicted()
+    tp = (f["tp_s"] - f["plain_s"]) - (predicted(tp=f["tp"], sp=True) - plain) if f["tp"] > 1 else 0.0
+    z3 = (f["fsdp_s"] - f["plain_s"]) - (predicted(dp=world, zero=3) - plain)
+    return {"tp_framework_us_per_layer": max(tp, 0.0) / model.layers * 1e6,
+            "zero3_framework_us_per_layer": max(z3, 0.0) / model.layers * 1e6}
 
 
 def hardware_file(m: dict, base: str, name: str) -> dict:
@@ -118,7 +210,7 @@ def hardware_file(m: dict, base: str, name: str) -> dict:
         bw, alpha = dev.intra_gbps * 1e9, dev.intra_latency_us * 1e-6
     layer_gemm = m["tiny_block_gflop"] * 1e9 / (peak * eff * m["tiny_block_gflop"] / (m["tiny_block_gflop"] + g_half))
     overhead = max(m["tiny_block_forward_s"] - layer_gemm, 0.0)
-    return {
+    out = {
         "name": name, "extends": base,
         "description": f"{base} calibrated by `partita calibrate` on this machine ({n} process(es), {m['device']})",
         "peak_tflops": {dtype: peak / 1e12},
@@ -128,6 +220,9 @@ def hardware_file(m: dict, base: str, name: str) -> dict:
                        "kernel_overhead_us_per_layer": overhead * 1e6},
         "calibration": m,
     }
+    if "framework" in m:
+        out["efficiency"].update(framework_overheads(m, out))
+    return out
 
 
 def main() -> None:

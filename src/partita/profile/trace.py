@@ -80,6 +80,22 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
     return out
 
 
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """``a`` minus ``b`` (both merged first)."""
+    out = []
+    cuts = union(b)
+    for start, end in union(a):
+        for lo, hi in cuts:
+            if hi <= start or lo >= end:
+                continue
+            if lo > start:
+                out.append((start, lo))
+            start = max(start, hi)
+        if start < end:
+            out.append((start, end))
+    return out
+
+
 def clip(intervals: list[Interval], window: list[Interval]) -> list[Interval]:
     return intersect(union(intervals), union(window))
 
@@ -105,9 +121,18 @@ class TraceBreakdown:
     idle_us: float
     by_collective_us: dict[str, float] = field(default_factory=dict)
     steps: int = 0
+    #: communication time per process group, keyed by its global ranks ("0,2"), where the
+    #: trace names the group (c10d's record_param_comms / NCCL kernel arguments)
+    by_group_us: dict[str, float] = field(default_factory=dict)
+    #: communication time per mesh axis, where Partita's ``partita:group:<axis>`` markers
+    #: name the gloo threads of each group (``partita profile`` on CPU)
+    by_axis_us: dict[str, float] = field(default_factory=dict)
+    #: the merged intervals behind the figures, per category ("compute", "memory", and
+    #: "comm:<collective>"), clipped to the window - what a timeline plot draws
+    timeline: dict[str, list[Interval]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "timeline"}
 
 
 def _events(trace: dict) -> list[dict]:
@@ -136,6 +161,46 @@ def _collective_launchers(trace: dict) -> dict:
     return out
 
 
+def _group_of(event: dict) -> str | None:
+    """The global ranks of the event's process group ("0,2"), when its arguments say."""
+    ranks = event.get("args", {}).get("Process Group Ranks")
+    if ranks is None:
+        return None
+    found = re.findall(r"\d+", str(ranks))
+    return ",".join(found) if found else None
+
+
+GROUP_MARKER = "partita:group:"
+
+
+def _marked_thread_axes(events: list[dict]) -> tuple[dict[tuple, str], list[Interval]]:
+    """(pid, tid) of gloo worker threads -> the mesh axis whose marker collectives ran on
+    them, and the markers' own intervals (left out of the analysis)."""
+    markers = [e for e in events if str(e.get("name", "")).startswith(GROUP_MARKER)]
+    threads: dict[tuple, str] = {}
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if not str(e.get("name", "")).startswith("gloo:"):
+            continue
+        for m in markers:
+            if m["ts"] <= e["ts"] <= m["ts"] + m["dur"]:
+                threads[(e.get("pid"), e.get("tid"))] = m["name"][len(GROUP_MARKER):]
+    return threads, [(float(m["ts"]), float(m["ts"]) + float(m["dur"])) for m in markers]
+
+
+def _calling_thread_group(event: dict, params: list[dict]) -> str | None:
+    """Group of a collective call on the training thread: its own arguments, or those of
+    the ``record_param_comms`` nested in it (or around it) on the same thread."""
+    own = _group_of(event)
+    if own:
+        return own
+    start, end = event["ts"], event["ts"] + event["dur"]
+    for p in params:
+        if (p.get("pid"), p.get("tid")) == (event.get("pid"), event.get("tid")) and \
+                (start <= p["ts"] <= end or p["ts"] <= start <= p["ts"] + p["dur"]):
+            return _group_of(p)
+    return None
+
+
 def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
     """Compute/communication/overlap split of one rank's trace."""
     if not isinstance(trace, dict):
@@ -147,6 +212,8 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
     comm: list[Interval] = []
     memory: list[Interval] = []
     by_kind: dict[str, list[Interval]] = {}
+    by_group: dict[str, list[Interval]] = {}
+    by_axis: dict[str, list[Interval]] = {}
     if device:
         kind = "device"
         launched_by = _collective_launchers(trace)
@@ -161,6 +228,9 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
                 # c10d op that launched the kernel when the trace links them
                 launcher = launched_by.get(e.get("args", {}).get("correlation"))
                 by_kind.setdefault(collective_kind(launcher or name), []).append(iv)
+                group = _group_of(e)
+                if group:
+                    by_group.setdefault(group, []).append(iv)
             else:
                 compute.append(iv)
         if steps:
@@ -173,10 +243,18 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
         cpu = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation") or str(e.get("name", "")).startswith("gloo:")]
         comm_events = [e for e in cpu if CPU_COMM.search(str(e.get("name", "")))]
         comm_threads = {(e.get("pid"), e.get("tid")) for e in comm_events if str(e["name"]).startswith("gloo:")}
+        params = [e for e in comm_events if e.get("name") == "record_param_comms"]
+        thread_axis, markers = _marked_thread_axes(events)
         for e in comm_events:
             iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
             comm.append(iv)
             by_kind.setdefault(collective_kind(str(e["name"])), []).append(iv)
+            thread = (e.get("pid"), e.get("tid"))
+            if thread in thread_axis:
+                by_axis.setdefault(thread_axis[thread], []).append(iv)
+            group = _calling_thread_group(e, params) if thread not in comm_threads else None
+            if group:
+                by_group.setdefault(group, []).append(iv)
         for e in cpu:
             if e.get("cat") != "cpu_op" or CPU_COMM.search(str(e.get("name", ""))):
                 continue
@@ -185,13 +263,18 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
             compute.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
         spans = compute + comm
         window = steps if steps else ([(min(a for a, _ in spans), max(b for _, b in spans))] if spans else [(0.0, 0.0)])
+        window = subtract(window, markers) if markers else window
     compute_u, comm_u, memory_u = clip(compute, window), clip(comm, window), clip(memory, window)
     comm_only = [iv for iv in comm_u]
     overlapped = length(intersect(compute_u, comm_only))
     busy = length(union(compute_u + comm_u + memory_u))
     win = length(union(window))
+    by_kind_u = {k: clip(v, window) for k, v in sorted(by_kind.items())}
+    timeline = {"compute": compute_u, "memory": memory_u, **{f"comm:{k}": v for k, v in by_kind_u.items()}}
     return TraceBreakdown(
         kind=kind, window_us=win, compute_us=length(compute_u), communication_us=length(comm_u),
         overlapped_us=overlapped, exposed_communication_us=length(comm_u) - overlapped, memory_us=length(memory_u),
-        idle_us=win - busy, by_collective_us={k: length(clip(v, window)) for k, v in sorted(by_kind.items())},
-        steps=len(steps))
+        idle_us=win - busy, by_collective_us={k: length(v) for k, v in by_kind_u.items()},
+        steps=len(steps), timeline={k: v for k, v in timeline.items() if v},
+        by_group_us={k: length(clip(v, window)) for k, v in sorted(by_group.items())},
+        by_axis_us={k: length(clip(v, window)) for k, v in sorted(by_axis.items())})

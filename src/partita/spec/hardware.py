@@ -36,6 +36,16 @@ EFFICIENCY_FIELDS = {
     "kernel_overhead_us_per_layer": "launch/framework overhead per layer per forward pass",
     "tp_overlap": "fraction of tensor-parallel communication hidden when the plan overlaps it",
 }
+#: Optional efficiency fields and their defaults. Host-side framework work per layer and
+#: micro-batch (forward + backward) that tensor parallelism (DTensor redistribution and
+#: sharding propagation) and ZeRO-3/FSDP (hooks, gather/scatter launches) add on top of
+#: their collectives. On an accelerator it runs ahead of the device and hides behind
+#: kernels (default 0); on a CPU it is on the critical path, and `partita calibrate`
+#: measures it.
+OPTIONAL_EFFICIENCY_FIELDS = {
+    "tp_framework_us_per_layer": 0.0,
+    "zero3_framework_us_per_layer": 0.0,
+}
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,8 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
     if overrides:
         raw = _deep_merge(raw, overrides)
     eff = dict(raw.get("efficiency", {}))
+    for key, default in OPTIONAL_EFFICIENCY_FIELDS.items():
+        eff[key] = _number(eff.get(key, default), f"efficiency.{key}", source)
     for key in EFFICIENCY_FIELDS:
         if key not in eff:
             raise PartitaError(f"hardware file {source}: missing efficiency.{key} ({EFFICIENCY_FIELDS[key]})")

@@ -171,6 +171,8 @@ def add_train_command(sub) -> None:
     prof = sub.add_parser("profile", help="run a plan under torch.profiler and compare with the prediction")
     _train_args(prof)
     prof.add_argument("--profile-dir", help="where the per-rank traces go (default: <run dir>/profile)")
+    prof.add_argument("--report", help="also write a self-contained HTML report (timeline + measured vs predicted; "
+                                       "needs plotly: partita[report])")
     prof.set_defaults(func=cmd_profile, steps=5)
 
 

@@ -90,10 +90,31 @@ def _start_profiler(args, device: torch.device, rank: int, steps: int):
         activities.append(ProfilerActivity.CUDA)
     out = Path(args.profile_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # on accelerators, record_shapes lets c10d record each collective's process group
+    # (record_param_comms "Process Group Ranks"); gloo records none (see _mark_process_groups)
     prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps - 1),
-                   on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
+                   record_shapes=device.type != "cpu", on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
     prof.start()
     return prof
+
+
+def _mark_process_groups(pm) -> None:
+    """Name the process groups' worker threads in the trace: gloo runs each group's
+    collectives on the group's own threads and records no group, so a few tiny
+    all-reduces per group inside a ``partita:group:<axis>`` annotation tie those threads
+    to the mesh axis (:func:`partita.profile.trace.analyze_trace` leaves the annotation's
+    time out of the step)."""
+    groups = [("world", dist.group.WORLD)]
+    for axis in ("pp", "dp", "cp", "tp"):
+        if pm.mesh[axis].size() > 1:
+            groups.append((axis, pm.mesh[axis].get_group()))
+    if pm.ep_group is not None:
+        groups.append(("ep", pm.ep_group))
+    buf = torch.zeros(1, device=pm.device)
+    for axis, group in groups:
+        with torch.profiler.record_function(f"partita:group:{axis}"):
+            for _ in range(4):  # gloo spreads work over its threads; touch each of them
+                dist.all_reduce(buf, group=group)
 
 
 def _write_profile_summary(profile_dir: str, rank: int, device: torch.device, times: list[float]) -> None:
@@ -257,6 +278,8 @@ def train(args: argparse.Namespace, device_type: str, rank: int, world: int) -> 
             save_checkpoint(pm, ckpt_dir, step, meta, keep=args.keep)
         if profiler is not None:
             profiler.step()
+            if step == start and step + 1 < args.steps:
+                _mark_process_groups(pm)  # inside the first recorded step
     if profiler is not None:
         profiler.stop()
         _write_profile_summary(args.profile_dir, rank, pm.device, times)
