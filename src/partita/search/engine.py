@@ -176,6 +176,9 @@ def _layouts(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int
                     mbs=mbs, gbs=global_batch, seq_len=seq_len, dtype=space.dtype,
                     schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **space.options)
         if pp * vpp > 1:
+            # layer split: even when possible, else the exact min-max split (vpp = 1; the
+            # last stage also carries the output layer) or Megatron's embedding-aware
+            # balanced split (vpp > 1)
             if vpp > 1:
                 split = None if model.layers % (pp * vpp) == 0 else balanced_split(model.layers, pp * vpp)
             else:
