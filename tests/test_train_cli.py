@@ -49,3 +49,14 @@ def test_crashing_rank_ends_the_job_with_its_error():
     assert proc.returncode != 0
     assert "injected crash on rank 1" in proc.stderr
     assert time.time() - t0 < 200
+
+
+def test_hung_job_is_stopped_with_a_clear_error():
+    # every rank stops making progress at step 2 (no collective fails, so no process-group
+    # timeout fires): the launcher's watchdog ends the job 2 x --timeout-s after step 1
+    t0 = time.time()
+    proc = train("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--steps", "4", "--timeout-s", "5",
+                 env={"PARTITA_HANG_STEP": "2"}, timeout=240)
+    assert proc.returncode == 1
+    assert "no training step finished in" in proc.stderr and "hung" in proc.stderr
+    assert time.time() - t0 < 90

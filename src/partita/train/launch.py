@@ -2,7 +2,8 @@
 
 Validation happens here, before any process group exists, so a bad plan costs one line,
 not a hung job. torchrun stops every rank when one fails; the workers' process groups
-carry a timeout so a lost peer ends in an error rather than a hang.
+carry a timeout so a lost peer ends in an error rather than a hang, and the launcher
+stops a job that logs no step for twice that timeout (:func:`run_watched`).
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 from ..errors import PartitaError
 from ..plan import Plan, check
@@ -100,8 +103,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.json and not getattr(args, "worker_stdout", None):
         print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
               f"{world} process(es); run dir {run_dir}", flush=True)
-    proc = subprocess.run(cmd, env=env, stdout=getattr(args, "worker_stdout", None) or sys.stdout,
-                          stderr=subprocess.PIPE, text=True)
+    returncode, stderr, stalled = run_watched(cmd, env, getattr(args, "worker_stdout", None) or sys.stdout,
+                                              Path(run_dir) / "metrics.jsonl", 2 * args.timeout_s)
+    if stalled:
+        print(f"partita: error: no training step finished in {stalled:.0f} s after the last one: the job is hung "
+              f"(a collective that never completes?) and was stopped; raise --timeout-s if steps are this slow",
+              file=sys.stderr)
+        return 1
+    proc = subprocess.CompletedProcess(cmd, returncode, stderr=stderr)
     for line in proc.stderr.splitlines():
         if line.startswith("partita: ") and "error" not in line:
             print(line, file=sys.stderr)  # resume / re-plan / skipped-checkpoint messages
@@ -111,6 +120,83 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(msg if msg.startswith("partita: error:") else f"partita: error: a rank failed: {msg}", file=sys.stderr)
         return 2 if "partita: error:" in msg else 1
     return 0
+
+
+def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float) -> tuple[int, str, float]:
+    """Run torchrun and stop it when training stalls: once a first step is logged (rank 0
+    appends to ``metrics``), a gap of ``stall_s`` seconds without another ends the job.
+    The per-group collective timeout cannot catch every hang (DTensor's functional
+    collectives wait outside it; a rank can spin). Returns (exit code, stderr, seconds
+    stalled or 0)."""
+    import signal
+    import threading
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    last_change, last_stat = None, None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            try:
+                stat = metrics.stat()
+                seen = (stat.st_size, stat.st_mtime_ns)
+            except FileNotFoundError:
+                continue
+            now = time.monotonic()
+            if seen != last_stat:
+                last_stat, last_change = seen, now
+            elif last_change is not None and now - last_change > stall_s:
+                _stop(proc)
+                reader.join(timeout=5)
+                return proc.returncode, "".join(chunks), now - last_change
+    except BaseException:  # Ctrl-C or SIGTERM to the launcher: take the workers down too
+        _stop(proc)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    reader.join(timeout=30)
+    return proc.returncode, "".join(chunks), 0.0
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM torchrun (it terminates its workers), then SIGKILL it and every process
+    below it that is still there - torchrun starts each worker in a session of its own."""
+    import signal
+    family = _descendants(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _checkpoint_plan(checkpoint_dir: str) -> str | None:
@@ -210,5 +296,6 @@ def _train_args(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="plain lines instead of a progress bar")
     p.add_argument("--device", help="cpu, cuda or npu (default: what the machine has)")
     p.add_argument("--run-dir", help="where the plan and logs go (default: a temp dir)")
-    p.add_argument("--timeout-s", type=int, default=300, help="collective timeout per process group")
+    p.add_argument("--timeout-s", type=int, default=300,
+                   help="collective timeout per process group; a run with no step for twice this long is stopped")
     p.add_argument("--json", action="store_true", help="one JSON object per step")

@@ -242,6 +242,8 @@ def train(args: argparse.Namespace, device_type: str, rank: int, world: int) -> 
             if os.environ.get("PARTITA_CRASH_SIGNAL") == "KILL":
                 os.kill(os.getpid(), 9)
             raise RuntimeError(f"injected crash on rank {rank}")
+        if os.environ.get("PARTITA_HANG_STEP") == str(step):  # fault injection: every rank stops making progress
+            time.sleep(3600)
         t0 = time.perf_counter()
         if dataset is not None:
             x, y = dataset.rank_batch(step, plan, rank)
