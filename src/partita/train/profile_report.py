@@ -58,7 +58,7 @@ def analyze_run(profile_dir: Path, args: argparse.Namespace, hardware: str) -> t
     from ..estimate import estimate
     from ..plan import Plan
     from ..profile.trace import analyze_trace
-    from ..spec.hardware import make_cluster
+    from ..spec.hardware import OPTIONAL_EFFICIENCY_FIELDS, make_cluster
     from ..spec.model import load_model
     plan = Plan.load(Path(args.run_dir) / "plan.json")
     ranks = []
@@ -81,12 +81,19 @@ def analyze_run(profile_dir: Path, args: argparse.Namespace, hardware: str) -> t
                       "memory": {k: v for k, v in summary.items() if k.startswith(("peak", "frag"))}})
     if not ranks:
         raise PartitaError(f"no traces in {profile_dir}")
-    est = estimate(load_model(args.model), make_cluster(hardware, plan.world_size), plan)
+    model = load_model(args.model)
+    est = estimate(model, make_cluster(hardware, plan.world_size), plan)
+    # the host-side framework time (DTensor, FSDP hooks) the cost model books under tp and
+    # ZeRO-3 runs as ops on the training thread, which a trace counts as compute
+    no_framework = {"efficiency": {k: 0.0 for k in OPTIONAL_EFFICIENCY_FIELDS}}
+    framework = est.step_time_s - estimate(model, make_cluster(hardware, plan.world_size, overrides=no_framework),
+                                           plan).step_time_s
     comm_parts = [k for k in est.time.parts if "communication" in k or "all-to-all" in k or "send" in k
                   or "sync" in k or "gather" in k]
     predicted = {"step_time_s": est.step_time_s,
-                 "compute_s": est.time.parts.get("compute", 0.0) + est.time.parts.get("recompute", 0.0),
-                 "exposed_communication_s": sum(est.time.parts[k] for k in comm_parts),
+                 "compute_s": est.time.parts.get("compute", 0.0) + est.time.parts.get("recompute", 0.0) + framework,
+                 "exposed_communication_s": max(sum(est.time.parts[k] for k in comm_parts) - framework, 0.0),
+                 "framework_s": framework,
                  "idle_s": est.time.parts.get("pipeline bubble", 0.0),
                  "peak_memory_gib": est.peak_memory_gib}
     overall = {k: statistics.mean(r[k] for r in ranks) for k in
