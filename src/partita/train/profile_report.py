@@ -152,5 +152,8 @@ def print_report(report: dict) -> None:
                        ("exposed_communication_s", "exposed communication"), ("idle_s", "idle / bubble")):
         c.add_row(label, ms(o[key]), ms(p[key]), f"{ratio[key]:.2f}" if key in ratio else "-")
     console.print(c)
+    if report["hardware"] == "cpu":
+        console.print("prediction on the uncalibrated 'cpu' device file: `partita calibrate --nproc N -o my-cpu.json`, "
+                      "then `--hardware my-cpu.json`, measures this machine at this process count")
     if report.get("html_report"):
         console.print(f"HTML report: {report['html_report']}")
