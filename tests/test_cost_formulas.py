@@ -91,3 +91,25 @@ def test_mesh_layout_tp_innermost_pp_outermost():
     assert group_span(p, "tp", 8) == (8, 1)
     assert group_span(p, "dp", 8) == (1, 4)
     assert group_span(Plan(dp=4, tp=2, gbs=4), "dp", 8) == (4, 1)
+
+
+def test_memo_keys_follow_content_not_identity():
+    """The cost model memoises per model and device; keys come from their content, so a
+    device with other parameters never reads a freed one's entries (ids are reused)."""
+    from partita.estimate import estimate
+    from partita.plan import Plan
+    from partita.spec.hardware import make_cluster
+    from partita.spec.model import load_model
+    plan = Plan(dp=2, tp=2, sp=True, gbs=8, seq_len=64, mbs=1, dtype="fp32")
+    model = load_model("tiny-llama")
+    base = make_cluster("cpu", 4)
+    assert make_cluster("cpu", 4).device.cache_key == base.device.cache_key
+    assert load_model("tiny-llama").cache_key == model.cache_key
+    times = []
+    for framework_us in (0.0, 1000.0, 0.0, 1000.0):  # new device objects each time, freed in between
+        cluster = make_cluster("cpu", 4, overrides={"efficiency": {"tp_framework_us_per_layer": framework_us}})
+        times.append(estimate(model, cluster, plan).step_time_s)
+        del cluster
+    assert times[0] == times[2] and times[1] == times[3]
+    # 4 layers x 4 micro-batches x 1 ms more with the framework term
+    assert times[1] - times[0] == pytest.approx(4 * 4 * 1e-3, rel=1e-9)

@@ -74,7 +74,7 @@ _CACHE = Memo()
 def _key(model: ModelSpec, device: Device, plan: Plan, what: str) -> tuple:
     """Layer costs depend on the shape fields below only, not on pp/vpp/zero/recompute;
     the search evaluates thousands of plans that share them."""
-    return (what, id(model), id(device), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.ep, plan.dtype)
+    return (what, model.cache_key, device.cache_key, plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.ep, plan.dtype)
 
 
 def layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:

@@ -81,7 +81,7 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool, recomput
     """Bytes one layer keeps for backward, per micro-batch, on one rank (memoised);
     ``recompute`` overrides the plan's mode without copying the plan."""
     mode = recompute or plan.recompute
-    key = (id(model), plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, mode, moe)
+    key = (model.cache_key, plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, mode, moe)
     return _ACT_CACHE.get(key, lambda: _activation_bytes_per_layer(
         model, plan if mode == plan.recompute else plan.with_(recompute=mode), moe))
 
@@ -165,7 +165,7 @@ _SHAPES: dict[tuple, tuple[RankShape, ...]] = {}
 def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
     """The :class:`RankShape` of every pipeline rank (memoised per model and split)."""
     split = plan.stage_layers(model.layers)
-    key = (id(model), plan.pp, split)
+    key = (model.cache_key, plan.pp, split)
     shapes = _SHAPES.get(key)
     if shapes is None:
         flags = model.moe_flags
@@ -182,7 +182,7 @@ _PARAMS = Memo()
 
 def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
     """(dense, expert) parameters of a rank of this shape (memoised)."""
-    return _PARAMS.get((id(model), shape, plan.tp, plan.ep, plan.pp > 1),
+    return _PARAMS.get((model.cache_key, shape, plan.tp, plan.ep, plan.pp > 1),
                        lambda: _compute_shape_params(model, plan, shape))
 
 
@@ -266,7 +266,7 @@ def _first_rank_of_each_shape(model: ModelSpec, plan: Plan) -> tuple[tuple[int, 
     """(rank, shape) for the first pipeline rank of each distinct shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
     rank (see :func:`.pipeline.in_flight_chunks`), so the first is the most loaded."""
-    key = (id(model), plan.pp, plan.stage_layers(model.layers))
+    key = (model.cache_key, plan.pp, plan.stage_layers(model.layers))
     firsts = _FIRSTS.get(key)
     if firsts is None:
         first: dict[RankShape, int] = {}
@@ -281,7 +281,7 @@ _FIRSTS: dict[tuple, tuple[tuple[int, RankShape], ...]] = {}
 
 def shape_counts(model: ModelSpec, plan: Plan) -> tuple[tuple[RankShape, int], ...]:
     """Each distinct rank shape with the number of pipeline ranks of that shape (memoised)."""
-    key = (id(model), plan.pp, plan.stage_layers(model.layers))
+    key = (model.cache_key, plan.pp, plan.stage_layers(model.layers))
     counts = _COUNTS.get(key)
     if counts is None:
         tally: dict[RankShape, int] = {}

@@ -110,7 +110,7 @@ def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[tuple[T
     virtual-stage count and ZeRO stage of a layout shares them (memoised on the plan
     fields they depend on)."""
     spans = _collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, cluster.devices_per_node)
-    key = (id(model), id(cluster.device), plan.tp, plan.cp, plan.ep, plan.pp > 1, plan.mbs, plan.seq_len, plan.sp,
+    key = (model.cache_key, cluster.device.cache_key, plan.tp, plan.cp, plan.ep, plan.pp > 1, plan.mbs, plan.seq_len, plan.sp,
            plan.dtype, plan.recompute, plan.tp_comm_overlap, spans)
     return _TERMS.get(key, lambda: _with_totals(_compute_stage_terms(model, cluster, plan, spans)))
 
@@ -206,7 +206,7 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     and reduce-scatter of its gradients, overlapped with the micro-batch's compute (incl.
     recompute) except for the first layer's, plus the host-side framework time per layer."""
     dpn = cluster.devices_per_node
-    key = (id(model), id(cluster.device), shape, plan.tp, plan.ep, plan.pp > 1, plan.dtype, plan.grad_dtype,
+    key = (model.cache_key, cluster.device.cache_key, shape, plan.tp, plan.ep, plan.pp > 1, plan.dtype, plan.grad_dtype,
            group_span(plan, "dp_cp", dpn), _expert_dp_span(plan, dpn))
     t = _TERMS.get(key, lambda: _zero3_traffic(model, cluster, plan, shape))
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped

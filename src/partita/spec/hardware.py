@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,12 @@ class Device:
     inter_latency_us: float
     efficiency: dict[str, float]
     source_file: str
+
+    @cached_property
+    def cache_key(self) -> int:
+        """A key for the cost model's memo tables, from the device's content (see
+        :attr:`partita.spec.model.ModelSpec.cache_key`)."""
+        return hash(repr(self))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (bf16, fp16, fp8, fp32)."""

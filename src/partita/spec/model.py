@@ -110,6 +110,13 @@ class ModelSpec:
         return bool(m) and i >= m.first_dense_layers and (i - m.first_dense_layers) % m.layer_freq == 0
 
     @cached_property
+    def cache_key(self) -> int:
+        """A key for the cost model's memo tables, from the spec's content: two equal
+        specs share entries, and a new spec never inherits another's (an ``id`` can be
+        reused once an object is freed)."""
+        return hash(repr(self))
+
+    @cached_property
     def moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
