@@ -1,4 +1,4 @@
-"""Trace analysis against hand-computed cases, a real GPU trace and a CPU (gloo) trace."""
+"""Trace analysis against hand-computed cases, a real GPU trace and a CPU (gloo) trace; `partita profile` and `partita calibrate` end to end."""
 import json
 import os
 import subprocess
@@ -157,3 +157,30 @@ def test_gpu_trace_communication_by_process_group():
     b = analyze_trace(TRACES / "ddp_2gpu_rank0.json.gz")
     assert list(b.by_group_us) == ["0,1"]
     assert b.by_group_us["0,1"] == pytest.approx(b.communication_us)
+
+
+def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
+    """`partita calibrate` on 2 gloo processes: the file extends the base device, its
+    fitted fields are physical, the framework terms were measured, and the planner
+    predicts with it."""
+    pytest.importorskip("torch")
+    from partita.estimate import estimate
+    from partita.plan import Plan
+    from partita.spec.hardware import load_device, make_cluster
+    from partita.spec.model import load_model
+    out = tmp_path / "my-cpu.json"
+    proc = subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["extends"] == "cpu" and data["calibration"]["world"] == 2
+    framework = data["calibration"]["framework"]
+    assert framework["tp_s"] > 0 and framework["fsdp_s"] > 0 and framework["plain_s"] > 0
+    device = load_device(str(out))
+    assert 0 < device.efficiency["gemm"] <= 1 and device.intra_gbps > 0 and device.hbm_tbps > 0
+    # DTensor TP costs more host time than the plain model on a CPU: the term is measured, not defaulted
+    assert device.efficiency["tp_framework_us_per_layer"] > 0
+    assert device.efficiency["zero3_framework_us_per_layer"] >= 0
+    plan = Plan(tp=2, sp=True, gbs=4, mbs=1, seq_len=64, dtype="fp32")
+    est = estimate(load_model("tiny-llama"), make_cluster(str(out), 2), plan)
+    assert 0 < est.step_time_s < 60 and est.time.parts["tp communication"] > 0
