@@ -2,7 +2,7 @@
 search space, and the searched best plan is predicted at least as fast as it."""
 from partita.estimate import estimate
 from partita.search import SearchSpace, search_plans
-from partita.search.engine import _structures
+from partita.search.layouts import structures as layout_structures
 from partita.validation.published import load_cases
 
 
@@ -12,7 +12,7 @@ def test_published_layouts_reachable_and_not_beaten(published_csv):
     for case in cases:
         p = case.plan
         space = SearchSpace(dtype=p.dtype, options=dict(grad_dtype=p.grad_dtype, tp_comm_overlap=p.tp_comm_overlap))
-        structures = set(_structures(case.model, case.cluster, p.gbs, p.seq_len, space, True))
+        structures = set(layout_structures(case.model, case.cluster, p.gbs, p.seq_len, space, True))
         assert (p.tp, p.cp, p.pp, p.dp, p.ep, p.mbs, p.vpp) in structures, f"{case.source} {case.name}: {p.summary()}"
         key = (case.model.name, case.cluster.device.name, case.cluster.world_size, p.gbs, p.seq_len, p.dtype,
                p.grad_dtype, p.tp_comm_overlap)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..estimate import Estimate
-from .engine import EXPLAINED_KNOBS as KNOBS
+from .layouts import EXPLAINED_KNOBS as KNOBS
 from .engine import Attempt, SearchResult, nearest_values
 
 
