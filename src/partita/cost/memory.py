@@ -262,36 +262,23 @@ def _static_parts(model: ModelSpec, device: Device, plan: Plan, shape: RankShape
     return parts, _activations_per_chunk(model, plan, shape)
 
 
-def _first_rank_of_each_shape(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape], ...]:
-    """(rank, shape) for the first pipeline rank of each distinct shape (memoised). Ranks
+def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape, int], ...]:
+    """(first rank, shape, number of ranks) for each distinct rank shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
     rank (see :func:`.pipeline.in_flight_chunks`), so the first is the most loaded."""
     key = (model.cache_key, plan.pp, plan.stage_layers(model.layers))
-    firsts = _FIRSTS.get(key)
-    if firsts is None:
+    found = _DISTINCT.get(key)
+    if found is None:
         first: dict[RankShape, int] = {}
+        count: dict[RankShape, int] = {}
         for r, shape in enumerate(rank_shapes(model, plan)):
             first.setdefault(shape, r)
-        firsts = _FIRSTS[key] = tuple((r, shape) for shape, r in first.items())
-    return firsts
+            count[shape] = count.get(shape, 0) + 1
+        found = _DISTINCT[key] = tuple((r, shape, count[shape]) for shape, r in first.items())
+    return found
 
 
-_FIRSTS: dict[tuple, tuple[tuple[int, RankShape], ...]] = {}
-
-
-def shape_counts(model: ModelSpec, plan: Plan) -> tuple[tuple[RankShape, int], ...]:
-    """Each distinct rank shape with the number of pipeline ranks of that shape (memoised)."""
-    key = (model.cache_key, plan.pp, plan.stage_layers(model.layers))
-    counts = _COUNTS.get(key)
-    if counts is None:
-        tally: dict[RankShape, int] = {}
-        for shape in rank_shapes(model, plan):
-            tally[shape] = tally.get(shape, 0) + 1
-        counts = _COUNTS[key] = tuple(tally.items())
-    return counts
-
-
-_COUNTS: dict[tuple, tuple[tuple[RankShape, int], ...]] = {}
+_DISTINCT: dict[tuple, tuple[tuple[int, RankShape, int], ...]] = {}
 
 
 def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
@@ -308,7 +295,7 @@ def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
     dense_shard = plan.dp * plan.cp
     expert_shard = max(1, dense_shard * plan.tp // plan.ep)
     out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
-    for r, shape in _first_rank_of_each_shape(model, plan):
+    for r, shape, _ in distinct_shapes(model, plan):
         dense, expert = _shape_params(model, plan, shape)
         fixed = {}
         for z in zeros:
@@ -357,7 +344,7 @@ def peak_memory(model: ModelSpec, device: Device, plan: Plan) -> tuple[float, in
     best, best_rank = -1.0, 0
     frag = 1 + device.allocator_fragmentation
     runtime = device.runtime_reserved_gib * GIB
-    for r, shape in _first_rank_of_each_shape(model, plan):
+    for r, shape, _ in distinct_shapes(model, plan):
         parts, per_chunk = _static_parts(model, device, plan, shape)
         static = sum(parts.values())
         chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)

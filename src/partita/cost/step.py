@@ -41,7 +41,7 @@ from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
 from .memo import Memo
-from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes, shape_counts
+from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes, distinct_shapes
 from .pipeline import pipeline_time, pipeline_time_of
 
 
@@ -236,7 +236,7 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     already found."""
     _, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan)
     total = slowest = 0.0
-    for shape, count in shape_counts(model, plan):
+    for _, shape, count in distinct_shapes(model, plan):
         t = (shape.n_layers - shape.n_moe) * dense + shape.n_moe * moe + shape.first * emb + shape.last * out + const
         if plan.zero >= 3:
             terms = _shape_terms(model, cluster, plan, shape)

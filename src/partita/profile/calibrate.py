@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -164,12 +163,8 @@ def framework_overheads(m: dict, device_file: dict) -> dict[str, float]:
     from ..spec.model import load_model
     f, world = m["framework"], m["world"]
     model = load_model(f["model"])
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as tmp:
-        json.dump(device_file, tmp)
-    try:
-        device = load_device(tmp.name)
-    finally:
-        os.unlink(tmp.name)
+    # the file extends its base: the same device is the base with the file's fields on top
+    device = load_device(device_file["extends"], overrides={k: v for k, v in device_file.items() if k != "extends"})
     cluster = Cluster(device=device, nodes=1, devices_per_node=max(world, 1))
     common = {"mbs": 1, "seq_len": f["seq_len"], "dtype": m["dtype"]}
 

@@ -81,12 +81,17 @@ def comparison_figures(report: dict):
     return table, bars
 
 
-def write_html_report(report: dict, timelines: dict[int, dict[str, list[Interval]]], path: str | Path) -> Path:
-    """Write the page; plotly.js goes in once, inline."""
+def require_plotly() -> None:
+    """The one-line error for a missing optional dependency, before any work is done."""
     try:
         import plotly  # noqa: F401
     except ImportError:
         raise PartitaError("--report needs plotly: pip install 'partita[report]'") from None
+
+
+def write_html_report(report: dict, timelines: dict[int, dict[str, list[Interval]]], path: str | Path) -> Path:
+    """Write the page; plotly.js goes in once, inline."""
+    require_plotly()
     figures = [timeline_figure(timelines), *comparison_figures(report)]
     body = "\n".join(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"partita-fig-{i}")
                      for i, fig in enumerate(figures))

@@ -187,20 +187,6 @@ def _marked_thread_axes(events: list[dict]) -> tuple[dict[tuple, str], list[Inte
     return threads, [(float(m["ts"]), float(m["ts"]) + float(m["dur"])) for m in markers]
 
 
-def _calling_thread_group(event: dict, params: list[dict]) -> str | None:
-    """Group of a collective call on the training thread: its own arguments, or those of
-    the ``record_param_comms`` nested in it (or around it) on the same thread."""
-    own = _group_of(event)
-    if own:
-        return own
-    start, end = event["ts"], event["ts"] + event["dur"]
-    for p in params:
-        if (p.get("pid"), p.get("tid")) == (event.get("pid"), event.get("tid")) and \
-                (start <= p["ts"] <= end or p["ts"] <= start <= p["ts"] + p["dur"]):
-            return _group_of(p)
-    return None
-
-
 def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
     """Compute/communication/overlap split of one rank's trace."""
     if not isinstance(trace, dict):
@@ -243,7 +229,6 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
         cpu = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation") or str(e.get("name", "")).startswith("gloo:")]
         comm_events = [e for e in cpu if CPU_COMM.search(str(e.get("name", "")))]
         comm_threads = {(e.get("pid"), e.get("tid")) for e in comm_events if str(e["name"]).startswith("gloo:")}
-        params = [e for e in comm_events if e.get("name") == "record_param_comms"]
         thread_axis, markers = _marked_thread_axes(events)
         for e in comm_events:
             iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
@@ -252,9 +237,6 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
             thread = (e.get("pid"), e.get("tid"))
             if thread in thread_axis:
                 by_axis.setdefault(thread_axis[thread], []).append(iv)
-            group = _calling_thread_group(e, params) if thread not in comm_threads else None
-            if group:
-                by_group.setdefault(group, []).append(iv)
         for e in cpu:
             if e.get("cat") != "cpu_op" or CPU_COMM.search(str(e.get("name", ""))):
                 continue
@@ -265,8 +247,7 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
         window = steps if steps else ([(min(a for a, _ in spans), max(b for _, b in spans))] if spans else [(0.0, 0.0)])
         window = subtract(window, markers) if markers else window
     compute_u, comm_u, memory_u = clip(compute, window), clip(comm, window), clip(memory, window)
-    comm_only = [iv for iv in comm_u]
-    overlapped = length(intersect(compute_u, comm_only))
+    overlapped = length(intersect(compute_u, comm_u))
     busy = length(union(compute_u + comm_u + memory_u))
     win = length(union(window))
     by_kind_u = {k: clip(v, window) for k, v in sorted(by_kind.items())}

@@ -110,13 +110,12 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"(a collective that never completes?) and was stopped; raise --timeout-s if steps are this slow",
               file=sys.stderr)
         return 1
-    proc = subprocess.CompletedProcess(cmd, returncode, stderr=stderr)
-    for line in proc.stderr.splitlines():
+    for line in stderr.splitlines():
         if line.startswith("partita: ") and "error" not in line:
             print(line, file=sys.stderr)  # resume / re-plan / skipped-checkpoint messages
-    if proc.returncode:
+    if returncode:
         # show the worker's own error line(s), not torchrun's wrapper traceback
-        msg = root_cause(proc.stderr)
+        msg = root_cause(stderr)
         print(msg if msg.startswith("partita: error:") else f"partita: error: a rank failed: {msg}", file=sys.stderr)
         return 2 if "partita: error:" in msg else 1
     return 0

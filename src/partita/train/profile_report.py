@@ -30,10 +30,8 @@ def run_profile(args: argparse.Namespace, cmd_train) -> int:
     if args.steps < 3:
         raise PartitaError("partita profile needs --steps >= 3 (the first step is a warm-up)")
     if args.report:
-        try:
-            import plotly  # noqa: F401
-        except ImportError:
-            raise PartitaError("--report needs plotly: pip install 'partita[report]'") from None
+        from ..profile.html_report import require_plotly
+        require_plotly()
     hardware = args.hardware or "cpu"
     args.hardware = None  # the worker needs no prediction flags; we print it here
     quiet = args.json
