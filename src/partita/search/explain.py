@@ -7,7 +7,10 @@ from .engine import Attempt, SearchResult, nearest_values
 
 
 def _biggest_increase(alt: Estimate, best: Estimate) -> str:
-    diffs = {k: alt.time.parts.get(k, 0.0) - best.time.parts.get(k, 0.0) for k in set(alt.time.parts) | set(best.time.parts)}
+    # parts in a fixed order (the alternative's, then the best plan's others), so that ties
+    # resolve the same way in every process (a set's order depends on the string hash seed)
+    keys = list(dict.fromkeys([*alt.time.parts, *best.time.parts]))
+    diffs = {k: alt.time.parts.get(k, 0.0) - best.time.parts.get(k, 0.0) for k in keys}
     key = max(diffs, key=lambda k: diffs[k])
     share = alt.time.parts.get(key, 0.0) / alt.step_time_s
     return f"{key} {share:.0%} of its step"

@@ -1,0 +1,46 @@
+"""Every estimate and search result of a fixed set is bit-identical to the recorded one.
+
+The golden file (tests/data/golden_estimates.json, written by
+``python bench/golden_estimates.py``) holds ~50 estimates over dense / MoE / MLA presets
+and every knob, on Ascend, NVIDIA, AMD and CPU devices, and the top 8 plans plus the
+"why not" lines of the search benchmark scenarios. Refactors of the cost model and the
+search must keep every float equal (``==``, not approx); a change meant to move numbers
+regenerates the file in the same commit (``--check`` prints what moved).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("golden_estimates", ROOT / "bench" / "golden_estimates.py")
+golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(golden)  # type: ignore[union-attr]
+
+DATA = json.loads(golden.GOLDEN.read_text())
+
+
+def test_golden_file_covers_the_recorded_cases():
+    assert [e["case"] for e in DATA["estimates"]] == golden._normalise([list(c) for c in golden.ESTIMATE_CASES])
+    assert len(DATA["estimates"]) >= 40 and len(DATA["searches"]) == len(golden.SEARCH_CASES) + len(golden.SEARCH_EXTRA)
+
+
+@pytest.mark.parametrize("index", range(len(DATA["estimates"])))
+def test_estimate_is_bit_identical(index):
+    entry = DATA["estimates"][index]
+    model, hardware, devices, fields = entry["case"]
+    got = golden._normalise(golden.record_estimate(model, hardware, devices, fields))
+    assert golden.diff(entry["result"], got) == []
+    assert got == entry["result"]
+
+
+@pytest.mark.parametrize("index", range(len(DATA["searches"])))
+def test_search_is_bit_identical(index):
+    entry = DATA["searches"][index]
+    model, hardware, devices, gbs, seq, fields = entry["case"]
+    got = golden._normalise(golden.record_search(model, hardware, devices, gbs, seq, fields))
+    assert golden.diff(entry["result"], got) == []
+    assert got == entry["result"]
