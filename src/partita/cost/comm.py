@@ -34,14 +34,14 @@ from ..spec.hardware import Device
 
 def intra_bandwidth(device: Device, g: int) -> float:
     """Achievable per-rank bytes/s inside a node for a group of ``g`` members."""
-    eff = device.efficiency["intra_node_comm"]
+    eff = device.efficiency.intra_node_comm
     if device.intra_topology == "full-mesh":
         return min(device.peer_gbps * max(g - 1, 1), device.intra_gbps) * 1e9 * eff
     return device.intra_gbps * 1e9 * eff
 
 
 def inter_bandwidth(device: Device) -> float:
-    return device.inter_gbps * 1e9 * device.efficiency["inter_node_comm"]
+    return device.inter_gbps * 1e9 * device.efficiency.inter_node_comm
 
 
 def _latency(device: Device, g: int, k: int, steps_factor: float) -> float:
@@ -86,7 +86,7 @@ def all_to_all(device: Device, size: float, g: int, k: int) -> float:
     if n <= 1 or size <= 0:
         return 0.0
     if device.intra_topology == "full-mesh" and g > 1:
-        t_intra = (size / n) / (device.peer_gbps * 1e9 * device.efficiency["intra_node_comm"])
+        t_intra = (size / n) / (device.peer_gbps * 1e9 * device.efficiency.intra_node_comm)
     else:
         t_intra = (g - 1) / n * size / intra_bandwidth(device, g) if g > 1 else 0.0
     t_inter = (n - g) / n * size / inter_bandwidth(device) if k > 1 else 0.0
@@ -101,4 +101,4 @@ def send_recv(device: Device, size: float, crosses_nodes: bool) -> float:
     if crosses_nodes:
         return size / inter_bandwidth(device) + device.inter_latency_us * 1e-6
     bw = (device.peer_gbps if device.intra_topology == "full-mesh" else device.intra_gbps) * 1e9
-    return size / (bw * device.efficiency["intra_node_comm"]) + device.intra_latency_us * 1e-6
+    return size / (bw * device.efficiency.intra_node_comm) + device.intra_latency_us * 1e-6

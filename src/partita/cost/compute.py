@@ -61,10 +61,10 @@ def gemm_time(device: Device, flops: float, dtype: str, count: int = 1) -> float
     """Seconds for ``count`` equal GEMMs totalling ``flops`` FLOPs."""
     if flops <= 0:
         return 0.0
-    eff = device.efficiency["gemm_fp8" if dtype == "fp8" else "gemm"]
+    eff = device.efficiency.gemm_fp8 if dtype == "fp8" else device.efficiency.gemm
     peak = device.peak_flops("fp8" if dtype == "fp8" else dtype)
     size_gflop = flops / count / 1e9
-    eff *= size_gflop / (size_gflop + device.efficiency["gemm_half_gflop"])
+    eff *= size_gflop / (size_gflop + device.efficiency.gemm_half_gflop)
     return flops / (peak * eff)
 
 
@@ -110,7 +110,7 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
     attn_flops = 2 * tokens * s_ctx * (model.heads / tp) * (d_qk + d_v)
     cost.attn_flops += attn_flops
     attn_dtype = "bf16" if dtype == "fp8" else dtype
-    cost.attn_time += attn_flops / (device.peak_flops(attn_dtype) * device.efficiency["attention"])
+    cost.attn_time += attn_flops / (device.peak_flops(attn_dtype) * device.efficiency.attention)
 
     # ---- MLP / experts
     mats = 3 if model.gated else 2
@@ -143,8 +143,8 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
     rope = 2 * (model.q_dim + model.kv_dim) / tp if model.position == "rope" else 0.0
     act = (3 if model.gated else 2) * ffn_width
     elem_bytes = tokens * e * (outside / outside_div + rope + act) + permute_bytes
-    cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency["memory_bandwidth"])
-    cost.overhead_time += device.efficiency["kernel_overhead_us_per_layer"] * 1e-6
+    cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
+    cost.overhead_time += device.efficiency.kernel_overhead_us_per_layer * 1e-6
     return cost
 
 
@@ -163,7 +163,7 @@ def output_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
     cost = LayerCost(gemm_flops=flops, gemm_time=gemm_time(device, flops, "bf16" if plan.dtype == "fp8" else plan.dtype))
     # softmax cross-entropy in fp32 over the vocab shard: read logits, write probs, read again for the loss
     ce_bytes = tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 3 * 4)
-    cost.elementwise_time = ce_bytes / (device.hbm_tbps * 1e12 * device.efficiency["memory_bandwidth"])
+    cost.elementwise_time = ce_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
     return cost
 
 
@@ -172,4 +172,4 @@ def embedding_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost
     """Embedding lookup on the first stage: a gather, bandwidth-bound."""
     tokens = plan.mbs * plan.seq_len / plan.cp
     nbytes = 2 * tokens * model.hidden * BYTES[plan.dtype]
-    return LayerCost(elementwise_time=nbytes / (device.hbm_tbps * 1e12 * device.efficiency["memory_bandwidth"]))
+    return LayerCost(elementwise_time=nbytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth))

@@ -143,9 +143,9 @@ def _compute_stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan, spans) 
     if plan.tp > 1:
         tp_coll = comm.all_reduce(dev, tokens * model.hidden * e, tg, tk)
         if plan.tp_comm_overlap:
-            tp_coll *= 1 - dev.efficiency["tp_overlap"]
+            tp_coll *= 1 - dev.efficiency.tp_overlap
         # host-side DTensor work per layer (forward + backward; full recompute repeats the forward)
-        tp_framework = dev.efficiency["tp_framework_us_per_layer"] * 1e-6 * (1 + rc_full / 3)
+        tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6 * (1 + rc_full / 3)
     # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
     # dense and MoE layers)
     cp_pass = 0.0
@@ -210,7 +210,7 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
            group_span(plan, "dp_cp", dpn), _expert_dp_span(plan, dpn))
     t = _TERMS.get(key, lambda: _zero3_traffic(model, cluster, plan, shape))
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
-    framework = shape.n_layers * cluster.device.efficiency["zero3_framework_us_per_layer"] * 1e-6
+    framework = shape.n_layers * cluster.device.efficiency.zero3_framework_us_per_layer * 1e-6
     return max(0.0, t - compute) + t / max(shape.n_layers, 1) + framework
 
 
@@ -309,7 +309,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         shard_dense = dense / (plan.dp * plan.cp) if plan.zero >= 1 else dense
         shard_expert = expert / max(1, plan.dp * plan.cp * plan.tp // plan.ep) if plan.zero >= 1 else expert
         opt_bytes = 34 * (shard_dense + shard_expert)
-        worst_opt = max(worst_opt, opt_bytes / (dev.hbm_tbps * 1e12 * dev.efficiency["memory_bandwidth"]))
+        worst_opt = max(worst_opt, opt_bytes / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth))
     parts["dp gradient sync"] = worst_dp
     parts["optimizer step"] = worst_opt
     if model.tied_embeddings and plan.pp > 1:

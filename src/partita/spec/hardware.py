@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,57 @@ OPTIONAL_EFFICIENCY_FIELDS = {
 }
 
 
+#: Provenance of an optional field no file sets.
+DEFAULT_PROVENANCE = ("default: 0 - on an accelerator the host-side framework work runs ahead of the "
+                      "device and hides behind kernels; `partita calibrate` measures it where it does not")
+#: The provenance kinds a device file's ``efficiency_provenance`` entries start with.
+PROVENANCE_KINDS = ("fitted", "measured", "vendor", "scaled", "assumed", "default", "override")
+
+
+@dataclass(frozen=True)
+class Efficiency(Mapping):
+    """Achievable-efficiency parameters of a device, each with where its number comes from.
+
+    A frozen record (the cost model reads ``device.efficiency.gemm``); it is also a
+    read-only mapping, so ``device.efficiency["gemm"]`` and ``dict(device.efficiency)``
+    keep working. ``provenance`` holds one line per field: its kind (one of
+    :data:`PROVENANCE_KINDS`) and its source - fitted on which data, measured by
+    ``partita calibrate``, a vendor figure, assumed, or the default. See
+    :data:`EFFICIENCY_FIELDS` for each field's meaning.
+    """
+
+    gemm: float
+    gemm_fp8: float
+    attention: float
+    memory_bandwidth: float
+    intra_node_comm: float
+    inter_node_comm: float
+    gemm_half_gflop: float
+    kernel_overhead_us_per_layer: float
+    tp_overlap: float
+    tp_framework_us_per_layer: float = 0.0
+    zero3_framework_us_per_layer: float = 0.0
+    provenance: tuple[tuple[str, str], ...] = ()  # (field, "kind: source"), in field order
+
+    def __getitem__(self, key: str) -> float:
+        if key not in _EFFICIENCY_NAMES:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_EFFICIENCY_NAMES)
+
+    def __len__(self) -> int:
+        return len(_EFFICIENCY_NAMES)
+
+    def source(self, key: str) -> str:
+        """Where the value of ``key`` comes from ("kind: source")."""
+        return dict(self.provenance).get(key, "assumed: no source recorded")
+
+
+_EFFICIENCY_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Efficiency) if f.name != "provenance")
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator and the node it sits in, with achievable-efficiency parameters."""
@@ -70,7 +122,7 @@ class Device:
     inter_link: str
     inter_gbps: float  # per device NIC, per direction
     inter_latency_us: float
-    efficiency: dict[str, float]
+    efficiency: Efficiency
     source_file: str
 
     @cached_property
@@ -91,7 +143,10 @@ class Device:
         return bool(self.peak_tflops.get(dtype))
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k != "cache_key"}
+        out["efficiency"] = dict(self.efficiency)
+        out["efficiency_provenance"] = dict(self.efficiency.provenance)
+        return out
 
 
 @dataclass(frozen=True)
@@ -173,12 +228,31 @@ def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, s
             raise unknown_name("hardware", name_or_path, builtin_devices() + list(_alias_index()))
         path = _builtin_files()[stem]
         raw = _read_json(path)
+    raw = dict(raw, efficiency_provenance=_own_provenance(raw, path))
     parent = raw.get("extends")
     if parent:
         base, _ = _resolve_raw(parent, seen + (name_or_path,))
         base.pop("aliases", None)
         raw = _deep_merge(base, {k: v for k, v in raw.items() if k != "extends"})
     return raw, str(path)
+
+
+def _own_provenance(raw: dict, path: Path) -> dict[str, str]:
+    """Provenance of the efficiency fields this file itself sets: its own
+    ``efficiency_provenance`` entry, else "measured" for a file `partita calibrate` wrote
+    (it carries the raw measurements as a ``calibration`` object), else "assumed"."""
+    given = raw.get("efficiency_provenance", {})
+    if not isinstance(given, dict):
+        raise PartitaError(f"hardware file {path}: efficiency_provenance must map efficiency fields to sources")
+    calibrated = isinstance(raw.get("calibration"), dict)
+    out = {}
+    for key in raw.get("efficiency", {}) or {}:
+        text = given.get(key)
+        if text is None:
+            text = (f"measured: partita calibrate ({path.name})" if calibrated
+                    else f"assumed: {path.name} gives no source for it")
+        out[key] = str(text)
+    return out
 
 
 def _get(raw: dict, section: str, key: str, source: str, default: Any = None) -> Any:
@@ -218,13 +292,9 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
     raw, source = _resolve_raw(name_or_path)
     if overrides:
         raw = _deep_merge(raw, overrides)
-    eff = dict(raw.get("efficiency", {}))
-    for key, default in OPTIONAL_EFFICIENCY_FIELDS.items():
-        eff[key] = _number(eff.get(key, default), f"efficiency.{key}", source)
-    for key in EFFICIENCY_FIELDS:
-        if key not in eff:
-            raise PartitaError(f"hardware file {source}: missing efficiency.{key} ({EFFICIENCY_FIELDS[key]})")
-        eff[key] = _number(eff[key], f"efficiency.{key}", source)
+        for key in (overrides.get("efficiency") or {}):
+            raw["efficiency_provenance"][key] = "override: set when loading (--set efficiency.%s=...)" % key
+    efficiency = _efficiency(raw, source)
     peaks = raw.get("peak_tflops")
     if not isinstance(peaks, dict) or not any(peaks.values()):
         raise PartitaError(f"hardware file {source}: peak_tflops must map dtypes to TFLOPS, e.g. {{\"bf16\": 989}}")
@@ -254,9 +324,27 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
         inter_link=str(raw.get("inter_node", {}).get("link", "network")),
         inter_gbps=_number(_get(raw, "inter_node", "gbps_per_direction", source), "inter_node.gbps_per_direction", source),
         inter_latency_us=_number(raw.get("inter_node", {}).get("latency_us", 20), "inter_node.latency_us", source),
-        efficiency=eff,
+        efficiency=efficiency,
         source_file=source,
     )
+
+
+def _efficiency(raw: dict, source: str) -> Efficiency:
+    """The efficiency record of a merged device dict: every required field, the optional
+    ones with their defaults, and each field's provenance."""
+    eff = dict(raw.get("efficiency", {}))
+    given = raw.get("efficiency_provenance", {})
+    values: dict[str, float] = {}
+    provenance: dict[str, str] = {}
+    for key in EFFICIENCY_FIELDS:
+        if key not in eff:
+            raise PartitaError(f"hardware file {source}: missing efficiency.{key} ({EFFICIENCY_FIELDS[key]})")
+        values[key] = _number(eff[key], f"efficiency.{key}", source)
+        provenance[key] = given.get(key, "assumed: no source recorded")
+    for key, default in OPTIONAL_EFFICIENCY_FIELDS.items():
+        values[key] = _number(eff.get(key, default), f"efficiency.{key}", source)
+        provenance[key] = given.get(key, DEFAULT_PROVENANCE) if key in eff else DEFAULT_PROVENANCE
+    return Efficiency(**values, provenance=tuple((k, provenance[k]) for k in _EFFICIENCY_NAMES))
 
 
 def make_cluster(hardware: str, devices: int | None = None, devices_per_node: int | None = None,
