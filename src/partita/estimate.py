@@ -7,11 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .cost.memory import GIB, RankMemory, estimate_memory
+from .cost.memory import GIB, RankMemory, estimate_memory, fits, memory_limit_gib
 from .cost.step import StepTime, estimate_step_time
 from .plan import Plan, check, normalise
 from .spec.hardware import Cluster
 from .spec.model import ModelSpec
+
+
+#: Fraction of usable memory `partita estimate` keeps free when it says whether a plan
+#: fits: none - it reports against the device's whole usable memory (the search keeps
+#: SearchSpace.memory_headroom free).
+ESTIMATE_HEADROOM = 0.0
 
 
 @dataclass
@@ -23,6 +29,9 @@ class Estimate:
     plan: Plan
     time: StepTime
     _memory: list[RankMemory] | None = None
+    #: the memory it must fit in (GiB); None: the device's whole usable memory (headroom 0).
+    #: The search sets its own limit (headroom and cap) on the plans it returns.
+    memory_limit: float | None = None
 
     @property
     def memory(self) -> list[RankMemory]:
@@ -65,8 +74,12 @@ class Estimate:
         return self.model_tflops_per_device * 1e12 / self.cluster.device.peak_flops(dtype)
 
     @property
+    def memory_limit_gib(self) -> float:
+        return memory_limit_gib(self.cluster.device, ESTIMATE_HEADROOM) if self.memory_limit is None else self.memory_limit
+
+    @property
     def fits(self) -> bool:
-        return self.peak_memory_gib <= self.cluster.device.usable_gib
+        return fits(self.peak_rank.total, self.memory_limit_gib)
 
     def run_days(self, tokens: float) -> float:
         return tokens / self.plan.tokens_per_step * self.step_time_s / 86400

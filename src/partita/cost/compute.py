@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
-from .memo import Memo
+from .memo import memoised
+from .shape import LayerShape
 
 BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}  # activation bytes; fp8 keeps bf16 activations
+FP32_BYTES = 4
 
 
 @dataclass
@@ -68,24 +69,19 @@ def gemm_time(device: Device, flops: float, dtype: str, count: int = 1) -> float
     return flops / (peak * eff)
 
 
-_CACHE = Memo()
+@memoised
+def layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool) -> LayerCost:
+    """Forward cost of one layer (dense or MoE) for one micro-batch on one rank.
+
+    The shape holds the fields it depends on (not pp/vpp/zero/recompute), so the search's
+    plans that share it share the value."""
+    return _layer_forward(model, device, shape, moe)
 
 
-def _key(model: ModelSpec, device: Device, plan: Plan, what: str) -> tuple:
-    """Layer costs depend on the shape fields below only, not on pp/vpp/zero/recompute;
-    the search evaluates thousands of plans that share them."""
-    return (what, model.cache_key, device.cache_key, plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.ep, plan.dtype)
-
-
-def layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
-    """Forward cost of one layer (dense or MoE) for one micro-batch on one rank (memoised)."""
-    return _CACHE.get(_key(model, device, plan, f"layer{moe}"), lambda: _layer_forward(model, device, plan, moe))
-
-
-def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> LayerCost:
-    tp, cp = plan.tp, plan.cp
-    tokens = plan.mbs * plan.seq_len / cp  # tokens this rank's GEMMs see (SP gathers them back)
-    h, dtype = model.hidden, plan.dtype
+def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool) -> LayerCost:
+    tp = shape.tp
+    tokens = shape.tokens  # tokens this rank's GEMMs see (SP gathers them back)
+    h, dtype = model.hidden, shape.dtype
     e = BYTES[dtype]
     cost = LayerCost()
 
@@ -105,7 +101,7 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
     cost.gemm_time += gemm_time(device, attn_proj_flops, dtype, n_gemms)
 
     # ---- attention core (flash attention, causal: half the score matrix)
-    s_ctx = (plan.seq_len + 1) / 2
+    s_ctx = (shape.seq_len + 1) / 2
     d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
     attn_flops = 2 * tokens * s_ctx * (model.heads / tp) * (d_qk + d_v)
     cost.attn_flops += attn_flops
@@ -118,7 +114,7 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
         mo = model.moe
         router = 2 * tokens * h * mo.num_experts / tp
         routed_tokens = tokens * mo.top_k / tp  # SP: the tp ranks route disjoint token slices
-        local_experts = mo.num_experts / plan.ep
+        local_experts = mo.num_experts / shape.ep
         routed = 2 * routed_tokens * mats * h * mo.expert_ffn_hidden
         shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp
         cost.gemm_flops += router + routed + shared
@@ -139,7 +135,7 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
     #   RoPE on q and k: read + write (q + kv); activation: read 2f write f (gated) or read f write f
     #   dropout (GPT): 2 x (read h, write h, write 1-byte mask)
     outside = 10 * h + (5 * h if model.dropout else 0)
-    outside_div = tp if plan.sp else 1
+    outside_div = tp if shape.sp else 1
     rope = 2 * (model.q_dim + model.kv_dim) / tp if model.position == "rope" else 0.0
     act = (3 if model.gated else 2) * ffn_width
     elem_bytes = tokens * e * (outside / outside_div + rope + act) + permute_bytes
@@ -148,28 +144,20 @@ def _layer_forward(model: ModelSpec, device: Device, plan: Plan, moe: bool) -> L
     return cost
 
 
-def _memoised(fn):
-    def wrapper(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
-        return _CACHE.get(_key(model, device, plan, fn.__name__), lambda: fn(model, device, plan))
-    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
-    return wrapper
-
-
-@_memoised
-def output_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
+@memoised
+def output_forward(model: ModelSpec, device: Device, shape: LayerShape) -> LayerCost:
     """Final norm, output projection and cross-entropy for one micro-batch on the last stage."""
-    tokens = plan.mbs * plan.seq_len / plan.cp
-    flops = 2 * tokens * model.hidden * model.vocab / plan.tp
-    cost = LayerCost(gemm_flops=flops, gemm_time=gemm_time(device, flops, "bf16" if plan.dtype == "fp8" else plan.dtype))
+    tokens = shape.tokens
+    flops = 2 * tokens * model.hidden * model.vocab / shape.tp
+    cost = LayerCost(gemm_flops=flops, gemm_time=gemm_time(device, flops, "bf16" if shape.dtype == "fp8" else shape.dtype))
     # softmax cross-entropy in fp32 over the vocab shard: read logits, write probs, read again for the loss
-    ce_bytes = tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 3 * 4)
+    ce_bytes = tokens * model.vocab / shape.tp * (BYTES[shape.dtype] + 3 * FP32_BYTES)
     cost.elementwise_time = ce_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
     return cost
 
 
-@_memoised
-def embedding_forward(model: ModelSpec, device: Device, plan: Plan) -> LayerCost:
-    """Embedding lookup on the first stage: a gather, bandwidth-bound."""
-    tokens = plan.mbs * plan.seq_len / plan.cp
-    nbytes = 2 * tokens * model.hidden * BYTES[plan.dtype]
+@memoised
+def embedding_forward(model: ModelSpec, device: Device, shape: LayerShape) -> LayerCost:
+    """Embedding lookup on the first stage: a gather (read + write the rows), bandwidth-bound."""
+    nbytes = 2 * shape.tokens * model.hidden * BYTES[shape.dtype]
     return LayerCost(elementwise_time=nbytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth))

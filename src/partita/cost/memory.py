@@ -34,15 +34,39 @@ from functools import lru_cache
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
-from .compute import BYTES
-from .memo import Memo
+from .compute import BYTES, FP32_BYTES
+from .memo import memoised
 from .pipeline import in_flight_chunks
+from .shape import LayerShape, ParamShape, layer_shape, param_shape
 
 GIB = 1024 ** 3
 
 
+def memory_limit_gib(device: Device, headroom: float, cap_gib: float | None = None) -> float:
+    """The memory a plan may use per device (GiB): the device's usable memory less the
+    ``headroom`` fraction kept free for spikes the model does not see, and at most
+    ``cap_gib`` when given. The search keeps ``SearchSpace.memory_headroom`` (5 %) free;
+    ``partita estimate`` reports against the whole usable memory (headroom 0)."""
+    limit = device.usable_gib * (1 - headroom)
+    if cap_gib:
+        limit = min(limit, cap_gib)
+    return limit
+
+
+def fits(peak_bytes: float, limit_gib: float) -> bool:
+    """The one meaning of "fits": the peak of the most loaded rank, allocator slack and
+    runtime reservation included (:func:`peak_memory`), is within ``limit_gib``
+    (:func:`memory_limit_gib`)."""
+    return peak_bytes / GIB <= limit_gib
+
+
+def grad_bytes(dtype: str, grad_dtype: str) -> int:
+    """Bytes per main-gradient element: fp32 unless both training and gradients are 16-bit."""
+    return FP32_BYTES if grad_dtype == "fp32" or dtype == "fp32" else 2
+
+
 def _grad_bytes(plan: Plan) -> int:
-    return 4 if plan.grad_dtype == "fp32" or plan.dtype == "fp32" else 2
+    return grad_bytes(plan.dtype, plan.grad_dtype)
 
 
 def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]:
@@ -74,54 +98,50 @@ def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int) -> 
     return weights, grads, optimizer
 
 
-_ACT_CACHE = Memo()
-
-
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool, recompute: str | None = None) -> float:
-    """Bytes one layer keeps for backward, per micro-batch, on one rank (memoised);
-    ``recompute`` overrides the plan's mode without copying the plan."""
-    mode = recompute or plan.recompute
-    key = (model.cache_key, plan.tp, plan.cp, plan.mbs, plan.seq_len, plan.sp, plan.dtype, mode, moe)
-    return _ACT_CACHE.get(key, lambda: _activation_bytes_per_layer(
-        model, plan if mode == plan.recompute else plan.with_(recompute=mode), moe))
+    """Bytes one layer keeps for backward, per micro-batch, on one rank; ``recompute``
+    overrides the plan's mode (:func:`activation_bytes` for the plan's layer shape)."""
+    return activation_bytes(model, layer_shape(plan), recompute or plan.recompute, moe)
 
 
-def _activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool) -> float:
+@memoised
+def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: bool) -> float:
     """Bytes one layer keeps for backward, per micro-batch, on one rank."""
-    tp, e = plan.tp, BYTES[plan.dtype]
-    tokens = plan.mbs * plan.seq_len / plan.cp
+    tp, e = shape.tp, BYTES[shape.dtype]
+    tokens = shape.tokens
     h = model.hidden
     d = 1 if model.dropout else 0
-    out_div = tp if plan.sp else 1
+    out_div = tp if shape.sp else 1
     # outside the TP region: 2 norm inputs, QKV input, MLP input, 2 dropout masks
     outside = e * 4 * h + 2 * d * h
     # inside: Q, K, V (for the attention backward), attention output (input of the out-projection)
     inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim) / tp
-    inside += 4 * model.heads / tp  # fp32 log-sum-exp per head (flash attention)
+    inside += FP32_BYTES * model.heads / tp  # fp32 log-sum-exp per head (flash attention)
     mats = 3 if model.gated else 2
     if moe and model.moe:
         mo = model.moe
         routed = mo.top_k * (e * h + e * mats * mo.expert_ffn_hidden) / tp  # permuted inputs + expert intermediates
         shared = mo.shared_experts * e * mats * mo.shared_ffn_hidden / tp
-        inside += routed + shared + 4 * mo.num_experts / tp  # router probabilities (fp32)
+        inside += routed + shared + FP32_BYTES * mo.num_experts / tp  # router probabilities (fp32)
     else:
         inside += e * mats * model.ffn_hidden / tp
     full = tokens * (outside / out_div + inside)
-    if plan.recompute == "full":
+    if recompute == "full":
         return tokens * e * h / out_div  # only the layer input
-    if plan.recompute == "selective":
+    if recompute == "selective":
         # op-level selective checkpointing (torchtitan's "op" SAC, which partita's runtime
         # applies too): keep the layer input, every other GEMM output (q, v, the MLP's first
         # projection) and the attention output; recompute norms, activations and the others.
         ffn = (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden) if (moe and model.moe) else model.ffn_hidden
-        kept_inside = e * (model.q_dim + model.kv_dim + model.attn_out_dim + ffn) / tp + 4 * model.heads / tp
+        kept_inside = e * (model.q_dim + model.kv_dim + model.attn_out_dim + ffn) / tp + FP32_BYTES * model.heads / tp
         return tokens * (e * 2 * h / out_div + kept_inside)
     return full
 
 
-def layer_working_bytes(model: ModelSpec, plan: Plan, moe: bool) -> float:
-    """Transient memory while one layer runs backward (its full activations plus gradients)."""
-    return 2 * activation_bytes_per_layer(model, plan, moe, recompute="none")
+def layer_working_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+    """Transient memory while one layer runs backward: its full activations and their
+    gradients (one of each)."""
+    return 2 * activation_bytes(model, shape, "none", moe)
 
 
 @dataclass
@@ -177,30 +197,28 @@ def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
     return shapes
 
 
-_PARAMS = Memo()
-
-
 def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
-    """(dense, expert) parameters of a rank of this shape (memoised)."""
-    return _PARAMS.get((model.cache_key, shape, plan.tp, plan.ep, plan.pp > 1),
-                       lambda: _compute_shape_params(model, plan, shape))
+    return shape_params(model, shape, param_shape(plan))
 
 
-def _compute_shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
-    n_dense = shape.n_layers - shape.n_moe
-    dense = n_dense * model.layer_kind_params(False) / plan.tp
+@memoised
+def shape_params(model: ModelSpec, rank: RankShape, split: ParamShape) -> tuple[float, float]:
+    """(dense, expert) parameters of a pipeline rank of this shape: tp divides the dense
+    weights, ep the routed experts."""
+    n_dense = rank.n_layers - rank.n_moe
+    dense = n_dense * model.layer_kind_params(False) / split.tp
     expert = 0.0
-    if shape.n_moe:
+    if rank.n_moe:
         routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
-        expert = shape.n_moe * routed / plan.ep
-        dense += shape.n_moe * (model.layer_kind_params(True) - routed) / plan.tp
-    if shape.first:
-        dense += model.embedding_params() / plan.tp
-    if shape.last:
+        expert = rank.n_moe * routed / split.ep
+        dense += rank.n_moe * (model.layer_kind_params(True) - routed) / split.tp
+    if rank.first:
+        dense += model.embedding_params() / split.tp
+    if rank.last:
         out = model.output_params()
-        if model.tied_embeddings and plan.pp > 1:
+        if model.tied_embeddings and split.pipelined:
             out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight
-        dense += out / plan.tp
+        dense += out / split.tp
     return dense, expert
 
 
@@ -226,8 +244,9 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
 
 def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
     working = 0.0
+    layer = layer_shape(plan)
     for moe in shape.edge_moe:
-        working = max(working, layer_working_bytes(model, plan, moe))
+        working = max(working, layer_working_bytes(model, layer, moe))
     if shape.last:
         # logits plus the fp32 softmax that vocab-parallel cross-entropy keeps for backward
         # (computed in place, Megatron's fused_vocab_parallel_cross_entropy), one micro-batch

@@ -33,22 +33,33 @@ embedding all-reduce between first and last stage are added.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from typing import NamedTuple
 
 from ..plan import Plan, group_span
-from ..spec.hardware import Cluster
+from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
-from .memo import Memo
-from .memory import RankShape, _grad_bytes, _shape_params, rank_shapes, distinct_shapes
+from .memo import memoised
+from .memory import RankShape, _grad_bytes, _shape_params, grad_bytes, rank_shapes, distinct_shapes, shape_params
 from .pipeline import pipeline_time, pipeline_time_of
+from .shape import StageShape, Zero3Shape, expert_dp_span, stage_shape, zero3_shape
 
 
 #: Fraction of a layer's GEMM FLOPs op-level selective checkpointing recomputes: with
 #: the policy "save every other matmul", a LLaMA layer recomputes wk, wo and w3, i.e.
 #: (kv + h + f) / (2h + 2kv + 3f) of its GEMM FLOPs - 0.37 for Llama-3-8B, 0.36 for 70B.
 SELECTIVE_GEMM_FRACTION = 0.36
+#: The backward pass runs two GEMMs (input and weight gradients) per forward GEMM, so
+#: forward + backward = 3 forwards [Narayanan et al. SC'21 appendix]; the forward is a
+#: third of the work a layer does per micro-batch.
+BACKWARD_PER_FORWARD = 2
+FORWARD_SHARE = 1 / (1 + BACKWARD_PER_FORWARD)
+#: Bytes of HBM traffic per local parameter in the Adam step (fused multi-tensor Adam,
+#: e.g. apex FusedAdam / Megatron's distributed optimizer, HBM-bound): read the fp32 main
+#: gradient, master weight and both moments (4 x 4), write the master weight and both
+#: moments (3 x 4) and the 16-bit working copy (2), and zero the gradient buffer (4).
+ADAM_STEP_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2 + 4
 
 
 @dataclass
@@ -73,20 +84,65 @@ class StepTime:
     stages: list[StageTime]
 
 
-#: Per-micro-batch stage terms, in this order, then forward, backward (incl. recompute), FLOPs.
-STAGE_PARTS = ("compute", "recompute", "tp communication", "cp communication", "ep all-to-all", "pp send/recv")
-Terms = tuple[float, ...]
-_ZERO: Terms = (0.0,) * (len(STAGE_PARTS) + 3)
-_TERMS = Memo()
+class StageTerms(NamedTuple):
+    """Per-micro-batch terms of one layer, one end (embedding / output layer) or a whole
+    pipeline rank (seconds; ``flops`` in FLOPs). The first six are the stage's time parts
+    (:data:`STAGE_PARTS` labels them); ``forward`` and ``backward`` (incl. recompute) are
+    the windows the data-parallel sync overlaps."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp_comm: float = 0.0
+    cp_comm: float = 0.0
+    ep_all_to_all: float = 0.0
+    pp_send_recv: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    flops: float = 0.0
+
+    @property
+    def time(self) -> float:
+        """The stage time these terms add: the sum of the time parts."""
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_all_to_all + self.pp_send_recv
 
 
-def _layer_terms(layer: LayerCost, plan: Plan, tp_coll: float, n_tp: int, tp_framework: float, cp_pass: float,
-                 a2a: float) -> Terms:
+#: Label of each time part of :class:`StageTerms`, as the breakdown prints it.
+STAGE_PARTS = {"compute": "compute", "recompute": "recompute", "tp_comm": "tp communication",
+               "cp_comm": "cp communication", "ep_all_to_all": "ep all-to-all", "pp_send_recv": "pp send/recv"}
+
+
+class TermsByKind(NamedTuple):
+    """Per-micro-batch terms of each kind of thing a stage holds: a dense layer, a MoE
+    layer, the embedding, the output layer, and the per-stage constant (pipeline
+    send/recv). A stage's terms are linear in them (:func:`_shape_terms`)."""
+
+    dense: StageTerms
+    moe: StageTerms
+    embedding: StageTerms
+    output: StageTerms
+    per_stage: StageTerms
+
+
+class TimesByKind(NamedTuple):
+    """The time (:attr:`StageTerms.time`) each kind of :class:`TermsByKind` adds."""
+
+    dense: float
+    moe: float
+    embedding: float
+    output: float
+    per_stage: float
+
+
+_ZERO = StageTerms()
+
+
+def _layer_terms(layer: LayerCost, recompute: str, tp_coll: float, n_tp: int, tp_framework: float, cp_pass: float,
+                 a2a: float) -> StageTerms:
     """One layer's contribution: forward + 2x backward, recompute (full: the forward again;
     selective: element-wise ops and a share of the GEMMs), and its communication."""
-    if plan.recompute == "full":
+    if recompute == "full":
         rc, rc_flops = layer.time, layer.flops
-    elif plan.recompute == "selective":
+    elif recompute == "selective":
         # op-level SAC recomputes every other GEMM (about a third of the layer's GEMM FLOPs:
         # k/o projections and one MLP projection) and the element-wise ops
         rc = layer.elementwise_time + SELECTIVE_GEMM_FRACTION * layer.gemm_time
@@ -94,110 +150,107 @@ def _layer_terms(layer: LayerCost, plan: Plan, tp_coll: float, n_tp: int, tp_fra
     else:
         rc, rc_flops = 0.0, 0.0
     t = layer.time
-    return (3 * t, rc, n_tp * tp_coll + tp_framework, cp_pass, a2a, 0.0, t, 2 * t + rc, 3 * layer.flops + rc_flops)
+    return StageTerms(compute=(1 + BACKWARD_PER_FORWARD) * t, recompute=rc, tp_comm=n_tp * tp_coll + tp_framework,
+                      cp_comm=cp_pass, ep_all_to_all=a2a, forward=t, backward=BACKWARD_PER_FORWARD * t + rc,
+                      flops=(1 + BACKWARD_PER_FORWARD) * layer.flops + rc_flops)
 
 
-def _end_terms(cost: LayerCost, tp_coll: float, n_tp: int) -> Terms:
+def _end_terms(cost: LayerCost, tp_coll: float, n_tp: int) -> StageTerms:
     """The embedding or the output layer: forward + 2x backward, never recomputed."""
     t = cost.time
-    return (3 * t, 0.0, n_tp * tp_coll, 0.0, 0.0, 0.0, t, 2 * t, 3 * cost.flops)
+    return StageTerms(compute=(1 + BACKWARD_PER_FORWARD) * t, tp_comm=n_tp * tp_coll, forward=t,
+                      backward=BACKWARD_PER_FORWARD * t, flops=(1 + BACKWARD_PER_FORWARD) * cost.flops)
 
 
-def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[tuple[Terms, ...], Terms]:
+def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[TermsByKind, TimesByKind]:
     """Per-micro-batch terms of one dense layer, one MoE layer, the embedding, the output
-    layer and the per-stage constant (pipeline send/recv), and the time each adds (the
-    sum of its parts). A stage's time is linear in them, so every rank shape,
-    virtual-stage count and ZeRO stage of a layout shares them (memoised on the plan
-    fields they depend on)."""
-    spans = _collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, cluster.devices_per_node)
-    key = (model.cache_key, cluster.device.cache_key, plan.tp, plan.cp, plan.ep, plan.pp > 1, plan.mbs, plan.seq_len, plan.sp,
-           plan.dtype, plan.recompute, plan.tp_comm_overlap, spans)
-    return _TERMS.get(key, lambda: _with_totals(_compute_stage_terms(model, cluster, plan, spans)))
+    layer and the per-stage constant (pipeline send/recv), and the time each adds. A
+    stage's time is linear in them, so every rank shape, virtual-stage count and ZeRO
+    stage of a layout shares them (memoised on the plan's :class:`.StageShape`)."""
+    return _terms_of_shape(model, cluster.device, stage_shape(plan, cluster.devices_per_node))
 
 
-@lru_cache(maxsize=65536)
-def _collective_spans(pp: int, dp: int, cp: int, tp: int, ep: int, dpn: int) -> tuple:
-    """What the per-micro-batch collectives see of the layout: the tp and ep groups'
-    spans, and whether a cp or pp neighbour sits on another node."""
-    plan = Plan(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
-    return (group_span(plan, "tp", dpn), group_span(plan, "cp", dpn)[1] > 1,
-            group_span(plan, "ep", dpn), group_span(plan, "pp", dpn)[1] > 1)
+@memoised
+def _terms_of_shape(model: ModelSpec, device: Device, shape: StageShape) -> tuple[TermsByKind, TimesByKind]:
+    terms = _compute_stage_terms(model, device, shape)
+    return terms, TimesByKind(*(t.time for t in terms))
 
 
-def _with_totals(terms: tuple[Terms, ...]) -> tuple[tuple[Terms, ...], Terms]:
-    return terms, tuple(sum(t[:len(STAGE_PARTS)]) for t in terms)
-
-
-def _compute_stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan, spans) -> tuple[Terms, ...]:
-    dev = cluster.device
-    (tg, tk), cp_crosses, (eg, ek), pp_crosses = spans
-    e = BYTES[plan.dtype]
-    tokens = plan.mbs * plan.seq_len / plan.cp
-    rc_full = 1 if plan.recompute == "full" else 0
-    dense = layer_forward(model, dev, plan, False) if model.dense_layers else None
-    moe = layer_forward(model, dev, plan, True) if model.moe else None
+def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> TermsByKind:
+    layer, spans = shape.layer, shape.spans
+    tg, tk = spans.tp
+    eg, ek = spans.ep
+    e = BYTES[layer.dtype]
+    tokens = layer.tokens
+    rc_full = 1 if shape.recompute == "full" else 0
+    dense = layer_forward(model, dev, layer, False) if model.dense_layers else None
+    moe = layer_forward(model, dev, layer, True) if model.moe else None
     # tensor parallel: 2 collectives forward and 2 backward per attention block and per
     # dense MLP (a MoE MLP exchanges through the all-to-all instead); full recompute
     # repeats the forward ones
     tp_coll = tp_framework = 0.0
-    if plan.tp > 1:
+    if layer.tp > 1:
         tp_coll = comm.all_reduce(dev, tokens * model.hidden * e, tg, tk)
-        if plan.tp_comm_overlap:
+        if shape.tp_comm_overlap:
             tp_coll *= 1 - dev.efficiency.tp_overlap
-        # host-side DTensor work per layer (forward + backward; full recompute repeats the forward)
-        tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6 * (1 + rc_full / 3)
+        # host-side DTensor work per layer (forward + backward; full recompute repeats the
+        # forward, a third of it)
+        tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6 * (1 + rc_full * FORWARD_SHARE)
     # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
     # dense and MoE layers)
     cp_pass = 0.0
-    if plan.cp > 1:
+    if layer.cp > 1:
         kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
-        hop = comm.send_recv(dev, tokens * kv_width * e / plan.tp, cp_crosses)
+        hop = comm.send_recv(dev, tokens * kv_width * e / layer.tp, spans.cp_crosses)
         attn = (dense or moe).attn_time  # type: ignore[union-attr]
-        cp_pass = (3 + rc_full) * max(0.0, (plan.cp - 1) * hop - attn)
-    # expert parallel all-to-all: dispatch + combine forward and backward
+        # forward once, backward twice (dK and dV travel back), full recompute once more
+        cp_pass = (1 + BACKWARD_PER_FORWARD + rc_full) * max(0.0, (layer.cp - 1) * hop - attn)
+    # expert parallel all-to-all: dispatch + combine, forward and backward (+ recompute)
     a2a = 0.0
-    if plan.ep > 1 and model.moe:
-        size = tokens / plan.tp * model.moe.top_k * model.hidden * e
+    if layer.ep > 1 and model.moe:
+        size = tokens / layer.tp * model.moe.top_k * model.hidden * e
         a2a = 2 * (2 + rc_full) * comm.all_to_all(dev, size, eg, ek)
     # Interleaving multiplies pipeline traffic by vpp [Narayanan et al. SC'21 sec. 2.2],
     # but Megatron overlaps those transfers with the other chunks' compute
     # (overlap_p2p_comm, on by default with vpp); one send per direction and
     # micro-batch stays on the critical path, as in plain (blocking) 1F1B.
-    const = _ZERO
-    if plan.pp > 1:
-        size = tokens * model.hidden * e / (plan.tp if plan.sp else 1)
-        const = (0.0,) * 5 + (2 * comm.send_recv(dev, size, pp_crosses), 0.0, 0.0, 0.0)
-    return (_layer_terms(dense, plan, tp_coll, 2 * (2 + rc_full), tp_framework, cp_pass, 0.0) if dense else _ZERO,
-            _layer_terms(moe, plan, tp_coll, 2 + rc_full, tp_framework, cp_pass, a2a) if moe else _ZERO,
-            _end_terms(embedding_forward(model, dev, plan), tp_coll, 1),
-            _end_terms(output_forward(model, dev, plan), tp_coll, 2),
-            const)
+    per_stage = _ZERO
+    if shape.pipelined:
+        size = tokens * model.hidden * e / (layer.tp if layer.sp else 1)
+        per_stage = StageTerms(pp_send_recv=2 * comm.send_recv(dev, size, spans.pp_crosses))
+    # per layer: 2 tp collectives per block forward and 2 backward (+2 with full recompute);
+    # a MoE layer only its attention block's
+    return TermsByKind(
+        dense=_layer_terms(dense, shape.recompute, tp_coll, 2 * (2 + rc_full), tp_framework, cp_pass, 0.0) if dense else _ZERO,
+        moe=_layer_terms(moe, shape.recompute, tp_coll, 2 + rc_full, tp_framework, cp_pass, a2a) if moe else _ZERO,
+        embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
+        output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
+        per_stage=per_stage)
 
 
-def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> Terms:
-    """A rank's per-micro-batch terms: its layers, its ends and the constant."""
-    (dense, moe, emb, out, const), _ = stage_terms(model, cluster, plan)
+def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> StageTerms:
+    """A rank's per-micro-batch terms: its layers, its ends and the per-stage constant."""
+    kinds, _ = stage_terms(model, cluster, plan)
     n_moe = shape.n_moe
     n_dense = shape.n_layers - n_moe
     first, last = shape.first, shape.last
-    return tuple(n_dense * d + n_moe * m + first * f + last * o + c
-                 for d, m, f, o, c in zip(dense, moe, emb, out, const))
+    return StageTerms(*(n_dense * d + n_moe * m + first * f + last * o + c for d, m, f, o, c in zip(*kinds)))
 
 
 def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape: RankShape) -> StageTime:
     terms = _shape_terms(model, cluster, plan, shape)
-    st = StageTime(rank=rank, parts={"compute": terms[0], "recompute": terms[1]},
-                   forward=terms[6], backward=terms[7], flops=terms[8])
+    st = StageTime(rank=rank, parts={STAGE_PARTS["compute"]: terms.compute, STAGE_PARTS["recompute"]: terms.recompute},
+                   forward=terms.forward, backward=terms.backward, flops=terms.flops)
     if plan.tp > 1:
-        st.parts["tp communication"] = terms[2]
+        st.parts[STAGE_PARTS["tp_comm"]] = terms.tp_comm
     if plan.cp > 1:
-        st.parts["cp communication"] = terms[3]
+        st.parts[STAGE_PARTS["cp_comm"]] = terms.cp_comm
     if plan.ep > 1 and shape.n_moe:
-        st.parts["ep all-to-all"] = terms[4]
+        st.parts[STAGE_PARTS["ep_all_to_all"]] = terms.ep_all_to_all
     if plan.pp > 1:
-        st.parts["pp send/recv"] = terms[5]
+        st.parts[STAGE_PARTS["pp_send_recv"]] = terms.pp_send_recv
     if plan.zero >= 3:
-        st.parts["zero3 gather/scatter"] = _zero3_exposed(model, cluster, plan, shape, terms[0] + terms[1])
+        st.parts["zero3 gather/scatter"] = _zero3_exposed(model, cluster, plan, shape, terms.compute + terms.recompute)
     return st
 
 
@@ -205,25 +258,31 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     """ZeRO-3 per micro-batch: all-gather of the rank's parameters forward and backward
     and reduce-scatter of its gradients, overlapped with the micro-batch's compute (incl.
     recompute) except for the first layer's, plus the host-side framework time per layer."""
-    dpn = cluster.devices_per_node
-    key = (model.cache_key, cluster.device.cache_key, shape, plan.tp, plan.ep, plan.pp > 1, plan.dtype, plan.grad_dtype,
-           group_span(plan, "dp_cp", dpn), _expert_dp_span(plan, dpn))
-    t = _TERMS.get(key, lambda: _zero3_traffic(model, cluster, plan, shape))
+    t = _zero3_traffic(model, cluster.device, shape, zero3_shape(plan, cluster.devices_per_node))
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
     framework = shape.n_layers * cluster.device.efficiency.zero3_framework_us_per_layer * 1e-6
     return max(0.0, t - compute) + t / max(shape.n_layers, 1) + framework
 
 
-def _zero3_traffic(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> float:
-    dev, dpn = cluster.device, cluster.devices_per_node
-    dense, expert = _shape_params(model, plan, shape)
-    g, k = group_span(plan, "dp_cp", dpn)
-    w = 4 if plan.dtype == "fp32" else 2
-    t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k)
+@memoised
+def _zero3_traffic(model: ModelSpec, device: Device, rank: RankShape, shape: Zero3Shape) -> float:
+    """Seconds of one micro-batch's ZeRO-3 collectives: all-gather of the 16-bit weights
+    forward and again backward, reduce-scatter of the gradients."""
+    dev = device
+    dense, expert = shape_params(model, rank, shape.params)
+    g, k = shape.dp_span
+    w = _working_weight_bytes(shape.dtype)
+    gb = grad_bytes(shape.dtype, shape.grad_dtype)
+    t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * gb, g, k)
     if expert:
-        eg, ek = _expert_dp_span(plan, dpn)
-        t += 2 * comm.all_gather(dev, expert * w, eg, ek) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
+        eg, ek = shape.expert_dp_span
+        t += 2 * comm.all_gather(dev, expert * w, eg, ek) + comm.reduce_scatter(dev, expert * gb, eg, ek)
     return t
+
+
+def _working_weight_bytes(dtype: str) -> int:
+    """Bytes per weight gathered / broadcast: the 16-bit working copy (fp32 training: fp32)."""
+    return 4 if dtype == "fp32" else 2
 
 
 def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
@@ -240,25 +299,10 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
         t = (shape.n_layers - shape.n_moe) * dense + shape.n_moe * moe + shape.first * emb + shape.last * out + const
         if plan.zero >= 3:
             terms = _shape_terms(model, cluster, plan, shape)
-            t += _zero3_exposed(model, cluster, plan, shape, terms[0] + terms[1])
+            t += _zero3_exposed(model, cluster, plan, shape, terms.compute + terms.recompute)
         total += count * t
         slowest = max(slowest, t)
     return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
-
-
-def _expert_dp_span(plan: Plan, dpn: int) -> tuple[int, int]:
-    """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp)."""
-    return _expert_dp_span_of(plan.dp, plan.cp, plan.tp, plan.ep, dpn)
-
-
-@lru_cache(maxsize=65536)
-def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int) -> tuple[int, int]:
-    size = dp * cp * tp // ep
-    if size <= 1:
-        return 1, 1
-    stride = ep * tp if ep > 1 else 1
-    nodes = len({(i * stride) // dpn for i in range(size)})
-    return max(1, size // nodes), nodes
 
 
 def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTime:
@@ -284,8 +328,8 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     # data-parallel gradient sync and optimizer, on the rank holding the most parameters
     worst_dp, worst_opt = 0.0, 0.0
     g, k = group_span(plan, "dp_cp", dpn)
-    eg, ek = _expert_dp_span(plan, dpn)
-    w_bytes = 4 if plan.dtype == "fp32" else 2
+    eg, ek = expert_dp_span(plan, dpn)
+    w_bytes = _working_weight_bytes(plan.dtype)
     done: set[tuple] = set()
     for st in stages:
         shape = shapes[st.rank]
@@ -308,7 +352,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         worst_dp = max(worst_dp, exp_rs + exp_ag)
         shard_dense = dense / (plan.dp * plan.cp) if plan.zero >= 1 else dense
         shard_expert = expert / max(1, plan.dp * plan.cp * plan.tp // plan.ep) if plan.zero >= 1 else expert
-        opt_bytes = 34 * (shard_dense + shard_expert)
+        opt_bytes = ADAM_STEP_BYTES_PER_PARAM * (shard_dense + shard_expert)
         worst_opt = max(worst_opt, opt_bytes / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth))
     parts["dp gradient sync"] = worst_dp
     parts["optimizer step"] = worst_opt

@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ..cost.memory import GIB, peak_memory_ladder
+from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory_ladder
 from ..cost.step import estimate_step_time, step_time_lower_bound
 from ..errors import PartitaError
 from ..estimate import Estimate
@@ -42,12 +42,13 @@ class Attempt:
     plan: Plan
     peak_gib: float
     peak_rank: int
+    memory_limit_gib: float  # what it had to fit in (the search's limit)
     estimate: Estimate | None = None
     bounded: bool = False  # fits, but provably slower than what the search already had
 
     @property
     def fits(self) -> bool:
-        return self.estimate is not None or self.bounded
+        return fits(self.peak_gib * GIB, self.memory_limit_gib)
 
 
 @dataclass
@@ -121,7 +122,7 @@ class _Search:
         gets its own walk: the cheapest setting of the layout with that value."""
         layout.done = True
         base, ladder = layout.plan, layout.ladder
-        if self.dominated(base) and (wanted is None or all(kv in self.tried for kv in wanted)):
+        if self.dominated(base) and (wanted is None or all(knob_value in self.tried for knob_value in wanted)):
             self.pruned += 1
             return
         # the setting with the least memory first: if even that does not fit, no setting does
@@ -129,9 +130,9 @@ class _Search:
         self.evaluated += 1
         self.tried.update(layout.knob_values)
         peak_bytes, peak_rank = peak_memory_ladder(self.model, self.cluster.device, base, [leanest])[leanest]
-        if peak_bytes / GIB > self.usable:
+        if not fits(peak_bytes, self.usable):
             self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
-                                         peak_gib=peak_bytes / GIB, peak_rank=peak_rank))
+                                         peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
             self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
             return
         if self._needs_recompute_or_zero3(layout, leanest, wanted):
@@ -177,7 +178,7 @@ class _Search:
         if base.mbs < self.plain_fails_from.get(shape_key, 1 << 30):
             lightest = max(plain, key=lambda st: st[1])  # the recompute-free setting with the least memory
             peak_bytes, _ = peak_memory_ladder(self.model, self.cluster.device, base, [lightest])[lightest]
-            if peak_bytes / GIB <= self.usable:
+            if fits(peak_bytes, self.usable):
                 return False
             self.plain_fails_from[shape_key] = base.mbs
         # the first setting of each family left: more recompute (ZeRO <= 2) or ZeRO-3;
@@ -199,28 +200,30 @@ class _Search:
             counted.add(step)
             self.evaluated += 1
         pb, pr = peaks[step]
-        attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr)
+        attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
-        if attempt.peak_gib > self.usable:
+        if not fits(pb, self.usable):
             return False
         if self._cannot_matter(layout, plan, wanted):
             attempt.bounded = True
             self.bounded += 1
             return True
         self._record(Estimate(model=self.model, cluster=self.cluster, plan=plan,
-                              time=estimate_step_time(self.model, self.cluster, plan)), layout.rankable)
+                              time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable),
+                     layout.rankable)
         attempt.estimate = self.fitting[-1]
         estimated.append(plan)
         return True
 
-    def bound_for(self, layout: Layout, kv: tuple[str, object]) -> float:
-        """The layout's lower bound for plans with ``kv``: with that recompute mode for a
-        recompute value, with ZeRO-3's gathers for zero 3 (each only adds time), else the
-        layout's own."""
-        if kv not in (("recompute", "selective"), ("recompute", "full"), ("zero", 3)) \
-                or layout.bound >= self.best_by_knob.get(kv, float("inf")):
+    def bound_for(self, layout: Layout, knob_value: tuple[str, object]) -> float:
+        """The layout's lower bound for plans with ``knob_value`` (a (knob, value) pair):
+        with that recompute mode for a recompute value, with ZeRO-3's gathers for zero 3
+        (each only adds time), else the layout's own."""
+        if knob_value not in (("recompute", "selective"), ("recompute", "full"), ("zero", 3)) \
+                or layout.bound >= self.best_by_knob.get(knob_value, float("inf")):
             return layout.bound
-        return step_time_lower_bound(self.model, self.cluster, layout.plan.with_(**{kv[0]: kv[1]}))
+        knob, value = knob_value
+        return step_time_lower_bound(self.model, self.cluster, layout.plan.with_(**{knob: value}))
 
     def _cannot_matter(self, layout: Layout, plan: Plan, wanted) -> bool:
         """True when the plan's lower bound shows it can change neither the top K (first
@@ -236,14 +239,14 @@ class _Search:
     def _rules_out(self, layout: Layout, lb: float, wanted) -> bool:
         if wanted is None:
             return layout.rankable and lb >= self.kth_best()
-        return all(lb >= self.best_by_knob.get(kv, float("inf")) for kv in wanted)
+        return all(lb >= self.best_by_knob.get(knob_value, float("inf")) for knob_value in wanted)
 
     def _record(self, est: Estimate, rankable: bool) -> None:
         self.fitting.append(est)
         t = est.step_time_s
-        for kv in ((k, getattr(est.plan, k)) for k in EXPLAINED_KNOBS):
-            if t < self.best_by_knob.get(kv, float("inf")):
-                self.best_by_knob[kv] = t
+        for knob_value in ((k, getattr(est.plan, k)) for k in EXPLAINED_KNOBS):
+            if t < self.best_by_knob.get(knob_value, float("inf")):
+                self.best_by_knob[knob_value] = t
         if rankable and self.top:
             if len(self.top_heap) < self.top:
                 heapq.heappush(self.top_heap, -t)
@@ -265,9 +268,7 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     dev = cluster.device
     if not dev.supports(space.dtype):
         dev.peak_flops(space.dtype)  # raises the one-line error
-    usable = dev.usable_gib * (1 - space.memory_headroom)
-    if space.max_memory_gib:
-        usable = min(usable, space.max_memory_gib)
+    usable = memory_limit_gib(dev, space.memory_headroom, space.max_memory_gib)
     invalid: list[str] = []
     layouts = layouts_by_bound(model, cluster, global_batch, seq_len, space, cross_node_tp, invalid)
     search = _Search(model, cluster, usable, top)
@@ -286,18 +287,18 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
                    key=lambda e: e.step_time_s, default=None)
         if best is not None:
             values: dict[str, set] = {knob: set() for knob in EXPLAINED_KNOBS}
-            for kv in {kv for lay in layouts for kv in lay.knob_values}:
-                values[kv[0]].add(kv[1])
+            for knob, value in {knob_value for lay in layouts for knob_value in lay.knob_values}:
+                values[knob].add(value)
             for knob in EXPLAINED_KNOBS:
                 alternatives[knob] = nearest_values(knob, getattr(best.plan, knob), values[knob])
             targets = {(k, v) for k, vs in alternatives.items() for v in vs}
             for layout in layouts:
                 if layout.done:
                     continue
-                if layout.bound >= max(search.best_by_knob.get(kv, float("inf")) for kv in targets):
+                if layout.bound >= max(search.best_by_knob.get(knob_value, float("inf")) for knob_value in targets):
                     break  # sorted by bound: no later layout can improve any alternative
-                wanted = [kv for kv in layout.knob_values
-                          if kv in targets and search.bound_for(layout, kv) < search.best_by_knob.get(kv, float("inf"))]
+                wanted = [knob_value for knob_value in layout.knob_values if knob_value in targets
+                          and search.bound_for(layout, knob_value) < search.best_by_knob.get(knob_value, float("inf"))]
                 if wanted:
                     search.evaluate(layout, wanted)
     skipped = sum(1 for lay in layouts if not lay.done)

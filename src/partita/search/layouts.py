@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cost.compute import layer_forward, output_forward
+from ..cost.shape import layer_shape
 from ..cost.step import step_time_lower_bound
 from ..plan import Plan, balanced_split, validate
 from ..spec.hardware import Cluster
@@ -71,8 +72,9 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
 def _output_in_layers(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
     """The output layer's time in units of the last layer's (2 decimals), what the
     min-max split balances the last stage against."""
-    layer = layer_forward(model, cluster.device, plan, bool(model.moe) and model.moe_flags[-1]).time
-    out = output_forward(model, cluster.device, plan).time
+    shape = layer_shape(plan)
+    layer = layer_forward(model, cluster.device, shape, bool(model.moe) and model.moe_flags[-1]).time
+    out = output_forward(model, cluster.device, shape).time
     return round(out / layer, 2) if layer else 0.0
 
 

@@ -1,0 +1,123 @@
+"""The frozen shapes the cost formulas take instead of the whole :class:`~partita.plan.Plan`.
+
+Shapes are NamedTuples: immutable records with named fields whose hashing and equality
+run in C (the search looks them up ~10^5 times per run). Each memo table holds one
+shape type, so two shapes never compare as plain tuples.
+
+Each formula depends on a handful of plan fields; it receives exactly those, as a
+frozen record, and its memo key is that record (:func:`.memo.memoised`). A formula
+therefore cannot read a field its cache key misses, and the search, which evaluates
+thousands of plans that share these shapes, computes each term once per shape.
+
+* :class:`LayerShape` - one layer's forward cost and activation bytes on one rank
+  (degrees that split the layer, the micro-batch, precision);
+* :class:`CollectiveSpans` - where the per-micro-batch collectives' groups sit on the
+  node/network topology;
+* :class:`StageShape` - a pipeline stage's per-micro-batch terms (the layer shape plus
+  recompute, overlap and spans);
+* :class:`ParamShape` - how a rank's parameters are split (tp, ep, pipelined);
+* :class:`Zero3Shape` - ZeRO-3's per-micro-batch gather/scatter traffic of one rank.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from ..plan import Plan, group_span
+
+
+class LayerShape(NamedTuple):
+    """What one layer's per-micro-batch cost on one rank depends on."""
+
+    tp: int
+    cp: int
+    ep: int
+    mbs: int
+    seq_len: int
+    sp: bool
+    dtype: str
+
+    @property
+    def tokens(self) -> float:
+        """Tokens this rank's GEMMs see per micro-batch (cp splits the sequence; SP
+        gathers the tp shards back before each GEMM)."""
+        return self.mbs * self.seq_len / self.cp
+
+
+def layer_shape(plan: Plan) -> LayerShape:
+    return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype)
+
+
+class CollectiveSpans(NamedTuple):
+    """Where the per-micro-batch collectives run: the tp and ep groups as (members per
+    node, nodes), and whether a cp or pp neighbour sits on another node."""
+
+    tp: tuple[int, int]
+    cp_crosses: bool
+    ep: tuple[int, int]
+    pp_crosses: bool
+
+
+@lru_cache(maxsize=65536)
+def collective_spans(pp: int, dp: int, cp: int, tp: int, ep: int, devices_per_node: int) -> CollectiveSpans:
+    plan = Plan(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
+    return CollectiveSpans(group_span(plan, "tp", devices_per_node), group_span(plan, "cp", devices_per_node)[1] > 1,
+                           group_span(plan, "ep", devices_per_node), group_span(plan, "pp", devices_per_node)[1] > 1)
+
+
+class StageShape(NamedTuple):
+    """What a pipeline stage's per-micro-batch terms depend on (see :mod:`.step`)."""
+
+    layer: LayerShape
+    recompute: str
+    tp_comm_overlap: bool
+    pipelined: bool  # pp > 1: stages exchange activations
+    spans: CollectiveSpans
+
+
+def stage_shape(plan: Plan, devices_per_node: int) -> StageShape:
+    spans = collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node)
+    return StageShape(layer_shape(plan), plan.recompute, plan.tp_comm_overlap, plan.pp > 1, spans)
+
+
+class ParamShape(NamedTuple):
+    """How a rank's parameters are split: tp divides dense weights, ep the routed
+    experts; with a pipeline the last stage keeps its own copy of a tied embedding."""
+
+    tp: int
+    ep: int
+    pipelined: bool
+
+
+def param_shape(plan: Plan) -> ParamShape:
+    return ParamShape(plan.tp, plan.ep, plan.pp > 1)
+
+
+def expert_dp_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
+    """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp)."""
+    return _expert_dp_span_of(plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node)
+
+
+@lru_cache(maxsize=65536)
+def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int) -> tuple[int, int]:
+    size = dp * cp * tp // ep
+    if size <= 1:
+        return 1, 1
+    stride = ep * tp if ep > 1 else 1
+    nodes = len({(i * stride) // dpn for i in range(size)})
+    return max(1, size // nodes), nodes
+
+
+class Zero3Shape(NamedTuple):
+    """What ZeRO-3's per-micro-batch gather/scatter traffic of one rank depends on."""
+
+    params: ParamShape
+    dtype: str
+    grad_dtype: str
+    dp_span: tuple[int, int]  # the dense weights' data-parallel (dp x cp) group
+    expert_dp_span: tuple[int, int]
+
+
+def zero3_shape(plan: Plan, devices_per_node: int) -> Zero3Shape:
+    return Zero3Shape(param_shape(plan), plan.dtype, plan.grad_dtype, group_span(plan, "dp_cp", devices_per_node),
+                      expert_dp_span(plan, devices_per_node))
