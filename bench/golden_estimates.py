@@ -142,7 +142,7 @@ def record_estimate(model_name: str, hardware: str, devices: int, fields: dict[s
     plan = _plan(devices, fields)
     est = estimate(model, cluster, plan)
     out = est.to_dict()
-    out["memory_all_ranks"] = [{"rank": m.rank, "parts": dict(m.parts)} for m in est.memory]
+    out["memory_all_ranks"] = [{"rank": m.rank, "parts": dict(m.parts), "total": m.total} for m in est.memory]
     out["stages"] = [{"rank": s.rank, "parts": dict(s.parts), "flops": s.flops, "forward": s.forward,
                       "backward": s.backward} for s in est.time.stages]
     out["peak_memory"] = list(peak_memory(model, cluster.device, est.plan))

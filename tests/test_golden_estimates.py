@@ -44,3 +44,17 @@ def test_search_is_bit_identical(index):
     got = golden._normalise(golden.record_search(model, hardware, devices, gbs, seq, fields))
     assert golden.diff(entry["result"], got) == []
     assert got == entry["result"]
+
+
+@pytest.mark.parametrize("index", range(len(DATA["estimates"])))
+def test_peak_is_the_sum_of_the_breakdown(index):
+    """One set of memory parts: the search's peak (and its ladder at the plan's own
+    setting) is exactly the largest breakdown total `partita estimate` prints."""
+    result = DATA["estimates"][index]["result"]
+    totals = [m["total"] for m in result["memory_all_ranks"]]
+    peak, rank = result["peak_memory"]
+    assert peak == max(totals) == totals[rank]
+    assert peak / 1024 ** 3 == result["peak_memory_gib"]
+    plan = result["plan"]
+    ladder = {(rc, z): (b, r) for rc, z, b, r in result["peak_memory_ladder"]}
+    assert ladder[(plan["recompute"], plan["zero"])] == (peak, rank)

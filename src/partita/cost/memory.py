@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..plan import Plan
 from ..spec.hardware import Device
@@ -222,14 +223,6 @@ def shape_params(model: ModelSpec, rank: RankShape, split: ParamShape) -> tuple[
     return dense, expert
 
 
-def _states(plan: Plan, dense: float, expert: float) -> dict[str, float]:
-    states = model_state_bytes(plan, dense, plan.dp * plan.cp)
-    if expert:
-        for k, v in model_state_bytes(plan, expert, max(1, plan.dp * plan.cp * plan.tp // plan.ep)).items():
-            states[k] += v
-    return states
-
-
 def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recompute: str | None = None) -> float:
     """Activation bytes one in-flight model chunk of this rank keeps (``recompute``
     overrides the plan's mode)."""
@@ -270,17 +263,6 @@ def _buffers(device: Device, plan: Plan) -> float:
     return groups * device.comm_buffer_mib_per_group * 2 ** 20
 
 
-def _static_parts(model: ModelSpec, device: Device, plan: Plan, shape: RankShape) -> tuple[dict[str, float], float]:
-    """Everything but the in-flight activations, and the activation bytes per in-flight chunk."""
-    dense, expert = _shape_params(model, plan, shape)
-    parts = _states(plan, dense, expert)
-    parts["transient"] = _transient(model, plan, shape)
-    if plan.zero >= 3:
-        parts["zero3 gathered layers"] = _zero3_gathered(plan, shape, dense, expert)
-    parts["communication buffers"] = _buffers(device, plan)
-    return parts, _activations_per_chunk(model, plan, shape)
-
-
 def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape, int], ...]:
     """(first rank, shape, number of ranks) for each distinct rank shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
@@ -300,55 +282,91 @@ def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape,
 _DISTINCT: dict[tuple, tuple[tuple[int, RankShape, int], ...]] = {}
 
 
-def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
-                       steps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[float, int]]:
-    """:func:`peak_memory` for several (recompute, zero) settings of one layout at once:
-    the zero stage only changes the model states and the recompute mode only the
-    activations, so each is computed once per rank shape and combined."""
-    frag = 1 + device.allocator_fragmentation
-    runtime = device.runtime_reserved_gib * GIB
-    buffers = _buffers(device, plan)
-    zeros = {z for _, z in steps}
-    modes = {rc for rc, _ in steps}
+class MemoryParts(NamedTuple):
+    """Bytes one pipeline rank holds at its peak, by part (:func:`memory_parts`). Every
+    memory figure - the breakdown `partita estimate` prints, the peak, the search's
+    ladder - is this record summed by :meth:`allocated` / :meth:`peak`."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float  # in-flight micro-batches x activation bytes per model chunk
+    transient: float  # one layer's backward working set, or the logits and softmax
+    zero3_gathered: float  # ZeRO-3: unsharded layers being used / prefetched
+    buffers: float  # communicator buffers
+
+    def allocated(self) -> float:
+        """What the rank allocates: the sum of the parts."""
+        return (self.weights + self.gradients + self.optimizer + self.activations + self.transient
+                + self.zero3_gathered + self.buffers)
+
+    def peak(self, device: Device) -> float:
+        """Peak device memory: allocated, plus the allocator's fragmentation slack on it,
+        plus the runtime's own reservation (context, workspaces)."""
+        allocated = self.allocated()
+        return allocated + allocated * device.allocator_fragmentation + device.runtime_reserved_gib * GIB
+
+    def breakdown(self, device: Device) -> dict[str, float]:
+        """The parts by label, as `partita estimate` prints them (their sum is :meth:`peak`)."""
+        out = {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+               "activations": self.activations, "transient": self.transient}
+        if self.zero3_gathered:
+            out["zero3 gathered layers"] = self.zero3_gathered
+        out["communication buffers"] = self.buffers
+        allocated = self.allocated()
+        out["allocator fragmentation"] = allocated * device.allocator_fragmentation
+        out["runtime (context, workspaces)"] = device.runtime_reserved_gib * GIB
+        return out
+
+
+def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape: RankShape,
+                 settings: list[tuple[str, int]]) -> dict[tuple[str, int], MemoryParts]:
+    """The memory parts of pipeline rank ``rank`` (of shape ``shape``) under each
+    (recompute, zero) setting of ``plan``'s layout - the one place the parts are made.
+    The ZeRO stage only changes the model states and the recompute mode only the
+    activations, so each is computed once and combined."""
+    dense, expert = _shape_params(model, plan, shape)
     grad_b = _grad_bytes(plan)
     dense_shard = plan.dp * plan.cp
-    expert_shard = max(1, dense_shard * plan.tp // plan.ep)
-    out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
-    for r, shape, _ in distinct_shapes(model, plan):
-        dense, expert = _shape_params(model, plan, shape)
-        fixed = {}
-        for z in zeros:
-            f = sum(_state_bytes(plan.dtype, grad_b, z, dense, dense_shard))
+    expert_shard = max(1, dense_shard * plan.tp // plan.ep)  # the expert data-parallel group
+    chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
+    transient, buffers = _transient(model, plan, shape), _buffers(device, plan)
+    states: dict[int, tuple[float, float, float, float]] = {}
+    activations: dict[str, float] = {}
+    out = {}
+    for recompute, zero in settings:
+        if zero not in states:
+            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard)
             if expert:
-                f += sum(_state_bytes(plan.dtype, grad_b, z, expert, expert_shard))
-            fixed[z] = f + _zero3_gathered(plan, shape, dense, expert, z)
-        acts = {rc: _activations_per_chunk(model, plan, shape, rc) for rc in modes}
-        other = _transient(model, plan, shape) + buffers
-        chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
-        for rc, z in steps:
-            total = (fixed[z] + other + chunks * acts[rc]) * frag + runtime
-            if total > out[(rc, z)][0]:
-                out[(rc, z)] = (total, r)
+                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard)
+                weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
+            states[zero] = (weights, grads, optimizer, _zero3_gathered(plan, shape, dense, expert, zero))
+        if recompute not in activations:
+            activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute)
+        weights, grads, optimizer, gathered = states[zero]
+        out[(recompute, zero)] = MemoryParts(weights, grads, optimizer, activations[recompute], transient, gathered,
+                                             buffers)
     return out
 
 
-def _finish(device: Device, parts: dict[str, float]) -> dict[str, float]:
-    """Allocator slack on top of what is allocated, plus the runtime's own reservation."""
-    allocated = sum(parts.values())
-    parts["allocator fragmentation"] = allocated * device.allocator_fragmentation
-    parts["runtime (context, workspaces)"] = device.runtime_reserved_gib * GIB
-    return parts
+def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
+                       steps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[float, int]]:
+    """:func:`peak_memory` for several (recompute, zero) settings of one layout at once
+    (the search's memory ladder): (bytes, pipeline rank) of the most loaded rank of each."""
+    out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
+    for r, shape, _ in distinct_shapes(model, plan):
+        for step, parts in memory_parts(model, device, plan, r, shape, steps).items():
+            total = parts.peak(device)
+            if total > out[step][0]:
+                out[step] = (total, r)
+    return out
 
 
 def estimate_rank_memory(model: ModelSpec, device: Device, plan: Plan, rank: int) -> RankMemory:
     """Peak memory of pipeline rank ``rank`` (bytes per component)."""
-    shape = rank_shapes(model, plan)[rank]
-    static, per_chunk = _static_parts(model, device, plan, shape)
-    chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
-    parts = {k: static[k] for k in ("weights", "gradients", "optimizer")}
-    parts["activations"] = chunks * per_chunk
-    parts.update({k: v for k, v in static.items() if k not in parts})
-    return RankMemory(rank=rank, parts=_finish(device, parts))
+    setting = (plan.recompute, plan.zero)
+    parts = memory_parts(model, device, plan, rank, rank_shapes(model, plan)[rank], [setting])[setting]
+    return RankMemory(rank=rank, parts=parts.breakdown(device))
 
 
 def estimate_memory(model: ModelSpec, device: Device, plan: Plan) -> list[RankMemory]:
@@ -358,16 +376,6 @@ def estimate_memory(model: ModelSpec, device: Device, plan: Plan) -> list[RankMe
 
 def peak_memory(model: ModelSpec, device: Device, plan: Plan) -> tuple[float, int]:
     """(bytes, pipeline rank) of the most loaded rank - the same numbers as
-    :func:`estimate_memory`, without building the breakdowns (the search calls this
-    for every candidate)."""
-    best, best_rank = -1.0, 0
-    frag = 1 + device.allocator_fragmentation
-    runtime = device.runtime_reserved_gib * GIB
-    for r, shape, _ in distinct_shapes(model, plan):
-        parts, per_chunk = _static_parts(model, device, plan, shape)
-        static = sum(parts.values())
-        chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, r)
-        total = (static + chunks * per_chunk) * frag + runtime
-        if total > best:
-            best, best_rank = total, r
-    return best, best_rank
+    :func:`estimate_memory`'s totals, without building the breakdowns."""
+    setting = (plan.recompute, plan.zero)
+    return peak_memory_ladder(model, device, plan, [setting])[setting]
