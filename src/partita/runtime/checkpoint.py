@@ -7,10 +7,13 @@ them (tensor parallel, FSDP, and experts - wrapped as ``Shard(0)`` over the ep g
 as plain tensors where it replicates them. DCP records each shard's global offsets, so a
 checkpoint written under dp=2,tp=2 loads under pp=2,dp=2, dp=4 or one process.
 
-A checkpoint directory is complete only once ``COMMITTED`` exists: files are written
-into ``step_N.partial/``, rank 0 writes ``meta.json`` and the marker after every rank has
-finished, then renames the directory to ``step_N/`` (an atomic rename). Anything else is
-ignored on resume with a message naming it.
+A checkpoint directory is complete only once its manifest (``MANIFEST.json``, see
+``checkpoint_storage.py``) exists: files are written into ``step_N.partial/`` with their
+size and CRC-32 taken while writing, rank 0 writes ``meta.json`` and then the manifest
+(atomically, fsynced) after every rank has finished, then renames the directory to
+``step_N/`` (an atomic rename). Checkpoints written before manifests existed carry a
+``COMMITTED`` marker instead and are still listed ("legacy"). Resume with verification
+and fallback is in ``checkpoint_resume.py``; docs/checkpoints.md says what is checked.
 """
 from __future__ import annotations
 
@@ -18,16 +21,26 @@ import json
 import os
 import re
 import shutil
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Shard
 
-MARKER = "COMMITTED"
+from ..errors import PartitaError
+from .checkpoint_integrity import first_nonfinite, gather
+from .checkpoint_storage import (LEGACY_MARKER, MANIFEST, ChecksummingWriter, FileRecord, ManifestError,
+                                 build_manifest, check_sizes, fsync_dir, read_manifest, write_bytes_durably)
+
+MARKER = LEGACY_MARKER  # kept for callers of the old name
 STEP_DIR = re.compile(r"^step_(\d+)$")
+Report = Callable[[str], None]
 
 
 def _torch_optimizers(opt) -> list[torch.optim.Optimizer]:
@@ -101,64 +114,178 @@ def state_for_checkpoint(pm, init_optimizer: bool = False) -> dict[str, torch.Te
     return state
 
 
-def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2) -> Path:
-    """Write ``root/step_<step>/`` atomically; keep the newest ``keep`` complete ones."""
+def one_line(e: BaseException) -> str:
+    """A one-line description of an error; for DCP's ``CheckpointException`` (a
+    ``BaseException`` whose text is every rank's traceback) the first failing rank's error."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (exc, _) = sorted(e.failures.items(), key=lambda kv: kv[0])[0]
+        return f"rank {rank}: {one_line(exc)}"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+    text = str(e).strip().splitlines()
+    line = f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def agree(fn: Callable[[], Any], what: str) -> Any:
+    """Collective: run ``fn`` on this rank; if it failed on any rank (``OSError``, DCP's
+    ``CheckpointException``, ``PartitaError``), raise one ``PartitaError`` on every rank,
+    so no rank waits in a collective for one that gave up."""
+    out, error = None, None
+    try:
+        out = fn()
+    except PartitaError as e:
+        error = str(e)
+    except (OSError, CheckpointException) as e:
+        error = f"{what}: {one_line(e)}"
+    errors = [e for e in gather(error) if e]
+    if errors:
+        raise PartitaError(errors[0])
+    return out
+
+
+@dataclass
+class Found:
+    """A directory under a checkpoint root: ``kind`` is "verified" (complete manifest),
+    "legacy" (``COMMITTED`` marker, written before manifests), "damaged" (a step_N
+    directory whose completion record is bad) or "partial" (an unfinished save)."""
+    step: int
+    path: Path
+    kind: str
+    reason: str = ""
+
+
+def _classify(path: Path) -> Found:
+    m = STEP_DIR.match(path.name)
+    if m is None:
+        return Found(-1, path, "partial", "unfinished save (no atomic rename)")
+    step = int(m.group(1))
+    if (path / MANIFEST).exists() or not (path / LEGACY_MARKER).exists():
+        try:
+            manifest = read_manifest(path)
+        except ManifestError as e:
+            return Found(step, path, "damaged", str(e))
+        if manifest.get("step") != step:
+            return Found(step, path, "damaged", f"{MANIFEST}: says step {manifest.get('step')}")
+        meta = manifest["files"].get("meta.json")
+        try:
+            data = (path / "meta.json").read_bytes()
+        except OSError:
+            return Found(step, path, "damaged", "meta.json: missing")
+        if meta is None or f"{zlib.crc32(data):08x}" != meta["crc32"] or len(data) != meta["size"]:
+            return Found(step, path, "damaged", "meta.json: checksum mismatch")
+        return Found(step, path, "verified")
+    try:
+        json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return Found(step, path, "damaged", "unreadable meta.json")
+    return Found(step, path, "legacy")
+
+
+def scan_checkpoints(root: str | Path) -> list[Found]:
+    """Every ``step_*`` directory under ``root`` classified (cheap: reads manifests and
+    ``meta.json`` only), oldest first; ``corrupt-*`` directories are not listed."""
+    root = Path(root)
+    if not root.exists():
+        return []
+    found = [_classify(p) for p in sorted(root.iterdir()) if p.is_dir() and p.name.startswith("step_")]
+    return sorted(found, key=lambda f: (f.step, f.path.name))
+
+
+def complete_checkpoints(root: str | Path, report: Report | None = None) -> list[tuple[int, Path]]:
+    """(step, path) of the complete checkpoints under ``root`` (verified and legacy), oldest
+    first; ``report`` is called with a message for every directory that looks like a
+    checkpoint but is not one. Lists only: nothing is renamed or read beyond manifests."""
+    out = []
+    for f in scan_checkpoints(root):
+        if f.kind in ("verified", "legacy"):
+            out.append((f.step, f.path))
+        elif report:
+            report(f"partita: skipping damaged or partial checkpoint {f.path}: {f.reason}")
+    return out
+
+
+def _prepare(root: Path, partial: Path, report: Report | None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    if partial.exists():
+        if report:
+            report(f"partita: removing {partial}, an unfinished save of the same step left by an interrupted run")
+        shutil.rmtree(partial)
+    partial.mkdir()
+
+
+def _commit(root: Path, partial: Path, final: Path, step: int, world: int, records: dict[str, FileRecord],
+            meta: dict, keep: int) -> None:
+    """Rank 0, after every rank has written: meta.json, the manifest (last, atomic), the
+    directory rename, then the keep rule."""
+    meta = {**meta, "step": step}
+    meta_bytes = json.dumps(meta, indent=1).encode()
+    write_bytes_durably(partial / "meta.json", meta_bytes)
+    records = {**records, "meta.json": FileRecord(len(meta_bytes), zlib.crc32(meta_bytes), 0)}
+    manifest = build_manifest(step, world, records, meta)
+    mismatch = check_sizes(partial, manifest)
+    if mismatch:
+        raise PartitaError(f"checkpoint {partial} does not match what was written ({mismatch[0]}); not committed")
+    write_bytes_durably(partial / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    aside = None
+    if final.exists():  # a checkpoint of the same step from an earlier run: replaced by this verified one
+        aside = final.with_name(final.name + ".replaced")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+    os.replace(partial, final)
+    fsync_dir(root)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    apply_keep_rule(root, keep)
+
+
+def apply_keep_rule(root: str | Path, keep: int) -> list[Path]:
+    """Delete complete checkpoints older than the ``keep`` newest *verified* ones; returns what
+    was deleted. Legacy ones older than those are deleted too; the newest verified one is
+    never deleted (``keep`` <= 0 keeps everything); damaged, ``corrupt-*`` and partial
+    directories are never counted and never touched."""
+    if keep <= 0:
+        return []
+    found = scan_checkpoints(root)
+    verified = [f for f in found if f.kind == "verified"]
+    if len(verified) <= keep:
+        return []
+    oldest_kept = verified[-keep].step
+    gone = []
+    for f in found:
+        if f.kind in ("verified", "legacy") and f.step < oldest_kept:
+            shutil.rmtree(f.path, ignore_errors=True)
+            gone.append(f.path)
+    return gone
+
+
+def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2,
+                    report: Report | None = None) -> Path:
+    """Collective: write ``root/step_<step>/`` atomically with a manifest of every file's size
+    and CRC-32, then keep the newest ``keep`` verified checkpoints. A state holding a NaN/inf
+    is refused, and a failed write (not writable, disk full) is one ``PartitaError`` naming
+    the directory; in both cases the committed checkpoints are untouched."""
     root = Path(root)
     final = root / f"step_{step:08d}"
     partial = root / f"step_{step:08d}.partial"
-    rank = dist.get_rank()
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if partial.exists():
-            shutil.rmtree(partial)
-    dist.barrier()
-    dcp.save(state_for_checkpoint(pm), checkpoint_id=str(partial))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state = state_for_checkpoint(pm)
+    bad = first_nonfinite(state)
+    if bad is not None:
+        raise PartitaError(f"refusing to save checkpoint step {step}: {bad} is not finite (NaN or inf); "
+                           f"the checkpoints in {root} are unchanged")
+    agree(lambda: _prepare(root, partial, report) if rank == 0 else None, f"could not create checkpoint {partial}")
+    writer = ChecksummingWriter(partial, rank)
+    agree(lambda: dcp.save(state, storage_writer=writer),
+          f"could not write checkpoint {partial} (earlier checkpoints are intact)")
     if os.environ.get("PARTITA_CRASH_IN_SAVE") == str(step):  # fault injection for tests
         os._exit(3)
-    dist.barrier()
-    if rank == 0:
-        with open(partial / "meta.json", "w") as f:
-            json.dump({**meta, "step": step}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        (partial / MARKER).write_text("ok\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old[1], ignore_errors=True)
-    dist.barrier()
+    records: dict[str, FileRecord] = {}
+    for per_rank in gather(writer.records):
+        records.update(per_rank)
+    agree(lambda: _commit(root, partial, final, step, world, records, meta, keep) if rank == 0 else None,
+          f"could not finish checkpoint {partial} (earlier checkpoints are intact)")
     return final
-
-
-def complete_checkpoints(root: str | Path, report=None) -> list[tuple[int, Path]]:
-    """(step, path) of the complete checkpoints under ``root``, oldest first; ``report`` is
-    called with a message for every directory that looks like a checkpoint but is not one."""
-    root = Path(root)
-    found = []
-    if not root.exists():
-        return found
-    for path in sorted(root.iterdir()):
-        if not path.is_dir() or not path.name.startswith("step_"):
-            continue
-        m = STEP_DIR.match(path.name)
-        why = None
-        if m is None:
-            why = "unfinished save (no atomic rename)"
-        elif not (path / MARKER).exists():
-            why = f"no {MARKER} marker"
-        else:
-            try:
-                json.loads((path / "meta.json").read_text())
-            except (OSError, ValueError):
-                why = "unreadable meta.json"
-        if why:
-            if report:
-                report(f"partita: skipping damaged or partial checkpoint {path}: {why}")
-            continue
-        found.append((int(m.group(1)), path))
-    return sorted(found)
-
 
 def load_checkpoint(pm, path: str | Path) -> dict:
     """Load a checkpoint written under any plan into ``pm``; returns its metadata."""

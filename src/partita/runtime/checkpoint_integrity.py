@@ -1,0 +1,133 @@
+"""Checking a checkpoint before trusting it: files against the manifest, tensors finite.
+
+Every function here that takes no ``rank``/``world`` argument is *collective*: all ranks
+of the default process group call it and all get the same answer (the per-rank results
+are combined with ``all_gather_object``), so no rank goes on with a checkpoint another
+rank rejected.
+
+File verification is split across ranks: the manifest's files are dealt out largest
+first to the least-loaded rank (the LPT rule, Graham 1969, "Bounds on multiprocessing
+timing anomalies"), so the ranks read and checksum disjoint shares in parallel and the
+slowest share is at most 4/3 of the ideal.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from .checkpoint_storage import file_crc32
+
+CORRUPT_PREFIX = "corrupt-"
+Report = Callable[[str], None]
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather(value) -> list:
+    """``value`` of every rank, in rank order (a plain list without a process group)."""
+    rank, world = _rank_world()
+    if world == 1:
+        return [value]
+    out: list = [None] * world
+    dist.all_gather_object(out, value)
+    return out
+
+
+def share_of_files(files: dict[str, dict], rank: int, world: int) -> list[str]:
+    """The names ``rank`` verifies: largest first to the least-loaded rank (ties: lowest rank,
+    then name), the same deal on every rank."""
+    load = [0] * world
+    mine = []
+    for name in sorted(files, key=lambda n: (-files[n]["size"], n)):
+        r = min(range(world), key=lambda i: (load[i], i))
+        load[r] += files[name]["size"]
+        if r == rank:
+            mine.append(name)
+    return mine
+
+
+def verify_files(path: Path, manifest: dict, names: list[str]) -> list[str]:
+    """Problems found in ``names`` of checkpoint ``path`` (size, then CRC-32 against the
+    manifest), one ``"<file>: <reason>"`` each; empty when all match."""
+    problems = []
+    buf = bytearray(1 << 23)
+    for name in names:
+        rec = manifest["files"][name]
+        try:
+            st = os.stat(path / name)
+        except OSError:
+            problems.append(f"{name}: missing")
+            continue
+        if st.st_size != rec["size"]:
+            problems.append(f"{name}: {st.st_size} bytes, manifest says {rec['size']} (truncated or overwritten)")
+            continue
+        try:
+            size, crc = file_crc32(path / name, buf)
+        except OSError as e:
+            problems.append(f"{name}: unreadable ({e.strerror or e})")
+            continue
+        if size != rec["size"] or f"{crc:08x}" != rec["crc32"]:
+            problems.append(f"{name}: checksum mismatch (crc32 {crc:08x}, manifest says {rec['crc32']})")
+    return problems
+
+
+def verify_checkpoint(path: Path, manifest: dict) -> list[str]:
+    """Collective: every rank verifies its share of the files; all ranks get all problems."""
+    rank, world = _rank_world()
+    mine = verify_files(Path(path), manifest, share_of_files(manifest["files"], rank, world))
+    return [p for per_rank in gather(mine) for p in per_rank]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def nonfinite_names(state: dict[str, torch.Tensor]) -> list[str]:
+    """Keys of this rank's floating-point tensors (local shards) holding a NaN or an inf."""
+    bad = []
+    for name, t in state.items():
+        if torch.is_tensor(t) and (t.is_floating_point() or t.is_complex()):
+            local = _local(t)
+            if local.numel() and not bool(torch.isfinite(local).all()):
+                bad.append(name)
+    return bad
+
+
+def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:
+    """Collective: the first tensor name (in rank order) that is not finite on some rank, or None."""
+    for per_rank in gather(nonfinite_names(state)):
+        if per_rank:
+            return per_rank[0]
+    return None
+
+
+def quarantine(path: Path, reason: str, report: Report | None) -> Path:
+    """Rank 0 renames a damaged checkpoint to ``corrupt-<name>`` (``corrupt-<name>.<k>`` if
+    taken) - never deletes it - and reports one line; collective, returns the new path."""
+    rank, _ = _rank_world()
+    target = None
+    error = None
+    if rank == 0:
+        target = path.with_name(CORRUPT_PREFIX + path.name)
+        k = 1
+        while target.exists():
+            target = path.with_name(f"{CORRUPT_PREFIX}{path.name}.{k}")
+            k += 1
+        try:
+            os.replace(path, target)
+        except OSError as e:
+            error = f"could not rename it ({e.strerror or e}); left as is"
+            target = path
+        if report:
+            where = f"renamed to {target.name}" if error is None else error
+            report(f"partita: warning: checkpoint {path} is damaged: {reason}; {where}")
+    return Path(gather(str(target) if rank == 0 else None)[0])
