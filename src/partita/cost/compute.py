@@ -78,6 +78,40 @@ def layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool
     return _layer_forward(model, device, shape, moe)
 
 
+@memoised
+def selective_gemm_fraction(model: ModelSpec, moe: bool) -> float:
+    """Share of a layer's GEMM FLOPs that op-level selective checkpointing recomputes.
+
+    The policy (runtime/recompute.py, torchtitan's "op" SAC) saves the output of every
+    other matmul in execution order - the 1st, 3rd, ... - and recomputes the others.
+    A LLaMA layer runs wq, wk, wv, wo, then w1, w3, w2, so it recomputes wk, wo and w3:
+    per token ``(kv + o + f) / (q + 2 kv + o + 3 f)`` of the GEMM FLOPs (``q``, ``kv``,
+    ``o``: the q, k/v and attention-output widths; ``f``: the FFN width) - 0.365 for
+    Llama-3-8B, 0.363 for Llama-3-70B. MLA runs its down/up projections in the same
+    alternation. Routed and shared experts run many equal matmuls in a row, so half
+    of their FLOPs are recomputed; the router's matmul is one of the sequence."""
+    h = model.hidden
+    if model.mla:
+        m = model.mla
+        qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        attn = ([h * m.q_lora_rank, m.q_lora_rank * model.heads * qk_head] if m.q_lora_rank
+                else [h * model.heads * qk_head])
+        attn += [h * (m.kv_lora_rank + m.qk_rope_head_dim), m.kv_lora_rank * model.heads * (m.qk_nope_head_dim + m.v_head_dim)]
+    else:
+        attn = [h * model.q_dim, h * model.kv_dim, h * model.kv_dim]
+    gemms = attn + [model.attn_out_dim * h]
+    mats = 3 if model.gated else 2
+    halves = 0.0  # expert FLOPs, of which half are recomputed
+    if moe and model.moe:
+        mo = model.moe
+        gemms.append(h * mo.num_experts)  # router
+        halves = mats * h * (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden)
+    else:
+        gemms += [h * model.ffn_hidden] * mats
+    recomputed = sum(gemms[1::2]) + halves / 2
+    return recomputed / (sum(gemms) + halves)
+
+
 def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool) -> LayerCost:
     tp = shape.tp
     tokens = shape.tokens  # tokens this rank's GEMMs see (SP gathers them back)

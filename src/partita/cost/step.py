@@ -39,17 +39,13 @@ from ..plan import Plan, group_span
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
 from . import comm
-from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward
+from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward, selective_gemm_fraction
 from .memo import memoised
 from .memory import RankShape, _grad_bytes, _shape_params, grad_bytes, rank_shapes, distinct_shapes, shape_params
 from .pipeline import pipeline_time, pipeline_time_of
 from .shape import StageShape, Zero3Shape, expert_dp_span, stage_shape, zero3_shape
 
 
-#: Fraction of a layer's GEMM FLOPs op-level selective checkpointing recomputes: with
-#: the policy "save every other matmul", a LLaMA layer recomputes wk, wo and w3, i.e.
-#: (kv + h + f) / (2h + 2kv + 3f) of its GEMM FLOPs - 0.37 for Llama-3-8B, 0.36 for 70B.
-SELECTIVE_GEMM_FRACTION = 0.36
 #: The backward pass runs two GEMMs (input and weight gradients) per forward GEMM, so
 #: forward + backward = 3 forwards [Narayanan et al. SC'21 appendix]; the forward is a
 #: third of the work a layer does per micro-batch.
@@ -136,17 +132,18 @@ class TimesByKind(NamedTuple):
 _ZERO = StageTerms()
 
 
-def _layer_terms(layer: LayerCost, recompute: str, tp_coll: float, n_tp: int, tp_framework: float, cp_pass: float,
-                 a2a: float) -> StageTerms:
+def _layer_terms(layer: LayerCost, recompute: str, selective: float, tp_coll: float, n_tp: int, tp_framework: float,
+                 cp_pass: float, a2a: float) -> StageTerms:
     """One layer's contribution: forward + 2x backward, recompute (full: the forward again;
-    selective: element-wise ops and a share of the GEMMs), and its communication."""
+    selective: element-wise ops and the ``selective`` share of the GEMMs), and its
+    communication."""
     if recompute == "full":
         rc, rc_flops = layer.time, layer.flops
     elif recompute == "selective":
-        # op-level SAC recomputes every other GEMM (about a third of the layer's GEMM FLOPs:
-        # k/o projections and one MLP projection) and the element-wise ops
-        rc = layer.elementwise_time + SELECTIVE_GEMM_FRACTION * layer.gemm_time
-        rc_flops = SELECTIVE_GEMM_FRACTION * layer.gemm_flops
+        # op-level SAC recomputes every other GEMM (about a third of the layer's GEMM FLOPs,
+        # :func:`.compute.selective_gemm_fraction`) and the element-wise ops
+        rc = layer.elementwise_time + selective * layer.gemm_time
+        rc_flops = selective * layer.gemm_flops
     else:
         rc, rc_flops = 0.0, 0.0
     t = layer.time
@@ -221,8 +218,10 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     # per layer: 2 tp collectives per block forward and 2 backward (+2 with full recompute);
     # a MoE layer only its attention block's
     return TermsByKind(
-        dense=_layer_terms(dense, shape.recompute, tp_coll, 2 * (2 + rc_full), tp_framework, cp_pass, 0.0) if dense else _ZERO,
-        moe=_layer_terms(moe, shape.recompute, tp_coll, 2 + rc_full, tp_framework, cp_pass, a2a) if moe else _ZERO,
+        dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), tp_coll, 2 * (2 + rc_full),
+                           tp_framework, cp_pass, 0.0) if dense else _ZERO,
+        moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), tp_coll, 2 + rc_full,
+                         tp_framework, cp_pass, a2a) if moe else _ZERO,
         embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
         output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
         per_stage=per_stage)
@@ -357,7 +356,10 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     parts["dp gradient sync"] = worst_dp
     parts["optimizer step"] = worst_opt
     if model.tied_embeddings and plan.pp > 1:
+        # the first and the last stage all-reduce the tied weight's gradient: a 2-member
+        # group, on one node only when the whole pipeline group is (row-major mesh, pp outermost)
         size = model.vocab * model.hidden / plan.tp * _grad_bytes(plan)
-        parts["tied embedding sync"] = comm.all_reduce(dev, size, 1, 2)
+        same_node = group_span(plan, "pp", dpn)[1] == 1
+        parts["tied embedding sync"] = comm.all_reduce(dev, size, *((2, 1) if same_node else (1, 2)))
     step = pipe + sum(v for key, v in parts.items() if key in ("dp gradient sync", "optimizer step", "tied embedding sync"))
     return StepTime(step=step, parts={k: v for k, v in parts.items() if v > 0}, stages=stages)
