@@ -55,6 +55,8 @@ def test_one_f_one_b_in_flight_and_bubble():
     assert pipeline_time([1.0] * 4, 8, 1, "1f1b") == pytest.approx(8 + 3)
     assert pipeline_time([1.0] * 4, 8, 2, "interleaved-1f1b") == pytest.approx(8 + 1.5)
     assert pipeline_time([1.0, 2.0], 4, 1, "1f1b") == pytest.approx(4 * 2 + 1)
+    # zero-bubble (ZB-H1): a third of the 1F1B bubble
+    assert pipeline_time([1.0] * 4, 8, 1, "zero-bubble") == pytest.approx(8 + 3 / 3)
 
 
 def test_model_states_by_zero_stage():
@@ -113,3 +115,230 @@ def test_memo_keys_follow_content_not_identity():
     assert times[0] == times[2] and times[1] == times[3]
     # 4 layers x 4 micro-batches x 1 ms more with the framework term
     assert times[1] - times[0] == pytest.approx(4 * 4 * 1e-3, rel=1e-9)
+
+
+# ---------------------------------------------------------------- every term, by hand
+# A small configuration with round numbers, so each stage term and memory part can be
+# written out by hand from the formulas in docs/cost_model.md. Zeroing or doubling any
+# single term changes one of the figures below.
+from partita.cost.memory import GIB, estimate_rank_memory, peak_memory  # noqa: E402
+from partita.cost.step import estimate_step_time, stage_terms  # noqa: E402
+from partita.spec.hardware import Cluster, Device, Efficiency  # noqa: E402
+from partita.spec.model import MoESpec  # noqa: E402
+
+HAND_EFF = Efficiency(gemm=0.5, gemm_fp8=0.5, attention=0.25, memory_bandwidth=0.5, intra_node_comm=0.5,
+                      inter_node_comm=0.5, gemm_half_gflop=1.0, kernel_overhead_us_per_layer=10.0, tp_overlap=0.5,
+                      tp_framework_us_per_layer=100.0, zero3_framework_us_per_layer=50.0)
+
+
+def hand_cluster(devices: int, per_node: int) -> Cluster:
+    # 100 TFLOPS bf16, 1 TB/s HBM, 100 GB/s inside a node (switch), 10 GB/s NIC, no latency
+    dev = Device(name="hand", description="", peak_tflops={"bf16": 100.0}, hbm_gib=80, usable_gib=80, hbm_tbps=1.0,
+                 runtime_reserved_gib=1.0, allocator_fragmentation=0.1, comm_buffer_mib_per_group=100.0,
+                 intra_link="x", intra_topology="switch", intra_gbps=100.0, peer_gbps=100.0, devices_per_node=per_node,
+                 intra_latency_us=0.0, inter_link="y", inter_gbps=10.0, inter_latency_us=0.0, efficiency=HAND_EFF,
+                 source_file="test")
+    return Cluster(device=dev, devices_per_node=per_node, nodes=devices // per_node)
+
+
+# h = 1024, 8 heads of 128, 2 KV heads (kv_dim 256), SwiGLU f = 4096, V = 32000, 4 layers
+HAND = ModelSpec(name="hand", hidden=1024, layers=4, heads=8, kv_heads=2, ffn_hidden=4096, vocab=32000)
+HAND_MOE = ModelSpec(name="hand-moe", hidden=1024, layers=4, heads=8, kv_heads=2, ffn_hidden=4096, vocab=32000,
+                     moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden=2048))
+HAND_TIED = ModelSpec(name="hand-tied", hidden=1024, layers=4, heads=8, kv_heads=2, ffn_hidden=4096, vocab=32000,
+                      tied_embeddings=True)
+# rates: GEMM 1e14 x 0.5 x G / (G + 1) for G GFLOP per GEMM; attention 1e14 x 0.25;
+# HBM 1e12 x 0.5; intra-node 100e9 x 0.5; network 10e9 x 0.5
+HBM, INTRA, INTER = 5e11, 5e10, 5e9
+
+
+def gemm_s(flops: float, count: int) -> float:
+    g = flops / count / 1e9
+    return flops / (1e14 * 0.5 * g / (g + 1))
+
+
+def dense_layer(tokens: float, tp: int, seq: int) -> tuple[float, float, float, float]:
+    """(time, FLOPs, GEMM time, element-wise time) of one dense HAND layer forward on one rank (sp on)."""
+    proj = 2 * tokens * (1024 * (1024 + 2 * 256) + 1024 * 1024) / tp  # wq, wk, wv, wo
+    mlp = 2 * tokens * 3 * 1024 * 4096 / tp  # w1, w3, w2
+    attn = 2 * tokens * (seq + 1) / 2 * (8 / tp) * (128 + 128)  # causal: (s+1)/2 keys on average
+    # norms + residuals 10h (sp: / tp), RoPE on q and k 2 (q + kv) / tp, SwiGLU 3 f / tp, 2 bytes each
+    elem = tokens * 2 * (10 * 1024 / tp + 2 * (1024 + 256) / tp + 3 * 4096 / tp) / HBM
+    gemm = gemm_s(proj, 4) + gemm_s(mlp, 3)
+    return gemm + attn / 2.5e13 + elem + 10e-6, proj + mlp + attn, gemm, elem
+
+
+def test_hand_stage_terms_dense_tp_pp():
+    # tp 2 (sp) x pp 2 x dp 2 on 2 nodes of 4; mbs 1, seq 1024: 1024 tokens per micro-batch
+    cluster = hand_cluster(8, 4)
+    plan = Plan(dp=2, tp=2, pp=2, sp=True, mbs=1, gbs=4, seq_len=1024, zero=1)
+    kinds, times = stage_terms(HAND, cluster, plan)
+    t, flops, _, _ = dense_layer(1024, 2, 1024)
+    # tp all-reduce of b s h x 2 bytes inside a node (g = 2): 2 (1/2) S / 5e10
+    ar = 1024 * 1024 * 2 / INTRA
+    assert kinds.dense.compute == pytest.approx(3 * t, rel=1e-12)  # forward + 2x backward
+    assert kinds.dense.forward == pytest.approx(t, rel=1e-12)
+    assert kinds.dense.backward == pytest.approx(2 * t, rel=1e-12)
+    assert kinds.dense.flops == pytest.approx(3 * flops, rel=1e-12)
+    assert kinds.dense.recompute == 0.0
+    # 2 collectives forward + 2 backward in each of attention and MLP, plus 100 us host work
+    assert kinds.dense.tp_comm == pytest.approx(4 * ar + 100e-6, rel=1e-12)
+    assert kinds.dense.cp_comm == 0.0 and kinds.dense.ep_all_to_all == 0.0
+    # embedding: gather read + write of b s h x 2 bytes; one tp collective
+    emb = 2 * 1024 * 1024 * 2 / HBM
+    assert kinds.embedding.compute == pytest.approx(3 * emb, rel=1e-12)
+    assert kinds.embedding.tp_comm == pytest.approx(ar, rel=1e-12)
+    # output layer: 2 b s h V / tp FLOPs in one GEMM, cross-entropy reads V/tp logits x (2 + 3 x 4) bytes
+    out_flops = 2 * 1024 * 1024 * 32000 / 2
+    out = gemm_s(out_flops, 1) + 1024 * 16000 * 14 / HBM
+    assert kinds.output.compute == pytest.approx(3 * out, rel=1e-12)
+    assert kinds.output.flops == pytest.approx(3 * out_flops, rel=1e-12)
+    assert kinds.output.tp_comm == pytest.approx(2 * ar, rel=1e-12)
+    # pipeline: the pp neighbour is 4 ranks away = the next node; one send each way of b s h / tp x 2 bytes
+    p2p = 2 * (1024 * 1024 * 2 / 2 / INTER)
+    assert kinds.per_stage.pp_send_recv == pytest.approx(p2p, rel=1e-12)
+    assert times.dense == pytest.approx(3 * t + 4 * ar + 100e-6, rel=1e-12)
+    # the step: 2 micro-batches through 2 stages (2 layers each; embedding first, output last)
+    stage0 = 2 * (3 * t + 4 * ar + 100e-6) + 3 * emb + ar + p2p
+    stage1 = 2 * (3 * t + 4 * ar + 100e-6) + 3 * out + 2 * ar + p2p
+    step = estimate_step_time(HAND, cluster, plan)
+    assert [s.total for s in step.stages] == pytest.approx([stage0, stage1], rel=1e-12)
+    assert step.parts["pipeline bubble"] == pytest.approx(min(stage0, stage1), rel=1e-12)  # (sum - max) / vpp
+
+
+def test_hand_recompute_terms():
+    cluster = hand_cluster(8, 4)
+    t, flops, gemm, elem = dense_layer(1024, 2, 1024)
+    ar = 1024 * 1024 * 2 / INTRA
+    full, _ = stage_terms(HAND, cluster, Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, recompute="full"))
+    assert full.dense.recompute == pytest.approx(t, rel=1e-12)  # the forward once more
+    assert full.dense.backward == pytest.approx(3 * t, rel=1e-12)
+    assert full.dense.flops == pytest.approx(4 * flops, rel=1e-12)
+    # the forward's 2 + 2 collectives again; the host work of a forward (a third) again
+    assert full.dense.tp_comm == pytest.approx(6 * ar + 100e-6 * (1 + 1 / 3), rel=1e-12)
+    assert full.embedding.recompute == 0.0 and full.output.recompute == 0.0
+    sel, _ = stage_terms(HAND, cluster, Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, recompute="selective"))
+    # every other matmul of wq wk wv wo w1 w3 w2: wk, wo, w3 = (kv + o + f) / (q + 2 kv + o + 3 f)
+    share = (256 + 1024 + 4096) / (1024 + 2 * 256 + 1024 + 3 * 4096)
+    assert sel.dense.recompute == pytest.approx(elem + share * gemm, rel=1e-12)
+    assert sel.dense.tp_comm == pytest.approx(4 * ar + 100e-6, rel=1e-12)
+
+
+def test_hand_overlapped_tp_and_context_parallel():
+    # cp 2 with tp 2 on nodes of 2: the cp neighbour (2 ranks away) is on the next node
+    cluster = hand_cluster(4, 2)
+    plan = Plan(dp=1, tp=2, cp=2, sp=True, gbs=1, seq_len=1024, zero=0, tp_comm_overlap=True)
+    kinds, _ = stage_terms(HAND, cluster, plan)
+    tokens = 512
+    ar = tokens * 1024 * 2 / INTRA * (1 - 0.5)  # half hidden by the overlap
+    assert kinds.dense.tp_comm == pytest.approx(4 * ar + 100e-6, rel=1e-12)
+    # ring attention: one K/V hop (2 kv_dim / tp x 2 bytes per token) per other cp rank,
+    # hidden behind this rank's attention kernel; forward, 2x backward
+    hop = tokens * 2 * 256 * 2 / 2 / INTER
+    attn = 2 * tokens * 1025 / 2 * 4 * 256 / 2.5e13
+    assert kinds.dense.cp_comm == pytest.approx(3 * (hop - attn), rel=1e-12) and hop > attn
+    t, _, _, _ = dense_layer(tokens, 2, 1024)
+    assert kinds.dense.compute == pytest.approx(3 * t, rel=1e-12)
+
+
+def test_hand_moe_terms_and_expert_memory():
+    # 4 experts, top 2, ep 2 carved from dp 2, tp 1, one node of 4
+    cluster = hand_cluster(2, 4)
+    plan = Plan(dp=2, ep=2, gbs=2, seq_len=1024, zero=1, overlap_grad_reduce=False, overlap_param_gather=False)
+    kinds, _ = stage_terms(HAND_MOE, cluster, plan)
+    tokens = 1024
+    # dispatch + combine, forward and backward, of top_k b s h x 2 bytes; half stays on the rank
+    a2a = (1 / 2) * tokens * 2 * 1024 * 2 / INTRA
+    assert kinds.moe.ep_all_to_all == pytest.approx(4 * a2a, rel=1e-12)
+    proj = 2 * tokens * (1024 * (1024 + 512) + 1024 * 1024)
+    router = 2 * tokens * 1024 * 4
+    routed = 2 * tokens * 2 * 3 * 1024 * 2048  # top_k x SwiGLU(2048) per token
+    attn = 2 * tokens * 1025 / 2 * 8 * 256
+    assert kinds.moe.flops == pytest.approx(3 * (proj + router + routed + attn), rel=1e-12)
+    assert kinds.dense == (0.0,) * 9  # no dense layer in this model
+    # memory: routed experts divided by ep, the rest replicated; fp32 grads, Adam sharded over dp
+    expert = 4 * 4 * 3 * 1024 * 2048 / 2  # layers x experts x expert params / ep
+    layer_rest = HAND_MOE.layer_kind_params(True) - 4 * 3 * 1024 * 2048
+    dense = 4 * layer_rest + 2 * 32000 * 1024 + 1024  # layers, embedding, output + final norm
+    parts = estimate_rank_memory(HAND_MOE, cluster.device, plan, 0).parts
+    assert parts["weights"] == pytest.approx(2 * (dense + expert), rel=1e-12)
+    assert parts["gradients"] == pytest.approx(4 * (dense + expert), rel=1e-12)
+    # dense states over dp = 2; expert states over the expert data-parallel group dp / ep = 1
+    assert parts["optimizer"] == pytest.approx(12 * dense / 2 + 12 * expert, rel=1e-12)
+    step = estimate_step_time(HAND_MOE, cluster, plan)
+    # Adam: 34 bytes per local parameter (read grad, master, m, v; write master, m, v, bf16 copy; zero grad)
+    assert step.parts["optimizer step"] == pytest.approx(34 * (dense / 2 + expert) / HBM, rel=1e-12)
+    # zero 1 without overlap: reduce-scatter of fp32 grads + all-gather of bf16 weights over dp (g = 2)
+    rs_ag = 0.5 * dense * 4 / INTRA + 0.5 * dense * 2 / INTRA
+    assert step.parts["dp gradient sync"] == pytest.approx(rs_ag, rel=1e-12)
+
+
+def test_hand_memory_parts():
+    cluster = hand_cluster(8, 4)
+    plan = Plan(dp=2, tp=2, pp=2, sp=True, mbs=1, gbs=4, seq_len=1024, zero=1)
+    layer = HAND.layer_kind_params(False)
+    params0 = 2 * layer / 2 + 32000 * 1024 / 2  # rank 0: 2 layers and the embedding, / tp
+    parts = estimate_rank_memory(HAND, cluster.device, plan, 0).parts
+    assert parts["weights"] == pytest.approx(2 * params0, rel=1e-12)
+    assert parts["gradients"] == pytest.approx(4 * params0, rel=1e-12)
+    assert parts["optimizer"] == pytest.approx(12 * params0 / 2, rel=1e-12)
+    # activations per layer (sp, tp 2): tokens x (4h x 2 bytes / tp outside; q, k, v, o x 2 / tp,
+    # fp32 LSE per head / tp, 3 f x 2 / tp inside) = 1024 x (4096 + 2560 + 16 + 12288)
+    per_layer = 1024 * (4 * 1024 * 2 / 2 + 2 * (1024 + 512 + 1024) / 2 + 4 * 8 / 2 + 2 * 3 * 4096 / 2)
+    embedding_out = 1024 * 2 * 1024 / 2
+    # 1F1B rank 0 of 2 holds min(m, p) = 2 micro-batches
+    assert parts["activations"] == pytest.approx(2 * (2 * per_layer + embedding_out), rel=1e-12)
+    assert parts["transient"] == pytest.approx(2 * per_layer, rel=1e-12)  # one layer's activations + their grads
+    assert parts["communication buffers"] == 4 * 100 * 2 ** 20  # tp, dp, pp groups + the world
+    allocated = sum(v for k, v in parts.items() if k not in ("allocator fragmentation", "runtime (context, workspaces)"))
+    assert parts["allocator fragmentation"] == pytest.approx(0.1 * allocated, rel=1e-12)
+    assert parts["runtime (context, workspaces)"] == GIB
+    last = estimate_rank_memory(HAND, cluster.device, plan, 1).parts
+    # last rank: the logits and fp32 softmax (V / tp x (2 + 4) bytes per token) outweigh a layer's
+    assert last["transient"] == pytest.approx(1024 * 16000 * 6, rel=1e-12)
+    assert last["activations"] == pytest.approx(1 * 2 * per_layer, rel=1e-12)  # rank 1 holds 1 micro-batch
+    assert peak_memory(HAND, cluster.device, plan) == (sum(last.values()), 1)  # the logits make rank 1 the peak
+    # selective: keep the input (2h / tp), q, v, o, w1 output and LSE: 1024 x (2048 + 2304 + 16 + 4096)
+    sel = estimate_rank_memory(HAND, cluster.device, plan.with_(recompute="selective"), 1).parts
+    kept = 1024 * (2 * 2 * 1024 / 2 + 2 * (1024 + 256 + 1024 + 4096) / 2 + 4 * 8 / 2)
+    assert sel["activations"] == pytest.approx(2 * kept, rel=1e-12)
+
+
+def test_hand_zero3_and_tied_embedding():
+    cluster = hand_cluster(8, 4)
+    plan = Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, zero=3)
+    layer = HAND.layer_kind_params(False)
+    params1 = 2 * layer / 2 + (1024 + 32000 * 1024) / 2  # rank 1: 2 layers, final norm, output layer
+    parts = estimate_rank_memory(HAND, cluster.device, plan, 1).parts
+    # zero 3: the fp32 master is the parameter: 4 + 4 + 8 bytes, all over dp = 2
+    assert parts["weights"] == pytest.approx(4 * params1 / 2, rel=1e-12)
+    assert parts["gradients"] == pytest.approx(4 * params1 / 2, rel=1e-12)
+    assert parts["optimizer"] == pytest.approx(8 * params1 / 2, rel=1e-12)
+    # current + prefetched layer in bf16 and one layer's fp32 gradients, unsharded
+    assert parts["zero3 gathered layers"] == pytest.approx(params1 / 2 * (2 * 2 + 4), rel=1e-12)
+    step = estimate_step_time(HAND, cluster, plan)
+    # per micro-batch: all-gather bf16 weights forward and backward, reduce-scatter fp32 grads, dp g = 2
+    traffic = 2 * 0.5 * params1 * 2 / INTRA + 0.5 * params1 * 4 / INTRA
+    stage1 = step.stages[1]
+    compute = stage1.parts["compute"] + stage1.parts["recompute"]
+    exposed = max(0.0, traffic - compute) + traffic / 2 + 2 * 50e-6
+    assert stage1.parts["zero3 gather/scatter"] == pytest.approx(exposed, rel=1e-12)
+    # tied embeddings: first and last stage all-reduce the V h / tp fp32 gradient across 2 nodes
+    tied = estimate_step_time(HAND_TIED, cluster, plan.with_(zero=1))
+    assert tied.parts["tied embedding sync"] == pytest.approx(2 * 0.5 * 32000 * 1024 / 2 * 4 / INTER, rel=1e-12)
+    # a pipeline inside one node all-reduces over the node's links
+    one_node = estimate_step_time(HAND_TIED, hand_cluster(8, 8), plan.with_(zero=1))
+    assert one_node.parts["tied embedding sync"] == pytest.approx(2 * 0.5 * 32000 * 1024 / 2 * 4 / INTRA, rel=1e-12)
+
+
+def test_efficiency_record_reads_as_before_and_names_its_sources():
+    dev = load_device("ascend-910b2")
+    assert dev.efficiency["gemm"] == dev.efficiency.gemm == 0.7
+    assert dict(dev.efficiency)["tp_overlap"] == 0.5 and len(dev.efficiency) == 11
+    assert dev.efficiency.source("gemm").startswith("scaled:")
+    assert dev.efficiency.source("tp_framework_us_per_layer").startswith("default:")
+    assert load_device("h100-sxm").efficiency.source("gemm").startswith("fitted:")
+    over = load_device("cpu", {"efficiency": {"gemm": 0.1}})
+    assert over.efficiency.gemm == 0.1 and over.efficiency.source("gemm").startswith("override:")
+    with pytest.raises(KeyError):
+        dev.efficiency["no_such_field"]
