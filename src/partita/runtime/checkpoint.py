@@ -276,12 +276,17 @@ def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2,
                            f"the checkpoints in {root} are unchanged")
     agree(lambda: _prepare(root, partial, report) if rank == 0 else None, f"could not create checkpoint {partial}")
     writer = ChecksummingWriter(partial, rank)
-    agree(lambda: dcp.save(state, storage_writer=writer),
-          f"could not write checkpoint {partial} (earlier checkpoints are intact)")
+    try:
+        dcp.save(state, storage_writer=writer)
+        error = None
+    except (OSError, CheckpointException) as e:
+        error = f"could not write checkpoint {partial} (earlier checkpoints are intact): {one_line(e)}"
     if os.environ.get("PARTITA_CRASH_IN_SAVE") == str(step):  # fault injection for tests
         os._exit(3)
     records: dict[str, FileRecord] = {}
-    for per_rank in gather(writer.records):
+    for per_rank_error, per_rank in gather((error, writer.records)):  # one gather: errors and records
+        if per_rank_error:
+            raise PartitaError(per_rank_error)
         records.update(per_rank)
     agree(lambda: _commit(root, partial, final, step, world, records, meta, keep) if rank == 0 else None,
           f"could not finish checkpoint {partial} (earlier checkpoints are intact)")

@@ -12,6 +12,7 @@ slowest share is at most 4/3 of the ideal.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -80,10 +81,15 @@ def verify_files(path: Path, manifest: dict, names: list[str]) -> list[str]:
     return problems
 
 
-def verify_checkpoint(path: Path, manifest: dict) -> list[str]:
-    """Collective: every rank verifies its share of the files; all ranks get all problems."""
+def verify_checkpoint(path: Path, manifest: dict | None, error: str | None = None) -> list[str]:
+    """Collective: every rank verifies its share of the files; all ranks get all problems.
+    A rank that could not read the manifest passes ``manifest=None`` and its ``error``
+    (one gather for both, so a rank's unreadable manifest cannot leave the others waiting)."""
     rank, world = _rank_world()
-    mine = verify_files(Path(path), manifest, share_of_files(manifest["files"], rank, world))
+    if manifest is None:
+        mine = [error or "manifest unreadable"]
+    else:
+        mine = verify_files(Path(path), manifest, share_of_files(manifest["files"], rank, world))
     return [p for per_rank in gather(mine) for p in per_rank]
 
 
@@ -91,15 +97,22 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every element is finite. Fast path: the sum of a tensor holding a NaN or an
+    inf is NaN or inf (IEEE 754 propagation), so a finite sum proves the tensor finite in
+    one read with no temporary; only a non-finite sum (which an fp16 overflow can also
+    give) is confirmed element by element."""
+    if not t.numel():
+        return True
+    if math.isfinite(float(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def nonfinite_names(state: dict[str, torch.Tensor]) -> list[str]:
     """Keys of this rank's floating-point tensors (local shards) holding a NaN or an inf."""
-    bad = []
-    for name, t in state.items():
-        if torch.is_tensor(t) and (t.is_floating_point() or t.is_complex()):
-            local = _local(t)
-            if local.numel() and not bool(torch.isfinite(local).all()):
-                bad.append(name)
-    return bad
+    return [name for name, t in state.items()
+            if torch.is_tensor(t) and t.is_floating_point() and not _finite(_local(t).detach())]
 
 
 def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:

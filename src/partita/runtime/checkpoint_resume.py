@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import PartitaError
 from .checkpoint import Found, Report, load_checkpoint, one_line, scan_checkpoints, state_for_checkpoint
-from .checkpoint_integrity import CORRUPT_PREFIX, _rank_world, first_nonfinite, gather, quarantine, verify_checkpoint
+from .checkpoint_integrity import CORRUPT_PREFIX, _rank_world, gather, nonfinite_names, quarantine, verify_checkpoint
 from .checkpoint_storage import MANIFEST, ManifestError, read_manifest
 
 
@@ -90,10 +90,7 @@ def _files_problem(found: Found, report: Report | None) -> str | None:
         manifest, error = read_manifest(found.path), None
     except ManifestError as e:
         manifest, error = None, str(e)
-    errors = [e for e in gather(error) if e]
-    if errors:
-        return errors[0]
-    problems = verify_checkpoint(found.path, manifest)
+    problems = verify_checkpoint(found.path, manifest, error)
     if not problems:
         return None
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -110,15 +107,14 @@ def try_checkpoint(pm, found: Found, report: Report | None = None) -> tuple[dict
         return None, problem
     try:
         meta = load_checkpoint(pm, path)
-        error = None
     except (CheckpointException, OSError, ValueError) as e:
         meta, error = None, f"load failed: {one_line(e)}"
-    errors = [e for e in gather(error) if e]
+    else:
+        bad = nonfinite_names(state_for_checkpoint(pm))
+        error = f"{bad[0]} is not finite after loading (NaN or inf)" if bad else None
+    errors = [e for e in gather(error) if e]  # one gather: load errors first, DCP raises on every rank alike
     if errors:
         return None, errors[0]
-    bad = first_nonfinite(state_for_checkpoint(pm))
-    if bad is not None:
-        return None, f"{bad} is not finite after loading (NaN or inf)"
     return meta, None
 
 
