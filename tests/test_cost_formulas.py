@@ -66,6 +66,8 @@ def test_model_states_by_zero_stage():
     assert z1["optimizer"] == pytest.approx(12e9 / 8) and z1["gradients"] == 4e9
     z3 = model_state_bytes(Plan(dp=8, zero=3), 1e9, 8)
     assert sum(z3.values()) == pytest.approx(16e9 / 8)  # fp32 param is the master copy
+    # fp8: the bf16 working weight plus a cached fp8 copy (1 byte)
+    assert model_state_bytes(Plan(dp=8, zero=1, dtype="fp8"), 1e9, 8)["weights"] == 3e9
 
 
 def test_activations_reduce_to_korthikanti_for_gpt():
