@@ -180,22 +180,19 @@ class RankShape:
     last: bool
 
 
-_SHAPES: dict[tuple, tuple[RankShape, ...]] = {}
-
-
 def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
     """The :class:`RankShape` of every pipeline rank (memoised per model and split)."""
-    split = plan.stage_layers(model.layers)
-    key = (model.cache_key, plan.pp, split)
-    shapes = _SHAPES.get(key)
-    if shapes is None:
-        flags = model.moe_flags
-        out = []
-        for r, ids in enumerate(all_rank_layers(model.layers, plan.pp, split)):
-            edges = tuple(flags[i] for i in sorted({ids[0], ids[-1]})) if ids else ()
-            out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == plan.pp - 1))
-        shapes = _SHAPES[key] = tuple(out)
-    return shapes
+    return _rank_shapes(model, plan.pp, plan.stage_layers(model.layers))
+
+
+@memoised
+def _rank_shapes(model: ModelSpec, pp: int, split: tuple[int, ...]) -> tuple[RankShape, ...]:
+    flags = model.moe_flags
+    out = []
+    for r, ids in enumerate(all_rank_layers(model.layers, pp, split)):
+        edges = tuple(flags[i] for i in sorted({ids[0], ids[-1]})) if ids else ()
+        out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == pp - 1))
+    return tuple(out)
 
 
 def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
@@ -267,19 +264,18 @@ def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape,
     """(first rank, shape, number of ranks) for each distinct rank shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
     rank (see :func:`.pipeline.in_flight_chunks`), so the first is the most loaded."""
-    key = (model.cache_key, plan.pp, plan.stage_layers(model.layers))
-    found = _DISTINCT.get(key)
-    if found is None:
-        first: dict[RankShape, int] = {}
-        count: dict[RankShape, int] = {}
-        for r, shape in enumerate(rank_shapes(model, plan)):
-            first.setdefault(shape, r)
-            count[shape] = count.get(shape, 0) + 1
-        found = _DISTINCT[key] = tuple((r, shape, count[shape]) for shape, r in first.items())
-    return found
+    return _distinct_shapes(model, plan.pp, plan.stage_layers(model.layers))
 
 
-_DISTINCT: dict[tuple, tuple[tuple[int, RankShape, int], ...]] = {}
+@memoised
+def _distinct_shapes(model: ModelSpec, pp: int, split: tuple[int, ...]) -> tuple[tuple[int, RankShape, int], ...]:
+    first: dict[RankShape, int] = {}
+    count: dict[RankShape, int] = {}
+    for r, shape in enumerate(_rank_shapes(model, pp, split)):
+        first.setdefault(shape, r)
+        count[shape] = count.get(shape, 0) + 1
+    return tuple((r, shape, count[shape]) for shape, r in first.items())
+
 
 
 class MemoryParts(NamedTuple):
