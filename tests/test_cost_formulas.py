@@ -333,7 +333,7 @@ def test_hand_zero3_and_tied_embedding():
     assert one_node.parts["tied embedding sync"] == pytest.approx(2 * 0.5 * 32000 * 1024 / 2 * 4 / INTRA, rel=1e-12)
 
 
-def test_efficiency_record_reads_as_before_and_names_its_sources():
+def test_efficiency_record_reads_as_before_and_names_its_sources(tmp_path):
     dev = load_device("ascend-910b2")
     assert dev.efficiency["gemm"] == dev.efficiency.gemm == 0.7
     assert dict(dev.efficiency)["tp_overlap"] == 0.5 and len(dev.efficiency) == 11
@@ -344,3 +344,13 @@ def test_efficiency_record_reads_as_before_and_names_its_sources():
     assert over.efficiency.gemm == 0.1 and over.efficiency.source("gemm").startswith("override:")
     with pytest.raises(KeyError):
         dev.efficiency["no_such_field"]
+    # a file `partita calibrate` wrote: its own fields are measured, the rest come from its base
+    import json
+    calibrated = tmp_path / "my-cpu.json"
+    calibrated.write_text(json.dumps({"name": "my-cpu", "extends": "cpu", "calibration": {"world": 2},
+                                      "efficiency": {"gemm": 0.8, "tp_framework_us_per_layer": 40000.0}}))
+    mine = load_device(str(calibrated))
+    assert mine.efficiency.gemm == 0.8 and mine.efficiency.tp_framework_us_per_layer == 40000.0
+    assert mine.efficiency.source("gemm") == mine.efficiency.source("tp_framework_us_per_layer") \
+        == "measured: partita calibrate (my-cpu.json)"
+    assert mine.efficiency.attention == 0.3 and mine.efficiency.source("attention").startswith("measured: torch.matmul")
