@@ -130,18 +130,35 @@ def test_nonfinite_state_is_never_saved(results):
     assert r["dirs"] == [STEP0, STEP1]
 
 
-def test_manifest_lists_every_file_with_size_and_crc32(results):
-    """Independent oracle: every file of the checkpoint reread with zlib.crc32 here."""
+@pytest.mark.parametrize("case,algorithm", [("manifest", "xxh3_64"), ("manifest-crc32", "crc32")])
+def test_manifest_lists_every_file_with_size_and_hash(results, case, algorithm):
+    """Independent oracle: every file of the checkpoint reread and hashed here with the
+    reference implementations (xxhash's one-shot XXH3-64, zlib's CRC-32); a manifest edited
+    by hand fails its own CRC-32."""
     import zlib
-    r = results["manifest"]
+
+    import xxhash
+    reference = {"xxh3_64": xxhash.xxh3_64_hexdigest, "crc32": lambda d: f"{zlib.crc32(d):08x}"}[algorithm]
+    r = results[case]
     manifest = json.loads(Path(r["path"], "MANIFEST.json").read_text())
     on_disk = sorted(p.name for p in Path(r["path"]).iterdir() if p.name != "MANIFEST.json")
     assert sorted(manifest["files"]) == on_disk
     assert {".metadata", "meta.json", "__0_0.distcp", "__1_0.distcp"} <= set(on_disk)
     for name, rec in manifest["files"].items():
         data = Path(r["path"], name).read_bytes()
-        assert rec["size"] == len(data) and rec["crc32"] == f"{zlib.crc32(data):08x}", name
+        assert rec["size"] == len(data) and rec[algorithm] == reference(data), name
+    assert manifest["checksum"] == [algorithm]
     assert manifest["step"] == 1 and manifest["world_size"] == 2 and manifest["meta"]["note"] == "B"
+    body = {k: v for k, v in manifest.items() if k != "manifest_crc32"}
+    assert manifest["manifest_crc32"] == f"{zlib.crc32(json.dumps(body, indent=1, sort_keys=True).encode()):08x}"
+
+
+def test_crc32_checkpoint_falls_back_too(results):
+    """Without xxhash, checkpoints are hashed with zlib.crc32 and verified the same way."""
+    r = results["crc32-flipped"]
+    assert r["step"] == 0 and r["equal_A_all_ranks"] is True
+    assert sorted(r["dirs"]) == sorted([STEP0, "corrupt-" + STEP1])
+    assert any("__0_0.distcp: checksum mismatch (crc32" in line for line in r["lines"]), r["lines"]
 
 
 # ---------------------------------------------------------------- the rank side (torchrun)
@@ -220,13 +237,15 @@ def _flip(d: Path, snaps: dict) -> None:
 
 def _nan(d: Path, snaps: dict) -> None:
     """NaN in a tensor with a manifest that matches it: only the finite check can tell."""
-    from partita.runtime.checkpoint_storage import MANIFEST, FileRecord, build_manifest, file_crc32
+    from partita.runtime.checkpoint_storage import MANIFEST, FileRecord, build_manifest, file_digest, record_algorithm
     f = d / "__0_0.distcp"
     _overwrite(f, _payload_offset(f, snaps["B"][_largest(snaps["B"])]), b"\xff" * 16)
     m = json.loads((d / MANIFEST).read_text())
-    size, crc = file_crc32(f)
-    records = {n: FileRecord(r["size"], int(r["crc32"], 16), r["rank"]) for n, r in m["files"].items()}
-    records[f.name] = FileRecord(size, crc, 0)
+    records = {n: FileRecord(r["size"], r[record_algorithm(r)], r["rank"], record_algorithm(r))
+               for n, r in m["files"].items()}
+    algorithm = records[f.name].algorithm
+    size, digest = file_digest(f, algorithm)
+    records[f.name] = FileRecord(size, digest, 0, algorithm)
     (d / MANIFEST).write_text(json.dumps(build_manifest(m["step"], m["world_size"], records, m["meta"])))
 
 
@@ -419,6 +438,22 @@ def _another_model(work: Path):
                        make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
 
 
+def _crc32_case(pm, step, snaps: dict, work: Path) -> tuple[dict, dict]:
+    """The same states saved with zlib.crc32 (as without xxhash), then the flip scenario."""
+    from partita.runtime import checkpoint_storage
+    from partita.runtime.checkpoint import save_checkpoint
+    master = work / "master-crc32"
+    checkpoint_storage.PREFERRED = "crc32"
+    try:
+        _set_state(pm, snaps["A"])
+        save_checkpoint(pm, master, 0, {"note": "A"}, keep=0)
+        _set_state(pm, snaps["B"])
+        save_checkpoint(pm, master, 1, {"note": "B"}, keep=0)
+    finally:
+        checkpoint_storage.PREFERRED = "xxh3_64"
+    return _resume_case("flipped-tensor-bytes", master, work / "crc32", pm, snaps), {"path": str(master / STEP1)}
+
+
 def main() -> None:
     """``torchrun --nproc-per-node=2 tests/test_checkpoint_integrity.py OUT.json WORKDIR``"""
     from datetime import timedelta
@@ -437,6 +472,7 @@ def main() -> None:
     save_checkpoint(pm, master, 1, {"note": "B"}, keep=0)
     snaps["B"] = _snapshot(pm)
     results = {"manifest": {"path": str(master / STEP1)}}
+    results["crc32-flipped"], results["manifest-crc32"] = _crc32_case(pm, step, snaps, work)
     for name in [*FALLBACK, "intact", "legacy-intact", "all-damaged"]:
         results[name] = _resume_case(name, master, work, pm, snaps)
     results["another-model"] = _resume_case("another-model", master, work, pm, snaps, _another_model(work))

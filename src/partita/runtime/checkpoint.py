@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,9 +33,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Shard
 
 from ..errors import PartitaError
-from .checkpoint_integrity import first_nonfinite, gather
-from .checkpoint_storage import (LEGACY_MARKER, MANIFEST, ChecksummingWriter, FileRecord, ManifestError,
-                                 build_manifest, check_sizes, fsync_dir, read_manifest, write_bytes_durably)
+from .checkpoint_integrity import gather
+from . import checkpoint_storage as storage
+from .checkpoint_storage import (LEGACY_MARKER, MANIFEST, ChecksummingWriter, FileRecord, ManifestError, NonFiniteState,
+                                 available,
+                                 build_manifest, check_sizes, fsync_dir, hash_bytes, read_manifest, record_algorithm,
+                                 write_bytes_durably)
 
 MARKER = LEGACY_MARKER  # kept for callers of the old name
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -167,12 +169,14 @@ def _classify(path: Path) -> Found:
             return Found(step, path, "damaged", str(e))
         if manifest.get("step") != step:
             return Found(step, path, "damaged", f"{MANIFEST}: says step {manifest.get('step')}")
-        meta = manifest["files"].get("meta.json")
+        rec = manifest["files"].get("meta.json")
         try:
             data = (path / "meta.json").read_bytes()
         except OSError:
             return Found(step, path, "damaged", "meta.json: missing")
-        if meta is None or f"{zlib.crc32(data):08x}" != meta["crc32"] or len(data) != meta["size"]:
+        algorithm = record_algorithm(rec) if rec else None
+        if algorithm is None or len(data) != rec["size"] or \
+                (available(algorithm) and hash_bytes(data, algorithm) != rec[algorithm]):
             return Found(step, path, "damaged", "meta.json: checksum mismatch")
         return Found(step, path, "verified")
     try:
@@ -221,7 +225,8 @@ def _commit(root: Path, partial: Path, final: Path, step: int, world: int, recor
     meta = {**meta, "step": step}
     meta_bytes = json.dumps(meta, indent=1).encode()
     write_bytes_durably(partial / "meta.json", meta_bytes)
-    records = {**records, "meta.json": FileRecord(len(meta_bytes), zlib.crc32(meta_bytes), 0)}
+    algorithm = storage.PREFERRED
+    records = {**records, "meta.json": FileRecord(len(meta_bytes), hash_bytes(meta_bytes, algorithm), 0, algorithm)}
     manifest = build_manifest(step, world, records, meta)
     mismatch = check_sizes(partial, manifest)
     if mismatch:
@@ -259,28 +264,37 @@ def apply_keep_rule(root: str | Path, keep: int) -> list[Path]:
     return gone
 
 
+def _save_error(e: BaseException, partial: Path, root: Path, step: int) -> str:
+    """The one line for a failed ``dcp.save``; a refused non-finite state also takes its
+    own (empty or half-written) partial directory away again."""
+    failures = e.failures.values() if isinstance(e, CheckpointException) else []
+    bad = next((exc for exc, _ in failures if isinstance(exc, NonFiniteState)), None)
+    if bad is None:
+        return f"could not write checkpoint {partial} (earlier checkpoints are intact): {one_line(e)}"
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    return (f"refusing to save checkpoint step {step}: {bad} is not finite (NaN or inf); "
+            f"the checkpoints in {root} are unchanged")
+
+
 def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2,
                     report: Report | None = None) -> Path:
     """Collective: write ``root/step_<step>/`` atomically with a manifest of every file's size
-    and CRC-32, then keep the newest ``keep`` verified checkpoints. A state holding a NaN/inf
-    is refused, and a failed write (not writable, disk full) is one ``PartitaError`` naming
+    and hash (taken while writing), then keep the newest ``keep`` verified checkpoints. A
+    state holding a NaN/inf is refused (each rank checks the tensors it writes, before
+    writing), and a failed write (not writable, disk full) is one ``PartitaError`` naming
     the directory; in both cases the committed checkpoints are untouched."""
     root = Path(root)
     final = root / f"step_{step:08d}"
     partial = root / f"step_{step:08d}.partial"
     rank, world = dist.get_rank(), dist.get_world_size()
-    state = state_for_checkpoint(pm)
-    bad = first_nonfinite(state)
-    if bad is not None:
-        raise PartitaError(f"refusing to save checkpoint step {step}: {bad} is not finite (NaN or inf); "
-                           f"the checkpoints in {root} are unchanged")
     agree(lambda: _prepare(root, partial, report) if rank == 0 else None, f"could not create checkpoint {partial}")
-    writer = ChecksummingWriter(partial, rank)
+    writer = ChecksummingWriter(partial, rank, check_finite=True)
     try:
-        dcp.save(state, storage_writer=writer)
+        dcp.save(state_for_checkpoint(pm), storage_writer=writer)
         error = None
     except (OSError, CheckpointException) as e:
-        error = f"could not write checkpoint {partial} (earlier checkpoints are intact): {one_line(e)}"
+        error = _save_error(e, partial, root, step)
     if os.environ.get("PARTITA_CRASH_IN_SAVE") == str(step):  # fault injection for tests
         os._exit(3)
     records: dict[str, FileRecord] = {}
@@ -291,6 +305,7 @@ def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2,
     agree(lambda: _commit(root, partial, final, step, world, records, meta, keep) if rank == 0 else None,
           f"could not finish checkpoint {partial} (earlier checkpoints are intact)")
     return final
+
 
 def load_checkpoint(pm, path: str | Path) -> dict:
     """Load a checkpoint written under any plan into ``pm``; returns its metadata."""

@@ -12,7 +12,6 @@ slowest share is at most 4/3 of the ideal.
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -21,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .checkpoint_storage import file_crc32
+from .checkpoint_storage import file_digest, record_algorithm
 
 CORRUPT_PREFIX = "corrupt-"
 Report = Callable[[str], None]
@@ -57,12 +56,12 @@ def share_of_files(files: dict[str, dict], rank: int, world: int) -> list[str]:
 
 
 def verify_files(path: Path, manifest: dict, names: list[str]) -> list[str]:
-    """Problems found in ``names`` of checkpoint ``path`` (size, then CRC-32 against the
+    """Problems found in ``names`` of checkpoint ``path`` (size, then hash against the
     manifest), one ``"<file>: <reason>"`` each; empty when all match."""
     problems = []
-    buf = bytearray(1 << 23)
     for name in names:
         rec = manifest["files"][name]
+        algorithm = record_algorithm(rec)
         try:
             st = os.stat(path / name)
         except OSError:
@@ -72,12 +71,12 @@ def verify_files(path: Path, manifest: dict, names: list[str]) -> list[str]:
             problems.append(f"{name}: {st.st_size} bytes, manifest says {rec['size']} (truncated or overwritten)")
             continue
         try:
-            size, crc = file_crc32(path / name, buf)
+            size, digest = file_digest(path / name, algorithm)
         except OSError as e:
             problems.append(f"{name}: unreadable ({e.strerror or e})")
             continue
-        if size != rec["size"] or f"{crc:08x}" != rec["crc32"]:
-            problems.append(f"{name}: checksum mismatch (crc32 {crc:08x}, manifest says {rec['crc32']})")
+        if size != rec["size"] or digest != rec[algorithm]:
+            problems.append(f"{name}: checksum mismatch ({algorithm} {digest}, manifest says {rec[algorithm]})")
     return problems
 
 
@@ -97,22 +96,48 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _finite(t: torch.Tensor) -> bool:
-    """Whether every element is finite. Fast path: the sum of a tensor holding a NaN or an
-    inf is NaN or inf (IEEE 754 propagation), so a finite sum proves the tensor finite in
-    one read with no temporary; only a non-finite sum (which an fp16 overflow can also
-    give) is confirmed element by element."""
-    if not t.numel():
-        return True
-    if math.isfinite(float(t.sum())):
-        return True
-    return bool(torch.isfinite(t).all())
+def _sums_finite(tensors: list[torch.Tensor]) -> list[bool]:
+    """Per tensor, whether its sum is finite: a tensor holding a NaN or an inf has a NaN or
+    inf sum (IEEE 754 propagation), so a finite sum proves the tensor finite in one read and
+    no temporary; the sums are stacked so an accelerator syncs once, not once per tensor."""
+    if not tensors:
+        return []
+    sums = torch.stack([t.sum().to(torch.float32) if t.numel() else t.new_zeros((), dtype=torch.float32)
+                        for t in tensors])
+    return torch.isfinite(sums).cpu().tolist()
+
+
+def _checked_here(state: dict[str, torch.Tensor]) -> list[str]:
+    """The keys this rank checks. A plain (non-DTensor) tensor under one key holds the same
+    values on every rank that has it (replicated by data or tensor parallel; loaded from the
+    one copy DCP keeps), so each is checked by one of its holders, dealt round robin from
+    the gathered key lists; DTensor shards are all checked where they live."""
+    rank, world = _rank_world()
+    floating = [k for k, t in state.items() if torch.is_tensor(t) and t.is_floating_point()]
+    plain = [k for k in floating if not isinstance(state[k], DTensor)]
+    if world == 1:
+        return floating
+    holders: dict[str, list[int]] = {}
+    for r, keys in enumerate(gather(plain)):
+        for k in keys:
+            holders.setdefault(k, []).append(r)
+    mine = {k for i, k in enumerate(sorted(holders)) if holders[k][i % len(holders[k])] == rank}
+    return [k for k in floating if isinstance(state[k], DTensor) or k in mine]
+
+
+def nonfinite_tensors(tensors: list[torch.Tensor]) -> list[int]:
+    """Indices of the floating-point tensors holding a NaN or an inf (local, no collective)."""
+    idx = [i for i, t in enumerate(tensors) if torch.is_tensor(t) and t.is_floating_point()]
+    local = [_local(tensors[i]).detach() for i in idx]
+    return [i for i, t, ok in zip(idx, local, _sums_finite(local))
+            if not ok and not bool(torch.isfinite(t).all())]  # confirm: an fp16 sum can overflow alone
 
 
 def nonfinite_names(state: dict[str, torch.Tensor]) -> list[str]:
-    """Keys of this rank's floating-point tensors (local shards) holding a NaN or an inf."""
-    return [name for name, t in state.items()
-            if torch.is_tensor(t) and t.is_floating_point() and not _finite(_local(t).detach())]
+    """Collective (one gather of key names): keys of the floating-point tensors (local
+    shards) this rank checked that hold a NaN or an inf; every tensor is checked by some rank."""
+    keys = _checked_here(state)
+    return [keys[i] for i in nonfinite_tensors([state[k] for k in keys])]
 
 
 def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from ..errors import PartitaError
 from .checkpoint import Found, Report, load_checkpoint, one_line, scan_checkpoints, state_for_checkpoint
 from .checkpoint_integrity import CORRUPT_PREFIX, _rank_world, gather, nonfinite_names, quarantine, verify_checkpoint
-from .checkpoint_storage import MANIFEST, ManifestError, read_manifest
+from .checkpoint_storage import ALGORITHMS, MANIFEST, ManifestError, available, read_manifest, record_algorithm
 
 
 def _say(report: Report | None, msg: str) -> None:
@@ -79,6 +79,18 @@ def _check_fit(pm, path: Path) -> str | None:
     return None
 
 
+def _require_algorithms(path: Path, manifest: dict | None) -> None:
+    """Collective: a checkpoint hashed with an algorithm this installation lacks (XXH3 needs
+    ``xxhash``) is not damaged, only unverifiable here: stop with one line, rename nothing."""
+    used = {record_algorithm(r) for r in manifest["files"].values()} if manifest else set()
+    missing = sorted(a for a in used if a and not available(a))
+    for per_rank in gather(missing):
+        if per_rank:
+            package = ALGORITHMS[per_rank[0]]
+            raise PartitaError(f"checkpoint {path} was checksummed with {per_rank[0]}, which needs the {package} "
+                               f"package to verify: pip install {package}")
+
+
 def _files_problem(found: Found, report: Report | None) -> str | None:
     """Collective: the first file problem against the manifest, or None (a legacy checkpoint,
     without manifest, is loaded unverified, with a note)."""
@@ -90,6 +102,7 @@ def _files_problem(found: Found, report: Report | None) -> str | None:
         manifest, error = read_manifest(found.path), None
     except ManifestError as e:
         manifest, error = None, str(e)
+    _require_algorithms(found.path, manifest)
     problems = verify_checkpoint(found.path, manifest, error)
     if not problems:
         return None
@@ -106,13 +119,13 @@ def try_checkpoint(pm, found: Found, report: Report | None = None) -> tuple[dict
     if problem:
         return None, problem
     try:
-        meta = load_checkpoint(pm, path)
+        meta, error = load_checkpoint(pm, path), None
     except (CheckpointException, OSError, ValueError) as e:
         meta, error = None, f"load failed: {one_line(e)}"
-    else:
-        bad = nonfinite_names(state_for_checkpoint(pm))
-        error = f"{bad[0]} is not finite after loading (NaN or inf)" if bad else None
-    errors = [e for e in gather(error) if e]  # one gather: load errors first, DCP raises on every rank alike
+    bad = nonfinite_names(state_for_checkpoint(pm))  # collective: every rank, whatever the load did
+    if error is None and bad:
+        error = f"{bad[0]} is not finite after loading (NaN or inf)"
+    errors = [e for e in gather(error) if e]
     if errors:
         return None, errors[0]
     return meta, None

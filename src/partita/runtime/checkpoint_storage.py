@@ -3,10 +3,14 @@
 Why checksums at all: ``torch.load`` does not check the CRCs of the zip records inside a
 ``.distcp`` file, so a bad disk or a partial copy that keeps the zip structure loads as
 garbage (NaN losses) without an error. Every file a rank writes therefore goes through
-:class:`_HashingStream`, which feeds each buffer to ``zlib.crc32`` on its way to the
-file - no second read. ``zlib.crc32`` (stdlib, CRC-32/ISO-HDLC, the zip/PNG CRC) runs at
-about 2 GB/s on one core here, fast enough that crc32c or xxhash (new dependencies) are
-not needed; ``bench/checkpoint_integrity.py`` measures what it costs.
+:class:`_HashingStream`, which hashes each buffer on its way to the file - no second read.
+
+The hash is XXH3-64 (``xxhash``, BSD-2, SIMD on x86 and ARM) where that package is
+installed, else CRC-32 (``zlib.crc32``, stdlib). Measured on this machine, one core:
+XXH3-64 17 GB/s, ``zlib.crc32`` 3.7 GB/s, against DCP writing at ~0.7 GB/s - so CRC-32
+alone adds ~25% to a save (and as much to a verified load), over the 10% issue 21 allows,
+while XXH3 adds ~4% (``bench/checkpoint_integrity.py``). Each file's record names its
+algorithm, so either kind of checkpoint verifies anywhere the algorithm is available.
 
 The hook point is DCP's ``FileSystemWriter``: its ``_write_files_from_queue`` opens every
 data file with ``self.fs.create_stream(path, "wb")`` and ``finish`` writes ``.metadata``
@@ -23,37 +27,87 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import threading
 import zlib
+from importlib.util import find_spec
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from concurrent.futures import Future
+
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "partita-checkpoint"
 MANIFEST_VERSION = 1
 LEGACY_MARKER = "COMMITTED"  # completion marker of checkpoints written before manifests
-READ_CHUNK = 8 << 20  # bytes per read when verifying; large enough that crc32 dominates the loop
+
+
+class _Crc32:
+    """``zlib.crc32`` behind the ``update`` / ``hexdigest`` interface of ``xxhash``."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+#: algorithm name (the key of a file's record in the manifest) -> module that provides it
+ALGORITHMS = {"xxh3_64": "xxhash", "crc32": "zlib"}
+PREFERRED = "xxh3_64" if find_spec("xxhash") is not None else "crc32"
+
+
+def available(algorithm: str) -> bool:
+    return algorithm in ALGORITHMS and find_spec(ALGORITHMS[algorithm]) is not None
+
+
+def new_hasher(algorithm: str | None = None):
+    """A fresh hasher of ``algorithm`` (default: :data:`PREFERRED`, looked up at call time)."""
+    algorithm = algorithm or PREFERRED
+    if algorithm == "xxh3_64":
+        import xxhash
+        return xxhash.xxh3_64()
+    if algorithm == "crc32":
+        return _Crc32()
+    raise ValueError(f"unknown checksum algorithm {algorithm!r}")
+
+
+def hash_bytes(data: bytes, algorithm: str | None = None) -> str:
+    h = new_hasher(algorithm)
+    h.update(data)
+    return h.hexdigest()
+
+
+def record_algorithm(rec: dict) -> str | None:
+    """The algorithm of a manifest file record (the one key of :data:`ALGORITHMS` it has)."""
+    return next((a for a in ALGORITHMS if isinstance(rec.get(a), str)), None)
 
 
 @dataclass
 class FileRecord:
     """What one rank wrote into one file of a checkpoint."""
     size: int
-    crc32: int
+    digest: str
     rank: int
+    algorithm: str
 
     def to_json(self) -> dict:
-        return {"size": self.size, "crc32": f"{self.crc32:08x}", "rank": self.rank}
+        return {"size": self.size, self.algorithm: self.digest, "rank": self.rank}
 
 
 class _HashingStream(io.RawIOBase):
-    """A write-only stream that forwards to ``raw`` and keeps the running size and CRC-32
+    """A write-only stream that forwards to ``raw`` and keeps the running size and hash
     of everything written. Sequential only: a seek would make the CRC describe bytes that
     are not the file's, so it is refused (DCP and ``torch.save`` never seek when writing)."""
 
@@ -61,7 +115,8 @@ class _HashingStream(io.RawIOBase):
         super().__init__()
         self.raw = raw
         self.size = 0
-        self.crc = 0
+        self.algorithm = PREFERRED
+        self.hasher = new_hasher(self.algorithm)
 
     def writable(self) -> bool:
         return True
@@ -70,7 +125,7 @@ class _HashingStream(io.RawIOBase):
         view = memoryview(b).cast("B")
         n = self.raw.write(view)
         n = view.nbytes if n is None else n
-        self.crc = zlib.crc32(view[:n], self.crc)
+        self.hasher.update(view[:n])
         self.size += n
         return n
 
@@ -97,7 +152,7 @@ class _HashingStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording size and CRC-32 of every file written through it."""
+    """DCP's local file system, recording size and hash of every file written through it."""
 
     def __init__(self, rank: int) -> None:
         super().__init__()
@@ -115,7 +170,8 @@ class HashingFileSystem(FileSystem):
             stream = _HashingStream(raw)
             yield stream
         with self._lock:
-            self.records[Path(path).name] = FileRecord(stream.size, stream.crc, self.rank)
+            self.records[Path(path).name] = FileRecord(stream.size, stream.hasher.hexdigest(), self.rank,
+                                                        stream.algorithm)
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
@@ -125,32 +181,52 @@ class HashingFileSystem(FileSystem):
                 self.records[Path(new_path).name] = record
 
 
+class NonFiniteState(ValueError):
+    """A tensor about to be written holds a NaN or an inf; the message is its key."""
+
+
 class ChecksummingWriter(FileSystemWriter):
     """``FileSystemWriter`` whose files are checksummed as they are written; after
     ``dcp.save`` returns, :attr:`records` maps file name -> :class:`FileRecord` for the files
-    this rank wrote (rank 0 also has ``.metadata``)."""
+    this rank wrote (rank 0 also has ``.metadata``).
 
-    def __init__(self, path: str | os.PathLike, rank: int, **kwargs: Any) -> None:
+    With ``check_finite`` it first checks that every tensor *this rank writes* is finite and
+    raises :class:`NonFiniteState` before writing a byte otherwise (DCP reports it to every
+    rank as a ``CheckpointException``). Checking the items of this rank's write plan - after
+    DCP gave each replicated tensor to one writer - checks exactly what goes to disk, each
+    tensor once over all ranks."""
+
+    def __init__(self, path: str | os.PathLike, rank: int, check_finite: bool = True, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.fs = HashingFileSystem(rank)
+        self.check_finite = check_finite
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        if self.check_finite:
+            from .checkpoint_integrity import nonfinite_tensors
+            items = [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
+            tensors = [planner.resolve_data(i) for i in items]
+            bad = nonfinite_tensors(tensors)
+            if bad:
+                raise NonFiniteState(items[bad[0]].index.fqn)
+        return super().write_data(plan, planner)
 
     @property
     def records(self) -> dict[str, FileRecord]:
         return dict(self.fs.records)
 
 
-def file_crc32(path: Path, buf: bytearray | None = None) -> tuple[int, int]:
-    """(size, CRC-32) of a file, read in :data:`READ_CHUNK` pieces into one reused buffer."""
-    buf = buf if buf is not None else bytearray(READ_CHUNK)
-    view = memoryview(buf)
-    crc, size = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(view)
-            if not n:
-                return size, crc
-            crc = zlib.crc32(view[:n], crc)
-            size += n
+def file_digest(path: Path, algorithm: str | None = None) -> tuple[int, str]:
+    """(size, hex digest) of a file. Hashed through a read-only memory map: no copy into a
+    user buffer, 2.5x faster than ``readinto`` chunks from the page cache here (120 MB:
+    9 ms against 24 ms)."""
+    h = new_hasher(algorithm)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                h.update(m)
+    return size, h.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -183,11 +259,11 @@ def _canonical_json(obj: dict) -> bytes:
 
 
 def build_manifest(step: int, world_size: int, records: dict[str, FileRecord], meta: dict) -> dict:
-    """The manifest dict: format, version, step, world size, checksum kind, files, meta,
-    and ``manifest_crc32``, the CRC-32 of the canonical JSON of all the other fields."""
+    """The manifest dict: format, version, step, world size, checksum algorithms, files,
+    meta, and ``manifest_crc32``, the CRC-32 of the canonical JSON of all the other fields."""
     body = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "step": step, "world_size": world_size,
-            "checksum": "crc32", "files": {name: records[name].to_json() for name in sorted(records)},
-            "meta": meta}
+            "checksum": sorted({r.algorithm for r in records.values()}),
+            "files": {name: records[name].to_json() for name in sorted(records)}, "meta": meta}
     return {**body, "manifest_crc32": f"{zlib.crc32(_canonical_json(body)):08x}"}
 
 
@@ -210,7 +286,7 @@ def read_manifest(path: Path) -> dict:
         raise ManifestError(f"{MANIFEST}: its own checksum does not match (edited or damaged)")
     files = manifest.get("files")
     if not isinstance(files, dict) or not files or not all(
-            isinstance(r, dict) and isinstance(r.get("size"), int) and isinstance(r.get("crc32"), str)
+            isinstance(r, dict) and isinstance(r.get("size"), int) and record_algorithm(r) is not None
             for r in files.values()):
         raise ManifestError(f"{MANIFEST}: no valid file list")
     return manifest
