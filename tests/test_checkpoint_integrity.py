@@ -98,6 +98,13 @@ def test_another_model_is_refused_without_renaming_anything(results):
     assert sorted(r["dirs"]) == [STEP0, STEP1]
 
 
+def test_newest_verified_without_loading_and_a_second_corrupt_name(results):
+    r = results["newest-verified"]
+    assert r["found_step"] == 0 and r["found_name"] == STEP0
+    assert sorted(r["dirs"]) == ["corrupt-" + STEP1, "corrupt-" + STEP1 + ".1", STEP0]  # the older one kept too
+    assert r["equal_B_all_ranks"] is True  # nothing was loaded
+
+
 def test_keep_rule_counts_only_verified_and_never_touches_the_rest(results):
     r = results["keep-rule"]
     # before: step 0 verified, step 1 damaged (bad manifest), step 2 partial, a corrupt-* dir
@@ -324,6 +331,25 @@ def _resume_case(name: str, master: Path, work: Path, pm, snaps: dict, pm_other=
             "dirs": sorted(os.listdir(d)), **extra}
 
 
+def _newest_verified(pm, snaps: dict, master: Path, work: Path) -> dict:
+    import shutil
+
+    import torch.distributed as dist
+
+    from partita.runtime.checkpoint_resume import newest_verified_checkpoint
+    d = work / "newest-verified"
+    if dist.get_rank() == 0:
+        shutil.copytree(master, d)
+        (d / ("corrupt-" + STEP1)).mkdir()  # left by an earlier resume
+        _random_bytes(d / STEP1 / "__1_0.distcp")
+    dist.barrier()
+    _set_state(pm, snaps["B"])
+    found = newest_verified_checkpoint(d)
+    dist.barrier()
+    return {"found_step": found[0], "found_name": found[1].name, "dirs": sorted(os.listdir(d)),
+            "equal_B_all_ranks": _equal_everywhere(pm, snaps["B"])}
+
+
 def _plain_load(pm, path: Path, snaps: dict) -> dict:
     """What DCP alone does with the flipped file: loads it, no error, other values."""
     from partita.runtime.checkpoint import load_checkpoint, state_for_checkpoint
@@ -476,6 +502,7 @@ def main() -> None:
     for name in [*FALLBACK, "intact", "legacy-intact", "all-damaged"]:
         results[name] = _resume_case(name, master, work, pm, snaps)
     results["another-model"] = _resume_case("another-model", master, work, pm, snaps, _another_model(work))
+    results["newest-verified"] = _newest_verified(pm, snaps, master, work)
     results.update(_keep_cases(pm, snaps, master, work))
     results["keep-rule"] = {k: results.pop(k) for k in ("after_save_3", "after_save_4")}
     for name in ("save-file-too-large", "save-dir-not-creatable"):

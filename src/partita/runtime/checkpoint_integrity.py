@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .checkpoint_storage import file_digest, record_algorithm
+from .checkpoint_storage import available, file_digest, record_algorithm
 
 CORRUPT_PREFIX = "corrupt-"
 Report = Callable[[str], None]
@@ -80,16 +80,21 @@ def verify_files(path: Path, manifest: dict, names: list[str]) -> list[str]:
     return problems
 
 
-def verify_checkpoint(path: Path, manifest: dict | None, error: str | None = None) -> list[str]:
-    """Collective: every rank verifies its share of the files; all ranks get all problems.
-    A rank that could not read the manifest passes ``manifest=None`` and its ``error``
-    (one gather for both, so a rank's unreadable manifest cannot leave the others waiting)."""
+def verify_checkpoint(path: Path, manifest: dict | None, error: str | None = None) -> tuple[list[str], list[str]]:
+    """Collective: every rank verifies its share of the files; all ranks get (all problems,
+    hash algorithms of the manifest that some rank cannot compute). A rank that could not
+    read the manifest passes ``manifest=None`` and its ``error`` - one gather for all, so no
+    rank can be left waiting in a collective the others skipped."""
     rank, world = _rank_world()
+    missing: list[str] = []
     if manifest is None:
         mine = [error or "manifest unreadable"]
     else:
-        mine = verify_files(Path(path), manifest, share_of_files(manifest["files"], rank, world))
-    return [p for per_rank in gather(mine) for p in per_rank]
+        used = {record_algorithm(r) for r in manifest["files"].values()}
+        missing = sorted(a for a in used if a and not available(a))
+        mine = [] if missing else verify_files(Path(path), manifest, share_of_files(manifest["files"], rank, world))
+    results = gather((mine, missing))
+    return [p for per_rank, _ in results for p in per_rank], sorted({a for _, m in results for a in m})
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -107,22 +112,27 @@ def _sums_finite(tensors: list[torch.Tensor]) -> list[bool]:
     return torch.isfinite(sums).cpu().tolist()
 
 
-def _checked_here(state: dict[str, torch.Tensor]) -> list[str]:
+def _checked_here(state: dict[str, torch.Tensor], plain_by_rank: list[list[str]] | None = None) -> list[str]:
     """The keys this rank checks. A plain (non-DTensor) tensor under one key holds the same
     values on every rank that has it (replicated by data or tensor parallel; loaded from the
     one copy DCP keeps), so each is checked by one of its holders, dealt round robin from
-    the gathered key lists; DTensor shards are all checked where they live."""
+    every rank's list of plain keys (``plain_by_rank``, gathered here if not given); DTensor
+    shards are all checked where they live."""
     rank, world = _rank_world()
     floating = [k for k, t in state.items() if torch.is_tensor(t) and t.is_floating_point()]
-    plain = [k for k in floating if not isinstance(state[k], DTensor)]
     if world == 1:
         return floating
     holders: dict[str, list[int]] = {}
-    for r, keys in enumerate(gather(plain)):
+    for r, keys in enumerate(plain_by_rank if plain_by_rank is not None else gather(plain_keys(state))):
         for k in keys:
             holders.setdefault(k, []).append(r)
     mine = {k for i, k in enumerate(sorted(holders)) if holders[k][i % len(holders[k])] == rank}
     return [k for k in floating if isinstance(state[k], DTensor) or k in mine]
+
+
+def plain_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    """Keys of this rank's floating-point tensors that are not DTensors."""
+    return [k for k, t in state.items() if torch.is_tensor(t) and t.is_floating_point() and not isinstance(t, DTensor)]
 
 
 def nonfinite_tensors(tensors: list[torch.Tensor]) -> list[int]:
@@ -133,10 +143,11 @@ def nonfinite_tensors(tensors: list[torch.Tensor]) -> list[int]:
             if not ok and not bool(torch.isfinite(t).all())]  # confirm: an fp16 sum can overflow alone
 
 
-def nonfinite_names(state: dict[str, torch.Tensor]) -> list[str]:
-    """Collective (one gather of key names): keys of the floating-point tensors (local
-    shards) this rank checked that hold a NaN or an inf; every tensor is checked by some rank."""
-    keys = _checked_here(state)
+def nonfinite_names(state: dict[str, torch.Tensor], plain_by_rank: list[list[str]] | None = None) -> list[str]:
+    """Keys of the floating-point tensors (local shards) this rank checked that hold a NaN or
+    an inf; every tensor is checked by some rank. Collective (one gather of key names)
+    unless every rank's :func:`plain_keys` are given."""
+    keys = _checked_here(state, plain_by_rank)
     return [keys[i] for i in nonfinite_tensors([state[k] for k in keys])]
 
 

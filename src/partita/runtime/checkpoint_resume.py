@@ -31,8 +31,9 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import PartitaError
 from .checkpoint import Found, Report, load_checkpoint, one_line, scan_checkpoints, state_for_checkpoint
-from .checkpoint_integrity import CORRUPT_PREFIX, _rank_world, gather, nonfinite_names, quarantine, verify_checkpoint
-from .checkpoint_storage import ALGORITHMS, MANIFEST, ManifestError, available, read_manifest, record_algorithm
+from .checkpoint_integrity import (CORRUPT_PREFIX, _rank_world, gather, nonfinite_names, plain_keys, quarantine,
+                                   verify_checkpoint)
+from .checkpoint_storage import ALGORITHMS, MANIFEST, ManifestError, read_manifest
 
 
 def _say(report: Report | None, msg: str) -> None:
@@ -59,36 +60,25 @@ def _fit_problems(state: dict[str, torch.Tensor], path: Path) -> tuple[str | Non
     return None, None, theirs
 
 
-def _check_fit(pm, path: Path) -> str | None:
-    """Collective: a damage reason, or None; raises ``PartitaError`` (on every rank) if the
-    checkpoint is intact but holds another model. Decided from gathered results only, so
-    every rank takes the same branch."""
+def _check_fit(pm, path: Path) -> tuple[str | None, list[list[str]]]:
+    """Collective: (a damage reason or None, every rank's plain tensor keys for the finite
+    check); raises ``PartitaError`` (on every rank) if the checkpoint is intact but holds
+    another model. Decided from gathered results only, so every rank takes the same branch."""
     state = state_for_checkpoint(pm, init_optimizer=True)
     damage, mismatch, theirs = _fit_problems(state, path)
     ours = {n for n in state if n.startswith("model.")}
-    results = gather((damage, mismatch, theirs, ours))
+    results = gather((damage, mismatch, theirs, ours, plain_keys(state)))
+    plain_by_rank = [r[4] for r in results]
     damages = [r[0] for r in results if r[0]]
     if damages:
-        return damages[0]
+        return damages[0], plain_by_rank
     mismatches = [r[1] for r in results if r[1]]
     extra = sorted(results[0][2] - set().union(*(r[3] for r in results)))
     if not mismatches and extra:
         mismatches = [f"{extra[0]} is in the checkpoint but not in this model"]
     if mismatches:
         raise PartitaError(f"checkpoint {path} holds another model than this run's: {mismatches[0]}")
-    return None
-
-
-def _require_algorithms(path: Path, manifest: dict | None) -> None:
-    """Collective: a checkpoint hashed with an algorithm this installation lacks (XXH3 needs
-    ``xxhash``) is not damaged, only unverifiable here: stop with one line, rename nothing."""
-    used = {record_algorithm(r) for r in manifest["files"].values()} if manifest else set()
-    missing = sorted(a for a in used if a and not available(a))
-    for per_rank in gather(missing):
-        if per_rank:
-            package = ALGORITHMS[per_rank[0]]
-            raise PartitaError(f"checkpoint {path} was checksummed with {per_rank[0]}, which needs the {package} "
-                               f"package to verify: pip install {package}")
+    return None, plain_by_rank
 
 
 def _files_problem(found: Found, report: Report | None) -> str | None:
@@ -102,8 +92,11 @@ def _files_problem(found: Found, report: Report | None) -> str | None:
         manifest, error = read_manifest(found.path), None
     except ManifestError as e:
         manifest, error = None, str(e)
-    _require_algorithms(found.path, manifest)
-    problems = verify_checkpoint(found.path, manifest, error)
+    problems, missing = verify_checkpoint(found.path, manifest, error)
+    if missing:  # not damage, only unverifiable here: stop with one line, rename nothing
+        package = ALGORITHMS[missing[0]]
+        raise PartitaError(f"checkpoint {found.path} was checksummed with {missing[0]}, which needs the {package} "
+                           f"package to verify: pip install {package}")
     if not problems:
         return None
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -115,14 +108,17 @@ def try_checkpoint(pm, found: Found, report: Report | None = None) -> tuple[dict
     passed, (None, reason) when it is damaged (``pm`` may then hold part of it: load
     another one before training)."""
     path = found.path
-    problem = _files_problem(found, report) or _check_fit(pm, path)
+    problem = _files_problem(found, report)
+    if problem:
+        return None, problem
+    problem, plain_by_rank = _check_fit(pm, path)
     if problem:
         return None, problem
     try:
         meta, error = load_checkpoint(pm, path), None
     except (CheckpointException, OSError, ValueError) as e:
         meta, error = None, f"load failed: {one_line(e)}"
-    bad = nonfinite_names(state_for_checkpoint(pm))  # collective: every rank, whatever the load did
+    bad = nonfinite_names(state_for_checkpoint(pm), plain_by_rank)  # every rank, whatever the load did
     if error is None and bad:
         error = f"{bad[0]} is not finite after loading (NaN or inf)"
     errors = [e for e in gather(error) if e]
