@@ -1,7 +1,18 @@
-"""torchtitan settings for a plan, as torchtitan 0.3.0 spells them (tyro CLI overrides
-``--section.field value``; shared/reference/ecosystem.md sec. 3.3). The field tables below
-are torchtitan's ``ParallelismConfig`` / ``TrainingConfig`` names; tests check the
-emitted ones against them (and against torchtitan's own dataclasses when installed)."""
+"""torchtitan settings for a plan, as torchtitan 0.3.0 spells them: tyro CLI overrides
+``--section.field value`` read by ``torchtitan.config.ConfigManager`` (torchtitan/config/manager.py).
+
+Sources (torchtitan 0.3.0 as installed from PyPI):
+* field names and types: ``torchtitan/config/configs.py`` (``ParallelismConfig``, ``TrainingConfig``);
+  ``mixed_precision_param`` is ``Literal["bfloat16", "float32"]``.
+* booleans are tyro flags: ``--section.x`` sets True, ``--section.no_x`` sets False.
+* activation checkpointing is a tyro subcommand (``activation_checkpoint:none|selective|full``,
+  ``torchtitan/distributed/activation_checkpoint.py`` ``ActivationCheckpointingConfig``).
+* ``Trainer.Config.__post_init__`` (trainer.py): CUDA graphs must be disabled with pp > 1 (and with
+  ep > 1 unless the dispatcher is CPU-sync free), ``local_batch_size % pipeline_parallel_microbatch_size == 0``.
+* stage split (``distributed/pipeline_parallel.py``): ``ceil((L + first_less + last_less) / layers_per_stage)``
+  virtual stages; without ``layers_per_stage`` a multi-stage schedule gets 2 stages per rank.
+* expert mesh (``distributed/parallel_dims.py`` ``build_mesh``): ``efsdp = dp_shard * cp * tp // ep``.
+"""
 from __future__ import annotations
 
 from ..errors import PartitaError
@@ -17,11 +28,60 @@ PARALLELISM_FIELDS = {"data_parallel_replicate_degree", "data_parallel_shard_deg
                       "expert_parallel_degree"}
 TRAINING_FIELDS = {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "enable_cpu_offload",
                    "disable_cuda_graphs", "dtype", "mixed_precision_param", "mixed_precision_reduce", "gc_freq", "gc_debug"}
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B", "zero-bubble": "InterleavedZeroBubble"}
+PRECISION = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
 
 
-def torchtitan_settings(plan: Plan) -> tuple[dict[str, dict], str, list[str]]:
+def _check_expressible(plan: Plan) -> None:
+    """Refuse what torchtitan 0.3.0 cannot run as planned (one line each, with the reason)."""
+    if plan.dtype == "fp16":
+        raise PartitaError("dtype=fp16: torchtitan 0.3.0 accepts --training.mixed_precision_param bfloat16 or "
+                           "float32 only (config/configs.py TrainingConfig); re-plan with --dtype bf16")
+    shard = plan.dp if plan.zero else 1
+    if plan.ep > 1 and (shard * plan.cp * plan.tp) % plan.ep:
+        raise PartitaError(f"zero={plan.zero} with ep={plan.ep}: torchtitan builds the expert mesh from the FSDP axis "
+                           f"(efsdp = dp_shard*cp*tp/ep = {shard}*{plan.cp}*{plan.tp}/{plan.ep}, "
+                           "distributed/parallel_dims.py) which is not whole; re-plan with --zero 1 or more "
+                           "(dp_shard = dp) or export to megatron")
+
+
+def _pipeline(plan: Plan, layers: int | None, warn: list[str]) -> dict:
+    """Schedule, micro-batch and the exact layers of every virtual stage."""
+    par: dict = {"pipeline_parallel_microbatch_size": plan.mbs}
+    if plan.vpp > 1:
+        par["pipeline_parallel_schedule"] = "InterleavedZeroBubble" if plan.schedule == "zero-bubble" else "Interleaved1F1B"
+        if plan.schedule == "gpipe":
+            warn.append("schedule=gpipe with vpp > 1: emitted Interleaved1F1B")
+    else:
+        par["pipeline_parallel_schedule"] = "GPipe" if plan.schedule == "gpipe" else "1F1B"
+        if plan.schedule not in ("1f1b", "gpipe"):
+            warn.append(f"schedule={plan.schedule} with vpp 1: emitted 1F1B")
+    if plan.layer_split:
+        split = tuple(plan.layer_split)
+        middle = split[1:-1]
+        per = middle[0] if middle else max(split)
+        if any(n != per for n in middle) or split[0] > per or split[-1] > per:
+            raise PartitaError(f"layer_split {','.join(map(str, split))}: torchtitan expresses uneven splits only as "
+                               "lighter first/last stages (pipeline_parallel_first/last_stage_less_layers); "
+                               "export to megatron (pipeline layout)")
+        first, last = per - split[0], per - split[-1]
+    else:
+        if layers is None:
+            if plan.vpp == 1:
+                return {**par, "pipeline_parallel_first_stage_less_layers": 0,
+                        "pipeline_parallel_last_stage_less_layers": 0}
+            raise PartitaError("exporting vpp > 1 to torchtitan needs --model (layers per virtual stage)")
+        stages = plan.pp * plan.vpp
+        if layers % stages:
+            raise PartitaError(f"{layers} layers do not divide into pp*vpp = {stages} equal stages; "
+                               "give the plan a layer split")
+        per, first, last = layers // stages, 0, 0
+    return {**par, "pipeline_parallel_layers_per_stage": per, "pipeline_parallel_first_stage_less_layers": first,
+            "pipeline_parallel_last_stage_less_layers": last}
+
+
+def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, list[str]]:
     """({section: {field: value}}, activation-checkpoint subcommand, warnings)."""
+    _check_expressible(plan)
     warn: list[str] = []
     if plan.zero in (1, 2):
         warn.append(f"zero={plan.zero}: torchtitan shards with FSDP2 only; emitted FSDP without resharding after "
@@ -31,60 +91,57 @@ def torchtitan_settings(plan: Plan) -> tuple[dict[str, dict], str, list[str]]:
                  "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
                  "expert_parallel_degree": plan.ep}
     if plan.zero == 0:
-        par["data_parallel_replicate_degree"] = plan.dp
-        par["data_parallel_shard_degree"] = 1
+        par.update(data_parallel_replicate_degree=plan.dp, data_parallel_shard_degree=1)
     else:
-        par["data_parallel_replicate_degree"] = 1
-        par["data_parallel_shard_degree"] = plan.dp
-        par["fsdp_reshard_after_forward"] = "always" if plan.zero == 3 else "never"
+        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=plan.dp,
+                   fsdp_reshard_after_forward="always" if plan.zero == 3 else "never")
     if plan.pp > 1:
-        par["pipeline_parallel_schedule"] = SCHEDULES[plan.schedule if plan.vpp > 1 or plan.schedule in ("1f1b", "gpipe")
-                                                      else "1f1b"]
-        par["pipeline_parallel_microbatch_size"] = plan.mbs
-        if plan.layer_split:
-            if len(set(plan.layer_split[1:-1])) > 1:
-                raise PartitaError("torchtitan expresses uneven splits only as lighter first/last stages; this "
-                                   "layer_split varies in the middle - export to megatron (pipeline layout)")
-            middle = plan.layer_split[1] if len(plan.layer_split) > 2 else max(plan.layer_split)
-            par["pipeline_parallel_layers_per_stage"] = middle
-            par["pipeline_parallel_first_stage_less_layers"] = middle - plan.layer_split[0]
-            par["pipeline_parallel_last_stage_less_layers"] = middle - plan.layer_split[-1]
-        else:
-            par["pipeline_parallel_first_stage_less_layers"] = 0
-            par["pipeline_parallel_last_stage_less_layers"] = 0
-    # torchtitan's local batch is per data-parallel rank per step; with pp the microbatch size splits it
-    # local_batch_size is one rank's batch per forward; torchtitan accumulates
-    # global / (local * dp) times. With pp the local batch is the whole step's share and the
-    # schedule cuts it into pipeline micro-batches.
+        par.update(_pipeline(plan, model.layers if model is not None else None, warn))
+    # local_batch_size is one data-parallel rank's batch per optimizer step with pp (the schedule cuts
+    # it into pipeline micro-batches) and one micro-batch without (torchtitan accumulates
+    # global / (local * dp) times): trainer.py gradient accumulation.
     local = plan.gbs // plan.dp if plan.pp > 1 else plan.mbs
     train: dict = {"local_batch_size": local, "global_batch_size": plan.gbs, "seq_len": plan.seq_len,
-                   "max_norm": 1.0, "mixed_precision_param": "bfloat16" if plan.dtype in ("bf16", "fp8") else
-                   "float16" if plan.dtype == "fp16" else "float32", "mixed_precision_reduce": "float32"}
-    if plan.pp > 1:
-        train["disable_cuda_graphs"] = True
+                   "max_norm": 1.0, "mixed_precision_param": PRECISION[plan.dtype], "mixed_precision_reduce": "float32"}
+    if plan.pp > 1 or plan.ep > 1:
+        train["disable_cuda_graphs"] = True  # Trainer.Config._validate_cuda_graphs
     if plan.dtype == "fp8":
-        warn.append("dtype=fp8: enable torchtitan's float8 converter (--model.converters float8); "
-                    "not a parallelism/training field")
-    if plan.dtype == "fp16":
-        warn.append("dtype=fp16: torchtitan trains bf16/fp32; fp16 parameters without a loss scaler are unsafe")
-    ac = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
+        warn.append("dtype=fp8: enable torchtitan's float8 converter in your config (e.g. --module llama3 "
+                    "--config llama3_debugmodel_float8); not a parallelism/training field")
+    ac = plan.recompute
+    if ac == "selective":
+        warn.append("recompute=selective: torchtitan's SelectiveAC saves its own op list (op-level), "
+                    "close to partita's selective estimate")
     for section, fields, allowed in (("parallelism", par, PARALLELISM_FIELDS), ("training", train, TRAINING_FIELDS)):
         bad = set(fields) - allowed
         assert not bad, (section, bad)
     return {"parallelism": par, "training": train}, ac, warn
 
 
-def export_torchtitan(plan: Plan, model=None) -> Export:
-    sections, ac, warn = torchtitan_settings(plan)
-    lines = ["# partita export --to torchtitan: overrides for torchtitan 0.3.0's trainer",
-             "# (python -m torchtitan.train --module <your model module> --config <your config> <these flags>)"]
-    lines += [f"# WARNING: {w}" for w in warn]
-    flags = []
+def torchtitan_flags(sections: dict[str, dict], ac: str) -> list[str]:
+    """tyro command-line tokens: booleans as ``--x`` / ``--no_x``, then the AC subcommand last."""
+    flags: list[str] = []
     for section, fields in sections.items():
         for key, value in fields.items():
             if isinstance(value, bool):
-                value = str(value)
-            flags.append(f"--{section}.{key} {value}")
-    flags.append(f"activation_checkpoint:{ac}")
-    lines.append(" \\\n".join(flags))
-    return Export("torchtitan", "\n".join(lines) + "\n", warn, {"sections": sections, "activation_checkpoint": ac})
+                flags.append(f"--{section}.{key}" if value else f"--{section}.no_{key}")
+            else:
+                flags += [f"--{section}.{key}", str(value)]
+    return flags + [f"activation_checkpoint:{ac}"]
+
+
+def export_torchtitan(plan: Plan, model=None) -> Export:
+    sections, ac, warn = torchtitan_settings(plan, model)
+    flags = torchtitan_flags(sections, ac)
+    lines = ["# partita export --to torchtitan: overrides for torchtitan 0.3.0's trainer",
+             "# (python -m torchtitan.train --module <your model module> --config <your config> <these flags>)"]
+    lines += [f"# WARNING: {w}" for w in warn]
+    rows: list[str] = []
+    for tok in flags:
+        if tok.startswith("--") or tok.startswith("activation_checkpoint:") or not rows:
+            rows.append(tok)
+        else:
+            rows[-1] += f" {tok}"
+    lines.append(" \\\n".join(rows))
+    return Export("torchtitan", "\n".join(lines) + "\n", warn,
+                  {"sections": sections, "activation_checkpoint": ac, "flags": flags})

@@ -278,18 +278,19 @@ def _save_error(e: BaseException, partial: Path, root: Path, step: int) -> str:
 
 
 def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2,
-                    report: Report | None = None) -> Path:
+                    report: Report | None = None, check_finite: bool = True) -> Path:
     """Collective: write ``root/step_<step>/`` atomically with a manifest of every file's size
     and hash (taken while writing), then keep the newest ``keep`` verified checkpoints. A
     state holding a NaN/inf is refused (each rank checks the tensors it writes, before
     writing), and a failed write (not writable, disk full) is one ``PartitaError`` naming
-    the directory; in both cases the committed checkpoints are untouched."""
+    the directory; in both cases the committed checkpoints are untouched. ``check_finite``
+    False skips the finite check (one read of the state) for callers that guarantee it."""
     root = Path(root)
     final = root / f"step_{step:08d}"
     partial = root / f"step_{step:08d}.partial"
     rank, world = dist.get_rank(), dist.get_world_size()
     agree(lambda: _prepare(root, partial, report) if rank == 0 else None, f"could not create checkpoint {partial}")
-    writer = ChecksummingWriter(partial, rank, check_finite=True)
+    writer = ChecksummingWriter(partial, rank, check_finite=check_finite)
     try:
         dcp.save(state_for_checkpoint(pm), storage_writer=writer)
         error = None

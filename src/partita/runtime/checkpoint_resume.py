@@ -27,7 +27,6 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.tensor import DTensor
 
 from ..errors import PartitaError
 from .checkpoint import Found, Report, load_checkpoint, one_line, scan_checkpoints, state_for_checkpoint
@@ -77,7 +76,7 @@ def _check_fit(pm, path: Path) -> tuple[str | None, list[list[str]]]:
     if not mismatches and extra:
         mismatches = [f"{extra[0]} is in the checkpoint but not in this model"]
     if mismatches:
-        raise PartitaError(f"checkpoint {path} holds another model than this run's: {mismatches[0]}")
+        raise PartitaError(f"checkpoint {path} holds another model or optimizer than this run's: {mismatches[0]}")
     return None, plain_by_rank
 
 

@@ -31,13 +31,12 @@ import mmap
 import os
 import threading
 import zlib
-from importlib.util import find_spec
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Iterator
-
-from concurrent.futures import Future
 
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
