@@ -1,15 +1,25 @@
 """Plan search: pruning, constraints, why-not explanations and impossible cases."""
+import functools
 import json
+from dataclasses import replace
 
 import pytest
 
-from partita.cli import main
+from partita.estimate import estimate
 from partita.plan import validate
 from partita.search import SearchSpace, search_plans
 from partita.search.explain import why_not
 from partita.search.space import best_split
 from partita.spec.hardware import make_cluster
 from partita.spec.model import load_model
+
+from brute_force_search import brute_force
+
+
+def main(argv: list[str]) -> int:
+    """The `partita` command line (imported on use: the CLI module is the one user of it here)."""
+    from partita.cli import main as cli_main
+    return cli_main(argv)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +40,18 @@ def test_rejected_attempts_really_did_not_fit(llama13_result):
     r = llama13_result
     rejected = [a for a in r.attempts if not a.fits]
     assert rejected  # llama-13b on 40 GB parts: some layouts must not fit
-    assert all(a.peak_gib > r.memory_limit_gib for a in rejected)
+    # Independent of the engine's own `fits` and its stored peaks: the limit is the
+    # device file's usable memory less SearchSpace's documented 5 % headroom, and each
+    # rejected plan's peak is recomputed from scratch by the public estimator.
+    limit = r.cluster.device.usable_gib * (1 - 0.05)
+    assert r.memory_limit_gib == limit
+    for a in rejected:
+        peak = estimate(r.model, r.cluster, a.plan).peak_memory_gib
+        assert peak > limit, a.plan.summary()
+        assert peak == a.peak_gib  # the search reports the peak the estimator computes
+    for a in r.attempts:
+        if a.fits:
+            assert estimate(r.model, r.cluster, a.plan).peak_memory_gib <= limit, a.plan.summary()
 
 
 def test_fixed_degree_is_honoured():
@@ -110,30 +131,91 @@ def test_plan_export_falls_back_and_says_so(capsys):
         assert data["export"]["note"] and "cannot express plan 1" in data["export"]["note"]
 
 
-@pytest.mark.parametrize("model_name,hardware,devices,gbs,seq", [
-    ("llama-13b", "a100-40gb", 64, 512, 2048),
-    ("mixtral-8x7b", "ascend-910b2", 64, 256, 4096),
-])
-def test_branch_and_bound_matches_exhaustive_search(model_name, hardware, devices, gbs, seq):
-    """The bounded search returns the exhaustive search's top plans, and for every "why
-    not" alternative the same best plan (the bounds only skip what cannot matter)."""
-    model, cluster = load_model(model_name), make_cluster(hardware, devices)
-    bounded = search_plans(model, cluster, gbs, seq, top=5)
-    full = search_plans(model, cluster, gbs, seq, top=0)
-    assert bounded.candidates_evaluated < full.candidates_evaluated
-    assert [e.step_time_s for e in bounded.plans] == pytest.approx([e.step_time_s for e in full.plans[:5]], rel=1e-12)
+def _small(name: str, layers: int):
+    """A preset cut to a few layers: real layer shapes, a space small enough to enumerate."""
+    return replace(load_model(name), layers=layers, name=f"{name}-{layers}-layers")
+
+
+# Small scenarios the brute force enumerates in seconds, each binding a different part of
+# the space: memory forcing tp / ZeRO-2 (70B layers on 4 x 40 GB), uneven and interleaved
+# pipelines over 2-device nodes (6 layers: splits with empty end stages), context
+# parallelism (16k tokens), dense on 8-device nodes, and expert parallelism (MoE).
+BRUTE_FORCE_SCENARIOS = {
+    "70b-4x40gb": (("llama3-70b", 4), "a100-40gb", 4, None, 8, 4096),
+    "65b-2-per-node": (("llama-65b", 6), "a100-40gb", 8, 2, 16, 2048),
+    "65b-8x40gb": (("llama-65b", 6), "a100-40gb", 8, None, 8, 2048),
+    "70b-16k-tokens": (("llama3-70b", 3), "h100-sxm", 8, None, 4, 16384),
+    "moe-8x80gb": (("mixtral-8x22b", 4), "a100-80gb", 8, None, 8, 4096),
+}
+
+
+@functools.cache
+def _searched(name: str):
+    """(bounded search, brute force) of one scenario, computed once for the tests below."""
+    (model_name, layers), hardware, devices, per_node, gbs, seq = BRUTE_FORCE_SCENARIOS[name]
+    model, cluster = _small(model_name, layers), make_cluster(hardware, devices, per_node)
+    return (search_plans(model, cluster, gbs, seq, top=5),
+            brute_force(model, cluster, gbs, seq, **SearchSpace().options))
+
+
+@pytest.mark.parametrize("name", BRUTE_FORCE_SCENARIOS)
+def test_search_matches_brute_force(name):
+    """The branch and bound against tests/brute_force_search.py, an enumeration of every
+    valid plan that shares nothing with the engine but plan validation and the public
+    estimator: the same best step time (the same plan or a tie), the same top-5 layouts,
+    and every plan the engine estimated is one the brute force found fitting, at the
+    same step time."""
+    bounded, oracle = _searched(name)
+    assert oracle.fitting and bounded.best is not None
+    assert bounded.memory_limit_gib == oracle.limit_gib
+    best_time = oracle.fitting[0].step_time_s
+    assert bounded.best.step_time_s == best_time
+    assert bounded.best.plan in {e.plan for e in oracle.fitting if e.step_time_s == best_time}
+    # top-5: the engine may list two plans of one layout (a ZeRO <= 2 and a ZeRO-3
+    # setting); the distinct layouts it lists are the oracle's fastest layouts, in order
+    mine, seen = [], set()
+    for est in bounded.plans:
+        key = (est.plan.tp, est.plan.cp, est.plan.pp, est.plan.dp, est.plan.ep, est.plan.mbs, est.plan.vpp)
+        if key not in seen:
+            seen.add(key)
+            mine.append(est.step_time_s)
+    assert len(mine) >= 3
+    assert mine == [e.step_time_s for e in oracle.per_layout_best()[:len(mine)]]
+    oracle_times = {e.plan: e.step_time_s for e in oracle.fitting}
+    estimated = [a.estimate for a in bounded.attempts if a.estimate and a.plan.tp <= bounded.cluster.devices_per_node]
+    assert estimated and all(oracle_times.get(e.plan) == e.step_time_s for e in estimated)
+
+
+_ALTERNATIVE_GAPS = {
+    "70b-4x40gb": "engine gap: it tests a layout's 'leanest' setting (zero 3 + full recompute, 37.9 GiB) and drops the "
+                  "layout when that does not fit, but here ZeRO-3's gather buffers make it heavier than zero 2 + "
+                  "selective (36.3 GiB, fits): why-not tp=1 says nothing fits, the brute force finds 1.375 s",
+    "70b-16k-tokens": "engine gap: vpp is only tried when layers or layers+2 divide pp*vpp, so 3 layers on pp2 vpp2 "
+                      "(split 0,1,2,0; 0.440 s) is never evaluated and why-not pp=2 reports 0.484 s",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_ALTERNATIVE_GAPS[n]))
+                                  if n in _ALTERNATIVE_GAPS else n for n in BRUTE_FORCE_SCENARIOS])
+def test_why_not_structural_alternatives_match_brute_force(name):
+    """For every "why not" value of a structural knob (tp, pp, vpp, cp, ep, mbs), the best
+    plan the search found with that value is the brute force's best with that value.
+    (For recompute and zero the engine by design reports the best setting it happened to
+    estimate, not the best plan with that value, so those are only checked not to beat
+    the brute force's optimum.)"""
+    bounded, oracle = _searched(name)
+    per_node = bounded.cluster.devices_per_node
     checked = 0
     for knob, values in bounded.alternatives.items():
         for value in values:
-            mine = [a.estimate.step_time_s for a in bounded.attempts if a.estimate and getattr(a.plan, knob) == value]
-            # exhaustive: the best plan with this value among every plan that fits
-            every = [a.estimate.step_time_s for a in full.attempts if a.estimate and getattr(a.plan, knob) == value]
+            found = [a.estimate.step_time_s for a in bounded.attempts if a.estimate and getattr(a.plan, knob) == value
+                     and a.plan.tp <= per_node]
+            every = [e.step_time_s for e in oracle.fitting if getattr(e.plan, knob) == value]
             if knob in ("recompute", "zero"):
-                # the ladder walk keeps the cheapest fitting setting per layout; a forced
-                # value can be slower than that walk's choice, so compare with the bound
-                # search's own evaluation of that value
-                every += mine
+                assert not found or (every and min(found) >= every[0]), (knob, value)
+                continue
+            assert bool(found) == bool(every), (knob, value)
             if every:
-                assert mine and min(mine) == pytest.approx(min(every), rel=1e-12), (knob, value)
+                assert min(found) == every[0], (knob, value)
                 checked += 1
-    assert checked >= 6
+    assert checked >= 4
