@@ -316,8 +316,14 @@ def test_hand_zero3_and_tied_embedding():
     assert parts["weights"] == pytest.approx(4 * params1 / 2, rel=1e-12)
     assert parts["gradients"] == pytest.approx(4 * params1 / 2, rel=1e-12)
     assert parts["optimizer"] == pytest.approx(8 * params1 / 2, rel=1e-12)
-    # current + prefetched layer in bf16 and one layer's fp32 gradients, unsharded
-    assert parts["zero3 gathered layers"] == pytest.approx(params1 / 2 * (2 * 2 + 4), rel=1e-12)
+    # FSDP at the start of backward: the largest unit (the output layer, V h / tp) gathered in
+    # bf16 with its fp32 reduce-scatter input (2 + 4), and the next layer (/ tp) prefetched in bf16 (2)
+    output_unit = (1024 + 32000 * 1024) / 2
+    assert output_unit > layer / 2
+    assert parts["zero3 gathered layers"] == pytest.approx(output_unit * (2 + 4) + layer / 2 * 2, rel=1e-12)
+    # a middle rank's largest unit is a layer: (2 + 4) + 2 bytes per layer parameter
+    mid = estimate_rank_memory(HAND, hand_cluster(8, 4).device, plan.with_(dp=1, pp=4), 1).parts
+    assert mid["zero3 gathered layers"] == pytest.approx(layer / 2 * 8, rel=1e-12)
     step = estimate_step_time(HAND, cluster, plan)
     # per micro-batch: all-gather bf16 weights forward and backward, reduce-scatter fp32 grads, dp g = 2
     traffic = 2 * 0.5 * params1 * 2 / INTRA + 0.5 * params1 * 4 / INTRA

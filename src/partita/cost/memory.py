@@ -245,13 +245,55 @@ def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
     return working
 
 
-def _zero3_gathered(plan: Plan, shape: RankShape, dense: float, expert: float, zero: int | None = None) -> float:
-    """FSDP keeps the current and the prefetched layer unsharded in bf16, and one layer's
-    unsharded gradients before its reduce-scatter (``zero`` overrides the plan's stage)."""
+def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | None = None) -> float:
+    """What fully-sharded data parallelism (FSDP2 / ZeRO-3) holds unsharded at the peak,
+    on top of the sharded states (``zero`` overrides the plan's stage).
+
+    The peak is the start of backward, when every layer's activations are held. At that
+    moment, for the unit ``U`` being differentiated (the largest FSDP unit the rank has:
+    a layer, or the embedding / output layer, which are their own units in torchtitan's
+    ``apply_fsdp``) and a layer ``L`` next to it:
+
+    * ``U`` gathered in the working dtype (``w`` = 2 bytes, fp32 training 4) and the next
+      unit's all-gather output already allocated by the prefetch: ``w (U + L)``. PyTorch's
+      FSDP notes (docs.pytorch.org/docs/stable/notes/fsdp.html, "FSDP Prefetch Nuances"):
+      prefetching means "the next all-gather's output tensor must be allocated while the
+      current one is still in use"; backward prefetch is on by default in FSDP2.
+    * ``U``'s unsharded gradients in the reduce dtype (``g U``; fp32 with torchtitan's
+      default ``mixed_precision_reduce = "float32"``): FSDP2's ``foreach_reduce`` copies
+      the gradients into one flat reduce-scatter input (unsharded numel x reduce dtype).
+    * the previous unit's reduce-scatter input is not added: FSDP2 keeps it until the
+      next unit's post-backward (so the CPU cannot run ahead of the reduce-scatter
+      stream) and frees it there, before allocating the next input
+      (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, ``post_backward`` /
+      ``reduce_scatter_state``).
+
+    Total ``U (w + g) + w L``. The unit is the largest one, not the average layer: for
+    Llama-3-8B the output layer (525 M parameters) against a layer (218 M), so 3.4 GiB
+    instead of the 1.9 GiB the average-layer count gave. Known gaps: the momentary
+    working-dtype gradients of ``U`` while they are copied into the reduce-scatter input
+    (``w U`` for a few kernels); ``reshard_after_forward=False`` units
+    (torchtitan's last block under pp) stay gathered through forward and backward.
+    """
     if (plan.zero if zero is None else zero) < 3:
         return 0.0
-    per_layer = (dense + expert) / max(shape.n_layers, 1)
-    return per_layer * (2 * 2 + _grad_bytes(plan))
+    layer = _unit_params(model, plan, shape)
+    unit = layer
+    if shape.first:
+        unit = max(unit, model.embedding_params() / plan.tp)
+    if shape.last:
+        unit = max(unit, model.output_params() / plan.tp)
+    w, g = (4 if plan.dtype == "fp32" else 2), _grad_bytes(plan)
+    return unit * (w + g) + layer * w
+
+
+def _unit_params(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """Parameters of the rank's largest layer (its dense part / tp, its experts / ep)."""
+    params = model.layer_kind_params(False) / plan.tp if shape.n_layers > shape.n_moe else 0.0
+    if shape.n_moe:
+        routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
+        params = max(params, (model.layer_kind_params(True) - routed) / plan.tp + routed / plan.ep)
+    return params
 
 
 def _buffers(device: Device, plan: Plan) -> float:
@@ -336,7 +378,7 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
             if expert:
                 we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
-            states[zero] = (weights, grads, optimizer, _zero3_gathered(plan, shape, dense, expert, zero))
+            states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero))
         if recompute not in activations:
             activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute)
         weights, grads, optimizer, gathered = states[zero]

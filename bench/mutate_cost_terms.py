@@ -1,0 +1,324 @@
+"""Break one cost term at a time and check that the planning tests notice.
+
+    python bench/mutate_cost_terms.py                 # the named single-term breaks
+    python bench/mutate_cost_terms.py --auto 60       # plus 60 automatic operator/constant mutants
+    python bench/mutate_cost_terms.py --only "bubble x2" --tests tests/test_cost_formulas.py
+
+Issue 12 asks that breaking any single term of ``src/partita/cost/`` (a constant, an
+operator, a max/min, a returned value) fails the planning tests - the ones that run
+without torch - in at least 90 % of cases. Each mutant is applied to a private copy of
+``src/``, ``tests/`` and ``bench/`` (the working tree is never touched), the planning
+tests run there with ``-x`` (fastest first, so a caught mutant costs seconds), and the
+mutant counts as caught when pytest fails. Printed: each mutant's verdict, the catch
+rate, and the survivors by name.
+
+Two sets:
+
+* **named** (:data:`MUTANTS`): hand-written breaks of every term the cost model has -
+  FLOPs per layer kind, recompute, each collective, pipeline schedules, every memory part
+  - each a textual replacement that must match the source exactly once. A replacement
+  that no longer matches (the source moved on) is reported as *stale*, not counted.
+* **automatic** (``--auto N``): ``N`` mutants drawn (fixed seed) from every numeric
+  constant (``c -> c + 1``), arithmetic operator (``+ <-> -``, ``* <-> /``) and
+  ``min``/``max`` call in ``src/partita/cost/*.py`` - the kinds the issue names - made
+  with :mod:`ast` and written back with :func:`ast.unparse`. Some are equivalent
+  (``x * 1 -> x / 1``); the figure is a floor.
+
+Torch is never imported: the tests run are :data:`PLANNING_TESTS`.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COST = Path("src/partita/cost")
+#: The tests that run without torch, fastest and most sensitive first (``-x`` stops at
+#: the first failure, so the order only changes how long a caught mutant takes).
+PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
+                  "tests/test_published_accuracy.py", "tests/test_estimate_cli.py", "tests/test_search.py",
+                  "tests/test_search_published.py")
+#: Seconds one test run may take before the mutant counts as caught (a hang is a failure).
+RUN_TIMEOUT_S = 900
+
+#: (name, file under src/partita/cost/, exact source text, replacement).
+MUTANTS: list[tuple[str, str, str, str]] = [
+    ("attention FLOPs x2", "compute.py", "attn_flops = 2 * tokens * s_ctx", "attn_flops = 4 * tokens * s_ctx"),
+    ("causal context (no /2)", "compute.py", "s_ctx = (shape.seq_len + 1) / 2", "s_ctx = (shape.seq_len + 1)"),
+    ("attention projections 0", "compute.py", "attn_proj_flops = 2 * tokens * proj_weights", "attn_proj_flops = 0 * tokens * proj_weights"),
+    ("MLP FLOPs x2", "compute.py", "mlp = 2 * tokens * mats", "mlp = 4 * tokens * mats"),
+    ("router FLOPs 0", "compute.py", "router = 2 * tokens * h * mo.num_experts / tp", "router = 0.0"),
+    ("routed expert FLOPs x2", "compute.py", "routed = 2 * routed_tokens", "routed = 4 * routed_tokens"),
+    ("output layer FLOPs x2", "compute.py", "flops = 2 * tokens * model.hidden * model.vocab / shape.tp", "flops = 4 * tokens * model.hidden * model.vocab / shape.tp"),
+    ("cross-entropy bytes 0", "compute.py", "ce_bytes = tokens * model.vocab", "ce_bytes = 0 * tokens * model.vocab"),
+    ("embedding bytes x2", "compute.py", "nbytes = 2 * shape.tokens", "nbytes = 4 * shape.tokens"),
+    ("element-wise x2", "compute.py", "cost.elementwise_time += elem_bytes /", "cost.elementwise_time += 2 * elem_bytes /"),
+    ("kernel overhead 0", "compute.py", "cost.overhead_time += device.efficiency.kernel_overhead_us_per_layer * 1e-6", "cost.overhead_time += 0.0"),
+    ("GEMM size curve off", "compute.py", "eff *= size_gflop / (size_gflop + device.efficiency.gemm_half_gflop)", "eff *= 1.0"),
+    ("selective share x2", "compute.py", "return recomputed / (sum(gemms) + halves)", "return 2 * recomputed / (sum(gemms) + halves)"),
+    ("layer compute 2x forward (not 3x)", "step.py", "return StageTerms(compute=(1 + BACKWARD_PER_FORWARD) * t, recompute=rc", "return StageTerms(compute=BACKWARD_PER_FORWARD * t, recompute=rc"),
+    ("full recompute 0", "step.py", "rc, rc_flops = layer.time, layer.flops", "rc, rc_flops = 0.0, layer.flops"),
+    ("tp collectives x2", "step.py", "tp_comm=n_tp * tp_coll + tp_framework", "tp_comm=2 * n_tp * tp_coll + tp_framework"),
+    ("tp host work 0", "step.py", "tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6", "tp_framework = 0 * 1e-6"),
+    ("recompute host share x2", "step.py", "(1 + rc_full * FORWARD_SHARE)", "(1 + 2 * rc_full * FORWARD_SHARE)"),
+    ("tp overlap ignored", "step.py", "tp_coll *= 1 - dev.efficiency.tp_overlap", "tp_coll *= 1"),
+    ("cp exchange x2", "step.py", "cp_pass = (1 + BACKWARD_PER_FORWARD + rc_full)", "cp_pass = 2 * (1 + BACKWARD_PER_FORWARD + rc_full)"),
+    ("cp hidden by attention ignored", "step.py", "(layer.cp - 1) * hop - attn)", "(layer.cp - 1) * hop)"),
+    ("ep all-to-all 0", "step.py", "a2a = 2 * (2 + rc_full) * comm.all_to_all", "a2a = 0 * (2 + rc_full) * comm.all_to_all"),
+    ("pp send/recv x2", "step.py", "pp_send_recv=2 * comm.send_recv", "pp_send_recv=4 * comm.send_recv"),
+    ("output layer tp collectives 1", "step.py", "output=_end_terms(output_forward(model, dev, layer), tp_coll, 2)", "output=_end_terms(output_forward(model, dev, layer), tp_coll, 1)"),
+    ("embedding compute 0", "step.py", "embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1)", "embedding=_end_terms(embedding_forward(model, dev, layer).scaled(0), tp_coll, 1)"),
+    ("zero3 first-layer exposure 0", "step.py", "+ t / max(shape.n_layers, 1) + framework", "+ framework"),
+    ("zero3 host work 0", "step.py", "framework = shape.n_layers * cluster.device.efficiency.zero3_framework_us_per_layer * 1e-6", "framework = 0.0"),
+    ("zero3 gather once", "step.py", "t = 2 * comm.all_gather(dev, dense * w, g, k)", "t = comm.all_gather(dev, dense * w, g, k)"),
+    ("Adam bytes x2", "step.py", "opt_bytes = ADAM_STEP_BYTES_PER_PARAM * (", "opt_bytes = 2 * ADAM_STEP_BYTES_PER_PARAM * ("),
+    ("dp grad reduce 0", "step.py", "exp_rs = max(t_rs / n_layers, t_rs - bwd_window) if plan.overlap_grad_reduce else t_rs", "exp_rs = 0.0"),
+    ("dp param gather 0", "step.py", "exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if plan.overlap_param_gather else t_ag", "exp_ag = 0.0"),
+    ("tied embedding sync 0", "step.py", "parts[\"tied embedding sync\"] = comm.all_reduce(dev, size,", "parts[\"tied embedding sync\"] = 0 * comm.all_reduce(dev, size,"),
+    ("tied embedding always 2 nodes", "step.py", "*((2, 1) if same_node else (1, 2))", "1, 2"),
+    ("bubble x2", "pipeline.py", "bubble = (total - slowest) / v", "bubble = 2 * (total - slowest) / v"),
+    ("zero-bubble /1", "pipeline.py", "        bubble /= 3", "        bubble /= 1"),
+    ("in-flight +1", "pipeline.py", "        return min(m, p - rank)", "        return min(m, p - rank) + 1"),
+    ("weights x2", "memory.py", "weights = params * weight_b /", "weights = 2 * params * weight_b /"),
+    ("fp8 weight copy 0", "memory.py", "weights += params * 1 /", "weights += params * 0 /"),
+    ("gradients x2", "memory.py", "grads = params * grad_b /", "grads = 2 * params * grad_b /"),
+    ("optimizer 0", "memory.py", "optimizer = params * opt_b /", "optimizer = 0 * params * opt_b /"),
+    ("experts not divided by ep", "memory.py", "expert = rank.n_moe * routed / split.ep", "expert = rank.n_moe * routed"),
+    ("activations x2", "memory.py", "full = tokens * (outside / out_div + inside)", "full = 2 * tokens * (outside / out_div + inside)"),
+    ("full-recompute activations x2", "memory.py", "return tokens * e * h / out_div  # only the layer input", "return 2 * tokens * e * h / out_div"),
+    ("selective activations x2", "memory.py", "return tokens * (e * 2 * h / out_div + kept_inside)", "return 2 * tokens * (e * 2 * h / out_div + kept_inside)"),
+    ("embedding output activation 0", "memory.py", "per_chunk += tokens * BYTES[plan.dtype]", "per_chunk += 0 * tokens * BYTES[plan.dtype]"),
+    ("transient 0", "memory.py", "return 2 * activation_bytes(model, shape, \"none\", moe)", "return 0.0"),
+    ("logits transient x2", "memory.py", "working = max(working, tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4))", "working = max(working, 2 * tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4))"),
+    ("zero3 gathered x2", "memory.py", "return unit * (w + g) + layer * w", "return 2 * unit * (w + g) + layer * w"),
+    ("zero3 prefetched unit 0", "memory.py", "return unit * (w + g) + layer * w", "return unit * (w + g)"),
+    ("zero3 largest unit ignores the output layer", "memory.py", "unit = max(unit, model.output_params() / plan.tp)", "unit = unit"),
+    ("zero3 experts of a unit not divided by ep", "memory.py", "(model.layer_kind_params(True) - routed) / plan.tp + routed / plan.ep)", "(model.layer_kind_params(True) - routed) / plan.tp + routed)"),
+    ("buffers x2", "memory.py", "return groups * device.comm_buffer_mib_per_group * 2 ** 20", "return 2 * groups * device.comm_buffer_mib_per_group * 2 ** 20"),
+    ("fragmentation x2 (peak)", "memory.py", "return allocated + allocated * device.allocator_fragmentation + device.runtime_reserved_gib * GIB", "return allocated + 2 * allocated * device.allocator_fragmentation + device.runtime_reserved_gib * GIB"),
+    ("runtime reservation 0 (breakdown)", "memory.py", "out[\"runtime (context, workspaces)\"] = device.runtime_reserved_gib * GIB", "out[\"runtime (context, workspaces)\"] = 0.0"),
+    ("memory total drops transient", "memory.py", "return (self.weights + self.gradients + self.optimizer + self.activations + self.transient", "return (self.weights + self.gradients + self.optimizer + self.activations"),
+    # communication formulas (cost/comm.py)
+    ("all-reduce intra factor 2 -> 1", "comm.py", "t = 2 * (g - 1) / g * size / intra_bandwidth(device, g) if g > 1 else 0.0", "t = 1 * (g - 1) / g * size / intra_bandwidth(device, g) if g > 1 else 0.0"),
+    ("all-reduce inter-node term 0", "comm.py", "t += 2 * (k - 1) / k * (size / g) / inter_bandwidth(device)", "t += 0.0"),
+    ("all-gather inter-node not divided by g", "comm.py", "t += (k - 1) / k * (size / g) / inter_bandwidth(device)", "t += (k - 1) / k * size / inter_bandwidth(device)"),
+    ("latency inter steps 0", "comm.py", "inter = steps_factor * math.ceil(math.log2(k)) * device.inter_latency_us if k > 1 else 0.0", "inter = 0.0"),
+    ("full-mesh bandwidth ignores peer count", "comm.py", "return min(device.peer_gbps * max(g - 1, 1), device.intra_gbps) * 1e9 * eff", "return device.peer_gbps * 1e9 * eff"),
+    ("all-to-all max -> min", "comm.py", "return max(t_intra, t_inter) + lat", "return min(t_intra, t_inter) + lat"),
+    ("send/recv inter-node at intra bandwidth", "comm.py", "return size / inter_bandwidth(device) + device.inter_latency_us * 1e-6", "return size / intra_bandwidth(device, 8) + device.inter_latency_us * 1e-6"),
+    # pipeline schedules (cost/pipeline.py)
+    ("gpipe holds one micro-batch", "pipeline.py", "        return m * v", "        return v"),
+    ("interleaved warm-up without (v - 1) p", "pipeline.py", "return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)", "return min(m * v, 2 * (p - rank - 1) + 1)"),
+    ("interleaving does not shrink the bubble", "pipeline.py", "bubble = (total - slowest) / v", "bubble = (total - slowest)"),
+    # more compute terms
+    ("MoE permutation traffic 0", "compute.py", "permute_bytes = 4 * e * tokens * mo.top_k * h / tp", "permute_bytes = 0.0"),
+    ("shared-expert FLOPs 0", "compute.py", "shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp", "shared = 0.0"),
+    ("expert GEMM count ignores ep", "compute.py", "local_experts = mo.num_experts / shape.ep", "local_experts = mo.num_experts"),
+    ("fp8 attention at fp8 peak", "compute.py", "attn_dtype = \"bf16\" if dtype == \"fp8\" else dtype", "attn_dtype = dtype"),
+    ("RoPE traffic 0", "compute.py", "rope = 2 * (model.q_dim + model.kv_dim) / tp if model.position == \"rope\" else 0.0", "rope = 0.0"),
+    ("norm traffic always sharded", "compute.py", "outside_div = tp if shape.sp else 1", "outside_div = tp"),
+    # more step terms
+    ("MoE layer tp collectives as dense", "step.py", "tp_framework, cp_pass, a2a) if moe else _ZERO", "tp_framework, cp_pass, 2 * a2a) if moe else _ZERO"),
+    ("zero-0 all-reduce as reduce-scatter", "step.py", "t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)", "t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)"),
+    ("optimizer not sharded by zero", "step.py", "shard_dense = dense / (plan.dp * plan.cp) if plan.zero >= 1 else dense", "shard_dense = dense"),
+    ("cp exchange K/V width halved", "step.py", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else model.kv_dim"),
+    ("pp send ignores sequence parallel", "step.py", "size = tokens * model.hidden * e / (layer.tp if layer.sp else 1)", "size = tokens * model.hidden * e"),
+    # more memory terms
+    ("gradients sharded from zero 1", "memory.py", "grads = params * grad_b / (shard if z >= 2 else 1)", "grads = params * grad_b / (shard if z >= 1 else 1)"),
+    ("expert shard = dense shard", "memory.py", "expert_shard = max(1, dense_shard * plan.tp // plan.ep)", "expert_shard = dense_shard"),
+    ("activations inside tp not divided", "memory.py", "inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim) / tp", "inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim)"),
+    ("log-sum-exp 0", "memory.py", "inside += FP32_BYTES * model.heads / tp  # fp32 log-sum-exp per head (flash attention)", "inside += 0.0"),
+    ("router probabilities 0", "memory.py", "inside += routed + shared + FP32_BYTES * mo.num_experts / tp", "inside += routed + shared"),
+    ("tied copy on last stage 0", "memory.py", "out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight", "out += 0"),
+]
+
+
+@dataclass
+class Mutant:
+    name: str
+    path: Path  # relative to the repository root
+    source: str  # the whole mutated file
+
+
+def named_mutants(only: list[str]) -> tuple[list[Mutant], list[str]]:
+    """The applicable named mutants and the names of the stale ones."""
+    out, stale = [], []
+    for name, rel, old, new in MUTANTS:
+        if only and name not in only:
+            continue
+        path = COST / rel
+        text = (ROOT / path).read_text()
+        if text.count(old) != 1:
+            stale.append(name)
+            continue
+        out.append(Mutant(name, path, text.replace(old, new)))
+    return out, stale
+
+
+class _Sites(ast.NodeVisitor):
+    """Every mutable site of a module: numeric constants, arithmetic operators, min/max."""
+
+    def __init__(self) -> None:
+        self.sites: list[tuple[str, int, int]] = []  # (kind, line, index among nodes of the walk)
+        self.index = 0
+
+    def generic_visit(self, node: ast.AST) -> None:
+        kind = _site_kind(node)
+        if kind:
+            self.sites.append((kind, getattr(node, "lineno", 0), self.index))
+        self.index += 1
+        super().generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:  # skip docstrings and bare expressions
+        if not isinstance(node.value, ast.Constant):
+            self.generic_visit(node)
+        else:
+            self.index += sum(1 for _ in ast.walk(node))
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.generic_visit(node)
+
+
+def _site_kind(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return "constant"
+    if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.Div):
+        return "operator"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+        return "min/max"
+    return ""
+
+
+_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
+
+
+def _mutate_node(node: ast.AST) -> str:
+    """Mutate ``node`` in place; returns a description."""
+    if isinstance(node, ast.Constant):
+        old = node.value
+        node.value = old + 1
+        return f"{old!r} -> {node.value!r}"
+    if isinstance(node, ast.BinOp):
+        old = type(node.op)
+        node.op = _SWAP[old]()
+        return f"{old.__name__} -> {type(node.op).__name__}"
+    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    old_name = node.func.id
+    node.func.id = "max" if old_name == "min" else "min"
+    return f"{old_name} -> {node.func.id}"
+
+
+class _Walker(_Sites):
+    """Walks like :class:`_Sites` and mutates the node with a given walk index."""
+
+    def __init__(self, target: int) -> None:
+        super().__init__()
+        self.target = target
+        self.done = ""
+
+    def generic_visit(self, node: ast.AST) -> None:
+        if self.index == self.target and _site_kind(node):
+            self.done = _mutate_node(node)
+        super().generic_visit(node)
+
+
+def auto_mutants(count: int, seed: int) -> list[Mutant]:
+    """``count`` automatic mutants drawn from every site of every cost module."""
+    sites = []
+    for path in sorted((ROOT / COST).glob("*.py")):
+        walker = _Sites()
+        walker.visit(ast.parse(path.read_text()))
+        sites += [(path.relative_to(ROOT), kind, line, index) for kind, line, index in walker.sites]
+    rng = random.Random(seed)
+    chosen = rng.sample(sites, min(count, len(sites)))
+    out = []
+    for rel, kind, line, index in sorted(chosen, key=lambda s: (str(s[0]), s[2], s[3])):
+        tree = ast.parse((ROOT / rel).read_text())
+        walker = _Walker(index)
+        walker.visit(tree)
+        out.append(Mutant(f"{rel.name}:{line} {kind} {walker.done}", rel, ast.unparse(tree) + "\n"))
+    return out
+
+
+def run_tests(work: Path, tests: list[str]) -> tuple[bool, float]:
+    """(caught, seconds): whether the planning tests fail in the mutated copy ``work``."""
+    env = dict(os.environ, PYTHONPATH=str(work / "src"), PYTHONHASHSEED="0")
+    t0 = time.time()
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=work,
+                           env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        caught = r.returncode != 0
+    except subprocess.TimeoutExpired:
+        caught = True
+    return caught, time.time() - t0
+
+
+def _copy_tree(work: Path) -> None:
+    for part in ("src", "tests", "bench"):
+        shutil.copytree(ROOT / part, work / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+
+
+def check(mutants: list[Mutant], tests: list[str], label: str) -> list[str]:
+    """Run every mutant; print verdicts and the catch rate; return the survivors."""
+    survivors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="partita-mutants-") as tmp:
+        work = Path(tmp)
+        _copy_tree(work)
+        clean, _ = run_tests(work, tests)
+        if clean:
+            print("the planning tests fail on the unmutated tree; fix that first", file=sys.stderr)
+            raise SystemExit(2)
+        for m in mutants:
+            target = work / m.path
+            original = target.read_text()
+            target.write_text(m.source)
+            shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
+            try:
+                caught, secs = run_tests(work, tests)
+            finally:
+                target.write_text(original)
+                shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
+            print(f"  {'caught  ' if caught else 'SURVIVED'} {secs:6.1f}s  {m.name}", flush=True)
+            if not caught:
+                survivors.append(m.name)
+    n = len(mutants)
+    if n:
+        print(f"{label}: {n - len(survivors)}/{n} caught ({(n - len(survivors)) / n:.1%})")
+    for name in survivors:
+        print(f"  survivor: {name}")
+    return survivors
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=[], help="named mutants to run (default: all)")
+    parser.add_argument("--auto", type=int, default=0, help="also run this many automatic mutants")
+    parser.add_argument("--no-named", action="store_true", help="skip the named mutants")
+    parser.add_argument("--seed", type=int, default=12)
+    parser.add_argument("--tests", nargs="*", default=list(PLANNING_TESTS))
+    args = parser.parse_args()
+    if not args.no_named:
+        named, stale = named_mutants(args.only)
+        for name in stale:
+            print(f"  stale (source no longer matches): {name}")
+        print(f"named single-term breaks of src/partita/cost/: {len(named)}")
+        check(named, args.tests, "named")
+    if args.auto:
+        auto = auto_mutants(args.auto, args.seed)
+        print(f"automatic mutants (seed {args.seed}): {len(auto)}")
+        check(auto, args.tests, "automatic")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
