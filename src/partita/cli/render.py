@@ -1,10 +1,11 @@
-"""Human-readable tables for estimates and plans (rich), kept out of the cost model."""
+"""Human-readable tables (rich) for the commands: estimates, plans, profiles. Only the CLI
+imports this; the library returns data."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from .estimate import Estimate
+from ..estimate import Estimate
 
 GIB = 1024 ** 3
 
@@ -60,3 +61,78 @@ def print_estimate(est: Estimate, console: Console | None = None, tokens: float 
         days = est.run_days(tokens)
         console.print(f"run of {tokens:.3g} tokens: {days:.1f} days, "
                       f"{days * 24 * est.cluster.world_size:,.0f} device-hours")
+
+
+def print_report(report: dict) -> None:
+    console = make_console()
+    console.print(f"[bold]profile[/bold] {report['plan']}  (prediction: hardware '{report['hardware']}')")
+    t = Table(title="Per rank, per step", title_justify="left")
+    for col in ("rank", "step", "compute", "comm", "overlapped", "exposed comm", "idle", "collectives", "by axis",
+                "memory"):
+        t.add_column(col, justify="right" if col not in ("collectives", "by axis", "memory") else "left")
+    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    for r in report["ranks"]:
+        coll = ", ".join(f"{k} {ms(v)}" for k, v in r["by_collective_s"].items())
+        axes = ", ".join(f"{k} {ms(v)}" for k, v in r.get("by_axis_s", {}).items()) or "-"
+        mem = ", ".join(f"{k} {v:.2f}" for k, v in r["memory"].items())
+        t.add_row(str(r["rank"]), ms(r["step_time_s"]), ms(r["compute_s"]), ms(r["communication_s"]),
+                  ms(r["overlapped_s"]), ms(r["exposed_communication_s"]), ms(r["idle_s"]), coll, axes, mem)
+    console.print(t)
+    c = Table(title="Measured vs predicted (per step)", title_justify="left")
+    for col in ("", "measured", "predicted", "measured / predicted"):
+        c.add_column(col, justify="right")
+    o, p, ratio = report["overall"], report["predicted"], report["ratio_measured_over_predicted"]
+    for key, label in (("step_time_s", "step time (slowest rank)"), ("compute_s", "compute"),
+                       ("exposed_communication_s", "exposed communication"), ("idle_s", "idle / bubble")):
+        c.add_row(label, ms(o[key]), ms(p[key]), f"{ratio[key]:.2f}" if key in ratio else "-")
+    console.print(c)
+    if report["hardware"] == "cpu":
+        console.print("prediction on the uncalibrated 'cpu' device file: `partita calibrate --nproc N -o my-cpu.json`, "
+                      "then `--hardware my-cpu.json`, measures this machine at this process count")
+    if report.get("html_report"):
+        console.print(f"HTML report: {report['html_report']}")
+
+
+def plans_table(result, tokens: float | None, world_size: int) -> Table:
+    """The ranked plans of a search, one row each."""
+    t = Table(title=f"Best plans ({result.candidates_evaluated:,} candidates evaluated, "
+                    f"{result.candidates_pruned + result.candidates_bounded:,} ruled out by memory or time bounds, "
+                    f"in {result.search_time_s:.2f} s; "
+                    f"memory limit {result.memory_limit_gib:.1f} GiB)", title_justify="left")
+    for col in ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "zero", "mbs x acc", "recompute", "mem GiB", "step s",
+                "tok/s/dev", "MFU") + (("days", "device-hours") if tokens else ()):
+        t.add_column(col, justify="right")
+    for i, e in enumerate(result.plans, 1):
+        p = e.plan
+        row = [str(i), str(p.dp), str(p.tp) + ("+sp" if p.sp else ""), str(p.pp), str(p.vpp), str(p.cp), str(p.ep),
+               str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute, f"{e.peak_memory_gib:.1f}", f"{e.step_time_s:.2f}",
+               f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
+        if tokens:
+            days = e.run_days(tokens)
+            row += [f"{days:.1f}", f"{days * 24 * world_size:,.0f}"]
+        t.add_row(*row)
+    return t
+
+
+def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons: list[str],
+                tokens: float | None, console: Console | None = None) -> None:
+    """``partita plan``'s screen: the ranked plans, plan 1's breakdown and run length, why not the others."""
+    console = console or make_console()
+    console.print(f"[bold]{model.name}[/bold] on {cluster.describe()}; seq {seq_len}, global batch "
+                  f"{global_batch} ({global_batch * seq_len:,} tokens)")
+    console.print(plans_table(result, tokens, cluster.world_size))
+    best = result.best
+    assert best is not None
+    if best.plan.layer_split:
+        console.print(f"layer split (per virtual stage): {list(best.plan.layer_split)}")
+    mem, tt = breakdown_tables(best)
+    console.print(mem)
+    console.print(tt)
+    if tokens:
+        days = best.run_days(tokens)
+        console.print(f"[bold]{tokens:.3g} tokens with plan 1: {days:.1f} days[/bold] "
+                      f"({days * 24 * cluster.world_size:,.0f} device-hours; "
+                      f"{best.model_flops_per_step * tokens / best.plan.tokens_per_step:.2e} model FLOPs)")
+    console.print("[bold]Why not[/bold]")
+    for line in reasons:
+        console.print("  " + line, highlight=False)

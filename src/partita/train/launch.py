@@ -1,22 +1,27 @@
-"""``partita train``: validate the plan, write it next to the run, start torchrun.
+"""Start a training run: validate the plan, write the run directory, watch torchrun.
 
 Validation happens here, before any process group exists, so a bad plan costs one line,
-not a hung job. torchrun stops every rank when one fails; the workers' process groups
-carry a timeout so a lost peer ends in an error rather than a hang, and the launcher
-stops a job that logs no step for twice that timeout (:func:`run_watched`).
+not a hung job. The run directory gets ``plan.json`` (the resolved plan) and
+``train.json`` (the :class:`~partita.train.config.TrainConfig`); every worker is started
+with just that directory. torchrun stops every rank when one fails; the workers' process
+groups carry a timeout so a lost peer ends in an error rather than a hang, and the
+launcher stops a job that logs no step for twice that timeout (:func:`run_watched`).
+The command line around this is :mod:`partita.cli.train`.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from ..errors import PartitaError
 from ..plan import Plan, check
+from .config import PLAN_FILE, LaunchConfig, TrainConfig
 
 
 def train_defaults(device: str | None) -> dict:
@@ -39,22 +44,32 @@ def model_spec_for(name: str):
     return load_model(name)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    world = args.nproc * args.nnodes
-    defaults = train_defaults(args.device)
-    plan_text = args.plan
+class PreparedRun(NamedTuple):
+    """A validated run, its directory written, ready to start."""
+    plan: Plan
+    run_dir: Path
+    config: TrainConfig
+    command: list[str]
+    env: dict[str, str]
+
+
+def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], None]) -> Plan:
+    """The plan to run: the user's, or (with --resume and no --plan) the newest checkpoint's,
+    re-planned for this world size; checked against the model before any process starts."""
+    world = launch.world
+    plan_text = launch.plan
     from_checkpoint = False
-    if args.resume and not plan_text and args.checkpoint_dir:
-        plan_text = _checkpoint_plan(args.checkpoint_dir) or ""
+    if config.resume and not plan_text and config.checkpoint_dir:
+        plan_text = _checkpoint_plan(config.checkpoint_dir) or ""
         from_checkpoint = bool(plan_text)
-    plan = Plan.parse(plan_text, world_size=world, defaults=defaults)
+    plan = Plan.parse(plan_text, world_size=world, defaults=train_defaults(config.device))
+    spec = model_spec_for(config.model)
     if from_checkpoint and plan.world_size != world:
         from .replan import describe_change, replan
-        new = replan(plan, world, model_spec_for(args.model))
-        print(f"partita: the checkpoint's plan ran on {plan.world_size} processes; re-planned for {world} keeping "
-              f"global batch {plan.gbs}: {describe_change(plan, new)}", file=sys.stderr)
+        new = replan(plan, world, spec)
+        say(f"partita: the checkpoint's plan ran on {plan.world_size} processes; re-planned for {world} keeping "
+            f"global batch {plan.gbs}: {describe_change(plan, new)}")
         plan = new
-    spec = model_spec_for(args.model)
     check(plan, spec, world)
     try:
         import torch  # noqa: F401
@@ -62,63 +77,40 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise PartitaError("partita train needs PyTorch: pip install 'partita[runtime]'") from None
     from ..models.llama import build_model
     from ..runtime.parallelize import runtime_check
-    runtime_check(plan, build_model(args.model) if args.model.startswith("tiny-") else _Shape(spec))
-    if args.data and not os.path.exists(args.data):
-        raise PartitaError(f"--data {args.data} does not exist")
-    run_dir = args.run_dir or args.checkpoint_dir or tempfile.mkdtemp(prefix="partita-run-")
-    os.makedirs(run_dir, exist_ok=True)
-    plan_path = os.path.join(run_dir, "plan.json")
-    plan.to_json(plan_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}"]
-    if args.nnodes > 1 or args.rdzv_endpoint:
-        cmd += [f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={args.rdzv_endpoint}", f"--rdzv-id={args.rdzv_id}"]
-    else:
-        cmd += ["--standalone"]
-    if args.max_restarts:
-        cmd += [f"--max-restarts={args.max_restarts}"]
-    cmd += ["-m", "partita.train.worker", "--model", args.model, "--plan", plan_path, "--steps", str(args.steps),
-            "--seed", str(args.seed), "--lr", str(args.lr), "--optimizer", args.optimizer,
-            "--momentum", str(args.momentum), "--timeout-s", str(args.timeout_s), "--run-dir", run_dir,
-            "--lr-schedule", args.lr_schedule, "--warmup-steps", str(args.warmup_steps), "--min-lr", str(args.min_lr),
-            "--max-grad-norm", str(args.max_grad_norm), "--keep", str(args.keep)]
-    for flag, value in (("--device", args.device), ("--data", args.data), ("--tokenizer", args.tokenizer),
-                        ("--checkpoint-dir", args.checkpoint_dir)):
-        if value:
-            cmd += [flag, value]
-    if args.checkpoint_every:
-        cmd += ["--checkpoint-every", str(args.checkpoint_every)]
-    if args.resume:
-        cmd += ["--resume"]
-    if args.json:
-        cmd += ["--json"]
-    elif not args.no_progress:
-        cmd += ["--progress"]
-    if args.hardware:
-        cmd += _prediction_args(spec, plan, args.hardware, world)
-    if getattr(args, "profile_dir", None):
-        cmd += ["--profile-dir", args.profile_dir]
+    runtime_check(plan, build_model(config.model) if config.model.startswith("tiny-") else _Shape(spec))
+    return plan
+
+
+def prepare_run(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], None]) -> PreparedRun:
+    """Validate, fill the values the launcher derives (progress bar, prediction), write
+    ``plan.json`` and ``train.json`` into the run directory and build torchrun's command."""
+    plan = resolve_plan(config, launch, say)
+    if config.data and not os.path.exists(config.data):
+        raise PartitaError(f"--data {config.data} does not exist")
+    run_dir = Path(launch.run_dir or config.checkpoint_dir or tempfile.mkdtemp(prefix="partita-run-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    derived: dict = {"progress": not config.json and not launch.no_progress}
+    if launch.hardware:
+        derived.update(prediction(model_spec_for(config.model), plan, launch.hardware, launch.world))
+    config = dataclasses.replace(config, **derived)
+    plan.to_json(run_dir / PLAN_FILE)
+    config.save(run_dir)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    if not args.json and not getattr(args, "worker_stdout", None):
-        print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
-              f"{world} process(es); run dir {run_dir}", flush=True)
-    returncode, stderr, stalled = run_watched(cmd, env, getattr(args, "worker_stdout", None) or sys.stdout,
-                                              Path(run_dir) / "metrics.jsonl", 2 * args.timeout_s)
-    if stalled:
-        print(f"partita: error: no training step finished in {stalled:.0f} s after the last one: the job is hung "
-              f"(a collective that never completes?) and was stopped; raise --timeout-s if steps are this slow",
-              file=sys.stderr)
-        return 1
-    for line in stderr.splitlines():
-        if line.startswith("partita: ") and "error" not in line:
-            print(line, file=sys.stderr)  # resume / re-plan / skipped-checkpoint messages
-    if returncode:
-        # show the worker's own error line(s), not torchrun's wrapper traceback
-        msg = root_cause(stderr)
-        print(msg if msg.startswith("partita: error:") else f"partita: error: a rank failed: {msg}", file=sys.stderr)
-        return 2 if "partita: error:" in msg else 1
-    return 0
+    return PreparedRun(plan, run_dir, config, torchrun_command(launch, run_dir), env)
+
+
+def torchrun_command(launch: LaunchConfig, run_dir: Path) -> list[str]:
+    """torchrun (standalone, or c10d rendezvous across nodes) starting one worker per process."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
+    if launch.nnodes > 1 or launch.rdzv_endpoint:
+        cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}"]
+    else:
+        cmd += ["--standalone"]
+    if launch.max_restarts:
+        cmd += [f"--max-restarts={launch.max_restarts}"]
+    return cmd + ["-m", "partita.train.worker", str(run_dir)]
 
 
 def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float) -> tuple[int, str, float]:
@@ -201,7 +193,6 @@ def _descendants(pid: int) -> list[int]:
 def _checkpoint_plan(checkpoint_dir: str) -> str | None:
     """Path of a plan JSON holding the newest complete checkpoint's plan, if any."""
     import json
-    from pathlib import Path
 
     from ..runtime.checkpoint import complete_checkpoints
     found = complete_checkpoints(checkpoint_dir)
@@ -213,16 +204,17 @@ def _checkpoint_plan(checkpoint_dir: str) -> str | None:
     return str(path)
 
 
-def _prediction_args(spec, plan: Plan, hardware: str, world: int) -> list[str]:
-    """The planner's predicted step time and the MFU inputs, for the progress line."""
+def prediction(spec, plan: Plan, hardware: str, world: int) -> dict[str, float]:
+    """The planner's predicted step time and the MFU inputs, for the progress line
+    (:class:`TrainConfig` fields)."""
     from ..estimate import estimate
     from ..spec.hardware import make_cluster
     cluster = make_cluster(hardware, world)
     est = estimate(spec, cluster, plan)
     dtype = "bf16" if plan.dtype in ("bf16", "fp8") else plan.dtype
-    return ["--predicted-step-s", repr(est.step_time_s),
-            "--model-flops-per-token", repr(spec.model_flops_per_token(plan.seq_len)),
-            "--peak-flops", repr(cluster.device.peak_flops(dtype if cluster.device.supports(dtype) else "fp16"))]
+    return {"predicted_step_s": est.step_time_s,
+            "model_flops_per_token": spec.model_flops_per_token(plan.seq_len),
+            "peak_flops": cluster.device.peak_flops(dtype if cluster.device.supports(dtype) else "fp16")}
 
 
 def root_cause(stderr: str) -> str:
@@ -247,54 +239,3 @@ class _Shape:
     def __init__(self, spec):
         from ..models.llama import TransformerConfig
         self.cfg = TransformerConfig(num_experts=spec.moe.num_experts if spec.moe else 0)
-
-
-def add_train_command(sub) -> None:
-    p = sub.add_parser("train", help="train a model with a plan (torchrun; gloo on CPU, nccl/hccl on accelerators)")
-    _train_args(p)
-    p.set_defaults(func=cmd_train)
-    prof = sub.add_parser("profile", help="run a plan under torch.profiler and compare with the prediction")
-    _train_args(prof)
-    prof.add_argument("--profile-dir", help="where the per-rank traces go (default: <run dir>/profile)")
-    prof.add_argument("--report", help="also write a self-contained HTML report (timeline + measured vs predicted; "
-                                       "needs plotly: partita[report])")
-    prof.set_defaults(func=cmd_profile, steps=5)
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    from .profile_report import run_profile
-    return run_profile(args, cmd_train)
-
-
-def _train_args(p) -> None:
-    p.add_argument("--model", required=True, help="tiny-llama, tiny-moe, a preset or a config.json")
-    p.add_argument("--plan", default="", help='"dp=2,tp=2,..." (dp fills the world) or plan.json')
-    p.add_argument("--nproc", type=int, default=1, help="processes per node")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--rdzv-endpoint", default="", help="host:port of the rendezvous (multi-node)")
-    p.add_argument("--rdzv-id", default="partita")
-    p.add_argument("--max-restarts", type=int, default=0)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
-                   help="cosine: linear warm-up then cosine decay to --min-lr")
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--min-lr", type=float, default=0.0)
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping over all shards (0: off)")
-    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
-    p.add_argument("--data", help="text file, directory of .txt/.jsonl, or tokens .npy (default: synthetic)")
-    p.add_argument("--tokenizer", help="HF tokenizer.json (default: a byte-level BPE trained on --data)")
-    p.add_argument("--checkpoint-dir", help="where checkpoints go")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps")
-    p.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--hardware", help="print the planner's prediction and MFU against this device's peak")
-    p.add_argument("--no-progress", action="store_true", help="plain lines instead of a progress bar")
-    p.add_argument("--device", help="cpu, cuda or npu (default: what the machine has)")
-    p.add_argument("--run-dir", help="where the plan and logs go (default: a temp dir)")
-    p.add_argument("--timeout-s", type=int, default=300,
-                   help="collective timeout per process group; a run with no step for twice this long is stopped")
-    p.add_argument("--json", action="store_true", help="one JSON object per step")

@@ -1,5 +1,6 @@
-"""``partita profile``: run a plan for a few steps under torch.profiler on every rank,
-then put the measured breakdown beside the planner's prediction.
+"""What ``partita profile`` reports: a plan run for a few steps under torch.profiler on
+every rank (:mod:`partita.cli.profile` starts it), its measured breakdown beside the
+planner's prediction.
 
 Measured (per rank, from its trace; :mod:`partita.profile.trace`): step time, compute,
 communication by collective, overlapped and exposed communication, idle time (pipeline
@@ -14,51 +15,23 @@ collectives in a ``partita:group:<axis>`` annotation that the analysis leaves ou
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 
 from ..errors import PartitaError
+from .config import PLAN_FILE
 
 
-def run_profile(args: argparse.Namespace, cmd_train) -> int:
-    args.run_dir = args.run_dir or tempfile.mkdtemp(prefix="partita-profile-")
-    args.profile_dir = args.profile_dir or str(Path(args.run_dir) / "profile")
-    if args.steps < 3:
-        raise PartitaError("partita profile needs --steps >= 3 (the first step is a warm-up)")
-    if args.report:
-        from ..profile.html_report import require_plotly
-        require_plotly()
-    hardware = args.hardware or "cpu"
-    args.hardware = None  # the worker needs no prediction flags; we print it here
-    quiet = args.json
-    args.json = True  # the per-step lines go to the metrics file, not the screen
-    args.worker_stdout = subprocess.DEVNULL
-    code = cmd_train(args)
-    if code:
-        return code
-    report, timelines = analyze_run(Path(args.profile_dir), args, hardware)
-    if args.report:
-        from ..profile.html_report import write_html_report
-        report["html_report"] = str(write_html_report(report, timelines, args.report))
-    if quiet:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    return 0
-
-
-def analyze_run(profile_dir: Path, args: argparse.Namespace, hardware: str) -> tuple[dict, dict]:
-    """The report (per rank, overall, predicted, ratios) and each rank's timeline intervals."""
+def analyze_run(profile_dir: Path, run_dir: Path, model_name: str, hardware: str) -> tuple[dict, dict]:
+    """The report (per rank, overall, predicted, ratios) and each rank's timeline intervals,
+    from the traces in ``profile_dir`` and the plan in ``run_dir``."""
     from ..estimate import estimate
     from ..plan import Plan
     from ..profile.trace import analyze_trace
     from ..spec.hardware import OPTIONAL_EFFICIENCY_FIELDS, make_cluster
     from ..spec.model import load_model
-    plan = Plan.load(Path(args.run_dir) / "plan.json")
+    plan = Plan.load(Path(run_dir) / PLAN_FILE)
     ranks = []
     timelines: dict[int, dict] = {}
     for trace in sorted(profile_dir.glob("rank*.json")):
@@ -79,7 +52,7 @@ def analyze_run(profile_dir: Path, args: argparse.Namespace, hardware: str) -> t
                       "memory": {k: v for k, v in summary.items() if k.startswith(("peak", "frag"))}})
     if not ranks:
         raise PartitaError(f"no traces in {profile_dir}")
-    model = load_model(args.model)
+    model = load_model(model_name)
     est = estimate(model, make_cluster(hardware, plan.world_size), plan)
     # the host-side framework time (DTensor, FSDP hooks) the cost model books under tp and
     # ZeRO-3 runs as ops on the training thread, which a trace counts as compute
@@ -123,35 +96,3 @@ def by_axis(plan, rank: int, by_group_s: dict[str, float]) -> dict[str, float]:
         axis = axis_of_group(plan, rank, group)
         out[axis] = out.get(axis, 0.0) + seconds
     return out
-
-
-def print_report(report: dict) -> None:
-    from rich.table import Table
-    from ..report import make_console
-    console = make_console()
-    console.print(f"[bold]profile[/bold] {report['plan']}  (prediction: hardware '{report['hardware']}')")
-    t = Table(title="Per rank, per step", title_justify="left")
-    for col in ("rank", "step", "compute", "comm", "overlapped", "exposed comm", "idle", "collectives", "by axis",
-                "memory"):
-        t.add_column(col, justify="right" if col not in ("collectives", "by axis", "memory") else "left")
-    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
-    for r in report["ranks"]:
-        coll = ", ".join(f"{k} {ms(v)}" for k, v in r["by_collective_s"].items())
-        axes = ", ".join(f"{k} {ms(v)}" for k, v in r.get("by_axis_s", {}).items()) or "-"
-        mem = ", ".join(f"{k} {v:.2f}" for k, v in r["memory"].items())
-        t.add_row(str(r["rank"]), ms(r["step_time_s"]), ms(r["compute_s"]), ms(r["communication_s"]),
-                  ms(r["overlapped_s"]), ms(r["exposed_communication_s"]), ms(r["idle_s"]), coll, axes, mem)
-    console.print(t)
-    c = Table(title="Measured vs predicted (per step)", title_justify="left")
-    for col in ("", "measured", "predicted", "measured / predicted"):
-        c.add_column(col, justify="right")
-    o, p, ratio = report["overall"], report["predicted"], report["ratio_measured_over_predicted"]
-    for key, label in (("step_time_s", "step time (slowest rank)"), ("compute_s", "compute"),
-                       ("exposed_communication_s", "exposed communication"), ("idle_s", "idle / bubble")):
-        c.add_row(label, ms(o[key]), ms(p[key]), f"{ratio[key]:.2f}" if key in ratio else "-")
-    console.print(c)
-    if report["hardware"] == "cpu":
-        console.print("prediction on the uncalibrated 'cpu' device file: `partita calibrate --nproc N -o my-cpu.json`, "
-                      "then `--hardware my-cpu.json`, measures this machine at this process count")
-    if report.get("html_report"):
-        console.print(f"HTML report: {report['html_report']}")

@@ -1,12 +1,16 @@
-"""One training process, started by torchrun (see launch.py).
+"""One training process, started by torchrun: ``python -m partita.train.worker RUN_DIR``.
 
-Rank 0 prints one line (or JSON object) per step and appends it to the run's metrics
-file; checkpoints are written every ``--checkpoint-every`` steps and the newest complete
-one is resumed with ``--resume`` or automatically after an elastic restart.
+The run directory holds ``plan.json`` and ``train.json`` (the
+:class:`~partita.train.config.TrainConfig`), both written by the launcher. Rank 0 prints
+one line (or JSON object) per step and appends it to the run's metrics file;
+checkpoints are written every ``checkpoint_every`` steps and the newest complete one is
+resumed with ``resume`` or automatically after an elastic restart.
+
+Read :class:`Trainer` top to bottom: setup (plan, model, data, metrics), resume, the
+step loop (:meth:`Trainer.run_step`: fault points, batch, step, log, save), finish.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -23,40 +27,13 @@ from ..models.llama import build_model
 from ..plan import Plan
 from ..runtime.device import backend_for, detect_device_type
 from ..runtime.parallelize import parallelize
+from . import faults
+from .config import PLAN_FILE, TrainConfig
 from .data import PackedTokens, dp_shard, synthetic_batch, tokenize_to_file
 from .replan import describe_change, replan
 from .schedule import lr_at
 
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--plan", required=True, help="plan JSON (written by the launcher)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--min-lr", type=float, default=0.0)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--lr-schedule", choices=["cosine", "constant"], default="constant")
-    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    p.add_argument("--momentum", type=float, default=0.0)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--data")
-    p.add_argument("--tokenizer")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--keep", type=int, default=2)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--device")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--progress", action="store_true")
-    p.add_argument("--predicted-step-s", type=float)
-    p.add_argument("--model-flops-per-token", type=float)
-    p.add_argument("--peak-flops", type=float)
-    p.add_argument("--timeout-s", type=int, default=300)
-    p.add_argument("--profile-dir", help="record every rank's steps (after the first) with torch.profiler here")
-    return p.parse_args(argv)
+USAGE = "usage: python -m partita.train.worker RUN_DIR  (a run directory written by partita train)"
 
 
 def init_distributed(device_type: str, timeout_s: int) -> None:
@@ -80,15 +57,15 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, "rss"
 
 
-def _start_profiler(args, device: torch.device, rank: int, steps: int):
+def _start_profiler(profile_dir: str | None, device: torch.device, rank: int, steps: int):
     """torch.profiler over all but the first step (warm-up), one Chrome trace per rank."""
-    if not args.profile_dir or steps < 2:
+    if not profile_dir or steps < 2:
         return None
     from torch.profiler import ProfilerActivity, profile, schedule
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    out = Path(args.profile_dir)
+    out = Path(profile_dir)
     out.mkdir(parents=True, exist_ok=True)
     # on accelerators, record_shapes lets c10d record each collective's process group
     # (record_param_comms "Process Group Ranks"); gloo records none (see _mark_process_groups)
@@ -158,14 +135,221 @@ class Metrics:
                 f.write(json.dumps(record) + "\n")
 
 
+def make_optimizer_factory(config: TrainConfig):
+    """The optimizer ``parallelize`` builds over each shard's parameters."""
+    if config.optimizer == "sgd":
+        return lambda ps: torch.optim.SGD(ps, lr=config.lr, momentum=config.momentum)
+    return lambda ps: torch.optim.AdamW(ps, lr=config.lr, foreach=False)
+
+
+class StepPrinter:
+    """Rank 0's screen output: a JSON object, a progress bar or a plain line per step."""
+
+    def __init__(self, config: TrainConfig, enabled: bool, start: int):
+        self.config, self.enabled, self.bar, self.task = config, enabled, None, None
+        if enabled and config.progress and not config.json:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self.task = self.bar.add_task("train", total=config.steps, completed=start, info="")
+            self.bar.start()
+
+    def step(self, record: dict, mem: float) -> None:
+        if not self.enabled:
+            return
+        if self.config.json:
+            print(json.dumps(record), flush=True)
+        elif self.bar is not None:
+            self.bar.update(self.task, completed=record["step"] + 1,
+                            info=f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s  mem {mem:.2f} GiB"
+                            + (f"  MFU {record['mfu']:.1%}" if "mfu" in record else ""))
+        else:
+            print(f"step {record['step']:5d}  loss {record['loss']:.6f}  lr {record['lr']:.2e}  "
+                  f"{record['step_time_s'] * 1e3:8.1f} ms  {record['tokens_per_s']:,.0f} tokens/s", flush=True)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class Trainer:
+    """One rank's training run: ``Trainer(...).run()`` does setup, resume, steps, finish."""
+
+    def __init__(self, config: TrainConfig, plan: Plan, run_dir: Path, device_type: str, rank: int, world: int):
+        self.config, self.run_dir, self.rank, self.world = config, run_dir, rank, world
+        self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.resume_from = self._newest_checkpoint()
+        self.plan = self._fit_plan(plan)
+        model = build_model(config.model, seed=config.seed)
+        self.vocab = model.cfg.vocab
+        self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
+                              device_type=device_type, max_grad_norm=config.max_grad_norm or None)
+        self.dataset = self._load_data()
+        self.metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
+        self.start = 0
+        self.times: list[float] = []
+        self.last_loss = float("nan")
+
+    def log(self, msg: str) -> None:
+        """A ``partita: ...`` line on stderr from rank 0 (the launcher forwards it)."""
+        if self.rank == 0:
+            print(msg, file=sys.stderr, flush=True)
+
+    # -- setup ---------------------------------------------------------------------------
+    def _newest_checkpoint(self) -> tuple[int, Path] | None:
+        from ..runtime.checkpoint import complete_checkpoints
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if not self.ckpt_dir or not (self.config.resume or restarted):
+            return None
+        found = complete_checkpoints(self.ckpt_dir, report=self.log)
+        return found[-1] if found else None
+
+    def _fit_plan(self, plan: Plan) -> Plan:
+        """An elastic restart may come back on another world size: re-plan for it."""
+        if plan.world_size == self.world:
+            return plan
+        new = replan(plan, self.world)
+        self.log(f"partita: world size {plan.world_size} -> {self.world}: re-planned keeping global batch "
+                 f"{plan.gbs}: {describe_change(plan, new)}")
+        return new
+
+    def _load_data(self) -> PackedTokens | None:
+        """Text data tokenized once (rank 0 writes the token file, the others read its path)."""
+        config = self.config
+        if not config.data:
+            return None
+        if self.rank == 0:
+            tokenize_to_file(config.data, self.vocab, str(self.run_dir), config.tokenizer)
+        dist.barrier()
+        token_file = tokenize_to_file(config.data, self.vocab, str(self.run_dir), config.tokenizer)  # cached
+        return PackedTokens(token_file, self.plan.seq_len, config.seed, self.vocab)
+
+    def resume(self) -> None:
+        """Load the newest complete checkpoint (if any) and rewind the metrics file to it."""
+        from ..runtime.checkpoint import load_checkpoint
+        if self.resume_from is None:
+            return
+        step_done, path = self.resume_from
+        meta = load_checkpoint(self.pm, path)
+        self.start = step_done + 1
+        dropped = self.metrics.rewind(step_done)
+        rng = meta.get("rng_state")
+        if rng:
+            torch.set_rng_state(torch.tensor(rng, dtype=torch.uint8))
+        self.log(f"partita: resumed from {path} (step {step_done}, data position {meta.get('data_position')} "
+                 f"sequences, saved under {Plan.from_dict(meta['plan']).summary()})")
+        self.metrics.write({"event": "resume", "from_step": step_done, "checkpoint": str(path),
+                            "discarded_steps": dropped, "plan": self.plan.summary()})
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        self.resume()
+        self.printer = StepPrinter(self.config, self.rank == 0, self.start)
+        self.profiler = _start_profiler(self.config.profile_dir, self.pm.device, self.rank,
+                                        self.config.steps - self.start)
+        for step in range(self.start, self.config.steps):
+            self.run_step(step)
+        self.finish()
+        return 0
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's inputs and targets of ``step`` (text data or the synthetic stream)."""
+        if self.dataset is not None:
+            return self.dataset.rank_batch(step, self.plan, self.rank)
+        x, y = synthetic_batch(step, self.plan.gbs, self.plan.seq_len, self.vocab, self.config.seed)
+        return dp_shard(x, self.plan, self.rank), dp_shard(y, self.plan, self.rank)
+
+    def run_step(self, step: int) -> None:
+        c = self.config
+        lr = lr_at(step, c.lr, c.warmup_steps, c.steps, c.min_lr, c.lr_schedule)
+        for group in self.pm.optimizer.param_groups:
+            group["lr"] = lr
+        faults.before_step(self.rank, step)
+        t0 = time.perf_counter()
+        x, y = self.batch(step)
+        loss = self.pm.train_step(x, y)
+        dt = time.perf_counter() - t0
+        self.times.append(dt)
+        self.last_loss = loss
+        self.log_step(step, loss, lr, dt)
+        self.maybe_save(step)
+        if self.profiler is not None:
+            self.profiler.step()
+            if step == self.start and step + 1 < c.steps:
+                _mark_process_groups(self.pm)  # inside the first recorded step
+
+    def log_step(self, step: int, loss: float, lr: float, dt: float) -> None:
+        """Rank 0: the step's record to the metrics file and the screen."""
+        if self.rank != 0:
+            return
+        c, tokens = self.config, self.plan.tokens_per_step
+        mem, kind = peak_memory_gib(self.pm.device)
+        record = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens / dt,
+                  f"peak_mem_{kind}_gib": mem}
+        if c.model_flops_per_token and c.peak_flops:
+            record["mfu"] = c.model_flops_per_token * tokens / dt / (c.peak_flops * self.world)
+        if c.predicted_step_s:
+            record["predicted_step_time_s"] = c.predicted_step_s
+        self.metrics.write(record)
+        self.printer.step(record, mem)
+
+    def maybe_save(self, step: int) -> None:
+        """Every ``checkpoint_every`` steps: a checkpoint with what resuming needs."""
+        from ..runtime.checkpoint import save_checkpoint
+        c = self.config
+        if not (self.ckpt_dir and c.checkpoint_every and (step + 1) % c.checkpoint_every == 0):
+            return
+        meta = {"plan": self.plan.to_dict(), "model": c.model, "data": c.data,
+                "data_position": (step + 1) * self.plan.gbs, "seed": c.seed,
+                "scheduler": {"kind": c.lr_schedule, "step": step + 1},
+                "rng_state": torch.get_rng_state().tolist()}
+        save_checkpoint(self.pm, self.ckpt_dir, step, meta, keep=c.keep)
+
+    def finish(self) -> None:
+        """Stop the profiler and progress bar; rank 0 prints the run's summary line."""
+        if self.profiler is not None:
+            self.profiler.stop()
+            _write_profile_summary(self.config.profile_dir, self.rank, self.pm.device, self.times)
+        self.printer.stop()
+        if self.rank != 0 or self.config.json or not self.times:
+            return
+        steady_times = self.times[1:] or self.times
+        steady = sorted(steady_times)[len(steady_times) // 2]
+        line = (f"done: {len(self.times)} steps, final loss {self.last_loss:.4f}, median step {steady * 1e3:.1f} ms, "
+                f"{self.plan.tokens_per_step / steady:,.0f} tokens/s")
+        predicted = self.config.predicted_step_s
+        if predicted:
+            line += f"; predicted {predicted * 1e3:.1f} ms (measured/predicted {steady / predicted:.2f})"
+        print(line + f"; metrics in {self.run_dir / 'metrics.jsonl'}", flush=True)
+
+
+def load_run(run_dir: Path) -> tuple[TrainConfig, Plan]:
+    """The run directory's config and plan (written by the launcher)."""
+    config = TrainConfig.load(run_dir)
+    try:
+        plan = Plan.load(run_dir / PLAN_FILE)
+    except OSError as e:
+        raise PartitaError(f"cannot read the plan {run_dir / PLAN_FILE}: {e}") from None
+    return config, plan
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    device_type = detect_device_type(args.device)
-    init_distributed(device_type, args.timeout_s)
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    try:
+        config, plan = load_run(run_dir)
+    except PartitaError as e:
+        print(f"partita: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    device_type = detect_device_type(config.device)
+    init_distributed(device_type, config.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     code = 0
     try:
-        code = train(args, device_type, rank, world)
+        code = Trainer(config, plan, run_dir, device_type, rank, world).run()
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr, flush=True)
         code = 2
@@ -177,125 +361,5 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(code)
 
 
-def train(args: argparse.Namespace, device_type: str, rank: int, world: int) -> int:
-    from ..runtime.checkpoint import complete_checkpoints, load_checkpoint, save_checkpoint
-    run_dir = Path(args.run_dir)
-    plan = Plan.load(args.plan)
-    ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
-    resume_from = None
-    if ckpt_dir and (args.resume or restarted):
-        found = complete_checkpoints(ckpt_dir, report=log)
-        if found:
-            resume_from = found[-1]
-    if plan.world_size != world:
-        new = replan(plan, world)
-        log(f"partita: world size {plan.world_size} -> {world}: re-planned keeping global batch {plan.gbs}: "
-            f"{describe_change(plan, new)}")
-        plan = new
-    model = build_model(args.model, seed=args.seed)
-    vocab = model.cfg.vocab
-    if args.optimizer == "sgd":
-        make_opt = lambda ps: torch.optim.SGD(ps, lr=args.lr, momentum=args.momentum)  # noqa: E731
-    else:
-        make_opt = lambda ps: torch.optim.AdamW(ps, lr=args.lr, foreach=False)  # noqa: E731
-    pm = parallelize(model, plan, make_optimizer=make_opt, device_type=device_type,
-                     max_grad_norm=args.max_grad_norm or None)
-    dataset = None
-    if args.data:
-        if rank == 0:
-            token_file = tokenize_to_file(args.data, vocab, str(run_dir), args.tokenizer)
-        dist.barrier()
-        token_file = tokenize_to_file(args.data, vocab, str(run_dir), args.tokenizer)  # cached: just the path
-        dataset = PackedTokens(token_file, plan.seq_len, args.seed, vocab)
-    metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
-    start = 0
-    if resume_from is not None:
-        step_done, path = resume_from
-        meta = load_checkpoint(pm, path)
-        start = step_done + 1
-        dropped = metrics.rewind(step_done)
-        rng = meta.get("rng_state")
-        if rng:
-            torch.set_rng_state(torch.tensor(rng, dtype=torch.uint8))
-        log(f"partita: resumed from {path} (step {step_done}, data position {meta.get('data_position')} sequences, "
-            f"saved under {Plan.from_dict(meta['plan']).summary()})")
-        metrics.write({"event": "resume", "from_step": step_done, "checkpoint": str(path),
-                       "discarded_steps": dropped, "plan": plan.summary()})
-    progress = None
-    if rank == 0 and args.progress and not args.json:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-        progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                            TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-        task = progress.add_task("train", total=args.steps, completed=start, info="")
-        progress.start()
-    times = []
-    last_loss = float("nan")
-    profiler = _start_profiler(args, pm.device, rank, args.steps - start)
-    for step in range(start, args.steps):
-        lr = lr_at(step, args.lr, args.warmup_steps, args.steps, args.min_lr, args.lr_schedule)
-        for group in pm.optimizer.param_groups:
-            group["lr"] = lr
-        if os.environ.get("PARTITA_CRASH_RANK") == str(rank) and step == int(os.environ.get("PARTITA_CRASH_STEP", "1")) \
-                and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
-            if os.environ.get("PARTITA_CRASH_SIGNAL") == "KILL":
-                os.kill(os.getpid(), 9)
-            raise RuntimeError(f"injected crash on rank {rank}")
-        if os.environ.get("PARTITA_HANG_STEP") == str(step):  # fault injection: every rank stops making progress
-            time.sleep(3600)
-        t0 = time.perf_counter()
-        if dataset is not None:
-            x, y = dataset.rank_batch(step, plan, rank)
-        else:
-            x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab, args.seed)
-            x, y = dp_shard(x, plan, rank), dp_shard(y, plan, rank)
-        loss = pm.train_step(x, y)
-        dt = time.perf_counter() - t0
-        times.append(dt)
-        last_loss = loss
-        if rank == 0:
-            mem, kind = peak_memory_gib(pm.device)
-            record = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": plan.tokens_per_step / dt,
-                      f"peak_mem_{kind}_gib": mem}
-            if args.model_flops_per_token and args.peak_flops:
-                record["mfu"] = args.model_flops_per_token * plan.tokens_per_step / dt / (args.peak_flops * world)
-            if args.predicted_step_s:
-                record["predicted_step_time_s"] = args.predicted_step_s
-            metrics.write(record)
-            if args.json:
-                print(json.dumps(record), flush=True)
-            elif progress is not None:
-                progress.update(task, completed=step + 1,
-                                info=f"loss {loss:.4f}  {record['tokens_per_s']:,.0f} tok/s  mem {mem:.2f} GiB"
-                                + (f"  MFU {record['mfu']:.1%}" if "mfu" in record else ""))
-            else:
-                print(f"step {step:5d}  loss {loss:.6f}  lr {lr:.2e}  {dt * 1e3:8.1f} ms  "
-                      f"{record['tokens_per_s']:,.0f} tokens/s", flush=True)
-        if ckpt_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            meta = {"plan": plan.to_dict(), "model": args.model, "data": args.data,
-                    "data_position": (step + 1) * plan.gbs, "seed": args.seed,
-                    "scheduler": {"kind": args.lr_schedule, "step": step + 1},
-                    "rng_state": torch.get_rng_state().tolist()}
-            save_checkpoint(pm, ckpt_dir, step, meta, keep=args.keep)
-        if profiler is not None:
-            profiler.step()
-            if step == start and step + 1 < args.steps:
-                _mark_process_groups(pm)  # inside the first recorded step
-    if profiler is not None:
-        profiler.stop()
-        _write_profile_summary(args.profile_dir, rank, pm.device, times)
-    if progress is not None:
-        progress.stop()
-    if rank == 0 and not args.json and times:
-        steady = sorted(times[1:] or times)[len(times[1:] or times) // 2]
-        line = (f"done: {len(times)} steps, final loss {last_loss:.4f}, median step {steady * 1e3:.1f} ms, "
-                f"{plan.tokens_per_step / steady:,.0f} tokens/s")
-        if args.predicted_step_s:
-            line += f"; predicted {args.predicted_step_s * 1e3:.1f} ms (measured/predicted {steady / args.predicted_step_s:.2f})"
-        print(line + f"; metrics in {run_dir / 'metrics.jsonl'}", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""What several commands share: the model/cluster flags and their loading, token counts,
+and the flags generated from a config dataclass (:func:`add_config_arguments`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, TypeVar
+
+from ..errors import PartitaError
+
+C = TypeVar("C")
+
+
+def parse_tokens(text: str) -> float:
+    """``1.4T`` -> 1.4e12; accepts K/M/B/G/T suffixes or a plain number."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*", text.lower())
+    if not m:
+        raise PartitaError(f"--tokens {text!r} must be a number like 1.4T, 300B or 2e12")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None:
+    """Model, hardware and batch flags of ``plan`` (with the default scenario) and ``estimate``."""
+    p.add_argument("--model", default="llama-65b" if defaults else None, required=not defaults,
+                   help="preset name (partita models) or a config.json path")
+    p.add_argument("--hardware", default="ascend-910b2" if defaults else None, required=not defaults,
+                   help="device name (partita hardware) or a device/cluster JSON file")
+    p.add_argument("--devices", type=int, default=512 if defaults else None, required=not defaults,
+                   help="number of devices")
+    p.add_argument("--devices-per-node", type=int, help="devices per node (default: the device file's)")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", dest="overrides",
+                   help="override a hardware field, e.g. --set inter_node.gbps_per_direction=25")
+    p.add_argument("--seq-len", type=int, default=2048, help="sequence length in tokens")
+    p.add_argument("--global-batch", type=int, help="global batch in sequences")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], help="training precision")
+    p.add_argument("--tokens", help="total training tokens, e.g. 1.4T: print run days and device-hours")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def cluster_and_model(args: argparse.Namespace):
+    """The model spec and cluster the flags of :func:`add_cluster_args` name."""
+    from ..spec.hardware import make_cluster, parse_overrides
+    from ..spec.model import load_model
+    model = load_model(args.model)
+    cluster = make_cluster(args.hardware, args.devices, args.devices_per_node, parse_overrides(args.overrides))
+    return model, cluster
+
+
+def _flag_type(hint: Any) -> type:
+    """``int``, ``float``, ``str`` or ``bool`` from a field's annotation (``X | None`` -> X)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint not in (int, float, str, bool):
+        raise TypeError(f"no command-line flag for a field of type {hint!r}")
+    return hint
+
+
+def add_config_arguments(p: argparse.ArgumentParser, cls: type, command: str) -> None:
+    """One flag per field of the dataclass ``cls`` that ``command`` offers (its ``option``
+    metadata: help, choices, commands, flag). Booleans are ``store_true`` switches; a field
+    without a default is a required flag. The flags' dests are the field names."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if command not in meta.get("commands", ()):
+            continue
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        kind = _flag_type(hints[f.name])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta.get("help")}
+        if kind is bool:
+            kwargs.update(action="store_true", default=bool(f.default))
+        else:
+            kwargs.update(type=kind, required=required)
+            if not required:
+                kwargs["default"] = f.default
+            if meta.get("choices"):
+                kwargs["choices"] = list(meta["choices"])
+        p.add_argument(flag, **kwargs)
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace, **changes: Any) -> C:
+    """An instance of the dataclass ``cls`` from the parsed flags (fields that are not
+    flags keep their defaults), with ``changes`` applied."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    values.update(changes)
+    return cls(**values)

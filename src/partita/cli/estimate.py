@@ -1,0 +1,73 @@
+"""``partita estimate``: memory and step time of one plan."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import PartitaError
+from .common import add_cluster_args, cluster_and_model, parse_tokens
+
+
+def add_parser(sub) -> None:
+    est = sub.add_parser("estimate", help="memory and step time of one plan")
+    add_cluster_args(est)
+    est.add_argument("--plan", help="a plan JSON file (instead of the degree flags)")
+    est.add_argument("--tp", type=int, default=1)
+    est.add_argument("--pp", type=int, default=1)
+    est.add_argument("--vpp", type=int, default=1)
+    est.add_argument("--cp", type=int, default=1)
+    est.add_argument("--ep", type=int, default=1)
+    est.add_argument("--dp", type=int, help="default: devices / (tp*pp*cp)")
+    est.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
+    est.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                     help="sequence parallel (default: on when tp > 1)")
+    est.add_argument("--mbs", type=int, default=1, help="micro-batch size")
+    est.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    est.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"])
+    est.add_argument("--layer-split", help="layers per virtual stage, e.g. 9,10,10,9")
+    est.add_argument("--tp-comm-overlap", action="store_true",
+                     help="overlap tensor-parallel communication (Megatron --tp-comm-overlap, Ascend MC2)")
+    est.set_defaults(func=cmd_estimate)
+
+
+def plan_from_flags(args: argparse.Namespace, world_size: int):
+    """The plan the degree flags describe (dp fills the devices unless given)."""
+    from ..plan import Plan
+    if args.global_batch is None:
+        raise PartitaError("--global-batch is required (or pass --plan plan.json)")
+    other = args.tp * args.pp * args.cp
+    if world_size % other:
+        raise PartitaError(f"tp*pp*cp = {other} does not divide --devices {world_size}")
+    dp = args.dp or world_size // other
+    fields: dict[str, Any] = dict(dp=dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
+                                  zero=args.zero, mbs=args.mbs, gbs=args.global_batch, seq_len=args.seq_len,
+                                  recompute=args.recompute, dtype=args.dtype or "bf16")
+    if args.sp is not None:
+        fields["sp"] = args.sp
+    if args.schedule:
+        fields["schedule"] = args.schedule
+    if args.layer_split:
+        fields["layer_split"] = args.layer_split
+    if args.tp_comm_overlap:
+        fields["tp_comm_overlap"] = True
+    return Plan.from_dict(fields, "plan")
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from ..estimate import estimate
+    from ..plan import Plan
+    model, cluster = cluster_and_model(args)
+    plan = Plan.load(args.plan) if args.plan else plan_from_flags(args, cluster.world_size)
+    est = estimate(model, cluster, plan)
+    tokens = parse_tokens(args.tokens) if args.tokens else None
+    if args.json:
+        out = est.to_dict()
+        if tokens:
+            out["run_days"] = est.run_days(tokens)
+            out["device_hours"] = est.run_days(tokens) * 24 * cluster.world_size
+        print(json.dumps(out, indent=2))
+    else:
+        from .render import print_estimate
+        print_estimate(est, tokens=tokens)
+    return 0

@@ -1,0 +1,33 @@
+"""``partita export``: a plan as another framework's configuration."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub) -> None:
+    exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan config")
+    exp.add_argument("--to", required=True, choices=["megatron", "mindspeed", "deepspeed", "torchtitan"])
+    exp.add_argument("plan_file", metavar="PLAN.json", help="a plan (or the output of plan/estimate --json)")
+    exp.add_argument("--model", help="add the model shape (Megatron/MindSpeed) and check the plan against it")
+    exp.add_argument("-o", "--output", help="write here instead of stdout")
+    exp.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..export import export
+    from ..plan import Plan, check
+    from ..spec.model import load_model
+    plan = Plan.load(args.plan_file)
+    model = load_model(args.model) if args.model else None
+    if model is not None:
+        check(plan, model)
+    result = export(args.to, plan, model)
+    for w in result.warnings:
+        print(f"partita: warning: {w}", file=sys.stderr)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(result.text)
+    else:
+        sys.stdout.write(result.text)
+    return 0

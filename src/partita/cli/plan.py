@@ -1,0 +1,118 @@
+"""``partita plan``: search for the best plans and say why not the others (the logic is in
+:mod:`partita.search`; this module wires the flags and prints)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import PartitaError
+from .common import add_cluster_args, cluster_and_model, parse_tokens
+
+DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS inside, RoCE between), "
+                    "2048-token sequences, 4M-token global batch (2048 sequences), 1.4T tokens")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="search for the best plan (no arguments: " + DEFAULT_SCENARIO + ")")
+    add_cluster_args(p, defaults=True)
+    p.set_defaults(global_batch=2048, tokens="1.4T")
+    p.add_argument("--top", type=int, default=5, help="how many plans to show")
+    for knob in ("tp", "pp", "vpp", "cp", "ep", "dp", "mbs"):
+        p.add_argument(f"--{knob}", type=int, help=f"fix {knob}")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="fix the ZeRO stage")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], help="fix recomputation")
+    p.add_argument("--no-zero3", action="store_true", help="forbid ZeRO-3 / FSDP")
+    p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
+    p.add_argument("--max-memory-gib", type=float, help="memory cap per device")
+    p.add_argument("--export", choices=["megatron", "mindspeed", "deepspeed", "torchtitan"],
+                   help="also print the best plan as this framework's configuration")
+    p.add_argument("--headroom", type=float, default=0.05, help="fraction of usable memory kept free (default 0.05)")
+    p.set_defaults(func=cmd_plan)
+
+
+def search(args: argparse.Namespace, model, cluster):
+    """The search the flags ask for; with --export, more ranked plans are kept (the best
+    one the target can express is exported). Returns (result with --top plans, all ranked)."""
+    from ..search.engine import search_plans
+    from ..search.space import SearchSpace
+    if args.global_batch is None or args.global_batch <= 0:
+        raise PartitaError("--global-batch must be a positive number of sequences")
+    space = SearchSpace(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp=args.dp, mbs=args.mbs,
+                        zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
+                        allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
+                        max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
+    if args.ep and not model.moe:
+        raise PartitaError(f"--ep {args.ep} needs a mixture-of-experts model; {model.name} is dense")
+    result = search_plans(model, cluster, args.global_batch, args.seq_len, space,
+                          top=max(args.top, 200) if args.export else args.top)
+    ranked_all = result.plans
+    result.plans = ranked_all[:args.top]
+    return result, ranked_all
+
+
+def export_best(target: str, ranked_all: list, best, model):
+    """The best ranked plan ``target`` can express: (exported, note or None when it is plan 1)."""
+    from ..export import export
+    refusals = []
+    for rank, candidate in enumerate(ranked_all, 1):
+        try:
+            exported = export(target, candidate.plan, model)
+        except PartitaError as e:
+            refusals.append(f"plan {rank}: {e}")
+            continue
+        if rank == 1:
+            return exported, None
+        return exported, (f"{target} cannot express plan 1 ({refusals[0].split(': ', 1)[1]}); exported plan "
+                          f"{rank}, {candidate.plan.summary()}, {candidate.step_time_s / best.step_time_s - 1:+.0%} "
+                          "step time")
+    raise PartitaError(f"none of the {len(ranked_all)} best plans can be expressed in {target}: "
+                       + (refusals[0] if refusals else "no plan"))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..search.engine import infeasible_message
+    from ..search.explain import why_not
+    model, cluster = cluster_and_model(args)
+    result, ranked_all = search(args, model, cluster)
+    tokens = parse_tokens(args.tokens) if args.tokens else None
+    if not result.plans:
+        raise PartitaError(infeasible_message(result))
+    reasons = why_not(result)
+    exported, export_note = export_best(args.export, ranked_all, result.best, model) if args.export else (None, None)
+    if args.json:
+        print(json.dumps(plan_json(args, model, cluster, result, reasons, tokens, exported, export_note), indent=2))
+        return 0
+    from .render import print_plans
+    print_plans(model, cluster, args.global_batch, args.seq_len, result, reasons, tokens)
+    if exported:
+        if export_note:
+            print(f"partita: warning: {export_note}", file=sys.stderr)
+        from .render import make_console
+        make_console().print(f"[bold]{'Plan 1' if not export_note else 'Best expressible plan'} as "
+                             f"{exported.target} configuration[/bold]")
+        print(exported.text, end="")
+        for w in exported.warnings:
+            print(f"partita: warning: {w}", file=sys.stderr)
+    return 0
+
+
+def plan_json(args: argparse.Namespace, model, cluster, result, reasons: list[str], tokens: float | None,
+              exported, export_note: str | None) -> dict:
+    """The --json output of ``partita plan``."""
+    def with_run(e) -> dict:
+        if not tokens:
+            return e.to_dict()
+        return dict(e.to_dict(), run_days=e.run_days(tokens), device_hours=e.run_days(tokens) * 24 * cluster.world_size)
+    out = {"model": model.name, "hardware": cluster.device.name, "devices": cluster.world_size,
+           "devices_per_node": cluster.devices_per_node, "global_batch": args.global_batch, "seq_len": args.seq_len,
+           "search_time_s": result.search_time_s, "candidates_evaluated": result.candidates_evaluated,
+           "candidates_pruned_by_memory": result.candidates_pruned,
+           "candidates_bounded_by_time": result.candidates_bounded,
+           "memory_limit_gib": result.memory_limit_gib,
+           "plans": [with_run(e) for e in result.plans],
+           "why_not": reasons}
+    if exported:
+        out["export"] = {"target": exported.target, "text": exported.text, "warnings": exported.warnings,
+                         "note": export_note}
+    return out

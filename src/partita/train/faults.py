@@ -1,0 +1,51 @@
+"""Fault injection, for the tests that check a failing or stuck job ends cleanly.
+
+Environment variables read by the training processes (unset: no fault). Every injection
+point in Partita is listed here, even the one that lives with the code it breaks:
+
+``PARTITA_CRASH_RANK=R``
+    rank R raises ``RuntimeError("injected crash on rank R")`` at the start of step
+    ``PARTITA_CRASH_STEP`` (default 1), on the first attempt only
+    (``TORCHELASTIC_RESTART_COUNT`` 0), so an elastic restart gets past it.
+    Read by :func:`before_step` (the worker's step loop).
+``PARTITA_CRASH_STEP=N``
+    the step of ``PARTITA_CRASH_RANK``'s crash.
+``PARTITA_CRASH_SIGNAL=KILL``
+    with ``PARTITA_CRASH_RANK``: the rank SIGKILLs itself instead (no Python error, no
+    cleanup, as when the kernel's OOM killer strikes).
+``PARTITA_HANG_STEP=N``
+    every rank sleeps for an hour at the start of step N; no collective fails, so only
+    the launcher's stall watchdog (:func:`partita.train.launch.run_watched`) can end the
+    job. Read by :func:`before_step`.
+``PARTITA_CRASH_IN_SAVE=N``
+    every rank exits (code 3) inside the checkpoint save of step N, after writing its
+    files and before the checkpoint is committed. Read in
+    :func:`partita.runtime.checkpoint.save_checkpoint`, the code it interrupts.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+CRASH_RANK = "PARTITA_CRASH_RANK"
+CRASH_STEP = "PARTITA_CRASH_STEP"
+CRASH_SIGNAL = "PARTITA_CRASH_SIGNAL"
+HANG_STEP = "PARTITA_HANG_STEP"
+CRASH_IN_SAVE = "PARTITA_CRASH_IN_SAVE"  # read by partita.runtime.checkpoint
+
+HANG_S = 3600
+
+
+def _first_attempt() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+
+
+def before_step(rank: int, step: int) -> None:
+    """Crash or hang here if the environment asks for it at this rank and step."""
+    if os.environ.get(CRASH_RANK) == str(rank) and step == int(os.environ.get(CRASH_STEP, "1")) and _first_attempt():
+        if os.environ.get(CRASH_SIGNAL) == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected crash on rank {rank}")
+    if os.environ.get(HANG_STEP) == str(step):
+        time.sleep(HANG_S)

@@ -1,0 +1,277 @@
+"""The code's shape, checked from its source (no torch needed): no import cycle, no long
+function, argparse only in the CLI, planning never imports torch.
+
+Imports are read with ``ast``: every import at any level (module top, inside functions:
+lazy imports count, since they run), relative and absolute. ``from pkg import name``
+is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (the package
+``__init__`` that defines ``name``).
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "partita"
+MAX_FUNCTION_LINES = 80  # DESIGN.md: "no function over 80 lines"
+
+# Cycles known at the time of writing, each as the sorted tuple of its modules (or
+# packages), in files owned by other engineers; the lead empties this list once they are
+# gone (each is dodged today by a lazy import inside a function).
+KNOWN_CYCLES: list[tuple[str, ...]] = [
+    ("partita.spec.hf_config", "partita.spec.model"),  # model.py load_model imports hf_config lazily
+    ("partita.runtime.checkpoint_integrity", "partita.runtime.checkpoint_storage"),  # storage write_data, lazily
+    ("partita.export", "partita.export.deepspeed"),  # deepspeed.py imports Export from the package __init__
+    # runtime/equivalence.py imports train.data (dp_shard, synthetic_batch are moving out of train/)
+    ("partita.profile", "partita.runtime", "partita.train"),
+]
+
+# Functions (module:qualified name) over the limit in files owned by others; the lead
+# empties this list once they are split.
+KNOWN_LONG_FUNCTIONS: list[str] = []
+
+# Files outside cli/ allowed to import argparse, each with its reason; the lead empties it.
+ARGPARSE_EXCEPTIONS: dict[str, str] = {
+    "src/partita/export/megatron.py": "test-only Megatron/MindSpeed argument parsers, moving to tests/",
+}
+
+PLANNING = ("partita.spec", "partita.cost", "partita.search", "partita.plan", "partita.estimate",
+            "partita.export", "partita.validation")
+HEAVY = ("torch", "torch_npu", "numpy", "transformers", "deepspeed")
+
+
+def module_files() -> dict[str, Path]:
+    """Module name -> file, for every module of the package (packages by their __init__)."""
+    out = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = module_files()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def imported_names(name: str) -> list[tuple[str, int]]:
+    """Every module name ``name`` imports (absolute, with the line), at any nesting level."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            subs = [f"{target}.{alias.name}" for alias in node.names]
+            if not all(sub in MODULES for sub in subs):  # a name defined in ``target`` itself
+                found.append((target, node.lineno))
+            found += [(sub, node.lineno) for sub in subs]
+    return found
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {imported package module: line}; only modules of the package."""
+    graph: dict[str, dict[str, int]] = {}
+    for name in MODULES:
+        edges: dict[str, int] = {}
+        for target, line in imported_names(name):
+            if target in MODULES and target != name:
+                edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as one
+    cycle through them, in import order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                components.append(comp)
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return [_one_cycle(graph, set(comp)) for comp in components]
+
+
+def _one_cycle(graph: dict[str, dict[str, int]], comp: set[str]) -> list[str]:
+    """A shortest import path from the component's first module back to itself."""
+    start = min(comp)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in graph[v]:
+            if w == start:
+                return paths[v] + [start]
+            if w in comp and w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    return sorted(comp)
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def test_the_graph_sees_lazy_and_relative_imports():
+    # the checker itself: cli imports the library lazily inside functions, relatively
+    graph = import_graph()
+    assert "partita.search.engine" in graph["partita.cli.plan"]  # inside cmd_plan's helper
+    assert "partita.train.launch" in graph["partita.cli.train"]  # inside run_train
+    assert "partita.errors" in graph["partita.plan"]
+    assert find_cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    cycles = find_cycles(graph)
+    unexpected = [c for c in cycles if tuple(sorted(set(c))) not in KNOWN_CYCLES]
+    assert not unexpected, "import cycles:\n" + "\n".join(describe(c, graph) for c in unexpected)
+
+
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
+    """The import graph between the top-level parts (``partita.runtime``, ``partita.train``,
+    ``partita.plan``, ...): a cycle here (runtime -> train -> runtime) tangles two layers
+    even when no single module cycle exists."""
+    def part(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+    out: dict[str, dict[str, str]] = {}
+    for module, edges in graph.items():
+        node = out.setdefault(part(module), {})
+        for target, line in edges.items():
+            if part(target) != part(module) and part(target) != PACKAGE:
+                node.setdefault(part(target), f"{module} line {line} imports {target}")
+    for node in list(out.values()):
+        for target in node:
+            out.setdefault(target, {})
+    return out
+
+
+def test_no_import_cycle_between_packages():
+    graph = package_graph(import_graph())
+    cycles = find_cycles(graph)
+    unexpected = [c for c in cycles if tuple(sorted(set(c))) not in KNOWN_CYCLES]
+    assert not unexpected, "import cycles between packages:\n" + "\n".join(
+        " -> ".join(c) + ": " + "; ".join(graph[a][b] for a, b in zip(c, c[1:])) for c in unexpected)
+
+
+def test_the_library_never_imports_the_cli():
+    graph = import_graph()
+    library = [m for m in graph if not m.startswith("partita.cli") and m != "partita.__main__"]  # entry point
+    offenders = [f"{m} imports {t} (line {line})" for m in library for t, line in graph[m].items() if t == "partita.cli" or t.startswith("partita.cli.")]
+    assert not offenders, "\n".join(offenders)
+
+
+def long_functions() -> list[str]:
+    out = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+
+        def walk(node: ast.AST, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = child.end_lineno - child.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        out.append(f"{name}:{prefix}{child.name} ({lines} lines, {path.relative_to(SRC)}:{child.lineno})")
+                    walk(child, f"{prefix}{child.name}.")
+                elif isinstance(child, ast.ClassDef):
+                    walk(child, f"{prefix}{child.name}.")
+                else:
+                    walk(child, prefix)
+        walk(tree, "")
+    return out
+
+
+def test_no_function_over_80_lines():
+    offenders = [f for f in long_functions() if f.split(" (")[0] not in KNOWN_LONG_FUNCTIONS]
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(offenders)
+
+
+def test_argparse_only_in_the_cli():
+    offenders = []
+    for name in MODULES:
+        if name == "partita.cli" or name.startswith("partita.cli."):
+            continue
+        rel = str(MODULES[name].relative_to(SRC.parent))
+        if any(t == "argparse" or t.startswith("argparse.") for t, _ in imported_names(name)) \
+                and rel not in ARGPARSE_EXCEPTIONS:
+            offenders.append(rel)
+    assert not offenders, "argparse outside src/partita/cli/: " + ", ".join(offenders)
+
+
+def _closure(graph: dict[str, dict[str, int]], roots: list[str]) -> dict[str, list[str]]:
+    """Every module reachable from ``roots``, with one import path to it."""
+    paths = {r: [r] for r in roots}
+    todo = list(roots)
+    while todo:
+        v = todo.pop()
+        for w in graph[v]:
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    return paths
+
+
+def test_planning_never_imports_torch_even_lazily():
+    graph = import_graph()
+    roots = [m for m in MODULES if any(m == p or m.startswith(p + ".") for p in PLANNING)]
+    offenders = []
+    for module, path in _closure(graph, roots).items():
+        for target, line in imported_names(module):
+            if target.split(".")[0] in HEAVY:
+                offenders.append(f"{' -> '.join(path)} imports {target} (line {line})")
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("module", ["partita.cli", "partita.cli.plan", "partita.cli.estimate", "partita.cli.export",
+                                    "partita.cli.models", "partita.cli.hardware", "partita.cli.train",
+                                    "partita.train.config", *PLANNING])
+def test_importing_planning_code_loads_no_torch(module):
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"importing {module} loaded {proc.stdout.strip()}"
