@@ -1,5 +1,6 @@
 """Trace analysis against hand-computed cases, a real GPU trace and a CPU (gloo) trace; `partita profile` and `partita calibrate` end to end."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,7 +81,6 @@ def test_real_gpu_traces_match_an_independent_count(name):
 
 
 def test_cpu_trace_recorded_with_gloo(tmp_path):
-    pytest.importorskip("torch")
     script = tmp_path / "rec.py"
     script.write_text(textwrap.dedent('''
         import os, sys, torch, torch.distributed as dist
@@ -110,7 +110,6 @@ def test_cpu_trace_recorded_with_gloo(tmp_path):
 
 
 def test_partita_profile_reports_measured_beside_predicted(tmp_path):
-    pytest.importorskip("torch")
     report_path = tmp_path / "profile.html"
     proc = subprocess.run([sys.executable, "-m", "partita", "profile", "--model", "tiny-llama", "--plan", "dp=2",
                            "--nproc", "2", "--steps", "4", "--json", "--run-dir", str(tmp_path),
@@ -160,10 +159,11 @@ def test_gpu_trace_communication_by_process_group():
 
 
 def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
-    """`partita calibrate` on 2 gloo processes: the file extends the base device, its
-    fitted fields are physical, the framework terms were measured, and the planner
-    predicts with it."""
-    pytest.importorskip("torch")
+    """`partita calibrate` on 2 gloo processes, end to end, structure only: the file
+    extends the base device, every fitted field is finite and in its physical range, the
+    framework terms were computed, and the planner predicts with it. No timing magnitude
+    is asserted (they depend on machine load); tests/test_calibrate_fit.py checks the
+    fits themselves on synthetic measurements."""
     from partita.estimate import estimate
     from partita.plan import Plan
     from partita.spec.hardware import load_device, make_cluster
@@ -174,13 +174,19 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["extends"] == "cpu" and data["calibration"]["world"] == 2
-    framework = data["calibration"]["framework"]
-    assert framework["tp_s"] > 0 and framework["fsdp_s"] > 0 and framework["plain_s"] > 0
+    calibration = data["calibration"]
+    assert len(calibration["gemm"]) == 5 and len(calibration["all_reduce"]) == 5
+    framework = calibration["framework"]
+    assert framework["tp"] == 2 and framework["model"] == "tiny-llama"
+    assert all(math.isfinite(framework[k]) and framework[k] > 0 for k in ("plain_s", "tp_s", "fsdp_s"))
     device = load_device(str(out))
-    assert 0 < device.efficiency["gemm"] <= 1 and device.intra_gbps > 0 and device.hbm_tbps > 0
-    # DTensor TP costs more host time than the plain model on a CPU: the term is measured, not defaulted
-    assert device.efficiency["tp_framework_us_per_layer"] > 0
-    assert device.efficiency["zero3_framework_us_per_layer"] >= 0
+    assert 0 < device.efficiency["gemm"] <= 1
+    assert all(math.isfinite(v) and v > 0 for v in (device.intra_gbps, device.hbm_tbps))
+    # clamped at 0 when a measurement is below the model's prediction: >= 0, finite
+    for key in ("gemm_half_gflop", "tp_framework_us_per_layer", "zero3_framework_us_per_layer",
+                "kernel_overhead_us_per_layer"):
+        assert math.isfinite(device.efficiency[key]) and device.efficiency[key] >= 0, key
+    assert math.isfinite(device.intra_latency_us) and device.intra_latency_us >= 0
     plan = Plan(tp=2, sp=True, gbs=4, mbs=1, seq_len=64, dtype="fp32")
     est = estimate(load_model("tiny-llama"), make_cluster(str(out), 2), plan)
-    assert 0 < est.step_time_s < 60 and est.time.parts["tp communication"] > 0
+    assert math.isfinite(est.step_time_s) and est.step_time_s > 0 and est.time.parts["tp communication"] > 0

@@ -179,32 +179,57 @@ def framework_overheads(m: dict, device_file: dict) -> dict[str, float]:
             "zero3_framework_us_per_layer": max(z3, 0.0) / model.layers * 1e6}
 
 
+def fit_gemm(gemm: list[dict], peak: float) -> tuple[float, float, float]:
+    """(peak FLOP/s, efficiency, half-saturation size in GFLOP) from GEMM timings
+    (``{"gflop", "seconds"}`` each).
+
+    The cost model's curve ``rate(G) = peak * eff * G / (G + G_half)`` is linear in
+    ``1/G``: ``1/rate = 1/(peak eff) + (G_half/(peak eff)) / G``, so the least-squares
+    line ``1/rate = a + b/G`` gives ``eff = 1/(a peak)`` and ``G_half = b/a`` exactly for
+    measurements on the curve. A measured rate above ``peak`` raises the peak to it (the
+    base file's peak is then too low for this machine)."""
+    xs = [1 / g["gflop"] for g in gemm]
+    ys = [g["seconds"] / (g["gflop"] * 1e9) for g in gemm]  # 1/rate
+    a, b = _fit_line(xs, ys)
+    a = max(a, 1e-30)
+    best = max(g["gflop"] * 1e9 / g["seconds"] for g in gemm)
+    if best > peak:
+        peak = best
+    return peak, min(1.0, 1 / (a * peak)), max(b / a, 0.0)
+
+
+def fit_all_reduce(coll: list[dict], world: int) -> tuple[float, float]:
+    """(per-hop latency alpha in s, bandwidth in bytes/s) from all-reduce timings
+    (``{"bytes", "seconds"}`` each) over ``world`` ranks, fitted to the cost model's ring
+    all-reduce ``t = 2(n-1) alpha + 2(n-1)/n S / B`` (Thakur et al. 2005), linear in
+    ``x = 2(n-1)/n S``: intercept ``2(n-1) alpha``, slope ``1/B``."""
+    xs = [2 * (world - 1) / world * c["bytes"] for c in coll]
+    ys = [c["seconds"] for c in coll]
+    lat_total, inv_bw = _fit_line(xs, ys)
+    return max(lat_total, 0.0) / (2 * (world - 1)), 1 / max(inv_bw, 1e-15)
+
+
+def kernel_overhead_s(forward_s: float, gflop: float, peak: float, eff: float, g_half: float) -> float:
+    """Per-layer time beyond the GEMMs: a tiny block's measured forward minus its GEMM
+    time on the fitted curve (``gflop / rate(gflop)``), never negative."""
+    layer_gemm = gflop * 1e9 / (peak * eff * gflop / (gflop + g_half))
+    return max(forward_s - layer_gemm, 0.0)
+
+
 def hardware_file(m: dict, base: str, name: str) -> dict:
-    """Turn measurements into a device file that extends ``base``."""
+    """Turn measurements into a device file that extends ``base`` (no measuring here:
+    tests feed synthetic measurements to it and to the fits above)."""
     from ..spec.hardware import load_device
     dev = load_device(base)
     dtype = m["dtype"]
     peak = dev.peak_flops(dtype) if dev.supports(dtype) else max(g["gflop"] * 1e9 / g["seconds"] for g in m["gemm"])
-    xs = [1 / g["gflop"] for g in m["gemm"]]
-    ys = [g["seconds"] / (g["gflop"] * 1e9) for g in m["gemm"]]  # 1/rate
-    a, b = _fit_line(xs, ys)
-    a = max(a, 1e-30)
-    best = max(g["gflop"] * 1e9 / g["seconds"] for g in m["gemm"])
-    if best > peak:  # the base peak is too low for this machine: raise it to what was measured
-        peak = best
-    eff = min(1.0, 1 / (a * peak))
-    g_half = max(b / a, 0.0)
+    peak, eff, g_half = fit_gemm(m["gemm"], peak)
     n = m["world"]
     if n > 1:
-        xs = [2 * (n - 1) / n * c["bytes"] for c in m["all_reduce"]]
-        ys = [c["seconds"] for c in m["all_reduce"]]
-        lat_total, inv_bw = _fit_line(xs, ys)
-        bw = 1 / max(inv_bw, 1e-15)
-        alpha = max(lat_total, 0.0) / (2 * (n - 1))
+        alpha, bw = fit_all_reduce(m["all_reduce"], n)
     else:
         bw, alpha = dev.intra_gbps * 1e9, dev.intra_latency_us * 1e-6
-    layer_gemm = m["tiny_block_gflop"] * 1e9 / (peak * eff * m["tiny_block_gflop"] / (m["tiny_block_gflop"] + g_half))
-    overhead = max(m["tiny_block_forward_s"] - layer_gemm, 0.0)
+    overhead = kernel_overhead_s(m["tiny_block_forward_s"], m["tiny_block_gflop"], peak, eff, g_half)
     out = {
         "name": name, "extends": base,
         "description": f"{base} calibrated by `partita calibrate` on this machine ({n} process(es), {m['device']})",
