@@ -1,0 +1,224 @@
+"""Refit the fitted efficiency constants of every hardware family from published runs.
+
+    python bench/fit.py [--csv PATH] [--loso] [--write]
+
+The fitted constants are the end-to-end achievable fractions of each hardware family
+(``catalog/devices/family-*.json``): ``gemm`` (bf16/fp16 GEMMs), ``attention`` (fused
+attention), ``gemm_fp8`` (fp8 GEMMs, where the family has fp8 rows) and ``tp_overlap``
+(share of tensor-parallel communication hidden, where rows overlap it). Everything else
+in the device files is a datasheet figure, a measurement or an assumption, and is not
+touched.
+
+Fit: per family, on that family's step-time rows of the CSV (the loader,
+:func:`partita.validation.published.load_cases`, turns every row into a plan and the
+step time its figure implies), minimise the median absolute log error
+``median |ln(predicted / measured)|`` - robust to the few rows whose published layout
+or accounting is off - by coordinate descent: a golden-section search on each constant
+in turn over its bounds (:data:`BOUNDS`), three rounds. No scipy: the search is 30
+lines below.
+
+Printed: the fitted values per family and the rows and sources they rest on; the
+step-time error per source on the calibration set (all rows, fitted constants); with
+``--loso``, the leave-one-source-out error: every source's rows predicted with constants
+fitted on the other sources only (a source whose family has no other source keeps the
+current constants, and says so). ``--write`` stores the fitted values in the family
+files with provenance ``fitted: bench/fit.py on published_runs.csv (N rows of sources
+...)``; regenerate the golden estimates afterwards (``python bench/golden_estimates.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from partita.cost.step import estimate_step_time
+from partita.spec.hardware import DEVICES_DIR, Cluster
+from partita.validation.published import Case, load_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = ROOT / "tests" / "data" / "published_runs.csv"
+#: The constants fitted, with the interval each is searched in.
+BOUNDS = {"gemm": (0.2, 0.95), "attention": (0.1, 0.95), "gemm_fp8": (0.1, 0.95), "tp_overlap": (0.0, 1.0)}
+ROUNDS = 3
+GOLDEN_STEPS = 18  # interval shrinks by 0.618^18 ~ 2e-4 of its width
+MIN_ROWS = 3  # a constant is fitted only when at least this many rows exercise it
+
+
+def family_of(device_name: str) -> str:
+    """The ``family-*`` file a built-in device extends (itself for a device without one)."""
+    name = device_name
+    for _ in range(8):
+        path = DEVICES_DIR / f"{name}.json"
+        if not path.exists() or name.startswith("family-"):
+            return name
+        parent = json.loads(path.read_text()).get("extends")
+        if not parent:
+            return name
+        name = parent
+    return name
+
+
+def with_efficiency(cluster: Cluster, values: dict[str, float]) -> Cluster:
+    """``cluster`` with the device's efficiency fields replaced by ``values``."""
+    if not values:
+        return cluster
+    eff = dataclasses.replace(cluster.device.efficiency, **values)
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, efficiency=eff))
+
+
+def log_errors(cases: list[Case], values: dict[str, float]) -> list[float]:
+    """``ln(predicted / measured)`` of every step-time case with the efficiency ``values``."""
+    out = []
+    for case in cases:
+        step = estimate_step_time(case.model, with_efficiency(case.cluster, values), case.plan).step
+        out.append(math.log(step / case.measured))
+    return out
+
+
+def objective(cases: list[Case], values: dict[str, float]) -> float:
+    """Median absolute log error: what the fit minimises."""
+    return statistics.median(abs(e) for e in log_errors(cases, values))
+
+
+def golden_section(f: Callable[[float], float], lo: float, hi: float, steps: int = GOLDEN_STEPS) -> float:
+    """Minimiser of ``f`` on ``[lo, hi]`` by golden-section search (Kiefer 1953): keep the
+    two interior points at the golden ratio, drop the worse end each step."""
+    r = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - r * (b - a), a + r * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(steps):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - r * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + r * (b - a)
+            fd = f(d)
+    return c if fc <= fd else d
+
+
+def fitted_fields(cases: list[Case]) -> list[str]:
+    """The constants these cases exercise enough to fit."""
+    fields = ["gemm", "attention"]
+    if sum(c.plan.dtype == "fp8" for c in cases) >= MIN_ROWS:
+        fields.append("gemm_fp8")
+    if sum(c.plan.tp_comm_overlap and c.plan.tp > 1 for c in cases) >= MIN_ROWS:
+        fields.append("tp_overlap")
+    return fields
+
+
+def fit_family(cases: list[Case]) -> dict[str, float]:
+    """Coordinate descent of golden-section searches, from the current constants."""
+    eff = cases[0].cluster.device.efficiency
+    fields = fitted_fields(cases)
+    values = {k: float(getattr(eff, k)) for k in fields}
+    for _ in range(ROUNDS):
+        for key in fields:
+            lo, hi = BOUNDS[key]
+            values[key] = golden_section(lambda x: objective(cases, {**values, key: x}), lo, hi)
+    return {k: round(v, 3) for k, v in values.items()}
+
+
+def step_cases(csv_path: Path) -> dict[str, list[Case]]:
+    """The CSV's step-time cases, by hardware family."""
+    cases, _ = load_cases(csv_path)
+    by_family: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        if case.metric == "step_time_s":
+            by_family[family_of(case.cluster.device.name)].append(case)
+    return dict(by_family)
+
+
+def per_source(pairs: list[tuple[str, float]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for source, err in pairs:
+        out[source].append(err)
+    return dict(out)
+
+
+def print_errors(title: str, pairs: list[tuple[str, float]]) -> float:
+    """Per-source median / p90 of the relative error ``exp(log error) - 1``; returns the overall median."""
+    print(f"\n{title}")
+    print(f"  {'source':40s} {'rows':>5s} {'median':>8s} {'p90':>8s} {'signed':>8s}")
+    everything = []
+    for source, errs in sorted(per_source(pairs).items()):
+        rel = [math.exp(e) - 1 for e in errs]
+        absolute = sorted(abs(x) for x in rel)
+        everything += absolute
+        p90 = absolute[min(len(absolute) - 1, round(0.9 * (len(absolute) - 1)))]
+        print(f"  {source[:40]:40s} {len(rel):5d} {statistics.median(absolute):8.1%} {p90:8.1%} "
+              f"{statistics.median(rel):+8.1%}")
+    everything.sort()
+    med = statistics.median(everything)
+    print(f"  {'OVERALL':40s} {len(everything):5d} {med:8.1%} "
+          f"{everything[min(len(everything) - 1, round(0.9 * (len(everything) - 1)))]:8.1%}")
+    return med
+
+
+def provenance(cases: list[Case]) -> str:
+    sources = sorted({c.source for c in cases})
+    return f"fitted: bench/fit.py on published_runs.csv ({len(cases)} rows of sources {', '.join(sources)})"
+
+
+def write_family(family: str, values: dict[str, float], cases: list[Case]) -> None:
+    """Store fitted ``values`` in the family file, each with its provenance line."""
+    path = DEVICES_DIR / f"{family}.json"
+    raw = json.loads(path.read_text())
+    for key, value in values.items():
+        raw.setdefault("efficiency", {})[key] = value
+        raw.setdefault("efficiency_provenance", {})[key] = provenance(cases)
+    path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+
+
+def loso(by_family: dict[str, list[Case]]) -> list[tuple[str, float]]:
+    """Leave-one-source-out log errors: each source predicted from a fit on the others."""
+    pairs: list[tuple[str, float]] = []
+    for family, cases in sorted(by_family.items()):
+        for source in sorted({c.source for c in cases}):
+            held = [c for c in cases if c.source == source]
+            rest = [c for c in cases if c.source != source]
+            values = fit_family(rest) if len(rest) >= MIN_ROWS else {}
+            if not values:
+                print(f"  {family}: {source} is the family's only source - predicted with the current constants")
+            pairs += [(source, e) for e in log_errors(held, values)]
+    return pairs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--loso", action="store_true", help="also print leave-one-source-out errors")
+    parser.add_argument("--write", action="store_true", help="store the fitted values in the family files")
+    args = parser.parse_args()
+    if not args.csv.exists():
+        print(f"published runs file {args.csv} not found; pass --csv", file=sys.stderr)
+        return 2
+    by_family = step_cases(args.csv)
+    before: list[tuple[str, float]] = []
+    after: list[tuple[str, float]] = []
+    for family, cases in sorted(by_family.items()):
+        current = {k: float(getattr(cases[0].cluster.device.efficiency, k)) for k in fitted_fields(cases)}
+        values = fit_family(cases)
+        print(f"{family}: {len(cases)} rows, sources {sorted({c.source for c in cases})}")
+        print(f"  current {current}\n  fitted  {values}")
+        before += [(c.source, e) for c, e in zip(cases, log_errors(cases, {}))]
+        after += [(c.source, e) for c, e in zip(cases, log_errors(cases, values))]
+        if args.write:
+            write_family(family, values, cases)
+    print_errors("step time, current constants", before)
+    print_errors("step time, fitted constants (calibration set)", after)
+    if args.loso:
+        print_errors("step time, leave-one-source-out", loso(by_family))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
