@@ -2,9 +2,14 @@
 
     python bench/validate_published.py [--csv PATH] [--rows]
 
-The data: shared/data/published_runs.csv (see its README). Step-time rows compare the
-predicted step time with the step time the measured figure implies under its source's
-own FLOP accounting (partita.validation.published); memory rows compare peak memory.
+The data: tests/data/published_runs.csv by default (the 266-row copy the tests use);
+``--csv ../shared/data/published_runs.csv`` runs on the 470-row file (see its README).
+Step-time rows compare the predicted step time with the step time the measured figure
+implies under its source's own FLOP accounting; memory rows compare peak memory. What
+each source's runs share (framework, gradient dtype, overlap, FLOP accounting) comes
+from ``partita.validation.published.SOURCE_FACTS``, cited per source. Per source: rows,
+median and p90 of the absolute error, mean signed error; then the skipped rows, by reason
+and by source.
 """
 from __future__ import annotations
 
@@ -53,7 +58,11 @@ def run(csv_path: Path, show_rows: bool = False) -> dict[str, float]:
             summary[metric + "_median"] = med
             summary[metric + "_p90"] = hi
             summary[metric + "_rows"] = len(everything)
-    print(f"\nskipped {len(skipped)} rows:")
+    by_source: dict[str, int] = defaultdict(int)
+    for label, _ in skipped:
+        by_source[label.split(":", 1)[0]] += 1
+    print(f"\nskipped {len(skipped)} rows; per source: "
+          + ", ".join(f"{source} {count}" for source, count in sorted(by_source.items())))
     reasons: dict[str, list[str]] = defaultdict(list)
     for label, reason in skipped:
         reasons[reason].append(label)

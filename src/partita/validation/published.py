@@ -12,11 +12,13 @@ FLOP accounting of its own source (data/README.md):
   ``72 B s l h^2 (1 + s/6h + V/12lh)`` for a GPT with ffn = 4h;
 * ``mfu_pct``: model FLOPs (Megatron formula) / (989 TF x n).
 
-Framework facts that the rows imply but do not repeat are applied per framework and
-cited, never per row: NeMo/dgxc runs keep bf16 main gradients (NeMo's
-``grad_reduce_in_fp32=False``) and overlap TP communication (``tp_comm_overlap=True``
-in the dgxc/NeMo recipes); the Megatron-LM README runs enable ``--tp-comm-overlap``.
-Unknown micro-batch: 1; unknown recompute: none; unknown SP: on when tp > 1.
+Facts a source's runs share but its rows do not repeat (framework, main-gradient dtype,
+TP-communication overlap, FLOP accounting, default sequence length...) live in one
+table, :data:`SOURCE_FACTS`, one cited record per source; the loader only looks them
+up, never branches on a source, and never tunes per row. A source missing from the
+table is skipped with that reason. Row facts come from the row's own columns (layout,
+batch, recompute, sharding; precision from ``notes``). Unknown micro-batch: 1; unknown
+recompute: none; unknown SP: on when tp > 1.
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ from ..spec.model import ModelSpec
 HARDWARE = {
     "A100-80GB-SXM": "a100-80gb", "A100-80GB": "a100-80gb", "A100-40GB": "a100-40gb",
     "H100-80GB-SXM": "h100-sxm", "H100-80GB": "h100-sxm", "H100-96GB-HBM2e": "h100-96gb-hbm2e",
-    "H200-141GB": "h200",
+    "H200-141GB": "h200", "B200": "b200", "MI300X-192GB": "mi300x", "Ascend-910A": "ascend-910",
+    # not mapped: GB200 (no catalog file), Ascend-910B (the rows do not say which 910B
+    # variant, b1-b4, and the variants differ in peak), plain "H100" (SKU not stated)
 }
 
 
@@ -52,14 +56,110 @@ class Case:
     raw_value: float
 
 
+@dataclass(frozen=True)
+class SourceFacts:
+    """What every run of one source shares that its rows do not state, with where it is
+    written down. ``match`` identifies the source in the CSV's ``source`` cell."""
+
+    match: str
+    citation: str
+    framework: str
+    #: FLOPs behind ``tflops_per_gpu``: "hardware" = 96 B s l h^2 (1 + s/6h + V/16lh), the
+    #: recomputed forward counted (Narayanan et al. SC'21 appendix); "model" = Megatron's
+    #: ``num_floating_point_operations`` (:func:`megatron_model_flops`)
+    flops: str = "hardware"
+    #: the peak ``mfu_pct`` is relative to (TFLOP/s per device)
+    mfu_peak_tflops: float = 989.0
+    grad_dtype: str = "fp32"  # main-gradient buffer / reduction dtype of the framework's runs
+    tp_comm_overlap: bool = False
+    default_seq_len: int | None = None  # when the row leaves seq_len blank
+    always_fsdp: bool = False  # every run shards parameters (ZeRO-3-like) whatever the cell says
+    memory_stat: str = "not stated"  # what peak_mem_gib rows measure: allocated / reserved / device reading
+    defaults_note: str = ""  # facts above taken as the framework's defaults because the source is silent
+
+
+_NEMO_RECIPES = ("NeMo keeps bf16 main gradients (megatron_gpt_config grad_reduce_in_fp32=False) and its "
+                 "performance recipes set tp_comm_overlap=True")
+_TORCHTITAN = ("torchtitan FSDP2 training (mixed_precision_reduce float32 by default, no TP overlap without "
+               "async TP); llama3 configs default to seq_len 8192 (torchtitan/models/llama3/train_configs)")
+
+#: One record per source of published_runs.csv (shared/data/README.md lists them);
+#: insertion order is matching order, the more specific patterns first.
+SOURCE_FACTS: dict[str, SourceFacts] = {
+    "megatron-2021": SourceFacts(
+        "Narayanan", "Narayanan et al. SC'21 (arXiv:2104.04473) Sec. 5 and appendix: Megatron-LM, fp32 "
+        "gradients, TFLOP/s counted with the recomputed forward", "megatron"),
+    "megatron-readme-h100": SourceFacts(
+        "Megatron-LM README", "NVIDIA/Megatron-LM README 'Performance Benchmarking' (commit f2e5db402c): model "
+        "FLOPs, MFU against 989 TF (H100 bf16 dense), runs with --tp-comm-overlap", "megatron",
+        flops="model", tp_comm_overlap=True),
+    "megatron-ci": SourceFacts(
+        "Megatron-LM tests/functional_tests", "NVIDIA/Megatron-LM tests/functional_tests/test_cases/*/"
+        "*_memory_speed/golden_values_*.json and model_config.yaml", "megatron", memory_stat="allocated",
+        defaults_note="grad dtype and TP overlap: Megatron-LM defaults (the rows do not say)"),
+    "deepspeed-zero3": SourceFacts(
+        "DeepSpeed blog", "DeepSpeed blog 2022 'Azure empowers easy-to-use, high-performance, hyperscale model "
+        "training using DeepSpeed': TFLOP/s in the Megatron-paper accounting", "deepspeed"),
+    "torchtitan-h100": SourceFacts(
+        "asyncTP", "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md; " + _TORCHTITAN,
+        "torchtitan", default_seq_len=8192),
+    "torchtitan-h200": SourceFacts(
+        "trainy", "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md; " + _TORCHTITAN,
+        "torchtitan", default_seq_len=8192),
+    "nemo-24.07": SourceFacts(
+        "NeMo docs/source/performance/performance_summary.md", "NVIDIA/NeMo docs/source/performance/"
+        "performance_summary.md (24.07); " + _NEMO_RECIPES, "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+    "nemo-long-seq": SourceFacts(
+        "performance_long_sequence.md", "NVIDIA/NeMo docs/source/performance/performance_long_sequence.md "
+        "(commit 19fadb67b0): 'TFLOPS / GPU' are model FLOPs (shared/data/README.md); " + _NEMO_RECIPES,
+        "nemo", flops="model", grad_dtype="bf16", tp_comm_overlap=True),
+    "dgxc-24.11": SourceFacts(
+        "dgxc-benchmarking v24.11.1", "NVIDIA/dgxc-benchmarking v24.11.1 READMEs (NeMo recipes); " + _NEMO_RECIPES,
+        "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+    "dgxc-25.05": SourceFacts(
+        "dgxc-benchmarking v25.05", "NVIDIA/dgxc-benchmarking v25.05 READMEs (NeMo recipes); " + _NEMO_RECIPES,
+        "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+    "dgxc-25.04": SourceFacts(
+        "dgxc", "NVIDIA/dgxc-benchmarking v25.04.02 READMEs (NeMo recipes); " + _NEMO_RECIPES,
+        "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+    "internlm": SourceFacts(
+        "InternLM", "InternLM/InternLM doc/train_performance.md: InternLM trainer, TFLOPS in the Megatron-paper "
+        "accounting (shared/data/README.md)", "internlm"),
+    "mpt-llm-foundry": SourceFacts(
+        "llm-foundry", "mosaicml/llm-foundry scripts/train/benchmarking/README.md: Composer with FSDP "
+        "FULL_SHARD for every run", "composer", always_fsdp=True),
+    "torchao-float8": SourceFacts(
+        "pytorch/ao docs/source/workflows/training.md", "pytorch/ao docs/source/workflows/training.md "
+        "'Training benchmarks' (torchtitan); " + _TORCHTITAN, "torchtitan", default_seq_len=8192,
+        memory_stat="reserved"),
+    "torchao-mxfp8": SourceFacts(
+        "torchao/prototype/mx_formats", "pytorch/ao torchao/prototype/mx_formats/README.md 'Training e2e "
+        "benchmarks on NVIDIA B200' (torchtitan); " + _TORCHTITAN, "torchtitan", default_seq_len=8192,
+        memory_stat="reserved"),
+    "torchao-float8nocompile": SourceFacts(
+        "float8nocompile", "pytorch/ao torchao/prototype/float8nocompile/README.md (torchtitan, 8 H100); "
+        + _TORCHTITAN, "torchtitan", default_seq_len=8192, memory_stat="reserved"),
+    "torchao-moe": SourceFacts(
+        "torchao/prototype/moe_training", "pytorch/ao torchao/prototype/moe_training/README.md (torchtitan); "
+        + _TORCHTITAN, "torchtitan", default_seq_len=8192, memory_stat="reserved"),
+    "mindformers": SourceFacts(
+        "mindspore-lab/mindformers", "mindspore-lab/mindformers model cards (tokens/s per NPU; layout from the "
+        "config at the same commit, shared/data/README.md)", "mindformers",
+        defaults_note="grad dtype and overlap: not stated; Plan defaults"),
+}
+
+
+def source_key(source: str) -> str | None:
+    """The :data:`SOURCE_FACTS` key of a CSV ``source`` cell (None: not in the table)."""
+    for key, facts in SOURCE_FACTS.items():
+        if facts.match in source:
+            return key
+    return None
+
+
 def short_source(source: str) -> str:
-    for key, short in (("Narayanan", "megatron-2021"), ("Megatron-LM README", "megatron-readme-h100"),
-                       ("DeepSpeed", "deepspeed-zero3"), ("asyncTP", "torchtitan-h100"),
-                       ("trainy", "torchtitan-h200"), ("NeMo", "nemo-24.07"), ("dgxc", "dgxc-25.04"),
-                       ("InternLM", "internlm"), ("llm-foundry", "mpt-llm-foundry")):
-        if key in source:
-            return short
-    return source[:30]
+    """A short name for reports: the table key, or the cell's start for unknown sources."""
+    return source_key(source) or source[:30]
 
 
 def _int(value: str, default: int | None = None) -> int | None:
@@ -145,10 +245,17 @@ def load_cases(csv_path: str | Path) -> tuple[list[Case], list[tuple[str, str]]]
 
 
 def _case(row: dict) -> Case:
-    source = short_source(row["source"])
+    key = source_key(row["source"])
+    if key is None:
+        raise PartitaError("source not in SOURCE_FACTS (add its facts with a citation)")
+    facts = SOURCE_FACTS[key]
     hw_token = row["hardware"].split()[0]
     if hw_token not in HARDWARE:
         raise PartitaError(f"hardware {hw_token} not in the catalog")
+    if (_int(row.get("n_experts", ""), 1) or 1) > 1:
+        raise PartitaError("mixture of experts: the loader does not read expert sizes yet")
+    if "LAYOUT INCONSISTENT" in row["notes"]:
+        raise PartitaError("the source's layout columns contradict its device count (notes)")
     n = _int(row["n_devices"])
     tp, pp = _int(row["tp"]), _int(row["pp"])
     if tp is None or pp is None:
@@ -156,9 +263,7 @@ def _case(row: dict) -> Case:
     model = _model(row)
     cp = _int(row["cp"], 1) or 1
     vpp = _int(row["vpp"], 1) or 1
-    seq = _int(row["seq_len"])
-    if not seq and source.startswith("torchtitan"):
-        seq = 8192  # torchtitan's llama3 training configs default to seq_len 8192 (as the row's notes say)
+    seq = _int(row["seq_len"]) or facts.default_seq_len
     if not seq:
         raise PartitaError("sequence length not stated")
     dp = n // (tp * pp * cp)
@@ -168,33 +273,37 @@ def _case(row: dict) -> Case:
         raise PartitaError("global batch not stated")
     sp_text = row["sequence_parallel"].strip().lower()
     sp = (sp_text == "y") if sp_text else tp > 1
-    zero = _zero(row["zero_stage/fsdp"], source in ("mpt-llm-foundry",))
-    nemo = source in ("nemo-24.07", "dgxc-25.04")
     split = balanced_split(model.layers, pp * vpp) if model.layers % (pp * vpp) else None
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, layer_split=split, sp=sp and tp > 1, zero=zero, mbs=mbs, gbs=gbs, seq_len=seq,
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, layer_split=split, sp=sp and tp > 1,
+                zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp), mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=_recompute(row["recompute"]), dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-                grad_dtype="bf16" if nemo else "fp32",
-                tp_comm_overlap=nemo or source == "megatron-readme-h100")
+                grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap)
     cluster = make_cluster(HARDWARE[hw_token], n)
+    if not cluster.device.supports(plan.dtype):
+        raise PartitaError(f"precision {plan.dtype} not supported by {cluster.device.name}")
     errs = validate(plan, model, n)
     if errs:
         raise PartitaError("layout not expressible: " + "; ".join(errs))
     metric, value = row["measured_metric"], float(row["measured_value"])
-    tokens = gbs * seq
-    if metric == "iter_time_s":
-        measured, kind = value, "step_time_s"
-    elif metric == "tokens_per_s_per_gpu":
-        measured, kind = tokens / (value * n), "step_time_s"
-    elif metric == "tflops_per_gpu":
-        flops = megatron_model_flops(model, gbs, seq) if source == "megatron-readme-h100" else megatron_hw_flops(model, gbs, seq)
-        measured, kind = flops / (value * 1e12 * n), "step_time_s"
-    elif metric == "mfu_pct":
-        measured = megatron_model_flops(model, gbs, seq) / (value / 100 * 989e12 * n)
-        kind = "step_time_s"
-    elif metric == "peak_mem_gib":
-        measured, kind = value, "peak_memory_gib"
-    else:
-        raise PartitaError(f"metric {metric} not compared")
-    return Case(source=source, name=row["model_name"], model=model, cluster=cluster, plan=plan, metric=kind,
+    measured, kind = _measured(metric, value, facts, model, gbs, seq, n)
+    return Case(source=key, name=row["model_name"], model=model, cluster=cluster, plan=plan, metric=kind,
                 measured=measured, raw_metric=metric, raw_value=value)
+
+
+def _measured(metric: str, value: float, facts: SourceFacts, model: ModelSpec, gbs: int, seq: int,
+              n: int) -> tuple[float, str]:
+    """(what the figure implies, "step_time_s" or "peak_memory_gib") under the source's
+    own FLOP accounting (:class:`SourceFacts`)."""
+    if metric == "iter_time_s":
+        return value, "step_time_s"
+    if metric == "tokens_per_s_per_gpu":
+        return gbs * seq / (value * n), "step_time_s"
+    if metric == "tflops_per_gpu":
+        flops = megatron_model_flops(model, gbs, seq) if facts.flops == "model" else megatron_hw_flops(model, gbs, seq)
+        return flops / (value * 1e12 * n), "step_time_s"
+    if metric == "mfu_pct":
+        return megatron_model_flops(model, gbs, seq) / (value / 100 * facts.mfu_peak_tflops * 1e12 * n), "step_time_s"
+    if metric == "peak_mem_gib":
+        return value, "peak_memory_gib"
+    raise PartitaError(f"metric {metric} not compared")
