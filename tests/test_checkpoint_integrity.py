@@ -190,7 +190,7 @@ def _setup():
 
 def _snapshot(pm) -> dict:
     from partita.runtime.checkpoint import state_for_checkpoint
-    from partita.runtime.checkpoint_integrity import _local
+    from partita.runtime.checkpoint_finite import _local
     return {k: _local(v).detach().clone() for k, v in state_for_checkpoint(pm).items()}
 
 
@@ -198,7 +198,7 @@ def _set_state(pm, snap: dict) -> None:
     import torch
 
     from partita.runtime.checkpoint import state_for_checkpoint
-    from partita.runtime.checkpoint_integrity import _local
+    from partita.runtime.checkpoint_finite import _local
     with torch.no_grad():
         for k, v in state_for_checkpoint(pm, init_optimizer=True).items():
             _local(v).copy_(snap[k])

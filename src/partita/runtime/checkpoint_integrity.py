@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from .checkpoint_finite import _local, nonfinite_tensors
 from .checkpoint_storage import available, file_digest, record_algorithm
 
 CORRUPT_PREFIX = "corrupt-"
@@ -97,21 +98,6 @@ def verify_checkpoint(path: Path, manifest: dict | None, error: str | None = Non
     return [p for per_rank, _ in results for p in per_rank], sorted({a for _, m in results for a in m})
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _sums_finite(tensors: list[torch.Tensor]) -> list[bool]:
-    """Per tensor, whether its sum is finite: a tensor holding a NaN or an inf has a NaN or
-    inf sum (IEEE 754 propagation), so a finite sum proves the tensor finite in one read and
-    no temporary; the sums are stacked so an accelerator syncs once, not once per tensor."""
-    if not tensors:
-        return []
-    sums = torch.stack([t.sum().to(torch.float32) if t.numel() else t.new_zeros((), dtype=torch.float32)
-                        for t in tensors])
-    return torch.isfinite(sums).cpu().tolist()
-
-
 def _checked_here(state: dict[str, torch.Tensor], plain_by_rank: list[list[str]] | None = None) -> list[str]:
     """The keys this rank checks. A plain (non-DTensor) tensor under one key holds the same
     values on every rank that has it (replicated by data or tensor parallel; loaded from the
@@ -133,14 +119,6 @@ def _checked_here(state: dict[str, torch.Tensor], plain_by_rank: list[list[str]]
 def plain_keys(state: dict[str, torch.Tensor]) -> list[str]:
     """Keys of this rank's floating-point tensors that are not DTensors."""
     return [k for k, t in state.items() if torch.is_tensor(t) and t.is_floating_point() and not isinstance(t, DTensor)]
-
-
-def nonfinite_tensors(tensors: list[torch.Tensor]) -> list[int]:
-    """Indices of the floating-point tensors holding a NaN or an inf (local, no collective)."""
-    idx = [i for i, t in enumerate(tensors) if torch.is_tensor(t) and t.is_floating_point()]
-    local = [_local(tensors[i]).detach() for i in idx]
-    return [i for i, t, ok in zip(idx, local, _sums_finite(local))
-            if not ok and not bool(torch.isfinite(t).all())]  # confirm: an fp16 sum can overflow alone
 
 
 def nonfinite_names(state: dict[str, torch.Tensor], plain_by_rank: list[list[str]] | None = None) -> list[str]:

@@ -43,6 +43,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
+from .checkpoint_finite import nonfinite_tensors
+
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "partita-checkpoint"
 MANIFEST_VERSION = 1
@@ -202,7 +204,6 @@ class ChecksummingWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         if self.check_finite:
-            from .checkpoint_integrity import nonfinite_tensors
             items = [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
             tensors = [planner.resolve_data(i) for i in items]
             bad = nonfinite_tensors(tensors)
