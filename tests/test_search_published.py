@@ -32,5 +32,8 @@ def test_published_layouts_reachable_and_not_beaten(published_csv):
             assert result.best.step_time_s <= published.step_time_s * (1 + 1e-9), (
                 f"{case.source} {case.name}: search {result.best.plan.summary()} {result.best.step_time_s:.3f} s "
                 f"slower than published {case.plan.summary()} {published.step_time_s:.3f} s")
-    assert compared >= 240
-    assert over_budget <= 8
+    # every one of the 258 predictable runs is either compared or over budget
+    assert compared + over_budget == len(cases) == 258
+    # these runs did fit on their devices, so each over-budget one is a memory-model
+    # error: 6 today; more is a regression
+    assert over_budget <= 6
