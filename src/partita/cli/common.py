@@ -61,7 +61,8 @@ def _flag_type(hint: Any) -> type:
 
 def add_config_arguments(p: argparse.ArgumentParser, cls: type, command: str) -> None:
     """One flag per field of the dataclass ``cls`` that ``command`` offers (its ``option``
-    metadata: help, choices, commands, flag). Booleans are ``store_true`` switches; a field
+    metadata: help, choices, commands, flag). A boolean that defaults to False is a
+    ``--flag`` switch, one that defaults to True gets ``--flag`` / ``--no-flag``; a field
     without a default is a required flag. The flags' dests are the field names."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -73,7 +74,8 @@ def add_config_arguments(p: argparse.ArgumentParser, cls: type, command: str) ->
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         kwargs: dict[str, Any] = {"dest": f.name, "help": meta.get("help")}
         if kind is bool:
-            kwargs.update(action="store_true", default=bool(f.default))
+            kwargs.update(action=argparse.BooleanOptionalAction if f.default is True else "store_true",
+                          default=bool(f.default))
         else:
             kwargs.update(type=kind, required=required)
             if not required:
