@@ -77,13 +77,14 @@ def test_published_layout_reachable_and_not_better_than_best():
 
 
 def test_best_split_lightens_the_last_stage():
-    # a last stage carrying the output layer worth 2 layers: the optimum max stage cost is 9
-    # (9+9+8+6 = 32 with 6+2 = 8 <= 9; T = 8 would hold only 8+8+8+6 = 30 layers)
-    split = best_split(32, 4, 0.0, 2.0)
-    assert sum(split) == 32 and len(split) == 4
-    assert max(max(split[:-1]), split[-1] + 2) == 9
-    assert split[-1] + 2 <= 9 and split[-1] < min(split[:-1])
-    assert best_split(30, 4, 0.0, 0.0) in {(8, 8, 7, 7), (7, 8, 8, 7), (8, 7, 8, 7), (7, 8, 7, 8), (8, 7, 7, 8), (7, 7, 8, 8)}
+    # a last stage carrying the output layer worth 2 layers: the optimum max stage cost is
+    # T* = 9 (T = 8 holds only 8+8+8+6 = 30 layers); capacities at T = 9 are (9, 9, 9, 7)
+    # = 34 >= 32, and the 2 surplus layers come off the stages with the most load, ties
+    # by position: the first two -> (8, 8, 9, 7)
+    assert best_split(32, 4, 0.0, 2.0) == (8, 8, 9, 7)
+    # 30 even layers: T* = 8 (capacities 32; T = 7 holds 28), the surplus of 2 comes off
+    # the first two stages (all tie at 8)
+    assert best_split(30, 4, 0.0, 0.0) == (7, 7, 8, 8)
 
 
 def test_nothing_fits_says_smallest_memory(capsys):
@@ -120,15 +121,25 @@ def test_plan_export_with_nothing_expressible_is_a_clear_error(capsys):
 
 
 def test_plan_export_falls_back_and_says_so(capsys):
-    code = main(["plan", "--model", "llama-13b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "512",
+    # llama3-70b on 64 x 80 GB: the fastest plan has tp=2, which a ds_config cannot
+    # express; the export must take the fastest plan with tp=1 and vpp=1 (what DeepSpeed
+    # can run) from the full ranking, say so, and write that plan's batch and ZeRO stage
+    model, cluster = load_model("llama3-70b"), make_cluster("a100-80gb", 64)
+    ranking = search_plans(model, cluster, 256, 2048, top=0).plans
+    assert ranking[0].plan.tp > 1
+    index, fallback = next((i, e.plan) for i, e in enumerate(ranking) if e.plan.tp == 1 and e.plan.vpp == 1)
+    code = main(["plan", "--model", "llama3-70b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "256",
                  "--export", "deepspeed", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0
+    note = data["export"]["note"]
+    assert note.startswith("deepspeed cannot express plan 1 (tp=2")
+    assert f"exported plan {index + 1}, {fallback.summary()}," in note
     ds = json.loads(data["export"]["text"])
-    assert ds["train_batch_size"] == 512
-    best = data["plans"][0]["plan"]
-    if best["tp"] > 1 or best["vpp"] > 1:
-        assert data["export"]["note"] and "cannot express plan 1" in data["export"]["note"]
+    assert ds["train_batch_size"] == 256
+    assert ds["train_micro_batch_size_per_gpu"] == fallback.mbs
+    assert ds["gradient_accumulation_steps"] == fallback.grad_accum
+    assert ds["zero_optimization"]["stage"] == fallback.zero
 
 
 def _small(name: str, layers: int):
