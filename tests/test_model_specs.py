@@ -7,7 +7,10 @@ from partita.errors import PartitaError
 from partita.spec.hf_config import parse_hf_config
 from partita.spec.model import load_model, preset_names
 
-# (preset, published total params, published active params or None, tolerance)
+# (preset, published total params, published active params or None, tolerance). The
+# published figures are the papers' rounded headline numbers (e.g. LLaMA's "65.2B" for
+# 65.29e9 parameters), so the tolerance is the rounding of the figure, not the model:
+# exact counts are checked by hand below for a dense, an MoE and a GPT-2 model.
 PUBLISHED = [
     ("llama-7b", 6.7e9, None, 0.01), ("llama-13b", 13.0e9, None, 0.01), ("llama-65b", 65.2e9, None, 0.01),
     ("llama2-7b", 6.74e9, None, 0.01), ("llama2-13b", 13.0e9, None, 0.01), ("llama2-70b", 69.0e9, None, 0.01),
@@ -32,6 +35,29 @@ def test_llama3_8b_by_hand():
     per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
     expected = 2 * 128256 * 4096 + 32 * per_layer + 4096
     assert load_model("llama3-8b").total_params() == expected
+
+
+def test_mixtral_8x7b_by_hand():
+    # untied embedding + output 2*32000*4096; per layer: q,o 4096^2 each, k,v 4096*1024
+    # each (8 KV heads of 128), router 4096*8, 8 experts of 3*4096*14336 (2 active per
+    # token), 2 norms; final norm
+    h = 4096
+    shared = 2 * h * h + 2 * h * 1024 + h * 8 + 2 * h
+    m = load_model("mixtral-8x7b")
+    assert m.total_params() == 2 * 32000 * h + 32 * (shared + 8 * 3 * h * 14336) + h
+    assert m.active_params() == 2 * 32000 * h + 32 * (shared + 2 * 3 * h * 14336) + h
+
+
+def test_gpt2_small_by_hand():
+    # tied word embedding 50257*768 + learned positions 1024*768; per layer: 2 LayerNorms
+    # (weight + bias), c_attn 768x2304 + bias, attention c_proj 768x768 + bias, c_fc
+    # 768x3072 + bias, MLP c_proj 3072x768 + bias; final LayerNorm (= 124,439,808, the
+    # count Hugging Face reports for gpt2)
+    d = 768
+    per_layer = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    gpt2 = parse_hf_config({"model_type": "gpt2", "n_embd": d, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+                            "n_positions": 1024})
+    assert gpt2.total_params() == 50257 * d + 1024 * d + 12 * per_layer + 2 * d == 124_439_808
 
 
 def test_every_preset_loads_and_counts():
