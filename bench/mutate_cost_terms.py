@@ -19,7 +19,7 @@ Two sets:
   - each a textual replacement that must match the source exactly once. A replacement
   that no longer matches (the source moved on) is reported as *stale*, not counted.
 * **automatic** (``--auto N``): ``N`` mutants drawn (fixed seed) from every numeric
-  constant (``c -> c + 1``), arithmetic operator (``+ <-> -``, ``* <-> /``) and
+  constant (``0 -> 1``, ``1 -> 2``, else ``c -> 2c``), arithmetic operator (``+ <-> -``, ``* <-> /``) and
   ``min``/``max`` call in ``src/partita/cost/*.py`` - the kinds the issue names - made
   with :mod:`ast` and written back with :func:`ast.unparse`. Some are equivalent
   (``x * 1 -> x / 1``); the figure is a floor.
@@ -65,7 +65,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("kernel overhead 0", "compute.py", "cost.overhead_time += device.efficiency.kernel_overhead_us_per_layer * 1e-6", "cost.overhead_time += 0.0"),
     ("GEMM size curve off", "compute.py", "eff *= size_gflop / (size_gflop + device.efficiency.gemm_half_gflop)", "eff *= 1.0"),
     ("selective share x2", "compute.py", "return recomputed / (sum(gemms) + halves)", "return 2 * recomputed / (sum(gemms) + halves)"),
-    ("layer compute 2x forward (not 3x)", "step.py", "return StageTerms(compute=(1 + BACKWARD_PER_FORWARD) * t, recompute=rc", "return StageTerms(compute=BACKWARD_PER_FORWARD * t, recompute=rc"),
+    ("layer compute without its forward", "step.py", "return StageTerms(compute=t + bwd, recompute=rc", "return StageTerms(compute=bwd, recompute=rc"),
+    ("flash attention backward 2x (no score recompute)", "step.py", "FLASH_BACKWARD_PER_FORWARD = 2.5", "FLASH_BACKWARD_PER_FORWARD = 2"),
     ("full recompute 0", "step.py", "rc, rc_flops = layer.time, layer.flops", "rc, rc_flops = 0.0, layer.flops"),
     ("tp collectives x2", "step.py", "tp_comm=n_tp * tp_coll + tp_framework", "tp_comm=2 * n_tp * tp_coll + tp_framework"),
     ("tp host work 0", "step.py", "tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6", "tp_framework = 0 * 1e-6"),
@@ -149,14 +150,14 @@ class Mutant:
     source: str  # the whole mutated file
 
 
-def named_mutants(only: list[str]) -> tuple[list[Mutant], list[str]]:
-    """The applicable named mutants and the names of the stale ones."""
+def named_mutants(root: Path, only: list[str]) -> tuple[list[Mutant], list[str]]:
+    """The applicable named mutants of the tree at ``root`` and the names of the stale ones."""
     out, stale = [], []
     for name, rel, old, new in MUTANTS:
         if only and name not in only:
             continue
         path = COST / rel
-        text = (ROOT / path).read_text()
+        text = (root / path).read_text()
         if text.count(old) != 1:
             stale.append(name)
             continue
@@ -205,7 +206,7 @@ def _mutate_node(node: ast.AST) -> str:
     """Mutate ``node`` in place; returns a description."""
     if isinstance(node, ast.Constant):
         old = node.value
-        node.value = old + 1
+        node.value = old + 1 if old in (0, 1) else old * 2
         return f"{old!r} -> {node.value!r}"
     if isinstance(node, ast.BinOp):
         old = type(node.op)
@@ -231,18 +232,18 @@ class _Walker(_Sites):
         super().generic_visit(node)
 
 
-def auto_mutants(count: int, seed: int) -> list[Mutant]:
-    """``count`` automatic mutants drawn from every site of every cost module."""
+def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
+    """``count`` automatic mutants drawn from every site of every cost module under ``root``."""
     sites = []
-    for path in sorted((ROOT / COST).glob("*.py")):
+    for path in sorted((root / COST).glob("*.py")):
         walker = _Sites()
         walker.visit(ast.parse(path.read_text()))
-        sites += [(path.relative_to(ROOT), kind, line, index) for kind, line, index in walker.sites]
+        sites += [(path.relative_to(root), kind, line, index) for kind, line, index in walker.sites]
     rng = random.Random(seed)
     chosen = rng.sample(sites, min(count, len(sites)))
     out = []
     for rel, kind, line, index in sorted(chosen, key=lambda s: (str(s[0]), s[2], s[3])):
-        tree = ast.parse((ROOT / rel).read_text())
+        tree = ast.parse((root / rel).read_text())
         walker = _Walker(index)
         walker.visit(tree)
         out.append(Mutant(f"{rel.name}:{line} {kind} {walker.done}", rel, ast.unparse(tree) + "\n"))
@@ -268,35 +269,46 @@ def _copy_tree(work: Path) -> None:
     shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
 
 
-def check(mutants: list[Mutant], tests: list[str], label: str) -> list[str]:
-    """Run every mutant; print verdicts and the catch rate; return the survivors."""
+def check(work: Path, mutants: list[Mutant], tests: list[str], label: str) -> list[str]:
+    """Run every mutant in the copy ``work``; print verdicts and the catch rate; return the survivors."""
     survivors: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="partita-mutants-") as tmp:
-        work = Path(tmp)
-        _copy_tree(work)
-        clean, _ = run_tests(work, tests)
-        if clean:
-            print("the planning tests fail on the unmutated tree; fix that first", file=sys.stderr)
-            raise SystemExit(2)
-        for m in mutants:
-            target = work / m.path
-            original = target.read_text()
-            target.write_text(m.source)
+    for m in mutants:
+        target = work / m.path
+        original = target.read_text()
+        target.write_text(m.source)
+        shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
+        try:
+            caught, secs = run_tests(work, tests)
+        finally:
+            target.write_text(original)
             shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
-            try:
-                caught, secs = run_tests(work, tests)
-            finally:
-                target.write_text(original)
-                shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
-            print(f"  {'caught  ' if caught else 'SURVIVED'} {secs:6.1f}s  {m.name}", flush=True)
-            if not caught:
-                survivors.append(m.name)
+        print(f"  {'caught  ' if caught else 'SURVIVED'} {secs:6.1f}s  {m.name}", flush=True)
+        if not caught:
+            survivors.append(m.name)
     n = len(mutants)
     if n:
         print(f"{label}: {n - len(survivors)}/{n} caught ({(n - len(survivors)) / n:.1%})")
     for name in survivors:
         print(f"  survivor: {name}")
     return survivors
+
+
+def prepare(work: Path, from_head: bool, tests: list[str]) -> None:
+    """Copy the tree under test into ``work`` (the working tree, or ``HEAD`` with
+    ``from_head``) and check the planning tests pass there unmutated."""
+    if from_head:
+        archive = subprocess.run(["git", "archive", "HEAD", "src", "tests", "bench", "pyproject.toml"], cwd=ROOT,
+                                 capture_output=True, check=True, timeout=120).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True, timeout=120)
+    else:
+        _copy_tree(work)
+    env = dict(os.environ, PYTHONPATH=str(work / "src"), PYTHONHASHSEED="0")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=work,
+                       env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if r.returncode != 0:
+        print("the planning tests fail on the unmutated tree; fix that first (or try --from-head):\n"
+              + r.stdout[-2000:], file=sys.stderr)
+        raise SystemExit(2)
 
 
 def main() -> int:
@@ -306,17 +318,22 @@ def main() -> int:
     parser.add_argument("--no-named", action="store_true", help="skip the named mutants")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--tests", nargs="*", default=list(PLANNING_TESTS))
+    parser.add_argument("--from-head", action="store_true",
+                        help="test the committed tree (git HEAD) instead of the working tree")
     args = parser.parse_args()
-    if not args.no_named:
-        named, stale = named_mutants(args.only)
-        for name in stale:
-            print(f"  stale (source no longer matches): {name}")
-        print(f"named single-term breaks of src/partita/cost/: {len(named)}")
-        check(named, args.tests, "named")
-    if args.auto:
-        auto = auto_mutants(args.auto, args.seed)
-        print(f"automatic mutants (seed {args.seed}): {len(auto)}")
-        check(auto, args.tests, "automatic")
+    with tempfile.TemporaryDirectory(prefix="partita-mutants-") as tmp:
+        work = Path(tmp)
+        prepare(work, args.from_head, args.tests)
+        if not args.no_named:
+            named, stale = named_mutants(work, args.only)
+            for name in stale:
+                print(f"  stale (source no longer matches): {name}")
+            print(f"named single-term breaks of src/partita/cost/: {len(named)}")
+            check(work, named, args.tests, "named")
+        if args.auto:
+            auto = auto_mutants(work, args.auto, args.seed)
+            print(f"automatic mutants (seed {args.seed}): {len(auto)}")
+            check(work, auto, args.tests, "automatic")
     return 0
 
 

@@ -170,18 +170,26 @@ def dense_layer(tokens: float, tp: int, seq: int) -> tuple[float, float, float, 
     return gemm + attn / 2.5e13 + elem + 10e-6, proj + mlp + attn, gemm, elem
 
 
+def flash_extra(tokens: float, tp: int, seq: int) -> tuple[float, float]:
+    """(time, FLOPs) the fused attention's backward adds beyond 2x its forward: it recomputes
+    the scores, 5 matmuls against the forward's 2, so 2.5x (FlashAttention-2 sec. 4.1)."""
+    attn = 2 * tokens * (seq + 1) / 2 * (8 / tp) * (128 + 128)
+    return (2.5 - 2) * attn / 2.5e13, (2.5 - 2) * attn
+
+
 def test_hand_stage_terms_dense_tp_pp():
     # tp 2 (sp) x pp 2 x dp 2 on 2 nodes of 4; mbs 1, seq 1024: 1024 tokens per micro-batch
     cluster = hand_cluster(8, 4)
     plan = Plan(dp=2, tp=2, pp=2, sp=True, mbs=1, gbs=4, seq_len=1024, zero=1)
     kinds, times = stage_terms(HAND, cluster, plan)
     t, flops, _, _ = dense_layer(1024, 2, 1024)
+    fa, fa_flops = flash_extra(1024, 2, 1024)
     # tp all-reduce of b s h x 2 bytes inside a node (g = 2): 2 (1/2) S / 5e10
     ar = 1024 * 1024 * 2 / INTRA
-    assert kinds.dense.compute == pytest.approx(3 * t, rel=1e-12)  # forward + 2x backward
+    assert kinds.dense.compute == pytest.approx(3 * t + fa, rel=1e-12)  # forward + 2x backward (2.5x attention)
     assert kinds.dense.forward == pytest.approx(t, rel=1e-12)
-    assert kinds.dense.backward == pytest.approx(2 * t, rel=1e-12)
-    assert kinds.dense.flops == pytest.approx(3 * flops, rel=1e-12)
+    assert kinds.dense.backward == pytest.approx(2 * t + fa, rel=1e-12)
+    assert kinds.dense.flops == pytest.approx(3 * flops + fa_flops, rel=1e-12)
     assert kinds.dense.recompute == 0.0
     # 2 collectives forward + 2 backward in each of attention and MLP, plus 100 us host work
     assert kinds.dense.tp_comm == pytest.approx(4 * ar + 100e-6, rel=1e-12)
@@ -199,10 +207,10 @@ def test_hand_stage_terms_dense_tp_pp():
     # pipeline: the pp neighbour is 4 ranks away = the next node; one send each way of b s h / tp x 2 bytes
     p2p = 2 * (1024 * 1024 * 2 / 2 / INTER)
     assert kinds.per_stage.pp_send_recv == pytest.approx(p2p, rel=1e-12)
-    assert times.dense == pytest.approx(3 * t + 4 * ar + 100e-6, rel=1e-12)
+    assert times.dense == pytest.approx(3 * t + fa + 4 * ar + 100e-6, rel=1e-12)
     # the step: 2 micro-batches through 2 stages (2 layers each; embedding first, output last)
-    stage0 = 2 * (3 * t + 4 * ar + 100e-6) + 3 * emb + ar + p2p
-    stage1 = 2 * (3 * t + 4 * ar + 100e-6) + 3 * out + 2 * ar + p2p
+    stage0 = 2 * (3 * t + fa + 4 * ar + 100e-6) + 3 * emb + ar + p2p
+    stage1 = 2 * (3 * t + fa + 4 * ar + 100e-6) + 3 * out + 2 * ar + p2p
     step = estimate_step_time(HAND, cluster, plan)
     assert [s.total for s in step.stages] == pytest.approx([stage0, stage1], rel=1e-12)
     assert step.parts["pipeline bubble"] == pytest.approx(min(stage0, stage1), rel=1e-12)  # (sum - max) / vpp
@@ -211,11 +219,12 @@ def test_hand_stage_terms_dense_tp_pp():
 def test_hand_recompute_terms():
     cluster = hand_cluster(8, 4)
     t, flops, gemm, elem = dense_layer(1024, 2, 1024)
+    fa, fa_flops = flash_extra(1024, 2, 1024)
     ar = 1024 * 1024 * 2 / INTRA
     full, _ = stage_terms(HAND, cluster, Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, recompute="full"))
     assert full.dense.recompute == pytest.approx(t, rel=1e-12)  # the forward once more
-    assert full.dense.backward == pytest.approx(3 * t, rel=1e-12)
-    assert full.dense.flops == pytest.approx(4 * flops, rel=1e-12)
+    assert full.dense.backward == pytest.approx(3 * t + fa, rel=1e-12)
+    assert full.dense.flops == pytest.approx(4 * flops + fa_flops, rel=1e-12)
     # the forward's 2 + 2 collectives again; the host work of a forward (a third) again
     assert full.dense.tp_comm == pytest.approx(6 * ar + 100e-6 * (1 + 1 / 3), rel=1e-12)
     assert full.embedding.recompute == 0.0 and full.output.recompute == 0.0
@@ -240,7 +249,7 @@ def test_hand_overlapped_tp_and_context_parallel():
     attn = 2 * tokens * 1025 / 2 * 4 * 256 / 2.5e13
     assert kinds.dense.cp_comm == pytest.approx(3 * (hop - attn), rel=1e-12) and hop > attn
     t, _, _, _ = dense_layer(tokens, 2, 1024)
-    assert kinds.dense.compute == pytest.approx(3 * t, rel=1e-12)
+    assert kinds.dense.compute == pytest.approx(3 * t + flash_extra(tokens, 2, 1024)[0], rel=1e-12)
 
 
 def test_hand_moe_terms_and_expert_memory():
@@ -256,7 +265,7 @@ def test_hand_moe_terms_and_expert_memory():
     router = 2 * tokens * 1024 * 4
     routed = 2 * tokens * 2 * 3 * 1024 * 2048  # top_k x SwiGLU(2048) per token
     attn = 2 * tokens * 1025 / 2 * 8 * 256
-    assert kinds.moe.flops == pytest.approx(3 * (proj + router + routed + attn), rel=1e-12)
+    assert kinds.moe.flops == pytest.approx(3 * (proj + router + routed + attn) + 0.5 * attn, rel=1e-12)
     assert kinds.dense == (0.0,) * 9  # no dense layer in this model
     # memory: routed experts divided by ep, the rest replicated; fp32 grads, Adam sharded over dp
     expert = 4 * 4 * 3 * 1024 * 2048 / 2  # layers x experts x expert params / ep
@@ -360,3 +369,23 @@ def test_efficiency_record_reads_as_before_and_names_its_sources(tmp_path):
     assert mine.efficiency.source("gemm") == mine.efficiency.source("tp_framework_us_per_layer") \
         == "measured: partita calibrate (my-cpu.json)"
     assert mine.efficiency.attention == 0.3 and mine.efficiency.source("attention").startswith("measured: torch.matmul")
+
+
+def test_estimate_says_does_not_fit_with_the_shortfall_and_fits_with_the_headroom():
+    """Issue 12 item 6: one meaning of fits (the search's), the marker first, the headroom or
+    the shortfall stated; a plan that does not fit is still estimated."""
+    from partita.cost.memory import fits, memory_limit_gib
+    from partita.estimate import estimate
+    from partita.spec.hardware import make_cluster
+    from partita.spec.model import load_model
+    model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", 64)
+    small = estimate(model, cluster, Plan(dp=8, tp=8, gbs=64, seq_len=8192, zero=3, recompute="full"))
+    big = estimate(model, cluster, Plan(dp=64, gbs=64, seq_len=8192, zero=1))
+    limit = memory_limit_gib(cluster.device, 0.0)
+    assert small.fits and fits(small.peak_rank.total, limit)
+    assert small.memory_verdict.startswith("fits: ")
+    assert small.headroom_gib == pytest.approx(limit - small.peak_memory_gib) and small.headroom_gib > 0
+    assert f"{small.headroom_gib:.1f} GiB headroom" in small.memory_verdict
+    assert not big.fits and big.memory_verdict.startswith("DOES NOT FIT: ")
+    assert f"{big.peak_memory_gib - limit:.1f} GiB more than the {limit:.1f} GiB usable" in big.memory_verdict
+    assert big.to_dict()["headroom_gib"] < 0 and big.to_dict()["memory_verdict"] == big.memory_verdict

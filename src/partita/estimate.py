@@ -79,7 +79,27 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
+        """The one meaning of "fits" (:func:`partita.cost.memory.fits`), the search's too."""
         return fits(self.peak_rank.total, self.memory_limit_gib)
+
+    @property
+    def headroom_gib(self) -> float:
+        """Memory left under the limit at the peak (GiB); negative: how much it is over."""
+        return self.memory_limit_gib - self.peak_memory_gib
+
+    @property
+    def memory_verdict(self) -> str:
+        """One line saying whether the plan fits and by how much, as `partita estimate`
+        prints it: "fits: 61.2 of 64.0 GiB usable per device, 2.8 GiB headroom" or
+        "DOES NOT FIT: needs 71.0 GiB per device, 7.0 GiB more than the 64.0 GiB usable".
+        A plan that does not fit is still estimated (exit status 0): the marker is the
+        first word."""
+        peak, limit = self.peak_memory_gib, self.memory_limit_gib
+        where = f"pipeline rank {self.peak_rank.rank}" if self.plan.pp > 1 else "each device"
+        if self.fits:
+            return f"fits: {peak:.1f} of {limit:.1f} GiB usable on {where}, {self.headroom_gib:.1f} GiB headroom"
+        return (f"DOES NOT FIT: needs {peak:.1f} GiB on {where}, {-self.headroom_gib:.1f} GiB more than the "
+                f"{limit:.1f} GiB usable")
 
     def run_days(self, tokens: float) -> float:
         return tokens / self.plan.tokens_per_step * self.step_time_s / 86400
@@ -99,6 +119,9 @@ class Estimate:
             "peak_memory_gib": self.peak_memory_gib,
             "usable_memory_gib": self.cluster.device.usable_gib,
             "fits": self.fits,
+            "memory_limit_gib": self.memory_limit_gib,
+            "headroom_gib": self.headroom_gib,
+            "memory_verdict": self.memory_verdict,
             "peak_memory_rank": peak.rank,
             "memory": {k: v / GIB for k, v in peak.parts.items()},
             "memory_per_stage_gib": [m.total / GIB for m in self.memory],

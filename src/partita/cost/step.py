@@ -1,7 +1,8 @@
 """Step time of one training iteration, broken down by where the time goes.
 
-Per pipeline rank and micro-batch: forward + backward (2x the forward's GEMMs,
-attention and element-wise work [Narayanan et al. SC'21 appendix]) + recomputation
+Per pipeline rank and micro-batch: forward + backward (2x the forward's GEMMs and
+element-wise work [Narayanan et al. SC'21 appendix], 2.5x the fused attention's, which
+recomputes its scores [Dao 2023 sec. 4.1]) + recomputation
 (full: one more forward; selective: the element-wise part of one) + the exposed part
 of the communication that sits on the critical path:
 
@@ -51,6 +52,13 @@ from .shape import StageShape, Zero3Shape, expert_dp_span, stage_shape, zero3_sh
 #: third of the work a layer does per micro-batch.
 BACKWARD_PER_FORWARD = 2
 FORWARD_SHARE = 1 / (1 + BACKWARD_PER_FORWARD)
+#: Fused (flash) attention's backward does 2.5x the forward's FLOPs, not 2x: the forward
+#: runs two matmuls per tile (``Q K^T``, ``P V``), the backward five (it recomputes
+#: ``Q K^T`` from the saved log-sum-exp instead of storing the scores, then ``dV = P^T dO``,
+#: ``dP = dO V^T``, ``dQ = dS K``, ``dK = dS^T Q``) [Dao 2023, FlashAttention-2, sec. 4.1:
+#: "backward ... 2.5x the forward FLOPs"; the same count in FlashAttention-3, Shah et al.
+#: 2024]. This is what makes long sequences slower than a 3x-forward count predicts.
+FLASH_BACKWARD_PER_FORWARD = 2.5
 #: Bytes of HBM traffic per local parameter in the Adam step (fused multi-tensor Adam,
 #: e.g. apex FusedAdam / Megatron's distributed optimizer, HBM-bound): read the fp32 main
 #: gradient, master weight and both moments (4 x 4), write the master weight and both
@@ -147,9 +155,12 @@ def _layer_terms(layer: LayerCost, recompute: str, selective: float, tp_coll: fl
     else:
         rc, rc_flops = 0.0, 0.0
     t = layer.time
-    return StageTerms(compute=(1 + BACKWARD_PER_FORWARD) * t, recompute=rc, tp_comm=n_tp * tp_coll + tp_framework,
-                      cp_comm=cp_pass, ep_all_to_all=a2a, forward=t, backward=BACKWARD_PER_FORWARD * t + rc,
-                      flops=(1 + BACKWARD_PER_FORWARD) * layer.flops + rc_flops)
+    # the attention kernel's backward recomputes its scores (FLASH_BACKWARD_PER_FORWARD)
+    bwd = BACKWARD_PER_FORWARD * t + (FLASH_BACKWARD_PER_FORWARD - BACKWARD_PER_FORWARD) * layer.attn_time
+    bwd_flops = BACKWARD_PER_FORWARD * layer.flops + (FLASH_BACKWARD_PER_FORWARD - BACKWARD_PER_FORWARD) * layer.attn_flops
+    return StageTerms(compute=t + bwd, recompute=rc, tp_comm=n_tp * tp_coll + tp_framework,
+                      cp_comm=cp_pass, ep_all_to_all=a2a, forward=t, backward=bwd + rc,
+                      flops=layer.flops + bwd_flops + rc_flops)
 
 
 def _end_terms(cost: LayerCost, tp_coll: float, n_tp: int) -> StageTerms:
