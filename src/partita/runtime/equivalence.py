@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ..models.llama import build_model
-from ..train.data import dp_shard, synthetic_batch
 from ..plan import Plan
+from .batches import dp_shard, synthetic_batch
 from .modules import aux_loss, logits, vocab_size
 from .parallelize import cross_entropy, parallelize
 

@@ -23,26 +23,8 @@ import numpy as np
 import torch
 
 from ..errors import PartitaError
-from ..plan import Plan, axis_index
-
-
-def synthetic_batch(step: int, gbs: int, seq_len: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of ``step``: (inputs, next-token targets), random tokens from ``seed``.
-    Independent of the plan, so every plan sees the same data."""
-    g = torch.Generator().manual_seed(seed * 100003 + step)
-    data = torch.randint(0, vocab, (gbs, seq_len + 1), generator=g)
-    return data[:, :-1], data[:, 1:]
-
-
-def dp_index(plan: Plan, rank: int) -> int:
-    return axis_index(plan, "dp", rank)
-
-
-def dp_shard(x: torch.Tensor, plan: Plan, rank: int) -> torch.Tensor:
-    """This rank's contiguous share of the global batch (ranks of one dp replica share it)."""
-    per = plan.gbs // plan.dp
-    i = dp_index(plan, rank)
-    return x[i * per:(i + 1) * per]
+from ..plan import Plan
+from ..runtime.batches import dp_index, dp_shard, synthetic_batch  # noqa: F401  (re-exported for the worker)
 
 
 def _read_texts(path: Path) -> list[str]:
