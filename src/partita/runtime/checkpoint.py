@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Shard
 
 from ..errors import PartitaError
-from .checkpoint_integrity import gather
+from .checkpoint_integrity import gather, gather_nonempty
 from . import checkpoint_storage as storage
 from .checkpoint_storage import (LEGACY_MARKER, MANIFEST, ChecksummingWriter, FileRecord, ManifestError, NonFiniteState,
                                  available,
@@ -140,7 +140,7 @@ def agree(fn: Callable[[], Any], what: str) -> Any:
         error = str(e)
     except (OSError, CheckpointException) as e:
         error = f"{what}: {one_line(e)}"
-    errors = [e for e in gather(error) if e]
+    errors = [e for e in gather_nonempty(error) if e]
     if errors:
         raise PartitaError(errors[0])
     return out

@@ -43,6 +43,27 @@ def gather(value) -> list:
     return out
 
 
+def _flag_device() -> torch.device:
+    """Where a collective's tensor must live: the CPU for gloo, else the current accelerator
+    (nccl, hccl), found without naming a device type."""
+    if dist.get_backend() == "gloo":
+        return torch.device("cpu")
+    acc = torch.accelerator.current_accelerator()
+    return torch.device(acc.type, torch.accelerator.current_device_index()) if acc else torch.device("cpu")
+
+
+def gather_nonempty(value) -> list:
+    """Like :func:`gather`, for values that are empty (falsy) on the common path - no error,
+    no problem: one all-reduce of a flag answers that case, and the values are gathered
+    (pickled) only when some rank has something to say."""
+    _, world = _rank_world()
+    if world == 1:
+        return [value]
+    flag = torch.tensor([1 if value else 0], dtype=torch.int32, device=_flag_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return gather(value) if int(flag.item()) else [value] * world
+
+
 def share_of_files(files: dict[str, dict], rank: int, world: int) -> list[str]:
     """The names ``rank`` verifies: largest first to the least-loaded rank (ties: lowest rank,
     then name), the same deal on every rank."""
@@ -94,7 +115,7 @@ def verify_checkpoint(path: Path, manifest: dict | None, error: str | None = Non
         used = {record_algorithm(r) for r in manifest["files"].values()}
         missing = sorted(a for a in used if a and not available(a))
         mine = [] if missing else verify_files(Path(path), manifest, share_of_files(manifest["files"], rank, world))
-    results = gather((mine, missing))
+    results = [r for r in gather_nonempty((mine, missing) if mine or missing else None) if r]
     return [p for per_rank, _ in results for p in per_rank], sorted({a for _, m in results for a in m})
 
 

@@ -30,8 +30,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..errors import PartitaError
 from .checkpoint import Found, Report, load_checkpoint, one_line, scan_checkpoints, state_for_checkpoint
-from .checkpoint_integrity import (CORRUPT_PREFIX, _rank_world, gather, nonfinite_names, plain_keys, quarantine,
-                                   verify_checkpoint)
+from .checkpoint_integrity import (CORRUPT_PREFIX, _rank_world, gather, gather_nonempty, nonfinite_names,
+                                   plain_keys, quarantine, verify_checkpoint)
 from .checkpoint_storage import ALGORITHMS, MANIFEST, ManifestError, read_manifest
 
 
@@ -120,7 +120,7 @@ def try_checkpoint(pm, found: Found, report: Report | None = None) -> tuple[dict
     bad = nonfinite_names(state_for_checkpoint(pm), plain_by_rank)  # every rank, whatever the load did
     if error is None and bad:
         error = f"{bad[0]} is not finite after loading (NaN or inf)"
-    errors = [e for e in gather(error) if e]
+    errors = [e for e in gather_nonempty(error) if e]
     if errors:
         return None, errors[0]
     return meta, None
