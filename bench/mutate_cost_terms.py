@@ -47,6 +47,9 @@ COST = Path("src/partita/cost")
 PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
                   "tests/test_published_accuracy.py", "tests/test_estimate_cli.py", "tests/test_search.py",
                   "tests/test_search_published.py")
+#: Tests left out: they time the CLI's start-up, so on a loaded machine they fail without
+#: any mutant, which would count a mutant as caught for the wrong reason.
+DESELECT = ("tests/test_estimate_cli.py::test_estimate_does_not_import_torch_and_is_fast",)
 #: Seconds one test run may take before the mutant counts as caught (a hang is a failure).
 RUN_TIMEOUT_S = 900
 
@@ -250,13 +253,17 @@ def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
     return out
 
 
+def _pytest(tests: list[str]) -> list[str]:
+    deselect = [arg for test in DESELECT for arg in ("--deselect", test)]
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *deselect, *tests]
+
+
 def run_tests(work: Path, tests: list[str]) -> tuple[bool, float]:
     """(caught, seconds): whether the planning tests fail in the mutated copy ``work``."""
     env = dict(os.environ, PYTHONPATH=str(work / "src"), PYTHONHASHSEED="0")
     t0 = time.time()
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=work,
-                           env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        r = subprocess.run(_pytest(tests), cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         caught = r.returncode != 0
     except subprocess.TimeoutExpired:
         caught = True
@@ -303,8 +310,7 @@ def prepare(work: Path, from_head: bool, tests: list[str]) -> None:
     else:
         _copy_tree(work)
     env = dict(os.environ, PYTHONPATH=str(work / "src"), PYTHONHASHSEED="0")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=work,
-                       env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    r = subprocess.run(_pytest(tests), cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if r.returncode != 0:
         print("the planning tests fail on the unmutated tree; fix that first (or try --from-head):\n"
               + r.stdout[-2000:], file=sys.stderr)

@@ -1,10 +1,17 @@
 """DeepSpeed ``ds_config`` JSON for a plan.
 
 Keys as DeepSpeed 0.19 defines them (runtime/constants.py, runtime/zero/config.py,
-runtime/activation_checkpointing/config.py; shared/reference/ecosystem.md sec. 6).
-DeepSpeed silently accepts unknown top-level keys, so :data:`TOP_LEVEL_KEYS` is checked
-here. DeepSpeed has no tensor parallel for arbitrary models in this config and no
-explicit layer-to-stage list: such plans are refused (exit 2) rather than half-exported.
+runtime/activation_checkpointing/config.py, runtime/tensor_parallel/config.py ``autotp_size``;
+shared/reference/ecosystem.md sec. 6). DeepSpeed silently accepts unknown top-level keys, so
+:data:`TOP_LEVEL_KEYS` is checked here. What a ds_config cannot hold is refused (exit 2) rather
+than half-exported:
+
+* ZeRO-2/3 with pp > 1: ``PipelineEngine`` asserts "ZeRO-2 and ZeRO-3 are incompatible with
+  pipeline parallelism" (runtime/pipe/engine.py).
+* the pipeline degree is read from ``PipelineModule(num_stages=...)`` in the model code; the
+  ``pipeline.stages`` key is informational only (a warning says so).
+* tensor parallelism is DeepSpeed's AutoTP training (``tensor_parallel.autotp_size``), which
+  shards HF-style linear layers automatically (not Megatron's hand-written layers).
 """
 from __future__ import annotations
 
@@ -16,14 +23,10 @@ from . import Export
 
 TOP_LEVEL_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "bf16", "fp16", "zero_optimization", "activation_checkpointing",
-                  "steps_per_print", "wall_clock_breakdown", "pipeline", "sequence_parallel_size"}
+                  "steps_per_print", "wall_clock_breakdown", "pipeline", "sequence_parallel_size", "tensor_parallel"}
 
 
-def ds_config(plan: Plan) -> tuple[dict, list[str]]:
-    warn: list[str] = []
-    if plan.tp > 1:
-        raise PartitaError(f"tp={plan.tp}: a ds_config cannot express Megatron-style tensor parallelism; "
-                           "export to megatron, or re-plan with --tp 1")
+def _check_expressible(plan: Plan) -> None:
     if plan.layer_split and len(set(plan.layer_split)) > 1:
         raise PartitaError("an uneven layer split cannot be expressed in DeepSpeed's PipelineModule "
                            "(no explicit boundary list); re-plan with an even split or export to megatron")
@@ -35,6 +38,14 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     if plan.cp > 1:
         raise PartitaError("cp > 1: ring context parallelism is not a ds_config option (Ulysses is a different "
                            "algorithm); export to megatron or torchtitan")
+    if plan.pp > 1 and plan.zero >= 2:
+        raise PartitaError(f"zero={plan.zero} with pp={plan.pp}: DeepSpeed's pipeline engine asserts ZeRO-2 and "
+                           "ZeRO-3 are incompatible with pipeline parallelism; re-plan with --zero 1 or --pp 1")
+
+
+def ds_config(plan: Plan) -> tuple[dict, list[str]]:
+    _check_expressible(plan)
+    warn: list[str] = []
     cfg: dict = {
         "train_batch_size": plan.gbs,
         "train_micro_batch_size_per_gpu": plan.mbs,
@@ -44,6 +55,10 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
                               "contiguous_gradients": True},
         "steps_per_print": 10,
     }
+    if plan.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": plan.tp}
+        warn.append(f"tp={plan.tp}: DeepSpeed AutoTP training (tensor_parallel.autotp_size) shards the model's "
+                    "linear layers automatically; sequence parallel and TP comm overlap are not expressed")
     if plan.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif plan.dtype == "fp16":
@@ -58,6 +73,8 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
                     + (" (whole-block, i.e. full recompute; no op-level selective policy)" if plan.recompute == "selective" else ""))
     if plan.pp > 1:
         cfg["pipeline"] = {"stages": plan.pp, "partition": "uniform"}
+        warn.append(f"pp={plan.pp}: DeepSpeed takes the pipeline degree from PipelineModule(num_stages={plan.pp}, "
+                    "partition_method='uniform') in your model code; ds_config's pipeline.stages is not read by it")
         if plan.schedule != "1f1b":
             warn.append(f"schedule={plan.schedule}: DeepSpeed pipelines run 1F1B; emitted 1F1B")
     unknown = set(cfg) - TOP_LEVEL_KEYS
