@@ -1,0 +1,370 @@
+"""The cost model against figures torch measured on the reference models (issue 12, item 1).
+
+The oracle figures live in ``tests/data/cost_oracles.json``, written by
+``python bench/record_cost_oracles.py`` (its docstring gives every convention) and kept
+current by ``tests/test_cost_oracles_current.py``. This module never imports torch: it
+builds the same configurations as :class:`ModelSpec` + :class:`Plan` and asks the cost
+model's public functions for the same quantity.
+
+Tolerances (the figures are integers counted from real tensors or shapes):
+
+* FLOPs and parameter/gradient/optimizer bytes: exact (relative 1e-12, float rounding
+  only) - both are closed-form in the shapes. The one conversion is the causal mask: the
+  FLOP counter counts attention over the full ``s x s`` scores, a causal mask keeps
+  ``s(s+1)/2`` of them, so the causal figure is ``full * (s+1)/(2s)`` exactly.
+* ZeRO-1 optimizer bytes per rank: the runtime gives each rank whole parameters (greedy
+  by size), so a rank's share differs from the even split by less than the state of the
+  largest parameter; the sum over the ranks is exact.
+* Activation bytes: exact up to :data:`ACT_SLACK` bytes per layer (a MoE block keeps its
+  load-balancing loss, a 4-byte scalar, which the cost model omits).
+
+Each comparison is a function returning (cost model, oracle). A case where they disagree
+beyond the tolerance is listed in :data:`DISCREPANCIES` with its cause and marked
+``xfail(strict=True)``, the reason carrying the two numbers: when the formula is fixed
+the case passes, the strict xfail fails, and the entry is removed.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from partita.cost.compute import embedding_forward, layer_forward, output_forward
+from partita.cost.memory import activation_bytes, memory_parts, rank_shapes
+from partita.cost.shape import LayerShape
+from partita.cost.step import stage_terms
+from partita.plan import Plan
+from partita.spec.hardware import make_cluster
+from partita.spec.model import load_model
+
+DATA = json.loads((Path(__file__).resolve().parent / "data" / "cost_oracles.json").read_text())
+CLUSTER = make_cluster("h100-sxm", devices=8)
+DEVICE = CLUSTER.device
+EXACT = 1e-12
+ACT_SLACK = 4  # bytes per layer: the MoE load-balancing loss scalar (module state the cost model omits)
+
+
+@lru_cache(maxsize=None)
+def spec(name: str):
+    return load_model(name)
+
+
+def _moe(name: str) -> bool:
+    return spec(name).moe is not None
+
+
+def _shape(case: dict) -> LayerShape:
+    return LayerShape(tp=case["tp"], cp=1, ep=1, mbs=case["mbs"], seq_len=case["seq_len"], sp=case.get("sp", False),
+                      dtype=case.get("dtype", "fp32"))
+
+
+def _causal(full: float, seq: int) -> float:
+    """Attention FLOPs under a causal mask from the counter's full ``s x s`` count."""
+    return full * (seq + 1) / (2 * seq)
+
+
+def _plan(case: dict, recompute: str) -> Plan:
+    return Plan(tp=case["tp"], mbs=case["mbs"], gbs=case["mbs"], seq_len=case["seq_len"], sp=False, dtype="fp32",
+                recompute=recompute)
+
+
+def _terms(case: dict, recompute: str):
+    """(layer, embedding, output) per-micro-batch stage terms of the case's layer kind."""
+    kinds, _ = stage_terms(spec(case["model"]), CLUSTER, _plan(case, recompute))
+    return kinds.moe if _moe(case["model"]) else kinds.dense, kinds.embedding, kinds.output
+
+
+# ----------------------------------------------------------------------------- FLOPs
+FLOPS = {f"{c['model']}-s{c['seq_len']}-b{c['mbs']}-tp{c['tp']}": c for c in DATA["flops"]}
+
+
+def gemm_flops(c: dict) -> tuple[float, float]:
+    """Projections + MLP (or router + routed experts + shared experts): 2mkn per GEMM."""
+    f = c["layer_forward"]
+    ffn = f["router"] + f["experts"] + f["shared"] + f["moe_other"] if "experts" in f else f["mlp"]
+    cost = layer_forward(spec(c["model"]), DEVICE, _shape(c), _moe(c["model"])).gemm_flops
+    return cost, f["attention_proj"] + ffn
+
+
+def attention_flops(c: dict) -> tuple[float, float]:
+    """QK^T and AV under the causal mask (GQA: K/V shared by groups of query heads)."""
+    cost = layer_forward(spec(c["model"]), DEVICE, _shape(c), _moe(c["model"])).attn_flops
+    return cost, _causal(c["layer_forward"]["attention_core_full"], c["seq_len"])
+
+
+def output_flops(c: dict) -> tuple[float, float]:
+    """Output layer (tp-local vocab GEMM) + loss (0: element-wise), forward."""
+    return output_forward(spec(c["model"]), DEVICE, _shape(c)).flops, c["output_forward"] + c["loss_forward"]
+
+
+def embedding_flops(c: dict) -> tuple[float, float]:
+    """The embedding is a gather: 0 GEMM FLOPs forward and backward."""
+    return _terms(c, "none")[1].flops, c["embedding_forward"] + c["embedding_backward"]
+
+
+def output_train_flops(c: dict) -> tuple[float, float]:
+    """Output layer and loss, forward + backward (2 GEMMs per forward GEMM)."""
+    oracle = c["output_forward"] + c["output_backward"] + c["loss_forward"] + c["loss_backward"]
+    return _terms(c, "none")[2].flops, oracle
+
+
+def train_flops(c: dict, recompute: str) -> tuple[float, float]:
+    """A layer's forward + backward (+ recomputation) FLOPs per micro-batch - the stage
+    term the step time is built from - against the runtime's kernels with its recompute
+    applied: the GEMMs, and the flash kernel (backward 2.5x forward) made causal."""
+    measured = c["layer_train"][recompute]
+    return _terms(c, recompute)[0].flops, measured["gemm"] + _causal(measured["attention_full"], c["seq_len"])
+
+
+# ----------------------------------------------------------------------------- activations
+ACTS = {f"{c['model']}-s{c['seq_len']}-b{c['mbs']}-tp{c['tp']}-{c['dtype']}-{c['recompute']}": c
+        for c in DATA["activations"]}
+
+
+def activations(c: dict) -> tuple[float, float]:
+    """Bytes one layer keeps for backward per micro-batch, as the runtime runs it."""
+    return activation_bytes(spec(c["model"]), _shape(c), c["recompute"], _moe(c["model"])), c["bytes"]
+
+
+# ----------------------------------------------------------------------------- model states
+STATES = {f"{c['model']}-{c['plan'].split(',gbs')[0].replace(',', '-')}-w{c['world']}": c for c in DATA["model_states"]}
+
+
+def _state_plan(c: dict) -> Plan:
+    return Plan.parse(c["plan"], world_size=c["world"])
+
+
+def _cost_parts(c: dict, pp_rank: int):
+    plan, model = _state_plan(c), spec(c["model"])
+    setting = (plan.recompute, plan.zero)
+    return memory_parts(model, DEVICE, plan, pp_rank, rank_shapes(model, plan)[pp_rank], [setting])[setting]
+
+
+def _held_weights(c: dict, r: dict) -> int:
+    """Weights a rank holds while it trains: FSDP's zero 2 keeps the gathered parameters
+    from forward to backward (measured at the end of the forward); ZeRO-3's gathered
+    layers are the cost model's separate ``zero3_gathered`` part, so at rest there."""
+    return r["weights_after_forward"] if _state_plan(c).zero == 2 else r["weights"]
+
+
+def state_part(c: dict, part: str) -> tuple[float, float]:
+    """One model-state part summed over the ranks (each rank's own pipeline shape)."""
+    held = {"weights": _held_weights, "gradients": lambda c, r: r["gradients"],
+            "optimizer": lambda c, r: r["optimizer"]}[part]
+    cost = sum(getattr(_cost_parts(c, r["pp_rank"]), part) for r in c["ranks"])
+    return cost, sum(held(c, r) for r in c["ranks"])
+
+
+def state_total(c: dict) -> tuple[float, float]:
+    """Weights + gradients + optimizer over the ranks: where the split differs by
+    convention (bf16: the cost model counts Megatron's bf16 weights and the fp32 master in
+    the optimizer; FSDP keeps the fp32 shard as the parameter) the total still must match."""
+    return sum(state_part(c, part)[0] for part in ("weights", "gradients", "optimizer")), \
+        sum(state_part(c, part)[1] for part in ("weights", "gradients", "optimizer"))
+
+
+def rank_totals(c: dict) -> list[tuple[float, float]]:
+    """(cost model, held) weights + gradients + optimizer of each rank."""
+    out = []
+    for r in c["ranks"]:
+        cost = _cost_parts(c, r["pp_rank"])
+        out.append((cost.weights + cost.gradients + cost.optimizer, _held_weights(c, r) + r["gradients"] + r["optimizer"]))
+    return out
+
+
+def _worst_rank(c: dict) -> tuple[float, float]:
+    return max(rank_totals(c), key=lambda pair: abs(pair[0] - pair[1]))
+
+
+def _largest_param_state(c: dict) -> float:
+    """AdamW bytes (fp32 m and v) of the largest single parameter a rank may own."""
+    m, plan = spec(c["model"]), _state_plan(c)
+    largest = max(m.vocab * m.hidden, m.hidden * m.ffn_hidden, m.hidden * m.q_dim) / plan.tp
+    if m.moe:
+        largest = max(largest, m.moe.num_experts // plan.ep * m.hidden * m.moe.expert_ffn_hidden)
+    return 8 * largest
+
+
+# ----------------------------------------------------------------------------- known discrepancies
+_UNFUSED = ("the reference model is unfused where the cost model assumes fused kernels: nn.RMSNorm saves x*rstd and "
+            "rstd besides its input (bf16: an fp32 copy of the input, x*rstd and rstd, all fp32), SDPA saves K and "
+            "V after repeat_interleave at the query width (GQA), SiLU saves its output besides w1's")
+_MOE_SAC = ("selective recompute of the MoE block depends on routing: the policy saves every other expert matmul in "
+            "execution order, so the kept bytes follow the per-expert token counts, and torch's checkpoint stops "
+            "recomputing after the last needed tensor; the cost model assumes half of a balanced top-k")
+_FULL_EARLY_STOP = ("torch's non-reentrant checkpoint stops the recomputation once the last saved tensor is rebuilt "
+                    "(set_checkpoint_early_stop, default on), so full recompute skips the layer's last GEMM (w2 / the "
+                    "last expert matmul); the cost model recomputes the whole forward (Megatron)")
+_MOE_SELECTIVE_FLOPS = ("MoE selective recompute FLOPs follow routing (every other expert matmul in execution order, "
+                        "unequal token counts) and early stop skips the shared expert's w2; the cost model assumes "
+                        "half of the expert FLOPs")
+_TP_NORMS = ("tensor parallel replicates the RMSNorm weights (SequenceParallel / Megatron), the cost model divides "
+             "them by tp (memory.shape_params divides every dense parameter by tp)")
+_TP_EMBED_GRAD = ("and the runtime's vocab-parallel embedding holds a gradient twice its local shard (a runtime "
+                  "matter: report to the runtime owner)")
+_FSDP_ZERO2 = ("FSDP2 zero 2 (reshard_after_forward=False) holds the fp32 shard and the gathered fp32 parameters "
+               "from forward to backward; the cost model counts the gathered weights only")
+_AUTOCAST = ("the runtime's bf16 with zero 0 runs autocast over fp32 parameters (4 B weights + 8 B AdamW per "
+             "parameter); the cost model counts Megatron's bf16 weights + fp32 master and moments (2 + 12 B)")
+
+
+#: MoE selective-recompute activation cases whose routing is unbalanced enough to show
+#: (a fixed list: marks never follow the cost model's current answer)
+_MOE_SAC_CASES = {"tiny-moe-s64-b2-tp1-fp32-selective", "tiny-moe-s64-b2-tp1-bf16-selective"}
+
+
+def _discrepancies() -> dict[str, tuple[Callable[[], tuple[float, float]], str]]:
+    """Case id -> (comparison, cause) for every known disagreement."""
+    out: dict[str, tuple[Callable[[], tuple[float, float]], str]] = {}
+    for key, c in FLOPS.items():
+        if _moe(c["model"]):
+            out[f"train-selective-{key}"] = (lambda c=c: train_flops(c, "selective"), _MOE_SELECTIVE_FLOPS)
+        out[f"train-full-{key}"] = (lambda c=c: train_flops(c, "full"), _FULL_EARLY_STOP)
+    for key, c in ACTS.items():
+        if c["recompute"] == "none":
+            out[f"act-{key}"] = (lambda c=c: activations(c), _UNFUSED)
+        elif key in _MOE_SAC_CASES:
+            out[f"act-{key}"] = (lambda c=c: activations(c), _MOE_SAC)
+    for key, c in STATES.items():
+        plan = _state_plan(c)
+        total = None
+        if plan.tp > 1:
+            out[f"states-weights-{key}"] = (lambda c=c: state_part(c, "weights"), _TP_NORMS)
+            out[f"states-gradients-{key}"] = (lambda c=c: state_part(c, "gradients"), _TP_NORMS + ", " + _TP_EMBED_GRAD)
+            out[f"states-optimizer-{key}"] = (lambda c=c: state_part(c, "optimizer"), _TP_NORMS)
+            total = _TP_NORMS + ", " + _TP_EMBED_GRAD
+        if plan.zero == 2 and plan.dtype == "fp32":  # (bf16: the fp32 shard is the master the cost model counts)
+            total = _FSDP_ZERO2
+            out[f"states-weights-{key}"] = (lambda c=c: state_part(c, "weights"), _FSDP_ZERO2)
+        if plan.zero == 0 and plan.dtype == "bf16":
+            total = _AUTOCAST
+        if total:
+            out[f"total-{key}"] = (lambda c=c: state_total(c), total)
+            if not (plan.zero == 1 and plan.dp > 1):  # ZeRO-1's per-rank slack covers the tp difference
+                out[f"rank-{key}"] = (lambda c=c: _worst_rank(c), total + " (worst rank)")
+    return out
+
+
+DISCREPANCIES = _discrepancies()
+
+
+def _param(case_id: str):
+    if case_id in DISCREPANCIES:
+        compare, cause = DISCREPANCIES[case_id]
+        cost, oracle = compare()
+        reason = f"{cause}: cost model {cost:.0f}, torch {oracle:.0f} ({(cost - oracle) / oracle:+.1%})"
+        return pytest.param(case_id, marks=pytest.mark.xfail(strict=True, reason=reason), id=case_id)
+    return pytest.param(case_id, id=case_id)
+
+
+def _ids(prefix: str, keys) -> list:
+    return [_param(f"{prefix}-{k}") for k in keys]
+
+
+# ----------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("case_id", _ids("gemm", FLOPS))
+def test_layer_gemm_flops(case_id):
+    cost, oracle = gemm_flops(FLOPS[case_id.removeprefix("gemm-")])
+    assert cost == pytest.approx(oracle, rel=EXACT)
+
+
+@pytest.mark.parametrize("case_id", _ids("attention", FLOPS))
+def test_attention_core_flops(case_id):
+    cost, oracle = attention_flops(FLOPS[case_id.removeprefix("attention-")])
+    assert cost == pytest.approx(oracle, rel=EXACT)
+
+
+@pytest.mark.parametrize("case_id", _ids("ends", FLOPS))
+def test_embedding_output_and_loss_flops(case_id):
+    c = FLOPS[case_id.removeprefix("ends-")]
+    assert embedding_forward(spec(c["model"]), DEVICE, _shape(c)).flops == c["embedding_forward"] == 0
+    for compare in (output_flops, embedding_flops, output_train_flops):
+        cost, oracle = compare(c)
+        assert cost == pytest.approx(oracle, rel=EXACT), compare.__name__
+
+
+@pytest.mark.parametrize("case_id", _ids("train", [f"{rc}-{k}" for k in FLOPS for rc in ("none", "selective", "full")]))
+def test_layer_train_flops(case_id):
+    rc, key = case_id.removeprefix("train-").split("-", 1)
+    cost, oracle = train_flops(FLOPS[key], rc)
+    assert cost == pytest.approx(oracle, rel=EXACT), f"cost model {cost:.0f}, torch {oracle:.0f}"
+
+
+@pytest.mark.parametrize("case_id", _ids("act", ACTS))
+def test_activation_bytes(case_id):
+    cost, oracle = activations(ACTS[case_id.removeprefix("act-")])
+    assert abs(cost - oracle) <= ACT_SLACK, f"cost model {cost:.0f} B, torch {oracle} B"
+
+
+def unfused_dense_extra(c: dict) -> float:
+    """Bytes the unfused reference layer (dense, recompute none) saves beyond the cost
+    model's fused-kernel accounting, per the saved-tensor listing of one layer:
+
+    * each of the two ``nn.RMSNorm`` (computed in fp32) saves ``x * rstd`` (4h B) and
+      ``rstd`` (4 B); in bf16 it saves an fp32 copy of its input where the cost model
+      counts the bf16 input: ``(8 - e) h + 4`` B per token and norm;
+    * GQA's ``repeat_interleave`` makes SDPA save K and V at the query width:
+      ``2 (q - kv) e / tp``;
+    * SiLU saves its output besides w1's: ``f e / tp``.
+    """
+    m, e, tp = spec(c["model"]), {"fp32": 4, "bf16": 2}[c["dtype"]], c["tp"]
+    per_token = 2 * ((8 - e) * m.hidden + 4) + (2 * (m.q_dim - m.kv_dim) + m.ffn_hidden) * e / tp
+    return c["mbs"] * c["seq_len"] * per_token
+
+
+@pytest.mark.parametrize("case_id", [k for k, c in ACTS.items() if c["recompute"] == "none" and not _moe(c["model"])])
+def test_activation_bytes_unfused_dense(case_id):
+    """With recompute none the reference model saves more than the fused kernels the cost
+    model assumes (the xfails above); the difference is exactly the documented unfused
+    extras, so the cost model's own terms are still pinned for these cases."""
+    c = ACTS[case_id]
+    cost, oracle = activations(c)
+    assert cost + unfused_dense_extra(c) == pytest.approx(oracle, rel=EXACT), (cost, oracle)
+
+
+def test_activation_oracles_agree():
+    """The liveness count and the saved-tensor hooks agree where both see everything
+    (recompute none): the oracle is not an artefact of one counting method."""
+    for c in ACTS.values():
+        if c["recompute"] == "none":
+            assert abs(c["bytes"] - c["saved_hooks_bytes"]) <= ACT_SLACK, c
+
+
+@pytest.mark.parametrize("case_id", _ids("states", [f"{part}-{k}" for k, c in STATES.items() if "dtype=fp32" in c["plan"]
+                                                    for part in ("weights", "gradients", "optimizer")]))
+def test_model_state_part(case_id):
+    """Weights, gradients and AdamW state summed over the ranks, exactly (fp32: with bf16
+    the parts split by convention, see :func:`test_model_state_total`)."""
+    part, key = case_id.removeprefix("states-").split("-", 1)
+    cost, oracle = state_part(STATES[key], part)
+    assert cost == pytest.approx(oracle, rel=EXACT), f"cost model {cost:.0f} B, ranks hold {oracle} B"
+
+
+@pytest.mark.parametrize("case_id", _ids("rank", STATES))
+def test_model_states_per_rank(case_id):
+    """Every rank holds its own share (its pipeline stage, its tp/ep/dp shard): weights +
+    gradients + optimizer per rank, exactly, or within one parameter's AdamW state under
+    ZeRO-1 (the runtime's whole-parameter ownership)."""
+    c = STATES[case_id.removeprefix("rank-")]
+    plan = _state_plan(c)
+    slack = _largest_param_state(c) if plan.zero == 1 and plan.dp > 1 else 0
+    for cost, oracle in rank_totals(c):
+        assert abs(cost - oracle) <= slack + EXACT * oracle, f"cost model {cost:.0f} B, rank holds {oracle} B"
+
+
+@pytest.mark.parametrize("case_id", _ids("total", STATES))
+def test_model_state_total(case_id):
+    cost, oracle = state_total(STATES[case_id.removeprefix("total-")])
+    assert cost == pytest.approx(oracle, rel=EXACT), f"cost model {cost:.0f} B, ranks hold {oracle} B"
+
+
+def test_recording_covers_the_terms():
+    """The data file holds every kind of figure the tests above rely on."""
+    assert DATA["torch"] and len(FLOPS) >= 10 and len(ACTS) >= 30 and len(STATES) >= 15
+    kinds = {(c["model"], c["tp"]) for c in DATA["flops"]}
+    assert {("tiny-llama", 2), ("small-llama", 4), ("tiny-moe", 1)} <= kinds
+    assert {c["recompute"] for c in DATA["activations"]} == {"none", "selective", "full"}
+    assert {_state_plan(c).zero for c in DATA["model_states"]} == {0, 1, 2, 3}
