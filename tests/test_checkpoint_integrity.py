@@ -352,8 +352,10 @@ def _newest_verified(pm, snaps: dict, master: Path, work: Path) -> dict:
 
 def _plain_load(pm, path: Path, snaps: dict) -> dict:
     """What DCP alone does with the flipped file: loads it, no error, other values."""
-    from partita.runtime.checkpoint import load_checkpoint, state_for_checkpoint
-    from partita.runtime.checkpoint_integrity import first_nonfinite
+    import torch
+
+    from partita.runtime.checkpoint import load_checkpoint
+    from partita.runtime.checkpoint_integrity import gather
     _set_state(pm, snaps["A"])
     try:
         load_checkpoint(pm, path)
@@ -361,7 +363,7 @@ def _plain_load(pm, path: Path, snaps: dict) -> dict:
     except BaseException:  # noqa: BLE001 - recording whether it raised at all
         raised = True
     return {"plain_load_raised": raised, "plain_load_equal_B": _equal_everywhere(pm, snaps["B"]),
-            "plain_load_finite": first_nonfinite(state_for_checkpoint(pm)) is None}
+            "plain_load_finite": all(gather(all(bool(torch.isfinite(t).all()) for t in _snapshot(pm).values())))}
 
 
 def _keep_cases(pm, snaps: dict, master: Path, work: Path) -> dict:

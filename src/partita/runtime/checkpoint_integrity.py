@@ -1,9 +1,9 @@
 """Checking a checkpoint before trusting it: files against the manifest, tensors finite.
 
-Every function here that takes no ``rank``/``world`` argument is *collective*: all ranks
-of the default process group call it and all get the same answer (the per-rank results
-are combined with ``all_gather_object``), so no rank goes on with a checkpoint another
-rank rejected.
+The functions whose docstring says *collective* are called by all ranks of the default
+process group, and all get the same answer (the per-rank results are combined with
+``all_gather_object``, or an all-reduce of a flag when no rank has anything to report),
+so no rank goes on with a checkpoint another rank rejected.
 
 File verification is split across ranks: the manifest's files are dealt out largest
 first to the least-loaded rank (the LPT rule, Graham 1969, "Bounds on multiprocessing
@@ -148,14 +148,6 @@ def nonfinite_names(state: dict[str, torch.Tensor], plain_by_rank: list[list[str
     unless every rank's :func:`plain_keys` are given."""
     keys = _checked_here(state, plain_by_rank)
     return [keys[i] for i in nonfinite_tensors([state[k] for k in keys])]
-
-
-def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:
-    """Collective: the first tensor name (in rank order) that is not finite on some rank, or None."""
-    for per_rank in gather(nonfinite_names(state)):
-        if per_rank:
-            return per_rank[0]
-    return None
 
 
 def quarantine(path: Path, reason: str, report: Report | None) -> Path:
