@@ -25,6 +25,14 @@ recompute  none | selective (recompute attention core) | full (store only each
            layer's input) [Korthikanti et al. 2022]
 dtype      bf16 | fp16 | fp8 (GEMMs in fp8, the rest bf16) | fp32
 schedule   1f1b | gpipe | interleaved-1f1b | zero-bubble
+grad_accum_mode
+           with zero 2/3 and gradient accumulation: ``sharded`` (default) reduce-
+           scatters every micro-batch into the gradient shard (gradients held:
+           1/dp; traffic: one reduce-scatter per micro-batch); ``unsharded`` keeps
+           the full gradient until the last micro-batch and reduces once (gradients
+           held: full; traffic: one reduce-scatter per step) [FSDP2
+           ``set_requires_gradient_sync``]. zero 0/1 ignore it (they hold full
+           gradients and all-reduce once per step).
 =========  ===================================================================
 
 The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
@@ -46,7 +54,10 @@ MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+GRAD_ACCUM_MODES = ("sharded", "unsharded")
 PLAN_FORMAT = "partita.plan/1"
+#: Fields written to JSON only when set to something else than this default.
+_OPTIONAL_DEFAULTS: dict[str, object] = {"grad_accum_mode": "sharded"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,9 @@ class Plan:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    # Fields added after format partita.plan/1 was fixed: to_dict writes each only when it
+    # differs from its default (:data:`_OPTIONAL_DEFAULTS`), so existing plans keep their JSON.
+    grad_accum_mode: str = "sharded"
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -114,12 +128,17 @@ class Plan:
         parts.append(f"mbs{self.mbs}x{self.grad_accum}")
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
+        if self.grad_accum_mode != "sharded" and self.zero >= 2 and self.grad_accum > 1:
+            parts.append("ga-unsharded")
         return " ".join(parts)
 
     # ------------------------------------------------------------ io
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["layer_split"] = list(self.layer_split) if self.layer_split else None
+        for name, default in _OPTIONAL_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         return {"format": PLAN_FORMAT, **d, "grad_accum": self.grad_accum}
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -252,6 +271,8 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"grad_dtype must be fp32 or bf16, got {plan.grad_dtype!r}")
     if plan.schedule not in SCHEDULES:
         errs.append(f"schedule must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
+    if plan.grad_accum_mode not in GRAD_ACCUM_MODES:
+        errs.append(f"grad_accum_mode must be sharded or unsharded, got {plan.grad_accum_mode!r}")
     if world_size is not None and plan.world_size != world_size:
         errs.append(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} "
                     f"must equal the device count {world_size}")

@@ -2,8 +2,13 @@
 
 Run under torchrun: every rank trains the plan with :func:`parallelize`, and also the
 reference (one process, whole global batch split into the same micro-batches) - cheap for
-the tiny models this is for - then compares the per-step losses and its own parameters
-with the reference's. Used by the test-suite and by ``partita train --check``.
+the tiny models this is for - then compares the per-step losses, its own parameters and
+its own optimizer state (momentum buffers, Adam moments) with the reference's, shard by
+shard: each rank checks exactly the slice of every tensor it holds. Used by the
+test-suite and by ``partita train --check``.
+
+A case is ``MODEL[@OPTIMIZER]:PLAN``; OPTIMIZER is ``momentum`` (SGD, momentum 0.9, the
+default), ``sgd`` (no state) or ``adamw``.
 """
 from __future__ import annotations
 
@@ -11,16 +16,25 @@ import json
 import os
 import sys
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..models.llama import build_model
 from ..plan import Plan
 from .batches import dp_shard, synthetic_batch
+from .memory import held_gradient_bytes
 from .modules import aux_loss, logits, vocab_size
 from .parallelize import cross_entropy, parallelize
+
+#: optimizer name -> (factory of params, what its state holds per parameter)
+OPTIMIZERS: dict[str, Callable[[list], torch.optim.Optimizer]] = {
+    "momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.5, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False),
+}
 
 
 def make_model(name: str, seed: int):
@@ -30,11 +44,12 @@ def make_model(name: str, seed: int):
     return build_model(name, seed=seed)
 
 
-def reference_run(model_name: str, plan: Plan, steps: int, seed: int, lr: float, max_grad_norm: float | None):
+def reference_run(model_name: str, plan: Plan, steps: int, seed: int, optimizer: str, max_grad_norm: float | None):
     """Single-process training: the loss of each (dp rank, micro-batch) chunk averaged, as
-    the parallel run computes it (equal to the global mean for dense models)."""
+    the parallel run computes it (equal to the global mean for dense models). Returns the
+    losses, the parameters and the optimizer state, both by parameter name."""
     model = make_model(model_name, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = OPTIMIZERS[optimizer](list(model.parameters()))
     losses = []
     for step in range(steps):
         x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab_size(model), seed)
@@ -49,49 +64,98 @@ def reference_run(model_name: str, plan: Plan, steps: int, seed: int, lr: float,
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    return losses, dict(model.named_parameters())
+    params = dict(model.named_parameters())
+    state = {name: opt.state[p] for name, p in params.items() if p in opt.state}
+    return losses, params, state
 
 
-def run_case(model_name: str, plan_text: str, steps: int = 5, seed: int = 0, lr: float = 0.5,
-             max_grad_norm: float | None = 1.0) -> dict:
-    world, rank = dist.get_world_size(), dist.get_rank()
-    plan = Plan.parse(plan_text, world_size=world, defaults={"dtype": "fp32"})
-    model = make_model(model_name, seed)
-    pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=lr), max_grad_norm=max_grad_norm)
-    losses = []
-    for step in range(steps):
-        x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab_size(model), seed)
-        losses.append(pm.train_step(dp_shard(x, plan, rank), dp_shard(y, plan, rank)))
-    ref_losses, ref_params = reference_run(model_name, plan, steps, seed, lr, max_grad_norm)
-    loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
-    param_diff = 0.0
-    compared = 0
+def _optimizer_state(optimizer, p: torch.Tensor) -> dict | None:
+    """The state ``optimizer`` (possibly a combination of sharded optimizers) keeps for ``p``."""
+    for part in getattr(optimizer, "parts", [optimizer]):
+        inner = getattr(part, "optimizer", part)
+        if inner is not None and p in getattr(inner, "state", {}):
+            return inner.state[p]
+    return None
+
+
+def _my_slice(ref: torch.Tensor, held: torch.Tensor, pm, is_expert: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the part of the reference tensor ``ref`` this rank holds, that held part as a plain tensor).
+
+    DTensors (tp, FSDP) are cut with their own placements and no communication
+    (``distribute_tensor(..., src_data_rank=None)``: each rank takes its local chunk);
+    experts are cut along dim 0 by the ep rank."""
+    if isinstance(held, DTensor):
+        mine = distribute_tensor(ref.detach().to(held.dtype), held.device_mesh, held.placements, src_data_rank=None)
+        return mine.to_local(), held.to_local()
+    if is_expert:
+        n = held.shape[0]
+        r = dist.get_rank(pm.ep_group)
+        return ref[r * n:(r + 1) * n], held
+    return ref, held
+
+
+def compare(pm, ref_params: dict, ref_state: dict) -> dict:
+    """Largest absolute difference of this rank's parameters and optimizer state from the
+    reference, and how much of the optimizer state it holds: per-parameter state elements
+    (averaged over the state's tensors: momentum; Adam's two moments) over the model's
+    parameter count - 1 unsharded, 1/dp with ZeRO-1/2/3 over dp ranks."""
+    param_diff = state_diff = 0.0
+    compared = state_compared = 0
+    state_numel = 0.0
     for mod in pm.modules:
         for name, p in mod.named_parameters():
             name = name.removeprefix("module.")
-            ref = ref_params[name]
-            value = p.full_tensor() if isinstance(p, DTensor) else p
-            value = value.detach().float().cpu()
-            if getattr(p, "_partita_expert", False):
-                ep_rank = dist.get_rank(pm.ep_group)
-                n = value.shape[0]
-                ref = ref[ep_rank * n:(ep_rank + 1) * n]
-            param_diff = max(param_diff, float((value - ref.detach()).abs().max()))
+            expert = getattr(p, "_partita_expert", False)
+            ref, mine = _my_slice(ref_params[name], p, pm, expert)
+            param_diff = max(param_diff, float((mine.detach().float().cpu() - ref.detach().float()).abs().max()))
             compared += 1
-    out = torch.tensor([loss_diff, param_diff], dtype=torch.float64)
+            state = _optimizer_state(pm.optimizer, p) or {}
+            tensors = {k: v for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0}
+            for key, value in tensors.items():
+                ref_v, mine_v = _my_slice(ref_state[name][key], value, pm, expert)
+                state_diff = max(state_diff, float((mine_v.float().cpu() - ref_v.float()).abs().max()))
+                state_compared += 1
+                state_numel += mine_v.numel() / len(tensors)
+    total = sum(p.numel() for p in ref_params.values())
+    return {"param_diff": param_diff, "state_diff": state_diff, "compared": compared,
+            "state_compared": state_compared, "state_fraction": state_numel / total}
+
+
+def run_case(case: str, steps: int = 5, seed: int = 0, max_grad_norm: float | None = 1.0) -> dict:
+    model_part, plan_text = case.split(":", 1)
+    model_name, _, optimizer = model_part.partition("@")
+    optimizer = optimizer or "momentum"
+    world = dist.get_world_size()
+    plan = Plan.parse(plan_text, world_size=world, defaults={"dtype": "fp32"})
+    model = make_model(model_name, seed)
+    model_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    pm = parallelize(model, plan, make_optimizer=OPTIMIZERS[optimizer], max_grad_norm=max_grad_norm)
+    held: list[int] = []
+    pm.micro_batch_hook = lambda i: held.append(held_gradient_bytes(pm.modules)) if i < plan.grad_accum - 1 else None
+    losses = []
+    for step in range(steps):
+        x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab_size(model), seed)
+        losses.append(pm.train_step(dp_shard(x, plan, dist.get_rank()), dp_shard(y, plan, dist.get_rank())))
+    ref_losses, ref_params, ref_state = reference_run(model_name, plan, steps, seed, optimizer, max_grad_norm)
+    loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
+    c = compare(pm, ref_params, ref_state)
+    out = torch.tensor([loss_diff, c["param_diff"], c["state_diff"], max(held, default=0), c["state_fraction"]],
+                       dtype=torch.float64)
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return {"plan": plan.summary(), "losses": losses, "reference": ref_losses, "loss_rel_diff": float(out[0]),
-            "param_abs_diff": float(out[1]), "params_compared_rank0": compared}
+    return {"plan": plan.summary(), "optimizer": optimizer, "losses": losses, "reference": ref_losses,
+            "loss_rel_diff": float(out[0]), "param_abs_diff": float(out[1]), "state_abs_diff": float(out[2]),
+            "params_compared_rank0": c["compared"], "state_compared_rank0": c["state_compared"],
+            "state_fraction_max": float(out[4]), "grad_bytes_between_micro_batches_max": int(out[3]),
+            "model_param_bytes": model_param_bytes, "dp": plan.dp, "grad_accum": plan.grad_accum}
 
 
 def main() -> None:
-    """``torchrun ... -m partita.runtime.equivalence OUT.json MODEL:PLAN [MODEL:PLAN ...]``"""
+    """``torchrun ... -m partita.runtime.equivalence OUT.json CASE [CASE ...]``"""
     out_path, cases = sys.argv[1], sys.argv[2:]
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     results = {}
     for case in cases:
-        model_name, plan_text = case.split(":", 1)
-        results[case] = run_case(model_name, plan_text)
+        results[case] = run_case(case)
         dist.barrier()
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:

@@ -52,6 +52,10 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
         errs.append("ep > 1 runs with tp = 1, pp = 1 and zero 0/1 in this runtime")
     if moe and plan.pp > 1:
         errs.append("pipeline parallel with a MoE model is not implemented by the runtime yet")
+    if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
+            and plan.grad_accum_mode == "sharded":
+        errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
+                    "pass grad_accum_mode=unsharded")
     if plan.dtype == "fp16" and plan.zero >= 1 and plan.dp > 1:
         errs.append("fp16 with loss scaling runs with zero 0 in this runtime (use bf16 with sharded optimizers/FSDP)")
     if errs:
@@ -82,6 +86,8 @@ class ParallelModel:
     pp_group: dist.ProcessGroup | None = None
     dp_group: dist.ProcessGroup | None = None
     ep_group: dist.ProcessGroup | None = None
+    #: called as ``hook(i)`` after micro-batch ``i``'s backward (tests measure what is held there)
+    micro_batch_hook: Callable[[int], None] | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -122,8 +128,8 @@ class ParallelModel:
         m = self.plan.grad_accum
         total = 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
-            if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(i == m - 1)
+            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (zero 2/3)
+                model.set_requires_gradient_sync(reduce_every_micro_batch(self.plan) or i == m - 1)
             sync = model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) and i < m - 1 \
                 else contextlib.nullcontext()
             with sync:
@@ -137,6 +143,8 @@ class ParallelModel:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             total += float(loss.detach().float()) / m
+            if self.micro_batch_hook is not None:
+                self.micro_batch_hook(i)
         return total
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
@@ -206,6 +214,13 @@ class ParallelModel:
         if self.pp_group is not None and dist.get_world_size(self.pp_group) > 1:
             dist.all_reduce(total, group=self.pp_group)
         return math.sqrt(float(total.item()))
+
+
+def reduce_every_micro_batch(plan: Plan) -> bool:
+    """Sharded gradient accumulation (``grad_accum_mode="sharded"``, zero 2/3): FSDP
+    reduce-scatters every micro-batch into the gradient shard, so a rank never holds more
+    than its 1/dp of the gradients - what the planner counts for ZeRO-2/3."""
+    return plan.zero >= 2 and plan.grad_accum_mode == "sharded"
 
 
 def _same_kind(grads: list[torch.Tensor]) -> bool:

@@ -15,8 +15,29 @@ from torch import nn
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble)
 
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining._backward import stage_backward
+
 from ..errors import PartitaError
 from ..plan import Plan, axis_index
+
+
+class ShardedAccumulationStage(PipelineStage):
+    """A pipeline stage whose FSDP gradients are reduce-scattered after every micro-batch.
+
+    torch's ``PipelineStage.backward_maybe_with_nosync`` turns FSDP gradient sync off for
+    every micro-batch and reduces once at the end (unsharded accumulation: the full
+    gradient is held). With ``grad_accum_mode="sharded"`` (ZeRO-2/3) this stage keeps sync
+    on, so each full backward reduce-scatters into the gradient shard; the schedule's final
+    ``perform_reduce_grad`` then finds no unsharded gradient left and only scales."""
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        if not isinstance(self.submod, FSDPModule) or backward_type != "full":
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_requires_gradient_sync(True)
+        self.submod.set_reshard_after_backward(True)
+        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
+        return grads, None
 
 
 def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
@@ -50,7 +71,8 @@ def _pp_rank(plan: Plan) -> int:
 def build_schedule(stages: list[tuple[int, nn.Module]], plan: Plan, device: torch.device,
                    group: dist.ProcessGroup, loss_fn) -> object:
     n_stages = plan.pp * plan.vpp
-    pipe_stages = [PipelineStage(mod, j, n_stages, device, group=group) for j, mod in stages]
+    stage_cls = ShardedAccumulationStage if plan.zero >= 2 and plan.grad_accum_mode == "sharded" else PipelineStage
+    pipe_stages = [stage_cls(mod, j, n_stages, device, group=group) for j, mod in stages]
     m = plan.grad_accum
     if plan.schedule == "gpipe":
         return ScheduleGPipe(pipe_stages[0], m, loss_fn=loss_fn)
