@@ -17,6 +17,18 @@ from ..plan import Plan
 from . import Export
 
 
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def env_vars(plan: Plan) -> dict[str, str]:
+    """Environment Megatron-LM's validate_args requires (arguments.py core_v0.16.1 l.928-952):
+    CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 on pre-Blackwell GPUs, unless FSDP (which
+    asserts it is not 1)."""
+    if (plan.tp > 1 or plan.cp > 1) and plan.zero < 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
 def _layout(plan: Plan, layers: int) -> str:
     """``--pipeline-model-parallel-layout``: E = embedding, t = decoder layer, L = loss, one
     ``|``-separated entry per virtual stage in pipeline order."""
@@ -60,10 +72,14 @@ def megatron_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
                     "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
     if plan.zero == 1:
         add(["--use-distributed-optimizer"])
-    elif plan.zero == 2:
-        add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"])
-    elif plan.zero == 3:
-        add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"])
+    elif plan.zero >= 2:
+        if plan.pp > 1:
+            raise PartitaError(f"zero={plan.zero} with pp={plan.pp}: Megatron-FSDP with pipeline parallelism is not a "
+                               "standard Megatron-LM path; re-plan with --zero 1 (distributed optimizer) or --pp 1")
+        # Megatron-FSDP (docs/user-guide/features/megatron_fsdp.md): validate_args asserts
+        # ckpt_format == "fsdp_dtensor" (arguments.py core_v0.16.1 l.690)
+        add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero],
+             "--ckpt-format", "fsdp_dtensor", "--use-distributed-optimizer"])
     if plan.overlap_grad_reduce and plan.dp * plan.cp > 1:
         add(["--overlap-grad-reduce"])
     if plan.overlap_param_gather and plan.zero >= 1 and plan.dp * plan.cp > 1:
@@ -133,8 +149,9 @@ def model_args(model, seq_len: int) -> list[str]:
     return a
 
 
-def _render(args: list[str], warnings: list[str], target: str) -> str:
+def _render(args: list[str], warnings: list[str], target: str, env: dict[str, str] | None = None) -> str:
     lines = [f"# partita export --to {target}: arguments for pretrain_gpt.py"]
+    lines += [f"# export {k}={v}" for k, v in (env or {}).items()]
     lines += [f"# WARNING: {w}" for w in warnings]
     pairs: list[str] = []
     i = 0
@@ -150,7 +167,7 @@ def _render(args: list[str], warnings: list[str], target: str) -> str:
 
 def export_megatron(plan: Plan, model=None) -> Export:
     args, warn = megatron_args(plan, model)
-    return Export("megatron", _render(args, warn, "megatron"), warn, args)
+    return Export("megatron", _render(args, warn, "megatron", env_vars(plan)), warn, args)
 
 
 #: MindSpeed-LLM adds Ascend fused kernels and algorithms on top of Megatron's arguments
