@@ -45,7 +45,10 @@ from partita.validation.published import Case, load_cases
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "tests" / "data" / "published_runs.csv"
 #: The constants fitted, with the interval each is searched in.
-BOUNDS = {"gemm": (0.2, 0.95), "attention": (0.1, 0.95), "gemm_fp8": (0.1, 0.95), "tp_overlap": (0.0, 1.0)}
+#: ``tp_overlap`` stops at 0.9: Transformer Engine's userbuffers overlap splits each
+#: collective into chunks pipelined with the GEMM's chunks, and the first chunk's transfer
+#: (or the last's compute) is always exposed - at least 1/8 for 8 chunks.
+BOUNDS = {"gemm": (0.2, 0.95), "attention": (0.1, 0.95), "gemm_fp8": (0.1, 0.95), "tp_overlap": (0.0, 0.9)}
 ROUNDS = 3
 GOLDEN_STEPS = 18  # interval shrinks by 0.618^18 ~ 2e-4 of its width
 MIN_ROWS = 3  # a constant is fitted only when at least this many rows exercise it
@@ -96,7 +99,9 @@ def objective(cases: list[Case], values: dict[str, float]) -> float:
     log error. The median keeps a source's odd rows from pulling the fit; the mean over
     sources gives a source of 9 long-sequence rows the same say as one of 77 short ones,
     so the constant a small source alone exercises (attention, on long sequences) is
-    fitted on it rather than outvoted."""
+    fitted on it rather than outvoted. (Weighting sources by the square root of their
+    rows was tried: Ampere's gemm and attention then trade off into a corner, 0.79 /
+    0.13, and the calibration median gets worse, 10.7 % against 9.3 %.)"""
     by_source: dict[str, list[float]] = defaultdict(list)
     for case, err in zip(cases, log_errors(cases, values)):
         by_source[case.source].append(abs(err))
@@ -200,6 +205,14 @@ def provenance(cases: list[Case]) -> str:
     return f"fitted: bench/fit.py on published_runs.csv ({len(cases)} rows of sources {', '.join(sources)})"
 
 
+def improves(cases: list[Case], fitted_errors: list[float]) -> bool:
+    """Whether a fit is worth writing: it must lower the family's median absolute error
+    over all its rows as well as the objective (a fit that trades one source's error for
+    another's is reported, not written)."""
+    current = statistics.median(abs(e) for e in log_errors(cases, {}))
+    return statistics.median(abs(e) for e in fitted_errors) < current
+
+
 def target_file(family: str, cases: list[Case]) -> Path:
     """Where a fit is written: the family file, or the one device's own file when every
     row of the family is on that device (a fit on 910A rows must not move the 910B parts)."""
@@ -260,7 +273,12 @@ def main() -> int:
             print(f"  not written: {', '.join(bad)} outside {[PLAUSIBLE[k] for k in bad]} - these rows carry "
                   "something other than that efficiency")
             values = {k: v for k, v in values.items() if k not in bad}
-        after += [(c.source, e) for c, e in zip(cases, log_errors(cases, values))]
+        fitted_errors = log_errors(cases, values)
+        if values and not improves(cases, fitted_errors):
+            print("  not written: the fit lowers the mean of the source medians but not the family's median "
+                  "- it only moves error between sources")
+            values, fitted_errors = {}, log_errors(cases, {})
+        after += [(c.source, e) for c, e in zip(cases, fitted_errors)]
         if args.write and values:
             write_fit(target_file(family, cases), values, cases)
             print(f"  written to {target_file(family, cases).name}")
