@@ -1,187 +1,236 @@
-"""Issue 7: exported configs parse back (by the target's own classes where they install on
-CPU, otherwise by a parser declaring the target's flags) into the same plan."""
-import json
+"""Issue 14: every export of a 31-plan matrix is accepted by the target's own parser with the
+same degrees, batch and recompute, or refused with its exact reason.
+
+Oracles (tests/export_oracles/): torchtitan 0.3.0's ConfigManager (tyro) + Trainer.Config checks
++ ParallelDims.build_mesh + its stage splitter; DeepSpeed 0.19's DeepSpeedConfig with the plan's
+world size; Megatron-LM core_v0.16.1's option table (dumped from its real parser; the real
+parse_args/validate_args run is tests/export_oracles/megatron_real_check.py, which needs a
+Megatron-LM checkout) plus the validate_args rules the exporter relies on; MindSpeed-LLM's own
+flag declarations on top.
+"""
+import math
 import shlex
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 
+from export_oracles import deepspeed_oracle, megatron_oracle, torchtitan_oracle
+from export_oracles.plans import MATRIX
 from partita.errors import PartitaError
 from partita.export import export
-from partita.export.deepspeed import TOP_LEVEL_KEYS
-from partita.export.megatron import megatron_parser, mindspeed_parser, plan_from_megatron
-from partita.export.torchtitan import PARALLELISM_FIELDS, TRAINING_FIELDS
-from partita.plan import Plan
 from partita.spec.model import load_model
-from partita.validation.published import load_cases
 
-PLANS = [
-    ("llama3-70b", Plan(dp=4, tp=8, pp=4, vpp=5, sp=True, zero=1, mbs=1, gbs=128, seq_len=8192, recompute="selective",
-                        schedule="interleaved-1f1b")),
-    ("gpt3-175b", Plan(dp=16, tp=8, pp=12, sp=True, zero=1, mbs=1, gbs=1536, seq_len=2048, recompute="full", dtype="fp16")),
-    ("llama3-405b", Plan(dp=8, tp=8, pp=16, cp=2, sp=True, zero=1, mbs=1, gbs=1024, seq_len=8192,
-                         layer_split=(7,) + (8,) * 14 + (7,))),
-    ("mixtral-8x22b", Plan(dp=8, tp=1, pp=4, ep=8, zero=1, mbs=1, gbs=256, seq_len=4096, recompute="full")),
-    ("deepseek-v3", Plan(dp=64, tp=1, pp=16, ep=64, zero=1, mbs=1, gbs=4096, seq_len=4096,
-                         layer_split=(3,) + (4,) * 14 + (2,))),
-    ("llama3-8b", Plan(dp=64, zero=3, mbs=2, gbs=128, seq_len=8192, recompute="none", dtype="bf16")),
-]
-FIELDS = ("tp", "pp", "vpp", "cp", "ep", "sp", "zero", "mbs", "gbs", "seq_len", "recompute", "dtype")
+IDS = [row[0] for row in MATRIX]
+MEGATRON_FSDP_PP = ("zero={z} with pp=2: Megatron-FSDP with pipeline parallelism is not a standard Megatron-LM path; "
+                    "re-plan with --zero 1 (distributed optimizer) or --pp 1")
+FSDP2 = "zero={z} with {w}: --use-torch-fsdp2 is not supported with {w} (Megatron validate_args); re-plan with --zero 1"
+NO_FP8 = "dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); re-plan with --dtype bf16"
+DS_VPP = "vpp > 1: DeepSpeed pipelines have no interleaved schedule; re-plan with --vpp 1"
+DS_SPLIT = ("an uneven layer split cannot be expressed in DeepSpeed's PipelineModule (no explicit boundary list); "
+            "re-plan with an even split or export to megatron")
+DS_EP = "ep > 1: expert parallelism lives in DeepSpeed-MoE layer code, not in ds_config; export to megatron or torchtitan"
+DS_ZPP = ("zero={z} with pp=2: DeepSpeed's pipeline engine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+          "parallelism; re-plan with --zero 1 or --pp 1")
+TT_FP16 = ("dtype=fp16: torchtitan 0.3.0 accepts --training.mixed_precision_param bfloat16 or float32 only "
+           "(config/configs.py TrainingConfig); re-plan with --dtype bf16")
+REFUSED = {
+    "megatron": {"8b-pp2-z2": MEGATRON_FSDP_PP.format(z=2), "8b-pp2-z3-full": MEGATRON_FSDP_PP.format(z=3)},
+    "mindspeed": {"8b-dp8-z3-fp16-full": FSDP2.format(z=3, w="fp16"), "8b-dp8-z1-fp8": NO_FP8, "8b-tp2-z3-fp8": NO_FP8,
+                  "8b-pp2-z2": FSDP2.format(z=2, w="pp=2"), "8b-pp2-z3-full": FSDP2.format(z=3, w="pp=2"),
+                  "8x22b-tp2-ep4-z3": FSDP2.format(z=3, w="ep=4")},
+    "deepspeed": {"8b-pp4-vpp2": DS_VPP, "8b-pp4-vpp4-z0": DS_VPP, "8b-pp2-vpp2-zb": DS_VPP,
+                  "8b-cp2-tp2-pp2": "cp > 1: ring context parallelism is not a ds_config option (Ulysses is a "
+                                    "different algorithm); export to megatron or torchtitan",
+                  "8b-pp2-z2": DS_ZPP.format(z=2), "8b-pp2-z3-full": DS_ZPP.format(z=3),
+                  "70b-tp8-pp4-vpp5": DS_VPP, "70b-pp2-split": DS_SPLIT, "405b-split-cp2": DS_SPLIT,
+                  "405b-split-mid": DS_SPLIT, "8x22b-pp4-ep8-full": DS_EP, "8x22b-ep8-z0": DS_EP, "8x22b-ep8-z1": DS_EP,
+                  "8x22b-tp2-ep4-z3": DS_EP, "8x7b-pp4-vpp4-ep4": DS_VPP, "dsv3-split-ep64": DS_SPLIT,
+                  "dsv3-ep8-z1-sel": DS_SPLIT},
+    "torchtitan": {"8b-dp8-z3-fp16-full": TT_FP16, "8b-dp8-z0-fp16": TT_FP16, "8b-tp2-pp2-fp16-full": TT_FP16,
+                   "175b-pp12-fp16": TT_FP16,
+                   "405b-split-mid": "layer_split 7,8,8,8,8,8,8,7,9,8,8,8,8,8,8,7: torchtitan expresses uneven splits "
+                                     "only as lighter first/last stages (pipeline_parallel_first/last_stage_less_layers); "
+                                     "export to megatron (pipeline layout)",
+                   "8x22b-ep8-z0": "zero=0 with ep=8: torchtitan builds the expert mesh from the FSDP axis (efsdp = "
+                                   "dp_shard*cp*tp/ep = 1*1*1/8, distributed/parallel_dims.py) which is not whole; "
+                                   "re-plan with --zero 1 or more (dp_shard = dp) or export to megatron"},
+}
 
 
-def _args(text: str) -> list[str]:
+def _cases(target):
+    return [pytest.param(pid, model, plan, id=pid) for pid, model, plan in MATRIX if pid not in REFUSED[target]]
+
+
+def _refusals(target):
+    return [pytest.param(pid, model, plan, REFUSED[target][pid], id=pid)
+            for pid, model, plan in MATRIX if pid in REFUSED[target]]
+
+
+def _args(text: str) -> tuple[list[str], dict]:
+    env = dict(l[len("# export "):].split("=", 1) for l in text.splitlines() if l.startswith("# export "))
     body = "\n".join(l for l in text.splitlines() if not l.startswith("#"))
-    return shlex.split(body.replace("\\\n", " "))
+    return shlex.split(body.replace("\\\n", " ")), env
 
 
-@pytest.mark.parametrize("name,plan", PLANS, ids=[p[0] for p in PLANS])
-def test_megatron_round_trip(name, plan):
-    model = load_model(name)
-    out = export("megatron", plan, model)
-    ns = megatron_parser().parse_args(_args(out.text))  # SystemExit on any unknown or malformed flag
-    back = plan_from_megatron(ns, plan.world_size, model.layers)
-    for f in FIELDS:
-        assert back[f] == getattr(plan, f), f
-    if plan.layer_split:
-        assert back["layer_split"] == plan.layer_split
+@pytest.mark.parametrize("target", ["megatron", "mindspeed", "deepspeed", "torchtitan"])
+def test_refusals_give_the_exact_reason(target):
+    for pid, model, plan, message in [p.values for p in _refusals(target)]:
+        with pytest.raises(PartitaError) as err:
+            export(target, plan, load_model(model))
+        assert str(err.value) == message, pid
+
+
+# ---------------------------------------------------------------------------- Megatron / MindSpeed
+def _layout_stages(layout: str) -> list[int]:
+    """Decoder layers per virtual stage of ``--pipeline-model-parallel-layout`` (E/t*n/L per stage)."""
+    return [int(s.split("t*")[1].rstrip("L")) if "t*" in s else 0 for s in layout.split("|")]
+
+
+def _check_megatron_namespace(ns, env, plan, model):
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size,
+            ns.expert_model_parallel_size) == (plan.tp, plan.pp, plan.cp, plan.ep)
+    assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (plan.mbs, plan.gbs, plan.seq_len)
     assert ns.num_layers == model.layers and ns.hidden_size == model.hidden
-    assert "--checkpoint-activations" not in out.text and "--recompute-activations" not in out.text
+    assert ns.sequence_parallel == (plan.sp and plan.tp > 1)
+    if plan.layer_split:
+        assert _layout_stages(ns.pipeline_model_parallel_layout) == list(plan.layer_split)
+    elif plan.vpp > 1:
+        assert ns.num_layers_per_virtual_pipeline_stage == model.layers // (plan.pp * plan.vpp)
+    else:
+        assert ns.pipeline_model_parallel_layout is None and ns.num_layers_per_virtual_pipeline_stage is None
+    assert ns.recompute_granularity == (None if plan.recompute == "none" else plan.recompute)
+    assert (ns.bf16, ns.fp16, ns.fp8 is not None) == (plan.dtype in ("bf16", "fp8"), plan.dtype == "fp16",
+                                                      plan.dtype == "fp8")
+    # validate_args core_v0.16.1 l.597-601: overlap-param-gather needs the distributed optimizer
+    # (or Megatron-FSDP) and overlap-grad-reduce
+    if ns.overlap_param_gather:
+        assert ns.use_distributed_optimizer and ns.overlap_grad_reduce
+    # l.928-952: tp or cp > 1 without FSDP requires CUDA_DEVICE_MAX_CONNECTIONS=1; FSDP asserts it is not 1
+    fsdp = getattr(ns, "use_megatron_fsdp", False) or ns.use_torch_fsdp2
+    assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == ("1" if (plan.tp > 1 or plan.cp > 1) and not fsdp else None)
 
 
-@pytest.mark.parametrize("name,plan", [p for p in PLANS if p[1].zero <= 1 and p[1].dtype != "fp8"],
-                         ids=[p[0] for p in PLANS if p[1].zero <= 1 and p[1].dtype != "fp8"])
-def test_mindspeed_round_trip(name, plan):
-    model = load_model(name)
-    ns = mindspeed_parser().parse_args(_args(export("mindspeed", plan, model).text))
-    back = plan_from_megatron(ns, plan.world_size, model.layers)
-    for f in FIELDS:
-        assert back[f] == getattr(plan, f), f
+@pytest.mark.parametrize("pid,model_name,plan", _cases("megatron"))
+def test_megatron_export_parses_with_megatrons_option_table(pid, model_name, plan):
+    model = load_model(model_name)
+    args, env = _args(export("megatron", plan, model).text)
+    ns = megatron_oracle.megatron_parser().parse_args(args)  # SystemExit on an unknown flag or bad value
+    _check_megatron_namespace(ns, env, plan, model)
+    assert ns.use_distributed_optimizer == (plan.zero >= 1)
+    assert ns.use_megatron_fsdp == (plan.zero >= 2)
+    if plan.zero >= 2:  # validate_args l.690: Megatron-FSDP only supports fsdp_dtensor
+        assert ns.ckpt_format == "fsdp_dtensor"
+        assert ns.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
+
+
+@pytest.mark.parametrize("pid,model_name,plan", _cases("mindspeed"))
+def test_mindspeed_export_parses_with_mindspeeds_flags(pid, model_name, plan):
+    model = load_model(model_name)
+    args, env = _args(export("mindspeed", plan, model).text)
+    ns = megatron_oracle.mindspeed_parser().parse_args(args)
+    _check_megatron_namespace(ns, env, plan, model)
+    assert ns.use_distributed_optimizer == (plan.zero == 1)
+    if plan.zero >= 2:  # validate_args l.605-621: FSDP2 needs torch_dist/torch_dcp, untied embeddings
+        assert ns.use_torch_fsdp2 and ns.ckpt_format == "torch_dist" and ns.untie_embeddings_and_output_weights
+        assert not ns.gradient_accumulation_fusion
     assert ns.use_flash_attn and ns.use_fused_rmsnorm == (model.norm == "rmsnorm")
     assert ns.use_ascend_mc2 == (plan.tp > 1 and plan.sp)
     if plan.cp > 1:
         assert ns.context_parallel_algo == "megatron_cp_algo"  # ring attention, as the cost model assumes
-
-
-def test_mindspeed_refuses_what_ascend_cannot_do():
-    with pytest.raises(PartitaError, match="fp8"):
-        export("mindspeed", Plan(dp=8, dtype="fp8", gbs=8), load_model("llama3-8b"))
-    with pytest.raises(PartitaError, match="zero=3"):
-        export("mindspeed", Plan(dp=8, zero=3, gbs=8), load_model("llama3-8b"))
+    if model.moe and model.moe.first_dense_layers:
+        assert (ns.first_k_dense_replace, ns.moe_layer_freq) == (model.moe.first_dense_layers, model.moe.layer_freq)
 
 
 def test_every_published_layout_exports_and_parses(published_csv):
+    from partita.validation.published import load_cases
     cases, _ = load_cases(published_csv)
-    parser = megatron_parser()
+    parser = megatron_oracle.megatron_parser()
     for case in cases:
-        ns = parser.parse_args(_args(export("megatron", case.plan, case.model).text))
-        assert ns.tensor_model_parallel_size == case.plan.tp
-        assert ns.pipeline_model_parallel_size == case.plan.pp
-
-
-def _ds_plan(ds: dict, world: int) -> dict:
-    return {"mbs": ds["train_micro_batch_size_per_gpu"], "gbs": ds["train_batch_size"],
-            "dp": ds["train_batch_size"] // (ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]),
-            "zero": ds["zero_optimization"]["stage"], "dtype": "bf16" if ds.get("bf16", {}).get("enabled") else
-            "fp16" if ds.get("fp16", {}).get("enabled") else "fp32",
-            "recompute": "full" if "activation_checkpointing" in ds else "none"}
-
-
-@pytest.mark.parametrize("plan", [Plan(dp=8, zero=z, mbs=2, gbs=64, dtype=d, recompute=r)
-                                  for z, d, r in ((0, "bf16", "none"), (1, "fp16", "full"), (2, "bf16", "none"),
-                                                  (3, "bf16", "full"))])
-def test_deepspeed_config_round_trip(plan):
-    out = export("deepspeed", plan)
-    ds = json.loads(out.text)
-    assert set(ds) <= TOP_LEVEL_KEYS
-    back = _ds_plan(ds, plan.world_size)
-    for f in ("mbs", "gbs", "dp", "zero", "dtype", "recompute"):
-        assert back[f] == getattr(plan, f), f
-
-
-def test_deepspeed_validates_with_deepspeeds_own_config_class():
-    pytest.importorskip("deepspeed")
-    plan = Plan(dp=1, zero=3, mbs=2, gbs=8, dtype="bf16", recompute="full")  # one process: world size 1
-    ds = json.loads(export("deepspeed", plan).text)
-    code = ("import json, sys; from deepspeed.runtime.config import DeepSpeedConfig; "
-            "c = DeepSpeedConfig(json.loads(sys.argv[1])); "
-            "print(c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, "
-            "c.zero_optimization_stage, c.bfloat16_config.enabled)")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(ds)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-5:] == ["8", "2", "4", "3", "True"]
-
-
-@pytest.mark.parametrize("plan,needle", [(Plan(dp=2, tp=4, gbs=8), "tp=4"), (Plan(dp=2, pp=2, vpp=2, gbs=8), "vpp"),
-                                         (Plan(dp=2, pp=2, gbs=8, layer_split=(3, 5)), "uneven")])
-def test_deepspeed_refuses_what_it_cannot_express(plan, needle):
-    with pytest.raises(PartitaError, match=needle):
-        export("deepspeed", plan)
-
-
-def _titan_back(text: str) -> tuple[dict, str]:
-    sections: dict = {"parallelism": {}, "training": {}}
-    ac = None
-    tokens = _args(text)
-    i = 0
-    while i < len(tokens):
-        if tokens[i].startswith("activation_checkpoint:"):
-            ac = tokens[i].split(":", 1)[1]
-            i += 1
-            continue
-        section, field = tokens[i][2:].split(".", 1)
-        sections[section][field] = tokens[i + 1]
-        i += 2
-    return sections, ac
-
-
-@pytest.mark.parametrize("name,plan", PLANS[:2] + PLANS[3:], ids=[p[0] for p in PLANS[:2] + PLANS[3:]])
-def test_torchtitan_round_trip(name, plan):
-    out = export("torchtitan", plan)
-    sections, ac = _titan_back(out.text)
-    par, train = sections["parallelism"], sections["training"]
-    assert set(par) <= PARALLELISM_FIELDS and set(train) <= TRAINING_FIELDS
-    dp = int(par["data_parallel_replicate_degree"]) * int(par["data_parallel_shard_degree"])
-    assert (dp, int(par["tensor_parallel_degree"]), int(par["pipeline_parallel_degree"]),
-            int(par["context_parallel_degree"]), int(par["expert_parallel_degree"])) == \
-        (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep)
-    assert par["enable_sequence_parallel"] == str(plan.sp)
-    assert int(train["global_batch_size"]) == plan.gbs and int(train["seq_len"]) == plan.seq_len
-    mbs = int(par.get("pipeline_parallel_microbatch_size", train["local_batch_size"]))
-    assert mbs == plan.mbs
-    assert ac == plan.recompute
-
-
-def test_torchtitan_fields_accepted_by_torchtitan():
-    config = pytest.importorskip("torchtitan.config")
-    for name, plan in PLANS[:2]:
-        sections, _ = _titan_back(export("torchtitan", plan).text)
-        # constructing torchtitan's own dataclasses raises TypeError on any field it does not have
-        par = config.ParallelismConfig(**{k: _typed(v) for k, v in sections["parallelism"].items()})
-        train = config.TrainingConfig(**{k: _typed(v) for k, v in sections["training"].items()})
-        assert par.tensor_parallel_degree == plan.tp and par.pipeline_parallel_degree == plan.pp
-        assert train.global_batch_size == plan.gbs and train.seq_len == plan.seq_len
-
-
-def _typed(v: str):
-    if v in ("True", "False"):
-        return v == "True"
-    try:
-        return int(v)
-    except ValueError:
         try:
-            return float(v)
-        except ValueError:
-            return v
+            text = export("megatron", case.plan, case.model).text
+        except PartitaError as e:
+            assert str(e).startswith(f"zero={case.plan.zero} with pp="), str(e)
+            continue
+        ns = parser.parse_args(_args(text)[0])
+        assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (case.plan.tp, case.plan.pp)
+
+
+# ---------------------------------------------------------------------------- DeepSpeed
+@pytest.mark.parametrize("pid,model_name,plan", _cases("deepspeed"))
+def test_deepspeed_config_loads_in_deepspeedconfig(pid, model_name, plan):
+    out = export("deepspeed", plan, load_model(model_name))
+    cfg = deepspeed_oracle.load(out.data, plan.world_size, plan.dp)
+    assert cfg.world_size == plan.dp
+    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
+        (plan.gbs, plan.mbs, plan.grad_accum)
+    assert cfg.zero_optimization_stage == plan.zero
+    assert (cfg.bfloat16_config.enabled, cfg.float16_config.enabled) == (plan.dtype in ("bf16", "fp8"),
+                                                                         plan.dtype == "fp16")
+    assert cfg.tensor_parallel_config.autotp_size == (plan.tp if plan.tp > 1 else 0)
+    assert cfg.pipeline["stages"] == (plan.pp if plan.pp > 1 else "auto")
+    assert ("activation_checkpointing" in out.data) == (plan.recompute != "none")
+    if plan.pp > 1:
+        assert any(f"PipelineModule(num_stages={plan.pp}" in w for w in out.warnings)
+
+
+def test_deepspeed_oracle_rejects_a_wrong_batch():
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        deepspeed_oracle.load({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+                               "gradient_accumulation_steps": 2}, 32, 8)
+
+
+# ---------------------------------------------------------------------------- torchtitan
+def _titan_stage_layers(par, layers: int) -> list[int]:
+    """torchtitan's own stage count and layer-to-stage assignment for these settings."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pipeline_metadata
+    stages, n, first, last = _get_pipeline_metadata(SimpleNamespace(pp=par.pipeline_parallel_degree), par,
+                                                     SimpleNamespace(layers=[None] * layers))
+    parts = _generate_llm_fqn_per_model_part(stages, n, first, last)
+    return [sum(m.startswith("layers.") for m in part) for part in parts]
+
+
+@pytest.mark.parametrize("pid,model_name,plan", _cases("torchtitan"))
+def test_torchtitan_export_parses_with_configmanager(pid, model_name, plan):
+    model = load_model(model_name)
+    out = export("torchtitan", plan, model)
+    cfg = torchtitan_oracle.parse(out.data["flags"])  # tyro + Trainer.Config.__post_init__
+    par, train = cfg.parallelism, cfg.training
+    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.dp
+    assert par.data_parallel_shard_degree == (plan.dp if plan.zero else 1)
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
+            par.expert_parallel_degree) == (plan.tp, plan.pp, plan.cp, plan.ep)
+    assert par.enable_sequence_parallel == plan.sp
+    assert (train.global_batch_size, train.seq_len) == (plan.gbs, plan.seq_len)
+    mbs = par.pipeline_parallel_microbatch_size if plan.pp > 1 else train.local_batch_size
+    assert mbs == plan.mbs
+    assert train.mixed_precision_param == ("float32" if plan.dtype == "fp32" else "bfloat16")
+    ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint is not None else None
+    assert ac == {"none": None, "selective": "SelectiveAC.Config", "full": "FullAC.Config"}[plan.recompute]
+    if plan.pp > 1:
+        assert _titan_stage_layers(par, model.layers) == list(plan.stage_layers(model.layers))
+        assert math.prod([plan.pp, plan.vpp]) == len(plan.stage_layers(model.layers))
+    torchtitan_oracle.build_mesh(par, plan.world_size)
+
+
+def test_torchtitan_oracle_rejects_what_torchtitan_rejects():
+    with pytest.raises(SystemExit):  # tyro: a boolean takes no value
+        torchtitan_oracle.parse(["--parallelism.enable_sequence_parallel", "True"])
+    with pytest.raises(SystemExit):  # tyro: Literal["bfloat16", "float32"]
+        torchtitan_oracle.parse(["--training.mixed_precision_param", "float16"])
+    with pytest.raises(SystemExit):  # Trainer.Config: CUDA graphs with pp
+        torchtitan_oracle.parse(["--parallelism.pipeline_parallel_degree", "2"])
+    with pytest.raises(ValueError, match="unflatten"):  # zero 0 with ep: no whole expert mesh
+        par = torchtitan_oracle.parse(["--parallelism.data_parallel_replicate_degree", "8",
+                                       "--parallelism.data_parallel_shard_degree", "1",
+                                       "--parallelism.expert_parallel_degree", "8"]).parallelism
+        torchtitan_oracle.build_mesh(par, 8)
 
 
 def test_export_cli(tmp_path, capsys):
     from partita.cli import main
+    plan = MATRIX[19][2]  # 70b tp8 pp4 vpp5
     path = tmp_path / "plan.json"
-    PLANS[0][1].to_json(path)
+    plan.to_json(path)
     assert main(["export", "--to", "megatron", str(path), "--model", "llama3-70b", "-o", str(tmp_path / "args.txt")]) == 0
     assert "--num-layers-per-virtual-pipeline-stage 4" in (tmp_path / "args.txt").read_text()
-    err = capsys.readouterr().err
-    assert "partita: warning: recompute=selective" in err
-    assert main(["export", "--to", "deepspeed", str(path)]) == 2
-    assert "tp=8" in capsys.readouterr().err
+    assert "partita: warning: recompute=selective" in capsys.readouterr().err

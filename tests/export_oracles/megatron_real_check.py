@@ -57,7 +57,8 @@ def _parser_actions(arguments) -> list[dict]:
         rows.append({"options": a.option_strings, "dest": a.dest, "kind": type(a).__name__,
                      "nargs": a.nargs, "type": getattr(a.type, "__name__", None),
                      "choices": [str(c) for c in a.choices] if a.choices is not None else None,
-                     "const": a.const if isinstance(a.const, (int, float, str, bool)) else None})
+                     "const": a.const if isinstance(a.const, (int, float, str, bool)) else None,
+                     "default": a.default if isinstance(a.default, (int, float, str, bool, type(None))) else None})
     return rows
 
 
@@ -72,7 +73,26 @@ def _cpu_stand_ins(arguments) -> None:
         rope_utils.fused_apply_rotary_pos_emb = object()
 
 
-def check(plan_rows, world_of) -> list[tuple[str, str]]:
+#: MindSpeed-LLM's own flags (declared by MindSpeed, not Megatron), stripped before the
+#: Megatron check of a ``--to mindspeed`` export; see export_oracles/megatron_oracle.py.
+MINDSPEED_ONLY = {"--use-flash-attn": 0, "--use-fused-rotary-pos-emb": 0, "--use-rotary-position-embeddings": 0,
+                  "--use-fused-rmsnorm": 0, "--use-fused-swiglu": 0, "--use-ascend-mc2": 0,
+                  "--use-cp-send-recv-overlap": 0, "--moe-alltoall-overlap-comm": 0, "--context-parallel-algo": 1,
+                  "--first-k-dense-replace": 1}
+
+
+def strip_mindspeed(args: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in MINDSPEED_ONLY:
+            i += 1 + MINDSPEED_ONLY[args[i]]
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def check(plan_rows, world_of, target: str = "megatron") -> list[tuple[str, str]]:
     from partita.errors import PartitaError
     from partita.export import export
     from partita.spec.model import load_model
@@ -81,11 +101,12 @@ def check(plan_rows, world_of) -> list[tuple[str, str]]:
     results = []
     for name, model_name, plan in plan_rows:
         try:
-            out = export("megatron", plan, load_model(model_name))
+            out = export(target, plan, load_model(model_name))
         except PartitaError as e:
             results.append((name, f"refused: {e}"))
             continue
         args, env = export_args(out.text)
+        args = strip_mindspeed(args) if target == "mindspeed" else args
         os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
         os.environ.update(env, WORLD_SIZE=str(world_of(plan)), RANK="0")
         sys.argv = ["pretrain_gpt.py", *args]
@@ -106,12 +127,13 @@ def main() -> int:
         FLAGS_JSON.write_text(json.dumps({"release": os.environ.get("MEGATRON_TAG", "core_v0.16.1"),
                                           "options": _parser_actions(arguments)}, indent=1) + "\n")
         print(f"wrote {FLAGS_JSON}")
-    results = check(MATRIX, lambda p: p.world_size)
-    for name, verdict in results:
-        print(f"{name:24s} {verdict.splitlines()[0][:200]}")
-    exported = [v for _, v in results if not v.startswith("refused")]
-    print(f"accepted {sum(v == 'accepted' for v in exported)} of {len(exported)} exported "
-          f"({len(results) - len(exported)} refused with a reason)")
+    for target in ("megatron", "mindspeed"):
+        results = check(MATRIX, lambda p: p.world_size, target)
+        for name, verdict in results:
+            print(f"{target} {name:24s} {verdict.splitlines()[0][:200]}")
+        exported = [v for _, v in results if not v.startswith("refused")]
+        print(f"{target}: accepted {sum(v == 'accepted' for v in exported)} of {len(exported)} exported "
+              f"({len(results) - len(exported)} refused with a reason)")
     return 0
 
 

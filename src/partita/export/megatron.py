@@ -4,12 +4,12 @@ Flag names are the current ones of Megatron-LM core_v0.16 (verified against its 
 ``arguments.py`` parser, shared/reference/ecosystem.md sec. 5): no deprecated spellings
 (``--checkpoint-activations``, ``--recompute-activations``, ``--moe-extended-tp``,
 ``--use-mcore-models``, ``--virtual-pipeline-model-parallel-size`` are not emitted).
-:func:`parse_megatron_args` reads a command line back with a parser that declares the
-same flags with Megatron's own types and defaults, for round-trip checks.
+Tests parse every export with Megatron's own option table (tests/export_oracles/megatron_flags.json,
+dumped from core_v0.16.1's parser) and tests/export_oracles/megatron_real_check.py runs the real
+``parse_args`` + ``validate_args`` where a Megatron-LM checkout is at hand.
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 
 from ..errors import PartitaError
@@ -40,8 +40,9 @@ def _layout(plan: Plan, layers: int) -> str:
     return "|".join(stages)
 
 
-def megatron_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
-    """(arguments, warnings) for ``pretrain_gpt.py``."""
+def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[str], list[str]]:
+    """(arguments, warnings) for ``pretrain_gpt.py``; ``fsdp`` picks Megatron-FSDP or torch FSDP2
+    for zero 2/3 (MindSpeed-LLM runs the latter)."""
     args: list[str] = []
     warn: list[str] = []
     add = args.extend
@@ -72,6 +73,8 @@ def megatron_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
                     "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
     if plan.zero == 1:
         add(["--use-distributed-optimizer"])
+    elif plan.zero >= 2 and fsdp == "torch":
+        add(_torch_fsdp2_args(plan, model, warn))
     elif plan.zero >= 2:
         if plan.pp > 1:
             raise PartitaError(f"zero={plan.zero} with pp={plan.pp}: Megatron-FSDP with pipeline parallelism is not a "
@@ -82,7 +85,7 @@ def megatron_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
              "--ckpt-format", "fsdp_dtensor", "--use-distributed-optimizer"])
     if plan.overlap_grad_reduce and plan.dp * plan.cp > 1:
         add(["--overlap-grad-reduce"])
-    if plan.overlap_param_gather and plan.zero >= 1 and plan.dp * plan.cp > 1:
+    if plan.overlap_param_gather and "--use-distributed-optimizer" in args and plan.dp * plan.cp > 1:
         add(["--overlap-param-gather"])
     if plan.tp_comm_overlap and plan.tp > 1:
         add(["--tp-comm-overlap"])
@@ -103,6 +106,21 @@ def megatron_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
     if model is not None:
         args += model_args(model, plan.seq_len)
     return args, warn
+
+
+def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> list[str]:
+    """``--use-torch-fsdp2`` and the rules Megatron's validate_args asserts for it (arguments.py
+    core_v0.16.1 l.605-621: pp 1, ep 1, no distributed optimizer, ckpt torch_dist/torch_dcp,
+    untied embeddings, no fp16)."""
+    for bad, why in ((plan.pp > 1, f"pp={plan.pp}"), (plan.ep > 1, f"ep={plan.ep}"), (plan.dtype == "fp16", "fp16"),
+                     (model is not None and model.tied_embeddings, "tied embeddings")):
+        if bad:
+            raise PartitaError(f"zero={plan.zero} with {why}: --use-torch-fsdp2 is not supported with {why} "
+                               "(Megatron validate_args); re-plan with --zero 1")
+    if plan.zero == 2:
+        warn.append("zero=2: torch FSDP2 also shards parameters (ZeRO-3-like): less memory than planned, "
+                    "one more all-gather per micro-batch")
+    return ["--use-torch-fsdp2", "--ckpt-format", "torch_dist", "--no-gradient-accumulation-fusion"]
 
 
 def model_args(model, seq_len: int) -> list[str]:
@@ -174,7 +192,7 @@ def export_megatron(plan: Plan, model=None) -> Export:
 #: (MindSpeed / MindSpeed-LLM docs: flash attention, fused RMSNorm/SwiGLU/RoPE, MC2 for
 #: TP+SP, ring-attention CP "megatron_cp_algo", MoE all-to-all overlap).
 def mindspeed_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
-    args, warn = megatron_args(plan, model)
+    args, warn = megatron_args(plan, model, fsdp="torch")
     if plan.dtype == "fp8":
         raise PartitaError("dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); "
                            "re-plan with --dtype bf16")
@@ -195,86 +213,15 @@ def mindspeed_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
         extra += ["--context-parallel-algo", "megatron_cp_algo", "--use-cp-send-recv-overlap"]
     if plan.ep > 1:
         extra += ["--moe-alltoall-overlap-comm"]
-    if plan.zero >= 2:
-        raise PartitaError(f"zero={plan.zero}: MindSpeed-LLM supports the distributed optimizer (zero 1) only; "
-                           "re-plan with --zero 1 or export to torchtitan/deepspeed")
+    if "--moe-layer-freq" in args:  # MindSpeed-LLM takes an int frequency plus --first-k-dense-replace
+        i = args.index("--moe-layer-freq")
+        del args[i:i + 2]
+        extra += ["--first-k-dense-replace", str(model.moe.first_dense_layers), "--moe-layer-freq",
+                  str(model.moe.layer_freq)]
     return args + extra, warn
 
 
 def export_mindspeed(plan: Plan, model=None) -> Export:
     args, warn = mindspeed_args(plan, model)
-    text = _render(args, warn, "mindspeed").replace("pretrain_gpt.py", "MindSpeed-LLM pretrain_gpt.py")
+    text = _render(args, warn, "mindspeed", env_vars(plan)).replace("pretrain_gpt.py", "MindSpeed-LLM pretrain_gpt.py")
     return Export("mindspeed", text, warn, args)
-
-
-# ---------------------------------------------------------------------------- parsing back
-def megatron_parser() -> argparse.ArgumentParser:
-    """The subset of Megatron-LM's parser our exporter emits: same option strings, types,
-    choices and defaults as core_v0.16.1's ``arguments.py`` (ecosystem.md sec. 5)."""
-    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False)
-    ints = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-            "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size",
-            "--global-batch-size", "--seq-length", "--num-layers-per-virtual-pipeline-stage", "--recompute-num-layers",
-            "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
-            "--kv-channels", "--max-position-embeddings", "--vocab-size", "--num-experts", "--moe-router-topk",
-            "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--kv-lora-rank", "--q-lora-rank",
-            "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"]
-    for flag in ints:
-        p.add_argument(flag, type=int, default=None)
-    flags = ["--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce",
-             "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16", "--group-query-attention", "--swiglu",
-             "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm",
-             "--moe-grouped-gemm", "--multi-latent-attention"]
-    for flag in flags:
-        p.add_argument(flag, action="store_true")
-    p.add_argument("--pipeline-model-parallel-layout", default=None)
-    p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
-    p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
-    p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
-    p.add_argument("--recompute-modules", nargs="*", default=None,
-                   choices=["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"])
-    p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
-                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
-    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None)
-    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
-    p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"],
-                   default="learned_absolute")
-    p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"], default="allgather")
-    p.add_argument("--moe-layer-freq", default=1)
-    return p
-
-
-def mindspeed_parser() -> argparse.ArgumentParser:
-    p = megatron_parser()
-    for flag in ("--use-flash-attn", "--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings",
-                 "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-ascend-mc2", "--use-cp-send-recv-overlap",
-                 "--moe-alltoall-overlap-comm"):
-        p.add_argument(flag, action="store_true")
-    p.add_argument("--context-parallel-algo", default="ulysses_cp_algo",
-                   choices=["ulysses_cp_algo", "megatron_cp_algo", "hybrid_cp_algo", "adaptive_cp_algo",
-                            "hybrid_adaptive_cp_algo"])
-    return p
-
-
-def plan_from_megatron(ns: argparse.Namespace, world_size: int, layers: int | None = None) -> dict:
-    """The plan fields a parsed Megatron command line implies."""
-    tp, pp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size
-    cp = ns.context_parallel_size or 1
-    vpp = 1
-    split = None
-    if ns.num_layers_per_virtual_pipeline_stage:
-        vpp = (layers or ns.num_layers) // (pp * ns.num_layers_per_virtual_pipeline_stage)
-    if ns.pipeline_model_parallel_layout:
-        stages = ns.pipeline_model_parallel_layout.split("|")
-        vpp = len(stages) // pp
-        split = tuple(int(s.split("t*")[1].rstrip("L")) if "t*" in s else 0 for s in stages)
-    zero = 0
-    if ns.use_distributed_optimizer:
-        zero = 1
-    if ns.use_megatron_fsdp:
-        zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(ns.data_parallel_sharding_strategy, 0)
-    dtype = "fp8" if ns.fp8_format else "bf16" if ns.bf16 else "fp16" if ns.fp16 else "fp32"
-    return {"tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "dp": world_size // (tp * pp * cp),
-            "ep": ns.expert_model_parallel_size or 1, "sp": ns.sequence_parallel, "zero": zero,
-            "mbs": ns.micro_batch_size, "gbs": ns.global_batch_size, "seq_len": ns.seq_length,
-            "recompute": ns.recompute_granularity or "none", "dtype": dtype, "layer_split": split}

@@ -1,0 +1,80 @@
+"""Megatron-LM / MindSpeed-LLM argument parsing for tests, from the frameworks' OWN option tables.
+
+NOT the real parser: Megatron-LM's ``megatron/training/arguments.py`` is not installable from
+PyPI (the ``megatron-core`` 0.16.1 wheel ships ``megatron/core`` only), so CI cannot import it.
+Instead :data:`FLAGS` is the option table that ``megatron_real_check.py --dump-flags`` dumps
+from core_v0.16.1's real parser (every option string, its nargs, type, choices and store_true /
+store_false / BooleanOptionalAction kind); :func:`megatron_parser` rebuilds an argparse parser
+from it, so an unknown flag, a missing value or a value outside ``choices`` fails exactly as in
+Megatron. Megatron's custom type callables (moe_freq_type, tuple_type ...) are kept as strings.
+``megatron_real_check.py`` runs the real ``parse_args`` + ``validate_args`` +
+``core_transformer_config_from_args`` where a Megatron-LM checkout is at hand; the validate_args
+rules the exporter relies on are asserted in tests/test_export.py with their line references.
+
+MindSpeed-LLM declares its own flags on top (``conflict_handler='resolve'``):
+:data:`MINDSPEED_FLAGS` transcribes the ones the exporter emits from Ascend/MindSpeed-LLM
+``mindspeed_llm/training/arguments.py`` (commit 015ce048) and MindSpeed's feature registrations.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+TABLE = json.loads(Path(__file__).with_name("megatron_flags.json").read_text())
+RELEASE = TABLE["release"]
+_TYPES = {"int": int, "float": float, "str": str}
+
+#: (option, kind, nargs/type, choices) for MindSpeed-LLM's own flags that exports use.
+MINDSPEED_FLAGS = [
+    ("--use-flash-attn", "store_true", None, None),
+    ("--use-fused-rmsnorm", "store_true", None, None),          # _add_fusion_op_args
+    ("--use-fused-swiglu", "store_true", None, None),           # _add_fusion_op_args
+    ("--use-fused-rotary-pos-emb", "store_true", None, None),   # _add_fusion_op_args
+    ("--use-rotary-position-embeddings", "store_true", None, None),
+    ("--use-ascend-mc2", "store_true", None, None),             # mc2 feature (replaces --use-mc2)
+    ("--use-cp-send-recv-overlap", "store_true", None, None),   # _add_cp_args
+    ("--moe-alltoall-overlap-comm", "store_true", None, None),  # _add_moe_args
+    ("--context-parallel-algo", "store", str, ["ulysses_cp_algo", "megatron_cp_algo", "hybrid_cp_algo",
+                                               "adaptive_cp_algo", "hybrid_adaptive_cp_algo"]),  # _add_cp_args
+    ("--ckpt-format", "store", str, ["torch", "torch_dist", "zarr"]),  # _add_ckpt_args (overrides Megatron's)
+    ("--first-k-dense-replace", "store", int, None),            # _add_deepseek_moe_args
+    ("--moe-layer-freq", "store", int, None),                   # _add_deepseek_moe_args (an int here)
+]
+
+
+def _add(parser: argparse.ArgumentParser, row: dict) -> None:
+    kind = row["kind"]
+    opts = row["options"]
+    if kind == "_StoreTrueAction":
+        parser.add_argument(*opts, dest=row["dest"], action="store_true", default=row["default"])
+    elif kind == "_StoreFalseAction":
+        parser.add_argument(*opts, dest=row["dest"], action="store_false", default=row["default"])
+    elif kind == "BooleanOptionalAction":
+        parser.add_argument(*[o for o in opts if not o.startswith("--no-")], dest=row["dest"],
+                            action=argparse.BooleanOptionalAction, default=row["default"])
+    else:
+        kw = {"dest": row["dest"], "type": _TYPES.get(row["type"] or "str", str), "default": row["default"]}
+        if row["nargs"] is not None:
+            kw["nargs"] = row["nargs"]
+        if row["choices"] is not None and row["type"] in (None, "str", "int"):
+            kw["choices"] = [kw["type"](c) for c in row["choices"]]
+        parser.add_argument(*opts, **kw)
+
+
+def megatron_parser(conflict_handler: str = "error") -> argparse.ArgumentParser:
+    """argparse parser with every option of Megatron-LM ``RELEASE``'s own parser."""
+    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False, conflict_handler=conflict_handler)
+    for row in TABLE["options"]:
+        _add(p, row)
+    return p
+
+
+def mindspeed_parser() -> argparse.ArgumentParser:
+    p = megatron_parser("resolve")
+    for opt, kind, typ, choices in MINDSPEED_FLAGS:
+        if kind == "store_true":
+            p.add_argument(opt, action="store_true")
+        else:
+            p.add_argument(opt, type=typ, choices=choices)
+    return p
