@@ -90,7 +90,9 @@ STATE_CASES = {
     + [("tiny-llama", "tp=2,sp=true,zero=1,dtype=fp32," + SEQ.format(gbs=1)),
        ("tiny-llama", "pp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
        ("tiny-moe", "dp=2,ep=2,zero=0,dtype=fp32," + SEQ.format(gbs=2)),
-       ("tiny-moe", "dp=2,ep=2,zero=1,dtype=fp32," + SEQ.format(gbs=2))],
+       ("tiny-moe", "dp=2,ep=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
+       ("tiny-llama+tied", "dp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
+       ("tiny-llama+tied", "pp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2))],
     4: [("tiny-llama", "dp=4,zero=1,dtype=fp32," + SEQ.format(gbs=4)),
         ("tiny-llama", "dp=4,zero=3,dtype=fp32," + SEQ.format(gbs=4)),
         ("tiny-llama", "dp=2,tp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
@@ -100,6 +102,18 @@ STATE_CASES = {
 
 
 # ----------------------------------------------------------------------------- models
+def reference_model(name: str) -> Transformer:
+    """A reference model by preset name; ``<preset>+tied`` ties its output layer to the
+    embedding (no preset is tied, and the cost model treats tied weights apart)."""
+    base, _, variant = name.partition("+")
+    cfg = MODEL_PRESETS[base]
+    if variant == "tied":
+        cfg = dataclasses.replace(cfg, tied_embeddings=True)
+    elif variant:
+        raise ValueError(f"unknown model variant {variant!r}")
+    return build_model(cfg, seed=0)
+
+
 def one_layer_model(name: str, tp: int = 1) -> Transformer:
     """The reference model ``name`` with one layer, rebuilt with the tp-local shapes one
     rank of the runtime's Megatron layout multiplies (column-parallel outputs and
@@ -310,7 +324,9 @@ def _state_case(model_name: str, plan_text: str) -> dict:
     from partita.train.data import dp_shard, synthetic_batch
 
     plan = Plan.parse(plan_text, world_size=dist.get_world_size())
-    pm = parallelize(build_model(model_name, seed=0), plan)
+    model = reference_model(model_name)
+    vocab = model.cfg.vocab
+    pm = parallelize(model, plan)
     rank = dist.get_rank()
     at_rest = list(pm.parameters())
     weights = _storage_bytes(at_rest)
@@ -328,7 +344,7 @@ def _state_case(model_name: str, plan_text: str) -> dict:
         step()
 
     pm.optimizer.step = counting_step
-    x, y = synthetic_batch(0, plan.gbs, plan.seq_len, build_model(model_name).cfg.vocab, 0)
+    x, y = synthetic_batch(0, plan.gbs, plan.seq_len, vocab, 0)
     pm.train_step(dp_shard(x, plan, rank), dp_shard(y, plan, rank))
     for hook in hooks:
         hook.remove()
