@@ -320,14 +320,31 @@ def unfused_dense_extra(c: dict) -> float:
     return c["mbs"] * c["seq_len"] * per_token
 
 
-@pytest.mark.parametrize("case_id", [k for k, c in ACTS.items() if c["recompute"] == "none" and not _moe(c["model"])])
-def test_activation_bytes_unfused_dense(case_id):
+def unfused_moe_extra(c: dict) -> float:
+    """Bytes the unfused reference MoE layer (recompute none) saves beyond the cost model's
+    accounting, besides :func:`unfused_dense_extra`'s norms and GQA, per the saved-tensor
+    listing: the routing's int64 ``chosen`` and ``order`` (8k each), the fp32 top-k
+    weights (4k) and their sum (4), the renormalised weights in the activation dtype (ek);
+    each expert's and the shared expert's SiLU output (``e k f_e``, ``e f_s``); the
+    concatenated expert outputs and their reshaped gather (``2 e k h``); per layer (not
+    per token) the fp32 expert load fractions of the balancing loss (4E)."""
+    m, e = spec(c["model"]), {"fp32": 4, "bf16": 2}[c["dtype"]]
+    mo = m.moe
+    routing = 8 * mo.top_k * 2 + 4 * mo.top_k + 4 + e * mo.top_k
+    ffn = e * (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden + 2 * mo.top_k * m.hidden)
+    attention_norms = unfused_dense_extra(c) / (c["mbs"] * c["seq_len"]) - m.ffn_hidden * e / c["tp"]
+    return c["mbs"] * c["seq_len"] * (routing + ffn + attention_norms) + 4 * mo.num_experts
+
+
+@pytest.mark.parametrize("case_id", [k for k, c in ACTS.items() if c["recompute"] == "none"])
+def test_activation_bytes_unfused(case_id):
     """With recompute none the reference model saves more than the fused kernels the cost
     model assumes (the xfails above); the difference is exactly the documented unfused
     extras, so the cost model's own terms are still pinned for these cases."""
     c = ACTS[case_id]
     cost, oracle = activations(c)
-    assert cost + unfused_dense_extra(c) == pytest.approx(oracle, rel=EXACT), (cost, oracle)
+    extra = unfused_moe_extra(c) if _moe(c["model"]) else unfused_dense_extra(c)
+    assert abs(cost + extra - oracle) <= ACT_SLACK, (cost, extra, oracle)
 
 
 def test_activation_oracles_agree():
