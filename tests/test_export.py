@@ -234,3 +234,39 @@ def test_export_cli(tmp_path, capsys):
     assert main(["export", "--to", "megatron", str(path), "--model", "llama3-70b", "-o", str(tmp_path / "args.txt")]) == 0
     assert "--num-layers-per-virtual-pipeline-stage 4" in (tmp_path / "args.txt").read_text()
     assert "partita: warning: recompute=selective" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- import round trip
+def _expected(target, plan):
+    """The plan fields an export keeps for ``target`` (the closest equivalents the warnings name)."""
+    zero = plan.zero
+    if target == "mindspeed" and zero == 2:
+        zero = 3  # torch FSDP2 shards parameters too
+    if target == "torchtitan" and zero in (1, 2):
+        zero = 2  # FSDP without resharding after forward
+    dtype = "bf16" if target in ("torchtitan", "deepspeed") and plan.dtype == "fp8" else plan.dtype
+    recompute = "full" if target == "deepspeed" and plan.recompute == "selective" else plan.recompute
+    split = plan.layer_split if target in ("megatron", "mindspeed") or (plan.layer_split and len(
+        set(plan.layer_split)) > 1) else None
+    return dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, zero=zero, mbs=plan.mbs,
+                gbs=plan.gbs, seq_len=plan.seq_len, recompute=recompute, dtype=dtype, layer_split=split,
+                sp=plan.sp and plan.tp > 1 and target != "deepspeed")  # AutoTP: no sequence parallel
+
+
+@pytest.mark.parametrize("target", ["megatron", "mindspeed", "deepspeed", "torchtitan"])
+def test_export_then_import_gives_the_plan_back(target):
+    from partita.export import importers
+    for pid, model_name, plan in [p.values for p in _cases(target)]:
+        model = load_model(model_name)
+        out = export(target, plan, model)
+        if target in ("megatron", "mindspeed"):
+            back = importers.plan_from_megatron(importers.argv_from_script(
+                "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n" + out.text),
+                                                plan.world_size)
+        elif target == "deepspeed":
+            back = importers.plan_from_ds_config(out.data, plan.world_size, seq_len=plan.seq_len)
+        else:
+            back = importers.plan_from_torchtitan(importers.argv_from_script(out.text), model.layers)
+        got = {k: getattr(back, k) for k in _expected(target, plan)}
+        got["sp"] = back.sp and back.tp > 1
+        assert got == _expected(target, plan), pid
