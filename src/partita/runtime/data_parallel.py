@@ -32,11 +32,26 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: torch.dtype | None) -> None:
-    """FSDP2 per block, then the root; bf16/fp16 compute with fp32 master weights and reductions."""
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: torch.dtype | None,
+               edp_mesh: DeviceMesh | None = None, dp: int = 1) -> None:
+    """FSDP2 per block, then the root; bf16/fp16 compute with fp32 master weights and reductions.
+
+    With expert parallel (``edp_mesh``), each block's routed experts - different on every ep
+    rank - are sharded first, over the expert-data-parallel ranks that hold the same
+    experts; their gradients (already summed over the ep ranks whose tokens they processed,
+    see :class:`GradientSync`) are summed over edp and divided by dp, as torchtitan does
+    (``set_gradient_divide_factor``)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     reshard = zero >= 3
     for block in blocks(model):
+        experts = getattr(getattr(block, "feed_forward", None), "experts", None)
+        if edp_mesh is not None and experts is not None:
+            fully_shard(experts, mesh=edp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+            experts.set_gradient_divide_factor(float(dp))
+            if edp_mesh.size() > 1:  # SUM then divide (gloo has no PREMUL_SUM); on one rank FSDP
+                experts.set_force_sum_reduction_for_comms(True)  # skips the collective and divides itself
+            for p in experts.parameters():
+                p._partita_expert = True  # fully_shard made new Parameters
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
 

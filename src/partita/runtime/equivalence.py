@@ -33,7 +33,7 @@ from .parallelize import cross_entropy, parallelize
 OPTIMIZERS: dict[str, Callable[[list], torch.optim.Optimizer]] = {
     "momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False),
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.5, foreach=False),
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-6, foreach=False),
 }
 
 
@@ -84,13 +84,13 @@ def _my_slice(ref: torch.Tensor, held: torch.Tensor, pm, is_expert: bool) -> tup
     DTensors (tp, FSDP) are cut with their own placements and no communication
     (``distribute_tensor(..., src_data_rank=None)``: each rank takes its local chunk);
     experts are cut along dim 0 by the ep rank."""
+    if is_expert:  # this ep rank's experts first (a DTensor's shape is that share's global shape)
+        n = held.shape[0]
+        r = dist.get_rank(pm.ep_group) if pm.ep_group is not None else 0
+        ref = ref[r * n:(r + 1) * n]
     if isinstance(held, DTensor):
         mine = distribute_tensor(ref.detach().to(held.dtype), held.device_mesh, held.placements, src_data_rank=None)
         return mine.to_local(), held.to_local()
-    if is_expert:
-        n = held.shape[0]
-        r = dist.get_rank(pm.ep_group)
-        return ref[r * n:(r + 1) * n], held
     return ref, held
 
 

@@ -38,3 +38,13 @@ def _ranks(plan: Plan, axis: str, rank: int) -> list[int]:
         pos = dp_group.index(rank)
         return [r for i, r in enumerate(dp_group) if i % plan.ep == pos % plan.ep]
     raise ValueError(axis)
+
+
+def expert_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """A (pp, edp, ep, tp) mesh: each dp group split into ``dp/ep`` expert-data-parallel
+    replicas of ``ep`` consecutive members, the layout :func:`plan.axis_ranks` gives the ep
+    axis (stride tp inside the flattened dp axis; cp = 1). FSDP shards the experts over
+    ``edp`` (torchtitan's ``dp_shard_mod_ep`` mesh), the rest of the model over ``dp``."""
+    import torch
+    shape = (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp)
+    return DeviceMesh(device_type, torch.arange(plan.world_size).view(shape), mesh_dim_names=("pp", "edp", "ep", "tp"))

@@ -47,11 +47,8 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
             errs.append("HF models run with dp/zero, tp and recompute in this runtime (no pp or ep)")
         if plan.tp > 1 and plan.sp:
             errs.append("HF models run tp without sequence parallel (HF derives positions from the local sequence); pass sp=false")
-    moe = getattr(model, "cfg", None) is not None and model.cfg.num_experts > 0
-    if plan.ep > 1 and (plan.tp > 1 or plan.pp > 1 or plan.zero >= 2):
-        errs.append("ep > 1 runs with tp = 1, pp = 1 and zero 0/1 in this runtime")
-    if moe and plan.pp > 1:
-        errs.append("pipeline parallel with a MoE model is not implemented by the runtime yet")
+    if plan.ep > 1 and plan.cp > 1:
+        errs.append("ep > 1 runs with cp = 1 in this runtime (experts are carved out of dp only)")
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
             and plan.grad_accum_mode == "sharded":
         errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
@@ -88,6 +85,8 @@ class ParallelModel:
     ep_group: dist.ProcessGroup | None = None
     #: called as ``hook(i)`` after micro-batch ``i``'s backward (tests measure what is held there)
     micro_batch_hook: Callable[[int], None] | None = None
+    #: MoE load-balancing losses recorded by pipeline stages in this step (see moe_aux.py)
+    aux_record: dict = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:
@@ -137,7 +136,10 @@ class ParallelModel:
                     core = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
                     out = model(x) if core is not model else logits_of(model, x)
                     out = out.logits if hasattr(out, "logits") else out
-                    loss = cross_entropy(out, y) + aux_loss(core).to(self.device)
+                    loss = cross_entropy(out, y)
+                    if isinstance(loss, DTensor):  # vocab-parallel loss: replicated; add the aux loss locally
+                        loss = loss.to_local()
+                    loss = loss + aux_loss(core).to(self.device)
                 scaled = loss / m
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)
@@ -149,6 +151,7 @@ class ParallelModel:
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         losses: list[torch.Tensor] = []
+        self.aux_record.clear()
         is_first = any(getattr(mod, "tok_embeddings", None) is not None for mod in self.modules)
         is_last = any(getattr(mod, "output", None) is not None for mod in self.modules)
         with self._autocast():
@@ -156,11 +159,13 @@ class ParallelModel:
                 self.schedule.step(inputs, target=targets if is_last else None, losses=losses if is_last else None)
             else:
                 self.schedule.step(target=targets if is_last else None, losses=losses if is_last else None)
-        value = torch.tensor([sum(float(l.detach().float()) for l in losses) / len(losses) if losses else 0.0],
-                             dtype=torch.float64)
-        # the loss lives on the last stage: broadcast it along the pipeline
-        ranks = dist.get_process_group_ranks(self.pp_group)
-        dist.broadcast(value, src=ranks[-1], group=self.pp_group)
+        m = self.plan.grad_accum
+        local = sum(float(l.detach().float()) for l in losses) / m
+        from .moe_aux import recorded_aux_sum
+        local += recorded_aux_sum(self.aux_record, m) / m  # MoE load-balancing losses of this rank's layers
+        # the loss lives on the last stage, the aux losses on every stage: sum along the pipeline
+        value = torch.tensor([local], dtype=torch.float64)
+        dist.all_reduce(value, group=self.pp_group)
         return float(value.item())
 
     def _clip_and_step(self) -> None:
@@ -242,65 +247,87 @@ def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], t
     mesh = build_mesh(plan, device_type)
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
     model = model.to(device)
-
     # 2. pipeline stages
     if plan.pp > 1:
         from .pipeline import stage_modules
         modules = [mod for _, mod in stage_modules(model, plan)]
     else:
         modules = [model]
-    # 3. tensor + sequence parallel
+    ep_group, edp_group = _apply_model_parallel(modules, plan, mesh)
+    aux_record: dict[int, list] = {}
+    if plan.pp > 1:
+        from .moe_aux import attach_aux_losses
+        for mod in modules:
+            attach_aux_losses(mod, aux_record)
+    # 5. recomputation
+    for mod in modules:
+        apply_recompute(mod, plan.recompute)
+    modules, grad_sync, autocast = _apply_data_parallel(modules, plan, mesh, device_type, edp_group)
+    dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
+    optimizer = _build_optimizer(modules, plan, make_optimizer, dp_group, edp_group)
+    scaler = torch.amp.GradScaler(device_type) if plan.dtype == "fp16" else None
+    pm = ParallelModel(plan=plan, modules=modules, optimizer=optimizer, device=device, mesh=mesh,
+                       max_grad_norm=max_grad_norm, grad_sync=grad_sync, scaler=scaler, _autocast=autocast,
+                       pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
+    pm.aux_record = aux_record
+    if plan.pp > 1:
+        from .pipeline import build_schedule
+        pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
+                                     mesh["pp"].get_group(), cross_entropy)
+    return pm
+
+
+def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh) -> tuple:
+    """3. tensor + sequence parallel, 4. expert parallel; returns the (ep, edp) groups."""
     if plan.tp > 1:
         from .tensor_parallel import apply_tp
         for mod in modules:
             apply_tp(mod, mesh["tp"], plan.sp)
-    # 4. expert parallel
-    ep_group = None
-    edp_group = None
+    ep_group = edp_group = None
     if plan.ep > 1:
         from .expert_parallel import apply_ep
         ep_group = new_subgroups(plan, "ep")
         edp_group = new_subgroups(plan, "edp")
         for mod in modules:
             apply_ep(mod, ep_group, plan.ep)
-    # 5. recomputation
-    for mod in modules:
-        apply_recompute(mod, plan.recompute)
-    # 6. data parallel
+    return ep_group, edp_group
+
+
+def _apply_data_parallel(modules: list[nn.Module], plan: Plan, mesh, device_type: str, edp_group) -> tuple:
+    """6. data parallel by ZeRO stage: (modules, gradient sync or None, autocast context)."""
     dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
     param_dtype = DTYPES.get(plan.dtype)
     grad_sync = None
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     if plan.dp > 1 and plan.zero >= 2:
+        edp_mesh = None
+        if plan.ep > 1:
+            from .mesh import expert_mesh
+            edp_mesh = expert_mesh(plan, device_type)["edp"]
         for mod in modules:
-            apply_fsdp(mod, mesh["dp"], plan.zero, param_dtype)
-    else:
-        if param_dtype is not None:
-            autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731
-        plain = plan.tp == 1 and plan.pp == 1 and plan.ep == 1
-        if plan.dp > 1 and plain and plan.zero == 0:
-            modules = [nn.parallel.DistributedDataParallel(modules[0], process_group=dp_group, broadcast_buffers=False)]
-        elif plan.dp > 1:
-            grad_sync = GradientSync([p for mod in modules for p in mod.parameters()], dp_group, edp_group)
-    # 7. optimizer
+            apply_fsdp(mod, mesh["dp"], plan.zero, param_dtype, edp_mesh, plan.dp)
+        return modules, None, autocast
+    if param_dtype is not None:
+        autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731
+    plain = plan.tp == 1 and plan.pp == 1 and plan.ep == 1
+    if plan.dp > 1 and plain and plan.zero == 0:
+        modules = [nn.parallel.DistributedDataParallel(modules[0], process_group=dp_group, broadcast_buffers=False)]
+    elif plan.dp > 1:
+        grad_sync = GradientSync([p for mod in modules for p in mod.parameters()], dp_group, edp_group)
+    return modules, grad_sync, autocast
+
+
+def _build_optimizer(modules: list[nn.Module], plan: Plan, make_optimizer, dp_group, edp_group):
+    """7. the optimizer: ZeRO-1 shards dense parameters over dp and experts over edp."""
     params = [p for mod in modules for p in mod.parameters()]
-    if plan.zero == 1 and plan.dp > 1:
-        dense = [p for p in params if not getattr(p, "_partita_expert", False)]
-        experts = [p for p in params if getattr(p, "_partita_expert", False)]
-        optimizer = _CombinedOptimizer([ShardedOptimizer(dense, make_optimizer, dp_group)] +
-                                       ([ShardedOptimizer(experts, make_optimizer, edp_group)] if experts and edp_group else
-                                        [_Wrapped(make_optimizer(experts))] if experts else []))
-    else:
-        optimizer = make_optimizer(params)
-    scaler = torch.amp.GradScaler(device_type) if plan.dtype == "fp16" else None
-    pm = ParallelModel(plan=plan, modules=modules, optimizer=optimizer, device=device, mesh=mesh,
-                       max_grad_norm=max_grad_norm, grad_sync=grad_sync, scaler=scaler, _autocast=autocast,
-                       pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
-    if plan.pp > 1:
-        from .pipeline import build_schedule
-        pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
-                                     mesh["pp"].get_group(), cross_entropy)
-    return pm
+    if not (plan.zero == 1 and plan.dp > 1):
+        return make_optimizer(params)
+    dense = [p for p in params if not getattr(p, "_partita_expert", False)]
+    experts = [p for p in params if getattr(p, "_partita_expert", False)]
+    parts: list = [ShardedOptimizer(dense, make_optimizer, dp_group)]
+    if experts:
+        parts.append(ShardedOptimizer(experts, make_optimizer, edp_group) if edp_group else _Wrapped(make_optimizer(experts)))
+    return _CombinedOptimizer(parts)
 
 
 def virtual_stages_of_rank(plan: Plan) -> list[int]:

@@ -12,8 +12,10 @@ from torch import nn
 from ..models.hf import is_hf
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+
+from ..models.llama import MoE
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
@@ -35,14 +37,27 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
             "attention": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
+        }
+        plan.update(_moe_plan(seq) if isinstance(block.feed_forward, MoE) else {
             "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=seq),
-        }
+        })
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
+
+
+def _moe_plan(seq) -> dict[str, object]:
+    """A MoE layer under tp with expert tensor parallel 1 (Megatron-Core ``etp=1``): every
+    tp rank runs the router, the experts it holds (whole, or its ep share) and the shared
+    experts on the whole (sequence-gathered) input, as plain tensors; the identical
+    outputs become a replicated DTensor, cut back to the sequence shard with SP (a local
+    slice; its backward gathers the gradient)."""
+    return {"feed_forward": PrepareModuleInputOutput(
+        input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_input=True,
+        output_layouts=(Replicate(),), desired_output_layouts=(seq,), use_local_output=True)}
 
 
 def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh) -> None:
