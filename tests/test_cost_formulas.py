@@ -389,3 +389,30 @@ def test_estimate_says_does_not_fit_with_the_shortfall_and_fits_with_the_headroo
     assert not big.fits and big.memory_verdict.startswith("DOES NOT FIT: ")
     assert f"{big.peak_memory_gib - limit:.1f} GiB more than the {limit:.1f} GiB usable" in big.memory_verdict
     assert big.to_dict()["headroom_gib"] < 0 and big.to_dict()["memory_verdict"] == big.memory_verdict
+
+
+def test_gradient_accumulation_mode_zero2_and_zero3():
+    """plan.grad_accum_mode under ZeRO-2/3 with 4 micro-batches: sharded (default) holds 1/dp
+    of the gradients and reduce-scatters every micro-batch; unsharded holds them whole and
+    reduce-scatters once per step."""
+    cluster = hand_cluster(2, 4)
+    base = Plan(dp=2, gbs=8, mbs=1, seq_len=1024, zero=2, overlap_grad_reduce=False, overlap_param_gather=False)
+    assert base.grad_accum == 4 and base.grad_accum_mode == "sharded"
+    sharded = estimate_rank_memory(HAND, cluster.device, base, 0).parts
+    params = sharded["weights"] / 2  # bf16 working weights, not sharded under zero 2
+    assert sharded["gradients"] == pytest.approx(4 * params / 2, rel=1e-12)
+    unsharded = estimate_rank_memory(HAND, cluster.device, base.with_(grad_accum_mode="unsharded"), 0).parts
+    assert unsharded["gradients"] == pytest.approx(4 * params, rel=1e-12)
+    # fp32 gradients reduce-scattered, bf16 weights all-gathered, over dp 2 inside a node: (g-1)/g S / B
+    rs, ag = 0.5 * 4 * params / INTRA, 0.5 * 2 * params / INTRA
+    t_sharded = estimate_step_time(HAND, cluster, base).parts["dp gradient sync"]
+    t_unsharded = estimate_step_time(HAND, cluster, base.with_(grad_accum_mode="unsharded")).parts["dp gradient sync"]
+    assert t_sharded == pytest.approx(4 * rs + ag, rel=1e-12)
+    assert t_unsharded == pytest.approx(rs + ag, rel=1e-12)
+    # zero 3: sharded reduces inside every micro-batch's traffic; unsharded once, after the pipeline
+    z3 = base.with_(zero=3)
+    s3, u3 = estimate_step_time(HAND, cluster, z3), estimate_step_time(HAND, cluster, z3.with_(grad_accum_mode="unsharded"))
+    assert "dp gradient sync" not in s3.parts
+    assert u3.parts["dp gradient sync"] == pytest.approx(0.5 * 4 * params / INTRA, rel=1e-12)
+    assert estimate_rank_memory(HAND, cluster.device, z3.with_(grad_accum_mode="unsharded"), 0).parts["gradients"] == \
+        pytest.approx(4 * params, rel=1e-12)

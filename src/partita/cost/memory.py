@@ -7,7 +7,7 @@ bytes per parameter with mixed precision and Adam:
 component   bytes                      sharded over the data-parallel group at
 ==========  =========================  ======================================
 weights     2 (bf16/fp16; fp32: 4)     zero 3
-gradients   4 (fp32 main grads) or 2   zero 2 and 3
+gradients   4 (fp32 main grads) or 2   zero 2 and 3 (unless accumulated unsharded)
 optimizer   12 (fp32 master + m + v);  zero 1, 2 and 3
             fp32 training: 8 (m + v)
 ==========  =========================  ======================================
@@ -81,12 +81,25 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     fp8 (Transformer Engine style) caches an fp8 copy of each weight (1 byte) across
     micro-batches; the transpose is made per GEMM.
     """
-    weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard)
+    weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard,
+                                             full_gradients(plan))
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
-def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot path)."""
+def full_gradients(plan: Plan) -> bool:
+    """Whether a ZeRO-2/3 rank holds the whole (unsharded) gradient: with
+    ``grad_accum_mode="unsharded"`` and more than one micro-batch the gradients accumulate
+    unreduced until the last micro-batch (FSDP2 ``set_requires_gradient_sync(False)``
+    on the others; DeepSpeed ZeRO-2 without ``reduce_scatter`` per micro-batch), so the
+    full gradient is held; the default ``sharded`` mode reduce-scatters every micro-batch
+    into the shard (plan.py, ``grad_accum_mode``)."""
+    return plan.grad_accum_mode == "unsharded" and plan.grad_accum > 1
+
+
+def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
+                 full_grads: bool = False) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot
+    path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`)."""
     if dtype == "fp32" or z >= 3:
         weight_b, opt_b = 4, 8
     else:
@@ -94,7 +107,7 @@ def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int) -> 
     weights = params * weight_b / (shard if z >= 3 else 1)
     if dtype == "fp8":
         weights += params * 1 / (shard if z >= 3 else 1)
-    grads = params * grad_b / (shard if z >= 2 else 1)
+    grads = params * grad_b / (shard if z >= 2 and not full_grads else 1)
     optimizer = params * opt_b / (shard if z >= 1 else 1)
     return weights, grads, optimizer
 
@@ -369,14 +382,15 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     expert_shard = max(1, dense_shard * plan.tp // plan.ep)  # the expert data-parallel group
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
     transient, buffers = _transient(model, plan, shape), _buffers(device, plan)
+    full = full_gradients(plan)
     states: dict[int, tuple[float, float, float, float]] = {}
     activations: dict[str, float] = {}
     out = {}
     for recompute, zero in settings:
         if zero not in states:
-            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard)
+            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full)
             if expert:
-                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard)
+                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero))
         if recompute not in activations:

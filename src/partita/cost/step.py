@@ -23,6 +23,12 @@ of the communication that sits on the critical path:
 * ZeRO-3: per micro-batch all-gather (forward and backward) and reduce-scatter of the
   rank's parameters, overlapped with that micro-batch's compute; plus the device's
   ``zero3_framework_us_per_layer`` (FSDP hooks and launches, as for tp above).
+* Gradient accumulation under ZeRO-2/3 (``plan.grad_accum_mode``): ``sharded`` (the
+  default) reduce-scatters every micro-batch - ZeRO-3 inside the per-micro-batch traffic,
+  ZeRO-2 ``m`` reduce-scatters per step, the first ``m - 1`` exposed only beyond their
+  own backward plus the next forward (all of them when not overlapped);
+  ``unsharded`` reduces once after the last micro-batch (and holds the full gradient,
+  :func:`.memory.full_gradients`).
 
 The pipeline combines the stages (:func:`.pipeline.pipeline_time`). After it, the
 data-parallel gradient reduction (all-reduce for zero 0; reduce-scatter + all-gather
@@ -42,7 +48,8 @@ from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward, selective_gemm_fraction
 from .memo import memoised
-from .memory import RankShape, _grad_bytes, _shape_params, grad_bytes, rank_shapes, distinct_shapes, shape_params
+from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, full_gradients, grad_bytes, rank_shapes,
+                     shape_params)
 from .pipeline import pipeline_time, pipeline_time_of
 from .shape import StageShape, Zero3Shape, expert_dp_span, stage_shape, zero3_shape
 
@@ -268,21 +275,25 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     """ZeRO-3 per micro-batch: all-gather of the rank's parameters forward and backward
     and reduce-scatter of its gradients, overlapped with the micro-batch's compute (incl.
     recompute) except for the first layer's, plus the host-side framework time per layer."""
-    t = _zero3_traffic(model, cluster.device, shape, zero3_shape(plan, cluster.devices_per_node))
+    t = _zero3_traffic(model, cluster.device, shape, zero3_shape(plan, cluster.devices_per_node),
+                       not full_gradients(plan))
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
     framework = shape.n_layers * cluster.device.efficiency.zero3_framework_us_per_layer * 1e-6
     return max(0.0, t - compute) + t / max(shape.n_layers, 1) + framework
 
 
 @memoised
-def _zero3_traffic(model: ModelSpec, device: Device, rank: RankShape, shape: Zero3Shape) -> float:
+def _zero3_traffic(model: ModelSpec, device: Device, rank: RankShape, shape: Zero3Shape,
+                   reduce: bool = True) -> float:
     """Seconds of one micro-batch's ZeRO-3 collectives: all-gather of the 16-bit weights
-    forward and again backward, reduce-scatter of the gradients."""
+    forward and again backward, and (``reduce``: sharded gradient accumulation, the
+    default) the reduce-scatter of its gradients. Unsharded accumulation reduces once per
+    step instead (:func:`_grad_reduce_once`)."""
     dev = device
     dense, expert = shape_params(model, rank, shape.params)
     g, k = shape.dp_span
     w = _working_weight_bytes(shape.dtype)
-    gb = grad_bytes(shape.dtype, shape.grad_dtype)
+    gb = grad_bytes(shape.dtype, shape.grad_dtype) if reduce else 0
     t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * gb, g, k)
     if expert:
         eg, ek = shape.expert_dp_span
@@ -297,8 +308,9 @@ def _working_weight_bytes(dtype: str) -> int:
 
 def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
     """A cheap lower bound of :func:`estimate_step_time` for ``plan``: every rank's
-    per-micro-batch time through the pipeline, without the data-parallel gradient sync,
-    the optimizer step and the tied-embedding sync (each >= 0). The pipeline time is
+    per-micro-batch time through the pipeline, plus the floor of what follows it
+    (:func:`_after_pipeline_bound`: the sharded optimizer step and the tied-embedding
+    sync; the data-parallel gradient sync, >= 0, is left out). The pipeline time is
     monotone in every stage's time, and more recompute or ZeRO-3 only add terms, so the
     bound at ``recompute="none"`` and zero <= 2 holds for every setting of the layout.
     The search ranks layouts by it and skips the ones that cannot beat what it has
@@ -312,7 +324,26 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
             t += _zero3_exposed(model, cluster, plan, shape, terms.compute + terms.recompute)
         total += count * t
         slowest = max(slowest, t)
-    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
+    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule) + _after_pipeline_bound(model, cluster, plan)
+
+
+def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """What every setting of the layout adds after the pipeline, at least: the optimizer
+    step on the sharded states (zero 0 holds more, so this is a floor for every stage)
+    on the rank holding the most parameters, and the tied-embedding sync. The gradient
+    sync is left out (its exposed part depends on recompute and the ZeRO stage)."""
+    dev = cluster.device
+    worst = 0.0
+    for _, shape, _ in distinct_shapes(model, plan):
+        dense, expert = _shape_params(model, plan, shape)
+        shard = dense / (plan.dp * plan.cp) + expert / max(1, plan.dp * plan.cp * plan.tp // plan.ep)
+        worst = max(worst, ADAM_STEP_BYTES_PER_PARAM * shard)
+    t = worst / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth)
+    if model.tied_embeddings and plan.pp > 1:
+        size = model.vocab * model.hidden / plan.tp * _grad_bytes(plan)
+        same_node = group_span(plan, "pp", cluster.devices_per_node)[1] == 1
+        t += comm.all_reduce(dev, size, *((2, 1) if same_node else (1, 2)))
+    return t
 
 
 def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTime:
@@ -349,15 +380,26 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         done.add(key)
         dense, expert = _shape_params(model, plan, shape)
         t_rs = t_ag = 0.0
+        rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
         if plan.zero == 0:
             t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)
         elif plan.zero in (1, 2):
-            t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
+            t_rs = rs
             t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)
+        elif full_gradients(plan):
+            t_rs = rs  # zero 3, unsharded accumulation: one reduce-scatter per step
         n_layers = max(shape.n_layers, 1)
         bwd_window = st.backward / plan.vpp
         fwd_window = st.forward / plan.vpp
         exp_rs = max(t_rs / n_layers, t_rs - bwd_window) if plan.overlap_grad_reduce else t_rs
+        if plan.zero == 2 and not full_gradients(plan) and plan.overlap_grad_reduce:
+            # sharded accumulation: every micro-batch reduce-scatters into the shard (m times
+            # the traffic); each of the first m - 1 runs behind its own backward and the next
+            # micro-batch's forward (another stream), so only what exceeds both is exposed;
+            # the last one is exposed as above
+            exp_rs += (plan.grad_accum - 1) * max(0.0, t_rs - bwd_window - fwd_window)
+        elif plan.zero == 2 and not full_gradients(plan):
+            exp_rs *= plan.grad_accum  # not overlapped: every micro-batch's reduce-scatter waits
         exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if plan.overlap_param_gather else t_ag
         worst_dp = max(worst_dp, exp_rs + exp_ag)
         shard_dense = dense / (plan.dp * plan.cp) if plan.zero >= 1 else dense
