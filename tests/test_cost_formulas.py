@@ -416,3 +416,17 @@ def test_gradient_accumulation_mode_zero2_and_zero3():
     assert u3.parts["dp gradient sync"] == pytest.approx(0.5 * 4 * params / INTRA, rel=1e-12)
     assert estimate_rank_memory(HAND, cluster.device, z3.with_(grad_accum_mode="unsharded"), 0).parts["gradients"] == \
         pytest.approx(4 * params, rel=1e-12)
+
+
+def test_peak_memory_as_each_statistic_reads_it():
+    """allocated < reserved (+ fragmentation) < device reading (+ runtime reservation), by
+    exactly those parts of the breakdown."""
+    from partita.estimate import estimate
+    cluster = hand_cluster(8, 4)
+    est = estimate(HAND, cluster, Plan(dp=2, tp=2, pp=2, sp=True, mbs=1, gbs=4, seq_len=1024, zero=1))
+    parts = est.peak_rank.parts
+    assert est.peak_memory_gib_as("device") == est.peak_memory_gib
+    assert est.peak_memory_gib_as("reserved") == pytest.approx(est.peak_memory_gib - 1.0, rel=1e-12)  # 1 GiB runtime
+    allocated = sum(v for k, v in parts.items() if k not in ("allocator fragmentation", "runtime (context, workspaces)"))
+    assert est.peak_memory_gib_as("allocated") == pytest.approx(allocated / GIB, rel=1e-12)
+    assert est.peak_memory_gib_as("reserved") == pytest.approx(allocated * 1.1 / GIB, rel=1e-12)  # 10 % fragmentation

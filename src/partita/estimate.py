@@ -53,6 +53,21 @@ class Estimate:
     def peak_memory_gib(self) -> float:
         return self.peak_rank.total / GIB
 
+    def peak_memory_gib_as(self, statistic: str) -> float:
+        """The peak as a given memory statistic reads it (GiB), so a measurement is
+        compared with the same quantity: ``allocated`` (``torch.cuda.max_memory_allocated``,
+        Megatron's mem-max-allocated): the parts alone; ``reserved``
+        (``max_memory_reserved``, torchtitan's "memory" log): plus the caching allocator's
+        fragmentation; anything else (nvidia-smi / npu-smi, or not stated): the whole peak,
+        the runtime's own reservation (context, workspaces) included."""
+        parts = self.peak_rank.parts
+        total = self.peak_rank.total
+        if statistic == "allocated":
+            total -= parts.get("allocator fragmentation", 0.0) + parts.get("runtime (context, workspaces)", 0.0)
+        elif statistic == "reserved":
+            total -= parts.get("runtime (context, workspaces)", 0.0)
+        return total / GIB
+
     @property
     def tokens_per_s_per_device(self) -> float:
         return self.plan.tokens_per_step / self.step_time_s / self.cluster.world_size
