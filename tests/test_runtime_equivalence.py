@@ -41,6 +41,8 @@ CASES = {
         "tiny-llama:dp=2,recompute=full," + S,
         "tiny-llama:dp=2,recompute=selective," + S,
         "tiny-llama:dp=2,zero=3,dtype=bf16," + S,
+        "tiny-llama:cp=2," + S,  # context parallel: load-balanced chunks, K/V all-gathered
+        "tiny-llama:cp=2,zero=3," + S,
     ],
     4: [
         "tiny-llama:dp=2,tp=2," + S,
@@ -53,6 +55,11 @@ CASES = {
         "tiny-moe:ep=2,tp=2,sp=false,zero=3," + S,
         "tiny-moe:dp=4,ep=2,zero=3," + S8,  # edp groups of 2: experts sharded and reduced over them
         "tiny-moe@adamw:dp=4,ep=2,zero=1," + S8,
+        "tiny-llama:cp=2,tp=2," + S,
+        "tiny-llama:cp=2,dp=2,zero=2," + S,
+        "tiny-llama:cp=2,pp=2," + S,
+        "tiny-llama:dp=4,zero=3,dp_shard=2," + S8,  # HSDP: shard in pairs, replicate across them
+        "tiny-llama@adamw:dp=4,zero=2,dp_shard=2," + S8,
     ],
     8: ["tiny-llama:pp=2,dp=2,tp=2," + S8],
 }
@@ -132,3 +139,17 @@ def test_optimizer_state_is_sharded_over_dp(results, case):
     r = results[case]
     expected = 1.0 if "zero=0" in case else 1 / r["dp"]
     assert abs(r["state_fraction_max"] - expected) <= 0.1 * expected, r["state_fraction_max"]
+
+
+HSDP = [c for c in ALL if "dp_shard=" in c]
+
+
+@pytest.mark.parametrize("case", HSDP)
+def test_hsdp_holds_one_shard_group_share(results, case):
+    """HSDP with dp_shard=K keeps optimizer state and, between micro-batches, gradients for
+    1/K of the parameters (sharded in the group of K, replicated across groups)."""
+    r = results[case]
+    k = int(case.split("dp_shard=")[1].split(",")[0])
+    assert abs(r["state_fraction_max"] - 1 / k) <= 0.1 / k, r["state_fraction_max"]
+    held, expected = r["grad_bytes_between_micro_batches_max"], r["model_param_bytes"] / k
+    assert abs(held - expected) <= 0.1 * expected, (held, expected)

@@ -33,6 +33,11 @@ grad_accum_mode
            held: full; traffic: one reduce-scatter per step) [FSDP2
            ``set_requires_gradient_sync``]. zero 0/1 ignore it (they hold full
            gradients and all-reduce once per step).
+dp_shard   HSDP with zero 2/3: shard within groups of ``dp_shard`` consecutive dp
+           ranks and replicate across the ``dp / dp_shard`` groups (gradients
+           reduce-scattered in the group, then all-reduced across groups)
+           [FSDP2 on a 2-D mesh; Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2];
+           0 (default): shard over all of dp.
 =========  ===================================================================
 
 The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
@@ -57,7 +62,7 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
 PLAN_FORMAT = "partita.plan/1"
 #: Fields written to JSON only when set to something else than this default.
-_OPTIONAL_DEFAULTS: dict[str, object] = {"grad_accum_mode": "sharded"}
+_OPTIONAL_DEFAULTS: dict[str, object] = {"grad_accum_mode": "sharded", "dp_shard": 0}
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class Plan:
     # Fields added after format partita.plan/1 was fixed: to_dict writes each only when it
     # differs from its default (:data:`_OPTIONAL_DEFAULTS`), so existing plans keep their JSON.
     grad_accum_mode: str = "sharded"
+    dp_shard: int = 0
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -128,6 +134,8 @@ class Plan:
         parts.append(f"mbs{self.mbs}x{self.grad_accum}")
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
+        if 0 < self.dp_shard < self.dp:
+            parts.append(f"hsdp{self.dp_shard}")
         if self.grad_accum_mode != "sharded" and self.zero >= 2 and self.grad_accum > 1:
             parts.append("ga-unsharded")
         return " ".join(parts)
@@ -273,6 +281,10 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"schedule must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
     if plan.grad_accum_mode not in GRAD_ACCUM_MODES:
         errs.append(f"grad_accum_mode must be sharded or unsharded, got {plan.grad_accum_mode!r}")
+    if plan.dp_shard < 0 or (plan.dp_shard and plan.dp % plan.dp_shard):
+        errs.append(f"dp_shard must be 0 (all of dp) or a divisor of dp={plan.dp}, got {plan.dp_shard}")
+    elif 0 < plan.dp_shard < plan.dp and plan.zero < 2:
+        errs.append(f"dp_shard={plan.dp_shard} < dp (HSDP) needs zero 2 or 3, got zero {plan.zero}")
     if world_size is not None and plan.world_size != world_size:
         errs.append(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} "
                     f"must equal the device count {world_size}")

@@ -78,6 +78,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.type_as(x)
 
 
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention: repeat each K/V head for the query heads that share it."""
+    if k.shape[1] == q.shape[1]:
+        return k, v
+    rep = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -92,14 +100,20 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)  # local heads inferred (tensor parallel)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        cos, sin = cos[:s], sin[:s]  # tables cover max_seq_len; s is the full sequence here
+        cos, sin = self.rope_rows(cos, sin, s)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if k.shape[1] != q.shape[1]:  # grouped-query attention
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = self.attend(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def rope_rows(self, cos: torch.Tensor, sin: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE table rows of this sequence's positions: ``0 .. s-1``. A hook: context
+        parallel replaces it with the global positions of the rank's sequence chunks."""
+        return cos[:s], sin[:s]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over (b, heads, s, head_dim); a hook context parallel replaces."""
+        return F.scaled_dot_product_attention(q, *repeat_kv(q, k, v), is_causal=True)
 
 
 class FeedForward(nn.Module):

@@ -48,3 +48,15 @@ def expert_mesh(plan: Plan, device_type: str) -> DeviceMesh:
     import torch
     shape = (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp)
     return DeviceMesh(device_type, torch.arange(plan.world_size).view(shape), mesh_dim_names=("pp", "edp", "ep", "tp"))
+
+
+def hsdp_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """The dp axis as a 2-D (dp_replicate, dp_shard) mesh for HSDP: groups of ``dp_shard``
+    consecutive dp ranks shard, the ``dp / dp_shard`` groups replicate (cp = 1). FSDP2 given
+    a 2-D mesh reduce-scatters inside a group and all-reduces across groups."""
+    import torch
+    k = plan.dp_shard
+    shape = (plan.pp, plan.dp // k, k, plan.cp, plan.tp)
+    names = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    full = DeviceMesh(device_type, torch.arange(plan.world_size).view(shape), mesh_dim_names=names)
+    return full["dp_replicate", "dp_shard"]

@@ -37,16 +37,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 def runtime_check(plan: Plan, model: nn.Module) -> None:
     """Constraints of this runtime on top of :func:`partita.plan.validate` (one line each)."""
     errs = []
-    if plan.cp > 1:
-        errs.append("cp > 1 (context parallel) is not implemented by the runtime yet")
     if plan.dtype == "fp8":
         errs.append("fp8 training is not implemented by the runtime yet (plan and estimate it; run bf16)")
     from ..models.hf import is_hf
     if is_hf(model):
-        if plan.pp > 1 or plan.ep > 1:
-            errs.append("HF models run with dp/zero, tp and recompute in this runtime (no pp or ep)")
+        if plan.pp > 1 or plan.ep > 1 or plan.cp > 1:
+            errs.append("HF models run with dp/zero, tp and recompute in this runtime (no pp, ep or cp)")
         if plan.tp > 1 and plan.sp:
             errs.append("HF models run tp without sequence parallel (HF derives positions from the local sequence); pass sp=false")
+    if 0 < plan.dp_shard < plan.dp and (plan.cp > 1 or plan.ep > 1):
+        errs.append("HSDP (dp_shard < dp) runs with cp = 1 and ep = 1 in this runtime")
     if plan.ep > 1 and plan.cp > 1:
         errs.append("ep > 1 runs with cp = 1 in this runtime (experts are carved out of dp only)")
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
@@ -87,6 +87,8 @@ class ParallelModel:
     micro_batch_hook: Callable[[int], None] | None = None
     #: MoE load-balancing losses recorded by pipeline stages in this step (see moe_aux.py)
     aux_record: dict = field(default_factory=dict)
+    #: context parallel: the sequence positions (columns of the batch) this rank trains on
+    cp_positions: torch.Tensor | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -104,6 +106,8 @@ class ParallelModel:
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         plan = self.plan
+        if self.cp_positions is not None:  # context parallel: this rank's sequence chunks
+            inputs, targets = inputs[:, self.cp_positions], targets[:, self.cp_positions]
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         m = plan.grad_accum
         if inputs.shape[0] != plan.mbs * m:
@@ -254,6 +258,11 @@ def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], t
     else:
         modules = [model]
     ep_group, edp_group = _apply_model_parallel(modules, plan, mesh)
+    cp_positions = None
+    if plan.cp > 1:
+        from .context_parallel import apply_cp
+        for mod in modules:
+            cp_positions = apply_cp(mod, mesh["cp"].get_group(), plan.seq_len, plan.cp)
     aux_record: dict[int, list] = {}
     if plan.pp > 1:
         from .moe_aux import attach_aux_losses
@@ -262,14 +271,18 @@ def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], t
     # 5. recomputation
     for mod in modules:
         apply_recompute(mod, plan.recompute)
-    modules, grad_sync, autocast = _apply_data_parallel(modules, plan, mesh, device_type, edp_group)
-    dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
+    data_mesh = _data_mesh(plan, mesh, device_type)
+    modules, grad_sync, autocast = _apply_data_parallel(modules, plan, data_mesh, device_type, edp_group)
+    dp_group = None
+    if data_mesh.size() > 1:
+        dp_group = data_mesh.get_group() if data_mesh.ndim == 1 else mesh["dp"].get_group()
     optimizer = _build_optimizer(modules, plan, make_optimizer, dp_group, edp_group)
     scaler = torch.amp.GradScaler(device_type) if plan.dtype == "fp16" else None
     pm = ParallelModel(plan=plan, modules=modules, optimizer=optimizer, device=device, mesh=mesh,
                        max_grad_norm=max_grad_norm, grad_sync=grad_sync, scaler=scaler, _autocast=autocast,
                        pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
     pm.aux_record = aux_record
+    pm.cp_positions = cp_positions
     if plan.pp > 1:
         from .pipeline import build_schedule
         pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
@@ -293,26 +306,37 @@ def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh) -> tuple:
     return ep_group, edp_group
 
 
-def _apply_data_parallel(modules: list[nn.Module], plan: Plan, mesh, device_type: str, edp_group) -> tuple:
-    """6. data parallel by ZeRO stage: (modules, gradient sync or None, autocast context)."""
-    dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
+def _data_mesh(plan: Plan, mesh, device_type: str):
+    """The ranks that average gradients: the dp axis, dp x cp flattened with context
+    parallel (each cp rank's loss covers its own tokens; Megatron reduces over dp x cp too),
+    or, for HSDP (``0 < dp_shard < dp``), the dp axis as a 2-D (replicate, shard) mesh."""
+    if 0 < plan.dp_shard < plan.dp:
+        from .mesh import hsdp_mesh
+        return hsdp_mesh(plan, device_type)
+    return mesh["dp", "cp"]._flatten("dp_cp") if plan.cp > 1 else mesh["dp"]
+
+
+def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device_type: str, edp_group) -> tuple:
+    """6. data parallel by ZeRO stage over ``data_mesh``: (modules, gradient sync or None, autocast)."""
+    ndp = data_mesh.size()
+    dp_group = data_mesh.get_group() if ndp > 1 and data_mesh.ndim == 1 else None  # HSDP (2-D) is FSDP only
     param_dtype = DTYPES.get(plan.dtype)
     grad_sync = None
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    if plan.dp > 1 and plan.zero >= 2:
+    if ndp > 1 and plan.zero >= 2:
         edp_mesh = None
         if plan.ep > 1:
             from .mesh import expert_mesh
             edp_mesh = expert_mesh(plan, device_type)["edp"]
         for mod in modules:
-            apply_fsdp(mod, mesh["dp"], plan.zero, param_dtype, edp_mesh, plan.dp)
+            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp)
         return modules, None, autocast
     if param_dtype is not None:
         autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731
     plain = plan.tp == 1 and plan.pp == 1 and plan.ep == 1
-    if plan.dp > 1 and plain and plan.zero == 0:
+    if ndp > 1 and plain and plan.zero == 0:
         modules = [nn.parallel.DistributedDataParallel(modules[0], process_group=dp_group, broadcast_buffers=False)]
-    elif plan.dp > 1:
+    elif ndp > 1:
         grad_sync = GradientSync([p for mod in modules for p in mod.parameters()], dp_group, edp_group)
     return modules, grad_sync, autocast
 
@@ -320,7 +344,7 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, mesh, device_type
 def _build_optimizer(modules: list[nn.Module], plan: Plan, make_optimizer, dp_group, edp_group):
     """7. the optimizer: ZeRO-1 shards dense parameters over dp and experts over edp."""
     params = [p for mod in modules for p in mod.parameters()]
-    if not (plan.zero == 1 and plan.dp > 1):
+    if not (plan.zero == 1 and dp_group is not None):
         return make_optimizer(params)
     dense = [p for p in params if not getattr(p, "_partita_expert", False)]
     experts = [p for p in params if getattr(p, "_partita_expert", False)]

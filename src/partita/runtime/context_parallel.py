@@ -1,0 +1,81 @@
+"""Context parallelism: the sequence split over the cp ranks, K/V all-gathered.
+
+Load-balanced causal sharding (Megatron-Core CP, Llama 3 paper sec. 3.3.2): the sequence
+is cut into ``2 cp`` chunks and cp rank ``r`` keeps chunks ``r`` and ``2cp-1-r``, so every
+rank has the same amount of causal attention work. Each attention layer computes Q, K, V
+for its own tokens, all-gathers K and V over the cp group (backward: reduce-scatter of
+their gradients) and attends with a causal mask built from the tokens' global positions;
+RoPE uses those global positions too. This is the all-gather-KV form of context parallel
+(Llama 3's choice for its CP); PyTorch's ``context_parallel`` needs a device with SDPA
+flash/efficient kernels and does not run on gloo (see the shared pytorch_cpu notes).
+
+The loss of a rank is the mean over its tokens; as all ranks hold the same number,
+averaging gradients and losses over the flattened (dp, cp) group gives the global mean.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.llama import Attention, repeat_kv
+
+
+def local_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
+    """Global positions of rank ``cp_rank``'s tokens: chunks ``r`` and ``2cp-1-r`` of ``2cp``."""
+    chunk = seq_len // (2 * cp)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    second = torch.arange((2 * cp - 1 - cp_rank) * chunk, (2 * cp - cp_rank) * chunk)
+    return torch.cat([first, second])
+
+
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along dim 2 (the sequence of (b, heads, s, d)); backward reduce-scatters."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        n = dist.get_world_size(group)
+        parts = x.movedim(2, 0).contiguous()
+        out = torch.empty((n * parts.shape[0], *parts.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, parts, group=group)
+        return out.movedim(0, 2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        n = dist.get_world_size(ctx.group)
+        full = grad.movedim(2, 0).contiguous()
+        out = torch.empty((full.shape[0] // n, *full.shape[1:]), dtype=grad.dtype, device=grad.device)
+        dist.reduce_scatter_tensor(out, full, group=ctx.group)
+        return out.movedim(0, 2), None
+
+
+def apply_cp(model: nn.Module, group: dist.ProcessGroup, seq_len: int, cp: int) -> torch.Tensor:
+    """Make every attention layer of ``model`` context-parallel over ``group``; returns this
+    rank's token positions (the columns of the batch it must feed)."""
+    rank = dist.get_rank(group)
+    mine = local_positions(seq_len, cp, rank)
+    everyone = torch.cat([local_positions(seq_len, cp, r) for r in range(cp)])  # all-gather order
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rope_rows = types.MethodType(_rope_rows(mine), module)
+            module.attend = types.MethodType(_attend(group, mine, everyone), module)
+    return mine
+
+
+def _rope_rows(mine: torch.Tensor):
+    def rope_rows(self, cos: torch.Tensor, sin: torch.Tensor, s: int):
+        idx = mine.to(cos.device)
+        return cos[idx], sin[idx]
+    return rope_rows
+
+
+def _attend(group: dist.ProcessGroup, mine: torch.Tensor, everyone: torch.Tensor):
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k, v = _GatherSeq.apply(k, group), _GatherSeq.apply(v, group)
+        mask = everyone.to(q.device)[None, :] <= mine.to(q.device)[:, None]  # causal on global positions
+        return F.scaled_dot_product_attention(q, *repeat_kv(q, k, v), attn_mask=mask)
+    return attend
