@@ -50,6 +50,8 @@ PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_golden_estimates.py
 #: Tests left out: they time the CLI's start-up, so on a loaded machine they fail without
 #: any mutant, which would count a mutant as caught for the wrong reason.
 DESELECT = ("tests/test_estimate_cli.py::test_estimate_does_not_import_torch_and_is_fast",)
+#: More tests to leave out, from ``--deselect`` (e.g. one another change has broken).
+EXTRA_DESELECT: list[str] = []
 #: Seconds one test run may take before the mutant counts as caught (a hang is a failure).
 RUN_TIMEOUT_S = 900
 
@@ -88,7 +90,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("dp grad reduce 0", "step.py", "exp_rs = max(t_rs / n_layers, t_rs - bwd_window) if plan.overlap_grad_reduce else t_rs", "exp_rs = 0.0"),
     ("dp param gather 0", "step.py", "exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if plan.overlap_param_gather else t_ag", "exp_ag = 0.0"),
     ("tied embedding sync 0", "step.py", "parts[\"tied embedding sync\"] = comm.all_reduce(dev, size,", "parts[\"tied embedding sync\"] = 0 * comm.all_reduce(dev, size,"),
-    ("tied embedding always 2 nodes", "step.py", "*((2, 1) if same_node else (1, 2))", "1, 2"),
+    ("tied embedding always 2 nodes", "step.py", 'parts["tied embedding sync"] = comm.all_reduce(dev, size, *((2, 1) if same_node else (1, 2)))', 'parts["tied embedding sync"] = comm.all_reduce(dev, size, 1, 2)'),
     ("bubble x2", "pipeline.py", "bubble = (total - slowest) / v", "bubble = 2 * (total - slowest) / v"),
     ("zero-bubble /1", "pipeline.py", "        bubble /= 3", "        bubble /= 1"),
     ("in-flight +1", "pipeline.py", "        return min(m, p - rank)", "        return min(m, p - rank) + 1"),
@@ -137,7 +139,12 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("cp exchange K/V width halved", "step.py", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else model.kv_dim"),
     ("pp send ignores sequence parallel", "step.py", "size = tokens * model.hidden * e / (layer.tp if layer.sp else 1)", "size = tokens * model.hidden * e"),
     # more memory terms
-    ("gradients sharded from zero 1", "memory.py", "grads = params * grad_b / (shard if z >= 2 else 1)", "grads = params * grad_b / (shard if z >= 1 else 1)"),
+    ("gradients sharded from zero 1", "memory.py", "grads = params * grad_b / (shard if z >= 2 and not full_grads else 1)", "grads = params * grad_b / (shard if z >= 1 and not full_grads else 1)"),
+    # gradient accumulation modes (plan.grad_accum_mode)
+    ("unsharded accumulation still sharded", "memory.py", "return plan.grad_accum_mode == \"unsharded\" and plan.grad_accum > 1", "return False"),
+    ("zero-2 per-micro-batch reduce-scatters free", "step.py", "exp_rs += (plan.grad_accum - 1) * max(0.0, t_rs - bwd_window - fwd_window)", "exp_rs += 0.0"),
+    ("zero-3 unsharded still reduces per micro-batch", "step.py", "gb = grad_bytes(shape.dtype, shape.grad_dtype) if reduce else 0", "gb = grad_bytes(shape.dtype, shape.grad_dtype)"),
+    ("flash attention backward extra 0", "step.py", "bwd = BACKWARD_PER_FORWARD * t + (FLASH_BACKWARD_PER_FORWARD - BACKWARD_PER_FORWARD) * layer.attn_time", "bwd = BACKWARD_PER_FORWARD * t"),
     ("expert shard = dense shard", "memory.py", "expert_shard = max(1, dense_shard * plan.tp // plan.ep)", "expert_shard = dense_shard"),
     ("activations inside tp not divided", "memory.py", "inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim) / tp", "inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim)"),
     ("log-sum-exp 0", "memory.py", "inside += FP32_BYTES * model.heads / tp  # fp32 log-sum-exp per head (flash attention)", "inside += 0.0"),
@@ -254,7 +261,7 @@ def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
 
 
 def _pytest(tests: list[str]) -> list[str]:
-    deselect = [arg for test in DESELECT for arg in ("--deselect", test)]
+    deselect = [arg for test in DESELECT + tuple(EXTRA_DESELECT) for arg in ("--deselect", test)]
     return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *deselect, *tests]
 
 
@@ -326,7 +333,10 @@ def main() -> int:
     parser.add_argument("--tests", nargs="*", default=list(PLANNING_TESTS))
     parser.add_argument("--from-head", action="store_true",
                         help="test the committed tree (git HEAD) instead of the working tree")
+    parser.add_argument("--deselect", nargs="*", default=[],
+                        help="pytest node ids to leave out (a test that fails without any mutant)")
     args = parser.parse_args()
+    EXTRA_DESELECT.extend(args.deselect)
     with tempfile.TemporaryDirectory(prefix="partita-mutants-") as tmp:
         work = Path(tmp)
         prepare(work, args.from_head, args.tests)

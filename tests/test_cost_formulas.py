@@ -430,3 +430,14 @@ def test_peak_memory_as_each_statistic_reads_it():
     allocated = sum(v for k, v in parts.items() if k not in ("allocator fragmentation", "runtime (context, workspaces)"))
     assert est.peak_memory_gib_as("allocated") == pytest.approx(allocated / GIB, rel=1e-12)
     assert est.peak_memory_gib_as("reserved") == pytest.approx(allocated * 1.1 / GIB, rel=1e-12)  # 10 % fragmentation
+
+
+def test_collectives_with_one_rank_per_node_use_only_the_network():
+    """g = 1 member per node on k nodes: no intra-node term at all, the network carries
+    (k-1)/k of the buffer (all-gather / reduce-scatter) or twice that (all-reduce)."""
+    dev = hand_cluster(8, 1).device  # no latency on the hand device
+    size = 1e9
+    assert comm.all_gather(dev, size, 1, 4) == pytest.approx(3 / 4 * size / INTER, rel=1e-12)
+    assert comm.reduce_scatter(dev, size, 1, 4) == pytest.approx(3 / 4 * size / INTER, rel=1e-12)
+    assert comm.all_reduce(dev, size, 1, 4) == pytest.approx(2 * 3 / 4 * size / INTER, rel=1e-12)
+    assert comm.all_to_all(dev, size, 1, 4) == pytest.approx(3 / 4 * size / INTER, rel=1e-12)
