@@ -97,7 +97,13 @@ STATE_CASES = {
         ("tiny-llama", "dp=4,zero=3,dtype=fp32," + SEQ.format(gbs=4)),
         ("tiny-llama", "dp=2,tp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
         ("tiny-llama", "pp=2,dp=2,zero=1,dtype=fp32," + SEQ.format(gbs=4)),
-        ("tiny-moe", "dp=4,ep=2,zero=1,dtype=fp32," + SEQ.format(gbs=4))],
+        ("tiny-moe", "dp=4,ep=2,zero=1,dtype=fp32," + SEQ.format(gbs=4)),
+        ("tiny-llama", "dp=4,zero=3,dp_shard=2,dtype=fp32," + SEQ.format(gbs=4)),  # HSDP
+        ("tiny-llama", "cp=2,dp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
+        ("tiny-llama", "cp=2,dp=2,zero=3,dtype=fp32," + SEQ.format(gbs=2)),
+        ("tiny-moe", "dp=4,ep=2,zero=3,dtype=fp32," + SEQ.format(gbs=4)),
+        ("tiny-moe", "dp=2,ep=2,tp=2,zero=1,dtype=fp32," + SEQ.format(gbs=2)),
+        ("tiny-moe", "dp=2,ep=2,pp=2,zero=1,dtype=fp32," + SEQ.format(gbs=4))],
 }
 
 

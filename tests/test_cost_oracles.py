@@ -212,6 +212,12 @@ _TP_EMBED_GRAD = ("and the runtime's vocab-parallel embedding holds a gradient t
                   "matter: report to the runtime owner)")
 _FSDP_ZERO2 = ("FSDP2 zero 2 (reshard_after_forward=False) holds the fp32 shard and the gathered fp32 parameters "
                "from forward to backward; the cost model counts the gathered weights only")
+_HSDP = ("HSDP (dp_shard < dp): the runtime shards ZeRO-3 states within groups of dp_shard ranks and replicates "
+         "them across the groups; the cost model shards over all dp x cp ranks (memory_parts ignores dp_shard)")
+_MOE_TP = ("MoE with tp: the runtime tensor-splits only attention - it replicates the router and the shared expert "
+           "over tp (the cost model divides them by tp, as Megatron splits the shared expert) - and keeps each "
+           "expert's AdamW state on every tp rank of its expert shard (ep is carved from dp only: the expert "
+           "optimizer is sharded over dp/ep, the cost model over dp*cp*tp/ep)")
 _AUTOCAST = ("the runtime's bf16 with zero 0 runs autocast over fp32 parameters (4 B weights + 8 B AdamW per "
              "parameter); the cost model counts Megatron's bf16 weights + fp32 master and moments (2 + 12 B)")
 
@@ -219,6 +225,28 @@ _AUTOCAST = ("the runtime's bf16 with zero 0 runs autocast over fp32 parameters 
 #: MoE selective-recompute activation cases whose routing is unbalanced enough to show
 #: (a fixed list: marks never follow the cost model's current answer)
 _MOE_SAC_CASES = {"tiny-moe-s64-b2-tp1-fp32-selective", "tiny-moe-s64-b2-tp1-bf16-selective"}
+
+
+def _state_causes(c: dict) -> dict[str, str]:
+    """Known disagreements of one model-state case: part (weights, gradients, optimizer,
+    total, rank) -> cause. Decided by the layout alone, never by the current answer."""
+    plan, moe = _state_plan(c), _moe(c["model"])
+    out: dict[str, str] = {}
+    if plan.tp > 1:
+        out = {"weights": _TP_NORMS, "gradients": _TP_NORMS + ", " + _TP_EMBED_GRAD, "optimizer": _TP_NORMS,
+               "total": _TP_NORMS + ", " + _TP_EMBED_GRAD}
+        if moe:
+            out = {part: _MOE_TP + "; " + cause for part, cause in out.items()}
+            out["rank"] = out["total"]
+    if plan.zero == 2 and plan.dtype == "fp32":  # (bf16: the fp32 shard is the master the cost model counts)
+        out.update(weights=_FSDP_ZERO2, total=_FSDP_ZERO2, rank=_FSDP_ZERO2)
+    if plan.zero == 0 and plan.dtype == "bf16":
+        out.update(total=_AUTOCAST, rank=_AUTOCAST)
+    if 0 < plan.dp_shard < plan.dp:
+        out = {part: _HSDP for part in ("weights", "gradients", "optimizer", "total", "rank")}
+    if plan.tp > 1 and not moe and not (plan.zero == 1 and plan.dp > 1):
+        out["rank"] = out["total"]  # (with ZeRO-1 over dp > 1 the per-rank slack covers the norms)
+    return out
 
 
 def _discrepancies() -> dict[str, tuple[Callable[[], tuple[float, float]], str]]:
@@ -234,22 +262,11 @@ def _discrepancies() -> dict[str, tuple[Callable[[], tuple[float, float]], str]]
         elif key in _MOE_SAC_CASES:
             out[f"act-{key}"] = (lambda c=c: activations(c), _MOE_SAC)
     for key, c in STATES.items():
-        plan = _state_plan(c)
-        total = None
-        if plan.tp > 1:
-            out[f"states-weights-{key}"] = (lambda c=c: state_part(c, "weights"), _TP_NORMS)
-            out[f"states-gradients-{key}"] = (lambda c=c: state_part(c, "gradients"), _TP_NORMS + ", " + _TP_EMBED_GRAD)
-            out[f"states-optimizer-{key}"] = (lambda c=c: state_part(c, "optimizer"), _TP_NORMS)
-            total = _TP_NORMS + ", " + _TP_EMBED_GRAD
-        if plan.zero == 2 and plan.dtype == "fp32":  # (bf16: the fp32 shard is the master the cost model counts)
-            total = _FSDP_ZERO2
-            out[f"states-weights-{key}"] = (lambda c=c: state_part(c, "weights"), _FSDP_ZERO2)
-        if plan.zero == 0 and plan.dtype == "bf16":
-            total = _AUTOCAST
-        if total:
-            out[f"total-{key}"] = (lambda c=c: state_total(c), total)
-            if not (plan.zero == 1 and plan.dp > 1):  # ZeRO-1's per-rank slack covers the tp difference
-                out[f"rank-{key}"] = (lambda c=c: _worst_rank(c), total + " (worst rank)")
+        for part, cause in _state_causes(c).items():
+            compare = {"total": state_total, "rank": _worst_rank}.get(part)
+            case = f"{part}-{key}" if compare else f"states-{part}-{key}"
+            out[case] = ((lambda c=c, f=compare: f(c)) if compare else (lambda c=c, p=part: state_part(c, p)),
+                         cause + (" (worst rank)" if part == "rank" else ""))
     return out
 
 
