@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 S = "gbs=4,mbs=1,seq_len=16"
 S8 = "gbs=8,mbs=1,seq_len=16"  # dp=2: 4 micro-batches of accumulation per replica
+AUTO = "tiny-llama:auto,gbs=8,mbs=1,seq_len=16,dtype=fp32"  # parallelize(model, "auto,..."): searched plan
 CASES = {
     2: [
         "tiny-llama:dp=2,zero=0," + S8,
@@ -60,6 +61,7 @@ CASES = {
         "tiny-llama:cp=2,pp=2," + S,
         "tiny-llama:dp=4,zero=3,dp_shard=2," + S8,  # HSDP: shard in pairs, replicate across them
         "tiny-llama@adamw:dp=4,zero=2,dp_shard=2," + S8,
+        AUTO,
     ],
     8: ["tiny-llama:pp=2,dp=2,tp=2," + S8],
 }
@@ -88,7 +90,7 @@ def _run(world: int, tmp_path_factory) -> dict:
            "-m", "partita.runtime.equivalence", str(out), *CASES[world]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(out.read_text())
+    return dict(json.loads(out.read_text()), **{f"stdout{world}": proc.stdout})
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +155,16 @@ def test_hsdp_holds_one_shard_group_share(results, case):
     assert abs(r["state_fraction_max"] - 1 / k) <= 0.1 / k, r["state_fraction_max"]
     held, expected = r["grad_bytes_between_micro_batches_max"], r["model_param_bytes"] / k
     assert abs(held - expected) <= 0.1 * expected, (held, expected)
+
+
+def test_auto_plan_is_the_searched_best_and_printed(results):
+    """``parallelize(model, "auto,gbs=8,mbs=1,...")`` on 4 processes runs the plan the
+    planner's search ranks first for 4 CPU devices, prints it with the runner-up, and
+    trains like one process."""
+    from partita.models import build_named_model
+    from partita.runtime.auto import choose_plan
+    plan, report = choose_plan(build_named_model("tiny-llama"), 4, AUTO.split(":", 1)[1], "cpu")
+    r = results[AUTO]
+    assert r["plan"] == plan.summary()
+    assert report.splitlines()[0] in results["stdout4"] and "runner-up: " in results["stdout4"]
+    assert r["loss_rel_diff"] <= TOLERANCE["fp32"][0] and r["param_abs_diff"] <= TOLERANCE["fp32"][1], r

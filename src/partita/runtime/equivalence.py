@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..models.llama import build_model
+from ..models.builder import build_named_model
 from ..plan import Plan
 from .batches import dp_shard, synthetic_batch
 from .memory import held_gradient_bytes
 from .modules import aux_loss, logits, vocab_size
-from .parallelize import cross_entropy, parallelize
+from .parallelize import cross_entropy, parallelize, resolve_plan
 
 #: optimizer name -> (factory of params, what its state holds per parameter)
 OPTIMIZERS: dict[str, Callable[[list], torch.optim.Optimizer]] = {
@@ -38,10 +38,7 @@ OPTIMIZERS: dict[str, Callable[[list], torch.optim.Optimizer]] = {
 
 
 def make_model(name: str, seed: int):
-    if name.startswith("hf-"):
-        from ..models.hf import build_hf_model
-        return build_hf_model(name, seed)
-    return build_model(name, seed=seed)
+    return build_named_model(name, seed)
 
 
 def reference_run(model_name: str, plan: Plan, steps: int, seed: int, optimizer: str, max_grad_norm: float | None):
@@ -126,8 +123,11 @@ def run_case(case: str, steps: int = 5, seed: int = 0, max_grad_norm: float | No
     model_name, _, optimizer = model_part.partition("@")
     optimizer = optimizer or "momentum"
     world = dist.get_world_size()
-    plan = Plan.parse(plan_text, world_size=world, defaults={"dtype": "fp32"})
     model = make_model(model_name, seed)
+    if plan_text.startswith("auto"):
+        plan = resolve_plan(plan_text, model, world, "cpu")
+    else:
+        plan = Plan.parse(plan_text, world_size=world, defaults={"dtype": "fp32"})
     model_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     pm = parallelize(model, plan, make_optimizer=OPTIMIZERS[optimizer], max_grad_norm=max_grad_norm)
     held: list[int] = []

@@ -238,15 +238,19 @@ def _same_kind(grads: list[torch.Tensor]) -> bool:
     return len(kinds) == 1
 
 
-def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
+def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
                 device_type: str | None = None, max_grad_norm: float | None = 1.0) -> ParallelModel:
-    """Apply ``plan`` to ``model`` (a :class:`partita.models.Transformer`, identical on every
-    rank) with PyTorch's parallel primitives. The process group must be initialised with
-    ``plan.world_size`` ranks."""
+    """Apply ``plan`` to ``model`` (a :class:`partita.models.Transformer` or HF model,
+    identical on every rank) with PyTorch's parallel primitives. The process group must be
+    initialised with ``plan.world_size`` ranks. ``plan`` may be text: ``"dp=2,tp=2"``, or
+    ``"auto"`` / ``"auto,gbs=8,mbs=1"`` to search the best plan for this world size and
+    machine (:mod:`.auto`; rank 0 prints the choice and the runner-up)."""
     world = dist.get_world_size()
+    device_type = detect_device_type(device_type)
+    if isinstance(plan, str):
+        plan = resolve_plan(plan, model, world, device_type)
     check(plan, None, world)
     runtime_check(plan, model)
-    device_type = detect_device_type(device_type)
     device = local_device(device_type)
     mesh = build_mesh(plan, device_type)
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
@@ -288,6 +292,17 @@ def parallelize(model: nn.Module, plan: Plan, make_optimizer: Callable[[list], t
         pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
                                      mesh["pp"].get_group(), cross_entropy)
     return pm
+
+
+def resolve_plan(text: str, model: nn.Module, world: int, device_type: str) -> Plan:
+    """A plan from text; ``auto...`` searches one (every rank the same, deterministically)."""
+    if text.split(",")[0].strip() != "auto":
+        return Plan.parse(text, world_size=world)
+    from .auto import choose_plan
+    plan, report = choose_plan(model, world, text, device_type)
+    if dist.get_rank() == 0:
+        print(report, flush=True)
+    return plan
 
 
 def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh) -> tuple:

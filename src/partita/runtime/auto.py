@@ -1,0 +1,101 @@
+"""``parallelize(model, "auto", ...)``: search the best plan for this world size and machine.
+
+The search is the planner's own (:func:`partita.search.search_plans`) over the model's
+spec, on the hardware file of the machine: ``calibrated.json`` in the working directory
+(written by ``partita calibrate``) when present, else the built-in device of the detected
+device type. Fixed fields (``"auto,gbs=8,mbs=1"``) constrain the search; ``gbs`` and
+``seq_len`` are required inputs of the search and default to ``world_size`` sequences of
+the model's usual 2048 tokens. Every rank runs the same deterministic search, so all pick
+the same plan without communicating.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import PartitaError
+from ..plan import Plan
+from ..spec.model import ModelSpec, MoESpec
+
+CALIBRATED = "calibrated.json"
+#: plan fields the search space can fix (SearchSpace attributes of the same name)
+_SPACE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "dp", "mbs", "zero", "recompute", "dtype")
+
+
+def model_spec_of(model: nn.Module) -> ModelSpec:
+    """The planner's view of a built model: reference Transformers from their config, HF
+    models from their ``config.json`` fields (:func:`partita.spec.hf_config.parse_hf_config`)."""
+    from ..models.hf import is_hf
+    if is_hf(model):
+        from ..spec.hf_config import parse_hf_config
+        return parse_hf_config(model.config.to_dict(), "model.config", type(model).__name__)
+    c = model.cfg
+    moe = MoESpec(c.num_experts, c.top_k, c.expert_ffn_hidden, c.shared_experts, c.shared_ffn_hidden) \
+        if c.num_experts else None
+    return ModelSpec(name="partita-model", hidden=c.hidden, layers=c.layers, heads=c.heads, kv_heads=c.kv_heads,
+                     ffn_hidden=c.ffn_hidden, vocab=c.vocab, tied_embeddings=c.tied_embeddings, moe=moe,
+                     source="built torch module")
+
+
+def default_hardware(device_type: str) -> str:
+    """``calibrated.json`` here if present, else the built-in file named by the device type."""
+    if Path(CALIBRATED).is_file():
+        return CALIBRATED
+    from ..spec.hardware import builtin_devices
+    if device_type in builtin_devices():
+        return device_type
+    raise PartitaError(f"--plan auto: no {CALIBRATED} here and no built-in hardware file for {device_type!r}; "
+                       "run `partita calibrate` or pass hardware=<file or device name>")
+
+
+def parse_auto(text: str) -> dict[str, str]:
+    """``"auto,gbs=8,mbs=1"`` -> {"gbs": "8", "mbs": "1"}."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items or items[0] != "auto":
+        raise PartitaError(f"plan {text!r}: an automatic plan starts with 'auto'")
+    fixed = {}
+    for item in items[1:]:
+        if "=" not in item:
+            raise PartitaError(f"plan item {item!r} must be key=value, e.g. mbs=1")
+        key, value = (s.strip() for s in item.split("=", 1))
+        fixed[key] = value
+    return fixed
+
+
+def choose_plan(model: nn.Module, world_size: int, text: str = "auto", device_type: str = "cpu",
+                hardware: str | None = None) -> tuple[Plan, str]:
+    """The best plan the search finds for ``model`` on ``world_size`` devices of this machine,
+    and a report naming it and the runner-up with the reason it lost."""
+    from ..search import SearchSpace, search_plans
+    from ..spec.hardware import make_cluster
+    fixed = parse_auto(text)
+    gbs = int(fixed.pop("gbs", world_size))
+    seq_len = int(fixed.pop("seq_len", 2048))
+    unknown = sorted(set(fixed) - set(_SPACE_FIELDS))
+    if unknown:
+        raise PartitaError(f"--plan auto: cannot fix {', '.join(unknown)}; fixable: gbs, seq_len, {', '.join(_SPACE_FIELDS)}")
+    space: dict[str, Any] = {k: (v if k in ("recompute", "dtype") else int(v)) for k, v in fixed.items()}
+    hardware = hardware or default_hardware(device_type)
+    cluster = make_cluster(hardware, world_size)
+    result = search_plans(model_spec_of(model), cluster, gbs, seq_len, SearchSpace(**space), top=2)
+    if result.best is None:
+        raise PartitaError(f"--plan auto: no plan fits {world_size} x {cluster.device.name} "
+                           f"(gbs={gbs}, seq_len={seq_len}); try a smaller mbs or seq_len")
+    return result.best.plan, _report(result, hardware)
+
+
+def _report(result, hardware: str) -> str:
+    """Chosen plan and runner-up, each with its predicted step time and peak memory; the
+    reason the runner-up lost is the step-time ratio (the search ranks fitting plans by it)."""
+    def describe(e) -> str:
+        return f"{e.plan.summary()}  ({e.step_time_s * 1e3:.3f} ms/step, peak {e.peak_memory_gib:.3f} GiB)"
+    best = result.plans[0]
+    lines = [f"auto plan on {hardware} x {result.cluster.world_size}: {describe(best)}"]
+    if len(result.plans) > 1:
+        second = result.plans[1]
+        lines.append(f"runner-up: {describe(second)} - {second.step_time_s / best.step_time_s:.3f}x the step time")
+    else:
+        lines.append("runner-up: none (no other plan fits)")
+    return "\n".join(lines)
