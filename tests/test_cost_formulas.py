@@ -441,3 +441,23 @@ def test_collectives_with_one_rank_per_node_use_only_the_network():
     assert comm.reduce_scatter(dev, size, 1, 4) == pytest.approx(3 / 4 * size / INTER, rel=1e-12)
     assert comm.all_reduce(dev, size, 1, 4) == pytest.approx(2 * 3 / 4 * size / INTER, rel=1e-12)
     assert comm.all_to_all(dev, size, 1, 4) == pytest.approx(3 / 4 * size / INTER, rel=1e-12)
+
+
+def test_published_moe_rows_load_with_their_experts_and_ep():
+    """A MoE row of the published runs becomes a MoE model (MOE_ARCH, from the model's
+    released config) with the row's expert parallelism - not a dense stand-in."""
+    from partita.errors import PartitaError
+    from partita.validation.published import _case
+    row = {"source": "NVIDIA/dgxc-benchmarking v25.04.02 grok1 README", "model_name": "Grok-1-314B",
+           "n_layers": "64", "hidden": "6144", "ffn_hidden": "32768", "n_heads": "48", "n_kv_heads": "8",
+           "vocab": "128256", "seq_len": "8192", "n_experts": "8", "top_k": "2", "hardware": "H100-80GB-SXM (DGX)",
+           "n_devices": "512", "tp": "4", "pp": "8", "vpp": "8", "dp": "8", "cp": "2", "ep": "8",
+           "zero_stage/fsdp": "distributed optimizer", "sequence_parallel": "y", "recompute": "none",
+           "micro_batch": "1", "global_batch": "1024", "measured_metric": "iter_time_s", "measured_value": "20.0",
+           "notes": "precision=bf16"}
+    case = _case(row)
+    moe = case.model.moe
+    assert (moe.num_experts, moe.top_k, moe.expert_ffn_hidden) == (8, 2, 32768) and case.plan.ep == 8
+    assert all(case.model.moe_flags) and case.measured == 20.0
+    with pytest.raises(PartitaError, match="MOE_ARCH"):
+        _case(dict(row, model_name="Unknown-MoE"))

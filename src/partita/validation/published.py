@@ -23,6 +23,7 @@ recompute: none; unknown SP: on when tp > 1.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 from ..errors import PartitaError
 from ..plan import Plan, balanced_split, validate
 from ..spec.hardware import Cluster, make_cluster
-from ..spec.model import ModelSpec
+from ..spec.model import ModelSpec, MoESpec, load_model
 
 HARDWARE = {
     "A100-80GB-SXM": "a100-80gb", "A100-80GB": "a100-80gb", "A100-40GB": "a100-40gb",
@@ -38,6 +39,28 @@ HARDWARE = {
     "H200-141GB": "h200", "B200": "b200", "MI300X-192GB": "mi300x", "Ascend-910A": "ascend-910",
     # not mapped: GB200 (no catalog file), Ascend-910B (the rows do not say which 910B
     # variant, b1-b4, and the variants differ in peak), plain "H100" (SKU not stated)
+}
+
+
+#: Mixture-of-experts architectures of the CSV's MoE rows: what the row's columns cannot
+#: say (expert FFN width, shared experts, which layers are MoE, the dense layers' FFN),
+#: from each model's released config, as the rows' notes cite them. A name prefix maps to
+#: the ``MoESpec`` fields and the dense layers' FFN width (None: the row's ``ffn_hidden``,
+#: every layer MoE) - or to a model preset (DeepSeek-V3: MLA, 3 dense layers).
+MOE_ARCH: dict[str, tuple[dict, int | None] | str] = {
+    # xai-org/grok-1 release config: 8 experts top-2, expert ffn 32768, every layer MoE
+    "Grok-1": (dict(num_experts=8, top_k=2, expert_ffn_hidden=32768), None),
+    # meta-llama/Llama-4-Maverick-17B-128E config: 128 routed top-1 + 1 shared (8192),
+    # MoE every 2nd layer (interleave_moe_layer_step 2), dense layers' ffn 16384
+    "Llama4-Maverick": (dict(num_experts=128, top_k=1, expert_ffn_hidden=8192, shared_experts=1,
+                             shared_ffn_hidden=8192, layer_freq=2), 16384),
+    # meta-llama/Llama-4-Scout-17B-16E config: 16 routed top-1 + 1 shared, every layer MoE
+    "Llama4-Scout": (dict(num_experts=16, top_k=1, expert_ffn_hidden=8192, shared_experts=1,
+                          shared_ffn_hidden=8192), None),
+    # mistralai/Mixtral-8x7B config: 8 experts top-2, expert ffn 14336
+    "Mixtral-8x7B": (dict(num_experts=8, top_k=2, expert_ffn_hidden=14336), None),
+    # deepseek-ai/DeepSeek-V3 config (the catalog preset): MLA, 256 routed top-8 + 1 shared
+    "DeepSeek-V3": "deepseek-v3",
 }
 
 
@@ -199,7 +222,28 @@ def _recompute(text: str) -> str:
     return "none"
 
 
+def _moe_model(row: dict) -> ModelSpec:
+    """A MoE row's model from :data:`MOE_ARCH` and the row's own dimensions."""
+    name = row["model_name"]
+    arch = next((v for k, v in MOE_ARCH.items() if name.startswith(k)), None)
+    if arch is None:
+        raise PartitaError("mixture of experts: architecture not in MOE_ARCH (add it with its config's citation)")
+    if isinstance(arch, str):
+        preset = load_model(arch)
+        return dataclasses.replace(preset, name=name, layers=_int(row["n_layers"]) or preset.layers,
+                                   vocab=_int(row["vocab"], preset.vocab) or preset.vocab,
+                                   max_positions=max(preset.max_positions, _int(row["seq_len"], 0) or 0)).validated(name)
+    fields, dense_ffn = arch
+    h, L, f = _int(row["hidden"]), _int(row["n_layers"]), _int(row["ffn_hidden"])
+    a, kv, V = _int(row["n_heads"]), _int(row["n_kv_heads"]), _int(row["vocab"], 128256)
+    return ModelSpec(name=name, hidden=h, layers=L, heads=a, kv_heads=kv or a, ffn_hidden=dense_ffn or f, vocab=V,
+                     moe=MoESpec(**fields), max_positions=_int(row["seq_len"], 4096) or 4096,
+                     source="published_runs.csv").validated(name)
+
+
 def _model(row: dict) -> ModelSpec:
+    if (_int(row.get("n_experts", ""), 1) or 1) > 1:
+        return _moe_model(row)
     h, L, f = _int(row["hidden"]), _int(row["n_layers"]), _int(row["ffn_hidden"])
     a, kv, V = _int(row["n_heads"]), _int(row["n_kv_heads"]), _int(row["vocab"], 51200)
     if not all((h, L, f, a)):
@@ -252,8 +296,6 @@ def _case(row: dict) -> Case:
     hw_token = row["hardware"].split()[0]
     if hw_token not in HARDWARE:
         raise PartitaError(f"hardware {hw_token} not in the catalog")
-    if (_int(row.get("n_experts", ""), 1) or 1) > 1:
-        raise PartitaError("mixture of experts: the loader does not read expert sizes yet")
     if "LAYOUT INCONSISTENT" in row["notes"]:
         raise PartitaError("the source's layout columns contradict its device count (notes)")
     n = _int(row["n_devices"])
@@ -274,7 +316,8 @@ def _case(row: dict) -> Case:
     sp_text = row["sequence_parallel"].strip().lower()
     sp = (sp_text == "y") if sp_text else tp > 1
     split = balanced_split(model.layers, pp * vpp) if model.layers % (pp * vpp) else None
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, layer_split=split, sp=sp and tp > 1,
+    ep = _int(row.get("ep", ""), 1) or 1  # Megatron: EP carved out of dp x cp (data README)
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, layer_split=split, sp=sp and tp > 1,
                 zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp), mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=_recompute(row["recompute"]), dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
