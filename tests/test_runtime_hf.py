@@ -20,6 +20,8 @@ CASES = [
     "hf-qwen2:tp=2,sp=false,gbs=2,mbs=1,seq_len=16",
     "hf-mixtral:dp=2,zero=2," + S,
     "hf-mixtral:tp=2,sp=false,gbs=2,mbs=1,seq_len=16",
+    "hf-mixtral:dp=2,ep=2,zero=1," + S,  # fused HF experts sharded over ep, tokens by all-to-all
+    "hf-llama:pp=2," + S,  # HF decoder layers split into pipeline stages (runtime/hf_pipeline.py)
 ]
 
 

@@ -10,9 +10,8 @@ from ..models.hf import is_hf
 
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks, in order (the units of recompute, FSDP and pipelining)."""
-    if is_hf(model):
-        return list(model.model.layers)
-    return list(model.layers.values())
+    layers = model.model.layers if is_hf(model) else model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)  # HF pipeline stages: a dict
 
 
 def logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -41,8 +41,11 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
         errs.append("fp8 training is not implemented by the runtime yet (plan and estimate it; run bf16)")
     from ..models.hf import is_hf
     if is_hf(model):
-        if plan.pp > 1 or plan.ep > 1 or plan.cp > 1:
-            errs.append("HF models run with dp/zero, tp and recompute in this runtime (no pp, ep or cp)")
+        if plan.cp > 1 or (plan.pp > 1 and (plan.tp > 1 or plan.ep > 1)):
+            errs.append("HF models run with dp/zero, tp, ep (Mixtral), pp (without tp or ep) and recompute "
+                        "in this runtime (no cp)")
+        if plan.ep > 1 and (plan.tp > 1 or plan.zero >= 2):
+            errs.append("HF Mixtral runs ep with tp = 1 and zero 0/1 in this runtime")
         if plan.tp > 1 and plan.sp:
             errs.append("HF models run tp without sequence parallel (HF derives positions from the local sequence); pass sp=false")
     if 0 < plan.dp_shard < plan.dp and (plan.cp > 1 or plan.ep > 1):
@@ -156,8 +159,8 @@ class ParallelModel:
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         losses: list[torch.Tensor] = []
         self.aux_record.clear()
-        is_first = any(getattr(mod, "tok_embeddings", None) is not None for mod in self.modules)
-        is_last = any(getattr(mod, "output", None) is not None for mod in self.modules)
+        is_first = any(_end(mod, "tok_embeddings", "embed_tokens") for mod in self.modules)
+        is_last = any(_end(mod, "output", "lm_head") for mod in self.modules)
         with self._autocast():
             if is_first:
                 self.schedule.step(inputs, target=targets if is_last else None, losses=losses if is_last else None)
@@ -223,6 +226,13 @@ class ParallelModel:
         if self.pp_group is not None and dist.get_world_size(self.pp_group) > 1:
             dist.all_reduce(total, group=self.pp_group)
         return math.sqrt(float(total.item()))
+
+
+def _end(stage: nn.Module, ours: str, hf: str) -> bool:
+    """Whether a pipeline stage holds the embedding / output layer (reference or HF names)."""
+    inner = getattr(stage, "model", None)
+    return getattr(stage, ours, None) is not None or getattr(stage, hf, None) is not None \
+        or (isinstance(inner, nn.Module) and getattr(inner, hf, None) is not None)
 
 
 def reduce_every_micro_batch(plan: Plan) -> bool:

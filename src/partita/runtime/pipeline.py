@@ -19,7 +19,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining._backward import stage_backward
 
 from ..errors import PartitaError
+from ..models.hf import is_hf
 from ..plan import Plan, axis_index
+from .hf_pipeline import hf_stage
+from .modules import blocks
 
 
 class ShardedAccumulationStage(PipelineStage):
@@ -42,7 +45,7 @@ class ShardedAccumulationStage(PipelineStage):
 
 def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
     """(virtual stage index, module) for the stages of this pipeline rank."""
-    split = plan.stage_layers(len(model.layers))
+    split = plan.stage_layers(len(blocks(model)))
     pp_rank = _pp_rank(plan)
     out = []
     start = 0
@@ -50,6 +53,9 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
         keep = {str(i) for i in range(start, start + n)}
         start += n
         if j % plan.pp != pp_rank:
+            continue
+        if is_hf(model):
+            out.append((j, hf_stage(model, [int(i) for i in sorted(keep, key=int)], j == 0, j == len(split) - 1)))
             continue
         stage = copy.deepcopy(model)
         for name in list(stage.layers.keys()):

@@ -1,0 +1,43 @@
+"""Pipeline stages of a Hugging Face ``*ForCausalLM`` (Llama, Qwen2, Mixtral).
+
+HF models run embedding, rotary tables, decoder layers, norm and head inside one
+``forward``, so a stage cannot be "the model minus some layers". :class:`HFStage` keeps the
+pieces of one stage under the model's own attribute paths (``model.embed_tokens``,
+``model.layers.<i>``, ``model.norm``, ``lm_head``), so parameter names are unchanged, and
+runs them the way ``LlamaModel.forward`` does for a batch without padding or cache:
+positions ``0..s-1``, rotary tables from ``model.rotary_emb``, and no attention mask, which
+makes HF's SDPA attention causal (``is_causal`` when the mask is ``None``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class HFStage(nn.Module):
+    def __init__(self, model: nn.Module, keep: list[int], first: bool, last: bool):
+        super().__init__()
+        self.config = model.config
+        self.model = nn.Module()
+        self.model.embed_tokens = model.model.embed_tokens if first else None
+        self.model.layers = nn.ModuleDict({str(i): model.model.layers[i] for i in keep})
+        self.model.rotary_emb = model.model.rotary_emb
+        self.model.norm = model.model.norm if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.model.embed_tokens(x) if self.model.embed_tokens is not None else x
+        positions = torch.arange(h.shape[1], device=h.device)[None]
+        rotary = self.model.rotary_emb(h, positions)
+        for layer in self.model.layers.values():
+            out = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+            h = out[0] if isinstance(out, tuple) else out
+        if self.model.norm is not None:
+            h = self.model.norm(h)
+        return self.lm_head(h) if self.lm_head is not None else h
+
+
+def hf_stage(model: nn.Module, keep: list[int], first: bool, last: bool) -> nn.Module:
+    """A stage holding layers ``keep`` (+ embedding on the first, norm and head on the last)."""
+    import copy
+    return HFStage(copy.deepcopy(model), keep, first, last)
