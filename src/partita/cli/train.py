@@ -39,31 +39,51 @@ def _say(msg: str) -> None:
 
 def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> int:
     """Run the job; the workers' stdout goes to ``worker_stdout`` (default: ours). Exit code:
-    0 done, 1 a rank failed or the job hung, 2 a user mistake (one ``partita: error:`` line)."""
-    from ..train.launch import prepare_run, run_watched
-    run = prepare_run(config, launch, _say)
-    if not run.config.json and worker_stdout is None:
+    0 done, 1 a rank failed or the job hung, 2 a user mistake or a refused state (one
+    ``partita: error:`` line), 128 + N stopped by signal N (SIGINT 130, SIGTERM 143).
+    The checkpoint directory (else the run directory) is locked for the job's life."""
+    from ..train.launch import prepare_run, remove_torchrun_logs, run_watched
+    from ..train.ownership import STOP_FILE, JobLock
+    lock_dir = config.checkpoint_dir or launch.run_dir
+    lock = JobLock(lock_dir) if lock_dir else None
+    try:
+        run = prepare_run(config, launch, _say)
+        if lock is None:
+            lock = JobLock(run.run_dir)
         plan = run.plan
-        print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
-              f"{launch.world} process(es); run dir {run.run_dir}", flush=True)
-    returncode, stderr, stalled = run_watched(run.command, run.env, worker_stdout or sys.stdout,
-                                              run.run_dir / "metrics.jsonl", 2 * run.config.timeout_s)
-    return report_outcome(returncode, stderr, stalled)
+        if not run.config.json and worker_stdout is None:
+            print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
+                  f"{launch.world} process(es); run dir {run.run_dir}", flush=True)
+        else:  # stdout carries one JSON object per step: the run dir goes to stderr
+            _say(f"partita: plan {plan.summary()}; {launch.world} process(es); run dir {run.run_dir}")
+        outcome = run_watched(run.command, run.env, worker_stdout or sys.stdout, run.run_dir / "metrics.jsonl",
+                              2 * run.config.timeout_s, pass_fds=(lock.fd,), grace_s=run.config.timeout_s + 30,
+                              say=_say, stop_file=run.run_dir / STOP_FILE)
+        remove_torchrun_logs(run.run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+    return report_outcome(outcome)
 
 
-def report_outcome(returncode: int, stderr: str, stalled: float) -> int:
-    """Say how the job ended: the hang, the workers' ``partita:`` notes, the failing rank's error."""
+def report_outcome(outcome) -> int:
+    """Say how the job ended: the hang, the signal, the failing rank's error (the workers'
+    ``partita:`` notes were printed while it ran)."""
+    import signal
+
     from ..train.launch import root_cause
-    if stalled:
-        _say(f"partita: error: no training step finished in {stalled:.0f} s after the last one: the job is hung "
-             f"(a collective that never completes?) and was stopped; raise --timeout-s if steps are this slow")
+    if outcome.signal:
+        name = signal.Signals(outcome.signal).name
+        if f"stopped by {name}" not in outcome.stderr:
+            _say(f"partita: stopped by {name} before the ranks finished a step")
+        return 128 + outcome.signal
+    if outcome.stalled:
+        _say(f"partita: error: no training step finished in {outcome.stalled:.0f} s after the last one: the job is "
+             f"hung (a collective that never completes?) and was stopped; raise --timeout-s if steps are this slow")
         return 1
-    for line in stderr.splitlines():
-        if line.startswith("partita: ") and "error" not in line:
-            _say(line)  # resume / re-plan / skipped-checkpoint messages
-    if returncode:
-        # show the worker's own error line(s), not torchrun's wrapper traceback
-        msg = root_cause(stderr)
-        _say(msg if msg.startswith("partita: error:") else f"partita: error: a rank failed: {msg}")
-        return 2 if "partita: error:" in msg else 1
+    if outcome.returncode:
+        # the worker's own error line, or the rank that died, not torchrun's wrapper traceback
+        msg = root_cause(outcome.stderr)
+        _say(msg if msg.startswith("partita: error:") else f"partita: error: {msg}")
+        return 2 if msg.startswith("partita: error:") else 1
     return 0

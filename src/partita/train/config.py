@@ -55,6 +55,8 @@ class TrainConfig:
     warmup_steps: int = option(0, "linear warm-up steps of the cosine schedule")
     min_lr: float = option(0.0, "learning rate the cosine schedule decays to")
     max_grad_norm: float = option(1.0, "gradient clipping over all shards (0: off)")
+    skip_nonfinite: int = option(0, "steps with a non-finite loss or gradient norm to skip (no update) and report "
+                                    "before the run stops (0: stop at the first)")
     optimizer: str = option("adamw", "adamw or sgd", choices=("adamw", "sgd"))
     momentum: float = option(0.0, "SGD momentum")
     data: str | None = option(None, "text file, directory of .txt/.jsonl, or tokens .npy (default: synthetic)")
@@ -74,6 +76,17 @@ class TrainConfig:
     predicted_step_s: float | None = option(None, "the planner's step time on --hardware", commands=())
     model_flops_per_token: float | None = option(None, "model FLOPs per token, for MFU", commands=())
     peak_flops: float | None = option(None, "peak FLOP/s of one device on --hardware, for MFU", commands=())
+
+    def __post_init__(self) -> None:
+        """Values no run can mean: refused here, so the flags, ``train.json`` and library
+        callers all get the same one line."""
+        if not self.max_grad_norm >= 0:  # also NaN
+            raise PartitaError(f"--max-grad-norm must be >= 0 (0 turns clipping off), got {self.max_grad_norm}")
+        for name in ("steps", "skip_nonfinite", "checkpoint_every", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise PartitaError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise PartitaError(f"--timeout-s must be > 0, got {self.timeout_s}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -21,6 +21,13 @@ point in Partita is listed here, even the one that lives with the code it breaks
     every rank exits (code 3) inside the checkpoint save of step N, after writing its
     files and before the checkpoint is committed. Read in
     :func:`partita.runtime.checkpoint.save_checkpoint`, the code it interrupts.
+``PARTITA_NAN_STEP=K``
+    at step K, rank ``PARTITA_NAN_RANK`` (default 0) gets a NaN loss and a NaN in its
+    first gradient after the backward, before the update - what a diverged step looks
+    like to the non-finite guard. Read by :func:`nan_loss`
+    (:class:`partita.train.guard.StepGuard`).
+``PARTITA_NAN_RANK=R``
+    the rank of ``PARTITA_NAN_STEP``'s NaN.
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ CRASH_STEP = "PARTITA_CRASH_STEP"
 CRASH_SIGNAL = "PARTITA_CRASH_SIGNAL"
 HANG_STEP = "PARTITA_HANG_STEP"
 CRASH_IN_SAVE = "PARTITA_CRASH_IN_SAVE"  # read by partita.runtime.checkpoint
+NAN_STEP = "PARTITA_NAN_STEP"
+NAN_RANK = "PARTITA_NAN_RANK"
 
 HANG_S = 3600
 
@@ -49,3 +58,16 @@ def before_step(rank: int, step: int) -> None:
         raise RuntimeError(f"injected crash on rank {rank}")
     if os.environ.get(HANG_STEP) == str(step):
         time.sleep(HANG_S)
+
+
+def nan_loss(pm, rank: int, step: int, local: float) -> float:
+    """``local`` (this rank's loss), or NaN with a NaN written into this rank's first
+    gradient when the environment asks for it at this rank and step."""
+    if os.environ.get(NAN_STEP) != str(step) or os.environ.get(NAN_RANK, "0") != str(rank):
+        return local
+    for p in pm.parameters():
+        if p.grad is not None:
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            grad.view(-1)[0] = float("nan")
+            break
+    return float("nan")

@@ -11,10 +11,15 @@ The command line around this is :mod:`partita.cli.train`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -59,10 +64,16 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
     world = launch.world
     plan_text = launch.plan
     from_checkpoint = False
-    if config.resume and not plan_text and config.checkpoint_dir:
-        plan_text = _checkpoint_plan(config.checkpoint_dir) or ""
-        from_checkpoint = bool(plan_text)
+    meta = _newest_meta(config.checkpoint_dir) if config.resume and config.checkpoint_dir else None
+    if meta is not None and not plan_text:
+        plan_text = _checkpoint_plan(config.checkpoint_dir, meta)
+        from_checkpoint = True
     plan = Plan.parse(plan_text, world_size=world, defaults=train_defaults(config.device))
+    if meta is not None:
+        from .worker import resume_problem
+        problem = resume_problem(meta, config.model, plan.gbs)
+        if problem:
+            raise PartitaError(f"cannot resume from {config.checkpoint_dir}: {problem}")
     spec = model_spec_for(config.model)
     if from_checkpoint and plan.world_size != world:
         from .replan import describe_change, replan
@@ -93,19 +104,31 @@ def prepare_run(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], 
     if launch.hardware:
         derived.update(prediction(model_spec_for(config.model), plan, launch.hardware, launch.world))
     config = dataclasses.replace(config, **derived)
+    check_rendezvous(launch)
     plan.to_json(run_dir / PLAN_FILE)
     config.save(run_dir)
-    env = dict(os.environ)
+    from .ownership import launcher_env
+    env = {**os.environ, **launcher_env()}
     env.setdefault("OMP_NUM_THREADS", "1")
-    return PreparedRun(plan, run_dir, config, torchrun_command(launch, run_dir), env)
+    return PreparedRun(plan, run_dir, config, torchrun_command(launch, run_dir, config.timeout_s), env)
 
 
-def torchrun_command(launch: LaunchConfig, run_dir: Path) -> list[str]:
-    """torchrun (standalone, or c10d rendezvous across nodes) starting one worker per process."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
+TORCHRUN_LOGS = "torchelastic"
+
+
+def torchrun_command(launch: LaunchConfig, run_dir: Path, timeout_s: int = 300) -> list[str]:
+    """torchrun (standalone, or c10d rendezvous across nodes) starting one worker per process.
+    Its log directory is ``<run dir>/torchelastic`` (removed after the job,
+    :func:`remove_torchrun_logs`) - by default torchrun makes a ``torchelastic_*`` one in
+    the temp dir and leaves it there. ``timeout_s`` bounds the rendezvous (join) and the
+    workers' graceful shutdown after a signal (long enough for the checkpoint of the step
+    reached)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}",
+           f"--log-dir={run_dir / TORCHRUN_LOGS}", f"--shutdown-timeout={timeout_s}"]
     if launch.nnodes > 1 or launch.rdzv_endpoint:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}"]
+                f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}",
+                f"--rdzv-conf=join_timeout={timeout_s},read_timeout={timeout_s}"]
     else:
         cmd += ["--standalone"]
     if launch.max_restarts:
@@ -113,52 +136,108 @@ def torchrun_command(launch: LaunchConfig, run_dir: Path) -> list[str]:
     return cmd + ["-m", "partita.train.worker", str(run_dir)]
 
 
-def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float) -> tuple[int, str, float]:
-    """Run torchrun and stop it when training stalls: once a first step is logged (rank 0
-    appends to ``metrics``), a gap of ``stall_s`` seconds without another ends the job.
-    The per-group collective timeout cannot catch every hang (DTensor's functional
-    collectives wait outside it; a rank can spin). Returns (exit code, stderr, seconds
-    stalled or 0)."""
-    import signal
-    import threading
+class Outcome(NamedTuple):
+    """How a watched job ended: torchrun's exit code, its stderr, the seconds it stalled
+    (0: did not) and the signal (SIGINT / SIGTERM) that stopped the launcher (0: none)."""
+    returncode: int
+    stderr: str
+    stalled: float
+    signal: int
 
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
-    previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
-    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
-    chunks: list[str] = []
-    reader = threading.Thread(target=lambda: chunks.append(proc.stderr.read()), daemon=True)
-    reader.start()
-    last_change, last_stat = None, None
+
+class _Stderr:
+    """torchrun's stderr, read line by line as it comes: the workers' ``partita:`` notes and
+    warnings (not errors: the launcher reports the one root cause at the end) are printed
+    while the job runs; everything is kept for :func:`root_cause`."""
+
+    def __init__(self, stream, say: Callable[[str], None]):
+        self.lines: list[str] = []
+        self.say = say
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            if line.startswith("partita: ") and not line.startswith("partita: error:"):
+                self.say(line)
+
+    def text(self, wait_s: float) -> str:
+        self.thread.join(timeout=wait_s)
+        return "\n".join(self.lines)
+
+
+def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float, pass_fds: tuple = (),
+                grace_s: float = 60.0, say: Callable[[str], None] | None = None,
+                stop_file: Path | None = None) -> Outcome:
+    """Run torchrun and watch it. torchrun gets a session of its own (a Ctrl-C in the
+    terminal reaches only the launcher, which passes exactly one signal on) and SIGKILL as
+    its parent-death signal (it dies with the launcher, whatever kills the launcher).
+    SIGINT / SIGTERM to the launcher go to torchrun, which passes them to every worker:
+    they stop after the step they agree on, save it, and exit; after ``grace_s`` whatever
+    is left is killed. Training that stalls - once a first step is logged (rank 0 appends
+    to ``metrics``), a gap of ``stall_s`` seconds without another - ends the job: the
+    per-group collective timeout cannot catch every hang (DTensor's functional collectives
+    wait outside it; a rank can spin). ``stop_file`` (``<run dir>/stop-requested``) is
+    written before a signal is passed on: it tells the workers the stop is a clean one."""
+    from .ownership import set_parent_death_signal
+    if stop_file is not None:
+        stop_file.unlink(missing_ok=True)
+    say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    received: list[int] = []
+    on_main = threading.current_thread() is threading.main_thread()
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=set_parent_death_signal, pass_fds=pass_fds)
+
+    def on_signal(signum, frame):
+        if not received:
+            received.append(signum)
+            if stop_file is not None:
+                stop_file.write_text(f"{signum}\n")
+            proc.send_signal(signum)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
+    err = _Stderr(proc.stderr, say)
     try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-            try:
-                stat = metrics.stat()
-                seen = (stat.st_size, stat.st_mtime_ns)
-            except FileNotFoundError:
-                continue
-            now = time.monotonic()
-            if seen != last_stat:
-                last_stat, last_change = seen, now
-            elif last_change is not None and now - last_change > stall_s:
-                _stop(proc)
-                reader.join(timeout=5)
-                return proc.returncode, "".join(chunks), now - last_change
-    except BaseException:  # Ctrl-C or SIGTERM to the launcher: take the workers down too
-        _stop(proc)
-        raise
+        stalled = _watch(proc, metrics, stall_s, received, grace_s)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    reader.join(timeout=30)
-    return proc.returncode, "".join(chunks), 0.0
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if proc.poll() is None:
+        _stop(proc)
+    if stop_file is not None:
+        stop_file.unlink(missing_ok=True)
+    return Outcome(proc.returncode, err.text(wait_s=30), stalled, received[0] if received else 0)
+
+
+def _watch(proc: subprocess.Popen, metrics: Path, stall_s: float, received: list[int], grace_s: float) -> float:
+    """Poll until torchrun ends; returns the seconds training stalled when it had to be
+    stopped for that (0 otherwise). After a forwarded signal, ``grace_s`` to end."""
+    last_change, last_stat, signalled_at = None, None, None
+    while proc.poll() is None:
+        time.sleep(0.2)
+        now = time.monotonic()
+        if received:
+            signalled_at = signalled_at or now
+            if now - signalled_at > grace_s:
+                _stop(proc)
+            continue
+        try:
+            stat = metrics.stat()
+            seen = (stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            continue
+        if seen != last_stat:
+            last_stat, last_change = seen, now
+        elif last_change is not None and now - last_change > stall_s:
+            _stop(proc)
+            return now - last_change
+    return 0.0
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM torchrun (it terminates its workers), then SIGKILL it and every process
     below it that is still there - torchrun starts each worker in a session of its own."""
-    import signal
     family = _descendants(proc.pid)
     proc.terminate()
     try:
@@ -190,15 +269,55 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _checkpoint_plan(checkpoint_dir: str) -> str | None:
-    """Path of a plan JSON holding the newest complete checkpoint's plan, if any."""
+def remove_torchrun_logs(run_dir: Path) -> None:
+    shutil.rmtree(run_dir / TORCHRUN_LOGS, ignore_errors=True)
+
+
+def check_rendezvous(launch: LaunchConfig) -> None:
+    """On the rendezvous host (node 0), a port another process holds is one line now, not a
+    rendezvous that waits for peers who will never come: bind the endpoint once, as
+    torchrun's c10d store will (a bind that fails because the address is not this host's
+    is left to the rendezvous and its join timeout)."""
+    if not launch.rdzv_endpoint or launch.node_rank != 0:
+        return
+    host, _, port = launch.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise PartitaError(f"--rdzv-endpoint {launch.rdzv_endpoint!r} must be host:port")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise PartitaError(f"rendezvous endpoint {launch.rdzv_endpoint}: cannot resolve {host}: {e}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own bind
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PartitaError(f"rendezvous endpoint {launch.rdzv_endpoint} is in use by another process; "
+                                   "pick a free port for --rdzv-endpoint") from None
+
+
+def _newest_meta(checkpoint_dir: str) -> dict | None:
+    """``meta.json`` of the newest checkpoint whose manifest and ``meta.json`` check out
+    (a legacy one, without manifest, only when no checkpoint has one); None if there is none.
+    Cheap: the data files are verified by the workers, who fall back from damage."""
     import json
 
-    from ..runtime.checkpoint import complete_checkpoints
-    found = complete_checkpoints(checkpoint_dir)
-    if not found:
-        return None
-    meta = json.loads((found[-1][1] / "meta.json").read_text())
+    from ..runtime.checkpoint import scan_checkpoints
+    found = scan_checkpoints(checkpoint_dir)
+    usable = [f for f in found if f.kind == "verified"] or [f for f in found if f.kind == "legacy"]
+    for f in reversed(usable):
+        try:
+            return json.loads((f.path / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _checkpoint_plan(checkpoint_dir: str, meta: dict) -> str:
+    """Path of a plan JSON holding a checkpoint's plan (from its ``meta``)."""
+    import json
     path = Path(checkpoint_dir) / "resume-plan.json"
     path.write_text(json.dumps(meta["plan"]))
     return str(path)
@@ -217,19 +336,47 @@ def prediction(spec, plan: Plan, hardware: str, world: int) -> dict[str, float]:
             "peak_flops": cluster.device.peak_flops(dtype if cluster.device.supports(dtype) else "fp16")}
 
 
+PEER_LOSS = ("closed by peer", "reset by peer", "Read error", "Broken pipe", "Timed out", "timed out",
+             "Connection refused", "SIGTERM", "Signal 15")
+
+
+def _torchrun_failures(stderr: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of each failed worker in torchrun's summary, the "Root Cause"
+    entry first (torchrun prints "rank : R (local_rank: L)" and "exitcode : C (pid: P)")."""
+    import re
+    entry = re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S)
+    head, _, root = stderr.partition("Root Cause (first observed failure):")
+    return [(int(r), int(c)) for r, c in entry.findall(root) + entry.findall(head)]
+
+
 def root_cause(stderr: str) -> str:
-    """The failing rank's own error line from torchrun's output (not the agent's wrapper)."""
+    """The one line that says why the job failed: a worker's ``partita: error:`` line; else
+    the rank that was killed by a signal (the others then fail with a lost-peer error -
+    gloo's "Connection closed by peer" / "Read error" - which is not the cause); else the
+    first error of a rank that is not such a lost-peer error; else torchrun's own."""
     import re
     lines = stderr.splitlines()
     for line in reversed(lines):
-        if "partita: error:" in line:
-            return line[line.index("partita: error:"):]
-    pattern = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_.]*(Error|Exception|Interrupt): ")
-    causes = [l for l in lines if pattern.match(l) and "ChildFailedError" not in l]
-    # peers of a dead rank fail too ("Connection closed by peer"); the first error is the cause
-    primary = [l for l in causes if "closed by peer" not in l and "Timed out" not in l]
-    if primary or causes:
-        return (primary or causes)[0]
+        if "partita: error:" in line:  # two ranks' lines may run together: the first one
+            return "partita: error:" + line.split("partita: error:")[1].rstrip()
+    failures = _torchrun_failures(stderr)
+    for rank, code in failures:
+        if code < 0 and -code not in (signal.SIGTERM, signal.SIGINT):
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            return (f"rank {rank} died (killed by {name}: out of memory, or killed from outside?); "
+                    "the other ranks stopped because they lost it")
+    pattern = re.compile(r"^(\[rank(\d+)\]:\s*)?[A-Za-z_.]*(Error|Exception|Interrupt): ")
+    causes = [m for m in map(pattern.match, lines) if m and "ChildFailedError" not in m.string]
+    primary = [m for m in causes if not any(p in m.string for p in PEER_LOSS)]
+    if primary:
+        m = primary[0]
+        text = m.string[m.end(1):] if m.group(1) else m.string
+        return f"rank {m.group(2)} failed: {text}" if m.group(2) else text
+    if failures:
+        rank, code = failures[0]
+        return f"rank {rank} exited with code {code}" + (f": {causes[0].string}" if causes else "")
+    if causes:
+        return causes[0].string
     return lines[-1] if lines else "unknown error"
 
 

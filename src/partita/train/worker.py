@@ -12,8 +12,10 @@ step loop (:meth:`Trainer.run_step`: fault points, batch, step, log, save), fini
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -30,6 +32,8 @@ from ..runtime.parallelize import parallelize
 from . import faults
 from .config import PLAN_FILE, TrainConfig
 from .data import PackedTokens, dp_shard, synthetic_batch, tokenize_to_file
+from .guard import StepGuard
+from .ownership import stop_requested, watch_launcher
 from .replan import describe_change, replan
 from .schedule import lr_at
 
@@ -108,19 +112,29 @@ def _write_profile_summary(profile_dir: str, rank: int, device: torch.device, ti
 
 
 class Metrics:
-    """Rank 0's JSON-lines metrics file; on resume, records after the checkpoint are
-    discarded (and the discarded steps named) so every step appears exactly once."""
+    """Rank 0's JSON-lines metrics file, written a line at a time (one ``write`` of the whole
+    line, flushed); on resume, records after the checkpoint are discarded (and the
+    discarded steps named) so every step appears exactly once, and a line that is not
+    JSON (torn by a crash mid-write) is dropped with a note."""
 
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
+    def __init__(self, path: Path, enabled: bool, note=None):
+        self.path, self.enabled, self.note = path, enabled, note or (lambda msg: None)
+        self._file = None
 
     def rewind(self, step: int) -> list[int]:
         if not self.enabled or not self.path.exists():
             return []
         kept, dropped = [], []
-        for line in self.path.read_text().splitlines():
-            rec = json.loads(line)
-            if "step" in rec and rec.get("event") is None and rec["step"] > step:
+        lines = self.path.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                where = "its last line" if i == len(lines) - 1 else f"line {i + 1}"
+                self.note(f"partita: note: {self.path}: dropped {where}, not JSON (torn by a crash mid-write?): "
+                          f"{line[:60]!r}")
+                continue
+            if isinstance(rec, dict) and "step" in rec and rec.get("event") is None and rec["step"] > step:
                 dropped.append(rec["step"])
             else:
                 kept.append(line)
@@ -130,9 +144,39 @@ class Metrics:
         return dropped
 
     def write(self, record: dict) -> None:
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if not self.enabled:
+            return
+        if self._file is None:
+            self._file = open(self.path, "a", buffering=1)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+
+class NonFiniteStep(PartitaError):
+    """A step's loss or gradient norm was not finite and ``--skip-nonfinite`` is used up."""
+
+
+def check_resumable(meta: dict, config: TrainConfig, plan: Plan, path: Path) -> None:
+    """Refuse (one line) a checkpoint of another model or another global batch: the data of
+    step s is sequences [s * gbs, (s + 1) * gbs) and the schedule counts steps, so under
+    another global batch neither the data position nor the schedule would continue.
+    The launcher makes the same check before any process starts (``check_resume``)."""
+    problem = resume_problem(meta, config.model, plan.gbs)
+    if problem:
+        raise PartitaError(f"cannot resume from {path}: {problem}")
+
+
+def resume_problem(meta: dict, model: str, gbs: int) -> str | None:
+    """Why a checkpoint with ``meta`` cannot continue a run of ``model`` with global batch ``gbs``."""
+    theirs = meta.get("model")
+    if theirs is not None and theirs != model:
+        return f"it holds model {theirs}, this run trains {model} (start a new run or pass --model {theirs})"
+    their_gbs = (meta.get("plan") or {}).get("gbs")
+    if their_gbs is not None and their_gbs != gbs:
+        return (f"it was trained with global batch {their_gbs}, this run uses {gbs}: the data position "
+                f"(step x global batch) and the schedule would not continue; resume with gbs={their_gbs} "
+                "in --plan (or no --plan) or start a new run")
+    return None
 
 
 def make_optimizer_factory(config: TrainConfig):
@@ -178,17 +222,21 @@ class Trainer:
     def __init__(self, config: TrainConfig, plan: Plan, run_dir: Path, device_type: str, rank: int, world: int):
         self.config, self.run_dir, self.rank, self.world = config, run_dir, rank, world
         self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-        self.resume_from = self._newest_checkpoint()
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        self.wants_resume = bool(self.ckpt_dir) and (config.resume or restarted)
         self.plan = self._fit_plan(plan)
         model = build_model(config.model, seed=config.seed)
         self.vocab = model.cfg.vocab
         self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
                               device_type=device_type, max_grad_norm=config.max_grad_norm or None)
+        self.guard = StepGuard(self.pm, rank)
         self.dataset = self._load_data()
-        self.metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
+        self.metrics = Metrics(run_dir / "metrics.jsonl", rank == 0, note=self.log)
         self.start = 0
         self.times: list[float] = []
         self.last_loss = float("nan")
+        self.skipped: list[int] = []
+        self.saved_step = -1
 
     def log(self, msg: str) -> None:
         """A ``partita: ...`` line on stderr from rank 0 (the launcher forwards it)."""
@@ -196,14 +244,6 @@ class Trainer:
             print(msg, file=sys.stderr, flush=True)
 
     # -- setup ---------------------------------------------------------------------------
-    def _newest_checkpoint(self) -> tuple[int, Path] | None:
-        from ..runtime.checkpoint import complete_checkpoints
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        if not self.ckpt_dir or not (self.config.resume or restarted):
-            return None
-        found = complete_checkpoints(self.ckpt_dir, report=self.log)
-        return found[-1] if found else None
-
     def _fit_plan(self, plan: Plan) -> Plan:
         """An elastic restart may come back on another world size: re-plan for it."""
         if plan.world_size == self.world:
@@ -225,12 +265,18 @@ class Trainer:
         return PackedTokens(token_file, self.plan.seq_len, config.seed, self.vocab)
 
     def resume(self) -> None:
-        """Load the newest complete checkpoint (if any) and rewind the metrics file to it."""
-        from ..runtime.checkpoint import load_checkpoint
-        if self.resume_from is None:
+        """Load the newest checkpoint that passes verification (damaged ones are renamed
+        ``corrupt-*`` with a warning line each; none good: ``PartitaError``) and rewind the
+        metrics file to it."""
+        from ..runtime.checkpoint_resume import resume_checkpoint
+        if not self.wants_resume:
             return
-        step_done, path = self.resume_from
-        meta = load_checkpoint(self.pm, path)
+        found = resume_checkpoint(self.pm, self.ckpt_dir, report=self.log)
+        if found is None:
+            return
+        step_done, path, meta = found
+        check_resumable(meta, self.config, self.plan, path)
+        self.saved_step = step_done
         self.start = step_done + 1
         dropped = self.metrics.rewind(step_done)
         rng = meta.get("rng_state")
@@ -243,14 +289,31 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> int:
+        """The step loop; returns 0, or 128 + the signal every rank agreed to stop for."""
         self.resume()
         self.printer = StepPrinter(self.config, self.rank == 0, self.start)
         self.profiler = _start_profiler(self.config.profile_dir, self.pm.device, self.rank,
                                         self.config.steps - self.start)
         for step in range(self.start, self.config.steps):
             self.run_step(step)
+            if self.guard.stop:
+                return self.stop(step, self.guard.stop)
         self.finish()
         return 0
+
+    def stop(self, step: int, signum: int) -> int:
+        """Every rank agreed to stop after ``step`` (a SIGINT / SIGTERM reached one of them):
+        save that step where a checkpoint directory is given, say so, exit 128 + signal."""
+        self.printer.stop()
+        if self.profiler is not None:
+            self.profiler.stop()
+        where = ""
+        if self.ckpt_dir and self.saved_step != step:
+            self.save(step)
+        if self.ckpt_dir:
+            where = f"; checkpoint {self.ckpt_dir / f'step_{step:08d}'} holds it (--resume continues)"
+        self.log(f"partita: stopped by {signal.Signals(signum).name} after step {step}{where}")
+        return 128 + signum
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's inputs and targets of ``step`` (text data or the synthetic stream)."""
@@ -267,8 +330,12 @@ class Trainer:
         faults.before_step(self.rank, step)
         t0 = time.perf_counter()
         x, y = self.batch(step)
+        self.guard.step = step
         loss = self.pm.train_step(x, y)
         dt = time.perf_counter() - t0
+        if self.guard.nonfinite:
+            self.skip_nonfinite(step, loss)
+            return
         self.times.append(dt)
         self.last_loss = loss
         self.log_step(step, loss, lr, dt)
@@ -293,17 +360,40 @@ class Trainer:
         self.metrics.write(record)
         self.printer.step(record, mem)
 
+    def skip_nonfinite(self, step: int, loss: float) -> None:
+        """A step whose loss or gradient norm was not finite on some rank: no update was made
+        (:class:`StepGuard`). Skipped and reported while ``--skip-nonfinite`` allows, else the
+        run stops here - before any checkpoint of that state could be written."""
+        what = self.guard.describe(step, loss)
+        self.skipped.append(step)
+        allowed = self.config.skip_nonfinite
+        if len(self.skipped) > allowed:
+            last = f"step_{self.saved_step:08d}" if self.saved_step >= 0 else "none"
+            raise NonFiniteStep(f"step {step}: not finite: {what}; stopped before the optimizer update "
+                                f"(--skip-nonfinite {allowed} allows {allowed} such step(s)); "
+                                f"newest checkpoint of this run: {last}")
+        self.log(f"partita: warning: step {step}: not finite: {what}; skipped without an update "
+                 f"({len(self.skipped)} of --skip-nonfinite {allowed})")
+        self.metrics.write({"event": "skipped_nonfinite", "step": step, "reason": what})
+        self.maybe_save(step)
+
     def maybe_save(self, step: int) -> None:
         """Every ``checkpoint_every`` steps: a checkpoint with what resuming needs."""
-        from ..runtime.checkpoint import save_checkpoint
         c = self.config
         if not (self.ckpt_dir and c.checkpoint_every and (step + 1) % c.checkpoint_every == 0):
             return
+        self.save(step)
+
+    def save(self, step: int) -> None:
+        """A checkpoint of the state after ``step``, with what resuming needs in its meta."""
+        from ..runtime.checkpoint import save_checkpoint
+        c = self.config
         meta = {"plan": self.plan.to_dict(), "model": c.model, "data": c.data,
                 "data_position": (step + 1) * self.plan.gbs, "seed": c.seed,
                 "scheduler": {"kind": c.lr_schedule, "step": step + 1},
                 "rng_state": torch.get_rng_state().tolist()}
-        save_checkpoint(self.pm, self.ckpt_dir, step, meta, keep=c.keep)
+        save_checkpoint(self.pm, self.ckpt_dir, step, meta, keep=c.keep, report=self.log)
+        self.saved_step = step
 
     def finish(self) -> None:
         """Stop the profiler and progress bar; rank 0 prints the run's summary line."""
@@ -317,6 +407,8 @@ class Trainer:
         steady = sorted(steady_times)[len(steady_times) // 2]
         line = (f"done: {len(self.times)} steps, final loss {self.last_loss:.4f}, median step {steady * 1e3:.1f} ms, "
                 f"{self.plan.tokens_per_step / steady:,.0f} tokens/s")
+        if self.skipped:
+            line += f"; skipped {len(self.skipped)} non-finite step(s): {self.skipped}"
         predicted = self.config.predicted_step_s
         if predicted:
             line += f"; predicted {predicted * 1e3:.1f} ms (measured/predicted {steady / predicted:.2f})"
@@ -344,12 +436,26 @@ def main(argv: list[str] | None = None) -> int:
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr, flush=True)
         return 2
+    watch_launcher()
+    requested = {"signal": 0}
+    trainer: Trainer | None = None
+
+    def on_signal(signum, frame):  # every rank stops after the step all of them agree on
+        if not stop_requested(run_dir):  # torchrun ending the job after a failure: go now
+            os._exit(128 + signum)
+        requested["signal"] = signum
+        if trainer is not None:
+            trainer.guard.stop_signal = signum
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     device_type = detect_device_type(config.device)
     init_distributed(device_type, config.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     code = 0
     try:
-        code = Trainer(config, plan, run_dir, device_type, rank, world).run()
+        trainer = Trainer(config, plan, run_dir, device_type, rank, world)
+        trainer.guard.stop_signal = requested["signal"]
+        code = trainer.run()
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr, flush=True)
         code = 2
