@@ -346,6 +346,27 @@ def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     return t
 
 
+def zero2_accumulation_floor(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """What ZeRO-2's per-micro-batch reduce-scatters (sharded accumulation) add to the
+    step at least, whatever the recompute setting: ``(m - 1) max(0, t_rs - window)`` with
+    the widest window (full recompute: forward, recomputed forward and backward), on the
+    worst rank shape; 0 unless the plan is ZeRO-2 with sharded accumulation. The search
+    adds it to a ZeRO-2 setting's lower bound."""
+    if plan.zero != 2 or full_gradients(plan) or plan.grad_accum <= 1 or not plan.overlap_grad_reduce:
+        return 0.0
+    dev, dpn = cluster.device, cluster.devices_per_node
+    g, k = group_span(plan, "dp_cp", dpn)
+    eg, ek = expert_dp_span(plan, dpn)
+    widest = plan.with_(recompute="full")
+    worst = 0.0
+    for _, shape, _ in distinct_shapes(model, plan):
+        dense, expert = _shape_params(model, plan, shape)
+        t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
+        terms = _shape_terms(model, cluster, widest, shape)
+        worst = max(worst, (plan.grad_accum - 1) * max(0.0, t_rs - (terms.forward + terms.backward) / plan.vpp))
+    return worst
+
+
 def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTime:
     dev, dpn = cluster.device, cluster.devices_per_node
     stages = []

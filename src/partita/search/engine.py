@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory_ladder
-from ..cost.step import estimate_step_time, step_time_lower_bound
+from ..cost.step import estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
 from ..plan import Plan
@@ -234,6 +234,7 @@ class _Search:
             lb = layout.bound  # the layout's bound is this plan's
         else:
             lb = step_time_lower_bound(self.model, self.cluster, plan)
+        lb += zero2_accumulation_floor(self.model, self.cluster, plan)  # ZeRO-2's per-micro-batch reduce-scatters
         return self._rules_out(layout, lb, wanted)
 
     def _rules_out(self, layout: Layout, lb: float, wanted) -> bool:
