@@ -61,6 +61,9 @@ DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
 PLAN_FORMAT = "partita.plan/1"
+#: Upper bound of every degree and size of a plan: beyond any real run (2^24 devices,
+#: sequences or tokens), so that every estimate and export finishes in bounded time.
+MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
 _OPTIONAL_DEFAULTS: dict[str, object] = {"grad_accum_mode": "sharded", "dp_shard": 0}
 
@@ -176,12 +179,8 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise PartitaError(f"plan file {path} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise PartitaError(f"plan file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        from .inputs import read_json
+        data = read_json(path, "plan")  # one-line errors for missing/directory/non-UTF-8/non-JSON/deep files
         if isinstance(data, dict) and isinstance(data.get("plans"), list) and data["plans"]:
             data = data["plans"][0]  # the output of `partita plan --json`: its best plan
         if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):
@@ -246,7 +245,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             raise PartitaError(f"{where}: {name} must be an integer, got {value!r}")
         try:
             number = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise PartitaError(f"{where}: {name} must be an integer, got {value!r}") from None
         if str(number) != str(value).strip() and not isinstance(value, int):
             raise PartitaError(f"{where}: {name} must be an integer, got {value!r}")
@@ -265,8 +264,10 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     """
     errs: list[str] = []
     for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "mbs", "gbs", "seq_len"):
-        if getattr(plan, name) < 1:
-            errs.append(f"{name} must be >= 1, got {getattr(plan, name)}")
+        if not 1 <= getattr(plan, name) <= MAX_PLAN_SIZE:
+            errs.append(f"{name} must be from 1 to {MAX_PLAN_SIZE:,}, got {getattr(plan, name)}")
+    if plan.layer_split and not all(-1 < n <= MAX_PLAN_SIZE for n in plan.layer_split):
+        errs.append(f"layer_split entries must be from 0 to {MAX_PLAN_SIZE:,}, got {list(plan.layer_split)}")
     if errs:
         return errs
     if plan.zero not in (0, 1, 2, 3):

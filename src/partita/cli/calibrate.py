@@ -8,35 +8,40 @@ import subprocess
 import sys
 
 from ..errors import PartitaError
+from ..inputs import check_output_path, positive_int
+
+#: More processes than any single machine runs (collectives are measured inside one node).
+MAX_NPROC = 1024
 
 
 def add_parser(sub) -> None:
     cal = sub.add_parser("calibrate", help="measure this machine (GEMM, bandwidth, collectives) into a hardware file")
-    cal.add_argument("--nproc", type=int, default=2, help="processes (the group size collectives are measured on)")
+    cal.add_argument("--nproc", type=positive_int(MAX_NPROC), default=2, help="processes (the group size collectives are measured on)")
     cal.add_argument("--base", default="cpu", help="device file to extend (default: cpu)")
     cal.add_argument("--name", help="name of the calibrated device")
     cal.add_argument("--device", help="cpu, cuda or npu (default: what the machine has)")
     cal.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     cal.add_argument("-o", "--output", default="calibrated.json")
-    cal.add_argument("--timeout-s", type=int, default=300)
+    cal.add_argument("--timeout-s", type=positive_int(7 * 24 * 3600), default=300,
+                     help="give up (and stop every process) after this many seconds")
     cal.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from ..spec.hardware import load_device
+    load_device(args.base)  # fail early (before the slow torch import) on an unknown base
+    check_output_path(args.output, "-o")
     try:
         import torch  # noqa: F401
     except ImportError:
         raise PartitaError("partita calibrate needs PyTorch: pip install 'partita[runtime]'") from None
-    from ..spec.hardware import load_device
-    load_device(args.base)  # fail early on an unknown base
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "partita.profile.calibrate", args.output, args.base, args.name or f"{args.base}-calibrated",
            args.device or "auto", args.dtype]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s,
-                          env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    if proc.returncode:
+    returncode, stderr = _run_group(cmd, args.timeout_s)
+    if returncode:
         from ..train.launch import root_cause
-        raise PartitaError(f"calibration failed: {root_cause(proc.stderr)}")
+        raise PartitaError(f"calibration failed: {root_cause(stderr)}")
     data = json.load(open(args.output))
     eff = data["efficiency"]
     print(f"wrote {args.output}: {data['peak_tflops']} TFLOPS peak, gemm efficiency {eff['gemm']:.2f} "
@@ -46,3 +51,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              f"{eff['zero3_framework_us_per_layer']:.0f} us" if "tp_framework_us_per_layer" in eff else "")
           + f"; use it with --hardware {args.output}")
     return 0
+
+
+def _run_group(cmd: list[str], timeout_s: int) -> tuple[int, str]:
+    """Run ``cmd`` in its own process group and wait; on a timeout or an interrupt the
+    whole group (torchrun and its workers) is killed, so no process outlives the command."""
+    import signal
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        raise PartitaError(f"calibration did not finish in --timeout-s {timeout_s} s; "
+                           "give it more time (a CPU run takes a few minutes)") from None
+    except BaseException:
+        _kill_group(proc, signal.SIGKILL)
+        raise
+    return proc.returncode, stderr
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.communicate()

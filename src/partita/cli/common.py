@@ -10,17 +10,32 @@ import typing
 from typing import Any, TypeVar
 
 from ..errors import PartitaError
+from ..inputs import MAX_BATCH, MAX_DEGREE, MAX_DEVICES_PER_NODE, MAX_SEQ_LEN, positive_int
 
 C = TypeVar("C")
 
 
 def parse_tokens(text: str) -> float:
-    """``1.4T`` -> 1.4e12; accepts K/M/B/G/T suffixes or a plain number."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*", text.lower())
+    """``1.4T`` -> 1.4e12; accepts K/M/B/G/T suffixes or a plain number (positive, finite,
+    at most 1e18 tokens: beyond any training run)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text).lower())
     if not m:
-        raise PartitaError(f"--tokens {text!r} must be a number like 1.4T, 300B or 2e12")
+        raise PartitaError(f"--tokens {text!r} must be a positive number like 1.4T, 300B or 2e12")
     scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}[m.group(2)]
-    return float(m.group(1)) * scale
+    value = float(m.group(1)) * scale
+    if not 0 < value <= 1e18:
+        raise PartitaError(f"--tokens {text!r} must be more than 0 and at most 1e18 (1,000,000T) tokens")
+    return value
+
+
+def tokens_arg(text: str) -> str:
+    """argparse type of ``--tokens``: checked now, kept as the text (see :func:`parse_tokens`)."""
+    try:
+        parse_tokens(text)
+    except PartitaError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of tokens up to 1e18, like 1.4T, 300B or "
+                                         f"2e12; got {text!r}") from None
+    return text
 
 
 def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None:
@@ -29,15 +44,15 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
                    help="preset name (partita models) or a config.json path")
     p.add_argument("--hardware", default="ascend-910b2" if defaults else None, required=not defaults,
                    help="device name (partita hardware) or a device/cluster JSON file")
-    p.add_argument("--devices", type=int, default=512 if defaults else None, required=not defaults,
+    p.add_argument("--devices", type=positive_int(MAX_DEGREE), default=512 if defaults else None, required=not defaults,
                    help="number of devices")
-    p.add_argument("--devices-per-node", type=int, help="devices per node (default: the device file's)")
+    p.add_argument("--devices-per-node", type=positive_int(MAX_DEVICES_PER_NODE), help="devices per node (default: the device file's)")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", dest="overrides",
                    help="override a hardware field, e.g. --set inter_node.gbps_per_direction=25")
-    p.add_argument("--seq-len", type=int, default=2048, help="sequence length in tokens")
-    p.add_argument("--global-batch", type=int, help="global batch in sequences")
+    p.add_argument("--seq-len", type=positive_int(MAX_SEQ_LEN), default=2048, help="sequence length in tokens")
+    p.add_argument("--global-batch", type=positive_int(MAX_BATCH), help="global batch in sequences")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], help="training precision")
-    p.add_argument("--tokens", help="total training tokens, e.g. 1.4T: print run days and device-hours")
+    p.add_argument("--tokens", type=tokens_arg, help="total training tokens, e.g. 1.4T: print run days and device-hours")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -45,6 +60,10 @@ def cluster_and_model(args: argparse.Namespace):
     """The model spec and cluster the flags of :func:`add_cluster_args` name."""
     from ..spec.hardware import make_cluster, parse_overrides
     from ..spec.model import load_model
+    for flag, value in (("--model", args.model), ("--hardware", args.hardware)):
+        if not value or not value.strip():
+            raise PartitaError(f"{flag} is empty; give a name (see `partita {'models' if flag == '--model' else 'hardware'}`)"
+                               " or a JSON file")
     model = load_model(args.model)
     cluster = make_cluster(args.hardware, args.devices, args.devices_per_node, parse_overrides(args.overrides))
     return model, cluster

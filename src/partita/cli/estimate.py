@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from ..errors import PartitaError
+from ..inputs import MAX_DEGREE, MAX_VPP, positive_int
 from .common import add_cluster_args, cluster_and_model, parse_tokens
 
 
@@ -13,16 +14,16 @@ def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory and step time of one plan")
     add_cluster_args(est)
     est.add_argument("--plan", help="a plan JSON file (instead of the degree flags)")
-    est.add_argument("--tp", type=int, default=1)
-    est.add_argument("--pp", type=int, default=1)
-    est.add_argument("--vpp", type=int, default=1)
-    est.add_argument("--cp", type=int, default=1)
-    est.add_argument("--ep", type=int, default=1)
-    est.add_argument("--dp", type=int, help="default: devices / (tp*pp*cp)")
+    est.add_argument("--tp", type=positive_int(MAX_DEGREE), default=1)
+    est.add_argument("--pp", type=positive_int(MAX_DEGREE), default=1)
+    est.add_argument("--vpp", type=positive_int(MAX_VPP), default=1)
+    est.add_argument("--cp", type=positive_int(MAX_DEGREE), default=1)
+    est.add_argument("--ep", type=positive_int(MAX_DEGREE), default=1)
+    est.add_argument("--dp", type=positive_int(MAX_DEGREE), help="default: devices / (tp*pp*cp)")
     est.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
     est.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                      help="sequence parallel (default: on when tp > 1)")
-    est.add_argument("--mbs", type=int, default=1, help="micro-batch size")
+    est.add_argument("--mbs", type=positive_int(MAX_DEGREE), default=1, help="micro-batch size")
     est.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     est.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"])
     est.add_argument("--layer-split", help="layers per virtual stage, e.g. 9,10,10,9")

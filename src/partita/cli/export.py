@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import PartitaError
+from ..inputs import check_output_path
+
 
 def add_parser(sub) -> None:
     exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan config")
@@ -20,14 +23,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..spec.model import load_model
     plan = Plan.load(args.plan_file)
     model = load_model(args.model) if args.model else None
-    if model is not None:
-        check(plan, model)
+    check(plan, model)  # the plan's own constraints always; the model's when given
+    if args.output:
+        check_output_path(args.output, "-o")
     result = export(args.to, plan, model)
     for w in result.warnings:
         print(f"partita: warning: {w}", file=sys.stderr)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(result.text)
+        try:
+            with open(args.output, "w") as f:
+                f.write(result.text)
+        except OSError as e:
+            raise PartitaError(f"cannot write -o {args.output}: {e.strerror}") from None
     else:
         sys.stdout.write(result.text)
     return 0

@@ -1,13 +1,17 @@
 """``main()``: the parser of every command, and the one place errors become exit codes.
 
-Every user mistake surfaces as :class:`partita.errors.PartitaError`: one line on stderr,
-exit code 2.
+Every user mistake surfaces as :class:`partita.errors.PartitaError` (or an argparse
+usage error): one line ``partita: error: ...`` on stderr, exit code 2. Anything else
+that escapes a command is a bug in Partita: one line ``partita: internal error: ...``
+and exit code 1 (the traceback only with ``PARTITA_DEBUG=1``).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Callable, Sequence
+import traceback
+from typing import Callable, NoReturn, Sequence
 
 from ..errors import PartitaError
 from . import calibrate, estimate, export, hardware, models, plan, profile, train
@@ -15,8 +19,19 @@ from . import calibrate, estimate, export, hardware, models, plan, profile, trai
 COMMANDS = (estimate, export, calibrate, models, hardware, plan, train, profile)  # the order of --help
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (no usage block), raised as
+    :class:`PartitaError` so :func:`main` prints them like every other user mistake.
+    Subparsers inherit the class (argparse's ``parser_class`` default)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        raise PartitaError(f"{command + ': ' if command else ''}{message} (see partita {command} --help)"
+                           .replace("partita  --help", "partita --help"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="partita", description="Plan, run and check parallel LLM training.")
+    parser = _Parser(prog="partita", description="Plan, run and check parallel LLM training.")
     sub = parser.add_subparsers(dest="command")
     for command in COMMANDS:
         command.add_parser(sub)
@@ -25,19 +40,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv or ["plan"])  # no arguments: the default planning scenario
-    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
     try:
-        return func(args)
+        parser = build_parser()
+        args = parser.parse_args(argv or ["plan"])  # no arguments: the default planning scenario
+        func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 2
+        rc = func(args)
+        sys.stdout.flush()
+        return rc
     except PartitaError as e:
-        print(f"partita: error: {e}", file=sys.stderr)
+        print(f"partita: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+    except OSError as e:
+        if e.errno is not None and e.filename is None:  # writing our own output failed (disk full)
+            _silence_stdout()
+            print(f"partita: error: cannot write the output: {e.strerror}", file=sys.stderr)
+            return 2
+        return _internal(e)
+    except KeyboardInterrupt:
+        print("partita: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last net: a bug, reported in one line
+        return _internal(e)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _internal(e: BaseException) -> int:
+    if os.environ.get("PARTITA_DEBUG"):
+        traceback.print_exc()
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
+    print(f"partita: internal error: {type(e).__name__}: {_one_line(str(e))}{where} (please report; "
+          "PARTITA_DEBUG=1 shows the traceback)", file=sys.stderr)
+    return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..errors import PartitaError
+from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP, finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, parse_tokens
 
 DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS inside, RoCE between), "
@@ -17,17 +18,17 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="search for the best plan (no arguments: " + DEFAULT_SCENARIO + ")")
     add_cluster_args(p, defaults=True)
     p.set_defaults(global_batch=2048, tokens="1.4T")
-    p.add_argument("--top", type=int, default=5, help="how many plans to show")
+    p.add_argument("--top", type=positive_int(MAX_TOP), default=5, help="how many plans to show")
     for knob in ("tp", "pp", "vpp", "cp", "ep", "dp", "mbs"):
-        p.add_argument(f"--{knob}", type=int, help=f"fix {knob}")
+        p.add_argument(f"--{knob}", type=positive_int(MAX_VPP if knob == "vpp" else MAX_DEGREE), help=f"fix {knob}")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="fix the ZeRO stage")
     p.add_argument("--recompute", choices=["none", "selective", "full"], help="fix recomputation")
     p.add_argument("--no-zero3", action="store_true", help="forbid ZeRO-3 / FSDP")
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
-    p.add_argument("--max-memory-gib", type=float, help="memory cap per device")
+    p.add_argument("--max-memory-gib", type=finite_float(0, 1e6), help="memory cap per device")
     p.add_argument("--export", choices=["megatron", "mindspeed", "deepspeed", "torchtitan"],
                    help="also print the best plan as this framework's configuration")
-    p.add_argument("--headroom", type=float, default=0.05, help="fraction of usable memory kept free (default 0.05)")
+    p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
     p.set_defaults(func=cmd_plan)
 
 

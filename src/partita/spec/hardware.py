@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from functools import cached_property, lru_cache
@@ -199,13 +200,8 @@ def builtin_devices() -> list[str]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise PartitaError(f"hardware file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    except OSError as e:
-        raise PartitaError(f"cannot read hardware file {path}: {e.strerror}") from None
+    from ..inputs import read_json
+    data = read_json(path, "hardware")  # one-line errors for directory/non-UTF-8/non-JSON/deep/NaN files
     if not isinstance(data, dict):
         raise PartitaError(f"hardware file {path} must hold a JSON object")
     return data
@@ -230,6 +226,12 @@ def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, s
         raw = _read_json(path)
     raw = dict(raw, efficiency_provenance=_own_provenance(raw, path))
     parent = raw.get("extends")
+    if parent is not None and not isinstance(parent, str):
+        raise PartitaError(f"hardware file {path}: extends must be a device name or file, got {parent!r}")
+    for section in _SECTIONS:
+        if not isinstance(raw.get(section, {}), dict):
+            raise PartitaError(f"hardware file {path}: {section} must be a JSON object of fields, "
+                               f"got {raw[section]!r}"[:300])
     if parent:
         base, _ = _resolve_raw(parent, seen + (name_or_path,))
         base.pop("aliases", None)
@@ -262,12 +264,55 @@ def _get(raw: dict, section: str, key: str, source: str, default: Any = None) ->
     return value
 
 
-def _number(value: Any, where: str, source: str) -> float:
+def _number(value: Any, where: str, source: str, low: float = 0.0, high: float = math.inf,
+            open_low: bool = False) -> float:
+    """``value`` as a finite float in [low, high] ((low, high] with ``open_low``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PartitaError(f"hardware file {source}: {where} must be a number, got {value!r}")
-    if value < 0:
-        raise PartitaError(f"hardware file {source}: {where} must not be negative, got {value}")
+    if not math.isfinite(value):
+        raise PartitaError(f"hardware file {source}: {where} must be a finite number, got {value}")
+    if value < low or (open_low and value == low) or value > high:
+        span = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        if high == math.inf and low == 0:
+            span = "be more than 0" if open_low else "not be negative"
+            raise PartitaError(f"hardware file {source}: {where} must {span}, got {value}")
+        raise PartitaError(f"hardware file {source}: {where} must be in {span}, got {value}")
     return float(value)
+
+
+#: The sections of a device file and the fields each may hold (``--set`` checks its path
+#: against these; peak_tflops takes any dtype of :data:`PEAK_DTYPES`).
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "memory": ("hbm_gib", "usable_gib", "hbm_tbps", "runtime_reserved_gib", "allocator_fragmentation",
+               "comm_buffer_mib_per_group"),
+    "intra_node": ("link", "topology", "gbps_per_direction", "peer_gbps_per_direction", "devices_per_node",
+                   "latency_us"),
+    "inter_node": ("link", "gbps_per_direction", "latency_us"),
+    "efficiency": tuple(EFFICIENCY_FIELDS) + tuple(OPTIONAL_EFFICIENCY_FIELDS),
+    "peak_tflops": ("bf16", "fp16", "fp8", "fp32", "tf32", "int8", "fp4"),
+    "cluster": ("nodes", "devices_per_node"),
+}
+#: Efficiency fields that are fractions of a peak: in (0, 1] (a time is divided by them).
+_FRACTIONS = ("gemm", "attention", "memory_bandwidth", "intra_node_comm", "inter_node_comm")
+
+
+def _check_overrides(raw: dict, overrides: dict) -> None:
+    """Refuse a ``--set`` path the device file has no field for, naming the close ones
+    (a misspelt path would otherwise be silently ignored)."""
+    import difflib
+    for section, values in overrides.items():
+        if section not in _SECTIONS:
+            close = difflib.get_close_matches(section, list(_SECTIONS), n=3, cutoff=0.5)
+            raise PartitaError(f"--set {section}.*: {section!r} is not a section of a device file; "
+                               + (f"did you mean {', '.join(close)}?" if close else
+                                  f"sections: {', '.join(_SECTIONS)}"))
+        known = set(_SECTIONS[section]) | set(raw.get(section) or {})
+        for name in values:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.5)
+                raise PartitaError(f"--set {section}.{name}: no field {name!r} in {section}; "
+                                   + (f"did you mean {', '.join(section + '.' + c for c in close)}?" if close
+                                      else f"its fields: {', '.join(sorted(known))}"))
 
 
 def parse_overrides(pairs: list[str] | None) -> dict:
@@ -278,7 +323,10 @@ def parse_overrides(pairs: list[str] | None) -> dict:
             raise PartitaError(f"override {pair!r} must look like section.field=value, "
                                "e.g. inter_node.gbps_per_direction=25")
         key, value = pair.split("=", 1)
-        section, field_name = key.split(".", 1)
+        section, field_name = (s.strip() for s in key.split(".", 1))
+        if not section or not field_name or "." in field_name:
+            raise PartitaError(f"override {pair!r} must look like section.field=value with one dot, "
+                               "e.g. efficiency.gemm=0.6")
         try:
             parsed: Any = json.loads(value)
         except json.JSONDecodeError:
@@ -291,6 +339,7 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
     """Load a built-in device by name/alias, or a user's JSON file, applying ``overrides``."""
     raw, source = _resolve_raw(name_or_path)
     if overrides:
+        _check_overrides(raw, overrides)
         raw = _deep_merge(raw, overrides)
         for key in (overrides.get("efficiency") or {}):
             raw["efficiency_provenance"][key] = "override: set when loading (--set efficiency.%s=...)" % key
@@ -299,34 +348,44 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
     if not isinstance(peaks, dict) or not any(peaks.values()):
         raise PartitaError(f"hardware file {source}: peak_tflops must map dtypes to TFLOPS, e.g. {{\"bf16\": 989}}")
     mem = raw.get("memory", {})
-    hbm = _number(_get(raw, "memory", "hbm_gib", source), "memory.hbm_gib", source)
+    hbm = _number(_get(raw, "memory", "hbm_gib", source), "memory.hbm_gib", source, open_low=True)
     topology = _get(raw, "intra_node", "topology", source, "switch")
     if topology not in ("switch", "full-mesh"):
         raise PartitaError(f"hardware file {source}: intra_node.topology must be 'switch' or 'full-mesh', got {topology!r}")
-    intra = _number(_get(raw, "intra_node", "gbps_per_direction", source), "intra_node.gbps_per_direction", source)
+    intra = _number(_get(raw, "intra_node", "gbps_per_direction", source), "intra_node.gbps_per_direction", source,
+                    open_low=True)
     return Device(
         name=str(raw.get("name", Path(source).stem)),
         description=str(raw.get("description", "")),
         peak_tflops={k: (None if v is None else _number(v, f"peak_tflops.{k}", source)) for k, v in peaks.items()},
         hbm_gib=hbm,
-        usable_gib=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source),
-        hbm_tbps=_number(_get(raw, "memory", "hbm_tbps", source), "memory.hbm_tbps", source),
+        usable_gib=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source, high=hbm, open_low=True),
+        hbm_tbps=_number(_get(raw, "memory", "hbm_tbps", source), "memory.hbm_tbps", source, open_low=True),
         runtime_reserved_gib=_number(mem.get("runtime_reserved_gib", 1.0), "memory.runtime_reserved_gib", source),
-        allocator_fragmentation=_number(mem.get("allocator_fragmentation", 0.05), "memory.allocator_fragmentation", source),
+        allocator_fragmentation=_number(mem.get("allocator_fragmentation", 0.05), "memory.allocator_fragmentation", source,
+                                        high=0.99),
         comm_buffer_mib_per_group=_number(mem.get("comm_buffer_mib_per_group", 0), "memory.comm_buffer_mib_per_group", source),
         intra_link=str(raw.get("intra_node", {}).get("link", "intra-node link")),
         intra_topology=topology,
         intra_gbps=intra,
         peer_gbps=_number(raw.get("intra_node", {}).get("peer_gbps_per_direction") or intra,
-                          "intra_node.peer_gbps_per_direction", source),
-        devices_per_node=int(_number(_get(raw, "intra_node", "devices_per_node", source, 8), "intra_node.devices_per_node", source)),
+                          "intra_node.peer_gbps_per_direction", source, open_low=True),
+        devices_per_node=_count(_get(raw, "intra_node", "devices_per_node", source, 8), "intra_node.devices_per_node", source),
         intra_latency_us=_number(raw.get("intra_node", {}).get("latency_us", 10), "intra_node.latency_us", source),
         inter_link=str(raw.get("inter_node", {}).get("link", "network")),
-        inter_gbps=_number(_get(raw, "inter_node", "gbps_per_direction", source), "inter_node.gbps_per_direction", source),
+        inter_gbps=_number(_get(raw, "inter_node", "gbps_per_direction", source), "inter_node.gbps_per_direction", source,
+                           open_low=True),
         inter_latency_us=_number(raw.get("inter_node", {}).get("latency_us", 20), "inter_node.latency_us", source),
         efficiency=efficiency,
         source_file=source,
     )
+
+
+def _count(value: Any, where: str, source: str, high: int = 1 << 20) -> int:
+    """A whole number in 1..high (devices per node, nodes)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise PartitaError(f"hardware file {source}: {where} must be a whole number from 1 to {high:,}, got {value!r}")
+    return value
 
 
 def _efficiency(raw: dict, source: str) -> Efficiency:
@@ -339,7 +398,8 @@ def _efficiency(raw: dict, source: str) -> Efficiency:
     for key in EFFICIENCY_FIELDS:
         if key not in eff:
             raise PartitaError(f"hardware file {source}: missing efficiency.{key} ({EFFICIENCY_FIELDS[key]})")
-        values[key] = _number(eff[key], f"efficiency.{key}", source)
+        values[key] = _number(eff[key], f"efficiency.{key}", source, high=1.0 if key in _FRACTIONS + ("gemm_fp8", "tp_overlap")
+                              else math.inf, open_low=key in _FRACTIONS)
         provenance[key] = given.get(key, "assumed: no source recorded")
     for key, default in OPTIONAL_EFFICIENCY_FIELDS.items():
         values[key] = _number(eff.get(key, default), f"efficiency.{key}", source)
@@ -358,6 +418,9 @@ def make_cluster(hardware: str, devices: int | None = None, devices_per_node: in
     raw_cluster = {}
     if hardware.endswith(".json"):
         raw_cluster = _read_json(Path(hardware)).get("cluster", {}) or {}
+        for key in ("nodes", "devices_per_node"):
+            if key in raw_cluster:
+                _count(raw_cluster[key], f"cluster.{key}", hardware)
     per_node = devices_per_node or int(raw_cluster.get("devices_per_node", device.devices_per_node))
     if per_node <= 0:
         raise PartitaError(f"--devices-per-node must be positive, got {per_node}")

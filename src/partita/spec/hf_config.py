@@ -30,13 +30,19 @@ class _Fields:
             raise PartitaError(f"{self.where}: missing field {names[0]!r}")
         return default
 
+    def text(self, name: str, default: str) -> str:
+        value = self.get(name, default)
+        if not isinstance(value, str):
+            raise PartitaError(f"{self.where}: field {name!r} must be a string, got {value!r}")
+        return value
+
     def get(self, name: str, default: Any = None) -> Any:
         value = self.cfg.get(name)
         return default if value is None else value
 
 
-def _activation(name: str, gated: bool) -> str:
-    name = (name or "").lower()
+def _activation(name: Any, gated: bool) -> str:
+    name = str(name or "").lower()
     if gated:
         return "swiglu" if name in ("silu", "swish", "") else "geglu"
     if name in ("relu2", "squared_relu"):
@@ -46,13 +52,15 @@ def _activation(name: str, gated: bool) -> str:
 
 def _llama_like(c: _Fields, name: str, **extra: Any) -> ModelSpec:
     heads = c.int("num_attention_heads")
-    return ModelSpec(
+    values: dict[str, Any] = dict(
         name=name, hidden=c.int("hidden_size"), layers=c.int("num_hidden_layers"), heads=heads,
         kv_heads=c.int("num_key_value_heads", default=heads), ffn_hidden=c.int("intermediate_size"),
         vocab=c.int("vocab_size"), head_dim=c.int("head_dim", default=0),
-        activation=_activation(c.get("hidden_act", "silu"), True),
+        activation=_activation(c.text("hidden_act", "silu"), True),
         qkv_bias=bool(c.get("attention_bias", False)), mlp_bias=bool(c.get("mlp_bias", False)),
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)), source=c.where, **extra)
+        tied_embeddings=bool(c.get("tie_word_embeddings", False)), source=c.where)
+    values.update(extra)  # a family's fixed settings (qwen2: qkv_bias) win over the generic reads (issue 15)
+    return ModelSpec(**values)
 
 
 def _mixtral(c: _Fields, name: str) -> ModelSpec:
@@ -100,7 +108,7 @@ def _gpt2(c: _Fields, name: str) -> ModelSpec:
     return ModelSpec(name=name, hidden=h, layers=c.int("n_layer", "num_hidden_layers"),
                      heads=c.int("n_head", "num_attention_heads"), kv_heads=c.int("n_head", "num_attention_heads"),
                      ffn_hidden=c.int("n_inner", default=4 * h), vocab=c.int("vocab_size"),
-                     activation=_activation(c.get("activation_function", "gelu_new"), False), norm="layernorm",
+                     activation=_activation(c.text("activation_function", "gelu_new"), False), norm="layernorm",
                      qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=bool(c.get("tie_word_embeddings", True)),
                      position="learned", max_positions=c.int("n_positions", "max_position_embeddings"),
                      dropout=True, source=c.where)
@@ -110,7 +118,7 @@ def _gpt_neox(c: _Fields, name: str) -> ModelSpec:
     heads = c.int("num_attention_heads")
     return ModelSpec(name=name, hidden=c.int("hidden_size"), layers=c.int("num_hidden_layers"), heads=heads,
                      kv_heads=heads, ffn_hidden=c.int("intermediate_size"), vocab=c.int("vocab_size"),
-                     activation=_activation(c.get("hidden_act", "gelu"), False), norm="layernorm",
+                     activation=_activation(c.text("hidden_act", "gelu"), False), norm="layernorm",
                      qkv_bias=bool(c.get("attention_bias", True)), out_bias=bool(c.get("attention_bias", True)),
                      mlp_bias=True, tied_embeddings=bool(c.get("tie_word_embeddings", False)), source=c.where)
 
@@ -153,11 +161,8 @@ def parse_hf_config(cfg: dict, where: str = "config.json", name: str | None = No
 
 def load_json_model(path: Path) -> ModelSpec:
     """Load an HF config.json, or a Partita model JSON (no ``model_type`` key)."""
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError as e:
-        raise PartitaError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    from ..inputs import read_json
+    cfg = read_json(path, "model")  # one-line errors for directory/non-UTF-8/non-JSON/deep/NaN files
     if not isinstance(cfg, dict):
         raise PartitaError(f"{path}: must hold a JSON object")
     name = path.parent.name if path.name == "config.json" else path.stem

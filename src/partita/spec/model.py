@@ -269,10 +269,10 @@ class ModelSpec:
         return spec.validated(where)
 
     def validated(self, where: str = "model spec") -> "ModelSpec":
-        for name in ("hidden", "layers", "heads", "kv_heads", "vocab"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise PartitaError(f"{where}: {name} must be a positive integer, got {value!r}")
+        _check_fields(self, where)
+        for sub in (self.moe, self.mla):
+            if sub is not None:
+                _check_fields(sub, f"{where}: {'moe' if sub is self.moe else 'mla'}")
         if self.activation not in ACTIVATIONS:
             raise PartitaError(f"{where}: activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.norm not in ("rmsnorm", "layernorm"):
@@ -284,6 +284,33 @@ class ModelSpec:
         if self.moe and not (0 < self.moe.top_k <= self.moe.num_experts):
             raise PartitaError(f"{where}: moe.top_k must be in 1..num_experts ({self.moe.num_experts}), got {self.moe.top_k}")
         return self
+
+
+#: Upper bounds of model sizes: far beyond any real model (the largest have ~10^2 layers,
+#: 2.5x10^4 hidden, 2.6x10^5 vocabulary), so that every estimate and search is bounded.
+_MAX_FIELD = {"layers": 10_000, "vocab": 1 << 24, "num_experts": 1 << 16, "top_k": 1 << 16,
+              "shared_experts": 1 << 16, "heads": 1 << 16, "kv_heads": 1 << 16}
+_MAX_WIDTH = 1 << 22  # hidden, ffn and head sizes
+#: Integer fields that must be at least 1 (the others may be 0).
+_POSITIVE = ("hidden", "layers", "heads", "kv_heads", "vocab", "num_experts", "top_k", "expert_ffn_hidden",
+             "layer_freq")
+
+
+def _check_fields(spec: Any, where: str) -> None:
+    """Every field of the dataclass ``spec`` has its annotated type (int, bool, str) and
+    every integer is within bounds, named in one line (a string, a float or a bool where
+    a size belongs would otherwise reach the cost model)."""
+    for f in fields(spec):
+        value, kind = getattr(spec, f.name), str(f.type)
+        if kind == "int":
+            low = 1 if f.name in _POSITIVE else 0
+            high = _MAX_FIELD.get(f.name, _MAX_WIDTH)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise PartitaError(f"{where}: {f.name} must be a whole number from {low} to {high:,}, got {value!r}")
+        elif kind == "bool" and not isinstance(value, bool):
+            raise PartitaError(f"{where}: {f.name} must be true or false, got {value!r}")
+        elif kind == "str" and not isinstance(value, str):
+            raise PartitaError(f"{where}: {f.name} must be a string, got {value!r}")
 
 
 @lru_cache(maxsize=1)
