@@ -6,7 +6,9 @@ pieces of one stage under the model's own attribute paths (``model.embed_tokens`
 ``model.layers.<i>``, ``model.norm``, ``lm_head``), so parameter names are unchanged, and
 runs them the way ``LlamaModel.forward`` does for a batch without padding or cache:
 positions ``0..s-1``, rotary tables from ``model.rotary_emb``, and no attention mask, which
-makes HF's SDPA attention causal (``is_causal`` when the mask is ``None``).
+makes HF's SDPA attention causal (``is_causal`` when the mask is ``None``). Sequence
+parallel runs HF models through a one-stage :class:`HFStage` too: HF's own forward would
+take the positions from the sequence shard's length.
 """
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ class HFStage(nn.Module):
         self.model.norm = model.model.norm if last else None
         self.lm_head = model.lm_head if last else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | None = None, input_ids: torch.Tensor | None = None, **_) -> torch.Tensor:
+        x = x if x is not None else input_ids  # also callable as model(input_ids=...)
         h = self.model.embed_tokens(x) if self.model.embed_tokens is not None else x
-        positions = torch.arange(h.shape[1], device=h.device)[None]
+        # positions from the input's full length: with sequence parallel h holds only a shard
+        positions = torch.arange(x.shape[1], device=h.device)[None]
         rotary = self.model.rotary_emb(h, positions)
         for layer in self.model.layers.values():
             out = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rotary)

@@ -16,7 +16,8 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 def logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     if is_hf(model):
-        return model(input_ids=tokens, use_cache=False).logits
+        out = model(input_ids=tokens, use_cache=False)
+        return getattr(out, "logits", out)  # an HF model's output, or an HFStage's logits
     return model(tokens)
 
 

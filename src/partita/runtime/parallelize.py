@@ -28,6 +28,7 @@ from ..plan import Plan, axis_index, check
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
+from ..models.hf import is_hf
 from .modules import aux_loss, logits as logits_of
 from .recompute import apply_recompute
 
@@ -46,8 +47,10 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
                         "in this runtime (no cp)")
         if plan.ep > 1 and (plan.tp > 1 or plan.zero >= 2):
             errs.append("HF Mixtral runs ep with tp = 1 and zero 0/1 in this runtime")
-        if plan.tp > 1 and plan.sp:
-            errs.append("HF models run tp without sequence parallel (HF derives positions from the local sequence); pass sp=false")
+        if plan.tp > 1 and plan.sp and (plan.pp > 1 or plan.ep > 1):
+            errs.append("HF models run sequence parallel with pp = 1 and ep = 1 in this runtime")
+        if plan.tp > 1 and plan.sp and "MoeBlock" in " ".join(type(m).__name__ for m in model.modules()):
+            errs.append("HF MoE models run tp without sequence parallel in this runtime; pass sp=false")
     if 0 < plan.dp_shard < plan.dp and (plan.cp > 1 or plan.ep > 1):
         errs.append("HSDP (dp_shard < dp) runs with cp = 1 and ep = 1 in this runtime")
     if plan.ep > 1 and plan.cp > 1:
@@ -269,6 +272,9 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     if plan.pp > 1:
         from .pipeline import stage_modules
         modules = [mod for _, mod in stage_modules(model, plan)]
+    elif is_hf(model) and plan.tp > 1 and plan.sp:  # HF's forward would take positions from the shard
+        from .hf_pipeline import hf_stage
+        modules = [hf_stage(model, list(range(len(model.model.layers))), True, True)]
     else:
         modules = [model]
     ep_group, edp_group = _apply_model_parallel(modules, plan, mesh)

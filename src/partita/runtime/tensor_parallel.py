@@ -21,7 +21,7 @@ from ..models.llama import MoE
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Shard ``model`` (a :class:`partita.models.Transformer` or a pipeline stage of one) over ``tp_mesh``."""
     if is_hf(model):
-        return apply_tp_hf(model, tp_mesh)
+        return apply_tp_hf(model, tp_mesh, sp)
     seq = Shard(1) if sp else Replicate()
     top: dict[str, object] = {}
     if getattr(model, "tok_embeddings", None) is not None:
@@ -60,20 +60,34 @@ def _moe_plan(seq) -> dict[str, object]:
         output_layouts=(Replicate(),), desired_output_layouts=(seq,), use_local_output=True)}
 
 
-def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Tensor parallel (without SP: HF computes positions from the local sequence length)
-    for HF Llama / Qwen2 / Mixtral: attention projections, dense MLPs, vocab-parallel head.
-    Mixtral's fused expert weights stay replicated over tp."""
-    parallelize_module(model, tp_mesh, {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
-    })
-    for layer in model.model.layers:
+def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh, sp: bool = False) -> None:
+    """Tensor parallel for HF Llama / Qwen2 / Mixtral: attention projections, dense MLPs,
+    vocab-parallel head; Mixtral's fused expert weights stay replicated over tp. With
+    sequence parallel (only on an :class:`~.hf_pipeline.HFStage`, which takes positions
+    from the full input) the norms and the residual stream are sequence-sharded, attention
+    (called with keyword arguments) and the MLP gather the sequence, and the row-parallel
+    outputs reduce-scatter into it, as for the reference model."""
+    seq = Shard(1) if sp else Replicate()
+    top: dict[str, object] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+    }
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
+    for layer in model.model.layers.values() if isinstance(model.model.layers, nn.ModuleDict) else model.model.layers:
         plan: dict[str, object] = {
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
         }
         if hasattr(layer.mlp, "gate_proj"):
             plan.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                         "mlp.down_proj": RowwiseParallel()})
+                         "mlp.down_proj": RowwiseParallel(output_layouts=seq)})
+        if sp:
+            plan.update({
+                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            })
         parallelize_module(layer, tp_mesh, plan)
