@@ -198,11 +198,19 @@ class Plan:
         if text.endswith(".json") or Path(text).is_file():
             return cls.load(text)
         data: dict[str, Any] = dict(defaults or {})
+        given: set[str] = set()
         for item in filter(None, (p.strip() for p in text.split(","))):
             if "=" not in item:
                 raise PartitaError(f"plan item {item!r} must be key=value, e.g. tp=2")
             key, value = (s.strip() for s in item.split("=", 1))
+            if not key or key in given:
+                raise PartitaError(f"plan item {item!r}: " + ("a field name is missing before '='" if not key
+                                                              else f"{key} is given twice"))
+            given.add(key)
             data[key] = value
+        for axis in ("tp", "pp", "cp", "dp", "mbs"):
+            if axis in data and not 1 <= int(_coerce(axis, data[axis], "plan")) <= MAX_PLAN_SIZE:
+                raise PartitaError(f"plan: {axis} must be from 1 to {MAX_PLAN_SIZE:,}, got {data[axis]}")
         if "dp" not in data and world_size:
             other = 1
             for axis in ("tp", "pp", "cp"):
