@@ -182,6 +182,8 @@ def cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
     add("estimate-tp-heads", _with(E, "--devices", "24") + ["--tp", "3"] + ["--devices-per-node", "8"])
     add("estimate-fp8-a100", ["estimate", "--model", "llama-7b", "--hardware", "a100-80gb", "--devices", "8",
                               "--global-batch", "64", "--dtype", "fp8"])
+    add("estimate-plan-and-tp", E + ["--plan", str(Path(f["missing"]).with_name("good-plan.json")), "--tp", "2"])
+    add("plan-vpp2-pp1", P + ["--vpp", "2", "--pp", "1"])
     add("plan-tp3", P + ["--tp", "3"])
     add("plan-ep2-dense", P + ["--ep", "2"])
     add("plan-infeasible-mem", P + ["--max-memory-gib", "0.001"])
@@ -380,6 +382,7 @@ EXACT = {
                                           "did you mean efficiency.gemm, efficiency.gemm_fp8?",
     "estimate-gbs-odd": "partita: error: invalid plan: global batch 63 must be a multiple of dp*mbs = 8*1 = 8",
     "export-zero7": "partita: error: invalid plan: zero must be 0, 1, 2 or 3, got 7",
+    "plan-vpp2-pp1": "partita: error: --vpp 2 needs --pp > 1 (virtual stages interleave a pipeline)",
 }
 
 
@@ -399,6 +402,7 @@ def test_unknown_model_names_close_ones_and_plan_names_the_constraint(files):
 # ------------------------------------------------------------------ valid input still works
 @pytest.mark.parametrize("argv", [
     E + ["--tokens", "1.4T", "--json"],
+    E + ["--pp", "2", "--layer-split", "17,15", "--json"],
     P + ["--headroom", "0", "--max-memory-gib", "60", "--json"],
     ["export", "--to", "megatron", "GOOD"],
     ["estimate", "--model", "QWEN2", "--hardware", "h100-sxm", "--devices", "8", "--global-batch", "64", "--json",

@@ -181,6 +181,8 @@ class Plan:
     def load(cls, path: str | Path) -> "Plan":
         from .inputs import read_json
         data = read_json(path, "plan")  # one-line errors for missing/directory/non-UTF-8/non-JSON/deep files
+        if isinstance(data, dict) and data.get("plans") == []:
+            raise PartitaError(f"plan file {path} holds an empty list of plans; pass a file with at least one")
         if isinstance(data, dict) and isinstance(data.get("plans"), list) and data["plans"]:
             data = data["plans"][0]  # the output of `partita plan --json`: its best plan
         if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):

@@ -14,17 +14,17 @@ def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory and step time of one plan")
     add_cluster_args(est)
     est.add_argument("--plan", help="a plan JSON file (instead of the degree flags)")
-    est.add_argument("--tp", type=positive_int(MAX_DEGREE), default=1)
-    est.add_argument("--pp", type=positive_int(MAX_DEGREE), default=1)
-    est.add_argument("--vpp", type=positive_int(MAX_VPP), default=1)
-    est.add_argument("--cp", type=positive_int(MAX_DEGREE), default=1)
-    est.add_argument("--ep", type=positive_int(MAX_DEGREE), default=1)
+    est.add_argument("--tp", type=positive_int(MAX_DEGREE))
+    est.add_argument("--pp", type=positive_int(MAX_DEGREE))
+    est.add_argument("--vpp", type=positive_int(MAX_VPP))
+    est.add_argument("--cp", type=positive_int(MAX_DEGREE))
+    est.add_argument("--ep", type=positive_int(MAX_DEGREE))
     est.add_argument("--dp", type=positive_int(MAX_DEGREE), help="default: devices / (tp*pp*cp)")
-    est.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
+    est.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (default 1)")
     est.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                      help="sequence parallel (default: on when tp > 1)")
-    est.add_argument("--mbs", type=positive_int(MAX_DEGREE), default=1, help="micro-batch size")
-    est.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    est.add_argument("--mbs", type=positive_int(MAX_DEGREE), help="micro-batch size")
+    est.add_argument("--recompute", choices=["none", "selective", "full"])
     est.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"])
     est.add_argument("--layer-split", help="layers per virtual stage, e.g. 9,10,10,9")
     est.add_argument("--tp-comm-overlap", action="store_true",
@@ -32,9 +32,18 @@ def add_parser(sub) -> None:
     est.set_defaults(func=cmd_estimate)
 
 
+#: The flags that describe a plan, and their defaults (None in the parser, so that
+#: ``--plan`` combined with any of them can be refused instead of silently ignoring it).
+PLAN_FLAGS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": None, "zero": 1, "sp": None, "mbs": 1,
+              "recompute": "none", "schedule": None, "layer_split": None, "tp_comm_overlap": False}
+
+
 def plan_from_flags(args: argparse.Namespace, world_size: int):
     """The plan the degree flags describe (dp fills the devices unless given)."""
     from ..plan import Plan
+    for name, default in PLAN_FLAGS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.global_batch is None:
         raise PartitaError("--global-batch is required (or pass --plan plan.json)")
     other = args.tp * args.pp * args.cp
@@ -49,7 +58,7 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
     if args.schedule:
         fields["schedule"] = args.schedule
     if args.layer_split:
-        fields["layer_split"] = args.layer_split
+        fields["layer_split"] = args.layer_split.replace(",", " ")  # the help's form: 9,10,10,9
     if args.tp_comm_overlap:
         fields["tp_comm_overlap"] = True
     return Plan.from_dict(fields, "plan")
@@ -59,6 +68,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from ..estimate import estimate
     from ..plan import Plan
     model, cluster = cluster_and_model(args)
+    if args.plan:
+        given = [name for name in PLAN_FLAGS if getattr(args, name) not in (None, False)]
+        given += [flag for flag, value in (("global_batch", args.global_batch), ("dtype", args.dtype)) if value]
+        if given:
+            raise PartitaError(f"--plan {args.plan} already sets the plan; drop "
+                               + ", ".join("--" + g.replace("_", "-") for g in given) + " (or drop --plan)")
     plan = Plan.load(args.plan) if args.plan else plan_from_flags(args, cluster.world_size)
     est = estimate(model, cluster, plan)
     tokens = parse_tokens(args.tokens) if args.tokens else None

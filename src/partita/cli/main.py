@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from typing import Callable, NoReturn, Sequence
 
 from ..errors import PartitaError
@@ -74,6 +73,7 @@ def _one_line(text: str) -> str:
 
 
 def _internal(e: BaseException) -> int:
+    import traceback  # only on this path: keeps the start-up of every command short
     if os.environ.get("PARTITA_DEBUG"):
         traceback.print_exc()
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None

@@ -43,6 +43,8 @@ def search(args: argparse.Namespace, model, cluster):
                         zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
+    if args.vpp and args.vpp > 1 and args.pp == 1:
+        raise PartitaError(f"--vpp {args.vpp} needs --pp > 1 (virtual stages interleave a pipeline)")
     if args.ep and not model.moe:
         raise PartitaError(f"--ep {args.ep} needs a mixture-of-experts model; {model.name} is dense")
     result = search_plans(model, cluster, args.global_batch, args.seq_len, space,
