@@ -28,6 +28,13 @@ point in Partita is listed here, even the one that lives with the code it breaks
     (:class:`partita.train.guard.StepGuard`).
 ``PARTITA_NAN_RANK=R``
     the rank of ``PARTITA_NAN_STEP``'s NaN.
+``PARTITA_STEP_SLEEP_S=S``
+    every rank sleeps S seconds at the start of every step: a slow run that a test can
+    signal or kill mid-way. Read by :func:`before_step`.
+``PARTITA_FSIZE_STEP=N``
+    from step N on, every rank's file-size limit (``RLIMIT_FSIZE``) is 64 KiB: the next
+    checkpoint's writes fail with EFBIG, as on a full disk (Python ignores SIGXFSZ, so
+    the write raises). Read by :func:`before_step`.
 """
 from __future__ import annotations
 
@@ -42,6 +49,9 @@ HANG_STEP = "PARTITA_HANG_STEP"
 CRASH_IN_SAVE = "PARTITA_CRASH_IN_SAVE"  # read by partita.runtime.checkpoint
 NAN_STEP = "PARTITA_NAN_STEP"
 NAN_RANK = "PARTITA_NAN_RANK"
+STEP_SLEEP_S = "PARTITA_STEP_SLEEP_S"
+FSIZE_STEP = "PARTITA_FSIZE_STEP"
+FSIZE_LIMIT = 64 * 1024
 
 HANG_S = 3600
 
@@ -58,6 +68,12 @@ def before_step(rank: int, step: int) -> None:
         raise RuntimeError(f"injected crash on rank {rank}")
     if os.environ.get(HANG_STEP) == str(step):
         time.sleep(HANG_S)
+    if os.environ.get(STEP_SLEEP_S):
+        time.sleep(float(os.environ[STEP_SLEEP_S]))
+    if os.environ.get(FSIZE_STEP) == str(step):
+        import resource
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, hard))
 
 
 def nan_loss(pm, rank: int, step: int, local: float) -> float:

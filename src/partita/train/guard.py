@@ -43,6 +43,7 @@ class StepGuard:
         self.grad_norm = 0.0
         self.stop_signal = 0      # set by the worker's signal handler
         self.nonfinite = False    # agreed: this step's loss or gradient was not finite (no update)
+        self.bad_loss = self.bad_norm = False  # agreed: which of the two (on some rank)
         self.stop = 0             # agreed: the signal number every rank stops for (0: none)
         for name in ("_accumulate", "_pipeline_step"):
             setattr(pm, name, self._recording(getattr(pm, name)))
@@ -55,12 +56,15 @@ class StepGuard:
             return self.local_loss
         return run
 
-    def _agree(self, bad: bool) -> tuple[bool, int]:
-        flags = torch.tensor([int(bad), self.stop_signal], dtype=torch.int64, device=self.pm.device)
+    def _agree(self, bad_loss: bool, bad_norm: bool) -> None:
+        """One all-reduce (MAX) of [loss bad, norm bad, stop signal] over the world."""
+        flags = torch.tensor([int(bad_loss), int(bad_norm), self.stop_signal], dtype=torch.int64,
+                             device=self.pm.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        values = flags.cpu().tolist()
-        return bool(values[0]), int(values[1])
+        loss, norm, stop = flags.cpu().tolist()
+        self.bad_loss, self.bad_norm, self.stop = bool(loss), bool(norm), int(stop)
+        self.nonfinite = self.bad_loss or self.bad_norm
 
     def _clip_and_step(self) -> None:
         pm = self.pm
@@ -68,8 +72,7 @@ class StepGuard:
             pm.scaler.unscale_(pm.optimizer)
         norm = pm.grad_norm()
         self.grad_norm = norm
-        bad = not math.isfinite(self.local_loss) or (pm.scaler is None and not math.isfinite(norm))
-        self.nonfinite, self.stop = self._agree(bad)
+        self._agree(not math.isfinite(self.local_loss), pm.scaler is None and not math.isfinite(norm))
         if self.nonfinite:
             pm.optimizer.zero_grad(set_to_none=True)
             return
@@ -85,14 +88,16 @@ class StepGuard:
             pm.optimizer.step()
         pm.optimizer.zero_grad(set_to_none=True)
 
-    def describe(self, step: int, loss: float) -> str:
-        """What was not finite at ``step`` (this rank's view of the loss; the norm is global)."""
+    def describe(self, loss: float) -> str:
+        """What was not finite in this step, as every rank agreed; ``loss`` is the step's
+        (all-reduced) loss, the norm's value is this rank's where it saw it."""
         parts = []
-        if not math.isfinite(loss) or not math.isfinite(self.local_loss):
-            parts.append(f"loss {loss if not math.isfinite(loss) else self.local_loss}")
-        if not math.isfinite(self.grad_norm):
-            parts.append(f"gradient norm {self.grad_norm}")
-        return ", ".join(parts) or "the loss or gradient norm on another rank"
+        if self.bad_loss:
+            parts.append(f"loss {loss}")
+        if self.bad_norm:
+            parts.append(f"gradient norm {self.grad_norm}" if not math.isfinite(self.grad_norm)
+                         else "gradient norm (on another rank)")
+        return ", ".join(parts)
 
 
 def _scale(grads: list[torch.Tensor], coef: float) -> None:

@@ -364,7 +364,7 @@ class Trainer:
         """A step whose loss or gradient norm was not finite on some rank: no update was made
         (:class:`StepGuard`). Skipped and reported while ``--skip-nonfinite`` allows, else the
         run stops here - before any checkpoint of that state could be written."""
-        what = self.guard.describe(step, loss)
+        what = self.guard.describe(loss)
         self.skipped.append(step)
         allowed = self.config.skip_nonfinite
         if len(self.skipped) > allowed:
@@ -456,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(config, plan, run_dir, device_type, rank, world)
         trainer.guard.stop_signal = requested["signal"]
         code = trainer.run()
+    except NonFiniteStep as e:  # every rank agreed on it: one line, from rank 0
+        if rank == 0:
+            print(f"partita: error: {e}", file=sys.stderr, flush=True)
+        code = 2
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr, flush=True)
         code = 2

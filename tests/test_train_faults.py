@@ -1,0 +1,304 @@
+"""Issue 21: faults injected into `partita train` runs as an operator meets them.
+
+Every scenario either continues with the losses of one uninterrupted run (the oracle,
+from the last good checkpoint on) or stops with exit != 0 and the exact one-line error.
+tiny-llama, dp=2 on 2 gloo ranks, AdamW with a cosine schedule, a checkpoint every 2
+steps; every process has a timeout, and every run uses its own TMPDIR so that a
+``torchelastic_*`` directory left behind is seen.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+STEPS = 8
+COMMON = ["--model", "tiny-llama", "--json", "--plan", "dp=2", "--nproc", "2", "--optimizer", "adamw",
+          "--lr", "0.01", "--lr-schedule", "cosine", "--warmup-steps", "2", "--timeout-s", "120"]
+TIMEOUT = 300
+
+
+def _env(tmp: Path, extra: dict | None) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
+def _no_temp_litter(tmp: Path) -> None:
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchelastic_")]
+
+
+def train(tmp: Path, *args, env=None, steps=STEPS) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--steps", str(steps), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(tmp / "tmp", env))
+    _no_temp_litter(tmp / "tmp")
+    return proc
+
+
+def start(tmp: Path, *args, env=None, steps=STEPS, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--steps", str(steps), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp / "tmp", env), **popen)
+
+
+def losses(proc) -> dict[int, float]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["step"]: r["loss"] for r in map(json.loads, (l for l in proc.stdout.splitlines() if l.startswith("{")))}
+
+
+def errors(proc) -> list[str]:
+    return [l for l in proc.stderr.splitlines() if l.startswith("partita: error:")]
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if "event" not in rec and "step" in rec:
+            out.append(rec["step"])
+    return out
+
+
+def wait_for_steps(metrics: Path, n: int, proc: subprocess.Popen, timeout_s: float = 200) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(logged_steps(metrics)) < n:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run never got going"
+        time.sleep(0.1)
+
+
+def job_pids(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker`` (the run's unique directory)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                out.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return [p for p in out if p != os.getpid()]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """One uninterrupted run: its losses are the oracle; its checkpoints (steps 1, 3, 5, 7)
+    are copied by the scenarios that damage them."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    proc = train(tmp, "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "2", "--keep", "0")
+    got = losses(proc)
+    assert sorted(got) == list(range(STEPS))
+    assert f"run dir {tmp / 'ckpt'}" in proc.stderr  # --json: the run dir is said on stderr
+    assert sorted(p.name for p in (tmp / "ckpt").glob("step_*")) == [f"step_{s:08d}" for s in (1, 3, 5, 7)]
+    return got, tmp / "ckpt"
+
+
+def _copy(ckpt: Path, dst: Path, keep_steps=(1, 3, 5, 7)) -> Path:
+    shutil.copytree(ckpt, dst, ignore=shutil.ignore_patterns(".partita-lock"))
+    for s in (1, 3, 5, 7):
+        if s not in keep_steps:
+            shutil.rmtree(dst / f"step_{s:08d}")
+    return dst
+
+
+def _overwrite_tensor_bytes(path: Path) -> None:
+    """Bytes in the middle of a .distcp (tensor data; the zip structure stays intact)."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_checkpoints_fall_back_with_exact_losses_and_torn_metrics_line(baseline, tmp_path):
+    oracle, ckpt = baseline
+    d = _copy(ckpt, tmp_path / "ckpt")
+    _overwrite_tensor_bytes(d / "step_00000007" / "__1_0.distcp")
+    size = (d / "step_00000005" / "__0_0.distcp").stat().st_size
+    os.truncate(d / "step_00000005" / "__0_0.distcp", size // 2)
+    (d / "step_00000003" / "__1_0.distcp").unlink()
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "loss": 5.1, "l')  # a crash mid-write
+    proc = train(tmp_path, "--checkpoint-dir", str(d), "--resume")
+    got = losses(proc)
+    assert sorted(got) == list(range(2, STEPS))
+    for step, loss in got.items():
+        assert loss == oracle[step], step  # bit-exact from the fallback checkpoint on
+    warnings = [l for l in proc.stderr.splitlines() if l.startswith("partita: warning:")]
+    assert len(warnings) == 3, proc.stderr
+    assert "step_00000007 is damaged: __1_0.distcp: checksum mismatch" in warnings[0]
+    assert "step_00000005 is damaged: __0_0.distcp: " in warnings[1] and "truncated" in warnings[1]
+    assert "step_00000003 is damaged: __1_0.distcp: missing" in warnings[2]
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith("corrupt-")) == \
+        ["corrupt-step_00000003", "corrupt-step_00000005", "corrupt-step_00000007"]
+    assert "dropped its last line, not JSON (torn by a crash mid-write?)" in proc.stderr
+    assert logged_steps(d / "metrics.jsonl") == list(range(STEPS))  # every step once, the torn line gone
+
+
+def test_no_good_checkpoint_is_one_line_exit_2(baseline, tmp_path):
+    _, ckpt = baseline
+    d = _copy(ckpt, tmp_path / "ckpt", keep_steps=(5, 7))
+    (d / "step_00000007" / ".metadata").write_bytes(os.urandom(300))
+    os.truncate(d / "step_00000005" / "__1_0.distcp", 100)
+    proc = train(tmp_path, "--checkpoint-dir", str(d), "--resume")
+    assert proc.returncode == 2
+    assert errors(proc) == [f"partita: error: no usable checkpoint in {d}: every checkpoint there is damaged "
+                            "(2 renamed corrupt-* now); resume is impossible, start without --resume or restore a copy"]
+    assert "step_00000007 is damaged: .metadata: 300 bytes, manifest says" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_resume_under_another_model_or_global_batch_is_refused(baseline, tmp_path):
+    _, ckpt = baseline
+    d = _copy(ckpt, tmp_path / "ckpt", keep_steps=(7,))
+    other = subprocess.run([sys.executable, "-m", "partita", "train", *COMMON, "--model", "tiny-moe",
+                            "--checkpoint-dir", str(d), "--resume"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert other.returncode == 2
+    assert errors(other) == [f"partita: error: cannot resume from {d}: it holds model tiny-llama, this run trains "
+                             "tiny-moe (start a new run or pass --model tiny-llama)"]
+    gbs = train(tmp_path, "--checkpoint-dir", str(d), "--resume", "--plan", "dp=2,gbs=16")
+    assert gbs.returncode == 2
+    assert errors(gbs) == [f"partita: error: cannot resume from {d}: it was trained with global batch 8, this run "
+                           "uses 16: the data position (step x global batch) and the schedule would not continue; "
+                           "resume with gbs=8 in --plan (or no --plan) or start a new run"]
+    assert sorted(p.name for p in d.glob("step_*")) == ["step_00000007"]  # nothing renamed or deleted
+
+
+def test_sigterm_saves_the_step_reached_and_resume_continues_exactly(baseline, tmp_path):
+    oracle, _ = baseline
+    d = tmp_path / "ckpt"
+    proc = start(tmp_path, "--checkpoint-dir", str(d), "--checkpoint-every", "100",
+                 env={"PARTITA_STEP_SLEEP_S": "1"})
+    try:
+        wait_for_steps(d / "metrics.jsonl", 2, proc)
+        second = start(tmp_path, "--checkpoint-dir", str(d))  # one job per checkpoint dir
+        _, err2 = second.communicate(timeout=TIMEOUT)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert second.returncode == 2
+    assert [l for l in err2.splitlines() if l.startswith("partita: error:")] == \
+        [f"partita: error: another partita train job (pid {proc.pid}) is using {d}; wait for it to end or stop it first"]
+    assert proc.returncode == 143, err[-3000:]
+    reached = logged_steps(d / "metrics.jsonl")[-1]
+    assert reached < STEPS - 1
+    assert f"partita: stopped by SIGTERM after step {reached}; checkpoint {d / f'step_{reached:08d}'} holds it " \
+           "(--resume continues)" in err
+    assert "Traceback" not in err
+    assert [p.name for p in d.glob("step_*")] == [f"step_{reached:08d}"]
+    resumed = train(tmp_path, "--checkpoint-dir", str(d), "--resume")
+    got = losses(resumed)
+    assert sorted(got) == list(range(reached + 1, STEPS))
+    for step, loss in got.items():
+        assert loss == oracle[step], step
+
+
+def test_sigint_stops_every_rank_with_130_and_no_traceback(tmp_path):
+    run = tmp_path / "run"
+    proc = start(tmp_path, "--run-dir", str(run), env={"PARTITA_STEP_SLEEP_S": "1"})
+    try:
+        wait_for_steps(run / "metrics.jsonl", 1, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert [l for l in err.splitlines() if "stopped by SIGINT after step" in l]
+    assert job_pids(str(run)) == []
+
+
+def test_kill_9_of_the_launchers_process_group_takes_the_workers_down(tmp_path):
+    run = tmp_path / "ckpt"
+    proc = start(tmp_path, "--checkpoint-dir", str(run), "--checkpoint-every", "2",
+                 env={"PARTITA_STEP_SLEEP_S": "1"}, start_new_session=True)
+    try:
+        wait_for_steps(run / "metrics.jsonl", 1, proc)
+        workers = [p for p in job_pids(str(run)) if p != proc.pid]
+        assert len(workers) >= 3  # torchrun and its two workers
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while job_pids(str(run)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job_pids(str(run)) == []  # nothing of the job outlives its launcher
+    finally:
+        for pid in job_pids(str(run)):
+            os.kill(pid, signal.SIGKILL)
+    steps_then = logged_steps(run / "metrics.jsonl")
+    time.sleep(2)
+    assert logged_steps(run / "metrics.jsonl") == steps_then  # nobody is training any more
+
+
+def test_killed_rank_is_named_as_the_one_that_died(tmp_path):
+    proc = train(tmp_path, "--run-dir", str(tmp_path / "run"),
+                 env={"PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "2", "PARTITA_CRASH_SIGNAL": "KILL"})
+    assert proc.returncode == 1
+    assert errors(proc) == ["partita: error: rank 1 died (killed by SIGKILL: out of memory, or killed from "
+                            "outside?); the other ranks stopped because they lost it"]
+    assert not (tmp_path / "run" / "torchelastic").exists()
+
+
+def test_nan_at_step_k_stops_before_saving_it(baseline, tmp_path):
+    d = tmp_path / "ckpt"
+    proc = train(tmp_path, "--checkpoint-dir", str(d), "--checkpoint-every", "2", env={"PARTITA_NAN_STEP": "4"})
+    assert proc.returncode == 2
+    assert errors(proc) == ["partita: error: step 4: not finite: loss nan, gradient norm nan; stopped before the "
+                            "optimizer update (--skip-nonfinite 0 allows 0 such step(s)); newest checkpoint of "
+                            "this run: step_00000003"]
+    assert "NaN" not in proc.stdout and "nan" not in proc.stdout
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith("step_")) == ["step_00000001", "step_00000003"]
+
+
+def test_nan_skipped_with_skip_nonfinite(baseline, tmp_path):
+    oracle, _ = baseline
+    proc = train(tmp_path, "--run-dir", str(tmp_path / "run"), "--skip-nonfinite", "1",
+                 env={"PARTITA_NAN_STEP": "4", "PARTITA_NAN_RANK": "1"})
+    got = losses(proc)
+    assert sorted(got) == [0, 1, 2, 3, 5, 6, 7]  # step 4 reported, not printed as a loss
+    assert all(got[s] == oracle[s] for s in range(4))
+    assert got[5] != oracle[5]  # step 4's batch made no update
+    reason = "loss nan, gradient norm nan"  # rank 1's NaN gradient reaches rank 0 through the dp all-reduce
+    assert f"partita: warning: step 4: not finite: {reason}; skipped without an update " \
+           "(1 of --skip-nonfinite 1)" in proc.stderr
+    records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"event": "skipped_nonfinite", "step": 4, "reason": reason} in records
+
+
+def test_a_checkpoint_write_that_fails_is_one_line_and_earlier_ones_stay(tmp_path):
+    d = tmp_path / "ckpt"
+    proc = train(tmp_path, "--checkpoint-dir", str(d), "--checkpoint-every", "2", env={"PARTITA_FSIZE_STEP": "2"})
+    assert proc.returncode == 2
+    [line] = errors(proc)
+    assert line.startswith(f"partita: error: could not write checkpoint {d / 'step_00000003.partial'} "
+                           "(earlier checkpoints are intact): rank "), line
+    assert "File too large" in line
+    from partita.runtime.checkpoint import scan_checkpoints
+    assert [(f.step, f.kind) for f in scan_checkpoints(d)] == [(-1, "partial"), (1, "verified")]
+
+
+def test_bad_values_and_a_busy_rendezvous_port_are_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        proc = train(tmp_path, "--rdzv-endpoint", f"127.0.0.1:{port}")
+        took = time.monotonic() - t0
+    assert proc.returncode == 2 and took < 120  # --timeout-s 120
+    assert errors(proc) == [f"partita: error: rendezvous endpoint 127.0.0.1:{port} is in use by another process; "
+                            "pick a free port for --rdzv-endpoint"]
+    clip = train(tmp_path, "--max-grad-norm", "-1")
+    assert clip.returncode == 2
+    assert errors(clip) == ["partita: error: --max-grad-norm must be >= 0 (0 turns clipping off), got -1.0"]
