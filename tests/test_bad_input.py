@@ -382,6 +382,8 @@ EXACT = {
                                           "did you mean efficiency.gemm, efficiency.gemm_fp8?",
     "estimate-gbs-odd": "partita: error: invalid plan: global batch 63 must be a multiple of dp*mbs = 8*1 = 8",
     "export-zero7": "partita: error: invalid plan: zero must be 0, 1, 2 or 3, got 7",
+    "estimate--set=efficiency.gemm=NaN": "partita: error: --set efficiency.gemm=...: efficiency.gemm must be a finite "
+                                         "number, got nan",
     "plan-vpp2-pp1": "partita: error: --vpp 2 needs --pp > 1 (virtual stages interleave a pipeline)",
 }
 
@@ -496,3 +498,14 @@ def test_plan_strings_parse_or_refuse_in_one_line():
             assert "\n" not in str(e) and str(e), items
             continue
         assert plan.world_size >= 1 and plan.gbs % (plan.dp * plan.mbs) == 0, items
+
+
+def test_cluster_file_sets_the_device_count(tmp_path):
+    """A hardware file's ``cluster.nodes`` was ignored by ``plan`` (its default 512 devices won)."""
+    hw = json.loads((Path(__file__).resolve().parents[1] / "src/partita/catalog/devices/h100-sxm.json").read_text())
+    hw.pop("aliases", None)
+    hw["cluster"] = {"nodes": 4, "devices_per_node": 8}
+    (tmp_path / "cluster.json").write_text(json.dumps(hw))
+    r = run_case(["plan", "--model", "llama-7b", "--hardware", str(tmp_path / "cluster.json"), "--global-batch", "64",
+                  "--top", "1", "--json"])
+    assert r["rc"] == 0 and json.loads(r["stdout"])["devices"] == 32

@@ -44,8 +44,10 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
                    help="preset name (partita models) or a config.json path")
     p.add_argument("--hardware", default="ascend-910b2" if defaults else None, required=not defaults,
                    help="device name (partita hardware) or a device/cluster JSON file")
-    p.add_argument("--devices", type=positive_int(MAX_DEGREE), default=512 if defaults else None, required=not defaults,
-                   help="number of devices")
+    p.add_argument("--devices", type=positive_int(MAX_DEGREE), required=not defaults,
+                   help="number of devices" + (" (default: the hardware file's cluster, else 512)" if defaults else ""))
+    if defaults:
+        p.set_defaults(default_devices=512)
     p.add_argument("--devices-per-node", type=positive_int(MAX_DEVICES_PER_NODE), help="devices per node (default: the device file's)")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", dest="overrides",
                    help="override a hardware field, e.g. --set inter_node.gbps_per_direction=25")
@@ -65,8 +67,35 @@ def cluster_and_model(args: argparse.Namespace):
             raise PartitaError(f"{flag} is empty; give a name (see `partita {'models' if flag == '--model' else 'hardware'}`)"
                                " or a JSON file")
     model = load_model(args.model)
-    cluster = make_cluster(args.hardware, args.devices, args.devices_per_node, parse_overrides(args.overrides))
+    devices = args.devices
+    if devices is None and not _names_a_cluster(args.hardware):
+        devices = getattr(args, "default_devices", None)  # a cluster file's nodes win over the default scenario
+    overrides = parse_overrides(args.overrides)
+    try:
+        cluster = make_cluster(args.hardware, devices, args.devices_per_node, overrides)
+    except PartitaError as e:
+        raise _blame_override(e, overrides) from None
     return model, cluster
+
+
+def _blame_override(error: PartitaError, overrides: dict) -> PartitaError:
+    """An error about a field that ``--set`` changed names the ``--set``, not the device file."""
+    text = str(error)
+    for section, values in overrides.items():
+        for name in values:
+            path = f"{section}.{name}"
+            if f": {path} " in text:
+                return PartitaError(f"--set {path}=...: {path} {text.split(f': {path} ', 1)[1]}")
+    return error
+
+
+def _names_a_cluster(hardware: str) -> bool:
+    """Whether ``--hardware`` is a JSON file with a ``cluster`` section (its node count)."""
+    if not hardware.endswith(".json"):
+        return False
+    from ..inputs import read_json
+    data = read_json(hardware, "hardware")
+    return isinstance(data, dict) and bool(data.get("cluster"))
 
 
 def _flag_type(hint: Any) -> type:
