@@ -302,3 +302,43 @@ def test_bad_values_and_a_busy_rendezvous_port_are_one_line(tmp_path):
     clip = train(tmp_path, "--max-grad-norm", "-1")
     assert clip.returncode == 2
     assert errors(clip) == ["partita: error: --max-grad-norm must be >= 0 (0 turns clipping off), got -1.0"]
+
+
+GUARD_ORACLE = '''
+import math, os, sys, torch, torch.distributed as dist
+from partita.models.llama import build_model
+from partita.plan import Plan
+from partita.runtime.parallelize import parallelize
+from partita.train.data import synthetic_batch
+from partita.train.guard import StepGuard
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+plan = Plan.parse("dp=1", world_size=1, defaults={"gbs": 4, "seq_len": 32, "mbs": 1, "dtype": "fp32"})
+def make():
+    return parallelize(build_model("tiny-llama", seed=0), plan, device_type="cpu", max_grad_norm=0.05,
+                       make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False))
+plain, pm = make(), make()
+guard = StepGuard(pm, 0)
+vocab = build_model("tiny-llama").cfg.vocab
+for step in range(3):
+    x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab, 0)
+    guard.step = step
+    assert plain.train_step(x, y) == pm.train_step(x, y), step
+    assert guard.grad_norm > 0.05 and not guard.nonfinite  # the clipping path ran
+assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), pm.parameters()))
+before = [p.detach().clone() for p in pm.parameters()]
+os.environ["PARTITA_NAN_STEP"] = "3"
+guard.step = 3
+assert math.isnan(pm.train_step(x, y)) and guard.nonfinite and guard.bad_loss and guard.bad_norm
+assert all(torch.equal(p, q) for p, q in zip(before, pm.parameters()))  # no update
+assert {float(s["step"]) for s in pm.optimizer.state.values()} == {3.0}  # AdamW's count not advanced
+print("guard ok")
+'''
+
+
+def test_guard_steps_exactly_as_the_runtime_and_skips_without_an_update(tmp_path):
+    """The guarded step (which takes the place of the runtime's clip-and-step) against the
+    runtime's own, with clipping active: bit-equal losses and parameters; a NaN step
+    leaves parameters and AdamW's step count untouched."""
+    proc = subprocess.run([sys.executable, "-c", GUARD_ORACLE, str(tmp_path / "store")], capture_output=True,
+                          text=True, timeout=TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0 and "guard ok" in proc.stdout, proc.stderr[-3000:]
