@@ -24,7 +24,6 @@ MAX_FUNCTION_LINES = 80  # DESIGN.md: "no function over 80 lines"
 # gone (each is dodged today by a lazy import inside a function).
 KNOWN_CYCLES: list[tuple[str, ...]] = [
     ("partita.spec.hf_config", "partita.spec.model"),  # model.py load_model imports hf_config lazily
-    ("partita.export", "partita.export.deepspeed"),  # deepspeed.py imports Export from the package __init__
 ]
 
 # Functions (module:qualified name) over the limit in files owned by others; the lead
@@ -32,7 +31,11 @@ KNOWN_CYCLES: list[tuple[str, ...]] = [
 KNOWN_LONG_FUNCTIONS: list[str] = []
 
 # Files outside cli/ allowed to import argparse, each with its reason; the lead empties it.
-ARGPARSE_EXCEPTIONS: dict[str, str] = {}
+ARGPARSE_EXCEPTIONS: dict[str, str] = {
+    # reads other frameworks' launch command lines (Megatron/MindSpeed flags) into a Plan:
+    # argparse is the parser of the foreign format here, not a command of ours
+    "src/partita/export/importers.py": "parses Megatron-LM / MindSpeed-LLM command lines",
+}
 
 PLANNING = ("partita.spec", "partita.cost", "partita.search", "partita.plan", "partita.estimate",
             "partita.export", "partita.validation")

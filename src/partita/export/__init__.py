@@ -3,15 +3,9 @@
 :class:`partita.errors.PartitaError` when the target cannot express the plan at all."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from .result import Export
 
-
-@dataclass
-class Export:
-    target: str
-    text: str
-    warnings: list[str] = field(default_factory=list)
-    data: object = None  # the structured form (argument list, dict) behind ``text``
+__all__ = ["Export", "export"]
 
 
 def export(target: str, plan, model=None, hardware=None) -> Export:

@@ -19,7 +19,7 @@ import json
 
 from ..errors import PartitaError
 from ..plan import Plan
-from . import Export
+from .result import Export
 
 TOP_LEVEL_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "bf16", "fp16", "zero_optimization", "activation_checkpointing",

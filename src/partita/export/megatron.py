@@ -14,7 +14,7 @@ import shlex
 
 from ..errors import PartitaError
 from ..plan import Plan
-from . import Export
+from .result import Export
 
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}

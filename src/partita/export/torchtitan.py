@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import PartitaError
 from ..plan import Plan
-from . import Export
+from .result import Export
 
 PARALLELISM_FIELDS = {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                       "enable_fsdp_symm_mem", "tensor_parallel_degree", "enable_sequence_parallel", "spmd_backend",
