@@ -60,6 +60,9 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
                               2 * run.config.timeout_s, pass_fds=(lock.fd,), grace_s=run.config.timeout_s + 30,
                               say=_say, stop_file=run.run_dir / STOP_FILE)
         remove_torchrun_logs(run.run_dir)
+    except KeyboardInterrupt:  # Ctrl-C while validating / building, before any worker exists
+        _say("partita: stopped by SIGINT before the job started")
+        return 130
     finally:
         if lock is not None:
             lock.release()
