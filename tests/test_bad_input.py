@@ -85,7 +85,7 @@ def make_files(root: Path) -> dict[str, str]:
                        "m_heads_indiv": {"heads": 33, "kv_heads": 33}, "m_act_bad": {"activation": "tanh"},
                        "m_name_list": {"name": ["a"]}, "m_layers_float": {"layers": 32.5},
                        "m_ffn_str": {"ffn_hidden": "big"}, "m_mla_bad": {"mla": "yes"},
-                       "m_tied_str": {"tied_embeddings": "no"}}.items():
+                       "m_tied_str": {"tied_embeddings": "no"}, "m_moe_list": {"moe": []}}.items():
         put(key, json.dumps({**base, **patch}))
     put("m_nan", json.dumps(base).replace("4096", "NaN"))
     qwen2 = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -134,6 +134,9 @@ def make_files(root: Path) -> dict[str, str]:
     hw_put("h_cluster_list", None, "cluster", [1])
     hw_put("h_eff_list", None, "efficiency", [1])
     hw_put("h_half0", "efficiency", "gemm_half_gflop", -1)
+    hw_put("h_name_int", None, "name", 5)
+    hw_put("h_link_list", "inter_node", "link", [])
+    hw_put("h_hbm_huge", "memory", "hbm_gib", 10 ** 30)
     put("h_nan", json.dumps(hw).replace('"hbm_tbps": 3.35', '"hbm_tbps": NaN'))
     put("h_inf", json.dumps(hw).replace('"hbm_tbps": 3.35', '"hbm_tbps": Infinity'))
     return f

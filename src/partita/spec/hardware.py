@@ -264,7 +264,12 @@ def _get(raw: dict, section: str, key: str, source: str, default: Any = None) ->
     return value
 
 
-def _number(value: Any, where: str, source: str, low: float = 0.0, high: float = math.inf,
+#: No device field is anywhere near this (TFLOPS ~1e4, GB/s ~1e4, GiB ~1e3, us ~1e3); a value
+#: beyond it is a typo whose products would overflow the cost model.
+_MAX_HARDWARE_VALUE = 1e9
+
+
+def _number(value: Any, where: str, source: str, low: float = 0.0, high: float = _MAX_HARDWARE_VALUE,
             open_low: bool = False) -> float:
     """``value`` as a finite float in [low, high] ((low, high] with ``open_low``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -273,7 +278,7 @@ def _number(value: Any, where: str, source: str, low: float = 0.0, high: float =
         raise PartitaError(f"hardware file {source}: {where} must be a finite number, got {value}")
     if value < low or (open_low and value == low) or value > high:
         span = f"{'(' if open_low else '['}{low:g}, {high:g}]"
-        if high == math.inf and low == 0:
+        if high == _MAX_HARDWARE_VALUE and low == 0 and value < low:
             span = "be more than 0" if open_low else "not be negative"
             raise PartitaError(f"hardware file {source}: {where} must {span}, got {value}")
         raise PartitaError(f"hardware file {source}: {where} must be in {span}, got {value}")
@@ -315,9 +320,14 @@ def _check_overrides(raw: dict, overrides: dict) -> None:
                                       else f"its fields: {', '.join(sorted(known))}"))
 
 
+class SetOverrides(dict):
+    """Overrides from ``--set``: :func:`load_device` checks their paths against the device
+    schema (a plain dict of overrides may carry any device field, e.g. calibrate's name)."""
+
+
 def parse_overrides(pairs: list[str] | None) -> dict:
     """Turn ``["inter_node.gbps_per_direction=25", ...]`` into a nested dict of overrides."""
-    out: dict = {}
+    out: dict = SetOverrides()
     for pair in pairs or []:
         if "=" not in pair or "." not in pair.split("=", 1)[0]:
             raise PartitaError(f"override {pair!r} must look like section.field=value, "
@@ -339,11 +349,17 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
     """Load a built-in device by name/alias, or a user's JSON file, applying ``overrides``."""
     raw, source = _resolve_raw(name_or_path)
     if overrides:
-        _check_overrides(raw, overrides)
+        if isinstance(overrides, SetOverrides):
+            _check_overrides(raw, overrides)
         raw = _deep_merge(raw, overrides)
         for key in (overrides.get("efficiency") or {}):
             raw["efficiency_provenance"][key] = "override: set when loading (--set efficiency.%s=...)" % key
     efficiency = _efficiency(raw, source)
+    for section, key in ((None, "name"), (None, "description"), ("intra_node", "link"), ("inter_node", "link")):
+        value = (raw if section is None else raw.get(section, {})).get(key)
+        if value is not None and not isinstance(value, str):
+            raise PartitaError(f"hardware file {source}: {section + '.' if section else ''}{key} must be a string, "
+                               f"got {value!r}"[:300])
     peaks = raw.get("peak_tflops")
     if not isinstance(peaks, dict) or not any(peaks.values()):
         raise PartitaError(f"hardware file {source}: peak_tflops must map dtypes to TFLOPS, e.g. {{\"bf16\": 989}}")
@@ -399,7 +415,7 @@ def _efficiency(raw: dict, source: str) -> Efficiency:
         if key not in eff:
             raise PartitaError(f"hardware file {source}: missing efficiency.{key} ({EFFICIENCY_FIELDS[key]})")
         values[key] = _number(eff[key], f"efficiency.{key}", source, high=1.0 if key in _FRACTIONS + ("gemm_fp8", "tp_overlap")
-                              else math.inf, open_low=key in _FRACTIONS)
+                              else _MAX_HARDWARE_VALUE, open_low=key in _FRACTIONS)
         provenance[key] = given.get(key, "assumed: no source recorded")
     for key, default in OPTIONAL_EFFICIENCY_FIELDS.items():
         values[key] = _number(eff.get(key, default), f"efficiency.{key}", source)

@@ -270,6 +270,11 @@ class ModelSpec:
 
     def validated(self, where: str = "model spec") -> "ModelSpec":
         _check_fields(self, where)
+        for sub, kind in ((self.moe, MoESpec), (self.mla, MLASpec)):
+            if sub is not None and not isinstance(sub, kind):
+                names = ", ".join(f.name for f in fields(kind))
+                raise PartitaError(f"{where}: {'moe' if kind is MoESpec else 'mla'} must be an object with {names}, "
+                                   f"got {sub!r}"[:300])
         for sub in (self.moe, self.mla):
             if sub is not None:
                 _check_fields(sub, f"{where}: {'moe' if sub is self.moe else 'mla'}")
