@@ -512,3 +512,35 @@ def test_cluster_file_sets_the_device_count(tmp_path):
     r = run_case(["plan", "--model", "llama-7b", "--hardware", str(tmp_path / "cluster.json"), "--global-batch", "64",
                   "--top", "1", "--json"])
     assert r["rc"] == 0 and json.loads(r["stdout"])["devices"] == 32
+
+
+_BAD_VALUES = [0, -1, 1, 0.5, 1e308, -1e308, 10 ** 30, "x", "", None, True, False, [], {}, [1], {"a": 1}, 2 ** 63,
+               1e-300, 7]
+
+
+def test_mutated_device_and_model_files_are_clean_or_finite(tmp_path):
+    """Property over 80 seeded random mutations of a device file and a model file (one field
+    set to a wrong type, zero, a negative, a huge or a tiny value): every run either exits 2
+    with one line or exits 0 with no NaN/Infinity in its JSON output."""
+    import random
+    rng = random.Random(1600)
+    hw = json.loads((Path(__file__).resolve().parents[1] / "src/partita/catalog/devices/h100-sxm.json").read_text())
+    hw.pop("aliases", None)
+    model = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "ffn_hidden": 11008, "vocab": 32000,
+             "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 1024}}
+    for i in range(80):
+        kind = rng.choice(["hardware", "model"])
+        data = json.loads(json.dumps(hw if kind == "hardware" else model))
+        node, key = data, rng.choice(list(data))
+        if isinstance(node[key], dict) and node[key] and rng.random() < 0.8:
+            node, key = node[key], rng.choice(list(node[key]))
+        node[key] = rng.choice(_BAD_VALUES)
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps(data))
+        argv = ["estimate", "--model", str(path) if kind == "model" else "llama-7b", "--hardware",
+                str(path) if kind == "hardware" else "h100-sxm", "--devices", "8", "--global-batch", "64", "--json"]
+        r = run_case(argv)
+        kind_of = classify(r)
+        assert kind_of in ("clean", "accepted"), (key, node[key], kind_of, r["raised"] or r["stderr"])
+        if kind_of == "accepted":
+            assert "NaN" not in r["stdout"] and "Infinity" not in r["stdout"], (key, node[key])
