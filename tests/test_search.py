@@ -113,30 +113,40 @@ def test_plan_json_has_search_fields(capsys):
 
 
 def test_plan_export_with_nothing_expressible_is_a_clear_error(capsys):
-    # every plan the search may return has tp=2, which a ds_config cannot express
+    # every plan the search may return has vpp=2 (fixed), and DeepSpeed's pipeline engine
+    # has no interleaved schedule
     code = main(["plan", "--model", "llama-13b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "512",
-                 "--tp", "2", "--export", "deepspeed"])
+                 "--pp", "2", "--vpp", "2", "--export", "deepspeed"])
     err = capsys.readouterr().err
-    assert code == 2 and "can be expressed in deepspeed" in err and "tp=2" in err
+    assert code == 2 and "can be expressed in deepspeed" in err and "vpp > 1" in err
+
+
+def _deepspeed_can_run(plan) -> bool:
+    """What a ds_config + DeepSpeed's engines can run, from DeepSpeed's documentation, not
+    from the exporter: no interleaved pipeline, expert or ring-context parallelism in the
+    config, even PipelineModule partitions, and ZeRO-2/3 only without pipeline stages
+    (deepspeed/runtime/pipe/engine.py asserts it)."""
+    return (plan.vpp == 1 and plan.ep == 1 and plan.cp == 1 and not plan.layer_split
+            and not (plan.pp > 1 and plan.zero >= 2))
 
 
 def test_plan_export_falls_back_and_says_so(capsys):
-    # llama3-70b on 64 x 80 GB: the fastest plan has tp=2, which a ds_config cannot
-    # express; the export must take the fastest plan with tp=1 and vpp=1 (what DeepSpeed
-    # can run) from the full ranking, say so, and write that plan's batch and ZeRO stage
-    model, cluster = load_model("llama3-70b"), make_cluster("a100-80gb", 64)
-    ranking = search_plans(model, cluster, 256, 2048, top=0).plans
-    assert ranking[0].plan.tp > 1
-    index, fallback = next((i, e.plan) for i, e in enumerate(ranking) if e.plan.tp == 1 and e.plan.vpp == 1)
-    code = main(["plan", "--model", "llama3-70b", "--hardware", "a100-80gb", "--devices", "64", "--global-batch", "256",
+    # GPT-3 175B on 1024 H100: the fastest plan interleaves its pipeline (vpp > 1), which
+    # DeepSpeed cannot run; the export must take the fastest plan DeepSpeed can run from
+    # the full ranking, say so, and write that plan's batch and ZeRO stage
+    model, cluster = load_model("gpt3-175b"), make_cluster("h100-sxm", 1024)
+    ranking = search_plans(model, cluster, 1536, 2048, top=0).plans
+    assert not _deepspeed_can_run(ranking[0].plan)
+    index, fallback = next((i, e.plan) for i, e in enumerate(ranking) if _deepspeed_can_run(e.plan))
+    code = main(["plan", "--model", "gpt3-175b", "--hardware", "h100-sxm", "--devices", "1024", "--global-batch", "1536",
                  "--export", "deepspeed", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     note = data["export"]["note"]
-    assert note.startswith("deepspeed cannot express plan 1 (tp=2")
+    assert note.startswith("deepspeed cannot express plan 1 (vpp > 1")
     assert f"exported plan {index + 1}, {fallback.summary()}," in note
     ds = json.loads(data["export"]["text"])
-    assert ds["train_batch_size"] == 256
+    assert ds["train_batch_size"] == 1536
     assert ds["train_micro_batch_size_per_gpu"] == fallback.mbs
     assert ds["gradient_accumulation_steps"] == fallback.grad_accum
     assert ds["zero_optimization"]["stage"] == fallback.zero
