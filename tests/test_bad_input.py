@@ -198,6 +198,9 @@ def cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
         add(f"{cmd[0]}-hardware-typo", _with(cmd, "--hardware", "h100-sxn"))
         add(f"{cmd[0]}-hardware-empty", _with(cmd, "--hardware", ""))
         add(f"{cmd[0]}-dtype-bad", cmd + ["--dtype", "fp3"])
+    # flags generated from a config dataclass (train/profile): finite floats, 32-bit ints, at parse time
+    for flag, value in (("--lr", "nan"), ("--lr", "inf"), ("--seed", HUGE), ("--steps", "x")):
+        add(f"train{flag}={value}", ["train", "--model", "tiny-llama", flag, value])
     add("unknown-command", ["plna"])
     add("unknown-flag", P + ["--tpp", "2"])
     add("models-extra", ["models", "--bogus"])

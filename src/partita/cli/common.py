@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -98,6 +99,20 @@ def _names_a_cluster(hardware: str) -> bool:
     return isinstance(data, dict) and bool(data.get("cluster"))
 
 
+def _checked_type(kind: type, bounds: tuple[float, float] | None) -> Any:
+    """The argparse type of a generated flag: ints within ``bounds`` (default: a 32-bit
+    range, what seeds and counts fit), floats finite and within ``bounds`` (a field's
+    ``option(..., bounds=(low, high))`` metadata), strings as given."""
+    from ..inputs import finite_float, positive_int
+    if kind is int:
+        low, high = bounds or (-(1 << 31), (1 << 31) - 1)
+        return positive_int(int(high), minimum=int(low))
+    if kind is float:
+        low, high = bounds or (-math.inf, math.inf)
+        return finite_float(low, high, min_open=False)
+    return kind
+
+
 def _flag_type(hint: Any) -> type:
     """``int``, ``float``, ``str`` or ``bool`` from a field's annotation (``X | None`` -> X)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -125,7 +140,7 @@ def add_config_arguments(p: argparse.ArgumentParser, cls: type, command: str) ->
             kwargs.update(action=argparse.BooleanOptionalAction if f.default is True else "store_true",
                           default=bool(f.default))
         else:
-            kwargs.update(type=kind, required=required)
+            kwargs.update(type=_checked_type(kind, meta.get("bounds")), required=required)
             if not required:
                 kwargs["default"] = f.default
             if meta.get("choices"):
