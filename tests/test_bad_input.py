@@ -22,6 +22,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -97,7 +98,12 @@ def make_files(root: Path) -> dict[str, str]:
     put("hf_act_int", json.dumps({**qwen2, "model_type": "llama", "hidden_act": 5}))
     put("hf_moe_topk", json.dumps({**qwen2, "model_type": "mixtral", "num_local_experts": 2,
                                    "num_experts_per_tok": 4}))
-    # hardware files
+    _hardware_files(put)
+    return f
+
+
+def _hardware_files(put: Callable[..., None]) -> None:
+    """The bad device files (one field of h100-sxm.json changed each)."""
     hw = json.loads((Path(__file__).resolve().parents[1] / "src/partita/catalog/devices/h100-sxm.json").read_text())
     hw.pop("aliases", None)
 
@@ -139,7 +145,6 @@ def make_files(root: Path) -> dict[str, str]:
     hw_put("h_hbm_huge", "memory", "hbm_gib", 10 ** 30)
     put("h_nan", json.dumps(hw).replace('"hbm_tbps": 3.35', '"hbm_tbps": NaN'))
     put("h_inf", json.dumps(hw).replace('"hbm_tbps": 3.35', '"hbm_tbps": Infinity'))
-    return f
 
 
 def cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -205,6 +210,16 @@ def cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
     add("unknown-flag", P + ["--tpp", "2"])
     add("models-extra", ["models", "--bogus"])
     add("hardware-extra", ["hardware", "extra"])
+    return out + _file_cases(f)
+
+
+def _file_cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """Cases that name bad files: models, devices, --set, plan files, outputs, calibrate."""
+    out: list[tuple[str, list[str]]] = []
+
+    def add(name: str, argv: list[str]) -> None:
+        out.append((name, argv))
+
     # model files
     for key in ("notutf8", "deep", "deepobj", "garbage", "empty", "list", "number", "dir", "missing"):
         add(f"estimate-model-file-{key}", _with(E, "--model", f[key]))
