@@ -29,7 +29,7 @@ from partita.search import SearchSpace, search_plans
 from partita.search.engine import infeasible_message
 from partita.search.explain import why_not
 from partita.spec.hardware import make_cluster
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "data" / "golden_estimates.json"
 

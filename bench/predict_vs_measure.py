@@ -23,7 +23,7 @@ import tempfile
 from partita.estimate import estimate
 from partita.plan import Plan
 from partita.spec.hardware import make_cluster
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 MODEL = "small-llama"
 PLANS = [("dp=2", 2), ("tp=2", 2), ("pp=2", 2), ("dp=2,zero=3", 2), ("dp=2,recompute=full", 2),

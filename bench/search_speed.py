@@ -26,7 +26,7 @@ _ONE_RUN = """
 import json, sys, time
 from partita.search import search_plans
 from partita.spec.hardware import make_cluster
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 name, hw, n, gbs, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 model, cluster = load_model(name), make_cluster(hw, n)
 t0 = time.perf_counter()

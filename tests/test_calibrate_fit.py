@@ -18,7 +18,7 @@ from partita.plan import Plan
 from partita.profile.calibrate import (FRAMEWORK_MODEL, FRAMEWORK_SEQ, fit_all_reduce, fit_gemm,
                                        framework_overheads, hardware_file, kernel_overhead_s)
 from partita.spec.hardware import Cluster, load_device
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 REL = 1e-9
 PEAK = load_device("cpu").peak_flops("fp32")  # the synthetic machine: the base file's peak (FLOP/s)

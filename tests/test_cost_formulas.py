@@ -103,7 +103,7 @@ def test_memo_keys_follow_content_not_identity():
     from partita.estimate import estimate
     from partita.plan import Plan
     from partita.spec.hardware import make_cluster
-    from partita.spec.model import load_model
+    from partita.spec.load import load_model
     plan = Plan(dp=2, tp=2, sp=True, gbs=8, seq_len=64, mbs=1, dtype="fp32")
     model = load_model("tiny-llama")
     base = make_cluster("cpu", 4)
@@ -377,7 +377,7 @@ def test_estimate_says_does_not_fit_with_the_shortfall_and_fits_with_the_headroo
     from partita.cost.memory import fits, memory_limit_gib
     from partita.estimate import estimate
     from partita.spec.hardware import make_cluster
-    from partita.spec.model import load_model
+    from partita.spec.load import load_model
     model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", 64)
     small = estimate(model, cluster, Plan(dp=8, tp=8, gbs=64, seq_len=8192, zero=3, recompute="full"))
     big = estimate(model, cluster, Plan(dp=64, gbs=64, seq_len=8192, zero=1))

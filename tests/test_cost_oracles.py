@@ -39,7 +39,7 @@ from partita.cost.shape import LayerShape
 from partita.cost.step import stage_terms
 from partita.plan import Plan
 from partita.spec.hardware import make_cluster
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 DATA = json.loads((Path(__file__).resolve().parent / "data" / "cost_oracles.json").read_text())
 CLUSTER = make_cluster("h100-sxm", devices=8)

@@ -10,7 +10,7 @@ from partita.cli import main
 from partita.estimate import estimate
 from partita.plan import Plan, validate
 from partita.spec.hardware import make_cluster
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 ARGS = ["estimate", "--model", "llama3-70b", "--hardware", "h100-sxm", "--devices", "64", "--tp", "8", "--pp", "2",
         "--global-batch", "128", "--seq-len", "8192", "--mbs", "1", "--json"]

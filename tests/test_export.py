@@ -18,7 +18,7 @@ from export_oracles import deepspeed_oracle, megatron_oracle, torchtitan_oracle
 from export_oracles.plans import MATRIX
 from partita.errors import PartitaError
 from partita.export import export
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 IDS = [row[0] for row in MATRIX]
 MEGATRON_FSDP_PP = ("zero={z} with pp=2: Megatron-FSDP with pipeline parallelism is not a standard Megatron-LM path; "

@@ -5,7 +5,7 @@ import pytest
 
 from partita.errors import PartitaError
 from partita.spec.hf_config import parse_hf_config
-from partita.spec.model import load_model, preset_names
+from partita.spec.load import load_model, preset_names
 
 # (preset, published total params, published active params or None, tolerance). The
 # published figures are the papers' rounded headline numbers (e.g. LLaMA's "65.2B" for

@@ -3,7 +3,7 @@ import pytest
 
 from partita.errors import PartitaError
 from partita.plan import Plan, validate
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 from partita.train.replan import describe_change, replan
 
 

@@ -11,7 +11,7 @@ from partita.search import SearchSpace, search_plans
 from partita.search.explain import why_not
 from partita.search.space import best_split
 from partita.spec.hardware import make_cluster
-from partita.spec.model import load_model
+from partita.spec.load import load_model
 
 from brute_force_search import brute_force
 

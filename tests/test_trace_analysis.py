@@ -167,7 +167,7 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     from partita.estimate import estimate
     from partita.plan import Plan
     from partita.spec.hardware import load_device, make_cluster
-    from partita.spec.model import load_model
+    from partita.spec.load import load_model
     out = tmp_path / "my-cpu.json"
     proc = subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "-o", str(out)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -42,7 +42,7 @@ def main() -> int:
     from export_oracles.plans import MATRIX
     from partita.errors import PartitaError
     from partita.export import export
-    from partita.spec.model import load_model
+    from partita.spec.load import load_model
     for target in ("torchtitan", "deepspeed"):
         accepted = refused = exported = 0
         for pid, model_name, plan in MATRIX:

@@ -95,7 +95,7 @@ def strip_mindspeed(args: list[str]) -> list[str]:
 def check(plan_rows, world_of, target: str = "megatron") -> list[tuple[str, str]]:
     from partita.errors import PartitaError
     from partita.export import export
-    from partita.spec.model import load_model
+    from partita.spec.load import load_model
     import megatron.training.arguments as arguments
     _cpu_stand_ins(arguments)
     results = []

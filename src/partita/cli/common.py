@@ -62,7 +62,7 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
 def cluster_and_model(args: argparse.Namespace):
     """The model spec and cluster the flags of :func:`add_cluster_args` name."""
     from ..spec.hardware import make_cluster, parse_overrides
-    from ..spec.model import load_model
+    from ..spec.load import load_model
     for flag, value in (("--model", args.model), ("--hardware", args.hardware)):
         if not value or not value.strip():
             raise PartitaError(f"{flag} is empty; give a name (see `partita {'models' if flag == '--model' else 'hardware'}`)"

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from ..export import export
     from ..plan import Plan, check
-    from ..spec.model import load_model
+    from ..spec.load import load_model
     plan = Plan.load(args.plan_file)
     model = load_model(args.model) if args.model else None
     check(plan, model)  # the plan's own constraints always; the model's when given

@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from ..spec.model import load_model, preset_names
+    from ..spec.load import load_model, preset_names
     rows = []
     for name in preset_names():
         m = load_model(name)

@@ -257,7 +257,7 @@ def build_model(name_or_cfg: str | TransformerConfig, seed: int = 0, device: str
     elif name_or_cfg in MODEL_PRESETS:
         cfg = MODEL_PRESETS[name_or_cfg]
     else:
-        from ..spec.model import load_model
+        from ..spec.load import load_model
         cfg = TransformerConfig.from_spec(load_model(name_or_cfg))
     torch.manual_seed(seed)
     with torch.device(device):

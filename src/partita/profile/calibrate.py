@@ -160,7 +160,7 @@ def framework_overheads(m: dict, device_file: dict) -> dict[str, float]:
     from ..cost.step import step_time_lower_bound
     from ..plan import Plan
     from ..spec.hardware import Cluster, load_device
-    from ..spec.model import load_model
+    from ..spec.load import load_model
     f, world = m["framework"], m["world"]
     model = load_model(f["model"])
     # the file extends its base: the same device is the base with the file's fields on top

@@ -13,13 +13,12 @@ against the published totals); the FLOP counts follow the standard accounting:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..errors import PartitaError, unknown_name
+from ..errors import PartitaError
 
 PRESETS_FILE = Path(__file__).resolve().parent.parent / "catalog" / "models" / "presets.json"
 
@@ -316,30 +315,3 @@ def _check_fields(spec: Any, where: str) -> None:
             raise PartitaError(f"{where}: {f.name} must be true or false, got {value!r}")
         elif kind == "str" and not isinstance(value, str):
             raise PartitaError(f"{where}: {f.name} must be a string, got {value!r}")
-
-
-@lru_cache(maxsize=1)
-def _presets() -> dict[str, dict]:
-    with open(PRESETS_FILE) as f:
-        return json.load(f)
-
-
-def preset_names() -> list[str]:
-    return sorted(_presets())
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A built-in preset by name, an HF ``config.json`` or a Partita model JSON."""
-    presets = _presets()
-    if name_or_path.lower() in presets:
-        data = dict(presets[name_or_path.lower()])
-        return ModelSpec.from_dict({"name": name_or_path.lower(), **data}, f"preset {name_or_path}")
-    path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            raise PartitaError(f"model file {path} does not exist")
-        from .hf_config import load_json_model
-        return load_json_model(path)
-    raise unknown_name("model", name_or_path, presets)

@@ -45,7 +45,7 @@ def _has_accelerator() -> bool:
 
 
 def model_spec_for(name: str):
-    from ..spec.model import load_model
+    from ..spec.load import load_model
     return load_model(name)
 
 

@@ -30,7 +30,7 @@ def analyze_run(profile_dir: Path, run_dir: Path, model_name: str, hardware: str
     from ..plan import Plan
     from ..profile.trace import analyze_trace
     from ..spec.hardware import OPTIONAL_EFFICIENCY_FIELDS, make_cluster
-    from ..spec.model import load_model
+    from ..spec.load import load_model
     plan = Plan.load(Path(run_dir) / PLAN_FILE)
     ranks = []
     timelines: dict[int, dict] = {}

@@ -31,7 +31,8 @@ from pathlib import Path
 from ..errors import PartitaError
 from ..plan import Plan, balanced_split, validate
 from ..spec.hardware import Cluster, make_cluster
-from ..spec.model import ModelSpec, MoESpec, load_model
+from ..spec.load import load_model
+from ..spec.model import ModelSpec, MoESpec
 
 HARDWARE = {
     "A100-80GB-SXM": "a100-80gb", "A100-80GB": "a100-80gb", "A100-40GB": "a100-40gb",
