@@ -562,3 +562,20 @@ def test_mutated_device_and_model_files_are_clean_or_finite(tmp_path):
         assert kind_of in ("clean", "accepted"), (key, node[key], kind_of, r["raised"] or r["stderr"])
         if kind_of == "accepted":
             assert "NaN" not in r["stdout"] and "Infinity" not in r["stdout"], (key, node[key])
+
+
+def test_internal_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
+    """A bug (not a user mistake) is exit 1 and one `partita: internal error:` line; with
+    --debug the traceback follows."""
+    import types
+    main_module = sys.modules["partita.cli.main"]
+
+    def broken(args):
+        raise KeyError("boom")
+    fake = types.SimpleNamespace(add_parser=lambda sub: sub.add_parser("models").set_defaults(func=broken))
+    monkeypatch.setattr(main_module, "COMMANDS", (fake,))
+    assert partita_main(["models"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("partita: internal error: KeyError: 'boom' at test_bad_input.py:")
+    assert partita_main(["models", "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 Every user mistake surfaces as :class:`partita.errors.PartitaError` (or an argparse
 usage error): one line ``partita: error: ...`` on stderr, exit code 2. Anything else
 that escapes a command is a bug in Partita: one line ``partita: internal error: ...``
-and exit code 1 (the traceback only with ``PARTITA_DEBUG=1``).
+and exit code 1 (the traceback only with ``--debug`` or ``PARTITA_DEBUG=1``).
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: show the traceback of an internal error
+    argv = [a for a in argv if a != "--debug"]
     try:
         parser = build_parser()
         args = parser.parse_args(argv or ["plan"])  # no arguments: the default planning scenario
@@ -60,26 +62,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             _silence_stdout()
             print(f"partita: error: cannot write the output: {e.strerror}", file=sys.stderr)
             return 2
-        return _internal(e)
+        return _internal(e, debug)
     except KeyboardInterrupt:
         print("partita: error: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the last net: a bug, reported in one line
-        return _internal(e)
+        return _internal(e, debug)
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _internal(e: BaseException) -> int:
+def _internal(e: BaseException, debug: bool = False) -> int:
     import traceback  # only on this path: keeps the start-up of every command short
-    if os.environ.get("PARTITA_DEBUG"):
+    if debug or os.environ.get("PARTITA_DEBUG"):
         traceback.print_exc()
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     where = f" at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
     print(f"partita: internal error: {type(e).__name__}: {_one_line(str(e))}{where} (please report; "
-          "PARTITA_DEBUG=1 shows the traceback)", file=sys.stderr)
+          "--debug shows the traceback)", file=sys.stderr)
     return 1
 
 
