@@ -1,9 +1,9 @@
 """Validation at the edge: command-line values and input files, checked before any work.
 
 Every check here turns a user mistake into one sentence that says what is wrong and what
-would be right (issue 16). The argparse ``type=`` factories raise
-:class:`argparse.ArgumentTypeError` (argparse prefixes the flag name); the file reader
-raises :class:`partita.errors.PartitaError`.
+would be right (issue 16). The command-line side (argparse ``type=`` factories with
+these bounds) is :mod:`partita.cli.types`; the file readers here raise
+:class:`partita.errors.PartitaError`.
 
 The upper bounds are not physical limits but sizes beyond any real run, chosen so that
 every search, estimate and export finishes in bounded time: the largest published
@@ -11,11 +11,10 @@ trainings use ~10^5 devices, 128 pipeline stages, 10^3 layers and 10^6-token seq
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import PartitaError
 
@@ -28,44 +27,6 @@ MAX_DEVICES_PER_NODE = 1024
 MAX_TOP = 10_000
 #: Input files larger than this are refused before parsing (real configs are kilobytes).
 MAX_FILE_BYTES = 64 << 20
-
-
-def positive_int(maximum: int = MAX_DEGREE, minimum: int = 1) -> Callable[[str], int]:
-    """An argparse type: an integer in ``minimum..maximum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number from {minimum:,} to {maximum:,}, "
-                                             f"got {text!r}") from None
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"must be from {minimum:,} to {maximum:,}, got {text}")
-        return value
-    parse.__name__ = "positive_int"
-    return parse
-
-
-def finite_float(minimum: float = 0.0, maximum: float = math.inf, *, min_open: bool = True,
-                 max_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number in the interval (open ends where asked)."""
-    lo, hi = ("(" if min_open else "["), (")" if max_open or math.isinf(maximum) else "]")
-    span = f"{lo}{minimum:g}, {maximum:g}{hi}"
-    if math.isinf(minimum) and math.isinf(maximum):
-        span = "(-inf, inf)"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number in {span}, got {text!r}") from None
-        below = value < minimum or (min_open and value == minimum and math.isfinite(minimum))
-        above = value > maximum or (max_open and value == maximum)
-        if not math.isfinite(value) or below or above:
-            raise argparse.ArgumentTypeError(f"must be a finite number{'' if '-inf' in span else ' in ' + span}, "
-                                             f"got {text}")
-        return value
-    parse.__name__ = "finite_float"
-    return parse
 
 
 def read_json(path: str | Path, kind: str) -> Any:

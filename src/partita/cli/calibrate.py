@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from ..errors import PartitaError
-from ..inputs import check_output_path, positive_int
+from ..inputs import check_output_path
+from .types import positive_int
 
 #: More processes than any single machine runs (collectives are measured inside one node).
 MAX_NPROC = 1024

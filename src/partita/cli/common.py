@@ -11,7 +11,8 @@ import typing
 from typing import Any, TypeVar
 
 from ..errors import PartitaError
-from ..inputs import MAX_BATCH, MAX_DEGREE, MAX_DEVICES_PER_NODE, MAX_SEQ_LEN, positive_int
+from ..inputs import MAX_BATCH, MAX_DEGREE, MAX_DEVICES_PER_NODE, MAX_SEQ_LEN
+from .types import positive_int
 
 C = TypeVar("C")
 
@@ -103,7 +104,7 @@ def _checked_type(kind: type, bounds: tuple[float, float] | None) -> Any:
     """The argparse type of a generated flag: ints within ``bounds`` (default: a 32-bit
     range, what seeds and counts fit), floats finite and within ``bounds`` (a field's
     ``option(..., bounds=(low, high))`` metadata), strings as given."""
-    from ..inputs import finite_float, positive_int
+    from .types import finite_float, positive_int
     if kind is int:
         low, high = bounds or (-(1 << 31), (1 << 31) - 1)
         return positive_int(int(high), minimum=int(low))

@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from ..errors import PartitaError
-from ..inputs import MAX_DEGREE, MAX_VPP, positive_int
+from ..inputs import MAX_DEGREE, MAX_VPP
+from .types import positive_int
 from .common import add_cluster_args, cluster_and_model, parse_tokens
 
 

@@ -7,7 +7,8 @@ import json
 import sys
 
 from ..errors import PartitaError
-from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP, finite_float, positive_int
+from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP
+from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, parse_tokens
 
 DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS inside, RoCE between), "
