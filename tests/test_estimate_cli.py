@@ -101,3 +101,20 @@ def test_full_recompute_trades_memory_for_time():
 def test_validation_lists_every_violation():
     errs = validate(Plan(dp=3, tp=3, pp=7, gbs=5, mbs=2), load_model("llama-65b"), 64)
     assert len(errs) == 6
+
+
+def test_a_plan_that_does_not_fit_is_estimated_with_a_clear_marker(capsys):
+    # llama3-70b unsharded on one H100 per replica: 70.6e9 params x 16 bytes (bf16 weights,
+    # fp32 grads and Adam state, ZeRO-1 over dp=64 shards only the optimizer) is far over
+    # 80 GB, so the verdict must say so, name the excess, and still exit 0
+    args = ["estimate", "--model", "llama3-70b", "--hardware", "h100-sxm", "--devices", "64",
+            "--global-batch", "128", "--seq-len", "8192"]
+    code, out, _ = run_cli(args, capsys)
+    line = next(l for l in out.splitlines() if l.startswith("memory: "))
+    est = estimate(load_model("llama3-70b"), make_cluster("h100-sxm", 64),
+                   Plan(dp=64, gbs=128, seq_len=8192, mbs=1))
+    assert code == 0 and not est.fits
+    assert line.startswith("memory: DOES NOT FIT: needs ")
+    assert f"{est.peak_memory_gib - est.memory_limit_gib:.1f} GiB more than the {est.memory_limit_gib:.1f} GiB usable" in line
+    code, out, _ = run_cli(args + ["--json"], capsys)
+    assert json.loads(out)["memory_verdict"].startswith("DOES NOT FIT")

@@ -32,10 +32,8 @@ def breakdown_tables(est: Estimate) -> tuple[Table, Table]:
     mem.add_column("GiB", justify="right")
     for name, value in peak.parts.items():
         mem.add_row(name, f"{value / GIB:.2f}")
-    usable = est.cluster.device.usable_gib
-    verdict = "fits" if est.fits else "DOES NOT FIT"
     mem.add_row("[bold]total[/bold]", f"[bold]{peak.total / GIB:.2f}[/bold]")
-    mem.caption = f"{verdict}: usable {usable:.1f} GiB per device"
+    mem.caption = "fits" if est.fits else "DOES NOT FIT"
     tt = Table(title="Step time", title_justify="left")
     tt.add_column("component")
     tt.add_column("time", justify="right")
@@ -54,6 +52,7 @@ def print_estimate(est: Estimate, console: Console | None = None, tokens: float 
                   f"{p.dtype}, {p.schedule})")
     mem, tt = breakdown_tables(est)
     console.print(mem)
+    console.print(f"memory: {est.memory_verdict}")
     console.print(tt)
     console.print(f"throughput: {est.tokens_per_s_per_device:,.0f} tokens/s per device, "
                   f"{est.model_tflops_per_device:.1f} model TFLOP/s per device, MFU {est.mfu:.1%}")
@@ -127,6 +126,7 @@ def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons
         console.print(f"layer split (per virtual stage): {list(best.plan.layer_split)}")
     mem, tt = breakdown_tables(best)
     console.print(mem)
+    console.print(f"memory: {est.memory_verdict}")
     console.print(tt)
     if tokens:
         days = best.run_days(tokens)
