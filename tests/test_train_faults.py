@@ -181,15 +181,10 @@ def test_sigterm_saves_the_step_reached_and_resume_continues_exactly(baseline, t
                  env={"PARTITA_STEP_SLEEP_S": "1"})
     try:
         wait_for_steps(d / "metrics.jsonl", 2, proc)
-        second = start(tmp_path, "--checkpoint-dir", str(d))  # one job per checkpoint dir
-        _, err2 = second.communicate(timeout=TIMEOUT)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT)
     finally:
         proc.kill()
-    assert second.returncode == 2
-    assert [l for l in err2.splitlines() if l.startswith("partita: error:")] == \
-        [f"partita: error: another partita train job (pid {proc.pid}) is using {d}; wait for it to end or stop it first"]
     assert proc.returncode == 143, err[-3000:]
     reached = logged_steps(d / "metrics.jsonl")[-1]
     assert reached < STEPS - 1
@@ -222,9 +217,15 @@ def test_sigint_stops_every_rank_with_130_and_no_traceback(tmp_path):
 def test_kill_9_of_the_launchers_process_group_takes_the_workers_down(tmp_path):
     run = tmp_path / "ckpt"
     proc = start(tmp_path, "--checkpoint-dir", str(run), "--checkpoint-every", "2",
-                 env={"PARTITA_STEP_SLEEP_S": "1"}, start_new_session=True)
+                 env={"PARTITA_HANG_STEP": "2"}, start_new_session=True)  # busy until killed
     try:
-        wait_for_steps(run / "metrics.jsonl", 1, proc)
+        wait_for_steps(run / "metrics.jsonl", 2, proc)
+        second = start(tmp_path, "--checkpoint-dir", str(run))  # one job per checkpoint dir
+        _, err2 = second.communicate(timeout=TIMEOUT)
+        assert second.returncode == 2
+        assert [l for l in err2.splitlines() if l.startswith("partita: error:")] == \
+            [f"partita: error: another partita train job (pid {proc.pid}) is using {run}; "
+             "wait for it to end or stop it first"]
         workers = [p for p in job_pids(str(run)) if p != proc.pid]
         assert len(workers) >= 3  # torchrun and its two workers
         os.killpg(proc.pid, signal.SIGKILL)
