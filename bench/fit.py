@@ -53,7 +53,7 @@ ROUNDS = 3
 GOLDEN_STEPS = 18  # interval shrinks by 0.618^18 ~ 2e-4 of its width
 MIN_ROWS = 3  # a constant is fitted only when at least this many rows exercise it
 #: Fitted efficiencies outside this interval are reported, not written: isolated GEMMs
-#: reach 0.7-0.9 of the peak (MAMF, shared/reference/hardware.md sec. 2.1) and no
+#: reach 0.7-0.9 of the peak (MAMF, docs/reference/hardware.md sec. 2.1) and no
 #: published end-to-end run sits below 0.3 of it, so a value outside says the rows carry
 #: something other than that efficiency (a runtime's overheads: issue 12 item 4).
 PLAUSIBLE = {"gemm": (0.3, 0.95), "gemm_fp8": (0.3, 0.95), "attention": (0.2, 0.95), "tp_overlap": (0.0, 1.0)}

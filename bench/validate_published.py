@@ -3,7 +3,7 @@
     python bench/validate_published.py [--csv PATH] [--rows]
 
 The data: tests/data/published_runs.csv by default (the 266-row copy the tests use);
-``--csv ../shared/data/published_runs.csv`` runs on the 470-row file (see its README).
+``--csv data/published_runs.csv`` runs on the 470-row file (see its README).
 Step-time rows compare the predicted step time with the step time the measured figure
 implies under its source's own FLOP accounting; memory rows compare the peak as the
 source's memory statistic reads it (``SourceFacts.memory_stat``: allocated, reserved or
@@ -24,7 +24,7 @@ from pathlib import Path
 from partita.estimate import estimate
 from partita.validation.published import SOURCE_FACTS, load_cases
 
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs.csv"  # copy of shared/data/published_runs.csv
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs.csv"  # the 266-row edition of data/published_runs.csv (470 rows)
 
 
 def p90(values: list[float]) -> float:

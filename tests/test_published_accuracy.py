@@ -34,7 +34,7 @@ def test_every_source_has_cited_facts(published_csv):
         assert source_key(facts.match) == key  # no earlier pattern shadows it
         assert len(facts.citation) > 20 and facts.flops in ("hardware", "model")
         assert facts.grad_dtype in ("fp32", "bf16") and facts.mfu_peak_tflops > 0
-    # the 266 rows come from these 9 sources (shared/data/README.md lists them)
+    # the 266 rows come from these 9 sources (data/README.md lists them)
     assert {source_key(s) for s in sources} == {
         "megatron-2021", "megatron-readme-h100", "deepspeed-zero3", "torchtitan-h100", "torchtitan-h200",
         "nemo-24.07", "dgxc-25.04", "internlm", "mpt-llm-foundry"}

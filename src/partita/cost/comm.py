@@ -12,7 +12,7 @@ Bandwidth per rank:
   ``g - 1`` peer links at once, ``B_intra = peer_gbps * (g - 1) * eff`` - so a 2-NPU
   group gets one 28 GB/s link and an 8-NPU group the full 196 GB/s, which is why
   measured 910B all-reduce algbw grows 18 -> 36 -> 72 GB/s for 2/4/8 NPUs
-  (HCCL mesh algorithm, shared/reference/hardware.md sec. 3.2);
+  (HCCL mesh algorithm, docs/reference/hardware.md sec. 3.2);
 * between nodes, every device owns a NIC: ``B_inter = inter_gbps * eff``.
 
 Hierarchical all-reduce (HCCL/NCCL two-level: intra reduce-scatter, inter all-reduce of

@@ -7,7 +7,7 @@ GEMM efficiency falls for small GEMMs; we use the saturating curve
 ``eff(G) = eff_max * G / (G + G_half)`` in the GEMM's size ``G`` (GFLOP), a smooth
 version of Calculon's step table (0.95/0.9/0.6/0.1 at 128/16/1/<1 GFLOP) and
 consistent with MAMF measurements that only large shapes reach the plateau
-(shared/reference/hardware.md sec. 2.1). ``eff_max`` and ``G_half`` are named
+(docs/reference/hardware.md sec. 2.1). ``eff_max`` and ``G_half`` are named
 parameters of the hardware family.
 
 Per rank, tensor parallelism divides every GEMM's output (or input) width by ``tp``;

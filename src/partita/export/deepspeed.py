@@ -2,7 +2,7 @@
 
 Keys as DeepSpeed 0.19 defines them (runtime/constants.py, runtime/zero/config.py,
 runtime/activation_checkpointing/config.py, runtime/tensor_parallel/config.py ``autotp_size``;
-shared/reference/ecosystem.md sec. 6). DeepSpeed silently accepts unknown top-level keys, so
+docs/reference/ecosystem.md sec. 6). DeepSpeed silently accepts unknown top-level keys, so
 :data:`TOP_LEVEL_KEYS` is checked here. What a ds_config cannot hold is refused (exit 2) rather
 than half-exported:
 

@@ -1,7 +1,7 @@
 """Megatron-LM (and MindSpeed-LLM) command-line arguments for a plan.
 
 Flag names are the current ones of Megatron-LM core_v0.16 (verified against its real
-``arguments.py`` parser, shared/reference/ecosystem.md sec. 5): no deprecated spellings
+``arguments.py`` parser, docs/reference/ecosystem.md sec. 5): no deprecated spellings
 (``--checkpoint-activations``, ``--recompute-activations``, ``--moe-extended-tp``,
 ``--use-mcore-models``, ``--virtual-pipeline-model-parallel-size`` are not emitted).
 Tests parse every export with Megatron's own option table (tests/export_oracles/megatron_flags.json,

@@ -42,7 +42,7 @@ USAGE = "usage: python -m partita.train.worker RUN_DIR  (a run directory written
 
 def init_distributed(device_type: str, timeout_s: int) -> None:
     """Process group per elastic attempt: a PrefixStore per restart keeps a new attempt from
-    reading the previous attempt's peer addresses (shared/reference/pytorch_cpu.md F15)."""
+    reading the previous attempt's peer addresses (docs/reference/pytorch_cpu.md F15)."""
     timeout = timedelta(seconds=timeout_s)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is not None and "MASTER_ADDR" in os.environ:

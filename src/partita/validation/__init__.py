@@ -1,1 +1,1 @@
-"""Check the estimator against measured published runs (shared/data/published_runs.csv)."""
+"""Check the estimator against measured published runs (data/published_runs.csv)."""

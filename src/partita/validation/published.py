@@ -107,7 +107,7 @@ _NEMO_RECIPES = ("NeMo keeps bf16 main gradients (megatron_gpt_config grad_reduc
 _TORCHTITAN = ("torchtitan FSDP2 training (mixed_precision_reduce float32 by default, no TP overlap without "
                "async TP); llama3 configs default to seq_len 8192 (torchtitan/models/llama3/train_configs)")
 
-#: One record per source of published_runs.csv (shared/data/README.md lists them);
+#: One record per source of published_runs.csv (data/README.md lists them);
 #: insertion order is matching order, the more specific patterns first.
 SOURCE_FACTS: dict[str, SourceFacts] = {
     "megatron-2021": SourceFacts(
@@ -135,7 +135,7 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         "performance_summary.md (24.07); " + _NEMO_RECIPES, "nemo", grad_dtype="bf16", tp_comm_overlap=True),
     "nemo-long-seq": SourceFacts(
         "performance_long_sequence.md", "NVIDIA/NeMo docs/source/performance/performance_long_sequence.md "
-        "(commit 19fadb67b0): 'TFLOPS / GPU' are model FLOPs (shared/data/README.md); " + _NEMO_RECIPES,
+        "(commit 19fadb67b0): 'TFLOPS / GPU' are model FLOPs (data/README.md); " + _NEMO_RECIPES,
         "nemo", flops="model", grad_dtype="bf16", tp_comm_overlap=True),
     "dgxc-24.11": SourceFacts(
         "dgxc-benchmarking v24.11.1", "NVIDIA/dgxc-benchmarking v24.11.1 READMEs (NeMo recipes); " + _NEMO_RECIPES,
@@ -148,7 +148,7 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         "nemo", grad_dtype="bf16", tp_comm_overlap=True),
     "internlm": SourceFacts(
         "InternLM", "InternLM/InternLM doc/train_performance.md: InternLM trainer, TFLOPS in the Megatron-paper "
-        "accounting (shared/data/README.md)", "internlm"),
+        "accounting (data/README.md)", "internlm"),
     "mpt-llm-foundry": SourceFacts(
         "llm-foundry", "mosaicml/llm-foundry scripts/train/benchmarking/README.md: Composer with FSDP "
         "FULL_SHARD for every run", "composer", always_fsdp=True),
@@ -168,7 +168,7 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         + _TORCHTITAN, "torchtitan", default_seq_len=8192, memory_stat="reserved"),
     "mindformers": SourceFacts(
         "mindspore-lab/mindformers", "mindspore-lab/mindformers model cards (tokens/s per NPU; layout from the "
-        "config at the same commit, shared/data/README.md)", "mindformers",
+        "config at the same commit, data/README.md)", "mindformers",
         defaults_note="grad dtype and overlap: not stated; Plan defaults"),
 }
 
