@@ -1,0 +1,202 @@
+"""``partita import``: a Megatron-LM / MindSpeed-LLM launch script, a DeepSpeed ``ds_config.json``
+or torchtitan overrides / TOML read back into a Partita plan (issue 14 item 2).
+
+The reading itself is :mod:`partita.export.importers`; this module finds the file's framework,
+the world size the script launches, and turns every failure into one line (exit 2).
+``estimate --from-script`` and ``plan --from-script`` use :func:`load_script` too.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import shlex
+import sys
+from typing import Any
+
+from ..errors import PartitaError
+from ..inputs import MAX_DEGREE, MAX_SEQ_LEN
+from .types import positive_int
+
+TARGETS = ("megatron", "mindspeed", "deepspeed", "torchtitan")
+#: torchrun / torch.distributed.run / deepspeed launcher flags giving ranks per node and nodes.
+_PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
+_NODES = ("--nnodes", "--num_nodes", "--num-nodes")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("import", help="read a Megatron/MindSpeed launch script, a ds_config.json or torchtitan "
+                                      "overrides into a plan")
+    p.add_argument("script", metavar="FILE", help="launch script, ds_config.json, torchtitan overrides or TOML")
+    p.add_argument("--devices", type=positive_int(MAX_DEGREE),
+                   help="world size (default: the script's torchrun/deepspeed --nproc-per-node x --nnodes)")
+    p.add_argument("--from", dest="source", choices=TARGETS, help="the file's framework (default: detected)")
+    p.add_argument("--model", help="model preset or config.json: gives the layer count (vpp of torchtitan's "
+                                   "layers_per_stage) and checks the plan against the model")
+    p.add_argument("--seq-len", type=positive_int(MAX_SEQ_LEN), default=2048,
+                   help="sequence length of a ds_config (which does not hold one; default 2048)")
+    p.add_argument("--pp", type=positive_int(MAX_DEGREE),
+                   help="DeepSpeed: the PipelineModule(num_stages=...) of your model code")
+    p.add_argument("-o", "--output", help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    p.set_defaults(func=cmd_import)
+
+
+def read_text(path: str) -> str:
+    """The file's text, or a one-line error (missing, a directory, not UTF-8)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise PartitaError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise PartitaError(f"{path} is a directory; give the launch script or config file") from None
+    except UnicodeDecodeError:
+        raise PartitaError(f"{path} is not a UTF-8 text file (a launch script or config is expected)") from None
+    except OSError as e:
+        raise PartitaError(f"cannot read {path}: {e.strerror}") from None
+
+
+def detect(path: str, text: str) -> str:
+    """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
+    stripped = text.lstrip()
+    if stripped.startswith("{") or path.endswith(".json"):
+        if re.search(r'"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)"', text):
+            return "deepspeed"
+    if path.endswith(".toml") or re.search(r"--(parallelism|training)\.", text):
+        return "torchtitan"
+    if re.search(r"mindspeed|--use-ascend-mc2|--use-fused-rmsnorm", text, re.IGNORECASE):
+        return "mindspeed"
+    if re.search(r"pretrain_gpt\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):
+        return "megatron"
+    raise PartitaError(f"{path}: not a recognised launch config (no pretrain_gpt.py / --tensor-model-parallel-size "
+                       "for Megatron, no zero_optimization / train_batch_size for DeepSpeed, no --parallelism.* / "
+                       "--training.* for torchtitan); name it with --from")
+
+
+_ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\((?:[^()]*)\)|\"[^\"]*\"|'[^']*'|\S*)",
+                     re.MULTILINE)
+
+
+def expand_variables(text: str) -> str:
+    """The script with its plain ``NAME=value`` / ``NAME=( ... )`` assignments substituted into
+    ``$NAME``, ``${NAME}`` and ``${NAME[@]}`` (how Megatron's example scripts pass their flags).
+    Nothing is executed: command substitutions and arithmetic stay as written."""
+    values: dict[str, str] = {}
+    for name, raw in _ASSIGN.findall(text):
+        value = raw[1:-1] if raw[:1] in "(\"'" else raw
+        values[name] = re.sub(r"\\\n|\n|#[^\n]*", " ", value) if raw[:1] == "(" else value
+    def sub(m: re.Match) -> str:
+        return values.get(m.group(1) or m.group(2), m.group(0))
+    body = _ASSIGN.sub("", text)
+    for _ in range(3):  # values that name other variables (DISTRIBUTED_ARGS uses $GPUS_PER_NODE)
+        body = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}|\$([A-Za-z_][A-Za-z0-9_]*)", sub, body)
+    return body
+
+
+def script_world_size(text: str) -> int | None:
+    """Ranks per node x nodes of the script's torchrun / deepspeed launcher, when both are numbers."""
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError:
+        return None
+    found: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        name, _, inline = tok.partition("=")
+        value = inline or (tokens[i + 1] if i + 1 < len(tokens) else "")
+        kind = "per_node" if name in _PER_NODE else "nodes" if name in _NODES else None
+        if kind and value.split(":")[-1].isdigit():
+            found.setdefault(kind, int(value.split(":")[-1]))  # an elastic range "1:4": its maximum
+    if "per_node" not in found:
+        return None
+    return found["per_node"] * found.get("nodes", 1)
+
+
+def _toml_argv(path: str, text: str) -> list[str]:
+    """A torchtitan TOML as ``--section.field value`` overrides (booleans as ``--x`` / ``--no_x``)."""
+    import tomllib
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PartitaError(f"{path} is not valid TOML: {e}") from None
+    argv: list[str] = []
+    for section, fields in data.items():
+        if not isinstance(fields, dict):
+            continue
+        for field, value in fields.items():
+            if section == "activation_checkpoint" and field == "mode":
+                argv.append(f"activation_checkpoint:{value}")
+            elif isinstance(value, bool):
+                argv.append(f"--{section}.{'' if value else 'no_'}{field}")
+            elif not isinstance(value, (dict, list)):
+                argv += [f"--{section}.{field}", str(value)]
+    return argv
+
+
+def _parse(target: str, path: str, text: str, world: int | None, layers: int | None, seq_len: int, pp: int | None):
+    """The importer of ``target`` on the file's text (world size checked by the caller)."""
+    from ..export import importers
+    if target == "deepspeed":
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PartitaError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        if not isinstance(cfg, dict):
+            raise PartitaError(f"{path} must hold a JSON object (a DeepSpeed config)")
+        return importers.plan_from_ds_config(cfg, _need_world(path, world), seq_len=seq_len, pp=pp)
+    if target == "torchtitan":
+        argv = _toml_argv(path, text) if path.endswith(".toml") else importers.argv_from_script(text, "torchtitan.train")
+        return importers.plan_from_torchtitan(argv, layers)
+    return importers.plan_from_megatron(importers.argv_from_script(text), _need_world(path, world), layers)
+
+
+def _need_world(path: str, world: int | None) -> int:
+    if world is None:
+        raise PartitaError(f"{path} does not say how many devices it runs on (no numeric torchrun --nproc-per-node); "
+                           "pass --devices")
+    return world
+
+
+def load_script(path: str, source: str | None = None, devices: int | None = None, model: Any = None,
+                seq_len: int = 2048, pp: int | None = None):
+    """(plan, framework) of a launch file; every failure is a one-line :class:`PartitaError`."""
+    from ..plan import check
+    raw = read_text(path)
+    target = source or detect(path, raw)
+    text = raw if target == "deepspeed" else expand_variables(raw)
+    world = devices or script_world_size(text)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
+            plan = _parse(target, path, text, world, model.layers if model else None, seq_len, pp)
+    except SystemExit:
+        message = (err.getvalue().strip().splitlines() or ["bad argument"])[-1].split("error: ", 1)[-1]
+        raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}") from None
+    check(plan, model, devices)
+    return plan, target
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ..inputs import check_output_path
+    from ..spec.load import load_model
+    model = load_model(args.model) if args.model else None
+    if args.output:
+        check_output_path(args.output, "-o")
+    plan, target = load_script(args.script, args.source, args.devices, model, args.seq_len, args.pp)
+    if args.output:
+        try:
+            plan.to_json(args.output)
+        except OSError as e:
+            raise PartitaError(f"cannot write -o {args.output}: {e.strerror}") from None
+    if args.json:
+        print(plan.to_json())
+        return 0
+    print(f"{args.script}: {target} launch config, {plan.world_size} devices")
+    print(f"plan: {plan.summary()}, gbs {plan.gbs}, seq_len {plan.seq_len}, {plan.dtype}, schedule {plan.schedule}"
+          + (f", layer split {','.join(map(str, plan.layer_split))}" if plan.layer_split else ""))
+    if args.output:
+        print(f"wrote {args.output} (partita estimate --plan {args.output} ...)", file=sys.stderr)
+    return 0
