@@ -15,6 +15,9 @@ def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory and step time of one plan")
     add_cluster_args(est)
     est.add_argument("--plan", help="a plan JSON file (instead of the degree flags)")
+    est.add_argument("--from-script", metavar="FILE",
+                     help="the plan of a Megatron/MindSpeed launch script, ds_config.json or torchtitan overrides "
+                          "(see partita import; --seq-len for a ds_config)")
     est.add_argument("--tp", type=positive_int(MAX_DEGREE))
     est.add_argument("--pp", type=positive_int(MAX_DEGREE))
     est.add_argument("--vpp", type=positive_int(MAX_VPP))
@@ -65,17 +68,29 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
     return Plan.from_dict(fields, "plan")
 
 
+def refuse_plan_flags(args: argparse.Namespace) -> None:
+    """--plan and --from-script set the whole plan: a degree flag beside them would be ignored, so refuse it."""
+    source = [f"{flag} {value}" for flag, value in (("--plan", args.plan), ("--from-script", args.from_script)) if value]
+    if len(source) > 1:
+        raise PartitaError(f"{source[0]} and {source[1]} both set the plan; give one")
+    if source:
+        given = [name for name in PLAN_FLAGS if getattr(args, name) not in (None, False)]
+        given += [flag for flag, value in (("global_batch", args.global_batch), ("dtype", args.dtype)) if value]
+        if given:
+            raise PartitaError(f"{source[0]} already sets the plan; drop "
+                               + ", ".join("--" + g.replace("_", "-") for g in given) + f" (or drop {source[0].split()[0]})")
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from ..estimate import estimate
     from ..plan import Plan
     model, cluster = cluster_and_model(args)
-    if args.plan:
-        given = [name for name in PLAN_FLAGS if getattr(args, name) not in (None, False)]
-        given += [flag for flag, value in (("global_batch", args.global_batch), ("dtype", args.dtype)) if value]
-        if given:
-            raise PartitaError(f"--plan {args.plan} already sets the plan; drop "
-                               + ", ".join("--" + g.replace("_", "-") for g in given) + " (or drop --plan)")
-    plan = Plan.load(args.plan) if args.plan else plan_from_flags(args, cluster.world_size)
+    refuse_plan_flags(args)
+    if args.from_script:
+        from .import_cmd import load_script
+        plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
+    else:
+        plan = Plan.load(args.plan) if args.plan else plan_from_flags(args, cluster.world_size)
     est = estimate(model, cluster, plan)
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if args.json:

@@ -138,6 +138,9 @@ def _toml_argv(path: str, text: str) -> list[str]:
 def _parse(target: str, path: str, text: str, world: int | None, layers: int | None, seq_len: int, pp: int | None):
     """The importer of ``target`` on the file's text (world size checked by the caller)."""
     from ..export import importers
+    if path.endswith(".toml") and target == "torchtitan":
+        text = " ".join(_toml_argv(path, text))  # TOML errors first, then the same checks as overrides
+    _check_kind(target, path, text)
     if target == "deepspeed":
         try:
             cfg = json.loads(text)
@@ -147,9 +150,22 @@ def _parse(target: str, path: str, text: str, world: int | None, layers: int | N
             raise PartitaError(f"{path} must hold a JSON object (a DeepSpeed config)")
         return importers.plan_from_ds_config(cfg, _need_world(path, world), seq_len=seq_len, pp=pp)
     if target == "torchtitan":
-        argv = _toml_argv(path, text) if path.endswith(".toml") else importers.argv_from_script(text, "torchtitan.train")
-        return importers.plan_from_torchtitan(argv, layers)
+        return importers.plan_from_torchtitan(importers.argv_from_script(text, "torchtitan.train"), layers)
     return importers.plan_from_megatron(importers.argv_from_script(text), _need_world(path, world), layers)
+
+
+#: What a file must contain to be read as each framework's (else the importer would return defaults).
+_MARKERS = {"megatron": (r"--(tensor|pipeline)-model-parallel-size|--micro-batch-size|--global-batch-size",
+                         "no --tensor-model-parallel-size, --pipeline-model-parallel-size or batch flag"),
+            "torchtitan": (r"--(parallelism|training)\.", "no --parallelism.* or --training.* setting"),
+            "deepspeed": (r"\"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)\"",
+                          "no zero_optimization or batch key")}
+
+
+def _check_kind(target: str, path: str, text: str) -> None:
+    pattern, missing = _MARKERS["megatron" if target == "mindspeed" else target]
+    if not re.search(pattern, text):
+        raise PartitaError(f"{path} does not look like a {target} launch config ({missing}); check the file or --from")
 
 
 def _need_world(path: str, world: int | None) -> int:
@@ -200,3 +216,58 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.output:
         print(f"wrote {args.output} (partita estimate --plan {args.output} ...)", file=sys.stderr)
     return 0
+
+
+#: Plan fields a user's launch config and the searched best can differ in (named in the comparison).
+_COMPARED = ("dp", "tp", "pp", "vpp", "cp", "ep", "sp", "zero", "mbs", "recompute", "dtype", "layer_split",
+             "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.3g} s/step"
+
+
+def _differences(yours, best) -> str:
+    """``tp 8 (yours 4), zero 1 (yours 3)``: the best plan's value of every knob that differs."""
+    tp_only = ("sp", "tp_comm_overlap")  # mean nothing without tensor parallelism
+    diffs = [f"{k} {_show(getattr(best, k))} (yours {_show(getattr(yours, k))})" for k in _COMPARED
+             if getattr(best, k) != getattr(yours, k) and (k not in tp_only or max(best.tp, yours.tp) > 1)]
+    return ", ".join(diffs) or "the same layout"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) if len(value) <= 8 else f"{len(value)} uneven stages"
+    if value is None:
+        return "even"
+    return str(value)
+
+
+def _biggest_extra(yours, best) -> str:
+    """The step-time part the user's plan spends most extra time on, like ``why_not`` names it."""
+    keys = list(dict.fromkeys([*yours.time.parts, *best.time.parts]))
+    key = max(keys, key=lambda k: yours.time.parts.get(k, 0.0) - best.time.parts.get(k, 0.0))
+    extra = yours.time.parts.get(key, 0.0) - best.time.parts.get(key, 0.0)
+    return f"your plan's largest extra is {key} (+{extra:.3g} s, {yours.time.parts.get(key, 0.0) / yours.step_time_s:.0%} of its step)"
+
+
+def comparison(yours, best, memory_limit_gib: float) -> str:
+    """One line comparing the user's imported plan (an Estimate) with the searched best (an Estimate),
+    judged against the search's memory limit (its headroom included)."""
+    yours.memory_limit = memory_limit_gib
+    head = f"your plan ({yours.plan.summary()}): "
+    best_text = f"best ({best.plan.summary()}): {_seconds(best.step_time_s)}"
+    if not yours.fits:
+        return (f"{head}{yours.memory_verdict} (the search's limit, --headroom included); {best_text}, "
+                f"it differs in {_differences(yours.plan, best.plan)}")
+    ratio = yours.step_time_s / best.step_time_s - 1
+    if ratio < 0:
+        return (f"{head}{_seconds(yours.step_time_s)}, {-ratio:.0%} faster than the searched {best_text}: "
+                "your plan is outside the searched space (fixed knobs, --no-zero3/--no-recompute or the layouts "
+                f"searched); it differs in {_differences(yours.plan, best.plan)}")
+    if ratio < 0.005:
+        return f"{head}{_seconds(yours.step_time_s)}; {best_text}: your plan is as fast as the best found"
+    return (f"{head}{_seconds(yours.step_time_s)}; {best_text} ({ratio:.0%} faster): best differs in "
+            f"{_differences(yours.plan, best.plan)}; {_biggest_extra(yours, best)}")

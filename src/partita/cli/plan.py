@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-memory-gib", type=finite_float(0, 1e6), help="memory cap per device")
     p.add_argument("--export", choices=["megatron", "mindspeed", "deepspeed", "torchtitan"],
                    help="also print the best plan as this framework's configuration")
+    p.add_argument("--from-script", metavar="FILE",
+                   help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
+                        "plan (the search then uses the script's global batch, sequence length and dtype)")
     p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
     p.set_defaults(func=cmd_plan)
 
@@ -75,17 +78,23 @@ def export_best(target: str, ranked_all: list, best, model):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .import_cmd import comparison
     from ..search.engine import infeasible_message
     from ..search.explain import why_not
     model, cluster = cluster_and_model(args)
+    yours = import_script(args, model, cluster) if args.from_script else None
     result, ranked_all = search(args, model, cluster)
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if not result.plans:
         raise PartitaError(infeasible_message(result))
     reasons = why_not(result)
     exported, export_note = export_best(args.export, ranked_all, result.best, model) if args.export else (None, None)
+    line = comparison(yours, result.best, result.memory_limit_gib) if yours else None
     if args.json:
-        print(json.dumps(plan_json(args, model, cluster, result, reasons, tokens, exported, export_note), indent=2))
+        out = plan_json(args, model, cluster, result, reasons, tokens, exported, export_note)
+        if yours:
+            out["from_script"] = dict(yours.to_dict(), file=args.from_script, comparison=line)
+        print(json.dumps(out, indent=2))
         return 0
     from .render import print_plans
     print_plans(model, cluster, args.global_batch, args.seq_len, result, reasons, tokens)
@@ -98,7 +107,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(exported.text, end="")
         for w in exported.warnings:
             print(f"partita: warning: {w}", file=sys.stderr)
+    if line:
+        print(line)
     return 0
+
+
+def import_script(args: argparse.Namespace, model, cluster):
+    """The estimate of the user's ``--from-script`` plan; the search then runs at its batch, length and dtype."""
+    from ..estimate import estimate
+    from .import_cmd import load_script
+    plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
+    args.global_batch, args.seq_len, args.dtype = plan.gbs, plan.seq_len, plan.dtype
+    return estimate(model, cluster, plan)
 
 
 def plan_json(args: argparse.Namespace, model, cluster, result, reasons: list[str], tokens: float | None,
