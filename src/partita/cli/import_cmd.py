@@ -231,7 +231,7 @@ def _differences(yours, best) -> str:
     """``tp 8 (yours 4), zero 1 (yours 3)``: the best plan's value of every knob that differs."""
     tp_only = ("sp", "tp_comm_overlap")  # mean nothing without tensor parallelism
     diffs = [f"{k} {_show(getattr(best, k))} (yours {_show(getattr(yours, k))})" for k in _COMPARED
-             if getattr(best, k) != getattr(yours, k) and (k not in tp_only or max(best.tp, yours.tp) > 1)]
+             if getattr(best, k) != getattr(yours, k) and (k not in tp_only or min(best.tp, yours.tp) > 1)]
     return ", ".join(diffs) or "the same layout"
 
 
