@@ -133,7 +133,7 @@ def test_torchtitan_toml_equals_its_overrides(tmp_path, capsys):
     ("pretrain_gpt.py --tensor-model-parallel-size 3 --global-batch-size 8", ["--devices", "8"], "not a multiple"),
     ("pretrain_gpt.py --micro-batch-size 3 --global-batch-size 8", ["--devices", "8"], "invalid plan"),
     ("echo hello", ["--from", "megatron", "--devices", "8"], "does not look like a megatron"),
-    ("--parallelism.tensor_parallel_degree two", [], "cannot read it as torchtitan"),
+    ("--parallelism.tensor_parallel_degree two", ["--devices", "8"], "cannot read it as torchtitan"),
     ("[parallelism\n", ["--from", "torchtitan"], "not valid TOML"),
 ])
 def test_bad_files_one_line_exit_2(tmp_path, capsys, content, args, message):
@@ -208,3 +208,14 @@ def test_plan_from_script_that_does_not_fit(tmp_path, capsys):
     line = json.loads(capsys.readouterr().out)["from_script"]["comparison"]
     assert re.match(r"your plan \(dp64 tp1 pp1 z0 mbs1x1\): DOES NOT FIT: needs [0-9.]+ GiB", line), line
     assert "; best (" in line and "it differs in" in line
+
+
+def test_torchtitan_unset_shard_degree_fills_the_devices(tmp_path, capsys):
+    # torchtitan 0.3.0 config/configs.py: data_parallel_shard_degree: int = -1 (ParallelDims fills the world)
+    path = tmp_path / "overrides.txt"
+    path.write_text("--parallelism.tensor_parallel_degree 2 --training.local_batch_size 2 --training.global_batch_size 64\n")
+    assert main(["import", str(path), "--devices", "16", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["dp"], plan["tp"], plan["zero"]) == (8, 2, 3)
+    assert main(["import", str(path)]) == 2
+    assert "pass --devices" in capsys.readouterr().err

@@ -150,8 +150,25 @@ def _parse(target: str, path: str, text: str, world: int | None, layers: int | N
             raise PartitaError(f"{path} must hold a JSON object (a DeepSpeed config)")
         return importers.plan_from_ds_config(cfg, _need_world(path, world), seq_len=seq_len, pp=pp)
     if target == "torchtitan":
-        return importers.plan_from_torchtitan(importers.argv_from_script(text, "torchtitan.train"), layers)
+        return _titan_plan(importers.argv_from_script(text, "torchtitan.train"), world, layers)
     return importers.plan_from_megatron(importers.argv_from_script(text), _need_world(path, world), layers)
+
+
+def _titan_plan(argv: list[str], world: int | None, layers: int | None):
+    """torchtitan's plan; an unset or -1 ``data_parallel_shard_degree`` (torchtitan's default, -1) fills
+    the world size left by the other degrees, as ``ParallelDims`` does, when the world size is known."""
+    from ..export import importers
+    flag = "--parallelism.data_parallel_shard_degree"
+    given = [argv[i + 1] for i, tok in enumerate(argv[:-1]) if tok == flag]
+    if given and given[-1] != "-1":
+        return importers.plan_from_torchtitan(argv, layers)
+    if world is None:
+        raise PartitaError(f"torchtitan's data_parallel_shard_degree is {'-1' if given else 'unset'} (fill the "
+                           "devices): pass --devices")
+    others = importers.plan_from_torchtitan(argv + [flag, "1"], layers).world_size
+    if world % others:
+        raise PartitaError(f"--devices {world} is not a multiple of the other degrees' product {others}")
+    return importers.plan_from_torchtitan(argv + [flag, str(world // others)], layers)
 
 
 #: What a file must contain to be read as each framework's (else the importer would return defaults).
