@@ -126,7 +126,7 @@ def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons
         console.print(f"layer split (per virtual stage): {list(best.plan.layer_split)}")
     mem, tt = breakdown_tables(best)
     console.print(mem)
-    console.print(f"memory: {est.memory_verdict}")
+    console.print(f"memory: {best.memory_verdict}")
     console.print(tt)
     if tokens:
         days = best.run_days(tokens)
