@@ -313,6 +313,7 @@ from partita.runtime.parallelize import parallelize
 from partita.train.data import synthetic_batch
 from partita.train.guard import StepGuard
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+os.environ["PARTITA_NAN_STEP"] = "3"  # read when the guard is installed; fires at step 3 only
 plan = Plan.parse("dp=1", world_size=1, defaults={"gbs": 4, "seq_len": 32, "mbs": 1, "dtype": "fp32"})
 def make():
     return parallelize(build_model("tiny-llama", seed=0), plan, device_type="cpu", max_grad_norm=0.05,
@@ -327,7 +328,6 @@ for step in range(3):
     assert guard.grad_norm > 0.05 and not guard.nonfinite  # the clipping path ran
 assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), pm.parameters()))
 before = [p.detach().clone() for p in pm.parameters()]
-os.environ["PARTITA_NAN_STEP"] = "3"
 guard.step = 3
 assert math.isnan(pm.train_step(x, y)) and guard.nonfinite and guard.bad_loss and guard.bad_norm
 assert all(torch.equal(p, q) for p, q in zip(before, pm.parameters()))  # no update
@@ -337,8 +337,7 @@ print("guard ok")
 
 
 def test_guard_steps_exactly_as_the_runtime_and_skips_without_an_update(tmp_path):
-    """The guarded step (which takes the place of the runtime's clip-and-step) against the
-    runtime's own, with clipping active: bit-equal losses and parameters; a NaN step
+    """The guarded step (the runtime's update gate installed) against the runtime's own, with clipping active: bit-equal losses and parameters; a NaN step
     leaves parameters and AdamW's step count untouched."""
     proc = subprocess.run([sys.executable, "-c", GUARD_ORACLE, str(tmp_path / "store")], capture_output=True,
                           text=True, timeout=TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -95,6 +95,11 @@ class ParallelModel:
     aux_record: dict = field(default_factory=dict)
     #: context parallel: the sequence positions (columns of the batch) this rank trains on
     cp_positions: torch.Tensor | None = None
+    #: called as ``gate(local_loss, grad_norm) -> update`` after the gradients are reduced
+    #: (and unscaled) and before clipping and the optimizer step; False drops the
+    #: gradients without an update. The trainer's non-finite guard and stop
+    #: agreement live there (partita.train.guard), not in the runtime.
+    update_gate: Callable[[float, float], bool] | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -125,7 +130,7 @@ class ParallelModel:
                 local = self._accumulate(inputs, targets)
         if self.grad_sync is not None:
             self.grad_sync()
-        self._clip_and_step()
+        self._clip_and_step(local)
         loss = torch.tensor([local], dtype=torch.float64)
         if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
             dist.all_reduce(loss, group=self.dp_group)
@@ -178,11 +183,16 @@ class ParallelModel:
         dist.all_reduce(value, group=self.pp_group)
         return float(value.item())
 
-    def _clip_and_step(self) -> None:
+    def _clip_and_step(self, local: float) -> None:
+        """Clip to ``max_grad_norm`` over all shards and step; the ``update_gate``, if set,
+        sees this rank's loss and the norm first and may skip the update."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
+        total = self.grad_norm() if self.max_grad_norm or self.update_gate is not None else 0.0
+        if self.update_gate is not None and not self.update_gate(local, total):
+            self.optimizer.zero_grad(set_to_none=True)
+            return
         if self.max_grad_norm:
-            total = self.grad_norm()
             coef = self.max_grad_norm / (total + 1e-6)
             if coef < 1:
                 grads = [p.grad for p in self.parameters() if p.grad is not None]

@@ -24,8 +24,8 @@ point in Partita is listed here, even the one that lives with the code it breaks
 ``PARTITA_NAN_STEP=K``
     at step K, rank ``PARTITA_NAN_RANK`` (default 0) gets a NaN loss and a NaN in its
     first gradient after the backward, before the update - what a diverged step looks
-    like to the non-finite guard. Read by :func:`nan_loss`
-    (:class:`partita.train.guard.StepGuard`).
+    like to the non-finite guard. Installed by :func:`inject_nan` (called by
+    :class:`partita.train.guard.StepGuard` only when the variable is set).
 ``PARTITA_NAN_RANK=R``
     the rank of ``PARTITA_NAN_STEP``'s NaN.
 ``PARTITA_STEP_SLEEP_S=S``
@@ -87,3 +87,19 @@ def nan_loss(pm, rank: int, step: int, local: float) -> float:
             grad.view(-1)[0] = float("nan")
             break
     return float("nan")
+
+
+def inject_nan(pm, rank: int, current_step) -> None:
+    """When ``PARTITA_NAN_STEP`` is set, wrap ``pm``'s micro-batch loops (``_accumulate`` /
+    ``_pipeline_step``) so that their result passes through :func:`nan_loss` at that step:
+    the NaN gradient is written after the backward and before the data-parallel gradient
+    reduction, as a real divergence would be. ``current_step()`` gives the step running.
+    Touches nothing when the variable is unset."""
+    if not os.environ.get(NAN_STEP):
+        return
+    for name in ("_accumulate", "_pipeline_step"):
+        original = getattr(pm, name)
+
+        def run(inputs, targets, original=original):
+            return nan_loss(pm, rank, current_step(), original(inputs, targets))
+        setattr(pm, name, run)
