@@ -13,9 +13,9 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from ..errors import PartitaError
-from . import calibrate, estimate, export, hardware, import_cmd, models, plan, profile, train
+from . import analyze, calibrate, estimate, export, hardware, import_cmd, models, plan, profile, train
 
-COMMANDS = (estimate, export, import_cmd, calibrate, models, hardware, plan, train, profile)  # the order of --help
+COMMANDS = (estimate, export, import_cmd, calibrate, models, hardware, plan, train, profile, analyze)  # the order of --help
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,122 @@
+"""Reading profiler traces that Partita did not record, with one-line errors.
+
+``partita analyze`` takes torch.profiler / Kineto Chrome traces (``.json`` or ``.json.gz``;
+``torch_npu.profiler`` writes the same format) from any framework, one file per rank or a
+directory of them. Every way such an input can be wrong - missing, an empty directory, not
+JSON, a truncated gzip, JSON that is not a Chrome trace, too large - becomes a
+:class:`PartitaError` naming the file and what was expected.
+
+Size is bounded before parsing: ``json`` holds the whole document in memory (about 5-10x
+the text), so a trace larger than ``max_bytes`` of (decompressed) text is refused with the
+limit and how to raise it, rather than swapping the machine for minutes.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import PartitaError
+
+#: default limit on one trace's JSON text (decompressed): ~1-2 M events, ~10 s to analyse
+DEFAULT_MAX_MB = 1024
+#: file names a directory is searched for (Kineto writes ``*.pt.trace.json[.gz]``)
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace: where it came from, its rank and the parsed document."""
+
+    path: str
+    rank: int
+    trace: dict
+
+
+def find_trace_files(inputs: list[str]) -> list[Path]:
+    """The trace files named or held (not recursively) by ``inputs``."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                           and not p.name.endswith(".summary.json"))
+            if not found:
+                raise PartitaError(f"{item} holds no trace files (*.json or *.json.gz from torch.profiler)")
+            files += found
+        elif path.exists():
+            files.append(path)
+        else:
+            raise PartitaError(f"{item}: no such file or directory")
+    return files
+
+
+def _read_text(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes, decompressed when gzip (by its magic number, whatever its name),
+    at most ``max_bytes`` of them."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+        opener = gzip.open if magic == b"\x1f\x8b" else open
+        with opener(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        raise PartitaError(f"{path} is a truncated or corrupt gzip file (re-copy or re-export the trace)") from None
+    except IsADirectoryError:
+        raise PartitaError(f"{path} is a directory") from None
+    except OSError as e:
+        raise PartitaError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise PartitaError(f"{path} holds more than {max_bytes // 2**20} MB of trace JSON (the limit keeps the "
+                           f"analysis within memory and minutes; raise it with --max-mb, or profile fewer steps)")
+    return data
+
+
+def load_chrome_trace(path: str | Path, max_bytes: int = DEFAULT_MAX_MB * 2**20) -> dict:
+    """A Chrome trace as a dict with a ``traceEvents`` list (the JSON array form of the
+    format is accepted and wrapped)."""
+    path = Path(path)
+    data = _read_text(path, max_bytes)
+    try:
+        doc = json.loads(data)
+    except UnicodeDecodeError:
+        raise PartitaError(f"{path} is not a JSON text file (a torch.profiler Chrome trace is expected)") from None
+    except json.JSONDecodeError as e:
+        what = "ends early (truncated?)" if e.pos >= len(data.rstrip()) else f"{e.msg} at line {e.lineno}"
+        raise PartitaError(f"{path} is not valid JSON: {what} (a torch.profiler Chrome trace is expected)") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events[:1000]):
+        raise PartitaError(f"{path} is JSON but not a Chrome trace (no traceEvents list of events; "
+                           "export one with torch.profiler's export_chrome_trace or tensorboard_trace_handler)")
+    if not any(e.get("ph") == "X" for e in events):
+        raise PartitaError(f"{path} is a Chrome trace without any complete ('X') events to analyse")
+    return doc
+
+
+def _rank_of(path: Path, doc: dict, position: int) -> int:
+    """``distributedInfo.rank`` (Kineto), else ``rank<N>`` in the file name, else the position."""
+    info = doc.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return info["rank"]
+    found = re.search(r"rank[_-]?(\d+)", path.name, re.IGNORECASE)
+    return int(found.group(1)) if found else position
+
+
+def load_rank_traces(inputs: list[str], max_mb: int = DEFAULT_MAX_MB) -> list[RankTrace]:
+    """Every trace of ``inputs``, one per rank, sorted by rank."""
+    out: list[RankTrace] = []
+    seen: dict[int, str] = {}
+    for i, path in enumerate(find_trace_files(inputs)):
+        doc = load_chrome_trace(path, max_mb * 2**20)
+        rank = _rank_of(path, doc, i)
+        if rank in seen:
+            raise PartitaError(f"{path} and {seen[rank]} are both rank {rank}: give the traces of one run "
+                               "(one file per rank)")
+        seen[rank] = str(path)
+        out.append(RankTrace(str(path), rank, doc))
+    return sorted(out, key=lambda r: r.rank)

@@ -1,0 +1,68 @@
+"""Memory timeline and allocator fragmentation from a trace's ``[memory]`` events.
+
+With ``profile_memory=True`` torch.profiler (and torch_npu.profiler) records one instant
+event per allocation and free, ``name: "[memory]"``, whose arguments carry the caching
+allocator's running totals after the event: ``Total Allocated`` (bytes in live tensors)
+and ``Total Reserved`` (bytes the allocator holds from the device), with ``Device Type`` /
+``Device Id`` and the signed ``Bytes`` of the event.
+
+Fragmentation is read the way PyTorch's memory docs describe the caching allocator:
+reserved-but-unallocated bytes are cached blocks that the next allocations may not fit
+into. We report, per device, the peaks, the reserved-minus-allocated bytes at the moment of
+peak reservation, and ``fragmentation = 1 - allocated / reserved`` at that moment (0 = every
+reserved byte holds a tensor) - the same ratio ``partita profile`` reports from
+``torch.cuda.memory_stats`` on its own runs.
+"""
+from __future__ import annotations
+
+#: torch's c10::DeviceType numbers that the profiler writes as ``Device Type``
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 9: "xpu", 20: "privateuse1"}
+#: points kept per device in the timeline (the extremes are always kept)
+MAX_POINTS = 400
+
+
+def _device(args: dict) -> str:
+    kind = args.get("Device Type")
+    name = DEVICE_TYPES.get(kind, str(kind)) if isinstance(kind, int) else str(kind or "device")
+    if name == "privateuse1":
+        name = "npu"  # torch_npu registers itself as the PrivateUse1 backend
+    index = args.get("Device Id", 0)
+    return name if isinstance(index, int) and index < 0 else f"{name}:{index}"  # CPU events carry id -1
+
+
+def _thin(points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """At most about MAX_POINTS points, keeping each bucket's highest allocation."""
+    if len(points) <= MAX_POINTS:
+        return points
+    size = -(-len(points) // MAX_POINTS)
+    return [max(points[i:i + size], key=lambda p: p[1]) for i in range(0, len(points), size)]
+
+
+def memory_timeline(trace: dict) -> dict[str, dict]:
+    """Per device: peaks (bytes), fragmentation at peak reservation and a thinned timeline
+    ``[[t_us, allocated, reserved], ...]`` (t from the device's first memory event).
+    Empty when the trace recorded no memory events."""
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("name") != "[memory]" or not isinstance(e.get("args"), dict) or e.get("ts") is None:
+            continue
+        args = e["args"]
+        try:
+            allocated, reserved = float(args.get("Total Allocated", 0)), float(args.get("Total Reserved", 0))
+        except (TypeError, ValueError):
+            continue
+        series.setdefault(_device(args), []).append((float(e["ts"]), allocated, reserved))
+    out = {}
+    for device, points in sorted(series.items()):
+        points.sort()
+        t0 = points[0][0]
+        peak_reserved = max(points, key=lambda p: (p[2], p[1]))
+        out[device] = {
+            "events": len(points),
+            "peak_allocated_bytes": max(p[1] for p in points),
+            "peak_reserved_bytes": peak_reserved[2],
+            "unallocated_at_peak_reserved_bytes": peak_reserved[2] - peak_reserved[1],
+            "fragmentation_at_peak_reserved": (1 - peak_reserved[1] / peak_reserved[2]) if peak_reserved[2] else None,
+            "timeline": [[t - t0, a, r] for t, a, r in _thin(points)],
+        }
+    return out
