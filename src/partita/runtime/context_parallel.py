@@ -11,6 +11,15 @@ flash/efficient kernels and does not run on gloo (see the shared pytorch_cpu not
 
 The loss of a rank is the mean over its tokens; as all ranks hold the same number,
 averaging gradients and losses over the flattened (dp, cp) group gives the global mean.
+
+MoE load-balancing loss ``E sum_i f_i P_i`` (see :class:`partita.models.llama.MoE`) is not
+a mean over tokens: the product of two token averages. Computed from a cp rank's own
+tokens it differs from the single-process loss. As Megatron-Core does (the router's
+``tokens_per_expert`` all-reduced over the tp x cp "sequence partition group" before
+``switch_load_balancing_loss_func``), the routing fractions ``f_i`` are summed over the
+cp group - they carry no gradient - while ``P_i`` stays the mean router probability of
+the rank's own tokens: the cp ranks' average of ``E sum_i f_i P_i^(r)`` is then exactly
+the loss of the whole sequence, and averaging the gradients over cp gives its gradient.
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.llama import Attention, repeat_kv
+from ..models.llama import Attention, MoE, repeat_kv
 
 
 def local_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
@@ -63,7 +72,31 @@ def apply_cp(model: nn.Module, group: dist.ProcessGroup, seq_len: int, cp: int) 
         if isinstance(module, Attention):
             module.rope_rows = types.MethodType(_rope_rows(mine), module)
             module.attend = types.MethodType(_attend(group, mine, everyone), module)
+        elif isinstance(module, MoE):
+            _global_routing_fractions(module, group)
     return mine
+
+
+def _global_routing_fractions(moe: MoE, group: dist.ProcessGroup) -> None:
+    """Recompute ``moe.aux_loss`` after each forward with the routing fractions of the
+    whole sequence (all cp ranks) and this rank's router probabilities (module docstring).
+    The router's logits are caught by a forward hook; the top-k choice is the one the
+    layer made (same logits, same ``topk``)."""
+    seen: dict[str, torch.Tensor] = {}
+    moe.router.register_forward_hook(lambda _m, _inputs, out: seen.__setitem__("logits", out))
+    forward = moe.forward
+
+    def wrapped(x: torch.Tensor, _forward=forward) -> torch.Tensor:
+        out = _forward(x)
+        probs = F.softmax(seen.pop("logits").float(), dim=-1)
+        chosen = probs.topk(moe.top_k, dim=-1).indices.flatten()
+        counts = torch.bincount(chosen, minlength=moe.num_experts).float()
+        dist.all_reduce(counts, group=group)
+        frac = counts / (chosen.numel() * dist.get_world_size(group))
+        moe.aux_loss = moe.num_experts * (frac * probs.mean(0)).sum()
+        return out
+
+    moe.forward = wrapped
 
 
 def _rope_rows(mine: torch.Tensor):

@@ -12,7 +12,7 @@
 * zero 3 - FSDP2 ``fully_shard``: parameters sharded too, gathered per block.
 
 Expert weights (sharded over ep) are summed over the expert-data-parallel group and
-divided by dp (see :class:`GradientSync`).
+divided by the data-parallel size, dp x cp with context parallel (see :class:`GradientSync`).
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: to
     With expert parallel (``edp_mesh``), each block's routed experts - different on every ep
     rank - are sharded first, over the expert-data-parallel ranks that hold the same
     experts; their gradients (already summed over the ep ranks whose tokens they processed,
-    see :class:`GradientSync`) are summed over edp and divided by dp, as torchtitan does
+    see :class:`GradientSync`) are summed over edp and divided by ``dp`` (the size of the
+    data-parallel group: dp x cp with context parallel), as torchtitan does
     (``set_gradient_divide_factor``)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     reshard = zero >= 3

@@ -150,12 +150,16 @@ def run_case(case: str, steps: int = 5, seed: int = 0, max_grad_norm: float | No
 
 
 def main() -> None:
-    """``torchrun ... -m partita.runtime.equivalence OUT.json CASE [CASE ...]``"""
+    """``torchrun ... -m partita.runtime.equivalence OUT.json [--steps=N] CASE [CASE ...]``
+    (5 steps unless ``--steps`` says otherwise)."""
     out_path, cases = sys.argv[1], sys.argv[2:]
+    steps = 5
+    if cases and cases[0].startswith("--steps="):
+        steps, cases = int(cases[0].split("=", 1)[1]), cases[1:]
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     results = {}
     for case in cases:
-        results[case] = run_case(case)
+        results[case] = run_case(case, steps=steps)
         dist.barrier()
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:

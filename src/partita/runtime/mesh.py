@@ -33,20 +33,23 @@ def new_subgroups(plan: Plan, axis: str) -> dist.ProcessGroup | None:
 def _ranks(plan: Plan, axis: str, rank: int) -> list[int]:
     if axis == "ep":
         return axis_ranks(plan, "ep", rank)
-    if axis == "edp":  # same expert shard, other replicas: dp ranks with the same ep index
-        dp_group = axis_ranks(plan, "dp", rank)
-        pos = dp_group.index(rank)
-        return [r for i, r in enumerate(dp_group) if i % plan.ep == pos % plan.ep]
+    if axis == "edp":  # same expert shard, other replicas: dp x cp ranks with the same ep index
+        data_group = axis_ranks(plan, "dp_cp", rank)
+        pos = data_group.index(rank)
+        return [r for i, r in enumerate(data_group) if i % plan.ep == pos % plan.ep]
     raise ValueError(axis)
 
 
 def expert_mesh(plan: Plan, device_type: str) -> DeviceMesh:
-    """A (pp, edp, ep, tp) mesh: each dp group split into ``dp/ep`` expert-data-parallel
-    replicas of ``ep`` consecutive members, the layout :func:`plan.axis_ranks` gives the ep
-    axis (stride tp inside the flattened dp axis; cp = 1). FSDP shards the experts over
-    ``edp`` (torchtitan's ``dp_shard_mod_ep`` mesh), the rest of the model over ``dp``."""
+    """A (pp, edp, ep, tp) mesh: each flattened dp x cp group split into ``dp cp / ep``
+    expert-data-parallel replicas of ``ep`` consecutive members, the layout
+    :func:`plan.axis_ranks` gives the ep axis (stride tp inside the flattened (dp, cp)
+    axes: with dp = 1 the ep group is the cp group - Megatron-Core's MoE parallel folding
+    with expert tensor parallel 1, the experts' ep group drawn from dp x cp). FSDP shards
+    the experts over ``edp`` (torchtitan's ``dp_shard_mod_ep`` mesh), the rest of the
+    model over dp x cp."""
     import torch
-    shape = (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp)
+    shape = (plan.pp, plan.dp * plan.cp // plan.ep, plan.ep, plan.tp)
     return DeviceMesh(device_type, torch.arange(plan.world_size).view(shape), mesh_dim_names=("pp", "edp", "ep", "tp"))
 
 

@@ -53,8 +53,6 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
             errs.append("HF MoE models run tp without sequence parallel in this runtime; pass sp=false")
     if 0 < plan.dp_shard < plan.dp and (plan.cp > 1 or plan.ep > 1):
         errs.append("HSDP (dp_shard < dp) runs with cp = 1 and ep = 1 in this runtime")
-    if plan.ep > 1 and plan.cp > 1:
-        errs.append("ep > 1 runs with cp = 1 in this runtime (experts are carved out of dp only)")
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
             and plan.grad_accum_mode == "sharded":
         errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
@@ -370,7 +368,7 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device
             from .mesh import expert_mesh
             edp_mesh = expert_mesh(plan, device_type)["edp"]
         for mod in modules:
-            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp)
+            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp * plan.cp)
         return modules, None, autocast
     if param_dtype is not None:
         autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731

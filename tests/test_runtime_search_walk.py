@@ -1,0 +1,154 @@
+"""Every plan shape the search returns on the four benchmark scenarios runs (issue 13).
+
+The search (``partita.search.search_plans``, the scenarios of ``bench/search_speed.py``)
+is asked for its top plans; each plan is reduced to its *shape* - which of dp, tp, pp,
+cp, ep are above 1, ZeRO stage, recompute mode, virtual stages, sequence parallel, HSDP,
+schedule, gradient accumulation (and its mode under ZeRO-2/3), an uneven or empty-ended
+layer split - and every distinct shape is scaled down to the matching tiny reference
+model (tiny-llama for the dense scenarios, tiny-moe for the MoE ones): every degree
+above 1 becomes 2, so the same axes are split and the same code paths run, on at most 8
+processes. When dp, tp, pp and cp are all above 1 (16 processes at 2 each) dp is dropped
+to 1: the data-parallel group is then the cp group (ZeRO shards over dp x cp), and ep is
+carved out of cp (Megatron-Core's MoE parallel folding). Each scaled plan trains one
+step (fp32, SGD with momentum 0.9) and every rank compares its loss and its own slice of
+every parameter and momentum buffer after the update with single-process training of
+the same model on the same data (partita.runtime.equivalence). One torchrun per world
+size runs all of its cases."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+#: (model preset, hardware, devices, global batch, sequence length): bench/search_speed.py
+SCENARIOS = [
+    ("gpt3-175b", "h100-sxm", 1024, 1536, 2048),
+    ("llama-65b", "ascend-910b2", 512, 2048, 2048),
+    ("deepseek-v3", "h800", 2048, 15360, 4096),
+    ("mixtral-8x22b", "ascend-910b2", 256, 1024, 4096),
+]
+TOP = 10  # plans per scenario (the search's default shows 5)
+TINY_LAYERS = 4  # tiny-llama and tiny-moe
+AXES = ("dp", "tp", "pp", "cp", "ep")
+
+
+def split_kind(plan) -> str:
+    """``uniform``, ``uneven`` or ``empty-first`` / ``empty-last`` / ``empty-ends`` (a
+    virtual stage with no decoder layer: only the embedding or the output layer)."""
+    split = plan.layer_split
+    if not split or len(set(split)) == 1:
+        return "uniform"
+    ends = ("first" if split[0] == 0 else "") + ("last" if split[-1] == 0 else "")
+    return {"": "uneven", "first": "empty-first", "last": "empty-last", "firstlast": "empty-ends"}[ends]
+
+
+def shape_of(plan, moe: bool) -> tuple:
+    """What decides which runtime code a plan exercises (degrees only as 'above 1')."""
+    axes = tuple(a for a in AXES if getattr(plan, a) > 1)
+    accum = plan.grad_accum > 1
+    return ("moe" if moe else "dense", axes, plan.zero, plan.recompute, plan.vpp > 1, plan.sp and plan.tp > 1,
+            0 < plan.dp_shard < plan.dp, plan.schedule, accum,
+            plan.grad_accum_mode if accum and plan.zero >= 2 else "-", split_kind(plan))
+
+
+def tiny_split(kind: str, chunks: int) -> str | None:
+    """A layer split of the tiny model's 4 layers over ``chunks`` virtual stages of the same kind."""
+    if kind == "uniform":
+        return None
+    if kind == "uneven":
+        return "1/3" if chunks == 2 else None  # 4 chunks of 4 layers: uneven only with an empty one
+    empty = {"empty-first": [0], "empty-last": [chunks - 1], "empty-ends": [0, chunks - 1]}[kind]
+    sizes = [0 if i in empty else 1 for i in range(chunks)]
+    full = [i for i in range(chunks) if i not in empty]
+    for k in range(TINY_LAYERS - len(full)):
+        sizes[full[k % len(full)]] += 1
+    return "/".join(map(str, sizes))
+
+
+def scaled_case(plan, moe: bool) -> tuple[int, str]:
+    """(world size, equivalence case) of ``plan`` scaled to the tiny model (module docstring)."""
+    deg = {a: 2 if getattr(plan, a) > 1 else 1 for a in AXES}
+    hsdp = 0 < plan.dp_shard < plan.dp
+    if hsdp:
+        deg["dp"] = 4  # shard in pairs, replicate across two of them
+    if deg["dp"] * deg["tp"] * deg["pp"] * deg["cp"] > 8:
+        deg["dp"], hsdp = 1, False
+    vpp = 2 if plan.vpp > 1 else 1
+    accum = 2 if plan.grad_accum > 1 else 1  # interleaved 1F1B needs a multiple of pp = 2
+    items = [f"{a}={deg[a]}" for a in AXES] + [
+        f"vpp={vpp}", f"zero={plan.zero}", f"recompute={plan.recompute}", f"schedule={plan.schedule}",
+        f"sp={'true' if plan.sp and deg['tp'] > 1 else 'false'}", f"grad_accum_mode={plan.grad_accum_mode}",
+        f"mbs=1,gbs={deg['dp'] * accum},seq_len=16"]
+    if hsdp:
+        items.append("dp_shard=2")
+    split = tiny_split(split_kind(plan), deg["pp"] * vpp)
+    if split:
+        items.append(f"layer_split={split}")
+    world = deg["dp"] * deg["tp"] * deg["pp"] * deg["cp"]
+    return world, ("tiny-moe:" if moe else "tiny-llama:") + ",".join(items)
+
+
+def searched_shapes() -> dict[tuple, tuple[str, tuple[int, str]]]:
+    """Distinct shape -> (the first plan seen with it, its scaled (world, case))."""
+    from partita.search import search_plans
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    shapes: dict[tuple, tuple[str, tuple[int, str]]] = {}
+    for name, hardware, devices, gbs, seq_len in SCENARIOS:
+        model = load_model(name)
+        result = search_plans(model, make_cluster(hardware, devices), gbs, seq_len, top=TOP)
+        assert result.plans, f"{name}: the search found no plan"
+        for est in result.plans:
+            key = shape_of(est.plan, bool(model.moe))
+            shapes.setdefault(key, (f"{name}: {est.plan.summary()}", scaled_case(est.plan, bool(model.moe))))
+    return shapes
+
+
+SHAPES = searched_shapes()
+BY_WORLD: dict[int, list[str]] = {}
+for _origin, (_world, _case) in SHAPES.values():
+    if _case not in BY_WORLD.setdefault(_world, []):
+        BY_WORLD[_world].append(_case)
+CASES = {case: origin for origin, (_, case) in SHAPES.values()}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    merged = {}
+    for world, cases in sorted(BY_WORLD.items()):
+        out = tmp_path_factory.mktemp(f"walk{world}") / "results.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               "-m", "partita.runtime.equivalence", str(out), "--steps=1", *cases]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        merged.update(json.loads(out.read_text()))
+    return merged
+
+
+def test_walk_covers_the_shapes_large_runs_use():
+    """The walk is not vacuous: the search's top plans on these scenarios use pipelines
+    with virtual stages, ZeRO-1 and ZeRO-3, tensor + sequence parallel, and MoE plans with
+    ep together with cp and pp (the shapes the runtime once refused)."""
+    keys = list(SHAPES)
+    assert len(keys) >= 6
+    assert any(k[0] == "moe" and {"ep", "cp", "pp"} <= set(k[1]) for k in keys)
+    assert any(k[4] for k in keys) and any(k[5] for k in keys)
+    assert {1, 3} <= {k[2] for k in keys}
+    assert max(BY_WORLD) <= 8
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_searched_shape_trains_like_one_process(results, case):
+    r = results[case]
+    assert len(r["losses"]) == 1, CASES[case]
+    # fp32 SGD + momentum, as tests/test_runtime_equivalence.py: only the order of float32
+    # sums differs (losses within 1e-6 relative, parameters and momentum within 1e-6)
+    assert r["loss_rel_diff"] <= 1e-6, (CASES[case], r)
+    assert r["param_abs_diff"] <= 1e-6 and r["params_compared_rank0"] > 0, (CASES[case], r)
+    assert r["state_abs_diff"] <= 1e-6, (CASES[case], r)
