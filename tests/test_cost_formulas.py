@@ -66,6 +66,9 @@ def test_model_states_by_zero_stage():
     assert z1["optimizer"] == pytest.approx(12e9 / 8) and z1["gradients"] == 4e9
     z3 = model_state_bytes(Plan(dp=8, zero=3), 1e9, 8)
     assert sum(z3.values()) == pytest.approx(16e9 / 8)  # fp32 param is the master copy
+    # zero 2 in fp32 (FSDP2 reshard_after_forward=False / DeepSpeed ZeRO-2): the gathered
+    # fp32 parameters and the fp32 shard the optimizer updates
+    assert model_state_bytes(Plan(dp=8, zero=2, dtype="fp32"), 1e9, 8)["weights"] == pytest.approx(4e9 + 4e9 / 8)
     # fp8: the bf16 working weight plus a cached fp8 copy (1 byte)
     assert model_state_bytes(Plan(dp=8, zero=1, dtype="fp8"), 1e9, 8)["weights"] == 3e9
 
@@ -288,7 +291,9 @@ def test_hand_memory_parts():
     cluster = hand_cluster(8, 4)
     plan = Plan(dp=2, tp=2, pp=2, sp=True, mbs=1, gbs=4, seq_len=1024, zero=1)
     layer = HAND.layer_kind_params(False)
-    params0 = 2 * layer / 2 + 32000 * 1024 / 2  # rank 0: 2 layers and the embedding, / tp
+    # rank 0: 2 layers and the embedding, / tp - except the two RMSNorm weights (2h per
+    # layer), which tensor parallelism replicates
+    params0 = 2 * ((layer - 2 * 1024) / 2 + 2 * 1024) + 32000 * 1024 / 2
     parts = estimate_rank_memory(HAND, cluster.device, plan, 0).parts
     assert parts["weights"] == pytest.approx(2 * params0, rel=1e-12)
     assert parts["gradients"] == pytest.approx(4 * params0, rel=1e-12)
@@ -318,8 +323,9 @@ def test_hand_memory_parts():
 def test_hand_zero3_and_tied_embedding():
     cluster = hand_cluster(8, 4)
     plan = Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, zero=3)
-    layer = HAND.layer_kind_params(False)
-    params1 = 2 * layer / 2 + (1024 + 32000 * 1024) / 2  # rank 1: 2 layers, final norm, output layer
+    # rank 1: 2 layers, final norm, output layer; tp splits all but the norms (replicated)
+    layer = (HAND.layer_kind_params(False) - 2 * 1024) / 2 + 2 * 1024
+    params1 = 2 * layer + 1024 + 32000 * 1024 / 2
     parts = estimate_rank_memory(HAND, cluster.device, plan, 1).parts
     # zero 3: the fp32 master is the parameter: 4 + 4 + 8 bytes, all over dp = 2
     assert parts["weights"] == pytest.approx(4 * params1 / 2, rel=1e-12)
@@ -327,12 +333,12 @@ def test_hand_zero3_and_tied_embedding():
     assert parts["optimizer"] == pytest.approx(8 * params1 / 2, rel=1e-12)
     # FSDP at the start of backward: the largest unit (the output layer, V h / tp) gathered in
     # bf16 with its fp32 reduce-scatter input (2 + 4), and the next layer (/ tp) prefetched in bf16 (2)
-    output_unit = (1024 + 32000 * 1024) / 2
-    assert output_unit > layer / 2
-    assert parts["zero3 gathered layers"] == pytest.approx(output_unit * (2 + 4) + layer / 2 * 2, rel=1e-12)
+    output_unit = 1024 + 32000 * 1024 / 2
+    assert output_unit > layer
+    assert parts["zero3 gathered layers"] == pytest.approx(output_unit * (2 + 4) + layer * 2, rel=1e-12)
     # a middle rank's largest unit is a layer: (2 + 4) + 2 bytes per layer parameter
     mid = estimate_rank_memory(HAND, hand_cluster(8, 4).device, plan.with_(dp=1, pp=4), 1).parts
-    assert mid["zero3 gathered layers"] == pytest.approx(layer / 2 * 8, rel=1e-12)
+    assert mid["zero3 gathered layers"] == pytest.approx(layer * 8, rel=1e-12)
     step = estimate_step_time(HAND, cluster, plan)
     # per micro-batch: all-gather bf16 weights forward and backward, reduce-scatter fp32 grads, dp g = 2
     traffic = 2 * 0.5 * params1 * 2 / INTRA + 0.5 * params1 * 4 / INTRA
@@ -463,3 +469,31 @@ def test_published_moe_rows_load_with_their_experts_and_ep():
     assert all(case.model.moe_flags) and case.measured == 20.0
     with pytest.raises(PartitaError, match="MOE_ARCH"):
         _case(dict(row, model_name="Unknown-MoE"))
+
+
+def test_hand_hsdp_states_and_traffic():
+    """HSDP (dp 4 = 2 replica groups x dp_shard 2): the states are sharded over the 2 ranks
+    of a shard group only, the gradients reduce-scattered inside it and the shard
+    all-reduced across the replicas (FSDP2 on a 2-D mesh, Zhao et al. 2023 sec. 3.2.2)."""
+    cluster = hand_cluster(4, 2)  # 2 nodes of 2: the shard group {0, 1} in a node, the replicas {0, 2} across
+    plan = Plan(dp=4, dp_shard=2, zero=3, gbs=4, seq_len=1024)
+    params = HAND.total_params()
+    parts = estimate_rank_memory(HAND, cluster.device, plan, 0).parts
+    assert parts["weights"] == pytest.approx(4 * params / 2, rel=1e-12)  # not / 4
+    assert parts["gradients"] == pytest.approx(4 * params / 2, rel=1e-12)
+    assert parts["optimizer"] == pytest.approx(8 * params / 2, rel=1e-12)
+    full_shard = estimate_rank_memory(HAND, cluster.device, plan.with_(dp_shard=0), 0).parts
+    assert full_shard["optimizer"] == pytest.approx(8 * params / 4, rel=1e-12)
+    # per micro-batch: bf16 all-gather forward and backward and the fp32 reduce-scatter in
+    # the shard group (g = 2, one node), then the fp32 shard all-reduced across 2 nodes
+    traffic = 2 * 0.5 * params * 2 / INTRA + 0.5 * params * 4 / INTRA + 2 * 0.5 * (params * 4 / 2) / INTER
+    stage = estimate_step_time(HAND, cluster, plan).stages[0]
+    compute = stage.parts["compute"] + stage.parts["recompute"]
+    exposed = max(0.0, traffic - compute) + traffic / 4 + 4 * 50e-6
+    assert stage.parts["zero3 gather/scatter"] == pytest.approx(exposed, rel=1e-12)
+    # zero 2 HSDP: one reduce-scatter + replica all-reduce and one all-gather after the step
+    # (no overlap): the shard group's traffic plus the shard's all-reduce
+    z2 = estimate_step_time(HAND, cluster, plan.with_(zero=2, gbs=4, overlap_grad_reduce=False,
+                                                      overlap_param_gather=False))
+    sync = 0.5 * params * 4 / INTRA + 2 * 0.5 * (params * 4 / 2) / INTER + 0.5 * params * 2 / INTRA
+    assert z2.parts["dp gradient sync"] == pytest.approx(sync, rel=1e-12)

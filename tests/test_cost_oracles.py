@@ -200,24 +200,22 @@ _UNFUSED = ("the reference model is unfused where the cost model assumes fused k
 _MOE_SAC = ("selective recompute of the MoE block depends on routing: the policy saves every other expert matmul in "
             "execution order, so the kept bytes follow the per-expert token counts, and torch's checkpoint stops "
             "recomputing after the last needed tensor; the cost model assumes half of a balanced top-k")
-_FULL_EARLY_STOP = ("torch's non-reentrant checkpoint stops the recomputation once the last saved tensor is rebuilt "
-                    "(set_checkpoint_early_stop, default on), so full recompute skips the layer's last GEMM (w2 / the "
-                    "last expert matmul); the cost model recomputes the whole forward (Megatron)")
+_FULL_EARLY_STOP = ("torch's non-reentrant checkpoint, which partita's runtime uses, stops the recomputation once "
+                    "the last saved tensor is rebuilt (set_checkpoint_early_stop, default on), so full recompute skips "
+                    "the layer's last GEMM (w2 / the shared expert's w2); the cost model recomputes the whole forward as "
+                    "Megatron-LM's reentrant checkpoint and llm-foundry's reentrant FSDP checkpointing do (modelling the "
+                    "early stop moved the Megatron-2021 and MPT full-recompute rows 7-8 % faster than measured); the "
+                    "difference belongs to a per-framework estimate (issue 12 item 4)")
 _MOE_SELECTIVE_FLOPS = ("MoE selective recompute FLOPs follow routing (every other expert matmul in execution order, "
                         "unequal token counts) and early stop skips the shared expert's w2; the cost model assumes "
                         "half of the expert FLOPs")
-_TP_NORMS = ("tensor parallel replicates the RMSNorm weights (SequenceParallel / Megatron), the cost model divides "
-             "them by tp (memory.shape_params divides every dense parameter by tp)")
-_TP_EMBED_GRAD = ("and the runtime's vocab-parallel embedding holds a gradient twice its local shard (a runtime "
-                  "matter: report to the runtime owner)")
-_FSDP_ZERO2 = ("FSDP2 zero 2 (reshard_after_forward=False) holds the fp32 shard and the gathered fp32 parameters "
-               "from forward to backward; the cost model counts the gathered weights only")
-_HSDP = ("HSDP (dp_shard < dp): the runtime shards ZeRO-3 states within groups of dp_shard ranks and replicates "
-         "them across the groups; the cost model shards over all dp x cp ranks (memory_parts ignores dp_shard)")
-_MOE_TP = ("MoE with tp: the runtime tensor-splits only attention - it replicates the router and the shared expert "
-           "over tp (the cost model divides them by tp, as Megatron splits the shared expert) - and keeps each "
-           "expert's AdamW state on every tp rank of its expert shard (ep is carved from dp only: the expert "
-           "optimizer is sharded over dp/ep, the cost model over dp*cp*tp/ep)")
+_TP_EMBED_GRAD = ("the runtime's vocab-parallel embedding holds a gradient twice its local shard (a runtime matter, "
+                  "reported to the runtime owner; the cost model counts one local shard, as Megatron's "
+                  "VocabParallelEmbedding and torch's RowwiseParallel embedding hold)")
+_MOE_TP = ("MoE with tp: the runtime replicates the shared expert over tp (the cost model splits it by tp, as "
+           "Megatron-Core's SharedExpertMLP and torchtitan's MoE tp plan do) and keeps each expert's AdamW state on "
+           "every tp rank of its expert shard (ep is carved from dp only: the expert optimizer is sharded over "
+           "dp/ep, the cost model over the expert data-parallel group dp*cp*tp/ep, Megatron-Core's with etp 1)")
 _AUTOCAST = ("the runtime's bf16 with zero 0 runs autocast over fp32 parameters (4 B weights + 8 B AdamW per "
              "parameter); the cost model counts Megatron's bf16 weights + fp32 master and moments (2 + 12 B)")
 
@@ -233,19 +231,13 @@ def _state_causes(c: dict) -> dict[str, str]:
     plan, moe = _state_plan(c), _moe(c["model"])
     out: dict[str, str] = {}
     if plan.tp > 1:
-        out = {"weights": _TP_NORMS, "gradients": _TP_NORMS + ", " + _TP_EMBED_GRAD, "optimizer": _TP_NORMS,
-               "total": _TP_NORMS + ", " + _TP_EMBED_GRAD}
+        out = {"gradients": _TP_EMBED_GRAD, "total": _TP_EMBED_GRAD}
         if moe:
-            out = {part: _MOE_TP + "; " + cause for part, cause in out.items()}
-            out["rank"] = out["total"]
-    if plan.zero == 2 and plan.dtype == "fp32":  # (bf16: the fp32 shard is the master the cost model counts)
-        out.update(weights=_FSDP_ZERO2, total=_FSDP_ZERO2, rank=_FSDP_ZERO2)
+            out = {part: _MOE_TP + "; " + _TP_EMBED_GRAD for part in ("weights", "gradients", "optimizer", "total", "rank")}
     if plan.zero == 0 and plan.dtype == "bf16":
         out.update(total=_AUTOCAST, rank=_AUTOCAST)
-    if 0 < plan.dp_shard < plan.dp:
-        out = {part: _HSDP for part in ("weights", "gradients", "optimizer", "total", "rank")}
     if plan.tp > 1 and not moe and not (plan.zero == 1 and plan.dp > 1):
-        out["rank"] = out["total"]  # (with ZeRO-1 over dp > 1 the per-rank slack covers the norms)
+        out["rank"] = out["total"]  # (with ZeRO-1 over dp > 1 the per-rank slack covers the embedding gradient)
     return out
 
 

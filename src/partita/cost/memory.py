@@ -70,6 +70,23 @@ def _grad_bytes(plan: Plan) -> int:
     return grad_bytes(plan.dtype, plan.grad_dtype)
 
 
+def state_shard(plan: Plan) -> int:
+    """Ranks one copy of the sharded model states is spread over (ZeRO / FSDP): the
+    data-parallel x context-parallel group, or with HSDP (``0 < dp_shard < dp``) only the
+    ``dp_shard x cp`` ranks of one shard group - each of the ``dp / dp_shard`` groups
+    holds a full copy [FSDP2 on a 2-D (replicate, shard) mesh; Zhao et al. 2023, PyTorch
+    FSDP, sec. 3.2.2 "hybrid sharding"; torchtitan ``dp_shard`` x ``dp_replicate``]."""
+    shard = plan.dp_shard if 0 < plan.dp_shard < plan.dp else plan.dp
+    return shard * plan.cp
+
+
+def expert_state_shard(plan: Plan) -> int:
+    """Ranks one copy of the routed experts' states is spread over: the expert
+    data-parallel group ``shard x tp / ep`` (Megatron-Core's expert data parallel with
+    expert tensor parallel 1; torchtitan's ``efsdp = dp_shard * cp * tp / ep``)."""
+    return max(1, state_shard(plan) * plan.tp // plan.ep)
+
+
 def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]:
     """Weights, gradients and optimizer bytes for ``params`` parameters sharded ``shard`` ways.
 
@@ -105,6 +122,13 @@ def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
     else:
         weight_b, opt_b = 2, 12
     weights = params * weight_b / (shard if z >= 3 else 1)
+    if z == 2 and dtype == "fp32":
+        # FSDP2 zero 2 (reshard_after_forward=False) keeps the gathered fp32 parameters
+        # from forward to backward besides the fp32 shard the optimizer updates;
+        # DeepSpeed ZeRO-2 likewise keeps the full fp32 parameters and an fp32 copy of its
+        # partition (``single_partition_of_fp32_groups``). (16-bit: that shard is the
+        # master copy already counted in the 12 optimizer bytes.)
+        weights += params * 4 / shard
     if dtype == "fp8":
         weights += params * 1 / (shard if z >= 3 else 1)
     grads = params * grad_b / (shard if z >= 2 and not full_grads else 1)
@@ -212,24 +236,67 @@ def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float
     return shape_params(model, shape, param_shape(plan))
 
 
+def tp_replicated_params(model: ModelSpec, moe: bool) -> int:
+    """Parameters of one layer that tensor parallelism replicates instead of splitting.
+
+    Megatron-LM and PyTorch's tensor/sequence parallel split the projection and MLP
+    GEMMs only: the two norms' weights are full on every tp rank (Megatron marks them
+    ``sequence_parallel`` and all-reduces their gradients over tp; torch's
+    ``SequenceParallel`` style replicates them), as are Qwen3's per-head q/k norms and the
+    MoE router (Megatron-Core ``TopKRouter`` holds the whole ``[E, h]`` weight on every
+    tp rank) and the shared-expert gate. Partita's runtime does the same (the oracle in
+    tests/data/cost_oracles.json counts the tensors each tp rank holds)."""
+    return _tp_replicated(model, moe)
+
+
+@memoised
+def _tp_replicated(model: ModelSpec, moe: bool) -> int:
+    h = model.hidden
+    norm = 2 if model.norm == "layernorm" else 1
+    params = 2 * norm * h
+    if model.qk_norm:
+        params += 2 * model.head_size
+    if moe and model.moe:
+        params += h * model.moe.num_experts + (h if model.moe.shared_expert_gate else 0)
+    return params
+
+
+def _end_replicated(model: ModelSpec, first: bool) -> int:
+    """Replicated parameters of the embedding (learned positions - Megatron keeps them in
+    a plain ``nn.Embedding`` - and BLOOM's embedding norm) or the output layer (the final
+    norm); the vocabulary-parallel matrices are split."""
+    norm = (2 if model.norm == "layernorm" else 1) * model.hidden
+    if first:
+        return (model.max_positions * model.hidden if model.position == "learned" else 0) + \
+            (norm if model.embedding_norm else 0)
+    return norm
+
+
+def _split_tp(total: float, replicated: float, tp: int) -> float:
+    """Parameters one tp rank holds of ``total``, of which ``replicated`` are not split."""
+    return (total - replicated) / tp + replicated
+
+
 @memoised
 def shape_params(model: ModelSpec, rank: RankShape, split: ParamShape) -> tuple[float, float]:
     """(dense, expert) parameters of a pipeline rank of this shape: tp divides the dense
-    weights, ep the routed experts."""
+    weights except the replicated ones (:func:`tp_replicated_params`: norms, router), ep
+    the routed experts."""
     n_dense = rank.n_layers - rank.n_moe
-    dense = n_dense * model.layer_kind_params(False) / split.tp
+    tp = split.tp
+    dense = n_dense * _split_tp(model.layer_kind_params(False), _tp_replicated(model, False), tp) if n_dense else 0.0
     expert = 0.0
     if rank.n_moe:
         routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
         expert = rank.n_moe * routed / split.ep
-        dense += rank.n_moe * (model.layer_kind_params(True) - routed) / split.tp
+        dense += rank.n_moe * _split_tp(model.layer_kind_params(True) - routed, _tp_replicated(model, True), tp)
     if rank.first:
-        dense += model.embedding_params() / split.tp
+        dense += _split_tp(model.embedding_params(), _end_replicated(model, True), tp)
     if rank.last:
         out = model.output_params()
         if model.tied_embeddings and split.pipelined:
             out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight
-        dense += out / split.tp
+        dense += _split_tp(out, _end_replicated(model, False), tp)
     return dense, expert
 
 
@@ -293,19 +360,22 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
     layer = _unit_params(model, plan, shape)
     unit = layer
     if shape.first:
-        unit = max(unit, model.embedding_params() / plan.tp)
+        unit = max(unit, _split_tp(model.embedding_params(), _end_replicated(model, True), plan.tp))
     if shape.last:
-        unit = max(unit, model.output_params() / plan.tp)
+        unit = max(unit, _split_tp(model.output_params(), _end_replicated(model, False), plan.tp))
     w, g = (4 if plan.dtype == "fp32" else 2), _grad_bytes(plan)
     return unit * (w + g) + layer * w
 
 
 def _unit_params(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
     """Parameters of the rank's largest layer (its dense part / tp, its experts / ep)."""
-    params = model.layer_kind_params(False) / plan.tp if shape.n_layers > shape.n_moe else 0.0
+    tp = plan.tp
+    params = (_split_tp(model.layer_kind_params(False), _tp_replicated(model, False), tp)
+              if shape.n_layers > shape.n_moe else 0.0)
     if shape.n_moe:
         routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
-        params = max(params, (model.layer_kind_params(True) - routed) / plan.tp + routed / plan.ep)
+        params = max(params, _split_tp(model.layer_kind_params(True) - routed, _tp_replicated(model, True), tp)
+                     + routed / plan.ep)
     return params
 
 
@@ -378,8 +448,8 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     activations, so each is computed once and combined."""
     dense, expert = _shape_params(model, plan, shape)
     grad_b = _grad_bytes(plan)
-    dense_shard = plan.dp * plan.cp
-    expert_shard = max(1, dense_shard * plan.tp // plan.ep)  # the expert data-parallel group
+    dense_shard = state_shard(plan)  # HSDP: the shard group only
+    expert_shard = expert_state_shard(plan)  # the expert data-parallel group
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
     transient, buffers = _transient(model, plan, shape), _buffers(device, plan)
     full = full_gradients(plan)

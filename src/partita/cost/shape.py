@@ -93,9 +93,37 @@ def param_shape(plan: Plan) -> ParamShape:
     return ParamShape(plan.tp, plan.ep, plan.pp > 1)
 
 
+def _hsdp_shard(plan: Plan) -> int:
+    """dp ranks one shard group holds (all of dp unless HSDP: ``0 < dp_shard < dp``)."""
+    return plan.dp_shard if 0 < plan.dp_shard < plan.dp else plan.dp
+
+
 def expert_dp_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
-    """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp)."""
-    return _expert_dp_span_of(plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node)
+    """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp;
+    with HSDP the shard group's dp_shard*cp*tp/ep, torchtitan's ``efsdp``)."""
+    return _expert_dp_span_of(_hsdp_shard(plan), plan.cp, plan.tp, plan.ep, devices_per_node)
+
+
+def shard_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
+    """Span of the group the dense states are sharded over: dp x cp, or with HSDP the
+    ``dp_shard x cp`` consecutive members of it (mesh order pp, dp, cp, tp: stride tp)."""
+    return _span_of(plan.tp, _hsdp_shard(plan) * plan.cp, devices_per_node)
+
+
+def replica_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
+    """Span of the HSDP replica group: the ``dp / dp_shard`` ranks holding the same shard,
+    ``dp_shard x cp x tp`` apart ((1, 1) without HSDP)."""
+    shard = _hsdp_shard(plan)
+    return _span_of(shard * plan.cp * plan.tp, plan.dp // shard, devices_per_node)
+
+
+@lru_cache(maxsize=65536)
+def _span_of(stride: int, size: int, dpn: int) -> tuple[int, int]:
+    """(members per node, nodes) of ``size`` ranks ``stride`` apart from rank 0."""
+    if size <= 1:
+        return 1, 1
+    nodes = len({(i * stride) // dpn for i in range(size)})
+    return max(1, size // nodes), nodes
 
 
 @lru_cache(maxsize=65536)
@@ -114,10 +142,11 @@ class Zero3Shape(NamedTuple):
     params: ParamShape
     dtype: str
     grad_dtype: str
-    dp_span: tuple[int, int]  # the dense weights' data-parallel (dp x cp) group
+    dp_span: tuple[int, int]  # the dense weights' shard group (dp x cp; HSDP: dp_shard x cp)
     expert_dp_span: tuple[int, int]
+    replica_span: tuple[int, int] = (1, 1)  # HSDP: the groups holding the same shard
 
 
 def zero3_shape(plan: Plan, devices_per_node: int) -> Zero3Shape:
-    return Zero3Shape(param_shape(plan), plan.dtype, plan.grad_dtype, group_span(plan, "dp_cp", devices_per_node),
-                      expert_dp_span(plan, devices_per_node))
+    return Zero3Shape(param_shape(plan), plan.dtype, plan.grad_dtype, shard_span(plan, devices_per_node),
+                      expert_dp_span(plan, devices_per_node), replica_span(plan, devices_per_node))

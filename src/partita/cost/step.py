@@ -32,7 +32,9 @@ of the communication that sits on the critical path:
 
 The pipeline combines the stages (:func:`.pipeline.pipeline_time`). After it, the
 data-parallel gradient reduction (all-reduce for zero 0; reduce-scatter + all-gather
-of the updated weights for zero 1/2) overlaps the last micro-batch's backward (and the
+of the updated weights for zero 1/2; HSDP (``dp_shard``): reduce-scatter and gathers
+inside the shard group, all-reduce of the shard across the replica groups,
+:func:`grad_reduce`) overlaps the last micro-batch's backward (and the
 gather the next step's first forward) when the plan overlaps them; the rest, the
 optimizer step (Adam: ~34 bytes moved per local parameter, HBM-bound) and the tied
 embedding all-reduce between first and last stage are added.
@@ -48,10 +50,10 @@ from ..spec.model import ModelSpec
 from . import comm
 from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward, selective_gemm_fraction
 from .memo import memoised
-from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, full_gradients, grad_bytes, rank_shapes,
-                     shape_params)
+from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, expert_state_shard, full_gradients,
+                     grad_bytes, rank_shapes, shape_params, state_shard)
 from .pipeline import pipeline_time, pipeline_time_of
-from .shape import StageShape, Zero3Shape, expert_dp_span, stage_shape, zero3_shape
+from .shape import StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
 
 
 #: The backward pass runs two GEMMs (input and weight gradients) per forward GEMM, so
@@ -294,10 +296,26 @@ def _zero3_traffic(model: ModelSpec, device: Device, rank: RankShape, shape: Zer
     g, k = shape.dp_span
     w = _working_weight_bytes(shape.dtype)
     gb = grad_bytes(shape.dtype, shape.grad_dtype) if reduce else 0
-    t = 2 * comm.all_gather(dev, dense * w, g, k) + comm.reduce_scatter(dev, dense * gb, g, k)
+    t = 2 * comm.all_gather(dev, dense * w, g, k) + grad_reduce(dev, dense * gb, shape.dp_span, shape.replica_span)
     if expert:
         eg, ek = shape.expert_dp_span
-        t += 2 * comm.all_gather(dev, expert * w, eg, ek) + comm.reduce_scatter(dev, expert * gb, eg, ek)
+        t += 2 * comm.all_gather(dev, expert * w, eg, ek) + grad_reduce(dev, expert * gb, shape.expert_dp_span,
+                                                                        shape.replica_span)
+    return t
+
+
+def grad_reduce(dev: Device, size: float, shard: tuple[int, int], replica: tuple[int, int]) -> float:
+    """Seconds to reduce ``size`` gradient bytes into the shards: reduce-scatter within the
+    shard group and, with HSDP, all-reduce of the ``size / shard`` result across the
+    replica groups (FSDP2 on a 2-D mesh: ``foreach_reduce`` reduce-scatters over the shard
+    dim, then all-reduces over the replicate dim; Zhao et al. 2023, PyTorch FSDP, sec.
+    3.2.2 - the same bytes as one flat reduce-scatter inside the group plus a 1/shard
+    all-reduce across, so the slow inter-group links carry only the shard)."""
+    g, k = shard
+    t = comm.reduce_scatter(dev, size, g, k)
+    rg, rk = replica
+    if rg * rk > 1:
+        t += comm.all_reduce(dev, size / (g * k), rg, rk)
     return t
 
 
@@ -336,7 +354,7 @@ def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     worst = 0.0
     for _, shape, _ in distinct_shapes(model, plan):
         dense, expert = _shape_params(model, plan, shape)
-        shard = dense / (plan.dp * plan.cp) + expert / max(1, plan.dp * plan.cp * plan.tp // plan.ep)
+        shard = dense / state_shard(plan) + expert / expert_state_shard(plan)
         worst = max(worst, ADAM_STEP_BYTES_PER_PARAM * shard)
     t = worst / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth)
     if model.tied_embeddings and plan.pp > 1:
@@ -355,13 +373,12 @@ def zero2_accumulation_floor(model: ModelSpec, cluster: Cluster, plan: Plan) -> 
     if plan.zero != 2 or full_gradients(plan) or plan.grad_accum <= 1 or not plan.overlap_grad_reduce:
         return 0.0
     dev, dpn = cluster.device, cluster.devices_per_node
-    g, k = group_span(plan, "dp_cp", dpn)
-    eg, ek = expert_dp_span(plan, dpn)
+    span, espan, rspan = shard_span(plan, dpn), expert_dp_span(plan, dpn), replica_span(plan, dpn)
     widest = plan.with_(recompute="full")
     worst = 0.0
     for _, shape, _ in distinct_shapes(model, plan):
         dense, expert = _shape_params(model, plan, shape)
-        t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
+        t_rs = grad_reduce(dev, dense * _grad_bytes(plan), span, rspan) + grad_reduce(dev, expert * _grad_bytes(plan), espan, rspan)
         terms = _shape_terms(model, cluster, widest, shape)
         worst = max(worst, (plan.grad_accum - 1) * max(0.0, t_rs - (terms.forward + terms.backward) / plan.vpp))
     return worst
@@ -389,8 +406,9 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
 
     # data-parallel gradient sync and optimizer, on the rank holding the most parameters
     worst_dp, worst_opt = 0.0, 0.0
-    g, k = group_span(plan, "dp_cp", dpn)
+    g, k = shard_span(plan, dpn)  # HSDP: the shard group (zero 0/1 never run HSDP)
     eg, ek = expert_dp_span(plan, dpn)
+    rspan = replica_span(plan, dpn)
     w_bytes = _working_weight_bytes(plan.dtype)
     done: set[tuple] = set()
     for st in stages:
@@ -401,7 +419,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         done.add(key)
         dense, expert = _shape_params(model, plan, shape)
         t_rs = t_ag = 0.0
-        rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.reduce_scatter(dev, expert * _grad_bytes(plan), eg, ek)
+        rs = grad_reduce(dev, dense * _grad_bytes(plan), (g, k), rspan) + grad_reduce(dev, expert * _grad_bytes(plan), (eg, ek), rspan)
         if plan.zero == 0:
             t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)
         elif plan.zero in (1, 2):
@@ -423,8 +441,8 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
             exp_rs *= plan.grad_accum  # not overlapped: every micro-batch's reduce-scatter waits
         exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if plan.overlap_param_gather else t_ag
         worst_dp = max(worst_dp, exp_rs + exp_ag)
-        shard_dense = dense / (plan.dp * plan.cp) if plan.zero >= 1 else dense
-        shard_expert = expert / max(1, plan.dp * plan.cp * plan.tp // plan.ep) if plan.zero >= 1 else expert
+        shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense
+        shard_expert = expert / expert_state_shard(plan) if plan.zero >= 1 else expert
         opt_bytes = ADAM_STEP_BYTES_PER_PARAM * (shard_dense + shard_expert)
         worst_opt = max(worst_opt, opt_bytes / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth))
     parts["dp gradient sync"] = worst_dp
