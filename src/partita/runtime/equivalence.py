@@ -38,7 +38,8 @@ OPTIMIZERS: dict[str, Callable[[list], torch.optim.Optimizer]] = {
 
 
 def make_model(name: str, seed: int):
-    return build_named_model(name, seed)
+    from .hf_moe import TINY_MOE, build_tiny_moe
+    return build_tiny_moe(name, seed) if name in TINY_MOE else build_named_model(name, seed)
 
 
 def reference_run(model_name: str, plan: Plan, steps: int, seed: int, optimizer: str, max_grad_norm: float | None):

@@ -5,8 +5,10 @@ Each ep rank keeps experts ``[r E/ep, (r+1) E/ep)``. Given the routed tokens sor
 global expert id and the per-expert counts, :func:`exchange` (1) exchanges the counts,
 (2) sends every rank the tokens of its experts, (3) regroups what arrived by local expert,
 runs the local experts, undoes the regrouping and (4) sends the results back. The
-reference MoE (``partita.models.llama.MoE``) calls it through its ``dispatch`` hook; HF
-Mixtral's fused ``MixtralExperts`` gets a forward that routes through it.
+reference MoE (``partita.models.llama.MoE``) calls it through its ``dispatch`` hook; the
+fused expert modules of HF Mixtral, Qwen2-MoE and Qwen3-MoE (``MixtralExperts``,
+``Qwen2MoeExperts``, ``Qwen3MoeExperts``: one layout, one call) get a forward that routes
+through it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 
 from ..models.llama import MoE
+from .hf_moe import FUSED_EXPERTS
 
 
 def _shard_dim0(module: nn.Module, names: tuple[str, ...], lo: int, n: int) -> None:
@@ -29,17 +32,17 @@ def _shard_dim0(module: nn.Module, names: tuple[str, ...], lo: int, n: int) -> N
 
 
 def apply_ep(model: nn.Module, ep_group: dist.ProcessGroup, ep: int) -> None:
-    """Shard the routed experts of every MoE layer of ``model`` (reference or HF Mixtral)."""
+    """Shard the routed experts of every MoE layer of ``model`` (reference, HF Mixtral / Qwen-MoE)."""
     rank = dist.get_rank(ep_group)
     for module in list(model.modules()):
         if isinstance(module, MoE):
             per_rank = module.num_experts // ep
             _shard_dim0(module.experts, ("w1", "w2", "w3"), rank * per_rank, per_rank)
             module.dispatch = types.MethodType(_make_dispatch(ep_group, ep, per_rank), module)
-        elif type(module).__name__ == "MixtralExperts":
+        elif type(module).__name__ in FUSED_EXPERTS:
             per_rank = module.num_experts // ep
             _shard_dim0(module, ("gate_up_proj", "down_proj"), rank * per_rank, per_rank)
-            module.forward = types.MethodType(_hf_mixtral_forward(ep_group, ep, per_rank), module)
+            module.forward = types.MethodType(_hf_fused_experts_forward(ep_group, ep, per_rank), module)
 
 
 def exchange(tokens: torch.Tensor, counts: list[int], group: dist.ProcessGroup, ep: int, per_rank: int,
@@ -72,8 +75,9 @@ def _make_dispatch(group: dist.ProcessGroup, ep: int, per_rank: int):
     return dispatch
 
 
-def _hf_mixtral_forward(group: dist.ProcessGroup, ep: int, per_rank: int):
+def _hf_fused_experts_forward(group: dist.ProcessGroup, ep: int, per_rank: int):
     """HF ``MixtralExperts.forward(hidden (T, h), top_k_index (T, k), top_k_weights (T, k))``
+    (Qwen2-MoE's and Qwen3-MoE's experts: the same)
     with this rank's share of the fused expert weights (``gate_up_proj``, ``down_proj``)."""
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         k = top_k_index.shape[1]

@@ -43,10 +43,10 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
     from ..models.hf import is_hf
     if is_hf(model):
         if plan.cp > 1 or (plan.pp > 1 and (plan.tp > 1 or plan.ep > 1)):
-            errs.append("HF models run with dp/zero, tp, ep (Mixtral), pp (without tp or ep) and recompute "
+            errs.append("HF models run with dp/zero, tp, ep (Mixtral, Qwen-MoE), pp (without tp or ep) and recompute "
                         "in this runtime (no cp)")
         if plan.ep > 1 and (plan.tp > 1 or plan.zero >= 2):
-            errs.append("HF Mixtral runs ep with tp = 1 and zero 0/1 in this runtime")
+            errs.append("HF MoE models (Mixtral, Qwen-MoE) run ep with tp = 1 and zero 0/1 in this runtime")
         if plan.tp > 1 and plan.sp and (plan.pp > 1 or plan.ep > 1):
             errs.append("HF models run sequence parallel with pp = 1 and ep = 1 in this runtime")
         if plan.tp > 1 and plan.sp and "MoeBlock" in " ".join(type(m).__name__ for m in model.modules()):

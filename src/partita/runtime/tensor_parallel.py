@@ -80,6 +80,11 @@ def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh, sp: bool = False) -> None
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
         }
+        if getattr(layer.self_attn, "q_norm", None) is not None:  # Qwen3: RMSNorm per head after q/k_proj
+            # the heads (dim 2 of (b, s, heads, head_dim)) are tp-sharded; a replicated norm
+            # weight whose gradient is summed over tp ranks (each sees only its heads)
+            plan["self_attn.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["self_attn.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         if hasattr(layer.mlp, "gate_proj"):
             plan.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
                          "mlp.down_proj": RowwiseParallel(output_layouts=seq)})
