@@ -331,11 +331,19 @@ def test_hand_zero3_and_tied_embedding():
     assert parts["weights"] == pytest.approx(4 * params1 / 2, rel=1e-12)
     assert parts["gradients"] == pytest.approx(4 * params1 / 2, rel=1e-12)
     assert parts["optimizer"] == pytest.approx(8 * params1 / 2, rel=1e-12)
-    # FSDP at the start of backward: the largest unit (the output layer, V h / tp) gathered in
-    # bf16 with its fp32 reduce-scatter input (2 + 4), and the next layer (/ tp) prefetched in bf16 (2)
+    # FSDP on the last rank, the largest of three phases over the activations: loss and
+    # output backward (logits + fp32 softmax, the bf16 output weight and its bf16 gradient,
+    # the last layer prefetched); the last layer's backward (its working set, the output's
+    # fp32 reduce-scatter input, the layer and the next one gathered); any other unit
+    # (U (2 + 4) + 2 L). The part is that peak less the transient (the logits here).
     output_unit = 1024 + 32000 * 1024 / 2
-    assert output_unit > layer
-    assert parts["zero3 gathered layers"] == pytest.approx(output_unit * (2 + 4) + layer * 2, rel=1e-12)
+    logits = 1024 * 16000 * (2 + 4)
+    layer_working = 2 * 1024 * (4 * 1024 * 2 / 2 + 2 * (1024 + 512 + 1024) / 2 + 4 * 8 / 2 + 2 * 3 * 4096 / 2)
+    phases = (logits + 2 * 2 * output_unit + 2 * layer, layer_working + 4 * output_unit + 2 * 2 * layer,
+              layer_working + 6 * layer + 2 * layer)
+    assert phases[0] == max(phases) and logits > layer_working
+    assert parts["transient"] == pytest.approx(logits, rel=1e-12)
+    assert parts["zero3 gathered layers"] == pytest.approx(phases[0] - logits, rel=1e-12)
     # a middle rank's largest unit is a layer: (2 + 4) + 2 bytes per layer parameter
     mid = estimate_rank_memory(HAND, hand_cluster(8, 4).device, plan.with_(dp=1, pp=4), 1).parts
     assert mid["zero3 gathered layers"] == pytest.approx(layer * 8, rel=1e-12)

@@ -312,16 +312,29 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
     return per_chunk
 
 
-def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+def _layer_working(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """The largest working set of one of the rank's edge layers' backward (its full
+    activations and their gradients)."""
     working = 0.0
     layer = layer_shape(plan)
     for moe in shape.edge_moe:
         working = max(working, layer_working_bytes(model, layer, moe))
+    return working
+
+
+def _logits_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Logits plus the fp32 softmax that vocab-parallel cross-entropy keeps for backward
+    (computed in place, Megatron's fused_vocab_parallel_cross_entropy), one micro-batch."""
+    tokens = plan.mbs * plan.seq_len / plan.cp
+    return tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4)
+
+
+def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """One layer's backward working set or, on the last rank, the logits and softmax,
+    whichever is larger (they are never held at once)."""
+    working = _layer_working(model, plan, shape)
     if shape.last:
-        # logits plus the fp32 softmax that vocab-parallel cross-entropy keeps for backward
-        # (computed in place, Megatron's fused_vocab_parallel_cross_entropy), one micro-batch
-        tokens = plan.mbs * plan.seq_len / plan.cp
-        working = max(working, tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4))
+        working = max(working, _logits_bytes(model, plan))
     return working
 
 
@@ -350,10 +363,27 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
 
     Total ``U (w + g) + w L``. The unit is the largest one, not the average layer: for
     Llama-3-8B the output layer (525 M parameters) against a layer (218 M), so 3.4 GiB
-    instead of the 1.9 GiB the average-layer count gave. Known gaps: the momentary
-    working-dtype gradients of ``U`` while they are copied into the reduce-scatter input
-    (``w U`` for a few kernels); ``reshard_after_forward=False`` units
-    (torchtitan's last block under pp) stay gathered through forward and backward.
+    instead of the 1.9 GiB the average-layer count gave.
+
+    The last rank's output layer is differentiated while the logits are alive, and its
+    reduce-scatter input is allocated only after they are freed (autograd frees a node's
+    saved tensors and its incoming gradient once the node has run; FSDP2 allocates the
+    reduce-scatter input in the unit's post-backward hook, after its backward). So the
+    logits (:func:`_logits_bytes`) and the output layer's ``g U_out`` never coexist; the
+    last rank's peak is the largest of three phases, each over the activations:
+
+    * loss and output-layer backward: the logits, the gathered output weight and its
+      working-dtype gradient, the last layer prefetched: ``T_logits + 2 w U_out + w L``;
+    * the last layer's backward: its working set, the output layer's reduce-scatter input
+      (held until this layer's post-backward) and the layer gathered plus the next one
+      prefetched: ``T_layer + g U_out + 2 w L``;
+    * the other units as above: ``T_layer + U (w + g) + w L``.
+
+    This part is that peak less the transient part (:func:`_transient`), so the parts
+    still add up to it. Known gaps: the momentary working-dtype gradients of a layer
+    while they are copied into the reduce-scatter input (``w U`` for a few kernels);
+    ``reshard_after_forward=False`` units (torchtitan's last block under pp) stay
+    gathered through forward and backward.
     """
     if (plan.zero if zero is None else zero) < 3:
         return 0.0
@@ -361,10 +391,18 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
     unit = layer
     if shape.first:
         unit = max(unit, _split_tp(model.embedding_params(), _end_replicated(model, True), plan.tp))
-    if shape.last:
-        unit = max(unit, _split_tp(model.output_params(), _end_replicated(model, False), plan.tp))
     w, g = (4 if plan.dtype == "fp32" else 2), _grad_bytes(plan)
-    return unit * (w + g) + layer * w
+    if not shape.last:
+        return unit * (w + g) + layer * w
+    out = model.output_params()
+    if model.tied_embeddings and plan.pp > 1:
+        out += model.vocab * model.hidden  # the last stage's own copy of the tied weight
+    out = _split_tp(out, _end_replicated(model, False), plan.tp)
+    t_layer, t_logits = _layer_working(model, plan, shape), _logits_bytes(model, plan)
+    loss_phase = t_logits + 2 * w * out + w * layer
+    after_output = t_layer + g * out + 2 * w * layer
+    other_units = t_layer + unit * (w + g) + layer * w
+    return max(loss_phase, after_output, other_units) - max(t_layer, t_logits)
 
 
 def _unit_params(model: ModelSpec, plan: Plan, shape: RankShape) -> float:

@@ -105,7 +105,9 @@ class SourceFacts:
 _NEMO_RECIPES = ("NeMo keeps bf16 main gradients (megatron_gpt_config grad_reduce_in_fp32=False) and its "
                  "performance recipes set tp_comm_overlap=True")
 _TORCHTITAN = ("torchtitan FSDP2 training (mixed_precision_reduce float32 by default, no TP overlap without "
-               "async TP); llama3 configs default to seq_len 8192 (torchtitan/models/llama3/train_configs)")
+               "async TP); llama3 configs default to seq_len 8192 (torchtitan/models/llama3/train_configs); its "
+               "'memory' log is the device's max reserved memory in GiB (torchtitan/components/metrics.py, "
+               "DeviceMemoryMonitor.get_peak_stats: max_reserved_gib)")
 
 #: One record per source of published_runs.csv (data/README.md lists them);
 #: insertion order is matching order, the more specific patterns first.
@@ -126,10 +128,10 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         "training using DeepSpeed': TFLOP/s in the Megatron-paper accounting", "deepspeed"),
     "torchtitan-h100": SourceFacts(
         "asyncTP", "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md; " + _TORCHTITAN,
-        "torchtitan", default_seq_len=8192),
+        "torchtitan", default_seq_len=8192, memory_stat="reserved"),
     "torchtitan-h200": SourceFacts(
         "trainy", "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md; " + _TORCHTITAN,
-        "torchtitan", default_seq_len=8192),
+        "torchtitan", default_seq_len=8192, memory_stat="reserved"),
     "nemo-24.07": SourceFacts(
         "NeMo docs/source/performance/performance_summary.md", "NVIDIA/NeMo docs/source/performance/"
         "performance_summary.md (24.07); " + _NEMO_RECIPES, "nemo", grad_dtype="bf16", tp_comm_overlap=True),
