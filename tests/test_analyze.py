@@ -14,6 +14,7 @@ import pytest
 
 from partita.cli.main import main
 from partita.profile.analyze import analyze_traces
+from partita.profile.analyze_files import normalise_npu_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 RUNS = {"ddp": ["ddp_2gpu_rank0"], "a2a": ["a2a_128gpu_rank0", "a2a_128gpu_rank1"]}
@@ -204,3 +205,40 @@ def test_bad_trace_files_get_one_line(bad_files, argv, message, capsys, monkeypa
     rc, out, err = run_cli(["analyze", *argv], capsys)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("partita: error: ") and message in err, err
+
+
+def test_torch_npu_trace_view():
+    """torch_npu's trace_view.json: device work on the 'Ascend Hardware' process, one thread per
+    stream, string timestamps, no cat; HCCL kernels are communication."""
+    meta = [{"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": n}}
+            for p, n in ((1, "Python"), (4, "Ascend Hardware"))]
+    def hw(name, ts, dur, tid):
+        return {"ph": "X", "name": name, "ts": f"{ts:.3f}", "dur": dur, "pid": 4, "tid": tid,
+                "args": {"Task Type": "AI_CORE"}}
+    events = [*meta, {**ev("ProfilerStep#3", "1000.000", 400, cat="user_annotation", tid=1), "pid": 1},
+              hw("MatMulV2", 1000.5, 100, 2), hw("hcom_allReduce__123_0_1", 1050.5, 150, 3), hw("Add", 1300.5, 50, 2)]
+    r = analyze_traces([], loaded=_loaded(normalise_npu_trace({"traceEvents": events})))[0]["ranks"][0]
+    assert r["kind"] == "device" and r["compute_us"] == 150 and r["communication_us"] == 150
+    assert r["overlapped_us"] == 50 and r["by_collective_us"] == {"all_reduce": 150}
+    assert r["window_us"] == pytest.approx(400)               # the step, 1000-1400
+    assert set(r["idle_by_stream"]) == {2, 3}
+
+
+def test_mangled_events_are_an_answer_or_one_line(tmp_path, capsys):
+    """Fields of the wrong type anywhere in a real trace: never an internal error."""
+    import copy
+    import random
+    base = json.loads(gzip.decompress((TRACES / "a2a_128gpu_rank0.json.gz").read_bytes()))
+    rng = random.Random(3)
+    for trial in range(6):
+        doc = copy.deepcopy(base)
+        for e in rng.sample(doc["traceEvents"], 40):
+            key = rng.choice(["ts", "dur", "name", "args", "cat", "ph", "pid", "tid"])
+            e[key] = rng.choice([None, "x", -5, [], {}, True, "12.5", {"stream": [1], "correlation": "y"}])
+        (tmp_path / "t.json").write_text(json.dumps(doc))
+        for conventions in ("partita", "hta"):
+            rc, out, err = run_cli(["analyze", str(tmp_path / "t.json"), "--json", "--conventions", conventions],
+                                   capsys)
+            assert rc in (0, 2) and "internal error" not in err, err
+            if rc == 0:
+                assert 0 <= json.loads(out)["ranks"][0]["idle_pct"] <= 100

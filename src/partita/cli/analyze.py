@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..profile.analyze_files import DEFAULT_MAX_MB
 from .types import positive_int
 
 
@@ -21,8 +22,9 @@ def add_parser(sub) -> None:
                         "docs/profile.md)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--report", help="also write a self-contained HTML page (needs plotly: partita[report])")
-    p.add_argument("--max-mb", type=positive_int(1 << 20), default=1024,
-                   help="refuse a trace with more JSON text than this (MB, decompressed; default 1024)")
+    p.add_argument("--max-mb", type=positive_int(1 << 20), default=DEFAULT_MAX_MB,
+                   help=f"refuse traces holding more JSON text than this together (MB, decompressed; default "
+                        f"{DEFAULT_MAX_MB}: bounds the time and memory of the analysis)")
     p.set_defaults(func=cmd_analyze)
 
 
