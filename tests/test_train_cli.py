@@ -16,8 +16,16 @@ def train(*args, env=None, timeout=600):
 
 
 def losses(proc):
+    """The step records' losses (not the eval records nor the final summary)."""
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(line)["loss"] for line in proc.stdout.splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [r["loss"] for r in records if "event" not in r]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Runs without --run-dir go to runs/<timestamp> in the working directory: a temp one."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.mark.parametrize("model,plan,nproc", [("tiny-llama", "dp=2,tp=2", 4), ("tiny-moe", "dp=2,ep=2", 2)])

@@ -50,3 +50,25 @@ def build_hf_dir(path: Path, seed: int = 0) -> nn.Module:
         model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     model.partita_vocab = config.vocab_size
     return model
+
+
+def build_train_model(name: str, seed: int, device: torch.device) -> tuple[nn.Module, str | None]:
+    """The model ``partita train`` runs, and the HF directory to load its weights from.
+
+    A directory with an HF ``config.json`` and ``*.safetensors``: the HF model with its
+    parameters as uninitialised storage (built on the meta device; nothing is drawn from
+    ``seed``), filled after the plan is applied by
+    :func:`partita.models.hf_weights.load_hf_weights`. ``hf-llama`` / ``hf-qwen2`` /
+    ``hf-mixtral``: the tiny HF models. Anything else: :func:`build_model` (reference
+    models; a config-only directory trains its architecture from ``seed``)."""
+    from .hf_weights import build_hf_meta, has_hf_weights, materialize
+    if has_hf_weights(name):
+        return materialize(build_hf_meta(name), device), str(Path(name))
+    if name in TINY:
+        return build_hf_model(name, seed), None
+    return build_model(name, seed=seed), None
+
+
+def model_vocab(model: nn.Module) -> int:
+    """The vocabulary size of a reference or HF model."""
+    return getattr(model, "partita_vocab", None) or model.cfg.vocab

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,14 @@ BOTH = ("train", "profile")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None,
-           commands: tuple[str, ...] = BOTH, flag: str | None = None) -> Any:
+           commands: tuple[str, ...] = BOTH, flag: str | None = None,
+           bounds: tuple[float, float] | None = None) -> Any:
     """A config field with the metadata its command-line flag is generated from: ``help``,
-    ``choices``, the ``commands`` that offer it (empty: not a flag) and the ``flag`` name
-    (default ``--`` + the field name with dashes). No default: the flag is required."""
-    meta = {"help": help, "choices": choices, "commands": commands, "flag": flag}
+    ``choices``, the ``commands`` that offer it (empty: not a flag), the ``flag`` name
+    (default ``--`` + the field name with dashes) and the ``bounds`` (low, high) a number
+    must lie in (checked at parse time, the range named in the error). No default: the
+    flag is required."""
+    meta = {"help": help, "choices": choices, "commands": commands, "flag": flag, "bounds": bounds}
     return field(default=default, metadata=meta)
 
 
@@ -46,28 +50,45 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple
 class TrainConfig:
     """Every option a training process reads (written to ``train.json``)."""
 
-    model: str = option(help="tiny-llama, tiny-moe, a preset or a config.json")
-    steps: int = option(10, "optimizer steps to run")
-    seed: int = option(0, "seed of the model's initialisation and the data order")
-    lr: float = option(3e-4, "peak learning rate")
+    model: str = option(help="tiny-llama, tiny-moe, a preset, a config.json, or a Hugging Face directory "
+                             "(config.json + *.safetensors: its weights are loaded, each rank reading only its shards)")
+    steps: int = option(10, "optimizer steps to run", bounds=(0, 10 ** 9))
+    seed: int = option(0, "seed of the model's initialisation and the data order", bounds=(0, 2 ** 31 - 1))
+    lr: float = option(3e-4, "peak learning rate", bounds=(0.0, 10.0))
     lr_schedule: str = option("constant", "cosine: linear warm-up then cosine decay to --min-lr",
                               choices=("constant", "cosine"))
-    warmup_steps: int = option(0, "linear warm-up steps of the cosine schedule")
-    min_lr: float = option(0.0, "learning rate the cosine schedule decays to")
-    max_grad_norm: float = option(1.0, "gradient clipping over all shards (0: off)")
+    warmup_steps: int = option(0, "linear warm-up steps of the cosine schedule", bounds=(0, 10 ** 9))
+    min_lr: float = option(0.0, "learning rate the cosine schedule decays to", bounds=(0.0, 10.0))
+    max_grad_norm: float = option(1.0, "gradient clipping over all shards (0: off)", bounds=(0.0, 1e6))
     skip_nonfinite: int = option(0, "steps with a non-finite loss or gradient norm to skip (no update) and report "
-                                    "before the run stops (0: stop at the first)")
+                                    "before the run stops (0: stop at the first)", bounds=(0, 10 ** 9))
     optimizer: str = option("adamw", "adamw or sgd", choices=("adamw", "sgd"))
-    momentum: float = option(0.0, "SGD momentum")
+    momentum: float = option(0.0, "SGD momentum", bounds=(0.0, 1.0))
+    weight_decay: float | None = option(None, "weight decay: AdamW's decoupled (default 0.01), SGD's L2 (default 0)",
+                                        bounds=(0.0, 10.0))
+    beta1: float = option(0.9, "AdamW beta1", bounds=(0.0, 0.999999))
+    beta2: float = option(0.999, "AdamW beta2", bounds=(0.0, 0.999999))
+    eps: float = option(1e-8, "AdamW epsilon", bounds=(1e-30, 1.0))
+    compile: bool = option(False, "torch.compile each block (a one-line note and eager mode where it cannot)")
     data: str | None = option(None, "text file, directory of .txt/.jsonl, or tokens .npy (default: synthetic)")
-    tokenizer: str | None = option(None, "HF tokenizer.json (default: a byte-level BPE trained on --data)")
-    checkpoint_dir: str | None = option(None, "where checkpoints go")
-    checkpoint_every: int = option(0, "save every N steps")
-    keep: int = option(2, "complete checkpoints to keep")
-    resume: bool = option(False, "continue from the newest complete checkpoint")
+    tokenizer: str | None = option(None, "HF tokenizer.json (default: the --model directory's tokenizer.json, "
+                                         "else a byte-level BPE trained on --data)")
+    eval_data: str | None = option(None, "held-out data (same formats as --data): eval loss and perplexity")
+    eval_every: int = option(0, "evaluate every N steps (0: only after the last step)", bounds=(0, 10 ** 9))
+    eval_batches: int = option(4, "global batches per evaluation", bounds=(1, 10 ** 6))
+    checkpoint_dir: str | None = option(None, "where checkpoints go (a final one is written at the end)")
+    checkpoint_every: int | None = option(None, "save every N steps (a resumed run keeps the cadence it was saved with "
+                                      "unless given again)", bounds=(0, 10 ** 9))
+    keep: int = option(2, "complete checkpoints to keep", bounds=(0, 10 ** 6))
+    resume: bool = option(False, "continue from the newest complete checkpoint (needs --checkpoint-dir)")
+    save_hf: str | None = option(None, "write the trained weights here as a Hugging Face directory "
+                                       "(config.json + safetensors; HF models only)")
+    save_hf_shard_mb: float = option(5000.0, "largest safetensors file --save-hf writes, in MB; more weights are "
+                                             "sharded with an index", bounds=(0.001, 1e9))
+    tensorboard: str | None = option(None, "write TensorBoard event files (loss, lr, grad norm, eval) here")
     device: str | None = option(None, "cpu, cuda or npu (default: what the machine has)")
     timeout_s: int = option(300, "collective timeout per process group; a run with no step for twice this long "
-                                 "is stopped")
+                                 "is stopped", bounds=(1, 86400 * 7))
     json: bool = option(False, "one JSON object per step")
     profile_dir: str | None = option(None, "where the per-rank traces go (default: <run dir>/profile)",
                                      commands=("profile",))
@@ -83,10 +104,17 @@ class TrainConfig:
         if not self.max_grad_norm >= 0:  # also NaN
             raise PartitaError(f"--max-grad-norm must be >= 0 (0 turns clipping off), got {self.max_grad_norm}")
         for name in ("steps", "skip_nonfinite", "checkpoint_every", "warmup_steps"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise PartitaError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.timeout_s <= 0:
             raise PartitaError(f"--timeout-s must be > 0, got {self.timeout_s}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise PartitaError(f"--lr must be a finite number > 0, got {self.lr}")
+        if self.resume and not self.checkpoint_dir:
+            raise PartitaError("--resume needs --checkpoint-dir DIR (the directory the checkpoints were written to)")
+        if self.lr_schedule == "cosine" and self.min_lr > self.lr:
+            raise PartitaError(f"--min-lr {self.min_lr} is above --lr {self.lr}; the cosine schedule decays from "
+                               "--lr down to --min-lr")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -120,15 +148,18 @@ class LaunchConfig:
     """How ``partita train`` starts the training processes (the launcher's own options)."""
 
     plan: str = option("", '"dp=2,tp=2,..." (dp fills the world) or plan.json')
-    nproc: int = option(1, "processes per node")
-    nnodes: int = option(1, "nodes")
-    node_rank: int = option(0, "this node's rank (multi-node)")
+    nproc: int = option(1, "processes per node", bounds=(1, 4096))
+    nnodes: int = option(1, "nodes", bounds=(1, 100000))
+    node_rank: int = option(0, "this node's rank (multi-node)", bounds=(0, 100000))
     rdzv_endpoint: str = option("", "host:port of the rendezvous (multi-node)")
     rdzv_id: str = option("partita", "rendezvous id (multi-node)")
     max_restarts: int = option(0, "torchrun restarts of a failed job (elastic; resumes from the newest checkpoint)")
     hardware: str | None = option(None, "print the planner's prediction and MFU against this device's peak")
     no_progress: bool = option(False, "plain lines instead of a progress bar")
-    run_dir: str | None = option(None, "where the plan and logs go (default: a temp dir)")
+    run_dir: str | None = option(None, "where the plan, metrics and logs go (default: runs/<timestamp> here)")
+    global_batch: int | None = option(None, "global batch in sequences (the plan string's gbs=)", bounds=(1, 10 ** 9))
+    seq_len: int | None = option(None, "sequence length in tokens (the plan string's seq_len=)", bounds=(1, 10 ** 7))
+    mbs: int | None = option(None, "micro-batch size in sequences (the plan string's mbs=)", bounds=(1, 10 ** 9))
 
     @property
     def world(self) -> int:

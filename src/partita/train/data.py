@@ -67,7 +67,7 @@ def tokenize_to_file(data: str, vocab: int, out_dir: str, tokenizer: str | None 
         raise PartitaError(f"--data {data} does not exist")
     if path.suffix == ".npy":
         return path
-    key = hashlib.sha256(f"{path.resolve()}|{vocab}|{tokenizer}|{path.stat().st_mtime}".encode()).hexdigest()[:16]
+    key = _cache_key(path, vocab, tokenizer)
     out = Path(out_dir) / f"tokens-{key}.npy"
     if out.exists():
         return out
@@ -91,6 +91,20 @@ def tokenize_to_file(data: str, vocab: int, out_dir: str, tokenizer: str | None 
     np.save(tmp, np.asarray(ids, dtype=dtype))
     os.replace(tmp, out)
     return out
+
+
+def _cache_key(path: Path, vocab: int, tokenizer: str | None) -> str:
+    return hashlib.sha256(f"{path.resolve()}|{vocab}|{tokenizer}|{path.stat().st_mtime}".encode()).hexdigest()[:16]
+
+
+def tokenizer_used(data: str, vocab: int, out_dir: str, tokenizer: str | None) -> str | None:
+    """The tokenizer file that turned ``data`` into tokens: ``tokenizer``, or the BPE
+    :func:`tokenize_to_file` trained on it (so held-out text is tokenized the same way)."""
+    path = Path(data)
+    if tokenizer or path.suffix == ".npy" or not path.exists():
+        return tokenizer
+    trained = Path(out_dir) / f"tokenizer-{_cache_key(path, vocab, tokenizer)}.json"
+    return str(trained) if trained.is_file() else None
 
 
 class PackedTokens:

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -68,7 +67,9 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
     if meta is not None and not plan_text:
         plan_text = _checkpoint_plan(config.checkpoint_dir, meta)
         from_checkpoint = True
-    plan = Plan.parse(plan_text, world_size=world, defaults=train_defaults(config.device))
+    flags = batch_flags(launch)
+    plan = Plan.parse(plan_text, world_size=world, defaults={**train_defaults(config.device), **flags})
+    check_batch_flags(plan, flags, plan_text)
     if meta is not None:
         from .worker import resume_problem
         problem = resume_problem(meta, config.model, plan.gbs)
@@ -86,20 +87,49 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
         import torch  # noqa: F401
     except ImportError:
         raise PartitaError("partita train needs PyTorch: pip install 'partita[runtime]'") from None
-    from ..models.llama import build_model
     from ..runtime.parallelize import runtime_check
-    runtime_check(plan, build_model(config.model) if config.model.startswith("tiny-") else _Shape(spec))
+    runtime_check(plan, _model_for_check(config.model, spec))
     return plan
+
+
+FLAG_KEYS = {"global_batch": "gbs", "seq_len": "seq_len", "mbs": "mbs"}
+
+
+def batch_flags(launch: LaunchConfig) -> dict:
+    """--global-batch / --seq-len / --mbs as plan fields (those given)."""
+    return {key: getattr(launch, name) for name, key in FLAG_KEYS.items() if getattr(launch, name) is not None}
+
+
+def check_batch_flags(plan: Plan, flags: dict, plan_text: str) -> None:
+    """A flag that the plan string (or file) sets to another value is a conflict, not a guess."""
+    for name, key in FLAG_KEYS.items():
+        if key in flags and getattr(plan, key) != flags[key]:
+            flag = "--" + name.replace("_", "-")
+            raise PartitaError(f"{flag} {flags[key]} conflicts with {key}={getattr(plan, key)} in --plan "
+                               f"{plan_text!r}; give it in one place")
+
+
+def _model_for_check(name: str, spec):
+    """What runtime_check needs: the reference model, the HF model on meta, or the shape."""
+    from ..models.hf_weights import build_hf_meta, has_hf_weights
+    if has_hf_weights(name):
+        return build_hf_meta(name)
+    if name.startswith("tiny-"):
+        from ..models.llama import build_model
+        return build_model(name)
+    return _Shape(spec)
 
 
 def prepare_run(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], None]) -> PreparedRun:
     """Validate, fill the values the launcher derives (progress bar, prediction), write
     ``plan.json`` and ``train.json`` into the run directory and build torchrun's command."""
+    from .preflight import check_inputs, default_run_dir, writable_dir
     plan = resolve_plan(config, launch, say)
-    if config.data and not os.path.exists(config.data):
-        raise PartitaError(f"--data {config.data} does not exist")
-    run_dir = Path(launch.run_dir or config.checkpoint_dir or tempfile.mkdtemp(prefix="partita-run-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_inputs(config, _vocab(config.model))
+    if config.save_hf and not _is_hf_name(config.model):
+        raise PartitaError("--save-hf writes Hugging Face models: --model must be a directory with config.json and "
+                           "*.safetensors (or hf-llama / hf-qwen2 / hf-mixtral)")
+    run_dir = writable_dir(launch.run_dir or config.checkpoint_dir or default_run_dir(), "--run-dir")
     derived: dict = {"progress": not config.json and not launch.no_progress}
     if launch.hardware:
         derived.update(prediction(model_spec_for(config.model), plan, launch.hardware, launch.world))
@@ -111,6 +141,20 @@ def prepare_run(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], 
     env = {**os.environ, **launcher_env()}
     env.setdefault("OMP_NUM_THREADS", "1")
     return PreparedRun(plan, run_dir, config, torchrun_command(launch, run_dir, config.timeout_s), env)
+
+
+def _is_hf_name(name: str) -> bool:
+    from ..models.hf import TINY
+    from ..models.hf_weights import has_hf_weights
+    return name in TINY or has_hf_weights(name)
+
+
+def _vocab(name: str) -> int | None:
+    """The model's vocabulary, for the token-file check (None when it cannot be read cheaply)."""
+    try:
+        return model_spec_for(name).vocab
+    except Exception:  # the worker reports what is wrong with the model
+        return None
 
 
 TORCHRUN_LOGS = "torchelastic"

@@ -25,13 +25,15 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PartitaError
-from ..models.llama import build_model
+from ..models.builder import build_train_model, model_vocab
+from ..models.hf import is_hf
 from ..plan import Plan
-from ..runtime.device import backend_for, detect_device_type
+from ..runtime.device import backend_for, detect_device_type, local_device
 from ..runtime.parallelize import parallelize
 from . import faults
 from .config import PLAN_FILE, TrainConfig
-from .data import PackedTokens, dp_shard, synthetic_batch, tokenize_to_file
+from .data import PackedTokens, dp_shard, synthetic_batch, tokenize_to_file, tokenizer_used
+from .evaluate import TensorBoard, compile_blocks, evaluate, perplexity
 from .guard import StepGuard
 from .ownership import stop_requested, watch_launcher
 from .replan import describe_change, replan
@@ -182,8 +184,11 @@ def resume_problem(meta: dict, model: str, gbs: int) -> str | None:
 def make_optimizer_factory(config: TrainConfig):
     """The optimizer ``parallelize`` builds over each shard's parameters."""
     if config.optimizer == "sgd":
-        return lambda ps: torch.optim.SGD(ps, lr=config.lr, momentum=config.momentum)
-    return lambda ps: torch.optim.AdamW(ps, lr=config.lr, foreach=False)
+        return lambda ps: torch.optim.SGD(ps, lr=config.lr, momentum=config.momentum,
+                                          weight_decay=config.weight_decay or 0.0)
+    return lambda ps: torch.optim.AdamW(ps, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
+                                        weight_decay=0.01 if config.weight_decay is None else config.weight_decay,
+                                        foreach=False)
 
 
 class StepPrinter:
@@ -211,6 +216,19 @@ class StepPrinter:
             print(f"step {record['step']:5d}  loss {record['loss']:.6f}  lr {record['lr']:.2e}  "
                   f"{record['step_time_s'] * 1e3:8.1f} ms  {record['tokens_per_s']:,.0f} tokens/s", flush=True)
 
+    def eval(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        if self.config.json:
+            print(json.dumps(record), flush=True)
+            return
+        line = (f"eval  step {record['step']:5d}  loss {record['eval_loss']:.6f}  "
+                f"perplexity {record['eval_perplexity']:.3f}")
+        if self.bar is not None:
+            self.bar.console.print(line)
+        else:
+            print(line, flush=True)
+
     def stop(self) -> None:
         if self.bar is not None:
             self.bar.stop()
@@ -225,18 +243,29 @@ class Trainer:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         self.wants_resume = bool(self.ckpt_dir) and (config.resume or restarted)
         self.plan = self._fit_plan(plan)
-        model = build_model(config.model, seed=config.seed)
-        self.vocab = model.cfg.vocab
+        model, self.hf_dir = build_train_model(config.model, config.seed, local_device(device_type))
+        self.vocab = model_vocab(model)
+        self.hf_config = model.config if is_hf(model) else None
         self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
                               device_type=device_type, max_grad_norm=config.max_grad_norm or None)
+        del model
+        self._load_hf_weights()
+        if config.compile:
+            self.log(f"partita: torch.compile: {compile_blocks(self.pm)} block(s) compiled")
         self.guard = StepGuard(self.pm, rank)
-        self.dataset = self._load_data()
+        self.dataset = self._load_data(config.data)
+        self.eval_set = self._load_data(config.eval_data, self._train_tokenizer())
         self.metrics = Metrics(run_dir / "metrics.jsonl", rank == 0, note=self.log)
+        self.tb = TensorBoard(config.tensorboard, rank == 0)
+        self.schedule = {"kind": config.lr_schedule, "lr": config.lr, "warmup_steps": config.warmup_steps,
+                         "total_steps": config.steps, "min_lr": config.min_lr}
+        self.checkpoint_every = config.checkpoint_every or 0
         self.start = 0
         self.times: list[float] = []
         self.last_loss = float("nan")
         self.skipped: list[int] = []
         self.saved_step = -1
+        self.last_eval: tuple[int, float] | None = None
 
     def log(self, msg: str) -> None:
         """A ``partita: ...`` line on stderr from rank 0 (the launcher forwards it)."""
@@ -253,16 +282,39 @@ class Trainer:
                  f"{plan.gbs}: {describe_change(plan, new)}")
         return new
 
-    def _load_data(self) -> PackedTokens | None:
+    def _load_hf_weights(self) -> None:
+        """--model DIR with safetensors: each rank reads the slices of the shards it holds."""
+        if not self.hf_dir:
+            return
+        from ..models.hf_weights import load_hf_weights
+        t0 = time.perf_counter()
+        read = load_hf_weights(self.pm, self.hf_dir, bool(getattr(self.hf_config, "tie_word_embeddings", False)))
+        self.log(f"partita: loaded the weights of {self.hf_dir} ({read:,} values on rank 0, its shards only) "
+                 f"in {time.perf_counter() - t0:.1f} s")
+
+    def tokenizer(self) -> str | None:
+        """--tokenizer, else the --model directory's tokenizer.json."""
+        if self.config.tokenizer:
+            return self.config.tokenizer
+        model_dir = Path(self.config.model)
+        return str(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").is_file() else None
+
+    def _train_tokenizer(self) -> str | None:
+        """The tokenizer of the training data, for the held-out text."""
+        if not self.config.data:
+            return self.tokenizer()
+        return tokenizer_used(self.config.data, self.vocab, str(self.run_dir), self.tokenizer())
+
+    def _load_data(self, data: str | None, tokenizer: str | None = None) -> PackedTokens | None:
         """Text data tokenized once (rank 0 writes the token file, the others read its path)."""
-        config = self.config
-        if not config.data:
+        if not data:
             return None
+        tokenizer = tokenizer or self.tokenizer()
         if self.rank == 0:
-            tokenize_to_file(config.data, self.vocab, str(self.run_dir), config.tokenizer)
+            tokenize_to_file(data, self.vocab, str(self.run_dir), tokenizer)
         dist.barrier()
-        token_file = tokenize_to_file(config.data, self.vocab, str(self.run_dir), config.tokenizer)  # cached
-        return PackedTokens(token_file, self.plan.seq_len, config.seed, self.vocab)
+        token_file = tokenize_to_file(data, self.vocab, str(self.run_dir), tokenizer)  # cached
+        return PackedTokens(token_file, self.plan.seq_len, self.config.seed, self.vocab)
 
     def resume(self) -> None:
         """Load the newest checkpoint that passes verification (damaged ones are renamed
@@ -279,13 +331,36 @@ class Trainer:
         self.saved_step = step_done
         self.start = step_done + 1
         dropped = self.metrics.rewind(step_done)
-        rng = meta.get("rng_state")
-        if rng:
-            torch.set_rng_state(torch.tensor(rng, dtype=torch.uint8))
+        self._restore_state(meta)
         self.log(f"partita: resumed from {path} (step {step_done}, data position {meta.get('data_position')} "
                  f"sequences, saved under {Plan.from_dict(meta['plan']).summary()})")
         self.metrics.write({"event": "resume", "from_step": step_done, "checkpoint": str(path),
                             "discarded_steps": dropped, "plan": self.plan.summary()})
+
+    def _restore_state(self, meta: dict) -> None:
+        """The RNG streams, the LR schedule and the checkpoint cadence the checkpoint was
+        saved with (a schedule flag that differs is named: the checkpoint's wins, so a
+        resumed run has the lr an uninterrupted one would have had)."""
+        rng = meta.get("rng_state")
+        if rng:
+            torch.set_rng_state(torch.tensor(rng, dtype=torch.uint8))
+        device_rng = meta.get("device_rng_state")
+        if device_rng and self.pm.device.type != "cpu":
+            getattr(torch, self.pm.device.type).set_rng_state(torch.tensor(device_rng, dtype=torch.uint8))
+        saved = meta.get("scheduler") or {}
+        if "lr" in saved:
+            theirs = {k: saved[k] for k in self.schedule if k in saved}
+            differs = {k: v for k, v in self.schedule.items() if k in theirs and theirs[k] != v}
+            if differs:
+                self.log(f"partita: note: resuming the checkpoint's LR schedule {theirs}; the flags' "
+                         f"{differs} are not used (start a new run to change the schedule)")
+            self.schedule.update(theirs)
+        if self.config.checkpoint_every is None and meta.get("checkpoint_every"):
+            self.checkpoint_every = int(meta["checkpoint_every"])
+
+    def lr(self, step: int) -> float:
+        s = self.schedule
+        return lr_at(step, s["lr"], s["warmup_steps"], s["total_steps"], s["min_lr"], s["kind"])
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -324,14 +399,14 @@ class Trainer:
 
     def run_step(self, step: int) -> None:
         c = self.config
-        lr = lr_at(step, c.lr, c.warmup_steps, c.steps, c.min_lr, c.lr_schedule)
+        lr = self.lr(step)
         for group in self.pm.optimizer.param_groups:
             group["lr"] = lr
         faults.before_step(self.rank, step)
         t0 = time.perf_counter()
         x, y = self.batch(step)
         self.guard.step = step
-        loss = self.pm.train_step(x, y)
+        loss = self._train_step(x, y, step)
         dt = time.perf_counter() - t0
         if self.guard.nonfinite:
             self.skip_nonfinite(step, loss)
@@ -340,10 +415,44 @@ class Trainer:
         self.last_loss = loss
         self.log_step(step, loss, lr, dt)
         self.maybe_save(step)
+        self.maybe_evaluate(step)
         if self.profiler is not None:
             self.profiler.step()
             if step == self.start and step + 1 < c.steps:
                 _mark_process_groups(self.pm)  # inside the first recorded step
+
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+        """One step; with --compile, a compiler failure on the first step is one line."""
+        if not (self.config.compile and step == self.start):
+            return self.pm.train_step(x, y)
+        try:
+            return self.pm.train_step(x, y)
+        except PartitaError:
+            raise
+        except Exception as e:  # torch._dynamo / inductor errors have no common base
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise PartitaError(f"--compile: torch.compile cannot compile this model/plan on "
+                               f"{self.pm.device.type} ({type(e).__name__}: {first}); run without --compile") from None
+
+    def eval_due(self, step: int) -> bool:
+        every = self.config.eval_every
+        return self.eval_set is not None and (step == self.config.steps - 1 or bool(every and (step + 1) % every == 0))
+
+    def maybe_evaluate(self, step: int) -> None:
+        """--eval-every N (and after the last step): eval loss and perplexity, logged."""
+        if not self.eval_due(step):
+            return
+        k, gbs = self.config.eval_batches, self.plan.gbs
+        batches = (self.eval_set.rank_batch(i, self.plan, self.rank) for i in range(k))
+        loss = evaluate(self.pm, batches)
+        self.last_eval = (step, loss)
+        if self.rank != 0:
+            return
+        record = {"event": "eval", "step": step, "eval_loss": loss, "eval_perplexity": perplexity(loss),
+                  "eval_sequences": k * gbs}
+        self.metrics.write(record)
+        self.tb.scalars(step, {"eval/loss": loss, "eval/perplexity": perplexity(loss)})
+        self.printer.eval(record)
 
     def log_step(self, step: int, loss: float, lr: float, dt: float) -> None:
         """Rank 0: the step's record to the metrics file and the screen."""
@@ -351,13 +460,16 @@ class Trainer:
             return
         c, tokens = self.config, self.plan.tokens_per_step
         mem, kind = peak_memory_gib(self.pm.device)
-        record = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens / dt,
-                  f"peak_mem_{kind}_gib": mem}
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": self.guard.grad_norm, "step_time_s": dt,
+                  "tokens_per_s": tokens / dt, f"peak_mem_{kind}_gib": mem}
         if c.model_flops_per_token and c.peak_flops:
             record["mfu"] = c.model_flops_per_token * tokens / dt / (c.peak_flops * self.world)
         if c.predicted_step_s:
             record["predicted_step_time_s"] = c.predicted_step_s
         self.metrics.write(record)
+        self.tb.scalars(step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": self.guard.grad_norm,
+                               "perf/tokens_per_s": record["tokens_per_s"], "perf/peak_mem_gib": mem,
+                               "perf/mfu": record.get("mfu")})
         self.printer.step(record, mem)
 
     def skip_nonfinite(self, step: int, loss: float) -> None:
@@ -379,8 +491,8 @@ class Trainer:
 
     def maybe_save(self, step: int) -> None:
         """Every ``checkpoint_every`` steps: a checkpoint with what resuming needs."""
-        c = self.config
-        if not (self.ckpt_dir and c.checkpoint_every and (step + 1) % c.checkpoint_every == 0):
+        every = self.checkpoint_every
+        if not (self.ckpt_dir and every and (step + 1) % every == 0):
             return
         self.save(step)
 
@@ -390,29 +502,74 @@ class Trainer:
         c = self.config
         meta = {"plan": self.plan.to_dict(), "model": c.model, "data": c.data,
                 "data_position": (step + 1) * self.plan.gbs, "seed": c.seed,
-                "scheduler": {"kind": c.lr_schedule, "step": step + 1},
+                "scheduler": {**self.schedule, "step": step + 1}, "checkpoint_every": self.checkpoint_every,
                 "rng_state": torch.get_rng_state().tolist()}
+        if self.pm.device.type != "cpu":
+            meta["device_rng_state"] = getattr(torch, self.pm.device.type).get_rng_state().tolist()
         save_checkpoint(self.pm, self.ckpt_dir, step, meta, keep=c.keep, report=self.log)
         self.saved_step = step
 
+    def summary(self) -> dict:
+        return _summary(self)
+
+    def save_hf(self) -> None:
+        """--save-hf OUT: the trained weights as an HF directory (every rank takes part)."""
+        from ..models.hf_weights import save_hf_weights
+        if self.hf_config is None:
+            raise PartitaError("--save-hf writes Hugging Face models only (--model DIR or hf-llama/hf-qwen2/hf-mixtral)")
+        save_hf_weights(self.pm, self.config.save_hf, self.hf_config, int(self.config.save_hf_shard_mb * 1e6),
+                        self.hf_dir)
+        self.log(f"partita: wrote the trained weights as a Hugging Face directory: {self.config.save_hf}")
+
     def finish(self) -> None:
-        """Stop the profiler and progress bar; rank 0 prints the run's summary line."""
+        """A final checkpoint (with a checkpoint dir) and the HF export (--save-hf); stop
+        the profiler and progress bar; rank 0 prints the run's summary."""
+        last = self.config.steps - 1
+        if self.ckpt_dir and self.times and self.saved_step != last:
+            self.save(last)
+        if self.config.save_hf:
+            self.save_hf()
         if self.profiler is not None:
             self.profiler.stop()
             _write_profile_summary(self.config.profile_dir, self.rank, self.pm.device, self.times)
         self.printer.stop()
-        if self.rank != 0 or self.config.json or not self.times:
+        self.tb.close()
+        if self.rank != 0 or not self.times:
+            return
+        if self.config.json:
+            print(json.dumps(self.summary()), flush=True)
             return
         steady_times = self.times[1:] or self.times
         steady = sorted(steady_times)[len(steady_times) // 2]
         line = (f"done: {len(self.times)} steps, final loss {self.last_loss:.4f}, median step {steady * 1e3:.1f} ms, "
                 f"{self.plan.tokens_per_step / steady:,.0f} tokens/s")
+        if self.last_eval is not None:
+            line += f", eval loss {self.last_eval[1]:.4f} (perplexity {perplexity(self.last_eval[1]):.2f})"
         if self.skipped:
             line += f"; skipped {len(self.skipped)} non-finite step(s): {self.skipped}"
         predicted = self.config.predicted_step_s
         if predicted:
             line += f"; predicted {predicted * 1e3:.1f} ms (measured/predicted {steady / predicted:.2f})"
         print(line + f"; metrics in {self.run_dir / 'metrics.jsonl'}", flush=True)
+
+
+def _summary(trainer: Trainer) -> dict:
+    """The --json run summary (its ``step`` / ``loss`` are the last step's)."""
+    t = trainer
+    steady_times = t.times[1:] or t.times
+    steady = sorted(steady_times)[len(steady_times) // 2]
+    out = {"event": "summary", "step": t.config.steps - 1, "loss": t.last_loss, "steps_run": len(t.times),
+           "median_step_time_s": steady, "tokens_per_s": t.plan.tokens_per_step / steady,
+           "run_dir": str(t.run_dir), "metrics": str(t.run_dir / "metrics.jsonl")}
+    if t.last_eval is not None:
+        out.update(eval_loss=t.last_eval[1], eval_perplexity=perplexity(t.last_eval[1]))
+    if t.skipped:
+        out["skipped_nonfinite"] = t.skipped
+    if t.ckpt_dir:
+        out["checkpoint_dir"] = str(t.ckpt_dir)
+    if t.config.save_hf:
+        out["save_hf"] = t.config.save_hf
+    return out
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, Plan]:
