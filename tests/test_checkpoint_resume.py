@@ -24,6 +24,12 @@ def losses(proc) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs}
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Runs without --run-dir go to runs/<timestamp> in the working directory: a temp one."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted():
     """6 steps with dp=2,tp=2 and no checkpoint: the reference every resumed run must match."""
@@ -120,3 +126,38 @@ def test_resume_on_fewer_processes_replans_keeping_the_global_batch(uninterrupte
     assert sorted(got) == [3, 4, 5]
     for step, loss in got.items():
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5)
+
+
+COSINE = ["--plan", "dp=1", "--nproc", "1", "--steps", "8", "--lr-schedule", "cosine", "--lr", "3e-3",
+          "--warmup-steps", "2", "--min-lr", "1e-4"]
+
+
+def _records(proc) -> dict[int, dict]:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    recs = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    return {r["step"]: r for r in recs if "event" not in r}
+
+
+def test_resumed_cosine_run_has_the_uninterrupted_lr_cadence_and_a_final_checkpoint(tmp_path):
+    # issue 15: a cosine run interrupted at step 5 and resumed with no schedule flags (and
+    # the helper's --lr 0.1) has the lr of the uninterrupted run at every step, keeps
+    # --checkpoint-every 2 and writes a final checkpoint
+    whole = _records(train(*COSINE, "--run-dir", str(tmp_path / "whole")))
+    ckpt = tmp_path / "ckpt"
+    crashed = train(*COSINE, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+                    env={"PARTITA_CRASH_RANK": "0", "PARTITA_CRASH_STEP": "5"})
+    assert crashed.returncode != 0 and "injected crash on rank 0" in crashed.stderr
+    proc = train("--plan", "dp=1", "--nproc", "1", "--steps", "8", "--checkpoint-dir", str(ckpt), "--resume")
+    resumed = _records(proc)
+    assert "resumed from" in proc.stderr and "schedule" in proc.stderr  # the --lr 0.1 flag is named as not used
+    assert sorted(resumed) == [4, 5, 6, 7]
+    logged = [json.loads(l) for l in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    by_step = {r["step"]: r for r in logged if "event" not in r}
+    assert [r["step"] for r in logged if "event" not in r] == list(range(8))  # rewound to step 3, then 4..7
+    lrs = [whole[s]["lr"] for s in range(8)]
+    assert lrs[0] < lrs[1] == 3e-3 > lrs[7] > 1e-4  # warm-up, then cosine decay
+    for step in range(8):
+        assert by_step[step]["lr"] == pytest.approx(whole[step]["lr"], rel=1e-12), step
+        assert by_step[step]["loss"] == pytest.approx(whole[step]["loss"], rel=1e-5), step
+    steps = sorted(p.name for p in ckpt.glob("step_*"))
+    assert steps == ["step_00000005", "step_00000007"]  # cadence 2 kept (5), the final one (7); keep 2
