@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COST = Path("src/partita/cost")
 #: The tests that run without torch, fastest and most sensitive first (``-x`` stops at
 #: the first failure, so the order only changes how long a caught mutant takes).
-PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
+PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_oracles.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
                   "tests/test_published_accuracy.py", "tests/test_estimate_cli.py", "tests/test_search.py",
                   "tests/test_search_published.py")
 #: Tests left out: they time the CLI's start-up, so on a loaded machine they fail without
@@ -104,11 +104,14 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("selective activations x2", "memory.py", "return tokens * (e * 2 * h / out_div + kept_inside)", "return 2 * tokens * (e * 2 * h / out_div + kept_inside)"),
     ("embedding output activation 0", "memory.py", "per_chunk += tokens * BYTES[plan.dtype]", "per_chunk += 0 * tokens * BYTES[plan.dtype]"),
     ("transient 0", "memory.py", "return 2 * activation_bytes(model, shape, \"none\", moe)", "return 0.0"),
-    ("logits transient x2", "memory.py", "working = max(working, tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4))", "working = max(working, 2 * tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4))"),
+    ("logits transient x2", "memory.py", "return tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4)", "return 2 * tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4)"),
     ("zero3 gathered x2", "memory.py", "return unit * (w + g) + layer * w", "return 2 * unit * (w + g) + layer * w"),
     ("zero3 prefetched unit 0", "memory.py", "return unit * (w + g) + layer * w", "return unit * (w + g)"),
-    ("zero3 largest unit ignores the output layer", "memory.py", "unit = max(unit, model.output_params() / plan.tp)", "unit = unit"),
-    ("zero3 experts of a unit not divided by ep", "memory.py", "(model.layer_kind_params(True) - routed) / plan.tp + routed / plan.ep)", "(model.layer_kind_params(True) - routed) / plan.tp + routed)"),
+    ("zero3 output-layer unit ignored", "memory.py", "out = _split_tp(out, _end_replicated(model, False), plan.tp)", "out = 0.0"),
+    ("zero3 loss phase drops the gathered output weight", "memory.py", "loss_phase = t_logits + 2 * w * out + w * layer", "loss_phase = t_logits + w * layer"),
+    ("zero3 after-output phase drops the reduce-scatter input", "memory.py", "after_output = t_layer + g * out + 2 * w * layer", "after_output = t_layer + 2 * w * layer"),
+    ("zero3 last rank adds the transient back", "memory.py", "return max(loss_phase, after_output, other_units) - max(t_layer, t_logits)", "return max(loss_phase, after_output, other_units)"),
+    ("zero3 experts of a unit not divided by ep", "memory.py", "+ routed / plan.ep)", "+ routed)"),
     ("buffers x2", "memory.py", "return groups * device.comm_buffer_mib_per_group * 2 ** 20", "return 2 * groups * device.comm_buffer_mib_per_group * 2 ** 20"),
     ("fragmentation x2 (peak)", "memory.py", "return allocated + allocated * device.allocator_fragmentation + device.runtime_reserved_gib * GIB", "return allocated + 2 * allocated * device.allocator_fragmentation + device.runtime_reserved_gib * GIB"),
     ("runtime reservation 0 (breakdown)", "memory.py", "out[\"runtime (context, workspaces)\"] = device.runtime_reserved_gib * GIB", "out[\"runtime (context, workspaces)\"] = 0.0"),
@@ -135,7 +138,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     # more step terms
     ("MoE layer tp collectives as dense", "step.py", "tp_framework, cp_pass, a2a) if moe else _ZERO", "tp_framework, cp_pass, 2 * a2a) if moe else _ZERO"),
     ("zero-0 all-reduce as reduce-scatter", "step.py", "t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)", "t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)"),
-    ("optimizer not sharded by zero", "step.py", "shard_dense = dense / (plan.dp * plan.cp) if plan.zero >= 1 else dense", "shard_dense = dense"),
+    ("optimizer not sharded by zero", "step.py", "shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense", "shard_dense = dense"),
     ("cp exchange K/V width halved", "step.py", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else model.kv_dim"),
     ("pp send ignores sequence parallel", "step.py", "size = tokens * model.hidden * e / (layer.tp if layer.sp else 1)", "size = tokens * model.hidden * e"),
     # more memory terms
@@ -145,7 +148,14 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("zero-2 per-micro-batch reduce-scatters free", "step.py", "exp_rs += (plan.grad_accum - 1) * max(0.0, t_rs - bwd_window - fwd_window)", "exp_rs += 0.0"),
     ("zero-3 unsharded still reduces per micro-batch", "step.py", "gb = grad_bytes(shape.dtype, shape.grad_dtype) if reduce else 0", "gb = grad_bytes(shape.dtype, shape.grad_dtype)"),
     ("flash attention backward extra 0", "step.py", "bwd = BACKWARD_PER_FORWARD * t + (FLASH_BACKWARD_PER_FORWARD - BACKWARD_PER_FORWARD) * layer.attn_time", "bwd = BACKWARD_PER_FORWARD * t"),
-    ("expert shard = dense shard", "memory.py", "expert_shard = max(1, dense_shard * plan.tp // plan.ep)", "expert_shard = dense_shard"),
+    ("expert shard = dense shard", "memory.py", "return max(1, state_shard(plan) * plan.tp // plan.ep)", "return state_shard(plan)"),
+    ("HSDP: states sharded over all of dp", "memory.py", "shard = plan.dp_shard if 0 < plan.dp_shard < plan.dp else plan.dp", "shard = plan.dp"),
+    ("HSDP: no all-reduce across replicas", "step.py", "t += comm.all_reduce(dev, size / (g * k), rg, rk)", "t += 0.0"),
+    ("HSDP: replica all-reduce of the whole gradient", "step.py", "t += comm.all_reduce(dev, size / (g * k), rg, rk)", "t += comm.all_reduce(dev, size, rg, rk)"),
+    ("HSDP: gathers over all of dp", "shape.py", "return _span_of(plan.tp, _hsdp_shard(plan) * plan.cp, devices_per_node)", "return _span_of(plan.tp, plan.dp * plan.cp, devices_per_node)"),
+    ("tp splits the norms", "memory.py", "return (total - replicated) / tp + replicated", "return total / tp"),
+    ("tp splits the router", "memory.py", "params += h * model.moe.num_experts + (h if model.moe.shared_expert_gate else 0)", "params += 0"),
+    ("zero 2 fp32 without the fp32 shard", "memory.py", "weights += params * 4 / shard", "weights += 0.0"),
     ("activations inside tp not divided", "memory.py", "inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim) / tp", "inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim)"),
     ("log-sum-exp 0", "memory.py", "inside += FP32_BYTES * model.heads / tp  # fp32 log-sum-exp per head (flash attention)", "inside += 0.0"),
     ("router probabilities 0", "memory.py", "inside += routed + shared + FP32_BYTES * mo.num_experts / tp", "inside += routed + shared"),

@@ -38,8 +38,12 @@ HARDWARE = {
     "A100-80GB-SXM": "a100-80gb", "A100-80GB": "a100-80gb", "A100-40GB": "a100-40gb",
     "H100-80GB-SXM": "h100-sxm", "H100-80GB": "h100-sxm", "H100-96GB-HBM2e": "h100-96gb-hbm2e",
     "H200-141GB": "h200", "B200": "b200", "MI300X-192GB": "mi300x", "Ascend-910A": "ascend-910",
-    # not mapped: GB200 (no catalog file), Ascend-910B (the rows do not say which 910B
-    # variant, b1-b4, and the variants differ in peak), plain "H100" (SKU not stated)
+    # Ascend-910B: the rows (Atlas 800T A2 / Atlas 900 A2 PoD) do not say which variant,
+    # b1-b4; the catalog's own alias for a plain 910B is ascend-910b2 (the Atlas 800T A2's
+    # usual part). The Ascend family's efficiencies are fitted on these rows
+    # (bench/fit.py), so the fitted gemm absorbs the variant's peak if it is another.
+    "Ascend-910B": "ascend-910b2",
+    # not mapped: GB200 (no catalog file), plain "H100" (SKU not stated)
 }
 
 
