@@ -31,7 +31,7 @@ def hta_figures(names: list[str]) -> dict[int, tuple]:
 
 
 def main() -> None:
-    print(f"{'run':4} {'rank':>4} {"source":17} {'window ms':>10} {'compute%':>9} {'non-comp%':>9} {'idle%':>7} "
+    print(f"{'run':4} {'rank':>4} {'source':17} {'window ms':>10} {'compute%':>9} {'non-comp%':>9} {'idle%':>7} "
           f"{'overlap%':>9}")
     worst = 0.0
     for run, names in RUNS.items():
