@@ -17,11 +17,12 @@ def test_median_error_on_published_runs(published_csv):
     assert (len(step), len(mem), len(skipped)) == (254, 4, 8)
     step_err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     mem_err = [abs(estimate(c.model, c.cluster, c.plan).peak_memory_gib - c.measured) / c.measured for c in mem]
-    # the README's figures, to the precision it prints them (one decimal of a percent):
-    # step time median 9.2 %, p90 27.9 %; peak memory median 8.6 %
+    # the measured figures, to the precision the README prints them (one decimal of a
+    # percent): step time median 9.2 %, p90 27.9 %; peak memory median 7.5 % (8.6 % before
+    # the FSDP last-rank phases and the replicated tp norms)
     assert statistics.median(step_err) < 0.0925
     assert sorted(step_err)[int(round(0.9 * (len(step_err) - 1)))] < 0.2795
-    assert statistics.median(mem_err) < 0.0865
+    assert statistics.median(mem_err) < 0.0755
 
 
 def test_every_source_has_cited_facts(published_csv):
@@ -64,3 +65,21 @@ def test_unknown_source_is_skipped_with_the_reason(tmp_path, published_csv):
     cases, skipped = load_cases(path)
     assert cases == [] and len(skipped) == 1
     assert skipped[0][1] == "source not in SOURCE_FACTS (add its facts with a citation)"
+
+
+def test_peak_memory_on_the_full_table():
+    """Peak memory on the 470-row table (data/published_runs.csv: the torchtitan / torchao
+    FSDP2, Megatron CI, NeMo and MindFormers memory rows), as each source's statistic reads
+    it: median 8.9 % (11.4 % before the FSDP last-rank phases and torchtitan's reserved
+    statistic), and fewer under- than over-predictions - under-promising memory is the
+    worse error (issue 12)."""
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
+    cases, _ = load_cases(table)
+    mem = [c for c in cases if c.metric == "peak_memory_gib"]
+    signed = [(estimate(c.model, c.cluster, c.plan).peak_memory_gib_as(SOURCE_FACTS[c.source].memory_stat)
+               - c.measured) / c.measured for c in mem]
+    assert len(mem) == 20
+    assert statistics.median(abs(e) for e in signed) < 0.0895
+    assert sum(e < 0 for e in signed) < sum(e > 0 for e in signed)
