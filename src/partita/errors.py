@@ -23,4 +23,5 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> PartitaError:
         hint = "did you mean " + ", ".join(by_lower[c] for c in close) + "?"
     else:
         hint = "known: " + ", ".join(known)
-    return PartitaError(f"unknown {kind} {name!r}: {hint}")
+    shown = name if len(name) <= 80 else name[:77] + "..."  # a pasted file is not echoed whole
+    return PartitaError(f"unknown {kind} {shown!r}: {hint}")

@@ -34,10 +34,10 @@ def read_json(path: str | Path, kind: str) -> Any:
     refusing directories, unreadable, huge, non-UTF-8, non-JSON and absurdly nested
     files, and the non-standard constants NaN/Infinity, each with one line."""
     path = Path(path)
-    where = f"{kind} file {path}"
-    if path.is_dir():
-        raise PartitaError(f"{where} is a directory; pass a JSON file")
+    where = f"{kind} file {short(str(path))}"
     try:
+        if path.is_dir():
+            raise PartitaError(f"{where} is a directory; pass a JSON file")
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise PartitaError(f"{where} is {size / 2**20:.0f} MiB; a {kind} file is at most "
@@ -47,6 +47,8 @@ def read_json(path: str | Path, kind: str) -> Any:
         raise PartitaError(f"{where} does not exist") from None
     except OSError as e:
         raise PartitaError(f"cannot read {where}: {e.strerror or e}") from None
+    except ValueError:  # a NUL byte in the name
+        raise PartitaError(f"{where}: not a usable file name") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -60,6 +62,23 @@ def read_json(path: str | Path, kind: str) -> Any:
         raise PartitaError(f"{where} is not valid JSON: {e.msg} at line {e.lineno}") from None
     except RecursionError:
         raise PartitaError(f"{where} is nested too deeply to be a {kind} file") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (CPython's int-parsing limit)
+        raise PartitaError(f"{where} holds a number too long to be a {kind} setting ({e.args[0].split(':')[0]})"
+                           [:300]) from None
+
+
+def path_exists(path: str | Path) -> bool:
+    """``Path(path).exists()`` that answers False for a name the system cannot look up (too
+    long, a NUL byte) instead of raising: such a name is then reported as unknown."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def short(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for an error line (a pasted file is not echoed whole)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def finite_number(value: Any) -> bool:
@@ -74,10 +93,17 @@ def check_output_path(path: str | Path, flag: str) -> None:
     folder) before any work is done."""
     import os
     path = Path(path)
-    if path.is_dir():
+    if not str(path).strip():
+        raise PartitaError(f"{flag} is empty; give a file name")
+    try:
+        is_dir, parent_ok = path.is_dir(), path.parent.is_dir()
+    except (OSError, ValueError) as e:
+        raise PartitaError(f"{flag} {short(str(path))}: not a usable file name ({getattr(e, 'strerror', None) or e})") \
+            from None
+    if is_dir:
         raise PartitaError(f"{flag} {path} is a directory; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    parent = path.parent
+    if not parent_ok:
         raise PartitaError(f"{flag} {path}: folder {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK):
         raise PartitaError(f"{flag} {path}: folder {parent} is not writable")

@@ -9,7 +9,7 @@ import sys
 
 from ..errors import PartitaError
 from ..inputs import check_output_path
-from .types import positive_int
+from .types import check_device_type, positive_int
 
 #: More processes than any single machine runs (collectives are measured inside one node).
 MAX_NPROC = 1024
@@ -32,10 +32,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..spec.hardware import load_device
     load_device(args.base)  # fail early (before the slow torch import) on an unknown base
     check_output_path(args.output, "-o")
+    if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
+        raise PartitaError(f"--name {args.name!r} must be a printable, non-empty device name")
     try:
         import torch  # noqa: F401
     except ImportError:
         raise PartitaError("partita calibrate needs PyTorch: pip install 'partita[runtime]'") from None
+    check_device_type(args.device, "--device")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "partita.profile.calibrate", args.output, args.base, args.name or f"{args.base}-calibrated",
            args.device or "auto", args.dtype]

@@ -70,9 +70,9 @@ def cluster_and_model(args: argparse.Namespace):
                                " or a JSON file")
     model = load_model(args.model)
     devices = args.devices
-    if devices is None and not _names_a_cluster(args.hardware):
-        devices = getattr(args, "default_devices", None)  # a cluster file's nodes win over the default scenario
     overrides = parse_overrides(args.overrides)
+    if devices is None and not (_names_a_cluster(args.hardware) or "nodes" in (overrides.get("cluster") or {})):
+        devices = getattr(args, "default_devices", None)  # a cluster's nodes win over the default scenario
     try:
         cluster = make_cluster(args.hardware, devices, args.devices_per_node, overrides)
     except PartitaError as e:

@@ -61,7 +61,10 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
         fields["sp"] = args.sp
     if args.schedule:
         fields["schedule"] = args.schedule
-    if args.layer_split:
+    if args.layer_split is not None:
+        if not args.layer_split.replace(",", " ").strip():
+            raise PartitaError(f"--layer-split {args.layer_split!r} is empty; give the layers of each virtual "
+                               "stage, e.g. 9,10,10,9")
         fields["layer_split"] = args.layer_split.replace(",", " ")  # the help's form: 9,10,10,9
     if args.tp_comm_overlap:
         fields["tp_comm_overlap"] = True
@@ -83,7 +86,7 @@ def refuse_plan_flags(args: argparse.Namespace) -> None:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from ..estimate import estimate
-    from ..plan import Plan
+    from ..plan import Plan, check
     model, cluster = cluster_and_model(args)
     refuse_plan_flags(args)
     if args.from_script:
@@ -91,6 +94,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
     else:
         plan = Plan.load(args.plan) if args.plan else plan_from_flags(args, cluster.world_size)
+    check(plan, model, cluster.world_size)  # as given: estimate() normalises fields a pp=1 plan ignores (schedule)
     est = estimate(model, cluster, plan)
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if args.json:

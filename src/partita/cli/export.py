@@ -24,7 +24,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan_file)
     model = load_model(args.model) if args.model else None
     check(plan, model)  # the plan's own constraints always; the model's when given
-    if args.output:
+    if args.output is not None:
         check_output_path(args.output, "-o")
     result = export(args.to, plan, model)
     for w in result.warnings:

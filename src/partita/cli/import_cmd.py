@@ -121,6 +121,8 @@ def _toml_argv(path: str, text: str) -> list[str]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PartitaError(f"{path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise PartitaError(f"{path} is nested too deeply to be a torchtitan TOML") from None
     argv: list[str] = []
     for section, fields in data.items():
         if not isinstance(fields, dict):
@@ -142,16 +144,72 @@ def _parse(target: str, path: str, text: str, world: int | None, layers: int | N
         text = " ".join(_toml_argv(path, text))  # TOML errors first, then the same checks as overrides
     _check_kind(target, path, text)
     if target == "deepspeed":
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PartitaError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        from ..inputs import read_json
+        cfg = read_json(path, "DeepSpeed config")  # size, UTF-8, depth, NaN/Infinity: one line each
         if not isinstance(cfg, dict):
             raise PartitaError(f"{path} must hold a JSON object (a DeepSpeed config)")
+        _check_ds_config(path, cfg)
         return importers.plan_from_ds_config(cfg, _need_world(path, world), seq_len=seq_len, pp=pp)
     if target == "torchtitan":
-        return _titan_plan(importers.argv_from_script(text, "torchtitan.train"), world, layers)
-    return importers.plan_from_megatron(importers.argv_from_script(text), _need_world(path, world), layers)
+        argv = importers.argv_from_script(text, "torchtitan.train")
+        _check_sizes(path, argv, _TITAN_SIZES, minus_one=_TITAN_FILL)
+        return _titan_plan(argv, world, layers)
+    argv = importers.argv_from_script(text)
+    _check_sizes(path, argv, _MEGATRON_SIZES)
+    return importers.plan_from_megatron(argv, _need_world(path, world), layers)
+
+
+#: Size flags of a Megatron/MindSpeed command line: each a whole number from 1 (a 0 divides by zero).
+_MEGATRON_SIZES = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                   "--expert-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--seq-length",
+                   "--num-layers", "--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size")
+_TITAN_SIZES = ("--parallelism.tensor_parallel_degree", "--parallelism.pipeline_parallel_degree",
+                "--parallelism.context_parallel_degree", "--parallelism.expert_parallel_degree",
+                "--parallelism.data_parallel_shard_degree", "--parallelism.data_parallel_replicate_degree",
+                "--parallelism.pipeline_parallel_layers_per_stage", "--parallelism.pipeline_parallel_microbatch_size",
+                "--training.local_batch_size", "--training.global_batch_size", "--training.seq_len")
+#: torchtitan fields where -1 means "fill" (its defaults).
+_TITAN_FILL = ("--parallelism.data_parallel_shard_degree", "--training.global_batch_size")
+
+
+def _check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:
+    """Each numeric value of a size flag within 1..MAX_PLAN_SIZE (-1 where the framework fills it in);
+    a non-numeric value is left to the framework's own parser (its error names the flag)."""
+    from ..plan import MAX_PLAN_SIZE
+    for i, tok in enumerate(argv):
+        name, eq, inline = tok.partition("=")
+        if name not in flags:
+            continue
+        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if re.fullmatch(r"[+-]?\d+", value.strip()):
+            number = int(value) if len(value) < 30 else MAX_PLAN_SIZE + 1
+            if not (1 <= number <= MAX_PLAN_SIZE or (number == -1 and name in minus_one)):
+                raise PartitaError(f"{path}: {name} {value[:30]} must be a whole number from 1 to {MAX_PLAN_SIZE:,}"
+                                   + (" (or -1: fill)" if name in minus_one else ""))
+
+
+#: DeepSpeed config keys the importer reads, and their JSON types.
+_DS_INTS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_DS_OBJECTS = ("pipeline", "tensor_parallel", "bf16", "fp16", "zero_optimization")
+
+
+def _check_ds_config(path: str, cfg: dict) -> None:
+    """The fields :func:`partita.export.importers.plan_from_ds_config` reads have DeepSpeed's types."""
+    from ..plan import MAX_PLAN_SIZE
+    for key in _DS_OBJECTS:
+        if key in cfg and not isinstance(cfg[key], dict):
+            raise PartitaError(f"{path}: {key} must be a JSON object, got {cfg[key]!r}"[:200])
+    ints = [(key, cfg.get(key)) for key in _DS_INTS]
+    ints += [("pipeline.stages", cfg.get("pipeline", {}).get("stages")),
+             ("tensor_parallel.autotp_size", cfg.get("tensor_parallel", {}).get("autotp_size")),
+             ("zero_optimization.stage", cfg.get("zero_optimization", {}).get("stage"))]
+    for key, value in ints:
+        if value is None or (key == "pipeline.stages" and isinstance(value, str)):  # "auto" / unset
+            continue
+        low = 0 if key in ("zero_optimization.stage", "tensor_parallel.autotp_size") else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_PLAN_SIZE:
+            raise PartitaError(f"{path}: {key} must be a whole number from {low} to {MAX_PLAN_SIZE:,}, "
+                               f"got {value!r}"[:200])
 
 
 def _titan_plan(argv: list[str], world: int | None, layers: int | None):
@@ -166,6 +224,8 @@ def _titan_plan(argv: list[str], world: int | None, layers: int | None):
         raise PartitaError(f"torchtitan's data_parallel_shard_degree is {'-1' if given else 'unset'} (fill the "
                            "devices): pass --devices")
     others = importers.plan_from_torchtitan(argv + [flag, "1"], layers).world_size
+    if others < 1:
+        raise PartitaError(f"the parallel degrees multiply to {others}; each must be at least 1")
     if world % others:
         raise PartitaError(f"--devices {world} is not a multiple of the other degrees' product {others}")
     return importers.plan_from_torchtitan(argv + [flag, str(world // others)], layers)
@@ -206,8 +266,8 @@ def load_script(path: str, source: str | None = None, devices: int | None = None
     except SystemExit:
         message = (err.getvalue().strip().splitlines() or ["bad argument"])[-1].split("error: ", 1)[-1]
         raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
-    except (ValueError, TypeError, AttributeError, KeyError) as e:
-        raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}") from None
+    except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as e:
+        raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
     check(plan, model, devices)
     return plan, target
 
@@ -216,7 +276,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..inputs import check_output_path
     from ..spec.load import load_model
     model = load_model(args.model) if args.model else None
-    if args.output:
+    if args.output is not None:
         check_output_path(args.output, "-o")
     plan, target = load_script(args.script, args.source, args.devices, model, args.seq_len, args.pp)
     if args.output:

@@ -43,7 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     try:
         parser = build_parser()
-        args = parser.parse_args(argv or ["plan"])  # no arguments: the default planning scenario
+        try:
+            args = parser.parse_args(argv or ["plan"])  # no arguments: the default planning scenario
+        except SystemExit as e:  # --help: printed; a failed write of it is reported below like any output's
+            sys.stdout.flush()
+            return e.code if isinstance(e.code, int) else 0
         func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
         if func is None:
             parser.print_help()

@@ -1,11 +1,13 @@
 """``partita profile``: run a plan for a few steps under torch.profiler on every rank, then
 put the measured breakdown beside the planner's prediction (analysis in
-:mod:`partita.train.profile_report`)."""
+:mod:`partita.train.profile_report`). Without ``--run-dir`` the run lives in a temp folder that
+is removed when the command ends (pass ``--run-dir`` or ``--profile-dir`` to keep the traces)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -24,12 +26,38 @@ def add_parser(sub) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     config, launch = configs_from_args(args)
+    check_profile_args(config, launch, args.report)
+    own_dir = launch.run_dir is None  # a temp run dir of ours: removed on every exit path (no litter)
+    run_dir = launch.run_dir or tempfile.mkdtemp(prefix="partita-profile-")
+    try:
+        return _profile(config, launch, run_dir, args.report)
+    finally:
+        if own_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def check_profile_args(config, launch, report: str | None) -> None:
+    """What only ``profile`` reads, checked before any process starts: --steps, the --hardware
+    the prediction is made for, the --report, --run-dir and --profile-dir paths."""
+    from ..inputs import check_output_path
     if config.steps < 3:
         raise PartitaError("partita profile needs --steps >= 3 (the first step is a warm-up)")
-    if args.report:
+    if report is not None:
         from ..profile.html_report import require_plotly
+        check_output_path(report, "--report")
         require_plotly()
-    run_dir = launch.run_dir or tempfile.mkdtemp(prefix="partita-profile-")
+    from .types import check_device_type
+    check_device_type(config.device, "--device")
+    if launch.hardware:
+        from ..spec.hardware import load_device
+        load_device(launch.hardware)  # a typo fails now, not after the run
+    for flag, folder in (("--run-dir", launch.run_dir), ("--profile-dir", config.profile_dir)):
+        if folder is not None and (not str(folder).strip() or (Path(folder).exists() and not Path(folder).is_dir())):
+            raise PartitaError(f"{flag} {folder!r} is " + ("empty" if not str(folder).strip() else "a file")
+                               + "; give a folder")
+
+
+def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
     profile_dir = config.profile_dir or str(Path(run_dir) / "profile")
     hardware = launch.hardware or "cpu"
     # the per-step lines go to the metrics file, not the screen; the prediction is printed here
@@ -39,9 +67,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return code
     from ..train.profile_report import analyze_run
     report, timelines = analyze_run(Path(profile_dir), Path(run_dir), config.model, hardware)
-    if args.report:
+    if report_path:
         from ..profile.html_report import write_html_report
-        report["html_report"] = str(write_html_report(report, timelines, args.report))
+        report["html_report"] = str(write_html_report(report, timelines, report_path))
     if config.json:
         print(json.dumps(report, indent=2))
     else:

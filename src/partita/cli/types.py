@@ -46,3 +46,16 @@ def finite_float(minimum: float = 0.0, maximum: float = math.inf, *, min_open: b
         return value
     parse.__name__ = "finite_float"
     return parse
+
+
+def check_device_type(value: str | None, flag: str) -> None:
+    """Refuse a device type no backend runs on (``tpu``, empty) before any process starts.
+    The known types are the runtime's own table (:data:`partita.runtime.device.BACKENDS`,
+    which imports torch: call this only where torch is needed anyway)."""
+    if value is None:
+        return
+    from ..errors import PartitaError
+    from ..runtime.device import BACKENDS
+    if value not in BACKENDS:
+        raise PartitaError(f"{flag} {value!r} is not a device type partita runs on; use one of "
+                           f"{', '.join(BACKENDS)} (default: what the machine has)")

@@ -211,10 +211,11 @@ def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, s
     """Return the merged raw dict of a device (following ``extends``) and the file it came from."""
     if name_or_path in seen:
         raise PartitaError(f"hardware file extends itself in a loop: {' -> '.join(seen + (name_or_path,))}")
+    from ..inputs import path_exists, short
     path = Path(name_or_path)
-    if name_or_path.endswith(".json") or path.exists():
-        if not path.exists():
-            raise PartitaError(f"hardware file {name_or_path} does not exist")
+    if name_or_path.endswith(".json") or path_exists(path):
+        if not path_exists(path):
+            raise PartitaError(f"hardware file {short(name_or_path)} does not exist")
         raw = _read_json(path)
     else:
         stem = _alias_index().get(name_or_path.lower())
@@ -224,19 +225,46 @@ def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, s
             raise unknown_name("hardware", name_or_path, builtin_devices() + list(_alias_index()))
         path = _builtin_files()[stem]
         raw = _read_json(path)
+    _check_schema(raw, path)
     raw = dict(raw, efficiency_provenance=_own_provenance(raw, path))
     parent = raw.get("extends")
-    if parent is not None and not isinstance(parent, str):
-        raise PartitaError(f"hardware file {path}: extends must be a device name or file, got {parent!r}")
-    for section in _SECTIONS:
-        if not isinstance(raw.get(section, {}), dict):
-            raise PartitaError(f"hardware file {path}: {section} must be a JSON object of fields, "
-                               f"got {raw[section]!r}"[:300])
+    if parent is not None and (not isinstance(parent, str) or not parent.strip()):
+        raise PartitaError(f"hardware file {path}: extends must be a device name or file, got {parent!r}"[:300])
     if parent:
         base, _ = _resolve_raw(parent, seen + (name_or_path,))
         base.pop("aliases", None)
         raw = _deep_merge(base, {k: v for k, v in raw.items() if k != "extends"})
     return raw, str(path)
+
+
+#: Top-level keys of a device file besides the sections of :data:`_SECTIONS`.
+_TOP_LEVEL = ("name", "description", "extends", "aliases", "sources", "confidence", "calibration",
+              "efficiency_provenance")
+
+
+def _check_schema(raw: dict, path: Path) -> None:
+    """Every key of a device file is one the loader reads (a misspelt one would be silently
+    ignored), every section an object, with the close names of an unknown key."""
+    import difflib
+
+    def unknown(key: str, known: list[str], where: str) -> PartitaError:
+        close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+        return PartitaError(f"hardware file {path}: unknown {where}{key!r}"[:200] + "; "
+                            + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(known)}"))
+    for key in raw:
+        if key not in _SECTIONS and key not in _TOP_LEVEL:
+            raise unknown(key, list(_SECTIONS) + list(_TOP_LEVEL), "key ")
+    for section, names in _SECTIONS.items():
+        values = raw.get(section, {})
+        if not isinstance(values, dict):
+            raise PartitaError(f"hardware file {path}: {section} must be a JSON object of fields, "
+                               f"got {values!r}"[:300])
+        for key in values:
+            if key not in names:
+                raise unknown(key, list(names), f"field in {section}: ")
+    aliases = raw.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise PartitaError(f"hardware file {path}: aliases must be a list of names, got {aliases!r}"[:300])
 
 
 def _own_provenance(raw: dict, path: Path) -> dict[str, str]:
@@ -377,7 +405,8 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
         hbm_gib=hbm,
         usable_gib=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source, high=hbm, open_low=True),
         hbm_tbps=_number(_get(raw, "memory", "hbm_tbps", source), "memory.hbm_tbps", source, open_low=True),
-        runtime_reserved_gib=_number(mem.get("runtime_reserved_gib", 1.0), "memory.runtime_reserved_gib", source),
+        runtime_reserved_gib=_number(mem.get("runtime_reserved_gib", 1.0), "memory.runtime_reserved_gib", source,
+                                     high=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source)),
         allocator_fragmentation=_number(mem.get("allocator_fragmentation", 0.05), "memory.allocator_fragmentation", source,
                                         high=0.99),
         comm_buffer_mib_per_group=_number(mem.get("comm_buffer_mib_per_group", 0), "memory.comm_buffer_mib_per_group", source),
@@ -433,10 +462,11 @@ def make_cluster(hardware: str, devices: int | None = None, devices_per_node: in
     device = load_device(hardware, overrides)
     raw_cluster = {}
     if hardware.endswith(".json"):
-        raw_cluster = _read_json(Path(hardware)).get("cluster", {}) or {}
-        for key in ("nodes", "devices_per_node"):
-            if key in raw_cluster:
-                _count(raw_cluster[key], f"cluster.{key}", hardware)
+        raw_cluster = dict(_read_json(Path(hardware)).get("cluster", {}) or {})
+    raw_cluster.update((overrides or {}).get("cluster") or {})  # --set cluster.nodes=4
+    for key in ("nodes", "devices_per_node"):
+        if key in raw_cluster:
+            _count(raw_cluster[key], f"cluster.{key}", hardware)
     per_node = devices_per_node or int(raw_cluster.get("devices_per_node", device.devices_per_node))
     if per_node <= 0:
         raise PartitaError(f"--devices-per-node must be positive, got {per_node}")

@@ -22,6 +22,7 @@ from ..errors import PartitaError
 
 PRESETS_FILE = Path(__file__).resolve().parent.parent / "catalog" / "models" / "presets.json"
 
+POSITIONS = ("rope", "learned", "alibi")  # position encodings the parameter count knows
 ACTIVATIONS = {"swiglu": 3, "geglu": 3, "gelu": 2, "relu2": 2, "relu": 2}  # weight matrices per MLP
 
 
@@ -281,6 +282,11 @@ class ModelSpec:
             raise PartitaError(f"{where}: activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise PartitaError(f"{where}: norm must be rmsnorm or layernorm, got {self.norm!r}")
+        if self.position not in POSITIONS:
+            raise PartitaError(f"{where}: position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
+        if self.moe and self.moe.first_dense_layers > self.layers:
+            raise PartitaError(f"{where}: moe.first_dense_layers ({self.moe.first_dense_layers}) must not exceed "
+                               f"layers ({self.layers})")
         if self.heads % self.kv_heads:
             raise PartitaError(f"{where}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if not self.head_dim and self.hidden % self.heads and not self.mla:
