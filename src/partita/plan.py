@@ -241,6 +241,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         if isinstance(value, str):
             value = value.replace("/", " ").replace(":", " ").split()
         try:
+            if any(isinstance(v, (bool, float)) for v in value):  # int(1.5) would truncate silently
+                raise ValueError(value)
             return tuple(int(v) for v in value)
         except (TypeError, ValueError):
             raise PartitaError(f"{where}: layer_split must be a list of integers, got {value!r}") from None
@@ -303,6 +305,8 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"global batch {plan.gbs} must be a multiple of dp*mbs = {plan.dp}*{plan.mbs} = {plan.dp * plan.mbs}")
     if plan.vpp > 1 and plan.pp == 1:
         errs.append(f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)")
+    if model is None and plan.layer_split and len(plan.layer_split) != plan.pp * plan.vpp:  # with a model: below
+        errs.append(f"layer_split has {len(plan.layer_split)} entries, needs pp*vpp = {plan.pp * plan.vpp}")
     if plan.vpp > 1 and plan.schedule not in ("interleaved-1f1b", "zero-bubble"):
         errs.append(f"vpp={plan.vpp} needs schedule interleaved-1f1b or zero-bubble, not {plan.schedule}")
     if plan.schedule == "interleaved-1f1b" and plan.vpp > 1 and plan.gbs % (plan.dp * plan.mbs) == 0 \
