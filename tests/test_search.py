@@ -8,7 +8,9 @@ import pytest
 from partita.estimate import estimate
 from partita.plan import validate
 from partita.search import SearchSpace, search_plans
+from partita.cost.step import step_time_lower_bound
 from partita.search.explain import why_not
+from partita.search.layouts import cheap_bound, layouts_by_bound
 from partita.search.space import best_split
 from partita.spec.hardware import make_cluster
 from partita.spec.load import load_model
@@ -240,3 +242,21 @@ def test_why_not_structural_alternatives_match_brute_force(name):
                 assert min(found) == every[0], (knob, value)
                 checked += 1
     assert checked >= 4
+
+
+@pytest.mark.parametrize("name, hardware, devices, gbs, seq", [
+    ("llama-65b", "ascend-910b2", 512, 2048, 2048),  # uneven min-max splits (80 layers), interleaving
+    ("mixtral-8x22b", "ascend-910b2", 256, 1024, 4096),  # MoE: ep, cp, uneven interleaved splits
+])
+def test_queue_key_never_above_exact_bound(name, hardware, devices, gbs, seq):
+    """The search files layouts under a cheap bound and computes the exact one only when a
+    layout comes up; the order is only exact if the cheap bound is never above the exact
+    one, for every layout of a whole space (a cost-model change can break this)."""
+    model, cluster = load_model(name), make_cluster(hardware, devices)
+    queue = layouts_by_bound(model, cluster, gbs, seq, SearchSpace(), True, [])
+    assert len(queue.layouts) > 400
+    for lay in queue.layouts:
+        exact = step_time_lower_bound(model, cluster, lay.plan)
+        assert lay.key == cheap_bound(model, cluster, lay.plan) <= exact, lay.plan.summary()
+    bounds = [lay.bound for lay in queue]  # iterating refines every layout, in order
+    assert bounds == sorted(bounds) and len(bounds) == len(queue.layouts)

@@ -3,18 +3,22 @@
 Every structural layout (tp, cp, pp, dp, ep, mbs, vpp and its layer split) gets a lower
 bound of the step time of any plan it can produce (:func:`step_time_lower_bound`:
 per-micro-batch compute and communication through the pipeline, no recompute). Layouts
-are evaluated in bound order; once the next bound is no better than the K-th best plan
-found, every later layout is provably slower and the first pass stops. A second pass
-finds the best plan at the two values nearest the winner's of every knob (the "why not"
-alternatives), with the same rule per value.
+come out of a queue in bound order (:class:`.layouts.LayoutQueue`); once the next bound
+is no better than the K-th best plan found, every later layout is provably slower and
+the first pass stops. A second pass finds the best plan at the two values nearest the
+winner's of every knob (the "why not" alternatives), with the same rule per value.
 
-Evaluating a layout walks its memory-saving knobs in order of cost - recompute none ->
-selective -> full, zero 1 -> 2, and zero 3 separately when allowed - and keeps the first
-setting that fits (each later setting only adds time in the cost model, so nothing
-faster is skipped). Memory dominance rules out layouts that cannot fit without
-evaluating them. Every memory evaluation of a setting is counted in
-``candidates_evaluated``; layouts and settings ruled out by a bound in
-``candidates_pruned`` (memory) and ``candidates_bounded`` (time).
+Evaluating a layout first computes the memory of every memory-saving setting
+(recompute none -> selective -> full, in three ZeRO families: zero <= 1, zero 2, zero
+3). Its bound then rises to the least bound of the settings that fit (more recompute,
+ZeRO-2's per-micro-batch reduce-scatters and ZeRO-3's gathers only add time), and the
+layout goes back into the queue under that bound: most layouts that only fit with
+recompute or sharding never come up again. A layout that does is walked: the first
+setting that fits in each family is estimated, unless its own bound rules it out.
+Memory dominance rules out layouts that cannot fit without evaluating them. Every
+memory evaluation of a setting is counted in ``candidates_evaluated``; layouts and
+settings ruled out by a bound in ``candidates_pruned`` (memory) and
+``candidates_bounded`` (time).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from ..estimate import Estimate
 from ..plan import Plan
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
-from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, layouts_by_bound
+from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound
 from .space import SearchSpace
 
 
@@ -102,9 +106,11 @@ class _Search:
         # dominates fails too.
         self.failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
         self.best_by_knob: dict[tuple[str, object], float] = {}
-        self.plain_fails_from: dict[tuple, int] = {}  # smallest mbs at which no recompute-free setting fits
         self.tried: set[tuple[str, object]] = set()  # knob values with at least one attempt
         self.top_heap: list[float] = []  # negated step times of the best `top` rankable plans
+        self._bounds: dict[tuple[int, str, int], float] = {}  # setting_bound's memo: (id(layout), recompute, zero)
+        self.ranking_open = True  # estimates enter the ranking (first pass), else only explain
+        self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
 
     def kth_best(self) -> float:
         """The step time a plan must beat to enter the top K (inf until K plans are found)."""
@@ -115,90 +121,159 @@ class _Search:
                    and ((pp_f == plan.pp and vpp_f == plan.vpp) or (vpp_f == 1 and pp_f >= plan.pp > 1))
                    for pp_f, vpp_f, ep_f, mbs_f in self.failed.get((plan.tp, plan.cp), ()))
 
-    def evaluate(self, layout: Layout, wanted: list[tuple[str, object]] | None = None) -> None:
-        """Memory of every ladder setting, then the estimate of the first that fits (per
-        ZeRO group). ``wanted``: the knob values this evaluation is for (the second pass);
-        None means the top-K ranking (the first pass). A wanted recompute or ZeRO value
-        gets its own walk: the cheapest setting of the layout with that value."""
-        layout.done = True
+    def evaluate(self, layout: Layout, wanted: list[tuple[str, object]] | None = None) -> bool:
+        """Memory of the layout's settings, then the estimate of the first that fits in
+        each ZeRO family. ``wanted``: the knob values this evaluation is for (the second
+        pass); None means the top-K ranking (the first pass). A wanted recompute or ZeRO
+        value gets its own walk: the cheapest setting of the layout with that value.
+
+        In two steps. First the memory of every setting (:meth:`_memory_rules_out`): when
+        only settings with recompute, ZeRO-2 or ZeRO-3 fit, the layout's floor rises to
+        the least bound of those and True is returned - the layout waits in the queue
+        under that floor, and is walked (the second step) only if it comes up again
+        before the search stops; most never do. A layout walked or bounded out in the
+        first pass stays open (``done`` False) for the second, which walks it again for
+        the "why not" values the first did not settle."""
         base, ladder = layout.plan, layout.ladder
-        if self.dominated(base) and (wanted is None or all(knob_value in self.tried for knob_value in wanted)):
-            self.pruned += 1
-            return
-        # the setting with the least memory first: if even that does not fit, no setting does
-        leanest = max(ladder, key=lambda st: (st[1], RECOMPUTE_ORDER[st[0]]))
-        self.evaluated += 1
-        self.tried.update(layout.knob_values)
-        peak_bytes, peak_rank = peak_memory_ladder(self.model, self.cluster.device, base, [leanest])[leanest]
-        if not fits(peak_bytes, self.usable):
-            self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
-                                         peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
-            self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
-            return
-        if self._needs_recompute_or_zero3(layout, leanest, wanted):
-            return
-        peaks = peak_memory_ladder(self.model, self.cluster.device, base, ladder)  # all settings share the work
-        counted = {leanest}
+        layout.done = True
+        if layout.peaks is None:
+            if self._memory_rules_out(layout, wanted):
+                return False
+            if layout.waiting:
+                return True
+        elif layout.waiting:
+            layout.waiting = False
+            if self._rules_out(layout, layout.floor, wanted):  # the floor bounds every plan that fits
+                self.bounded += 1
+                layout.done = wanted is not None
+                return False
+        peaks = layout.peaks
         estimated: list[Plan] = []
+        bounded = self.bounded
         if wanted is None or any(k not in LADDER_KNOBS for k, _ in wanted):
-            # walk each ladder (zero <= 2, then zero 3) in order of cost; keep the first fit
-            # of each. ZeRO-3 only adds communication to the same compute, so it is only
-            # worth trying with a lighter recompute than the zero <= 2 ladder needed.
-            heaviest = 3
-            for group in ([st for st in ladder if st[1] < 3], [st for st in ladder if st[1] == 3]):
-                for step in group:
-                    weight = RECOMPUTE_ORDER[step[0]]
-                    if step[1] == 3 and weight >= heaviest:
-                        break
-                    if self._try(layout, step, peaks, counted, wanted, estimated):
-                        if step[1] < 3:
-                            heaviest = weight
-                        break
+            self._walk(layout, peaks, wanted, estimated)
         for knob, value in wanted or ():
             if knob in LADDER_KNOBS and not any(getattr(p, knob) == value for p in estimated):
                 index = LADDER_KNOBS.index(knob)
                 for step in (st for st in ladder if st[index] == value):
-                    if self._try(layout, step, peaks, counted, [(knob, value)], estimated):
+                    if self._try(layout, step, peaks, [(knob, value)], estimated):
                         break
-
-    def _needs_recompute_or_zero3(self, layout: Layout, leanest: tuple[str, int], wanted) -> bool:
-        """True (and counted as bounded) when no recompute-free ZeRO <= 2 setting fits and
-        the cheapest settings left - recompute with ZeRO <= 2, or ZeRO-3 - are bounded
-        out. Many layouts with a low bound only fit with recompute or ZeRO-3; this rules
-        them out with one memory figure and two bounds instead of the whole ladder."""
-        if wanted is not None and any(k in LADDER_KNOBS for k, _ in wanted):
-            return False
-        plain = [st for st in layout.ladder if st[0] == "none" and st[1] < 3]
-        if not plain or plain[-1] == leanest:
-            return False
-        base = layout.plan
-        # activation memory grows with mbs, all else equal: once a recompute-free setting
-        # fails at some mbs, it fails at every larger one
-        shape_key = (base.tp, base.cp, base.pp, base.vpp, base.ep, base.dp)
-        if base.mbs < self.plain_fails_from.get(shape_key, 1 << 30):
-            lightest = max(plain, key=lambda st: st[1])  # the recompute-free setting with the least memory
-            peak_bytes, _ = peak_memory_ladder(self.model, self.cluster.device, base, [lightest])[lightest]
-            if fits(peak_bytes, self.usable):
-                return False
-            self.plain_fails_from[shape_key] = base.mbs
-        # the first setting of each family left: more recompute (ZeRO <= 2) or ZeRO-3;
-        # later settings of a family only add time
-        rest = [st for st in layout.ladder if st not in plain]
-        firsts = [next(st for st in rest if (st[1] == 3) == z3) for z3 in (False, True) if any((st[1] == 3) == z3 for st in rest)]
-        lb = min(step_time_lower_bound(self.model, self.cluster, layout.plan.with_(recompute=rc, zero=z)) for rc, z in firsts)
-        if self._rules_out(layout, lb, wanted):
-            self.bounded += 1
-            return True
+        if wanted is None:
+            # the second pass may walk the layout again for the "why not" values whose best
+            # plan in this layout the first walk did not settle
+            layout.done = False
+            layout.resolved = set() if self.bounded > bounded else self._settled(layout, peaks, estimated)
         return False
 
-    def _try(self, layout: Layout, step: tuple[str, int], peaks: dict, counted: set,
+    def _settled(self, layout: Layout, peaks: dict, estimated: list[Plan]) -> set[tuple[str, object]]:
+        """The knob values whose best plan in the layout a first-pass walk with nothing
+        bounded out has found: its structural values (the best plan of the layout is
+        among the walk's estimates), the recompute mode and ZeRO stage of each estimate
+        (each is the first fit of its family, so the fastest plan with its mode and its
+        stage), and the values no setting that fits has."""
+        settled = {kv for kv in layout.knob_values if kv[0] not in LADDER_KNOBS}
+        settled.update(kv for plan in estimated for kv in (("recompute", plan.recompute), ("zero", plan.zero)))
+        fitting = [st for st in layout.ladder if fits(peaks[st][0], self.usable)]
+        settled.update(kv for kv in layout.knob_values if kv[0] in LADDER_KNOBS
+                       and not any(st[LADDER_KNOBS.index(kv[0])] == kv[1] for st in fitting))
+        return settled
+
+    def _memory_rules_out(self, layout: Layout, wanted) -> bool:
+        """The first step of :meth:`evaluate`: True when memory dominance, the leanest
+        setting's memory or the floor of the settings that fit rules the layout out.
+        Else the memory of every setting is kept on the layout, and ``layout.waiting`` is
+        set when the floor rose (the layout should wait in the queue)."""
+        base, ladder = layout.plan, layout.ladder
+        if self.dominated(base) and (wanted is None or all(knob_value in self.tried for knob_value in wanted)):
+            self.pruned += 1
+            return True
+        # every setting at once (they share most of the work); the one with the least
+        # memory first: if even that does not fit, no setting does
+        peaks = peak_memory_ladder(self.model, self.cluster.device, base, ladder)
+        self.evaluated += len(ladder)
+        self.tried.update(layout.knob_values)
+        leanest = max(ladder, key=lambda st: (st[1], RECOMPUTE_ORDER[st[0]]))
+        peak_bytes, peak_rank = peaks[leanest]
+        if not fits(peak_bytes, self.usable):
+            self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
+                                         peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
+            self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
+            return True
+        layout.peaks = peaks
+        floor = max(layout.floor, min(self.setting_bound(layout, *st) for st in self._family_firsts(layout)))
+        if floor > layout.floor:
+            layout.floor = floor
+            if self._rules_out(layout, floor, wanted):
+                self.bounded += 1
+                layout.done = wanted is not None  # bounded by the top K only: the second pass may want it
+                return True
+            layout.waiting, layout.done = True, False
+        return False
+
+    def _family_firsts(self, layout: Layout) -> list[tuple[str, int]]:
+        """The settings :meth:`_walk` can estimate: the first that fits of each ZeRO family,
+        a later family only with a lighter recompute than the earlier ones needed (at
+        equal recompute ZeRO-2 and ZeRO-3 only add time). Every plan of the layout that
+        fits is at least as slow as one of them."""
+        firsts: list[tuple[str, int]] = []
+        limit = len(RECOMPUTE_ORDER)
+        for family in ((0, 1), (2,), (3,)):
+            for step in (st for st in layout.ladder if st[1] in family):
+                weight = RECOMPUTE_ORDER[step[0]]
+                if weight >= limit:
+                    break
+                if fits(layout.peaks[step][0], self.usable):
+                    firsts.append(step)
+                    limit = weight
+                    break
+        return firsts
+
+    def _walk(self, layout: Layout, peaks: dict, wanted, estimated: list[Plan]) -> None:
+        """Each ZeRO family - zero <= 1, zero 2, zero 3 - in order of recompute, keeping
+        the first setting of each that fits: within a family more recompute only adds
+        time. Across families, at equal recompute, ZeRO-2 adds its per-micro-batch
+        reduce-scatters to ZeRO <= 1's time and ZeRO-3 its gathers to both, so ZeRO-2 is
+        only worth trying with a lighter recompute than the zero <= 1 family needed, and
+        ZeRO-3 with a lighter one than either needed."""
+        limit = len(RECOMPUTE_ORDER)
+        for family in ((0, 1), (2,), (3,)):
+            for step in (st for st in layout.ladder if st[1] in family):
+                weight = RECOMPUTE_ORDER[step[0]]
+                if weight >= limit:
+                    break
+                if self._try(layout, step, peaks, wanted, estimated):
+                    limit = weight
+                    break
+
+    def setting_bound(self, layout: Layout, recompute: str, zero: int) -> float:
+        """Lower bound of the layout's plan with this setting (memoised per layout):
+        :func:`step_time_lower_bound`, plus ZeRO-2's per-micro-batch reduce-scatter floor
+        (:func:`zero2_accumulation_floor`) for zero 2."""
+        key = (id(layout), recompute, zero)
+        lb = self._bounds.get(key)
+        if lb is None:
+            if recompute == "none" and zero < 3:
+                lb = layout.bound  # the layout's bound is this plan's
+            else:
+                lb = step_time_lower_bound(self.model, self.cluster, layout.plan.with_(recompute=recompute, zero=zero))
+            if zero == 2:
+                # ZeRO-2's floor does not depend on the recompute mode (widest window)
+                floor_key = (id(layout), "", 2)
+                floor = self._bounds.get(floor_key)
+                if floor is None:
+                    floor = self._bounds[floor_key] = zero2_accumulation_floor(
+                        self.model, self.cluster, layout.plan.with_(zero=2))
+                lb += floor
+            self._bounds[key] = lb
+        return lb
+
+    def _try(self, layout: Layout, step: tuple[str, int], peaks: dict,
              wanted: list[tuple[str, object]] | None, estimated: list[Plan]) -> bool:
         """One ladder setting: an attempt, and the estimate if it fits and can matter.
         True when it fits (estimated or bounded)."""
+        if (id(layout), step) in self.estimated_steps:
+            return True  # estimated by an earlier walk of this layout
         plan = layout.plan.with_(recompute=step[0], zero=step[1])
-        if step not in counted:
-            counted.add(step)
-            self.evaluated += 1
         pb, pr = peaks[step]
         attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
@@ -208,11 +283,11 @@ class _Search:
             attempt.bounded = True
             self.bounded += 1
             return True
-        self._record(Estimate(model=self.model, cluster=self.cluster, plan=plan,
-                              time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable),
-                     layout.rankable)
-        attempt.estimate = self.fitting[-1]
+        attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
+                                    time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable)
+        self._record(attempt.estimate, layout.rankable)
         estimated.append(plan)
+        self.estimated_steps.add((id(layout), step))
         return True
 
     def bound_for(self, layout: Layout, knob_value: tuple[str, object]) -> float:
@@ -220,22 +295,19 @@ class _Search:
         with that recompute mode for a recompute value, with ZeRO-3's gathers for zero 3
         (each only adds time), else the layout's own."""
         if knob_value not in (("recompute", "selective"), ("recompute", "full"), ("zero", 3)) \
-                or layout.bound >= self.best_by_knob.get(knob_value, float("inf")):
-            return layout.bound
+                or layout.floor >= self.best_by_knob.get(knob_value, float("inf")):
+            return layout.floor
         knob, value = knob_value
-        return step_time_lower_bound(self.model, self.cluster, layout.plan.with_(**{knob: value}))
+        bound = self.setting_bound(layout, value, layout.plan.zero) if knob == "recompute" else \
+            self.setting_bound(layout, "none", 3)
+        return max(bound, layout.floor)
 
     def _cannot_matter(self, layout: Layout, plan: Plan, wanted) -> bool:
         """True when the plan's lower bound shows it can change neither the top K (first
         pass) nor the best plan of any knob value it is evaluated for (second pass)."""
         if wanted is None and (not layout.rankable or self.kth_best() == float("inf")):
             return False
-        if plan.recompute == "none" and plan.zero < 3:
-            lb = layout.bound  # the layout's bound is this plan's
-        else:
-            lb = step_time_lower_bound(self.model, self.cluster, plan)
-        lb += zero2_accumulation_floor(self.model, self.cluster, plan)  # ZeRO-2's per-micro-batch reduce-scatters
-        return self._rules_out(layout, lb, wanted)
+        return self._rules_out(layout, self.setting_bound(layout, plan.recompute, plan.zero), wanted)
 
     def _rules_out(self, layout: Layout, lb: float, wanted) -> bool:
         if wanted is None:
@@ -243,12 +315,14 @@ class _Search:
         return all(lb >= self.best_by_knob.get(knob_value, float("inf")) for knob_value in wanted)
 
     def _record(self, est: Estimate, rankable: bool) -> None:
-        self.fitting.append(est)
+        if self.ranking_open:  # the first pass: the top-K ranking; later estimates only explain
+            self.fitting.append(est)
         t = est.step_time_s
-        for knob_value in ((k, getattr(est.plan, k)) for k in EXPLAINED_KNOBS):
+        # a plan whose tp group crosses nodes explains its tp value only (see _alternatives)
+        for knob_value in ((k, getattr(est.plan, k)) for k in (EXPLAINED_KNOBS if rankable else ("tp",))):
             if t < self.best_by_knob.get(knob_value, float("inf")):
                 self.best_by_knob[knob_value] = t
-        if rankable and self.top:
+        if rankable and self.top and self.ranking_open:
             if len(self.top_heap) < self.top:
                 heapq.heappush(self.top_heap, -t)
             elif t < -self.top_heap[0]:
@@ -275,34 +349,23 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     search = _Search(model, cluster, usable, top)
     for layout in layouts:
         if layout.rankable:
-            if layout.bound >= search.kth_best():
+            if layout.floor >= search.kth_best():
                 break
-            search.evaluate(layout)
+            if search.evaluate(layout):
+                layouts.push(layout)  # it waits under its raised floor
     if not search.fitting:  # nothing fits: every layout counts for the smallest memory reached
+        layouts = layouts.with_cross_node(True)
         for layout in layouts:
-            if not layout.done:
-                search.evaluate(layout)
+            if search.evaluate(layout):
+                layouts.push(layout)
     alternatives: dict[str, list] = {}
     if search.fitting:
         best = min((e for e in search.fitting if space.tp or e.plan.tp <= cluster.devices_per_node),
                    key=lambda e: e.step_time_s, default=None)
         if best is not None:
-            values: dict[str, set] = {knob: set() for knob in EXPLAINED_KNOBS}
-            for knob, value in {knob_value for lay in layouts for knob_value in lay.knob_values}:
-                values[knob].add(value)
-            for knob in EXPLAINED_KNOBS:
-                alternatives[knob] = nearest_values(knob, getattr(best.plan, knob), values[knob])
-            targets = {(k, v) for k, vs in alternatives.items() for v in vs}
-            for layout in layouts:
-                if layout.done:
-                    continue
-                if layout.bound >= max(search.best_by_knob.get(knob_value, float("inf")) for knob_value in targets):
-                    break  # sorted by bound: no later layout can improve any alternative
-                wanted = [knob_value for knob_value in layout.knob_values if knob_value in targets
-                          and search.bound_for(layout, knob_value) < search.best_by_knob.get(knob_value, float("inf"))]
-                if wanted:
-                    search.evaluate(layout, wanted)
-    skipped = sum(1 for lay in layouts if not lay.done)
+            alternatives, layouts = _alternatives(search, layouts, best.plan, cluster.devices_per_node)
+    # never evaluated, or left waiting under a floor the search never reached
+    skipped = sum(1 for lay in layouts.layouts if lay.peaks is None and not lay.done) + len(layouts.deferred_structures)
     fitting = sorted(search.fitting, key=lambda e: e.step_time_s)
     # keep tp groups inside a node for the ranking unless the user fixed tp; cross-node
     # candidates stay in `attempts` for the explanations
@@ -311,6 +374,32 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
                         candidates_evaluated=search.evaluated, candidates_pruned=search.pruned,
                         candidates_bounded=search.bounded + skipped, search_time_s=time.perf_counter() - t0,
                         memory_limit_gib=usable, invalid=invalid, alternatives=alternatives)
+
+
+def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,
+                  per_node: int) -> tuple[dict[str, list], LayoutQueue]:
+    """The second pass: for each knob, the values nearest the best plan's, and the best
+    plan the search can find at each (the "why not" alternatives). Layouts in bound order
+    again, each evaluated for the values whose best it may still beat, until no layout
+    left can beat any. A layout whose tp group crosses nodes serves only its tp value
+    (the ranking leaves such plans out, so they explain tp alone), and is built only when
+    such a tp value is wanted. Returns the alternatives and the queue it walked."""
+    values: dict[str, set] = {knob: set() for knob in EXPLAINED_KNOBS}
+    for knob, value in {kv for lay in layouts.layouts for kv in lay.knob_values} | layouts.deferred_values:
+        values[knob].add(value)
+    alternatives = {knob: nearest_values(knob, getattr(best, knob), values[knob]) for knob in EXPLAINED_KNOBS}
+    targets = {(k, v) for k, vs in alternatives.items() for v in vs}
+    search.ranking_open = False
+    rest = layouts.with_cross_node(any(v > per_node for v in alternatives["tp"]))
+    best_by_knob = search.best_by_knob
+    for layout in rest:
+        if layout.floor >= max(best_by_knob.get(kv, float("inf")) for kv in targets):
+            break  # sorted by bound: no later layout can improve any alternative
+        wanted = [kv for kv in layout.knob_values if kv in targets and (layout.rankable or kv[0] == "tp")
+                  and kv not in layout.resolved and search.bound_for(layout, kv) < best_by_knob.get(kv, float("inf"))]
+        if wanted and search.evaluate(layout, wanted):
+            rest.push(layout)
+    return alternatives, rest
 
 
 def infeasible_message(result: SearchResult) -> str:

@@ -2,15 +2,25 @@
 its layer split) with its ladder of memory-saving settings and the lower bound of the
 step time of any plan it can produce. The rules that shape the space are stated in
 :mod:`.space`; :mod:`.engine` searches it.
+
+The exact bound (:func:`step_time_lower_bound`) costs a walk over the layout's rank
+shapes and its optimizer floor; most layouts of a large space are never reached by the
+branch and bound, so :class:`LayoutQueue` first files each layout under a cheaper bound
+that is never above the exact one (:func:`cheap_bound`) and computes the exact bound only
+when the layout comes up - the order in which layouts come out is still exactly the
+order of their exact bounds.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 from ..cost.compute import layer_forward, output_forward
+from ..cost.pipeline import pipeline_time_of
 from ..cost.shape import layer_shape
-from ..cost.step import step_time_lower_bound
+from ..cost.step import stage_terms, step_time_lower_bound
 from ..plan import Plan, balanced_split, validate
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
@@ -93,10 +103,102 @@ class Layout:
 
     plan: Plan
     ladder: list[tuple[str, int]]
-    bound: float
+    bound: float | None  # the exact lower bound; None until the layout comes up in its queue
     rankable: bool
     knob_values: tuple[tuple[str, object], ...]  # every (knob, value) its plans can have
     done: bool = False
+    key: float = 0.0  # a bound <= ``bound`` (:func:`cheap_bound`): the layout's place until it is refined
+    #: the least time any of its plans that fit can take, as far as the search knows: its
+    #: bound, raised once the memory of its recompute-free settings is known
+    floor: float = 0.0
+    waiting: bool = False  # its memory is known, its ladder not walked yet (see _Search.evaluate)
+    index: int = 0  # enumeration order: ties in the queue keep it
+    #: the memory of every setting, once the search has computed it (see _Search.evaluate)
+    peaks: dict | None = None
+    resolved: set = frozenset()  # knob values whose best plan here the first pass settled
+
+
+#: Relative slack taken off the cheap bound, so that rounding (the exact bound sums the
+#: same terms in another order) never puts it above the exact one.
+_CHEAP_SLACK = 1e-9
+
+
+def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """A lower bound of :func:`step_time_lower_bound` that needs no layer split and no
+    walk over rank shapes: the per-micro-batch terms of every layer, both ends and every
+    rank's pipeline constant sum to the same total ``T`` whatever the split, the slowest
+    rank takes at least ``T / pp``, and the pipeline time ``m s + (T - s) / v`` (zero-
+    bubble: a third of the fill/drain) does not fall as the slowest stage ``s`` grows
+    (``m >= 1 >= 1 / v``); what follows the pipeline (>= 0) is left out. Checked against
+    the exact bound on whole spaces in tests/test_search.py."""
+    times = stage_terms(model, cluster, plan)[1]
+    moe = model.moe_layers
+    total = ((model.layers - moe) * times.dense + moe * times.moe + times.embedding + times.output
+             + plan.pp * times.per_stage)
+    return pipeline_time_of(total, total / plan.pp, plan.grad_accum, plan.vpp, plan.schedule) * (1 - _CHEAP_SLACK)
+
+
+class LayoutQueue:
+    """The layouts in order of their exact lower bound (ties in enumeration order, as a
+    stable sort would leave them), computed on demand: a heap keyed by the cheap bound
+    until a layout is popped, then by its exact bound. A layout popped with its exact
+    bound comes before every layout left, whose keys - and so exact bounds - are no
+    smaller. Iterating again starts from the first layout.
+
+    Layouts whose tp group crosses nodes (not ranked unless the user fixed tp) are built
+    only when :meth:`with_cross_node` asks for them: they matter only to explain a tp
+    value beyond the node, or when nothing else fits."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, layouts: list[Layout],
+                 deferred: "_LayoutBuilder | None" = None):
+        self.model, self.cluster, self.layouts = model, cluster, layouts
+        for i, lay in enumerate(layouts):
+            lay.index = i
+        self._heap = [(lay.floor if lay.bound is not None else lay.key, i, lay) for i, lay in enumerate(layouts)]
+        heapq.heapify(self._heap)
+        self._ordered: list[Layout] = []
+        self._deferred = deferred
+
+    @property
+    def deferred_values(self) -> set[tuple[str, object]]:
+        """The (knob, value) pairs of the layouts not built yet."""
+        return self._deferred.values if self._deferred else set()
+
+    @property
+    def deferred_structures(self) -> list[tuple]:
+        """The structures not built yet (never evaluated)."""
+        return self._deferred.pending if self._deferred else []
+
+    def with_cross_node(self, build: bool) -> "LayoutQueue":
+        """A new queue of the layouts not evaluated yet, in bound order from the start,
+        with the deferred cross-node layouts built and added when ``build``."""
+        rest = [lay for lay in self.layouts if not lay.done]
+        extra = self._deferred.build() if build and self._deferred else []
+        queue = LayoutQueue(self.model, self.cluster, rest + extra, None if build else self._deferred)
+        queue.layouts = self.layouts + extra  # every layout, for the counts
+        return queue
+
+    def _pop_next(self) -> bool:
+        heap = self._heap
+        while heap:
+            key, i, lay = heapq.heappop(heap)
+            if lay.bound is None:
+                lay.bound = lay.floor = step_time_lower_bound(self.model, self.cluster, lay.plan)
+                heapq.heappush(heap, (lay.bound, i, lay))
+            else:
+                self._ordered.append(lay)
+                return True
+        return False
+
+    def push(self, layout: Layout) -> None:
+        """Put a layout back under its (raised) floor; iteration meets it again in order."""
+        heapq.heappush(self._heap, (layout.floor, layout.index, layout))
+
+    def __iter__(self) -> Iterator[Layout]:
+        i = 0
+        while i < len(self._ordered) or self._pop_next():
+            yield self._ordered[i]
+            i += 1
 
 
 def _ladder(space: SearchSpace, dp: int, cp: int) -> list[tuple[str, int]]:
@@ -108,44 +210,84 @@ def _ladder(space: SearchSpace, dp: int, cp: int) -> list[tuple[str, int]]:
     return [step for step in dict.fromkeys(ladder) if space.zero is None or step[1] == space.zero]
 
 
-def layouts_by_bound(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace,
-             cross_node_tp: bool, invalid: list[str]) -> list[Layout]:
-    """Every valid layout, cheapest lower bound first (the search's hot loop: thousands
-    of layouts, so what depends on few fields is computed once per value)."""
-    layouts = []
-    ladders = {replicated: _ladder(space, 2 if replicated else 1, 1) for replicated in (False, True)}
-    ladder_values = {replicated: tuple([("recompute", rc) for rc in dict.fromkeys(rc for rc, _ in ladder)]
-                                       + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
-                     for replicated, ladder in ladders.items()}
-    output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
-    for tp, cp, pp, dp, ep, mbs, vpp in structures(model, cluster, global_batch, seq_len, space, cross_node_tp):
+class _LayoutBuilder:
+    """Builds :class:`Layout` records from structures (what depends on few fields is
+    computed once per value: the search's hot loop runs over thousands of layouts)."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace,
+                 invalid: list[str]):
+        self.model, self.cluster, self.space, self.invalid = model, cluster, space, invalid
+        ladders = {replicated: _ladder(space, 2 if replicated else 1, 1) for replicated in (False, True)}
+        self.ladders = ladders
+        self.ladder_values = {replicated: tuple([("recompute", rc) for rc in dict.fromkeys(rc for rc, _ in ladder)]
+                                                + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
+                              for replicated, ladder in ladders.items()}
+        self.output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
+        # every field the structure does not set, once (Plan.with_ is a dict update)
+        self.proto = Plan(gbs=global_batch, seq_len=seq_len, dtype=space.dtype, **space.options)
+        self.pending: list[tuple] = []  # deferred structures
+        self.values: set[tuple[str, object]] = set()
+
+    def defer(self, structure: tuple) -> None:
+        self.pending.append(structure)
+        tp, cp, pp, dp, ep, mbs, vpp = structure
+        if self.ladders[dp * cp > 1]:
+            self.values.update((("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs))
+                               + self.ladder_values[dp * cp > 1])
+
+    def build(self) -> list[Layout]:
+        out = [lay for lay in map(self.layout, self.pending) if lay is not None]
+        self.pending, self.values = [], set()
+        return out
+
+    def layout(self, structure: tuple) -> Layout | None:
+        """The layout of one structure, or None (invalid: the reason goes to ``invalid``)."""
+        model, cluster = self.model, self.cluster
+        tp, cp, pp, dp, ep, mbs, vpp = structure
         replicated = dp * cp > 1
-        ladder = ladders[replicated]
+        ladder = self.ladders[replicated]
         if not ladder:
-            continue
-        base = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
-                    mbs=mbs, gbs=global_batch, seq_len=seq_len, dtype=space.dtype,
-                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **space.options)
+            return None
+        base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
+                                mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
         if pp * vpp > 1:
-            # layer split: even when possible, else the exact min-max split (vpp = 1; the
-            # last stage also carries the output layer) or Megatron's embedding-aware
-            # balanced split (vpp > 1)
-            if vpp > 1:
-                split = None if model.layers % (pp * vpp) == 0 else balanced_split(model.layers, pp * vpp)
-            else:
-                shape_key = (tp, cp, ep, mbs)
-                if shape_key not in output_ratio:
-                    output_ratio[shape_key] = _output_in_layers(model, cluster, base)
-                split = _min_max_split(model.layers, pp, output_ratio[shape_key])
+            split = self._split(base)
             if split is not None:
                 base = base.with_(layer_split=split)
         errs = validate(base, model, cluster.world_size)
         if errs:
-            invalid.append(f"{base.summary()}: {errs[0]}")
-            continue
+            self.invalid.append(f"{base.summary()}: {errs[0]}")
+            return None
         # no setting of the layout is faster than its terms with no recompute (base has none)
-        bound = step_time_lower_bound(model, cluster, base)
-        knobs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs)) + ladder_values[replicated]
-        layouts.append(Layout(base, ladder, bound, bool(space.tp) or tp <= cluster.devices_per_node, knobs))
-    layouts.sort(key=lambda lay: lay.bound)  # stable: ties keep the enumeration order
-    return layouts
+        knobs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs)) + self.ladder_values[replicated]
+        return Layout(base, ladder, None, bool(self.space.tp) or tp <= cluster.devices_per_node, knobs,
+                      key=cheap_bound(model, cluster, base))
+
+    def _split(self, base: Plan) -> tuple[int, ...] | None:
+        """The layer split of a pipelined layout: even when possible, else the exact
+        min-max split (vpp = 1; the last stage also carries the output layer) or
+        Megatron's embedding-aware balanced split (vpp > 1)."""
+        model, pp, vpp = self.model, base.pp, base.vpp
+        if vpp > 1:
+            return None if model.layers % (pp * vpp) == 0 else balanced_split(model.layers, pp * vpp)
+        shape_key = (base.tp, base.cp, base.ep, base.mbs)
+        ratio = self.output_ratio.get(shape_key)
+        if ratio is None:
+            ratio = self.output_ratio[shape_key] = _output_in_layers(model, self.cluster, base)
+        return _min_max_split(model.layers, pp, ratio)
+
+
+def layouts_by_bound(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace,
+                     cross_node_tp: bool, invalid: list[str]) -> LayoutQueue:
+    """Every valid layout, cheapest lower bound first; the cross-node tp ones (never
+    ranked unless the user fixed tp) deferred until :meth:`LayoutQueue.with_cross_node`."""
+    builder = _LayoutBuilder(model, cluster, global_batch, seq_len, space, invalid)
+    layouts = []
+    for structure in structures(model, cluster, global_batch, seq_len, space, cross_node_tp):
+        if not space.tp and structure[0] > cluster.devices_per_node:
+            builder.defer(structure)
+            continue
+        lay = builder.layout(structure)
+        if lay is not None:
+            layouts.append(lay)
+    return LayoutQueue(model, cluster, layouts, builder)
