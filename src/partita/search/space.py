@@ -29,7 +29,10 @@ from functools import lru_cache
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, found up to sqrt(n) (a global batch of 2^24 took
+    100 s with a scan up to n; issue 16)."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def powers_of_two(limit: int) -> list[int]:
