@@ -38,10 +38,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: to
 
     With expert parallel (``edp_mesh``), each block's routed experts - different on every ep
     rank - are sharded first, over the expert-data-parallel ranks that hold the same
-    experts; their gradients (already summed over the ep ranks whose tokens they processed,
-    see :class:`GradientSync`) are summed over edp and divided by ``dp`` (the size of the
-    data-parallel group: dp x cp with context parallel), as torchtitan does
-    (``set_gradient_divide_factor``)."""
+    experts (with their tp peers, which compute the same expert gradients); their
+    gradients (already summed over the ep ranks whose tokens they processed, see
+    :class:`GradientSync`) are summed over that mesh and divided by ``dp`` (its size
+    times ep: dp x cp x tp), as torchtitan does (``set_gradient_divide_factor``)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     reshard = zero >= 3
     for block in blocks(model):

@@ -37,20 +37,27 @@ def _ranks(plan: Plan, axis: str, rank: int) -> list[int]:
         data_group = axis_ranks(plan, "dp_cp", rank)
         pos = data_group.index(rank)
         return [r for i, r in enumerate(data_group) if i % plan.ep == pos % plan.ep]
+    if axis == "edp_tp":  # the edp ranks and their tp peers, which hold the same experts (etp = 1)
+        return sorted(m - m % plan.tp + t for m in _ranks(plan, "edp", rank) for t in range(plan.tp))
     raise ValueError(axis)
 
 
 def expert_mesh(plan: Plan, device_type: str) -> DeviceMesh:
-    """A (pp, edp, ep, tp) mesh: each flattened dp x cp group split into ``dp cp / ep``
-    expert-data-parallel replicas of ``ep`` consecutive members, the layout
-    :func:`plan.axis_ranks` gives the ep axis (stride tp inside the flattened (dp, cp)
-    axes: with dp = 1 the ep group is the cp group - Megatron-Core's MoE parallel folding
-    with expert tensor parallel 1, the experts' ep group drawn from dp x cp). FSDP shards
-    the experts over ``edp`` (torchtitan's ``dp_shard_mod_ep`` mesh), the rest of the
-    model over dp x cp."""
+    """A (pp, ep, edp_tp) mesh over which FSDP shards the routed experts.
+
+    Each flattened dp x cp group splits into ``dp cp / ep`` expert-data-parallel (edp)
+    replicas of ``ep`` consecutive members, the layout :func:`plan.axis_ranks` gives the
+    ep axis (stride tp inside the flattened (dp, cp) axes: with dp = 1 the ep group is the
+    cp group - Megatron-Core's MoE parallel folding, the experts' ep group drawn from
+    dp x cp). With expert tensor parallel 1 the tp ranks of an edp replica hold the same
+    experts and compute the same gradients, so the experts' data-parallel group is edp x
+    tp (``dp cp tp / ep`` ranks, Megatron-Core's expert-data-parallel group, what the
+    planner's memory model shards expert states over); the rest of the model is sharded
+    over dp x cp (torchtitan's ``dp_shard_mod_ep`` mesh, with tp folded in)."""
     import torch
-    shape = (plan.pp, plan.dp * plan.cp // plan.ep, plan.ep, plan.tp)
-    return DeviceMesh(device_type, torch.arange(plan.world_size).view(shape), mesh_dim_names=("pp", "edp", "ep", "tp"))
+    edp = plan.dp * plan.cp // plan.ep
+    grid = torch.arange(plan.world_size).view(plan.pp, edp, plan.ep, plan.tp).permute(0, 2, 1, 3)
+    return DeviceMesh(device_type, grid.reshape(plan.pp, plan.ep, edp * plan.tp), mesh_dim_names=("pp", "ep", "edp_tp"))
 
 
 def hsdp_mesh(plan: Plan, device_type: str) -> DeviceMesh:

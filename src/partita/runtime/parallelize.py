@@ -366,9 +366,9 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device
         edp_mesh = None
         if plan.ep > 1:
             from .mesh import expert_mesh
-            edp_mesh = expert_mesh(plan, device_type)["edp"]
+            edp_mesh = expert_mesh(plan, device_type)["edp_tp"]
         for mod in modules:
-            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp * plan.cp)
+            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp * plan.cp * plan.tp)
         return modules, None, autocast
     if param_dtype is not None:
         autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731
@@ -381,13 +381,16 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device
 
 
 def _build_optimizer(modules: list[nn.Module], plan: Plan, make_optimizer, dp_group, edp_group):
-    """7. the optimizer: ZeRO-1 shards dense parameters over dp and experts over edp."""
+    """7. the optimizer: ZeRO-1 shards dense parameters over dp x cp and experts over
+    edp x tp (their tp peers hold the same experts: :func:`.mesh.expert_mesh`)."""
     params = [p for mod in modules for p in mod.parameters()]
     if not (plan.zero == 1 and dp_group is not None):
         return make_optimizer(params)
     dense = [p for p in params if not getattr(p, "_partita_expert", False)]
     experts = [p for p in params if getattr(p, "_partita_expert", False)]
     parts: list = [ShardedOptimizer(dense, make_optimizer, dp_group)]
+    if edp_group is not None and plan.tp > 1:  # every rank creates the groups, with experts or not
+        edp_group = new_subgroups(plan, "edp_tp")  # (a pipeline stage may hold no MoE layer)
     if experts:
         parts.append(ShardedOptimizer(experts, make_optimizer, edp_group) if edp_group else _Wrapped(make_optimizer(experts)))
     return _CombinedOptimizer(parts)

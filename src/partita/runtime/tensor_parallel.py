@@ -38,7 +38,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
         }
-        plan.update(_moe_plan(seq) if isinstance(block.feed_forward, MoE) else {
+        plan.update(_moe_plan(seq, block.feed_forward) if isinstance(block.feed_forward, MoE) else {
             "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=seq),
@@ -49,15 +49,21 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def _moe_plan(seq) -> dict[str, object]:
+def _moe_plan(seq, moe: MoE) -> dict[str, object]:
     """A MoE layer under tp with expert tensor parallel 1 (Megatron-Core ``etp=1``): every
-    tp rank runs the router, the experts it holds (whole, or its ep share) and the shared
-    experts on the whole (sequence-gathered) input, as plain tensors; the identical
-    outputs become a replicated DTensor, cut back to the sequence shard with SP (a local
-    slice; its backward gathers the gradient)."""
-    return {"feed_forward": PrepareModuleInputOutput(
+    tp rank runs the router and the routed experts it holds (whole, or its ep share) on
+    the whole (sequence-gathered) input, as plain tensors; the identical outputs become a
+    replicated DTensor, cut back to the sequence shard with SP (a local slice; its
+    backward gathers the gradient). The shared experts are an ordinary tensor-parallel
+    MLP, as Megatron-Core's ``SharedExpertMLP`` is (column- then row-parallel, its output
+    all-reduced back to the plain replicated tensor the layer adds it to)."""
+    plan: dict[str, object] = {"feed_forward": PrepareModuleInputOutput(
         input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_input=True,
         output_layouts=(Replicate(),), desired_output_layouts=(seq,), use_local_output=True)}
+    if moe.shared is not None:
+        plan.update({"feed_forward.shared.w1": ColwiseParallel(), "feed_forward.shared.w3": ColwiseParallel(),
+                     "feed_forward.shared.w2": RowwiseParallel(output_layouts=Replicate())})
+    return plan
 
 
 def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh, sp: bool = False) -> None:
