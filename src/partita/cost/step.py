@@ -52,6 +52,7 @@ from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_
 from .memo import memoised
 from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, expert_state_shard, full_gradients,
                      grad_bytes, rank_shapes, shape_params, state_shard)
+from .overheads import add_framework
 from .pipeline import pipeline_time, pipeline_time_of
 from .shape import StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
 
@@ -237,14 +238,14 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         per_stage = StageTerms(pp_send_recv=2 * comm.send_recv(dev, size, spans.pp_crosses))
     # per layer: 2 tp collectives per block forward and 2 backward (+2 with full recompute);
     # a MoE layer only its attention block's
-    return TermsByKind(
+    return add_framework(TermsByKind(
         dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), tp_coll, 2 * (2 + rc_full),
                            tp_framework, cp_pass, 0.0) if dense else _ZERO,
         moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), tp_coll, 2 + rc_full,
                          tp_framework, cp_pass, a2a) if moe else _ZERO,
         embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
         output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
-        per_stage=per_stage)
+        per_stage=per_stage), dev, shape, bool(model.moe))
 
 
 def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> StageTerms:

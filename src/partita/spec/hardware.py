@@ -47,6 +47,12 @@ EFFICIENCY_FIELDS = {
 OPTIONAL_EFFICIENCY_FIELDS = {
     "tp_framework_us_per_layer": 0.0,
     "zero3_framework_us_per_layer": 0.0,
+    # the same for pipeline scheduling per micro-batch, expert dispatch, full recompute and
+    # ring attention per layer (read by :mod:`partita.cost.overheads`)
+    "pp_framework_us_per_microbatch": 0.0,
+    "ep_framework_us_per_layer": 0.0,
+    "recompute_framework_us_per_layer": 0.0,
+    "cp_framework_us_per_layer": 0.0,
 }
 
 
@@ -80,6 +86,10 @@ class Efficiency(Mapping):
     tp_overlap: float
     tp_framework_us_per_layer: float = 0.0
     zero3_framework_us_per_layer: float = 0.0
+    pp_framework_us_per_microbatch: float = 0.0
+    ep_framework_us_per_layer: float = 0.0
+    recompute_framework_us_per_layer: float = 0.0
+    cp_framework_us_per_layer: float = 0.0
     provenance: tuple[tuple[str, str], ...] = ()  # (field, "kind: source"), in field order
 
     def __getitem__(self, key: str) -> float:
