@@ -1,50 +1,77 @@
 """`partita calibrate`'s fits on synthetic measurements generated from known parameters:
 each fit must recover them exactly (to float rounding), independent of machine load.
 
-The measurement code (torch, timing) is exercised once, for structure only, by
+The oracles are outside the fitting code: collective times come from the cost model's
+own formulas (partita.cost.comm) on a device with known latency and bandwidth, micro-run
+step times from the public estimate on a device with known overhead fields. The
+measurement code (torch, timing) is exercised once, for structure only, by
 tests/test_trace_analysis.py::test_calibrate_writes_a_hardware_file_the_planner_reads.
 
-Tolerance: the fits are least squares over five exact points of a line, so they are
-exact up to float rounding: the sums of products lose at most a few ulps times the
-condition of the 5x2 system (x spans 1/2 GFLOP to 1/0.0005, or 4 KiB to 16 MiB: about
-1e4), far inside rel 1e-9.
+Tolerance: least squares over exact points of a line (or the 2x2 normal equations of
+the collective model), so exact up to float rounding: a few ulps times the condition of
+the system (sizes span 4 KiB to 8 MiB, GEMMs 1/2 to 1/0.0005 GFLOP: about 1e4), far
+inside rel 1e-9; the overhead fields divide a difference of two step predictions
+(~0.05 s) by the field's weight, losing ~1e-16 * 0.05 / 1e-6 relative: 1e-8 bound.
 """
-import math
-
 import pytest
 
-from partita.cost.step import step_time_lower_bound
+from partita.cost import comm
+from partita.profile.calibrate import hardware_file, predictor
+from partita.profile.calibrate_fit import fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, summarize
+from partita.profile.calibrate_measure import RUNTIME_SEQ, runtime_plans
+from partita.profile.calibrate_refine import mechanism_of
 from partita.plan import Plan
-from partita.profile.calibrate import (FRAMEWORK_MODEL, FRAMEWORK_SEQ, fit_all_reduce, fit_gemm,
-                                       framework_overheads, hardware_file, kernel_overhead_s)
-from partita.spec.hardware import Cluster, load_device
-from partita.spec.load import load_model
+from partita.spec.hardware import load_device
 
 REL = 1e-9
+REL_OVERHEAD = 1e-8
 PEAK = load_device("cpu").peak_flops("fp32")  # the synthetic machine: the base file's peak (FLOP/s)
 EFF, G_HALF = 0.6, 0.05  # GEMM efficiency and half-saturation size (GFLOP)
-ALPHA, BW = 20e-6, 5e9  # all-reduce per-hop latency (s) and bandwidth (bytes/s)
-OVERHEAD = 35e-6  # per-layer time beyond the GEMMs (s)
-TP_US, Z3_US = 120.0, 80.0  # framework time per layer that TP / FSDP add (us)
+ALPHA, BW = 20e-6, 5e9  # collective per-step latency (s) and bandwidth (bytes/s)
+#: the true per-mechanism times (us); pp negative: a mechanism faster than the model predicts
+TRUTH = {"kernel_overhead_us_per_layer": 350.0, "tp_framework_us_per_layer": 1200.0,
+         "zero3_framework_us_per_layer": 800.0, "pp_framework_us_per_microbatch": -500.0,
+         "ep_framework_us_per_layer": 650.0, "recompute_framework_us_per_layer": 300.0,
+         "cp_framework_us_per_layer": 900.0}
 
 
 def gemm_rows(peak=PEAK, eff=EFF, g_half=G_HALF):
-    """What `measure` records for n x n GEMMs, n = 64 ... 1024, on the model's curve
-    ``rate(G) = peak eff G / (G + G_half)``."""
+    """GEMMs of several shapes on the model's curve ``rate(G) = peak eff G / (G + G_half)``."""
     rows = []
-    for n in (64, 128, 256, 512, 1024):
-        g = 2 * n ** 3 / 1e9
-        rows.append({"gflop": g, "seconds": g * 1e9 / (peak * eff * g / (g + g_half))})
+    for cls, (m, k, n) in [("square", (s, s, s)) for s in (64, 256, 1024)] + [("wide", (128, 64, 256)),
+                                                                               ("skinny", (8, 512, 512))]:
+        g = 2 * m * k * n / 1e9
+        t = g * 1e9 / (peak * eff * g / (g + g_half))
+        rows.append({"class": cls, "gflop": g, "seconds": t, "samples": [t, t, t]})
     return rows
 
 
-def all_reduce_rows(world, alpha=ALPHA, bw=BW):
-    """Ring all-reduce times ``2(n-1) alpha + 2(n-1)/n S / B`` at the sizes `measure` uses."""
-    return [{"bytes": s, "seconds": 2 * (world - 1) * alpha + 2 * (world - 1) / world * s / bw}
-            for s in (4096, 65536, 1 << 20, 4 << 20, 16 << 20)]
+def synthetic_device():
+    return load_device("cpu", overrides={"intra_node": {"gbps_per_direction": BW / 1e9, "latency_us": ALPHA * 1e6},
+                                         "efficiency": {"intra_node_comm": 1.0}})
 
 
-def test_gemm_fit_recovers_efficiency_and_half_size():
+def collective_rows(groups=(2, 4)):
+    """Every collective's time from partita.cost.comm on the synthetic device, at the sizes
+    calibrate measures (all-to-all's S: what one rank sends, nccl-tests' convention)."""
+    dev = synthetic_device()
+    fns = {"all_reduce": lambda s, g: comm.all_reduce(dev, s, g, 1),
+           "all_gather": lambda s, g: comm.all_gather(dev, s, g, 1),
+           "reduce_scatter": lambda s, g: comm.reduce_scatter(dev, s, g, 1),
+           "all_to_all": lambda s, g: comm.all_to_all(dev, s, g, 1),
+           "send_recv": lambda s, g: comm.send_recv(dev, s, False)}
+    return [{"kind": k, "group": g, "bytes": s, "seconds": f(s, g), "samples": [f(s, g)] * 3}
+            for k, f in fns.items() for g in groups for s in (4096, 65536, 1 << 20, 8 << 20)]
+
+
+def test_summary_is_median_and_half_iqr_of_the_repeats():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0], "us", "synthetic")
+    # inclusive quartiles of 1..5 are 2 and 4: half the IQR is 1
+    assert (t["value"], t["spread"], t["repeats"]) == (3.0, 1.0, 5)
+    assert summarize([7.0], "us", "one")["spread"] == 0.0
+
+
+def test_gemm_fit_recovers_efficiency_and_half_size_over_shape_classes():
     peak, eff, g_half = fit_gemm(gemm_rows(), PEAK)
     assert peak == PEAK  # no measured rate exceeds the peak (eff < 1)
     assert eff == pytest.approx(EFF, rel=REL)
@@ -52,95 +79,138 @@ def test_gemm_fit_recovers_efficiency_and_half_size():
 
 
 def test_gemm_fit_raises_a_peak_the_machine_beats():
-    # the base file claims half the real peak: the fastest measured rate (n = 1024:
-    # 2*PEAK*EFF*G/(G+G_HALF)) becomes the peak, and eff is relative to it
     rows = gemm_rows(peak=2 * PEAK)
     best = max(r["gflop"] * 1e9 / r["seconds"] for r in rows)
     peak, eff, g_half = fit_gemm(rows, PEAK)
     assert peak == best
-    # the curve's asymptote 2*PEAK*EFF lies above the fastest measured rate, so
-    # 1/(a*peak) = 2*PEAK*EFF/best > 1: clamped to 1
+    # the curve's asymptote 2*PEAK*EFF lies above the fastest measured rate: eff clamped to 1
     assert 2 * PEAK * EFF / best > 1 and eff == 1.0
     assert g_half == pytest.approx(G_HALF, rel=REL)
 
 
+def test_collective_fit_recovers_latency_and_bandwidth_from_every_collective():
+    alpha, bw, per_kind = fit_collectives(collective_rows())
+    assert alpha == pytest.approx(ALPHA, rel=REL)
+    assert bw == pytest.approx(BW, rel=REL)
+    assert set(per_kind) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    for kind, fit in per_kind.items():
+        assert fit["latency_us"] == pytest.approx(ALPHA * 1e6, rel=REL), kind
+        assert fit["gbps"] == pytest.approx(BW / 1e9, rel=REL), kind
+        assert fit["joint_fit_worst_rel_error"] < 1e-9, kind
+
+
+def test_collective_fit_names_a_collective_off_the_joint_model():
+    rows = collective_rows()
+    for r in rows:
+        if r["kind"] == "all_to_all":
+            r["seconds"] *= 3  # an all-to-all three times slower than the others predict
+    _, _, per_kind = fit_collectives(rows)
+    worst = max(per_kind, key=lambda k: per_kind[k]["joint_fit_worst_rel_error"])
+    assert worst == "all_to_all"
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_all_reduce_fit_recovers_latency_and_bandwidth(world):
-    alpha, bw = fit_all_reduce(all_reduce_rows(world), world)
+    rows = [r for r in collective_rows(groups=(world,)) if r["kind"] == "all_reduce"]
+    alpha, bw = fit_all_reduce(rows, world)
     assert alpha == pytest.approx(ALPHA, rel=REL)
     assert bw == pytest.approx(BW, rel=REL)
 
 
-def test_kernel_overhead_is_forward_minus_gemm_time():
-    g = 0.0005
-    gemm_s = g * 1e9 / (PEAK * EFF * g / (g + G_HALF))
-    assert kernel_overhead_s(gemm_s + OVERHEAD, g, PEAK, EFF, G_HALF) == pytest.approx(OVERHEAD, rel=REL)
-    assert kernel_overhead_s(gemm_s / 2, g, PEAK, EFF, G_HALF) == 0.0  # faster than the curve: clamped, never negative
+def _base_fields():
+    """The measured non-overhead fields of the synthetic machine, as hardware_file writes them."""
+    return {"peak_tflops": {"fp32": PEAK / 1e12}, "memory": {"hbm_tbps": 0.03},
+            "intra_node": {"gbps_per_direction": BW / 1e9, "peer_gbps_per_direction": BW / 1e9,
+                           "latency_us": ALPHA * 1e6},
+            "efficiency": {"gemm": EFF, "gemm_half_gflop": G_HALF, "memory_bandwidth": 1.0, "intra_node_comm": 1.0}}
 
 
-def _synthetic_measurements(world: int) -> dict:
-    """A full `measure` record of the synthetic machine, the framework times included."""
-    g = 0.0005  # GFLOP of the tiny block (any positive size: the overhead is what is left)
-    m = {"device": "cpu", "dtype": "fp32", "world": world, "gemm": gemm_rows(), "copy_bytes_per_s": 3.0e10,
-         "all_reduce": all_reduce_rows(world), "tiny_block_gflop": g,
-         "tiny_block_forward_s": g * 1e9 / (PEAK * EFF * g / (g + G_HALF)) + OVERHEAD}
-    # The framework terms are what the measured TP / FSDP runs cost beyond the plain run
-    # *beyond what the cost model predicts for them on the calibrated device*; the
-    # prediction comes from the public cost function on that device (its fields are the
-    # synthetic truth), the rest is the known per-layer term.
-    model = load_model(FRAMEWORK_MODEL)
-    device = load_device("cpu", overrides={"peak_tflops": {"fp32": PEAK / 1e12}, "memory": {"hbm_tbps": 0.03},
-                                           "intra_node": {"gbps_per_direction": BW / 1e9,
-                                                          "peer_gbps_per_direction": BW / 1e9,
-                                                          "latency_us": ALPHA * 1e6},
-                                           "efficiency": {"gemm": EFF, "gemm_half_gflop": G_HALF,
-                                                          "memory_bandwidth": 1.0, "intra_node_comm": 1.0,
-                                                          "kernel_overhead_us_per_layer": OVERHEAD * 1e6}})
-    cluster = Cluster(device=device, nodes=1, devices_per_node=world)
-    common = {"mbs": 1, "seq_len": FRAMEWORK_SEQ, "dtype": "fp32"}
-    plain = step_time_lower_bound(model, cluster, Plan(gbs=1, **common))
-    tp = step_time_lower_bound(model, cluster, Plan(gbs=1, tp=2, sp=True, **common))
-    z3 = step_time_lower_bound(model, cluster, Plan(gbs=world, dp=world, zero=3, **common))
-    plain_s = 0.01
-    m["framework"] = {"model": FRAMEWORK_MODEL, "seq_len": FRAMEWORK_SEQ, "tp": 2, "plain_s": plain_s,
-                      "tp_s": plain_s + (tp - plain) + TP_US * 1e-6 * model.layers,
-                      "fsdp_s": plain_s + (z3 - plain) + Z3_US * 1e-6 * model.layers}
-    return m
+def _runs(world: int, spread_s: float = 0.0) -> dict:
+    """Micro-run records whose step times are the public estimate on the synthetic machine
+    with the true fields (negative ones included), +- ``spread_s`` around it."""
+    predict = predictor("cpu", _base_fields())
+    runs = {}
+    for mech, (model, text) in runtime_plans(world).items():
+        run = {"model": model, "plan_text": text, "plan": text, "seq_len": RUNTIME_SEQ, "dtype": "fp32",
+               "world": world}
+        # a device field cannot be negative: a negative truth is the estimate at 0 minus
+        # |value| times the field's weight in that step (the estimate's own slope)
+        t = predict(run, {k: max(v, 0.0) for k, v in TRUTH.items()})
+        for field, value in TRUTH.items():
+            if value < 0:
+                zero = {k: max(v, 0.0) for k, v in TRUTH.items()}
+                weight = (predict(run, dict(zero, **{field: 1000.0})) - t) / 1e-3
+                t += value * 1e-6 * weight
+        run["samples"] = [t - spread_s, t, t + spread_s]
+        runs[mech] = run
+    return runs
+
+
+def test_every_mechanism_is_recovered_and_a_negative_one_is_reported_not_clamped():
+    terms = fit_overheads(_runs(2), predictor("cpu", _base_fields()))
+    assert set(terms) == set(TRUTH)
+    for field, value in TRUTH.items():
+        assert terms[field]["value"] == pytest.approx(value, rel=REL_OVERHEAD), field
+        assert terms[field]["read_by_cost_model"], field
+        assert terms[field]["repeats"] == 3 and terms[field]["spread"] == 0.0
+    assert terms["pp_framework_us_per_microbatch"]["value"] < 0
+
+
+def test_overhead_spread_is_the_repeats_spread_over_the_fields_weight():
+    spread_s = 0.002
+    terms = fit_overheads(_runs(2, spread_s), predictor("cpu", _base_fields()))
+    tp = terms["tp_framework_us_per_layer"]
+    # 3 samples t-d, t, t+d: inclusive quartiles t-d/2 and t+d/2, half the IQR d/2 per step,
+    # divided by the field's weight (the model counts tp once per layer: 4 layers, 1 micro-batch)
+    assert tp["weight"] == pytest.approx(4.0, rel=1e-9)
+    assert tp["spread"] == pytest.approx(spread_s / 2 / 4 * 1e6, rel=1e-6)
+
+
+def _measurements(world: int) -> dict:
+    """A full `measure` record of the synthetic machine."""
+    return {"device": "cpu", "dtype": "fp32", "world": world, "repeats": 3, "gemm": gemm_rows(),
+            "copy": [3.0e10] * 3, "collectives": collective_rows(groups=(2,) if world == 2 else (world, 2)),
+            "runtime": _runs(world)}
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_hardware_file_recovers_every_parameter(world):
-    out = hardware_file(_synthetic_measurements(world), "cpu", "synthetic")
+def test_hardware_file_recovers_every_parameter_with_its_provenance(world):
+    out = hardware_file(_measurements(world), "cpu", "synthetic")
     assert out["extends"] == "cpu" and out["name"] == "synthetic"
-    assert out["peak_tflops"] == {"fp32": PEAK / 1e12}
     assert out["memory"]["hbm_tbps"] == 3.0e10 / 1e12
     eff = out["efficiency"]
     assert eff["gemm"] == pytest.approx(EFF, rel=REL)
     assert eff["gemm_half_gflop"] == pytest.approx(G_HALF, rel=REL)
-    assert eff["kernel_overhead_us_per_layer"] == pytest.approx(OVERHEAD * 1e6, rel=REL)
     assert out["intra_node"]["gbps_per_direction"] == pytest.approx(BW / 1e9, rel=REL)
     assert out["intra_node"]["latency_us"] == pytest.approx(ALPHA * 1e6, rel=REL)
-    # the framework terms subtract predictions made on the *fitted* device, which equals
-    # the true one to rounding, so they are recovered to the same bound
-    assert eff["tp_framework_us_per_layer"] == pytest.approx(TP_US, rel=REL)
-    assert eff["zero3_framework_us_per_layer"] == pytest.approx(Z3_US, rel=REL)
+    for field, value in TRUTH.items():
+        assert eff[field] == pytest.approx(max(value, 0.0), rel=REL_OVERHEAD, abs=1e-6), field
+        term = out["calibration"]["terms"][f"efficiency.{field}"]
+        assert term["value"] == pytest.approx(value, rel=REL_OVERHEAD)  # signed, as measured
+        assert out["efficiency_provenance"][field].startswith("measured: partita calibrate")
+    assert "negative: written as 0" in out["efficiency_provenance"]["pp_framework_us_per_microbatch"]
+    # the file loads, and the planner reads every measured field from it
+    dev = load_device("cpu", overrides={k: v for k, v in out.items() if k in ("efficiency", "intra_node", "memory")})
+    assert dev.efficiency.tp_framework_us_per_layer == eff["tp_framework_us_per_layer"]
 
 
-def test_framework_terms_are_clamped_at_zero():
-    # a TP run faster than the plain one (noise) gives 0, not a negative cost
-    m = _synthetic_measurements(2)
-    m["framework"]["tp_s"] = m["framework"]["fsdp_s"] = m["framework"]["plain_s"] / 2
-    device_file = hardware_file({k: v for k, v in m.items() if k != "framework"}, "cpu", "x")
-    terms = framework_overheads(m, device_file)
-    assert terms == {"tp_framework_us_per_layer": 0.0, "zero3_framework_us_per_layer": 0.0}
-
-
-def test_single_process_keeps_the_base_links():
-    m = {k: v for k, v in _synthetic_measurements(2).items() if k != "framework"}
-    m["world"] = 1
+def test_single_process_keeps_the_base_links_and_measures_the_base_overhead():
+    m = _measurements(2)
+    m.update(world=1, collectives=[])
+    base_run = dict(m["runtime"]["base"], world=1, plan_text="dp=1,gbs=1")
+    t = predictor("cpu", _base_fields())(base_run, {k: max(v, 0.0) for k, v in TRUTH.items()})
+    m["runtime"] = {"base": dict(base_run, samples=[t] * 3)}
     out = hardware_file(m, "cpu", "one")
     base = load_device("cpu")
     assert out["intra_node"]["gbps_per_direction"] == base.intra_gbps
-    assert out["intra_node"]["latency_us"] == pytest.approx(base.intra_latency_us, rel=1e-15)
+    assert out["efficiency"]["kernel_overhead_us_per_layer"] == pytest.approx(
+        TRUTH["kernel_overhead_us_per_layer"], rel=REL_OVERHEAD)
     assert "tp_framework_us_per_layer" not in out["efficiency"]
-    assert math.isfinite(out["efficiency"]["gemm"])
+
+
+@pytest.mark.parametrize("text, mech", [("dp=2", "base"), ("tp=2", "tp"), ("dp=2,zero=3", "zero3"), ("pp=2", "pp"),
+                                        ("cp=2", "cp"), ("dp=2,recompute=full", "recompute"),
+                                        ("tp=2,recompute=full", None)])
+def test_a_profiled_run_refines_the_one_mechanism_it_uses(text, mech):
+    plan = Plan.parse(text, world_size=2, defaults={"gbs": 8, "seq_len": 128, "mbs": 1})
+    assert mechanism_of(plan) == mech

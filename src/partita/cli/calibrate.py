@@ -23,6 +23,11 @@ def add_parser(sub) -> None:
     cal.add_argument("--device", help="cpu, cuda or npu (default: what the machine has)")
     cal.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     cal.add_argument("-o", "--output", default="calibrated.json")
+    cal.add_argument("--repeats", type=positive_int(100), default=5,
+                     help="repeats of every timed term (the printed spread is over them)")
+    cal.add_argument("--from-profile", action="append", metavar="RUN_DIR",
+                     help="refine --base (a calibrated file) from a `partita train`/`profile` run dir's measured "
+                          "step times instead of measuring (repeatable)")
     cal.add_argument("--timeout-s", type=positive_int(7 * 24 * 3600), default=300,
                      help="give up (and stop every process) after this many seconds")
     cal.set_defaults(func=cmd_calibrate)
@@ -34,6 +39,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_output_path(args.output, "-o")
     if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
         raise PartitaError(f"--name {args.name!r} must be a printable, non-empty device name")
+    if args.from_profile:
+        from ..profile.calibrate_refine import refine_from_runs
+        data = refine_from_runs(args.base, args.from_profile, args.name)
+        with open(args.output, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"wrote {args.output}: {args.base} refined from {len(args.from_profile)} run(s)")
+        print_terms(data)
+        return 0
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -41,20 +54,34 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_device_type(args.device, "--device")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "partita.profile.calibrate", args.output, args.base, args.name or f"{args.base}-calibrated",
-           args.device or "auto", args.dtype]
+           args.device or "auto", args.dtype, str(args.repeats)]
     returncode, stderr = _run_group(cmd, args.timeout_s)
     if returncode:
         from ..train.launch import root_cause
         raise PartitaError(f"calibration failed: {root_cause(stderr)}")
     data = json.load(open(args.output))
     eff = data["efficiency"]
-    print(f"wrote {args.output}: {data['peak_tflops']} TFLOPS peak, gemm efficiency {eff['gemm']:.2f} "
-          f"(half at {eff['gemm_half_gflop']:.3f} GFLOP), all-reduce {data['intra_node']['gbps_per_direction']:.2f} GB/s "
-          f"+ {data['intra_node']['latency_us']:.0f} us/step, layer overhead {eff['kernel_overhead_us_per_layer']:.0f} us"
-          + (f", framework per layer: tp {eff['tp_framework_us_per_layer']:.0f} us, zero-3 "
-             f"{eff['zero3_framework_us_per_layer']:.0f} us" if "tp_framework_us_per_layer" in eff else "")
-          + f"; use it with --hardware {args.output}")
+    print(f"wrote {args.output}: {data['peak_tflops']} TFLOPS peak, gemm efficiency {eff['gemm']:.3f} "
+          f"(half at {eff['gemm_half_gflop']:.3f} GFLOP), collectives {data['intra_node']['gbps_per_direction']:.2f} GB/s "
+          f"+ {data['intra_node']['latency_us']:.0f} us/step; use it with --hardware {args.output}")
+    print_terms(data)
     return 0
+
+
+def print_terms(data: dict) -> None:
+    """Every measured term: value +- spread (half the inter-quartile range of the repeats),
+    repeats, and a note where the measured value was negative (written as 0)."""
+    terms = data.get("calibration", {}).get("terms", {})
+    print(f"{'term':44s} {'value':>12s} {'spread':>10s}  unit        repeats")
+    for name, t in terms.items():
+        if "value" in t:
+            note = "  (negative: written as 0)" if t["value"] < 0 and name.startswith("efficiency.") else ""
+            print(f"{name:44s} {t['value']:12.4g} {t['spread']:10.3g}  {t['unit'][:11]:11s} {t['repeats']:4d}{note}")
+        else:  # a collective's own fit (or the joint one) beside the pair the file holds
+            gbps = "inf" if t.get("gbps") is None else f"{t['gbps']:.3g}"
+            extra = (f"  spread {t['spread_rel']:.0%}, joint fit worst {t['joint_fit_worst_rel_error']:.0%}, "
+                     f"{t['repeats']} repeats" if "spread_rel" in t else "")
+            print(f"{name:44s} {gbps:>9s} GB/s + {t['latency_us']:.0f} us{extra}")
 
 
 def _run_group(cmd: list[str], timeout_s: int) -> tuple[int, str]:

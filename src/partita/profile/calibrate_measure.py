@@ -1,0 +1,162 @@
+"""The measurements behind ``partita calibrate`` (torch, timing; run under torchrun).
+
+Every term is timed in ``repeats`` separate repeats so the fits (:mod:`.calibrate_fit`)
+get a spread, not just a number. Anything that communicates runs a fixed number of
+iterations on every rank (a time-based loop around a collective deadlocks when ranks
+disagree on when to stop), and each repeat's time is the slowest rank's.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+#: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
+GEMM_SHAPES = {
+    "square": [(n, n, n) for n in (64, 128, 256, 512, 1024)],
+    "wide": [(128, h, 4 * h) for h in (64, 128, 256, 512)],
+    "skinny": [(8, h, h) for h in (256, 512, 1024)],
+}
+COLLECTIVE_BYTES = (4096, 65536, 1 << 20, 8 << 20)
+#: Micro-run model, tokens per sequence and the steps each repeat times.
+RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "tiny-moe", 128, 2
+
+
+def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
+    """Seconds per call in each of ``repeats`` repeats (time-based: no collectives in ``fn``)."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            if time.perf_counter() - t0 >= min_time:
+                break
+        out.append((time.perf_counter() - t0) / n)
+    return out
+
+
+def _slowest(samples: list[float], device) -> list[float]:
+    """Each repeat's time on the slowest rank (a collective step ends when the last one does)."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def measure_gemm(device, dtype, sync, repeats: int) -> list[dict]:
+    """Each GEMM shape's seconds per call in every repeat, with its class and GFLOP."""
+    import torch
+    rows = []
+    for cls, shapes in GEMM_SHAPES.items():
+        for m, k, n in shapes:
+            a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+            samples = _time_calls(lambda: (a @ b, sync()), repeats)
+            rows.append({"class": cls, "shape": [m, k, n], "gflop": 2 * m * k * n / 1e9,
+                         "seconds": statistics.median(samples), "samples": samples})
+    return rows
+
+
+def _collective_ops(group, size: int, device):
+    """``kind -> (callable, bytes in the cost model's convention)`` for one group."""
+    import torch
+    import torch.distributed as dist
+    g, rank = dist.get_world_size(group), dist.get_rank(group)
+    full = torch.zeros(size // 4, device=device)
+    shard = torch.zeros(size // 4 // g, device=device)
+    out = torch.zeros_like(full)
+    peer = dist.get_global_rank(group, rank ^ 1) if (rank ^ 1) < g else None
+
+    def send_recv():
+        if peer is None:
+            return
+        ops = [dist.P2POp(dist.isend, full, peer, group), dist.P2POp(dist.irecv, out, peer, group)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    return {"all_reduce": lambda: dist.all_reduce(full, group=group),
+            "all_gather": lambda: dist.all_gather_into_tensor(out[:shard.numel() * g], shard, group=group),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full[:shard.numel() * g], group=group),
+            "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
+            "send_recv": send_recv}
+
+
+def measure_collectives(device, sync, repeats: int) -> list[dict]:
+    """Every collective at every size over the whole world and (for a world of 4+) pairs."""
+    import torch.distributed as dist
+    world = dist.get_world_size()
+    groups = [(world, dist.group.WORLD)]
+    if world >= 4:
+        pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
+        groups.append((2, pairs[dist.get_rank() // 2]))
+    rows = []
+    for g, group in groups:
+        for size in COLLECTIVE_BYTES:
+            iters = max(2, min(20, (2 << 20) // size * 2))
+            for kind, op in _collective_ops(group, size, device).items():
+                if kind == "send_recv" and g % 2:
+                    continue
+                op()
+                dist.barrier()
+                samples = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        op()
+                    sync()
+                    samples.append((time.perf_counter() - t0) / iters)
+                samples = _slowest(samples, device)
+                # send/recv moves one message each way at once: the cost model's one transfer
+                rows.append({"kind": kind, "group": g, "bytes": size, "seconds": statistics.median(samples),
+                             "samples": samples, "spread": (max(samples) - min(samples)) / 2})
+    return rows
+
+
+def runtime_plans(world: int) -> dict[str, tuple[str, str]]:
+    """Each mechanism's micro-run: ``(model, plan text)``, its degree 2 where the world allows."""
+    plans = {"base": (RUNTIME_MODEL, f"dp={world},gbs={world}")}
+    if world % 2 == 0:
+        half = world // 2
+        plans.update({"tp": (RUNTIME_MODEL, f"dp={half},tp=2,gbs={half}"),
+                      "zero3": (RUNTIME_MODEL, f"dp={world},zero=3,gbs={world}"),
+                      "pp": (RUNTIME_MODEL, f"dp={half},pp=2,gbs={4 * half}"),
+                      "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),
+                      "recompute": (RUNTIME_MODEL, f"dp={world},recompute=full,gbs={world}"),
+                      "cp": (RUNTIME_MODEL, f"dp={half},cp=2,gbs={half}")})
+    return plans
+
+
+def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dict]:
+    """Each mechanism's micro-run through :func:`partita.parallelize` (SGD, synthetic
+    tokens), the repeats interleaved across mechanisms so a load change on the machine
+    hits all of them alike: seconds per training step, slowest rank, per repeat."""
+    import torch
+    import torch.distributed as dist
+    from ..models.llama import build_model
+    from ..plan import Plan
+    from ..runtime.batches import dp_shard, synthetic_batch
+    from ..runtime.parallelize import parallelize
+    world, rank = dist.get_world_size(), dist.get_rank()
+    runs, steps = {}, {}
+    for mech, (model_name, text) in runtime_plans(world).items():
+        plan = Plan.parse(text, world_size=world, defaults={"mbs": 1, "seq_len": RUNTIME_SEQ, "dtype": dtype})
+        model = build_model(model_name)
+        pm = parallelize(model, plan, lambda p: torch.optim.SGD(p, lr=0.01), device_type=device_type)
+        x, y = synthetic_batch(0, plan.gbs, plan.seq_len, model.cfg.vocab, 0)
+        x, y = dp_shard(x, plan, rank), dp_shard(y, plan, rank)
+        steps[mech] = (lambda pm=pm, x=x, y=y: pm.train_step(x, y))
+        for _ in range(2):  # warm-up: first-call dispatch caches, allocator
+            steps[mech]()
+        runs[mech] = {"model": model_name, "plan": plan.summary(), "plan_text": text, "seq_len": RUNTIME_SEQ,
+                      "dtype": dtype, "world": world, "samples": []}
+    for _ in range(repeats):
+        for mech, step in steps.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(RUNTIME_STEPS):
+                step()
+            runs[mech]["samples"].append((time.perf_counter() - t0) / RUNTIME_STEPS)
+    for run in runs.values():
+        run["samples"] = _slowest(run["samples"], None)
+    return runs
