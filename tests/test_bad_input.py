@@ -99,7 +99,27 @@ def make_files(root: Path) -> dict[str, str]:
     put("hf_moe_topk", json.dumps({**qwen2, "model_type": "mixtral", "num_local_experts": 2,
                                    "num_experts_per_tok": 4}))
     _hardware_files(put)
+    _fuzz_found_files(put, base, qwen2)
     return f
+
+
+def _fuzz_found_files(put: Callable[..., None], model: dict, qwen2: dict) -> None:
+    """The files of the failures bench/fuzz_cli.py found after the first 320 cases were clean."""
+    put("big_int", '{"dp": ' + "9" * 5000 + "}")  # past CPython's 4,300-digit int parsing limit
+    put("schedule_2f2b", json.dumps({**GOOD_PLAN, "schedule": "2f2b"}))  # estimate normalised it away
+    put("split_len", json.dumps({**GOOD_PLAN, "layer_split": [10, 10, 12]}))  # 3 entries for pp 1
+    put("split_float", json.dumps({**GOOD_PLAN, "pp": 1, "layer_split": [32.5]}))  # int() truncated it
+    put("m_position_bad", json.dumps({**model, "position": "sinusoid"}))
+    put("m_first_dense_gt", json.dumps({**model, "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 1024,
+                                                          "first_dense_layers": 40}}))
+    put("hf_type_list", json.dumps({**qwen2, "model_type": ["llama"]}))
+    put("hf_tie_str", json.dumps({**qwen2, "tie_word_embeddings": "yes"}))
+    put("hf_rope_list", json.dumps({**qwen2, "rope_scaling": [1]}))
+    put("meg_tp0", "torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 0 "
+                   "--micro-batch-size 1 --global-batch-size 64\n", "meg_tp0.sh")
+    put("titan_tp0", "--parallelism.tensor_parallel_degree 0 --training.local_batch_size 1\n", "titan_tp0.sh")
+    put("ds_batch_str", json.dumps({"train_batch_size": "64", "zero_optimization": {"stage": 1}}), "ds_str.json")
+    put("toml_deep", "a = " + "[" * 5000 + "]" * 5000 + "\n", "deep.toml")
 
 
 def _hardware_files(put: Callable[..., None]) -> None:
@@ -143,6 +163,10 @@ def _hardware_files(put: Callable[..., None]) -> None:
     hw_put("h_name_int", None, "name", 5)
     hw_put("h_link_list", "inter_node", "link", [])
     hw_put("h_hbm_huge", "memory", "hbm_gib", 10 ** 30)
+    hw_put("h_reserved_big", "memory", "runtime_reserved_gib", 1000)  # more than the device holds
+    hw_put("h_cluster_bogus", "cluster", "nodez", 2)  # a misspelt field was ignored
+    hw_put("h_section_bogus", None, "memroy", {"hbm_gib": 80})
+    hw_put("h_aliases_int", None, "aliases", 5)
     put("h_nan", json.dumps(hw).replace('"hbm_tbps": 3.35', '"hbm_tbps": NaN'))
     put("h_inf", json.dumps(hw).replace('"hbm_tbps": 3.35', '"hbm_tbps": Infinity'))
 
@@ -210,7 +234,40 @@ def cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
     add("unknown-flag", P + ["--tpp", "2"])
     add("models-extra", ["models", "--bogus"])
     add("hardware-extra", ["hardware", "extra"])
-    return out + _file_cases(f)
+    return out + _file_cases(f) + _fuzz_found_cases(f)
+
+
+def _fuzz_found_cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """What bench/fuzz_cli.py found (tracebacks, silently accepted input, launches) once the
+    cases above were clean; each was fixed at the edge."""
+    root = Path(f["missing"]).parent
+    good = str(root / "good-plan.json")
+    out = [("estimate-model-name-5000", _with(E, "--model", "x" * 5000)),  # OSError: File name too long
+           ("estimate-hardware-name-5000", _with(E, "--hardware", "x" * 5000 + ".json")),
+           ("estimate-plan-big-int", E[:7] + ["--plan", f["big_int"]]),
+           ("estimate-plan-schedule-2f2b", E[:7] + ["--plan", f["schedule_2f2b"]]),
+           ("estimate--layer-split=''", E + ["--pp", "2", "--layer-split", ""]),
+           ("estimate--layer-split=','", E + ["--pp", "2", "--layer-split", ","]),
+           ("estimate--set=cluster.nodes=0", E + ["--set", "cluster.nodes=0"]),
+           ("plan--set=cluster.nodes=x", P + ["--set", "cluster.nodes=x"]),
+           ("export-split-len", ["export", "--to", "megatron", f["split_len"]]),
+           ("export-split-float", ["export", "--to", "megatron", f["split_float"]]),
+           ("export-o-empty", ["export", "--to", "megatron", good, "-o", ""]),
+           ("import-o-empty", ["import", f["meg_tp0"], "-o", ""]),
+           ("import-megatron-tp0", ["import", f["meg_tp0"]]),
+           ("estimate-from-script-tp0", E[:7] + ["--from-script", f["meg_tp0"]]),
+           ("import-titan-tp0", ["import", f["titan_tp0"], "--devices", "8"]),
+           ("import-ds-batch-str", ["import", f["ds_batch_str"], "--devices", "8"]),
+           ("import-toml-deep", ["import", f["toml_deep"], "--devices", "8"]),
+           ("calibrate--name=''", ["calibrate", "--name", "", "-o", str(root / "cal.json")]),
+           ("profile--report-missing-dir", ["profile", "--model", "tiny-llama", "--report", str(root / "no/r.html")]),
+           ("profile--hardware-typo", ["profile", "--model", "tiny-llama", "--hardware", "h100-sxn"]),
+           ("profile--run-dir-file", ["profile", "--model", "tiny-llama", "--run-dir", good])]
+    for key in ("m_position_bad", "m_first_dense_gt", "hf_type_list", "hf_tie_str", "hf_rope_list"):
+        out.append((f"estimate-model-{key}", _with(E, "--model", f[key])))
+    for key in ("h_reserved_big", "h_cluster_bogus", "h_section_bogus", "h_aliases_int"):
+        out.append((f"estimate-hardware-{key}", _with(E, "--hardware", f[key])))
+    return out
 
 
 def _file_cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -406,13 +463,18 @@ EXACT = {
     "estimate--set=efficiency.gemm=NaN": "partita: error: --set efficiency.gemm=...: efficiency.gemm must be a finite "
                                          "number, got nan",
     "plan-vpp2-pp1": "partita: error: --vpp 2 needs --pp > 1 (virtual stages interleave a pipeline)",
+    "export-o-empty": "partita: error: -o is empty; give a file name",
+    "estimate--set=cluster.nodes=0": "partita: error: --set cluster.nodes=...: cluster.nodes must be a whole number "
+                                     "from 1 to 1,048,576, got 0",
+    "import-megatron-tp0": "partita: error: FILES/meg_tp0.sh: --tensor-model-parallel-size 0 must be a whole number "
+                           "from 1 to 16,777,216",
 }
 
 
 @pytest.mark.parametrize("name", sorted(EXACT))
 def test_exact_message(files, name):
     r = run_case(dict(cases(files))[name])
-    assert r["stderr"].strip() == EXACT[name]
+    assert r["stderr"].strip() == EXACT[name].replace("FILES", str(Path(files["missing"]).parent))
 
 
 def test_unknown_model_names_close_ones_and_plan_names_the_constraint(files):
@@ -579,3 +641,72 @@ def test_internal_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, c
     assert len(err) == 1 and err[0].startswith("partita: internal error: KeyError: 'boom' at test_bad_input.py:")
     assert partita_main(["models", "--debug"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ found by bench/fuzz_cli.py
+def _full_stdout_run(argv: list[str]) -> tuple[int, str]:
+    """``partita_main(argv)`` in a forked child whose stdout is /dev/full: (rc, stderr)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        err = io.StringIO()
+        sys.stderr = err
+        sys.stdout = open("/dev/full", "w")
+        try:
+            rc = partita_main(argv)
+        except BaseException:  # noqa: BLE001
+            rc = 99
+        os.write(write_fd, pickle.dumps((rc, err.getvalue())))
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as r:
+        rc, err = pickle.loads(r.read())
+    os.waitpid(pid, 0)
+    return rc, err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["models"], ["hardware", "--json"], ["export", "--to", "megatron", "GOOD"]])
+def test_every_output_onto_a_full_disk_is_one_line(files, argv):
+    """`--help` on a full disk exited 0 with the help lost; every printing command says so in one line."""
+    argv = [str(Path(files["missing"]).with_name("good-plan.json")) if a == "GOOD" else a for a in argv]
+    rc, err = _full_stdout_run(argv)
+    assert rc == 2 and err.strip() == "partita: error: cannot write the output: No space left on device", (rc, err)
+
+
+def test_set_cluster_nodes_sets_the_device_count():
+    """`--set cluster.nodes=2` was silently ignored (plan searched its default 512 devices)."""
+    r = run_case(["plan", "--model", "llama-7b", "--hardware", "h100-sxm", "--set", "cluster.nodes=2",
+                  "--global-batch", "64", "--top", "1", "--json"])
+    assert r["rc"] == 0 and json.loads(r["stdout"])["devices"] == 16, r["stderr"]
+
+
+def test_largest_global_batch_is_answered_quickly():
+    """`plan --global-batch 16777216` (the largest allowed) spent 100 s listing divisors up to n."""
+    t0 = time.monotonic()
+    r = run_case(["plan", "--model", "llama-7b", "--hardware", "h100-sxm", "--devices", "16",
+                  "--global-batch", str(1 << 24), "--top", "1", "--json"])
+    assert r["rc"] == 0 and json.loads(r["stdout"])["plans"], r["stderr"]
+    assert time.monotonic() - t0 < 15
+
+
+def test_profile_that_fails_leaves_no_temp_dir(tmp_path, monkeypatch):
+    """`partita profile` made a partita-profile-* temp run dir before validating the plan and left
+    it behind on every exit (20 of them after one fuzz run)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # re-read TMPDIR (in the forked child too)
+    try:
+        r = run_case(["profile", "--model", "tiny-llama", "--plan", "tp=0"], timeout_s=60)
+    finally:
+        tempfile.tempdir = None
+    assert r["rc"] == 2 and "tp must be from 1" in r["stderr"], r
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrate_unknown_device_is_refused_before_torchrun(files):
+    """`calibrate --device tpu` started torchrun and failed in the workers; now one line before any
+    process starts (its check imports torch, slow on a loaded machine: a longer timeout)."""
+    out = str(Path(files["missing"]).parent / "cal.json")
+    r = run_case(["calibrate", "--device", "tpu", "-o", out], timeout_s=90)
+    assert r["rc"] == 2 and r["stderr"].startswith("partita: error: --device 'tpu' is not a device type"), r
+    assert not Path(out).exists()

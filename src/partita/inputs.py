@@ -92,9 +92,9 @@ def check_output_path(path: str | Path, flag: str) -> None:
     """Refuse an output path that cannot be written (a directory, a missing or read-only
     folder) before any work is done."""
     import os
-    path = Path(path)
-    if not str(path).strip():
+    if not str(path).strip():  # before Path(): Path("") is "."
         raise PartitaError(f"{flag} is empty; give a file name")
+    path = Path(path)
     try:
         is_dir, parent_ok = path.is_dir(), path.parent.is_dir()
     except (OSError, ValueError) as e:

@@ -1,0 +1,267 @@
+"""Property-based bad input (issue 16): whatever a user types or writes into a plan, model or
+device file, ``partita`` either answers (exit 0, only finite numbers in the output) or refuses
+(exit 2, exactly one ``partita: error:`` line) - never a traceback, never a hang, and an input
+that breaks a rule written in the docs (a degree below 1, a non-integer size) is never answered.
+
+Every CLI example runs :func:`partita.cli.main` in a forked child of this process (the imports
+are shared, so one costs milliseconds; a child still running after :data:`HANG_S` is killed and
+the example fails as a hang). Hypothesis runs derandomized (the same examples on every run, so
+CI is reproducible) and without its example database (it would write ``.hypothesis/`` into the
+working directory). ``bench/fuzz_cli.py`` is the wider, hand-written companion.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import re
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import partita.estimate  # noqa: F401  (loaded before forking)
+import partita.export  # noqa: F401
+from partita.cli import main as partita_main
+from partita.errors import PartitaError
+from partita.plan import Plan, check
+
+HANG_S = 20.0
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE = json.loads((ROOT / "src/partita/catalog/devices/h100-sxm.json").read_text())
+DEVICE.pop("aliases", None)
+MODEL = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "ffn_hidden": 11008, "vocab": 32000}
+E = ["estimate", "--model", "llama-7b", "--hardware", "h100-sxm", "--devices", "8"]
+SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+
+# ------------------------------------------------------------------ running one CLI example
+
+
+def run_cli(argv: list[str]) -> dict:
+    """``partita_main(argv)`` in a forked child: rc, stdout, stderr, raised, hung."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read_fd)
+        out, err = io.StringIO(), io.StringIO()
+        sys.stdout, sys.stderr = out, err
+        result: dict = {"raised": None}
+        try:
+            result["rc"] = partita_main(argv)
+        except BaseException:  # noqa: BLE001 - what escaped main is the finding
+            result["rc"], result["raised"] = 1, traceback.format_exc()
+        result["stdout"], result["stderr"] = out.getvalue()[-100000:], err.getvalue()[-10000:]
+        with os.fdopen(write_fd, "wb") as w:
+            w.write(pickle.dumps(result))
+        os._exit(0)
+    os.close(write_fd)
+    chunks, deadline = [], time.monotonic() + HANG_S
+    with os.fdopen(read_fd, "rb") as r:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
+            chunk = os.read(r.fileno(), 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    result = pickle.loads(b"".join(chunks))
+    result["hung"] = False
+    return result
+
+
+_NONFINITE = re.compile(r"(?<![A-Za-z])(nan|-?inf|-?infinity)(?![A-Za-z])", re.IGNORECASE)
+
+
+def _finite_output(text: str) -> bool:
+    """No NaN/inf in ``text``: every float of a JSON document, or no nan/inf word in a table."""
+    try:
+        data = json.loads(text, parse_constant=lambda name: math.nan)
+    except ValueError:
+        return not _NONFINITE.search(text)
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return False
+        stack.extend(x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+    return True
+
+
+def assert_clean(argv: list[str], must_refuse: bool = False) -> dict:
+    """The property: an answer with finite numbers, or one ``partita: error:`` line and exit 2."""
+    r = run_cli(argv)
+    assert not r["hung"], f"hung for {HANG_S} s: {argv}"
+    assert not r["raised"], f"exception escaped main for {argv}:\n{r['raised']}"
+    assert "Traceback" not in r["stderr"] and "internal error" not in r["stderr"], (argv, r["stderr"])
+    if r["rc"] == 0:
+        assert not must_refuse, f"invalid input accepted: {argv}\n{r['stdout'][:500]}"
+        assert _finite_output(r["stdout"]), f"NaN/inf in the output of {argv}:\n{r['stdout'][:2000]}"
+        return r
+    lines = [ln for ln in r["stderr"].splitlines() if ln.strip()]
+    assert r["rc"] == 2 and len(lines) == 1 and lines[0].startswith("partita: error: "), (argv, r["rc"], r["stderr"])
+    return r
+
+
+@pytest.fixture(scope="module")
+def folder():
+    """One temp folder for the module's files, removed afterwards (no litter in the temp dir)."""
+    path = Path(tempfile.mkdtemp(prefix="partita-fuzz-props-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write(folder: Path, name: str, data) -> str:
+    path = folder / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+# ------------------------------------------------------------------ strategies
+#: Values a careless user puts where a number belongs.
+WILD = st.one_of(st.integers(-10 ** 25, 10 ** 25), st.integers(-3, 70), st.floats(allow_nan=False, allow_infinity=False),
+                 st.sampled_from([0, -1, 1, 2, 8, 10 ** 30, 2 ** 63, 0.5, 1e308, True, False, None, "", "x", "2",
+                                  [], [1], {}, {"a": 1}]))
+#: The same as command-line text.
+WILD_TEXT = st.one_of(st.integers(-10 ** 25, 10 ** 25).map(str), st.integers(-3, 70).map(str),
+                      st.floats().map(repr), st.sampled_from(["nan", "inf", "-inf", "1e400", "", " ", "0x10", "1_0",
+                                                              "2.0", "1e3", HUGE := "99999999999999999999"]),
+                      st.text(max_size=6))
+PLAN_INTS = ("dp", "tp", "pp", "vpp", "cp", "ep", "mbs", "gbs", "seq_len")
+
+
+def _violates_docs(key: str, value) -> bool:
+    """A plan field that breaks a rule of the plan's glossary (a degree or size below 1 or not a
+    whole number): whatever the other fields, the plan must be refused."""
+    if key in PLAN_INTS:
+        return isinstance(value, bool) or not isinstance(value, int) or value < 1
+    if key == "zero":
+        return isinstance(value, int) and not isinstance(value, bool) and value not in (0, 1, 2, 3)
+    return False
+
+
+# ------------------------------------------------------------------ properties
+@pytest.mark.timeout(60)
+@settings(max_examples=200, **SETTINGS)
+@given(st.lists(st.tuples(st.sampled_from(list(PLAN_INTS) + ["zero", "sp", "recompute", "dtype", "schedule",
+                                                             "layer_split", "dp_shard", "tpp", ""]),
+                          WILD_TEXT), max_size=6),
+       st.sampled_from([None, 1, 8, 12]))
+def test_plan_strings_parse_or_refuse(items, world):
+    """``Plan.parse`` (train/profile --plan): a valid plan or one PartitaError line, nothing else."""
+    text = ",".join(f"{k}={v}" for k, v in items)
+    if "," in "".join(v for _, v in items) or "=" in "".join(v for _, v in items):
+        return  # the separators themselves: another item, covered by the keys above
+    try:
+        plan = check(Plan.parse(text, world_size=world))
+    except PartitaError as e:
+        assert str(e) and "\n" not in str(e), text
+        return
+    assert plan.world_size >= 1 and plan.gbs % (plan.dp * plan.mbs) == 0, text
+    assert all(1 <= getattr(plan, k) for k in PLAN_INTS), text
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=25, **SETTINGS)
+@given(st.dictionaries(st.sampled_from(list(PLAN_INTS) + ["zero", "sp", "recompute", "dtype", "schedule",
+                                                          "layer_split", "dp_shard", "grad_dtype"]), WILD, max_size=4))
+def test_plan_json_estimate_and_export(folder, patch):
+    """A plan file with wild fields: estimate --plan and export answer with finite numbers or refuse
+    in one line; a field that breaks the glossary's rules is always refused."""
+    plan = {"dp": 8, "tp": 1, "pp": 1, "mbs": 1, "gbs": 64, **patch}
+    path = write(folder, "plan.json", plan)
+    bad = any(_violates_docs(k, v) for k, v in patch.items())
+    assert_clean(E + ["--plan", path, "--json"], must_refuse=bad)
+    assert_clean(["export", "--to", "megatron", path], must_refuse=bad)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=30, **SETTINGS)
+@given(st.sampled_from(sorted(MODEL) + ["head_dim", "activation", "norm", "moe", "position", "tied_embeddings"]),
+       WILD)
+def test_model_json(folder, key, value):
+    """A model file with one wild field: an estimate with finite numbers or one line; a size that
+    is not a whole number, or below 1 (below 0 for ffn_hidden, which a MoE-only model leaves 0), is refused."""
+    path = write(folder, "model.json", {**MODEL, key: value})
+    bad = key in MODEL and (isinstance(value, bool) or not isinstance(value, int) or value < (key != "ffn_hidden"))
+    assert_clean(["estimate", "--model", path, "--hardware", "h100-sxm", "--devices", "8", "--global-batch", "64",
+                  "--json"], must_refuse=bad)
+
+
+_FIELDS = [(s, k) for s in ("memory", "intra_node", "inter_node", "peak_tflops") for k in DEVICE[s]] + [
+    ("efficiency", k) for k in ("gemm", "gemm_fp8", "attention", "memory_bandwidth", "intra_node_comm", "inter_node_comm",
+                                "gemm_half_gflop", "kernel_overhead_us_per_layer", "tp_overlap")]
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=25, **SETTINGS)
+@given(st.sampled_from(_FIELDS + [(None, "cluster"), (None, "extends"), (None, "name"), ("cluster", "nodes")]), WILD)
+def test_hardware_json(folder, where, value):
+    """A device file with one wild field: finite numbers or one line; a bandwidth or an
+    efficiency of 0 or below is refused (it divides a time)."""
+    section, key = where
+    data = json.loads(json.dumps(DEVICE))
+    if section is None:
+        data[key] = value
+    else:
+        data.setdefault(section, {})[key] = value
+    path = write(folder, "device.json", data)
+    divides = key in ("gbps_per_direction", "hbm_tbps", "gemm", "attention", "memory_bandwidth")
+    bad = divides and not isinstance(value, bool) and isinstance(value, (int, float)) and value <= 0
+    assert_clean(["estimate", "--model", "llama-7b", "--hardware", path, "--devices", "8", "--global-batch", "64",
+                  "--json"], must_refuse=bad)
+
+
+_INT_FLAGS = ["--tp", "--pp", "--vpp", "--cp", "--ep", "--dp", "--mbs", "--devices", "--devices-per-node",
+              "--seq-len", "--global-batch"]
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=40, **SETTINGS)
+@given(st.sampled_from(_INT_FLAGS + ["--tokens", "--layer-split", "--zero", "--set"]), WILD_TEXT)
+def test_estimate_flag_values(flag, value):
+    """Any text for an estimate flag: finite numbers or one line; a degree or size that is not a
+    whole number of at least 1 is refused."""
+    argv = E + ["--global-batch", "64", "--json"]
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [f"{flag}={value}"] if flag != "--set" else ["--set", f"efficiency.gemm={value}"]
+    bad = flag in _INT_FLAGS and not re.fullmatch(r"\s*\+?\d+\s*", value) or value.strip() in ("0", "+0")
+    assert_clean(argv, must_refuse=bad and flag in _INT_FLAGS)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=8, **SETTINGS)
+@given(st.sampled_from(["--headroom", "--max-memory-gib", "--top", "--tp", "--pp", "--vpp", "--global-batch",
+                        "--tokens"]), WILD_TEXT)
+def test_plan_flag_values(flag, value):
+    """Any text for a plan flag (a small search: llama-7b on 8 devices): finite numbers or one line."""
+    assert_clean(["plan", "--model", "llama-7b", "--hardware", "h100-sxm", "--devices", "8", "--global-batch", "64",
+                  "--top", "1", "--json", f"{flag}={value}"])
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=25, **SETTINGS)
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.=", max_size=24), st.sampled_from(["0.5", "x", "nan", "1", ""]))
+def test_set_paths(path, value):
+    """``--set`` with any path: applied, or one line naming what is wrong (an unknown field was
+    silently ignored before issue 16)."""
+    r = assert_clean(E + ["--global-batch", "64", "--json", "--set", f"{path}={value}"])
+    if r["rc"] == 0:  # only a real field of a device file is accepted
+        section, _, field = path.partition(".")
+        from partita.spec.hardware import _SECTIONS
+        assert field.strip() in _SECTIONS.get(section.strip(), ()), (path, value)
