@@ -285,7 +285,7 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
         modules = [hf_stage(model, list(range(len(model.model.layers))), True, True)]
     else:
         modules = [model]
-    ep_group, edp_group = _apply_model_parallel(modules, plan, mesh)
+    ep_group, edp_group = _apply_model_parallel(modules, plan, mesh, _folds_experts_over_tp(model, plan))
     cp_positions = None
     if plan.cp > 1:
         from .context_parallel import apply_cp
@@ -329,8 +329,20 @@ def resolve_plan(text: str, model: nn.Module, world: int, device_type: str) -> P
     return plan
 
 
-def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh) -> tuple:
-    """3. tensor + sequence parallel, 4. expert parallel; returns the (ep, edp) groups."""
+def _folds_experts_over_tp(model: nn.Module, plan: Plan) -> bool:
+    """Whether a reference MoE model under tp without ep keeps its routed experts' states
+    apart (sharded over dp x cp x tp, as with ep; see :func:`.mesh.expert_mesh`). Decided
+    on the whole model, so every rank - also of a pipeline stage without MoE layers -
+    creates the same process groups."""
+    from ..models.llama import MoE
+    return plan.ep == 1 and plan.tp > 1 and not is_hf(model) and not 0 < plan.dp_shard < plan.dp \
+        and any(isinstance(m, MoE) for m in model.modules())
+
+
+def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh, experts_apart: bool = False) -> tuple:
+    """3. tensor + sequence parallel, 4. expert parallel; returns the (ep, edp) groups.
+    ``experts_apart`` (tp, no ep): the routed experts, whole on every rank, are marked as
+    experts so that their states are sharded over edp x tp like ep's (edp = dp x cp)."""
     if plan.tp > 1:
         from .tensor_parallel import apply_tp
         for mod in modules:
@@ -342,6 +354,13 @@ def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh) -> tuple:
         edp_group = new_subgroups(plan, "edp")
         for mod in modules:
             apply_ep(mod, ep_group, plan.ep)
+    elif experts_apart:
+        from ..models.llama import MoE
+        edp_group = new_subgroups(plan, "edp")
+        for mod in modules:
+            for moe in (m for m in mod.modules() if isinstance(m, MoE)):
+                for p in moe.experts.parameters():
+                    p._partita_expert = True
     return ep_group, edp_group
 
 
@@ -364,7 +383,7 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     if ndp > 1 and plan.zero >= 2:
         edp_mesh = None
-        if plan.ep > 1:
+        if edp_group is not None:
             from .mesh import expert_mesh
             edp_mesh = expert_mesh(plan, device_type)["edp_tp"]
         for mod in modules:
