@@ -85,19 +85,33 @@ def print_terms(data: dict) -> None:
 
 
 def _run_group(cmd: list[str], timeout_s: int) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group and wait; on a timeout or an interrupt the
-    whole group (torchrun and its workers) is killed, so no process outlives the command."""
+    """Run ``cmd`` (``python -m torch.distributed.run ...``) in its own process group and wait;
+    on a timeout or an interrupt the whole group (torchrun and its workers) is killed, so no
+    process outlives the command. torchrun's logs (by default a ``torchelastic_*`` folder left
+    in the temp dir) and the workers' temp files go to a scratch folder removed on every exit."""
+    import shutil
     import signal
+    import tempfile
+    scratch = tempfile.mkdtemp(prefix="partita-calibrate-")
+    cmd = cmd[:3] + [f"--log-dir={os.path.join(scratch, 'torchelastic')}"] + cmd[3:]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TMPDIR": scratch}
+    try:
+        return _wait_group(cmd, env, timeout_s, signal.SIGKILL)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _wait_group(cmd: list[str], env: dict, timeout_s: int, kill: int) -> tuple[int, str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+                            env=env)
     try:
         _, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGKILL)
+        _kill_group(proc, kill)
         raise PartitaError(f"calibration did not finish in --timeout-s {timeout_s} s; "
                            "give it more time (a CPU run takes a few minutes)") from None
     except BaseException:
-        _kill_group(proc, signal.SIGKILL)
+        _kill_group(proc, kill)
         raise
     return proc.returncode, stderr
 
