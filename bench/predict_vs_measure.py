@@ -1,14 +1,17 @@
 """Close the loop on this machine: calibrate, predict the step time of several plans, run
 them, and compare.
 
-    python bench/predict_vs_measure.py [--repeats 2] [--steps 6]
+    python bench/predict_vs_measure.py [--repeats 2] [--steps 6] [--hardware calibrated.json]
 
-1. `partita calibrate --nproc N` writes a hardware file for this CPU for each process
-   count N the plans use (processes share the cores, so N changes the GEMM rate);
-2. every plan below is estimated on it and trained with `partita train` (gloo), its step
-   time the median over steps 2.. of each run and the median over repeats;
-3. the benchmark prints each plan's predicted and measured step time, the Spearman rank
-   correlation and the median absolute error.
+1. `partita calibrate --nproc 2` writes a hardware file for this machine (unless
+   --hardware gives one);
+2. each of 12 two-process plans (dp, tp with and without sp, pp, interleaved pp, zero 3,
+   full recompute, mbs 2 and 4, cp; tiny-moe with ep and dp) is estimated on it and
+   trained with `partita train` (gloo, SGD), its step time the median over steps 2.. of
+   each run and the median over repeats;
+3. the benchmark prints predicted and measured side by side, the median and worst
+   absolute error, the Spearman rank correlation, how many plans are predicted under /
+   over, and the load average (timings on a shared machine move with it).
 """
 from __future__ import annotations
 
@@ -25,9 +28,10 @@ from partita.plan import Plan
 from partita.spec.hardware import make_cluster
 from partita.spec.load import load_model
 
-MODEL = "small-llama"
-PLANS = [("dp=2", 2), ("tp=2", 2), ("pp=2", 2), ("dp=2,zero=3", 2), ("dp=2,recompute=full", 2),
-         ("dp=2,mbs=2", 2), ("dp=2,tp=2", 4), ("dp=4", 4)]
+PLANS = [("small-llama", p) for p in ("dp=2", "tp=2", "tp=2,sp=false", "pp=2", "pp=2,vpp=2", "dp=2,zero=3",
+                                       "dp=2,recompute=full", "dp=2,mbs=2", "dp=2,mbs=4", "cp=2")] + \
+        [("tiny-moe", "ep=2"), ("tiny-moe", "dp=2")]
+NPROC = 2
 COMMON = dict(gbs=8, seq_len=128, mbs=1, dtype="fp32")
 
 
@@ -43,8 +47,8 @@ def spearman(a: list[float], b: list[float]) -> float:
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
-def measure(plan: str, nproc: int, steps: int) -> float:
-    cmd = [sys.executable, "-m", "partita", "train", "--model", MODEL, "--plan", plan + ",gbs=8,seq_len=128",
+def measure(model: str, plan: str, nproc: int, steps: int) -> float:
+    cmd = [sys.executable, "-m", "partita", "train", "--model", model, "--plan", plan + ",gbs=8,seq_len=128",
            "--nproc", str(nproc), "--steps", str(steps), "--json", "--optimizer", "sgd", "--lr", "0.01"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
@@ -53,33 +57,37 @@ def measure(plan: str, nproc: int, steps: int) -> float:
     return statistics.median(times[2:])
 
 
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--hardware", help="an existing calibrated file (default: calibrate now)")
     args = p.parse_args()
-    files = {}
-    for nproc in sorted({n for _, n in PLANS}):
-        if args.hardware:
-            files[nproc] = args.hardware
-            continue
-        files[nproc] = os.path.join(tempfile.mkdtemp(), f"calibrated-{nproc}.json")
-        subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(nproc), "-o", files[nproc]],
-                       check=True, timeout=600)
-    model = load_model(MODEL)
+    hardware = args.hardware
+    if not hardware:
+        hardware = os.path.join(tempfile.mkdtemp(), f"calibrated-{NPROC}.json")
+        print(f"calibrating ({load()})", flush=True)
+        subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware],
+                       check=True, timeout=900)
     rows = []
-    for text, nproc in PLANS:
-        plan = Plan.parse(text, world_size=nproc, defaults=dict(COMMON))
-        predicted = estimate(model, make_cluster(files[nproc], nproc), plan).step_time_s
-        measured = statistics.median(measure(text, nproc, args.steps) for _ in range(args.repeats))
-        rows.append((plan.summary(), predicted, measured))
-        print(f"{plan.summary():36s} predicted {predicted * 1e3:8.1f} ms   measured {measured * 1e3:8.1f} ms   "
-              f"error {(predicted - measured) / measured:+.0%}", flush=True)
+    for model_name, text in PLANS:
+        plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))
+        predicted = estimate(load_model(model_name), make_cluster(hardware, NPROC), plan).step_time_s
+        measured = statistics.median(measure(model_name, text, NPROC, args.steps) for _ in range(args.repeats))
+        rows.append((f"{model_name} {plan.summary()}", predicted, measured))
+        print(f"{rows[-1][0]:44s} predicted {predicted * 1e3:8.1f} ms   measured {measured * 1e3:8.1f} ms   "
+              f"error {(predicted - measured) / measured:+.0%}   ({load()})", flush=True)
     pred, meas = [r[1] for r in rows], [r[2] for r in rows]
-    errors = [abs(p_ - m) / m for p_, m in zip(pred, meas)]
-    print(f"\nSpearman rank correlation {spearman(pred, meas):.2f}; median absolute error {statistics.median(errors):.0%} "
-          f"over {len(rows)} plans ({args.repeats} repeats each)")
+    signed = [(p_ - m) / m for p_, m in zip(pred, meas)]
+    errors = [abs(e) for e in signed]
+    print(f"\n{len(rows)} plans, {args.repeats} repeats each, hardware {hardware}: median |error| "
+          f"{statistics.median(errors):.0%}, worst {max(errors):.0%} ({rows[errors.index(max(errors))][0]}), "
+          f"Spearman {spearman(pred, meas):.2f}, predicted under {sum(e < 0 for e in signed)} / over "
+          f"{sum(e > 0 for e in signed)}; {load()}")
 
 
 if __name__ == "__main__":

@@ -214,3 +214,19 @@ def test_single_process_keeps_the_base_links_and_measures_the_base_overhead():
 def test_a_profiled_run_refines_the_one_mechanism_it_uses(text, mech):
     plan = Plan.parse(text, world_size=2, defaults={"gbs": 8, "seq_len": 128, "mbs": 1})
     assert mechanism_of(plan) == mech
+
+
+def test_term_by_term_comparison_names_the_term_most_off():
+    from partita.profile.compare_terms import term_table
+    parts = {"compute": 0.300, "optimizer step": 0.010, "tp communication": 0.120, "pipeline bubble": 0.0}
+    # 40 ms of the tp part is DTensor framework time: compared with compute, where a CPU trace books it
+    framework = {"tp_framework_us_per_layer": (0.040, "measured: partita calibrate")}
+    measured = {"compute": 0.360, "tp": 0.200, "idle": 0.005}
+    table = term_table(measured, parts, framework, {"compute": "calibrated", "tp": "calibrated"})
+    rows = {r["term"]: r for r in table["rows"]}
+    assert rows["compute"]["predicted_s"] == pytest.approx(0.350, rel=1e-12)  # 300 + 10 + 40 framework
+    assert rows["tp communication"]["predicted_s"] == pytest.approx(0.080, rel=1e-12)
+    assert rows["  of which framework: tp_framework_us_per_layer"]["source"] == "calibrated"
+    # tp is 120 ms over, compute 10 ms, idle 5 ms: tp communication is the term most off
+    assert table["most_off"] == "tp communication"
+    assert table["most_off_diff_s"] == pytest.approx(0.120, rel=1e-12)

@@ -67,6 +67,9 @@ def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
         return code
     from ..train.profile_report import analyze_run
     report, timelines = analyze_run(Path(profile_dir), Path(run_dir), config.model, hardware)
+    from ..plan import Plan
+    from ..profile.compare_terms import compare_run, print_terms
+    report["terms"] = compare_run(report, Plan.load(Path(run_dir) / "plan.json"), config.model, hardware)
     if report_path:
         from ..profile.html_report import write_html_report
         report["html_report"] = str(write_html_report(report, timelines, report_path))
@@ -75,4 +78,5 @@ def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
     else:
         from .render import print_report
         print_report(report)
+        print_terms(report["terms"])
     return 0
