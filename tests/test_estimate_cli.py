@@ -51,7 +51,7 @@ def test_plan_file_round_trip(tmp_path, capsys):
     (["--hardware", "h1000"], "unknown hardware 'h1000': did you mean"),
     (["--tp", "3"], "tp*pp*cp = 6 does not divide --devices 64"),
     (["--tp", "16", "--pp", "1", "--devices", "64"], "KV heads (8) must be divisible by tp=16"),
-    (["--pp", "3", "--tp", "2", "--devices", "48"], "layers (80) must be divisible by pp*vpp"),
+    (["--pp", "96", "--tp", "1", "--devices", "96"], "80 layers cannot be split over pp*vpp = 96*1 = 96 stages"),
     (["--global-batch", "102"], "global batch 102 must be a multiple of dp*mbs"),
     (["--dtype", "fp8", "--hardware", "ascend-910b2"], "has no fp8 peak"),
 ])
@@ -99,7 +99,7 @@ def test_full_recompute_trades_memory_for_time():
 
 
 def test_validation_lists_every_violation():
-    errs = validate(Plan(dp=3, tp=3, pp=7, gbs=5, mbs=2), load_model("llama-65b"), 64)
+    errs = validate(Plan(dp=3, tp=3, pp=83, gbs=5, mbs=2), load_model("llama-65b"), 64)
     assert len(errs) == 6
 
 

@@ -45,7 +45,7 @@ REFUSED = {
                   "70b-tp8-pp4-vpp5": DS_VPP, "70b-pp2-split": DS_SPLIT, "405b-split-cp2": DS_SPLIT,
                   "405b-split-mid": DS_SPLIT, "8x22b-pp4-ep8-full": DS_EP, "8x22b-ep8-z0": DS_EP, "8x22b-ep8-z1": DS_EP,
                   "8x22b-tp2-ep4-z3": DS_EP, "8x7b-pp4-vpp4-ep4": DS_VPP, "dsv3-split-ep64": DS_SPLIT,
-                  "dsv3-ep8-z1-sel": DS_SPLIT},
+                  "dsv3-ep8-z1-sel": DS_SPLIT, "405b-auto-pp16": DS_SPLIT, "dsv3-auto-pp8-vpp2": DS_SPLIT},
     "torchtitan": {"8b-dp8-z3-fp16-full": TT_FP16, "8b-dp8-z0-fp16": TT_FP16, "8b-tp2-pp2-fp16-full": TT_FP16,
                    "175b-pp12-fp16": TT_FP16,
                    "405b-split-mid": "layer_split 7,8,8,8,8,8,8,7,9,8,8,8,8,8,8,7: torchtitan expresses uneven splits "
@@ -94,6 +94,16 @@ def _check_megatron_namespace(ns, env, plan, model):
     assert ns.sequence_parallel == (plan.sp and plan.tp > 1)
     if plan.layer_split:
         assert _layout_stages(ns.pipeline_model_parallel_layout) == list(plan.layer_split)
+    elif model.layers % (plan.pp * plan.vpp):
+        # the automatic split: every layer placed once, and with the embedding and the
+        # loss counted as a layer on the first and last stage (Megatron's account-for-
+        # embedding/loss semantics) the stages differ by at most one layer, the heavier
+        # ones in the middle
+        stages = _layout_stages(ns.pipeline_model_parallel_layout)
+        units = [n + (i == 0) + (i == len(stages) - 1) for i, n in enumerate(stages)]
+        assert sum(stages) == model.layers and len(stages) == plan.pp * plan.vpp
+        assert max(units) - min(units) <= 1 and min(stages[1:-1]) >= 1
+        assert units[0] <= units[1] and units[-1] <= units[-2]
     elif plan.vpp > 1:
         assert ns.num_layers_per_virtual_pipeline_stage == model.layers // (plan.pp * plan.vpp)
     else:
@@ -237,8 +247,10 @@ def test_export_cli(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------- import round trip
-def _expected(target, plan):
+def _expected(target, plan, model):
     """The plan fields an export keeps for ``target`` (the closest equivalents the warnings name)."""
+    if not plan.layer_split and model.layers % (plan.pp * plan.vpp):
+        plan = plan.with_(layer_split=plan.stage_layers(model.layers))  # the automatic split, written out
     zero = plan.zero
     if target == "mindspeed" and zero == 2:
         zero = 3  # torch FSDP2 shards parameters too
@@ -267,6 +279,6 @@ def test_export_then_import_gives_the_plan_back(target):
             back = importers.plan_from_ds_config(out.data, plan.world_size, seq_len=plan.seq_len)
         else:
             back = importers.plan_from_torchtitan(importers.argv_from_script(out.text), model.layers)
-        got = {k: getattr(back, k) for k in _expected(target, plan)}
+        got = {k: getattr(back, k) for k in _expected(target, plan, model)}
         got["sp"] = back.sp and back.tp > 1
-        assert got == _expected(target, plan), pid
+        assert got == _expected(target, plan, model), pid

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from partita.estimate import estimate
-from partita.plan import validate
+from partita.plan import Plan, validate
 from partita.search import SearchSpace, search_plans
 from partita.cost.step import step_time_lower_bound
 from partita.search.explain import why_not
@@ -260,3 +260,48 @@ def test_queue_key_never_above_exact_bound(name, hardware, devices, gbs, seq):
         assert lay.key == cheap_bound(model, cluster, lay.plan) <= exact, lay.plan.summary()
     bounds = [lay.bound for lay in queue]  # iterating refines every layout, in order
     assert bounds == sorted(bounds) and len(bounds) == len(queue.layouts)
+
+
+def test_uneven_layers_get_the_automatic_split():
+    """Layers that do not divide into pp*vpp stages need no explicit split: the plan gets
+    Megatron's account-for-embedding-and-loss split - 126 layers + embedding + loss = 128
+    units over 16 stages is 8 each, so the end stages hold 7 layers - in the estimate and
+    its JSON; an explicit split still wins; a count no split can place is refused."""
+    model, cluster = load_model("llama3-405b"), make_cluster("h100-sxm", 1024)
+    plan = Plan(dp=8, tp=8, pp=16, sp=True, zero=1, mbs=1, gbs=1024, seq_len=8192)
+    est = estimate(model, cluster, plan)
+    assert est.plan.layer_split == (7,) + (8,) * 14 + (7,)
+    assert est.to_dict()["plan"]["layer_split"] == [7] + [8] * 14 + [7]
+    assert len(est.time.stages) == 16 and est.step_time_s > 0
+    mine = (8,) * 15 + (6,)
+    assert estimate(model, cluster, replace(plan, layer_split=mine)).plan.layer_split == mine
+    # DeepSeek-V3: 61 + 2 = 63 units over 8 x 2 virtual stages: 15 of 4 and one of 3; the
+    # lighter ends (2 and 3 layers) carry the embedding and the loss
+    dsv3 = load_model("deepseek-v3")
+    est = estimate(dsv3, make_cluster("h800", 256), Plan(dp=16, tp=2, pp=8, vpp=2, ep=8, sp=True, zero=1, mbs=1,
+                                                         gbs=512, seq_len=4096, schedule="interleaved-1f1b"))
+    assert est.plan.layer_split == (2,) + (4,) * 14 + (3,)
+    assert validate(Plan(dp=1, pp=128, gbs=128), model, 128) == []  # 128 units: one each, empty ends
+    errs = validate(Plan(dp=1, pp=256, gbs=256), model, 256)
+    assert errs == ["126 layers cannot be split over pp*vpp = 256*1 = 256 stages with at least one layer in every "
+                    "middle stage; use fewer stages"]
+
+
+def test_tp_not_dividing_kv_heads_is_refused_with_the_estimates_reason():
+    """Llama-3 70B has 8 KV heads: tp=16 would split a KV head, which no runtime does (and
+    KV replication is not modelled), so the estimate and the search refuse it alike, and
+    a search fixed to it says why instead of "no layout divides the devices"."""
+    from partita.errors import PartitaError
+    from partita.search.engine import infeasible_message
+    model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", 64)
+    reason = "KV heads (8) must be divisible by tp=16"
+    with pytest.raises(PartitaError, match=r"KV heads \(8\) must be divisible by tp=16"):
+        estimate(model, cluster, Plan(dp=4, tp=16, sp=True, mbs=1, gbs=64))
+    result = search_plans(model, cluster, 64, 8192, SearchSpace(tp=16))
+    assert not result.plans and not result.attempts
+    assert any(reason in line for line in result.invalid)
+    with pytest.raises(PartitaError) as err:
+        infeasible_message(result)
+    assert reason in str(err.value)
+    # the unconstrained search never proposes it
+    assert all(a.plan.tp <= 8 for a in search_plans(model, cluster, 64, 8192).attempts)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_same_losses_as_one_process(model, plan, nproc):
 @pytest.mark.parametrize("plan,nproc,needle", [
     ("dp=3", 4, "must equal the device count 4"),
     ("tp=3", 3, "attention heads (4) must be divisible by tp=3"),
-    ("pp=3", 3, "layers (4) must be divisible by pp*vpp"),
+    ("pp=7", 7, "4 layers cannot be split over pp*vpp = 7*1 = 7 stages"),
 ])
 def test_bad_plan_fails_before_launch(plan, nproc, needle):
     t0 = time.time()
@@ -134,3 +135,59 @@ def test_run_dir_holds_plan_and_config_and_the_worker_gets_only_it(tmp_path):
     from partita.errors import PartitaError
     with pytest.raises(PartitaError, match="unknown option"):
         TrainConfig.load(tmp_path / "run")
+
+
+def _bad_inputs(tmp):
+    """Files a careless user passes (issue 16), written into ``tmp``."""
+    import numpy as np
+    np.save(tmp / "float.npy", np.linspace(0, 1, 100))
+    np.save(tmp / "neg.npy", -np.ones(100, dtype=np.int64))
+    np.save(tmp / "empty.npy", np.array([], dtype=np.int64))
+    np.save(tmp / "twod.npy", np.ones((10, 10), dtype=np.int64))
+    np.save(tmp / "big.npy", np.full(100, 10 ** 6, dtype=np.int64))
+    (tmp / "garbage.npy").write_bytes(b"\x93NUMPYgarbage" * 10)
+    (tmp / "tok.json").write_text('{"not": "a tokenizer"}')
+    (tmp / "text.txt").write_text("some text " * 100)
+    (tmp / "afile").write_text("x")
+
+
+@pytest.mark.parametrize("args,needle", [
+    ("--data float.npy", "token ids must be integers, got dtype float64"),
+    ("--data neg.npy", "token id -1 is negative"),
+    ("--data empty.npy", "holds 0 token(s)"),
+    ("--data twod.npy", "must be a 1-D array, got shape (10, 10)"),
+    ("--data big.npy", "token id 1000000 >= the model's vocabulary 256"),
+    ("--data garbage.npy", "not a readable .npy array"),
+    ("--data text.txt --tokenizer tok.json", "--tokenizer tok.json is not a Hugging Face tokenizer.json"),
+    ("--run-dir afile", "--run-dir afile is a file"),
+    ("--checkpoint-dir afile", "--checkpoint-dir afile is a file"),
+    ("--run-dir /proc/partita-x", "cannot create the directory"),
+    ("--lr nan", "--lr: must be a finite number in [0, 10], got nan"),
+    ("--lr -1", "--lr: must be a finite number in [0, 10], got -1"),
+    ("--lr 0", "--lr must be a finite number > 0"),
+    ("--timeout-s 0", "--timeout-s: must be from 1 to"),
+    ("--seed 99999999999999999999", "--seed: must be from 0 to 2,147,483,647"),
+    ("--max-grad-norm -1", "--max-grad-norm: must be a finite number in [0,"),
+    ("--resume", "--resume needs --checkpoint-dir"),
+    ("--global-batch 16 --plan gbs=8", "--global-batch 16 conflicts with gbs=8 in --plan"),
+    ("--seq-len 32 --plan seq_len=64", "--seq-len 32 conflicts with seq_len=64"),
+    ("--save-hf out", "--save-hf writes Hugging Face models"),
+])
+def test_bad_train_input_is_one_line_before_any_worker(tmp_path, capsys, args, needle):
+    # in-process: the launcher refuses before torchrun (no process is started)
+    from partita.cli.main import main
+    _bad_inputs(tmp_path)
+    code = main(["train", "--model", "tiny-llama", "--steps", "1", *args.split()])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("partita: error:"), err
+    assert needle in err[0], err[0]
+    assert not (tmp_path / "runs").exists()  # nothing was started, no run directory made
+
+
+def test_batch_flags_fill_the_plan_and_the_run_dir_defaults_to_runs_timestamp(tmp_path):
+    from partita.train.config import LaunchConfig, TrainConfig
+    from partita.train.launch import prepare_run
+    config = TrainConfig(model="tiny-llama")
+    run = prepare_run(config, LaunchConfig(plan="dp=2", nproc=2, global_batch=4, seq_len=32, mbs=2), say=print)
+    assert (run.plan.gbs, run.plan.seq_len, run.plan.mbs, run.plan.dp) == (4, 32, 2, 2)
+    assert run.run_dir.parent == Path("runs") and (tmp_path / run.run_dir / "plan.json").is_file()

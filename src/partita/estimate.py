@@ -147,7 +147,7 @@ class Estimate:
 
 def estimate(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     """Predict per-rank memory and the step time of ``plan`` (validated first)."""
-    plan = normalise(plan)
+    plan = normalise(plan, model)  # with the model: an automatic layer split when layers do not divide
     check(plan, model, cluster.world_size)
     if plan.dtype != "fp32":
         cluster.device.peak_flops(plan.dtype)  # raises a clear error for e.g. fp8 on 910B

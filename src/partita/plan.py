@@ -118,10 +118,16 @@ class Plan:
         return self.gbs * self.seq_len
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
-        """Layers of each virtual stage in pipeline order (pp*vpp entries)."""
+        """Layers of each virtual stage in pipeline order (pp*vpp entries): the plan's
+        ``layer_split``, else an even split, else (layers not divisible by pp*vpp) the
+        automatic one of :func:`automatic_split`."""
         if self.layer_split:
             return tuple(self.layer_split)
         chunks = self.pp * self.vpp
+        if layers % chunks:
+            split = automatic_split(layers, chunks)
+            if split:
+                return split
         return tuple([layers // chunks] * chunks)
 
     def summary(self) -> str:
@@ -338,9 +344,9 @@ def _validate_against_model(plan: Plan, model: Any) -> list[str]:
         elif min(plan.layer_split[1:-1] or (1,)) < 1 or min(plan.layer_split) < 0:
             errs.append("every pipeline stage in layer_split needs at least one layer "
                         "(only the first and last, which hold the embedding and the loss, may have none)")
-    elif model.layers % chunks:
-        errs.append(f"layers ({model.layers}) must be divisible by pp*vpp = {plan.pp}*{plan.vpp} = {chunks} "
-                    f"(or give an uneven layer_split)")
+    elif model.layers % chunks and automatic_split(model.layers, chunks) is None:
+        errs.append(f"{model.layers} layers cannot be split over pp*vpp = {plan.pp}*{plan.vpp} = {chunks} stages "
+                    f"with at least one layer in every middle stage; use fewer stages")
     if plan.ep > 1:
         if not model.moe:
             errs.append(f"ep={plan.ep} needs a mixture-of-experts model; {model.name} is dense")
@@ -430,9 +436,39 @@ def balanced_split(layers: int, chunks: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def normalise(plan: Plan) -> Plan:
-    """Drop settings that do nothing (sp without tp, vpp schedule names without vpp)."""
+def automatic_split(layers: int, chunks: int) -> tuple[int, ...] | None:
+    """The layer split used when ``layers`` does not divide into ``chunks`` = pp*vpp
+    equal virtual stages and the plan gives none (None when it divides, or when no split
+    leaves every middle stage a layer).
+
+    Min-max balanced with the embedding on the first stage and the output layer + loss on
+    the last each counted as one layer - Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``
+    semantics (megatron/core/transformer/transformer_block.py) - so the end stages get a
+    layer less than the middle ones where the count leaves a remainder. Export writes it
+    as the exact per-stage layout (Megatron ``--pipeline-model-parallel-layout``;
+    torchtitan ``pipeline_parallel_first/last_stage_less_layers``). An explicit
+    ``layer_split`` always wins; the search picks its own (it measures the output
+    layer's cost)."""
+    if chunks <= 1 or layers % chunks == 0:
+        return None
+    try:
+        split = balanced_split(layers, chunks)
+    except PartitaError:
+        return None
+    return split if min(split[1:-1] or (1,)) >= 1 else None
+
+
+def normalise(plan: Plan, model: Any = None) -> Plan:
+    """Drop settings that do nothing (sp without tp, vpp schedule names without vpp); with
+    a model, write the automatic layer split (:func:`automatic_split`) into a plan whose
+    layers do not divide into pp*vpp stages, so that its JSON and its exports name it."""
     changes: dict[str, Any] = {}
+    if model is not None and not plan.layer_split and plan.pp * plan.vpp > 1 \
+            and model.layers % (plan.pp * plan.vpp):
+        split = automatic_split(model.layers, plan.pp * plan.vpp)
+        if split:
+            changes["layer_split"] = split
     if plan.tp == 1 and plan.sp:
         changes["sp"] = False
     if plan.pp == 1 and plan.schedule != "1f1b":

@@ -43,4 +43,8 @@ MATRIX = [
                                             layer_split=(3,) + (4,) * 14 + (2,))),
     ("dsv3-ep8-z1-sel", "deepseek-v3", Plan(dp=16, tp=2, pp=8, ep=8, zero=1, mbs=1, gbs=512, seq_len=4096,
                                             recompute="selective", layer_split=(7,) + (8,) * 6 + (6,))),
+    # no layer_split, layers not divisible by pp*vpp (126 over 16, 61 over 8x2): the automatic split
+    ("405b-auto-pp16", "llama3-405b", Plan(dp=8, tp=8, pp=16, sp=True, zero=1, mbs=1, gbs=1024, seq_len=8192)),
+    ("dsv3-auto-pp8-vpp2", "deepseek-v3", Plan(dp=16, tp=2, pp=8, vpp=2, ep=8, sp=True, zero=1, mbs=1, gbs=512,
+                                               seq_len=4096, schedule="interleaved-1f1b")),
 ]

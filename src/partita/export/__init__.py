@@ -17,4 +17,11 @@ def export(target: str, plan, model=None, hardware=None) -> Export:
                "torchtitan": export_torchtitan}
     if target not in targets:
         raise PartitaError(f"unknown export target {target!r}; choose one of {', '.join(targets)}")
+    if model is not None and not plan.layer_split:
+        # layers that do not divide into pp*vpp stages: the automatic split the estimate
+        # used, written out as the plan's own split (Megatron layout, torchtitan first/last)
+        from ..plan import automatic_split
+        split = automatic_split(model.layers, plan.pp * plan.vpp)
+        if split:
+            plan = plan.with_(layer_split=split)
     return targets[target](plan, model)

@@ -34,13 +34,20 @@ EXPLAINED_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "recompute", "zero")
 LADDER_KNOBS = ("recompute", "zero")  # the memory-saving knobs walked per layout, in ladder-step order
 
 
-def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: SearchSpace, cross_node_tp: bool):
+def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: SearchSpace, cross_node_tp: bool,
+               refused: list[str] | None = None):
     """Every (tp, cp, pp, dp, ep, mbs, vpp) the rules of :mod:`.space` allow, in an order
-    that helps memory dominance (deepest pipeline and largest ep first)."""
+    that helps memory dominance (deepest pipeline and largest ep first). A tp that does
+    not divide the attention or KV heads is refused - as :func:`partita.plan.validate`
+    refuses it in an estimate (no KV replication is modelled) - with the reason appended
+    to ``refused``."""
     n, dpn = cluster.world_size, cluster.devices_per_node
     tps = [space.tp] if space.tp else [t for t in powers_of_two(dpn * (2 if cross_node_tp else 1)) if n % t == 0]
     for tp in tps:
         if model.heads % tp or (not model.mla and model.kv_heads % tp):
+            if refused is not None:
+                refused.append(f"tp={tp}: " + ("; ".join(e for e in validate(Plan(tp=tp), model)
+                                                         if "heads" in e)))
             continue
         cps = [space.cp] if space.cp else [c for c in powers_of_two(n // tp) if seq // c >= space.min_tokens_per_cp_rank
                                            and seq % (2 * c) == 0 or c == 1]
@@ -283,7 +290,7 @@ def layouts_by_bound(model: ModelSpec, cluster: Cluster, global_batch: int, seq_
     ranked unless the user fixed tp) deferred until :meth:`LayoutQueue.with_cross_node`."""
     builder = _LayoutBuilder(model, cluster, global_batch, seq_len, space, invalid)
     layouts = []
-    for structure in structures(model, cluster, global_batch, seq_len, space, cross_node_tp):
+    for structure in structures(model, cluster, global_batch, seq_len, space, cross_node_tp, invalid):
         if not space.tp and structure[0] > cluster.devices_per_node:
             builder.defer(structure)
             continue
