@@ -53,7 +53,8 @@ def measure(model: str, plan: str, nproc: int, steps: int) -> float:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise SystemExit(proc.stderr[-2000:])
-    times = [json.loads(l)["step_time_s"] for l in proc.stdout.splitlines() if l.startswith("{")]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    times = [r["step_time_s"] for r in records if "step_time_s" in r]  # per-step lines, not the summary
     return statistics.median(times[2:])
 
 
