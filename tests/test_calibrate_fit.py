@@ -230,3 +230,29 @@ def test_term_by_term_comparison_names_the_term_most_off():
     # tp is 120 ms over, compute 10 ms, idle 5 ms: tp communication is the term most off
     assert table["most_off"] == "tp communication"
     assert table["most_off_diff_s"] == pytest.approx(0.120, rel=1e-12)
+
+
+def test_from_profile_recovers_the_framework_field_of_a_run_dir(tmp_path):
+    """A run dir whose step times are the estimate on a device with a known tp framework
+    time: refining a file that has the wrong value recovers the right one."""
+    import json
+
+    from partita.estimate import estimate
+    from partita.profile.calibrate_refine import refine_from_runs
+    from partita.spec.hardware import Cluster
+    from partita.spec.load import load_model
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"name": "b", "extends": "cpu", "efficiency": {"tp_framework_us_per_layer": 10.0}}))
+    plan = Plan.parse("tp=2", world_size=2, defaults={"gbs": 2, "seq_len": 64, "mbs": 1, "dtype": "fp32"})
+    true = load_device(str(base), overrides={"efficiency": {"tp_framework_us_per_layer": 2500.0}})
+    t = estimate(load_model("tiny-llama"), Cluster(device=true, nodes=1, devices_per_node=2), plan).step_time_s
+    run = tmp_path / "run"
+    run.mkdir()
+    plan.to_json(run / "plan.json")
+    (run / "train.json").write_text(json.dumps({"model": "tiny-llama"}))
+    # the first step is a warm-up (left out); the others are the repeats
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "step_time_s": s}) + "\n"
+                                               for i, s in enumerate([9.0, t, t, t])))
+    out = refine_from_runs(str(base), [str(run)], None)
+    assert out["efficiency"]["tp_framework_us_per_layer"] == pytest.approx(2500.0, rel=REL_OVERHEAD)
+    assert out["calibration"]["terms"]["efficiency.tp_framework_us_per_layer"]["repeats"] == 3
