@@ -38,9 +38,14 @@ def read_run(run_dir: str) -> dict:
         if not (d / f).is_file():
             raise PartitaError(f"--from-profile {run_dir}: no {f} there; give a `partita train` or `profile` run dir")
     plan = Plan.load(d / PLAN_FILE)
-    model = json.loads((d / TRAIN_FILE).read_text()).get("model")
-    times = [json.loads(line)["step_time_s"] for line in (d / "metrics.jsonl").read_text().splitlines()
-             if line.startswith("{") and '"step_time_s"' in line]
+    try:
+        model = json.loads((d / TRAIN_FILE).read_text()).get("model")
+        times = [json.loads(line)["step_time_s"] for line in (d / "metrics.jsonl").read_text().splitlines()
+                 if line.startswith("{") and '"step_time_s"' in line]
+    except (ValueError, AttributeError, KeyError) as e:
+        raise PartitaError(f"--from-profile {run_dir}: unreadable {TRAIN_FILE} or metrics.jsonl ({e}"[:200] + ")")
+    if not isinstance(model, str):
+        raise PartitaError(f"--from-profile {run_dir}: {TRAIN_FILE} names no model; give a `partita train` run dir")
     if len(times) < 3:
         raise PartitaError(f"--from-profile {run_dir}: {len(times)} steps recorded; give a run of 3 steps or more")
     return {"plan_obj": plan, "plan": plan.summary(), "model": model, "samples": times[1:], "dir": str(d)}
