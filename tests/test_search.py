@@ -209,17 +209,7 @@ def test_search_matches_brute_force(name):
     assert estimated and all(oracle_times.get(e.plan) == e.step_time_s for e in estimated)
 
 
-_SPLIT_GAP = ("engine gap: the layer splits it tries (even; else the min-max split for vpp=1, Megatron's balanced "
-              "split for vpp>1 only when layers+2 divides pp*vpp) miss splits with empty end stages that "
-              "plan validation accepts and the brute force finds faster or fitting")
-_ALTERNATIVE_GAPS = {
-    "70b-4x40gb": _SPLIT_GAP + ": why-not pp=4 says nothing fits, yet pp4 split 0,2,2,0 with selective recompute fits",
-    "70b-16k-tokens": _SPLIT_GAP + ": why-not pp=2 misses pp2 vpp2 split 0,1,2,0 (about 10 % faster than its pp=2)",
-}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_ALTERNATIVE_GAPS[n]))
-                                  if n in _ALTERNATIVE_GAPS else n for n in BRUTE_FORCE_SCENARIOS])
+@pytest.mark.parametrize("name", BRUTE_FORCE_SCENARIOS)
 def test_why_not_structural_alternatives_match_brute_force(name):
     """For every "why not" value of a structural knob (tp, pp, vpp, cp, ep, mbs), the best
     plan the search found with that value is the brute force's best with that value.

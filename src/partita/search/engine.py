@@ -184,7 +184,8 @@ class _Search:
         Else the memory of every setting is kept on the layout, and ``layout.waiting`` is
         set when the floor rose (the layout should wait in the queue)."""
         base, ladder = layout.plan, layout.ladder
-        if self.dominated(base) and (wanted is None or all(knob_value in self.tried for knob_value in wanted)):
+        if layout.primary and self.dominated(base) \
+                and (wanted is None or all(knob_value in self.tried for knob_value in wanted)):
             self.pruned += 1
             return True
         # every setting at once (they share most of the work); the one with the least
@@ -197,7 +198,8 @@ class _Search:
         if not fits(peak_bytes, self.usable):
             self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
                                          peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
-            self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
+            if layout.primary:  # the dominance rules reason about the structure's own split
+                self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
             return True
         layout.peaks = peaks
         floor = max(layout.floor, min(self.setting_bound(layout, *st) for st in self._family_firsts(layout)))

@@ -13,6 +13,8 @@ order of their exact bounds.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
@@ -76,7 +78,8 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
                 if pp > 1:
                     vpps = [space.vpp] if space.vpp else [v for v in range(1, min(space.max_vpp, (model.layers + 2) // pp) + 1)
                                                           if v == 1 or model.layers % (pp * v) == 0
-                                                          or (model.layers + 2) % (pp * v) == 0]
+                                                          or (model.layers + 2) % (pp * v) == 0
+                                                          or few_splits(model.layers, pp * v)]
                 for ep in eps:
                     for mbs in mbss:
                         m = per_replica // mbs
@@ -123,6 +126,9 @@ class Layout:
     #: the memory of every setting, once the search has computed it (see _Search.evaluate)
     peaks: dict | None = None
     resolved: set = frozenset()  # knob values whose best plan here the first pass settled
+    #: the structure's own split (even or min-max); False for the other splits tried when
+    #: there are few (memory dominance reasons about the former only)
+    primary: bool = True
 
 
 #: Relative slack taken off the cheap bound, so that rounding (the exact bound sums the
@@ -208,6 +214,37 @@ class LayoutQueue:
             i += 1
 
 
+#: Models of at most this many layers (the tiny reference and test models) get every
+#: contiguous layer split tried, up to :data:`FEW_SPLITS` per (pp, vpp): there an empty
+#: first or last stage (only the embedding or the loss) can be what makes a pipeline fit
+#: or run faster, and a handful of layers leaves few splits. Larger models get the even or
+#: min-max split only (trying all would multiply the space).
+FEW_LAYERS = 8
+FEW_SPLITS = 64
+
+
+def few_splits(layers: int, chunks: int) -> bool:
+    """Whether the search tries every split (:func:`all_splits`, whose count is at most
+    the number of cut-point choices checked here)."""
+    return 1 < chunks and layers <= FEW_LAYERS and math.comb(layers + 1, chunks - 1) <= FEW_SPLITS
+
+
+def all_splits(layers: int, chunks: int) -> list[tuple[int, ...]]:
+    """Every contiguous split of ``layers`` into ``chunks`` virtual stages that plan
+    validation accepts: at least one layer in every middle stage, the first and last
+    (which also hold the embedding and the loss) possibly empty. Stars and bars over
+    ``layers + 2`` units, one of each end's being the embedding or the loss."""
+    out = []
+    for cuts in itertools.combinations(range(1, layers + 2), chunks - 1):
+        bounds = (0,) + cuts + (layers + 2,)
+        parts = [bounds[i + 1] - bounds[i] for i in range(chunks)]
+        parts[0] -= 1
+        parts[-1] -= 1
+        if min(parts) >= 0:
+            out.append(tuple(parts))
+    return out
+
+
 def _ladder(space: SearchSpace, dp: int, cp: int) -> list[tuple[str, int]]:
     allow_z3 = space.allow_zero3 and dp * cp > 1
     ladder = [step for step in LADDER + (LADDER_Z3 if allow_z3 else [])
@@ -243,32 +280,42 @@ class _LayoutBuilder:
                                + self.ladder_values[dp * cp > 1])
 
     def build(self) -> list[Layout]:
-        out = [lay for lay in map(self.layout, self.pending) if lay is not None]
+        out = [lay for structure in self.pending for lay in self.layouts(structure)]
         self.pending, self.values = [], set()
         return out
 
-    def layout(self, structure: tuple) -> Layout | None:
-        """The layout of one structure, or None (invalid: the reason goes to ``invalid``)."""
+    def layouts(self, structure: tuple) -> list[Layout]:
+        """The layouts of one structure: one per layer split tried (the even or min-max
+        split; every split when there are few, :func:`few_splits`), invalid ones left
+        out with the reason in ``invalid``."""
         model, cluster = self.model, self.cluster
         tp, cp, pp, dp, ep, mbs, vpp = structure
         replicated = dp * cp > 1
         ladder = self.ladders[replicated]
         if not ladder:
-            return None
+            return []
         base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
                                 mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+        plans = [base]
         if pp * vpp > 1:
-            split = self._split(base)
+            split = self._split(base) if model.layers % (pp * vpp) == 0 or (model.layers + 2) % (pp * vpp) == 0 \
+                or not few_splits(model.layers, pp * vpp) else None
             if split is not None:
-                base = base.with_(layer_split=split)
-        errs = validate(base, model, cluster.world_size)
-        if errs:
-            self.invalid.append(f"{base.summary()}: {errs[0]}")
-            return None
+                plans = [base.with_(layer_split=split)]
+            if few_splits(model.layers, pp * vpp):
+                first = plans[0].stage_layers(model.layers)
+                plans += [base.with_(layer_split=s) for s in all_splits(model.layers, pp * vpp) if s != first]
+        out = []
         # no setting of the layout is faster than its terms with no recompute (base has none)
         knobs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs)) + self.ladder_values[replicated]
-        return Layout(base, ladder, None, bool(self.space.tp) or tp <= cluster.devices_per_node, knobs,
-                      key=cheap_bound(model, cluster, base))
+        for i, plan in enumerate(plans):
+            errs = validate(plan, model, cluster.world_size)
+            if errs:
+                self.invalid.append(f"{plan.summary()}: {errs[0]}")
+                continue
+            out.append(Layout(plan, ladder, None, bool(self.space.tp) or tp <= cluster.devices_per_node, knobs,
+                              key=cheap_bound(model, cluster, plan), primary=i == 0))
+        return out
 
     def _split(self, base: Plan) -> tuple[int, ...] | None:
         """The layer split of a pipelined layout: even when possible, else the exact
@@ -294,7 +341,5 @@ def layouts_by_bound(model: ModelSpec, cluster: Cluster, global_batch: int, seq_
         if not space.tp and structure[0] > cluster.devices_per_node:
             builder.defer(structure)
             continue
-        lay = builder.layout(structure)
-        if lay is not None:
-            layouts.append(lay)
+        layouts += builder.layouts(structure)
     return LayoutQueue(model, cluster, layouts, builder)
