@@ -1,7 +1,7 @@
 """Bad input never gets a traceback, a hang or a silent wrong answer (issue 16).
 
-A table of ~200 bad inputs over ``plan``, ``estimate``, ``export``, ``models``,
-``hardware`` and ``calibrate``, each run through :func:`partita.cli.main` in a forked
+A table of ~350 bad inputs over ``plan``, ``estimate``, ``export``, ``import``, ``models``,
+``hardware``, ``calibrate`` and ``profile`` (the last ones: what ``bench/fuzz_cli.py`` found), each run through :func:`partita.cli.main` in a forked
 child of this process (fast: no interpreter start, the imports are shared; and a hang
 is killed after :data:`TIMEOUT_S`). Every case must exit 2 with exactly one stderr line
 starting ``partita: error:`` and no traceback.
@@ -562,8 +562,8 @@ _VALUES = ["0", "1", "2", "-1", "3", "8", "1e400", "inf", "nan", "99999999999999
 
 
 def test_plan_strings_parse_or_refuse_in_one_line():
-    """Property over 2,000 seeded random key=value plan strings (hypothesis is not in the
-    environment; a fixed-seed generator keeps the cases reproducible): each either parses
+    """Property over 2,000 seeded random key=value plan strings (a fixed-seed generator keeps the
+    cases reproducible; tests/test_fuzz_properties.py has the hypothesis version): each either parses
     into a plan that check() accepts or is rejected with a one-line PartitaError, never
     another exception."""
     import random
