@@ -387,17 +387,10 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
     """
     if (plan.zero if zero is None else zero) < 3:
         return 0.0
-    layer = _unit_params(model, plan, shape)
-    unit = layer
-    if shape.first:
-        unit = max(unit, _split_tp(model.embedding_params(), _end_replicated(model, True), plan.tp))
+    layer, unit, out = _fsdp_units(model, param_shape(plan), shape)
     w, g = (4 if plan.dtype == "fp32" else 2), _grad_bytes(plan)
     if not shape.last:
         return unit * (w + g) + layer * w
-    out = model.output_params()
-    if model.tied_embeddings and plan.pp > 1:
-        out += model.vocab * model.hidden  # the last stage's own copy of the tied weight
-    out = _split_tp(out, _end_replicated(model, False), plan.tp)
     t_layer, t_logits = _layer_working(model, plan, shape), _logits_bytes(model, plan)
     loss_phase = t_logits + 2 * w * out + w * layer
     after_output = t_layer + g * out + 2 * w * layer
@@ -405,15 +398,32 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
     return max(loss_phase, after_output, other_units) - max(t_layer, t_logits)
 
 
-def _unit_params(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+@memoised
+def _fsdp_units(model: ModelSpec, split: ParamShape, shape: RankShape) -> tuple[float, float, float]:
+    """(largest layer, largest unit but the output layer, output layer) parameters of a
+    rank's FSDP units (memoised: the search asks once per layout and ZeRO setting)."""
+    layer = _unit_params(model, split, shape)
+    unit = layer
+    if shape.first:
+        unit = max(unit, _split_tp(model.embedding_params(), _end_replicated(model, True), split.tp))
+    out = 0.0
+    if shape.last:
+        out = model.output_params()
+        if model.tied_embeddings and split.pipelined:
+            out += model.vocab * model.hidden  # the last stage's own copy of the tied weight
+        out = _split_tp(out, _end_replicated(model, False), split.tp)
+    return layer, unit, out
+
+
+def _unit_params(model: ModelSpec, split: ParamShape, shape: RankShape) -> float:
     """Parameters of the rank's largest layer (its dense part / tp, its experts / ep)."""
-    tp = plan.tp
+    tp = split.tp
     params = (_split_tp(model.layer_kind_params(False), _tp_replicated(model, False), tp)
               if shape.n_layers > shape.n_moe else 0.0)
     if shape.n_moe:
         routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
         params = max(params, _split_tp(model.layer_kind_params(True) - routed, _tp_replicated(model, True), tp)
-                     + routed / plan.ep)
+                     + routed / split.ep)
     return params
 
 

@@ -353,10 +353,10 @@ def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     sync is left out (its exposed part depends on recompute and the ZeRO stage)."""
     dev = cluster.device
     worst = 0.0
+    dense_shard, expert_shard = state_shard(plan), expert_state_shard(plan)
     for _, shape, _ in distinct_shapes(model, plan):
         dense, expert = _shape_params(model, plan, shape)
-        shard = dense / state_shard(plan) + expert / expert_state_shard(plan)
-        worst = max(worst, ADAM_STEP_BYTES_PER_PARAM * shard)
+        worst = max(worst, ADAM_STEP_BYTES_PER_PARAM * (dense / dense_shard + expert / expert_shard))
     t = worst / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth)
     if model.tied_embeddings and plan.pp > 1:
         size = model.vocab * model.hidden / plan.tp * _grad_bytes(plan)
