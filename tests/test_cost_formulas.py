@@ -344,6 +344,14 @@ def test_hand_zero3_and_tied_embedding():
     assert phases[0] == max(phases) and logits > layer_working
     assert parts["transient"] == pytest.approx(logits, rel=1e-12)
     assert parts["zero3 gathered layers"] == pytest.approx(phases[0] - logits, rel=1e-12)
+    # 128 tokens: the logits shrink with the tokens, the output layer does not, so the last
+    # layer's backward (with the output layer's fp32 reduce-scatter input held) is the peak
+    short = estimate_rank_memory(HAND, cluster.device, plan.with_(seq_len=128), 1).parts
+    logits, layer_working = logits / 8, layer_working / 8
+    phases = (logits + 2 * 2 * output_unit + 2 * layer, layer_working + 4 * output_unit + 2 * 2 * layer,
+              layer_working + 6 * layer + 2 * layer)
+    assert phases[1] == max(phases) and phases[1] > phases[0] * 1.05
+    assert short["zero3 gathered layers"] == pytest.approx(phases[1] - max(logits, layer_working), rel=1e-12)
     # a middle rank's largest unit is a layer: (2 + 4) + 2 bytes per layer parameter
     mid = estimate_rank_memory(HAND, hand_cluster(8, 4).device, plan.with_(dp=1, pp=4), 1).parts
     assert mid["zero3 gathered layers"] == pytest.approx(layer * 8, rel=1e-12)
