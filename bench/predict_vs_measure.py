@@ -67,7 +67,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--hardware", help="an existing calibrated file (default: calibrate now)")
+    p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
     args = p.parse_args()
+    plans = [PLANS[int(i) - 1] for i in args.only.split(",")] if args.only else PLANS
     hardware = args.hardware
     if not hardware:
         hardware = os.path.join(tempfile.mkdtemp(), f"calibrated-{NPROC}.json")
@@ -75,7 +77,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware],
                        check=True, timeout=900)
     rows = []
-    for model_name, text in PLANS:
+    for model_name, text in plans:
         plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))
         predicted = estimate(load_model(model_name), make_cluster(hardware, NPROC), plan).step_time_s
         measured = statistics.median(measure(model_name, text, NPROC, args.steps) for _ in range(args.repeats))
