@@ -682,12 +682,11 @@ def test_set_cluster_nodes_sets_the_device_count():
 
 
 def test_largest_global_batch_is_answered_quickly():
-    """`plan --global-batch 16777216` (the largest allowed) spent 100 s listing divisors up to n."""
-    t0 = time.monotonic()
+    """`plan --global-batch 16777216` (the largest allowed) spent 100 s listing divisors up to n;
+    now well under a second (run_case kills it after TIMEOUT_S = 20 s, and then it fails as hung)."""
     r = run_case(["plan", "--model", "llama-7b", "--hardware", "h100-sxm", "--devices", "16",
                   "--global-batch", str(1 << 24), "--top", "1", "--json"])
-    assert r["rc"] == 0 and json.loads(r["stdout"])["plans"], r["stderr"]
-    assert time.monotonic() - t0 < 15
+    assert not r["hung"] and r["rc"] == 0 and json.loads(r["stdout"])["plans"], r["stderr"]
 
 
 def test_profile_that_fails_leaves_no_temp_dir(tmp_path, monkeypatch):
