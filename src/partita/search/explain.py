@@ -22,12 +22,16 @@ def why_not(result: SearchResult) -> list[str]:
     if best is None:
         return []
     lines = []
+    per_node = result.cluster.devices_per_node
     for knob in KNOBS:
         values = result.alternatives.get(knob)
         if values is None:  # a result built without the search's alternatives
             values = nearest_values(knob, getattr(best.plan, knob), {getattr(a.plan, knob) for a in result.attempts})
         for value in values:
-            group = [a for a in result.attempts if getattr(a.plan, knob) == value]
+            # plans whose tp group crosses nodes explain tp only (the ranking leaves them out),
+            # unless the best plan itself crosses (the user fixed tp)
+            group = [a for a in result.attempts if getattr(a.plan, knob) == value
+                     and (knob == "tp" or a.plan.tp <= per_node or best.plan.tp > per_node)]
             if not group:
                 continue  # every layout with this value is dominated by one that does not fit
             fitting = [a.estimate for a in group if a.estimate is not None]
