@@ -44,10 +44,16 @@ def first_half(tmp_path_factory):
     return ckpt, first
 
 
+def _own_copy(ckpt: Path, tmp_path: Path) -> Path:
+    import shutil
+    return Path(shutil.copytree(ckpt, tmp_path / "ckpt"))
+
+
 @pytest.mark.parametrize("plan,nproc", [("dp=2,tp=2", 4), ("pp=2,dp=2", 4), ("dp=1", 1)],
                          ids=["same-plan", "pp2-dp2", "one-process"])
 def test_resume_under_another_plan_matches_uninterrupted(uninterrupted, first_half, tmp_path, plan, nproc):
     ckpt, first = first_half
+    ckpt = _own_copy(ckpt, tmp_path)  # a resumed run writes its own (final) checkpoints
     resumed = losses(train("--plan", plan, "--nproc", str(nproc), "--steps", "6", "--checkpoint-dir", str(ckpt),
                            "--resume", "--run-dir", str(tmp_path)))
     assert sorted(first) == [0, 1, 2] and sorted(resumed) == [3, 4, 5]
@@ -118,6 +124,7 @@ def test_loss_goes_down_on_real_text(tmp_path):
 
 def test_resume_on_fewer_processes_replans_keeping_the_global_batch(uninterrupted, first_half, tmp_path):
     ckpt, _ = first_half
+    ckpt = _own_copy(ckpt, tmp_path)
     cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--nproc", "2", "--steps", "6",
            "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -44,6 +44,10 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
     The checkpoint directory (else the run directory) is locked for the job's life."""
     from ..train.launch import prepare_run, remove_torchrun_logs, run_watched
     from ..train.ownership import STOP_FILE, JobLock
+    from ..train.preflight import writable_dir
+    for flag, folder in (("--checkpoint-dir", config.checkpoint_dir), ("--run-dir", launch.run_dir)):
+        if folder:
+            writable_dir(folder, flag)  # a file or an unwritable place: one line, before the lock is taken
     lock_dir = config.checkpoint_dir or launch.run_dir
     lock = JobLock(lock_dir) if lock_dir else None
     try:

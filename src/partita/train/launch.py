@@ -353,9 +353,11 @@ def _newest_meta(checkpoint_dir: str) -> dict | None:
     usable = [f for f in found if f.kind == "verified"] or [f for f in found if f.kind == "legacy"]
     for f in reversed(usable):
         try:
-            return json.loads((f.path / "meta.json").read_text())
+            meta = json.loads((f.path / "meta.json").read_text())
         except (OSError, ValueError):
             continue
+        if isinstance(meta, dict) and isinstance(meta.get("plan"), dict):
+            return meta  # an empty or list meta.json is damage: the workers fall back past it
     return None
 
 

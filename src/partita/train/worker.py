@@ -350,7 +350,8 @@ class Trainer:
         saved = meta.get("scheduler") or {}
         if "lr" in saved:
             theirs = {k: saved[k] for k in self.schedule if k in saved}
-            differs = {k: v for k, v in self.schedule.items() if k in theirs and theirs[k] != v}
+            relevant = ("kind", "lr") if theirs.get("kind") == "constant" else tuple(theirs)
+            differs = {k: v for k, v in self.schedule.items() if k in relevant and theirs.get(k, v) != v}
             if differs:
                 self.log(f"partita: note: resuming the checkpoint's LR schedule {theirs}; the flags' "
                          f"{differs} are not used (start a new run to change the schedule)")
