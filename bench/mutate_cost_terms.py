@@ -7,7 +7,7 @@
 Issue 12 asks that breaking any single term of ``src/partita/cost/`` (a constant, an
 operator, a max/min, a returned value) fails the planning tests - the ones that run
 without torch - in at least 90 % of cases. Each mutant is applied to a private copy of
-``src/``, ``tests/`` and ``bench/`` (the working tree is never touched), the planning
+``src/``, ``tests/``, ``bench/`` and ``data/`` (the working tree is never touched), the planning
 tests run there with ``-x`` (fastest first, so a caught mutant costs seconds), and the
 mutant counts as caught when pytest fails. Printed: each mutant's verdict, the catch
 rate, and the survivors by name.
@@ -288,7 +288,7 @@ def run_tests(work: Path, tests: list[str]) -> tuple[bool, float]:
 
 
 def _copy_tree(work: Path) -> None:
-    for part in ("src", "tests", "bench"):
+    for part in ("src", "tests", "bench", "data"):  # data/: the 470-row table a planning test reads
         shutil.copytree(ROOT / part, work / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
 
@@ -321,7 +321,7 @@ def prepare(work: Path, from_head: bool, tests: list[str]) -> None:
     """Copy the tree under test into ``work`` (the working tree, or ``HEAD`` with
     ``from_head``) and check the planning tests pass there unmutated."""
     if from_head:
-        archive = subprocess.run(["git", "archive", "HEAD", "src", "tests", "bench", "pyproject.toml"], cwd=ROOT,
+        archive = subprocess.run(["git", "archive", "HEAD", "src", "tests", "bench", "data", "pyproject.toml"], cwd=ROOT,
                                  capture_output=True, check=True, timeout=120).stdout
         subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True, timeout=120)
     else:
