@@ -302,7 +302,8 @@ def test_bad_values_and_a_busy_rendezvous_port_are_one_line(tmp_path):
                             "pick a free port for --rdzv-endpoint"]
     clip = train(tmp_path, "--max-grad-norm", "-1")
     assert clip.returncode == 2
-    assert errors(clip) == ["partita: error: --max-grad-norm must be >= 0 (0 turns clipping off), got -1.0"]
+    assert errors(clip) == ["partita: error: train: argument --max-grad-norm: must be a finite number in [0, 1e+06], "
+                            "got -1 (see partita train --help)"]  # at parse time, with the range (issue 16)
 
 
 GUARD_ORACLE = '''
