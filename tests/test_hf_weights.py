@@ -128,3 +128,27 @@ def test_each_rank_loads_its_shards_and_saves_what_transformers_loads(loaded, ca
     assert r["loss"] == pytest.approx(r["hf_loss"], abs=1e-4), r  # forward through the plan = transformers' own
     assert r["same_names"] and r["max_weight_diff"] == 0.0, r  # save(load(x)) == x, tensor by tensor
     assert "model.safetensors.index.json" in r["files"] and sum(f.endswith(".safetensors") for f in r["files"]) > 1
+
+
+def test_a_damaged_hf_directory_is_one_line_before_any_worker(tmp_path, capsys, monkeypatch):
+    from partita.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    model = hf_dir(tmp_path, "llama")
+    broken = {"header": tmp_path / "header", "shard": tmp_path / "shard", "type": tmp_path / "type"}
+    for d in broken.values():
+        d.mkdir()
+        (d / "config.json").write_text((model / "config.json").read_text())
+    (broken["header"] / "model.safetensors").write_bytes(b"garbage")
+    (broken["shard"] / "model.safetensors.index.json").write_text((model / "model.safetensors.index.json").read_text())
+    first = sorted(model.glob("model-*.safetensors"))[0]
+    (broken["shard"] / first.name).write_bytes(first.read_bytes())
+    (broken["type"] / "config.json").write_text((model / "config.json").read_text().replace('"llama"', '"gpt2"'))
+    (broken["type"] / "model.safetensors").write_bytes(first.read_bytes())
+    capsys.readouterr()  # save_pretrained's progress bar
+    needles = {"header": "model.safetensors: not a safetensors file",
+               "shard": "model.safetensors.index.json names", "type": "model_type 'gpt2' is not supported"}
+    for key, needle in needles.items():
+        code = main(["train", "--model", str(broken[key]), "--steps", "1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and needle in err[0], (key, err)
+    assert not (tmp_path / "runs").exists()

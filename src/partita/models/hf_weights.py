@@ -63,6 +63,9 @@ def weight_map(path: Path) -> dict[str, Path]:
             names = json.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PartitaError(f"{index}: not a safetensors index ({e})") from None
+        missing = sorted({file for file in names.values() if not (path / file).is_file()})
+        if missing:
+            raise PartitaError(f"{index} names {len(missing)} file(s) that are not there, e.g. {missing[0]}")
         return {name: path / file for name, file in names.items()}
     out: dict[str, Path] = {}
     for file in sorted(path.glob("*.safetensors")):

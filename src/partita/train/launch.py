@@ -111,8 +111,9 @@ def check_batch_flags(plan: Plan, flags: dict, plan_text: str) -> None:
 
 def _model_for_check(name: str, spec):
     """What runtime_check needs: the reference model, the HF model on meta, or the shape."""
-    from ..models.hf_weights import build_hf_meta, has_hf_weights
+    from ..models.hf_weights import build_hf_meta, has_hf_weights, weight_map
     if has_hf_weights(name):
+        weight_map(Path(name))  # every safetensors header (or the index) readable: checked before any worker
         return build_hf_meta(name)
     if name.startswith("tiny-"):
         from ..models.llama import build_model
