@@ -191,3 +191,10 @@ def test_batch_flags_fill_the_plan_and_the_run_dir_defaults_to_runs_timestamp(tm
     run = prepare_run(config, LaunchConfig(plan="dp=2", nproc=2, global_batch=4, seq_len=32, mbs=2), say=print)
     assert (run.plan.gbs, run.plan.seq_len, run.plan.mbs, run.plan.dp) == (4, 32, 2, 2)
     assert run.run_dir.parent == Path("runs") and (tmp_path / run.run_dir / "plan.json").is_file()
+
+
+def test_version(capsys):
+    import partita
+    from partita.cli.main import main
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"partita {partita.__version__}"

@@ -31,6 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="partita", description="Plan, run and check parallel LLM training.")
+    from .. import __version__
+    parser.add_argument("--version", action="version", version=f"partita {__version__}")
     sub = parser.add_subparsers(dest="command")
     for command in COMMANDS:
         command.add_parser(sub)
