@@ -99,7 +99,7 @@ def test_cpu_trace_recorded_with_gloo(tmp_path):
     '''))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})  # torchrun's torchelastic_* logs
     assert proc.returncode == 0, proc.stderr[-3000:]
     b = analyze_trace(tmp_path / "rank0.json")
     assert b.kind == "cpu" and b.steps == 2
