@@ -198,3 +198,23 @@ def test_version(capsys):
     from partita.cli.main import main
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"partita {partita.__version__}"
+
+
+DONE_WHEN = ["--steps", "4", "--seed", "0", "--device", "cpu", "--optimizer", "sgd", "--momentum", "0.9",
+             "--no-progress"]
+
+
+def test_hf_model_and_auto_plan_from_the_command_line():
+    """Issue #13's command shape: `--model hf-llama` with pp=2 and `--plan "auto,gbs=8,mbs=1"` on
+    4 processes (it prints the chosen plan and the runner-up) train like one process."""
+    hf_pp = losses(train("--model", "hf-llama", "--plan", "pp=2,gbs=8,mbs=1", "--nproc", "2", *DONE_WHEN))
+    hf_one = losses(train("--model", "hf-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN))
+    auto = train("--model", "tiny-llama", "--plan", "auto,gbs=8,mbs=1", "--nproc", "4", *DONE_WHEN)
+    one = losses(train("--model", "tiny-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN))
+    assert len(hf_pp) == len(hf_one) == len(one) == 4
+    assert hf_pp == pytest.approx(hf_one, rel=1e-5)
+    assert losses(auto) == pytest.approx(one, rel=1e-5)
+    assert "auto plan on" in auto.stderr and "runner-up:" in auto.stderr, auto.stderr[-2000:]
+    summary = [json.loads(line) for line in auto.stdout.splitlines() if '"summary"' in line][-1]
+    chosen = json.loads((Path(summary["run_dir"]) / "plan.json").read_text())
+    assert chosen["gbs"] == 8 and chosen["mbs"] == 1 and chosen["dp"] * chosen["tp"] * chosen["pp"] * chosen["cp"] == 4

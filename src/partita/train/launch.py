@@ -44,8 +44,19 @@ def _has_accelerator() -> bool:
 
 
 def model_spec_for(name: str):
+    """The planner's view of ``--model``: a preset, a config file or directory, or one of the
+    tiny HF models (``hf-llama`` / ``hf-qwen2`` / ``hf-mixtral``) read from its HF config."""
+    from ..models.hf import TINY
+    if name in TINY:
+        from ..runtime.auto import model_spec_of
+        return model_spec_of(_tiny_hf(name))
     from ..spec.load import load_model
     return load_model(name)
+
+
+def _tiny_hf(name: str):
+    from ..models.hf import build_hf_model
+    return build_hf_model(name)
 
 
 class PreparedRun(NamedTuple):
@@ -68,6 +79,8 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
         plan_text = _checkpoint_plan(config.checkpoint_dir, meta)
         from_checkpoint = True
     flags = batch_flags(launch)
+    if plan_text and plan_text.strip().split(",", 1)[0].strip() == "auto":
+        return _auto_plan(config, launch, plan_text, flags, say)
     plan = Plan.parse(plan_text, world_size=world, defaults={**train_defaults(config.device), **flags})
     check_batch_flags(plan, flags, plan_text)
     if meta is not None:
@@ -90,6 +103,50 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
     from ..runtime.parallelize import runtime_check
     runtime_check(plan, _model_for_check(config.model, spec))
     return plan
+
+
+def _auto_plan(config: TrainConfig, launch: LaunchConfig, text: str, flags: dict,
+               say: Callable[[str], None]) -> Plan:
+    """``--plan "auto[,gbs=8,mbs=1,...]"``: the search's best plan for this world size on this
+    machine's hardware file (``calibrated.json`` here, else ``--hardware``, else the built-in
+    device of the type), printed with the runner-up and why it lost
+    (:func:`partita.runtime.auto.choose_plan`, the same call ``parallelize(model, "auto")`` makes).
+    Fields the search does not choose (gbs, seq_len) come from the text, the batch flags, then
+    `partita train`'s defaults."""
+    from ..runtime.auto import choose_plan, parse_auto
+    from ..runtime.device import detect_device_type
+    fixed = parse_auto(text)
+    for name, key in FLAG_KEYS.items():
+        if key in flags and key in fixed and str(flags[key]) != fixed[key]:
+            raise PartitaError(f"--{name.replace('_', '-')} {flags[key]} conflicts with {key}={fixed[key]} in "
+                               f"--plan {text!r}; give it in one place")
+    defaults = train_defaults(config.device)
+    merged = {"gbs": defaults["gbs"], "seq_len": defaults["seq_len"], **flags, **fixed}
+    merged.setdefault("dtype", defaults["dtype"])
+    spec_model = _model_for_auto(config.model)
+    device_type = config.device or detect_device_type()
+    auto_text = ",".join(["auto"] + [f"{k}={v}" for k, v in merged.items()])
+    plan, report = choose_plan(spec_model, launch.world, auto_text, device_type=device_type, hardware=launch.hardware)
+    plan = dataclasses.replace(plan, seq_len=int(merged["seq_len"]))
+    for line in report.splitlines():
+        say(f"partita: {line}")
+    check(plan, model_spec_for(config.model), launch.world)
+    from ..runtime.parallelize import runtime_check
+    runtime_check(plan, _model_for_check(config.model, model_spec_for(config.model)))
+    return plan
+
+
+def _model_for_auto(name: str):
+    """A module :func:`~partita.runtime.auto.model_spec_of` can read: the built model for the
+    reference and tiny HF models, the HF model on meta for a weights directory."""
+    from ..models.hf import TINY
+    from ..models.hf_weights import build_hf_meta, has_hf_weights
+    if has_hf_weights(name):
+        return build_hf_meta(name)
+    if name in TINY:
+        return _tiny_hf(name)
+    from ..models.llama import build_model
+    return build_model(name)
 
 
 FLAG_KEYS = {"global_batch": "gbs", "seq_len": "seq_len", "mbs": "mbs"}
