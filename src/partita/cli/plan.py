@@ -97,7 +97,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     from .render import print_plans
-    print_plans(model, cluster, args.global_batch, args.seq_len, result, reasons, tokens)
+    print_plans(model, cluster, args.global_batch, args.seq_len, result, reasons, tokens,
+                headroom=args.headroom, cap_gib=args.max_memory_gib)
     if exported:
         if export_note:
             print(f"partita: warning: {export_note}", file=sys.stderr)

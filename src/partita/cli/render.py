@@ -2,8 +2,13 @@
 imports this; the library returns data."""
 from __future__ import annotations
 
+import os
+
+from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from ..estimate import Estimate
 
@@ -11,9 +16,10 @@ GIB = 1024 ** 3
 
 
 def make_console() -> Console:
-    """A console that does not squash wide tables when output is piped to a file or CI log."""
+    """A console that does not squash wide tables when output is piped to a file or CI log,
+    unless ``COLUMNS`` says how wide the reader's screen is (then that width is kept)."""
     console = Console()
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
         console = Console(width=160)
     return console
 
@@ -92,15 +98,76 @@ def print_report(report: dict) -> None:
         console.print(f"HTML report: {report['html_report']}")
 
 
-def plans_table(result, tokens: float | None, world_size: int) -> Table:
-    """The ranked plans of a search, one row each."""
-    t = Table(title=f"Best plans ({result.candidates_evaluated:,} candidates evaluated, "
-                    f"{result.candidates_pruned + result.candidates_bounded:,} ruled out by memory or time bounds, "
-                    f"in {result.search_time_s:.2f} s; "
-                    f"memory limit {result.memory_limit_gib:.1f} GiB)", title_justify="left")
+#: the plans table's full width (about 135 columns); narrower screens get the compact table
+WIDE_TABLE_COLUMNS = 140
+#: the critical efficiencies: a device whose values for these are not fitted to or measured on
+#: real runs gets a confidence note (``Efficiency.provenance``, kinds in hardware.PROVENANCE_KINDS)
+KEY_EFFICIENCIES = ("gemm", "attention", "tp_overlap", "intra_node_comm", "inter_node_comm")
+LEGEND = ("layout: dp/tp/pp/cp/ep = data/tensor/pipeline/context/expert parallel degree, +sp sequence "
+          "parallel, pp2v4 = 2 stages x 4 interleaved chunks, z = ZeRO stage, mbs2x4 = micro-batch 2 x "
+          "4 accumulation steps, rc- = recomputation; GiB = peak of the most loaded rank; tok/s per device")
+
+
+def _search_line(result) -> str:
+    return (f"{result.candidates_evaluated:,} candidates evaluated, "
+            f"{result.candidates_pruned + result.candidates_bounded:,} ruled out by memory or time bounds, "
+            f"in {result.search_time_s:.2f} s")
+
+
+def memory_limit_line(cluster, limit_gib: float, headroom: float | None, cap_gib: float | None) -> str:
+    """One named limit: where the search's memory limit comes from (usable memory less the headroom)."""
+    usable = cluster.device.usable_gib
+    kept = usable - limit_gib
+    why = f"{headroom:.0%} of usable kept free (--headroom)" if headroom is not None else "kept free"
+    text = (f"memory limit {limit_gib:.1f} GiB = usable {usable:.1f} GiB - headroom {kept:.1f} GiB ({why}, for "
+            "spikes the model does not see)")
+    if cap_gib and headroom is not None and limit_gib < usable * (1 - headroom) - 1e-9:
+        text = (f"memory limit {limit_gib:.1f} GiB = --max-memory-gib (usable {usable:.1f} GiB - headroom "
+                f"{kept:.1f} GiB)")
+    return text
+
+
+def confidence_note(device) -> str | None:
+    """A note where the device's key efficiencies are not fitted to measured runs (their provenance)."""
+    weak = []
+    for key in KEY_EFFICIENCIES:
+        kind = device.efficiency.source(key).split(":", 1)[0].strip()
+        if kind not in ("fitted", "measured"):
+            weak.append(f"{key} {kind}")
+    if not weak:
+        return None
+    name = device.name
+    least = (" Ascend MFU is the least certain figure Partita prints (few published runs to fit)."
+             if name.startswith("ascend") else "")
+    return (f"confidence: {name}'s efficiencies are not all fitted to measured runs ({', '.join(weak)}); "
+            f"step time, tok/s and MFU are less certain than on fitted devices.{least} `partita calibrate` "
+            "measures them.")
+
+
+def plans_table(result, tokens: float | None, world_size: int, width: int = 160) -> Table:
+    """The ranked plans of a search, one row each; narrower than WIDE_TABLE_COLUMNS the layout is one
+    cell (plan summary, see LEGEND) that wraps at spaces, so no cell is cut."""
+    if width >= WIDE_TABLE_COLUMNS:
+        return _wide_plans_table(result, tokens, world_size)
+    t = Table(title="Best plans", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("layout", overflow="fold", ratio=1)
+    for col in ("GiB", "step s", "tok/s", "MFU") + (("days",) if tokens else ()):
+        t.add_column(col, justify="right", no_wrap=True)
+    for i, e in enumerate(result.plans, 1):
+        row = [str(i), e.plan.summary(), f"{e.peak_memory_gib:.1f}", f"{e.step_time_s:.2f}",
+               f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
+        if tokens:
+            row.append(f"{e.run_days(tokens):.1f}")
+        t.add_row(*row)
+    return t
+
+
+def _wide_plans_table(result, tokens: float | None, world_size: int) -> Table:
+    t = Table(title="Best plans", title_justify="left")
     for col in ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "zero", "mbs x acc", "recompute", "mem GiB", "step s",
                 "tok/s/dev", "MFU") + (("days", "device-hours") if tokens else ()):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     for i, e in enumerate(result.plans, 1):
         p = e.plan
         row = [str(i), str(p.dp), str(p.tp) + ("+sp" if p.sp else ""), str(p.pp), str(p.vpp), str(p.cp), str(p.ep),
@@ -114,25 +181,37 @@ def plans_table(result, tokens: float | None, world_size: int) -> Table:
 
 
 def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons: list[str],
-                tokens: float | None, console: Console | None = None) -> None:
-    """``partita plan``'s screen: the ranked plans, plan 1's breakdown and run length, why not the others."""
+                tokens: float | None, console: Console | None = None, headroom: float | None = None,
+                cap_gib: float | None = None) -> None:
+    """``partita plan``'s screen: the ranked plans, plan 1's breakdown and run length, why not the others.
+    Free text goes through ``markup=False`` (a plan summary in brackets is not rich markup)."""
     console = console or make_console()
-    console.print(f"[bold]{model.name}[/bold] on {cluster.describe()}; seq {seq_len}, global batch "
-                  f"{global_batch} ({global_batch * seq_len:,} tokens)")
-    console.print(plans_table(result, tokens, cluster.world_size))
+    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"{model.name} on {cluster.describe()}; seq {seq_len}, global batch {global_batch} "
+        f"({global_batch * seq_len:,} tokens)")
+    say(memory_limit_line(cluster, result.memory_limit_gib, headroom, cap_gib))
+    note = confidence_note(cluster.device)
+    if note:
+        say(note)
+    say(f"search: {_search_line(result)}")
+    console.print(plans_table(result, tokens, cluster.world_size, console.width))
+    if console.width < WIDE_TABLE_COLUMNS:
+        say(LEGEND)
     best = result.best
     assert best is not None
     if best.plan.layer_split:
-        console.print(f"layer split (per virtual stage): {list(best.plan.layer_split)}")
+        say(f"layer split (per virtual stage): {list(best.plan.layer_split)}")
     mem, tt = breakdown_tables(best)
     console.print(mem)
-    console.print(f"memory: {best.memory_verdict}")
+    peak = best.peak_memory_gib
+    say(f"memory: plan 1 peaks at {peak:.1f} GiB, {result.memory_limit_gib - peak:.1f} GiB under the "
+        f"{result.memory_limit_gib:.1f} GiB memory limit" if peak <= result.memory_limit_gib else
+        f"memory: plan 1 peaks at {peak:.1f} GiB, over the {result.memory_limit_gib:.1f} GiB memory limit")
     console.print(tt)
     if tokens:
         days = best.run_days(tokens)
-        console.print(f"[bold]{tokens:.3g} tokens with plan 1: {days:.1f} days[/bold] "
-                      f"({days * 24 * cluster.world_size:,.0f} device-hours; "
-                      f"{best.model_flops_per_step * tokens / best.plan.tokens_per_step:.2e} model FLOPs)")
-    console.print("[bold]Why not[/bold]")
-    for line in reasons:
-        console.print("  " + line, highlight=False)
+        say(f"{tokens:.3g} tokens with plan 1: {days:.1f} days ({days * 24 * cluster.world_size:,.0f} "
+            f"device-hours; {best.model_flops_per_step * tokens / best.plan.tokens_per_step:.2e} model FLOPs)")
+    console.print("[bold]Why not[/bold] (each alternative's full layout, its step time against plan 1's)")
+    for line in reasons:  # indented as a block, so a wrapped line stays under its knob
+        console.print(Padding(Text(line), (0, 0, 0, 2)))

@@ -13,11 +13,12 @@ def _biggest_increase(alt: Estimate, best: Estimate) -> str:
     diffs = {k: alt.time.parts.get(k, 0.0) - best.time.parts.get(k, 0.0) for k in keys}
     key = max(diffs, key=lambda k: diffs[k])
     share = alt.time.parts.get(key, 0.0) / alt.step_time_s
-    return f"{key} {share:.0%} of its step"
+    return f"the largest increase is {key} ({share:.0%} of its step)"
 
 
 def why_not(result: SearchResult) -> list[str]:
-    """One line per knob: the nearest rejected or slower value and its binding reason."""
+    """One line per knob: the nearest rejected or slower value, the alternative's full layout
+    (the changed knob alone does not say which plan was compared), and its binding reason."""
     best = result.best
     if best is None:
         return []
@@ -43,11 +44,13 @@ def why_not(result: SearchResult) -> list[str]:
                 slower = alt.step_time_s / best.step_time_s - 1
                 cross = (knob == "tp" and value > result.cluster.devices_per_node)
                 where = " (crosses nodes)" if cross else ""
-                lines.append(f"{label}{where}: {slower:+.0%} step time ({alt.step_time_s:.2f} s vs "
-                             f"{best.step_time_s:.2f} s); {_biggest_increase(alt, best)} [{alt.plan.summary()}]")
+                lines.append(f"{label}{where} ({alt.plan.summary()}): {slower:+.0%} step time "
+                             f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s); "
+                             f"{_biggest_increase(alt, best)}")
             else:
                 smallest: Attempt = min(group, key=lambda a: a.peak_gib)
-                lines.append(f"{label}: rank {smallest.peak_rank} needs {smallest.peak_gib:.1f} GiB > "
-                             f"{result.memory_limit_gib:.1f} GiB usable even at its smallest [{smallest.plan.summary()}]")
+                lines.append(f"{label} ({smallest.plan.summary()}): rank {smallest.peak_rank} needs "
+                             f"{smallest.peak_gib:.1f} GiB > {result.memory_limit_gib:.1f} GiB memory limit "
+                             "even at its smallest")
     return lines
 
