@@ -5,7 +5,8 @@ something false, and nothing else in the suite reads the docs. Each block is exe
 verbatim in a fresh interpreter (subprocess, timeout, a tmp working directory, CPU):
 
 * a block that calls ``init_process_group`` runs on 2 ranks, each started with the
-  environment ``torchrun --nproc-per-node=2`` sets (gloo, ``env://``), as its comment says;
+  environment ``torchrun --nproc-per-node=2`` sets (gloo, ``env://``), as its comment says
+  (both ranks run all such blocks in turn, one interpreter per rank, see DRIVER);
 * the checkpoint-verification block in docs/checkpoints.md reads ``ckpt/step_00000005``:
   the SETUP PRELUDE below writes a real checkpoint there with ``save_checkpoint`` first
   (the snippet itself is untouched), then the block must report every file ``ok``, and
@@ -64,36 +65,80 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
-def _run_two_ranks(script: Path, cwd: Path) -> subprocess.CompletedProcess:
+# Each rank of the 2-rank run executes every distributed block in turn, each in a fresh namespace
+# and its own working directory and MASTER_PORT, its output and traceback into files: one torch
+# import per rank for all of them (that import is most of the time on a loaded 2-core machine).
+DRIVER = """
+import contextlib, io, os, runpy, sys, traceback
+from pathlib import Path
+rank = os.environ["RANK"]
+for i, (script, port) in enumerate(zip(sys.argv[1::2], sys.argv[2::2])):
+    os.environ["MASTER_PORT"] = port
+    os.chdir(Path(script).parent)
+    out, err = io.StringIO(), io.StringIO()
+    ok = True
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except BaseException:
+            ok = False
+            err.write(traceback.format_exc())
+        finally:  # a failed block must not leave its process group to the next one
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    Path(f"rank{rank}.out").write_text(out.getvalue())
+    Path(f"rank{rank}.err").write_text(err.getvalue())
+    Path(f"rank{rank}.rc").write_text("0" if ok else "1")
+"""
+
+
+def _run_two_ranks(scripts: list[Path], cwd: Path) -> None:
     """Two ranks started with the environment ``torchrun --nproc-per-node=2`` gives each worker
-    (RANK, WORLD_SIZE, MASTER_ADDR/PORT for ``env://``), without the launcher process: one
-    torch import less on a 2-core machine. Outputs joined, return code the worst rank's."""
-    port = _free_port()
+    (RANK, WORLD_SIZE, MASTER_ADDR/PORT for ``env://``), running DRIVER over ``scripts``."""
+    driver = cwd / "driver.py"
+    driver.write_text(DRIVER)
+    args = [a for s in scripts for a in (str(s), str(_free_port()))]
     procs = []
     for rank in range(2):
         env = _env() | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(script)], cwd=cwd, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outs = []
+                        "MASTER_ADDR": "127.0.0.1"}
+        procs.append(subprocess.Popen([sys.executable, str(driver), *args], cwd=cwd, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=open(cwd / f"driver{rank}.err", "w")))
     try:
         for proc in procs:
-            outs.append(proc.communicate(timeout=TIMEOUT_S))
+            proc.wait(timeout=TIMEOUT_S)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    codes = [proc.returncode for proc in procs]
-    return subprocess.CompletedProcess(script, max(codes, key=abs), "".join(o for o, _ in outs),
-                                       "".join(e for _, e in outs))
+
+
+@pytest.fixture(scope="module")
+def distributed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    """name -> (return code, stdout, stderr of both ranks) of every block that starts a process group."""
+    root = tmp_path_factory.mktemp("distributed_snippets")
+    blocks = [(name, code) for name, code in PY_BLOCKS if "init_process_group" in code]
+    scripts = []
+    for i, (_, code) in enumerate(blocks):
+        (root / str(i)).mkdir()
+        scripts.append(root / str(i) / "snippet.py")
+        scripts[-1].write_text(code)
+    _run_two_ranks(scripts, root)
+    runs = {}
+    for (name, _), script in zip(blocks, scripts):
+        read = lambda rank, ext, d=script.parent: (d / f"rank{rank}.{ext}").read_text() \
+            if (d / f"rank{rank}.{ext}").exists() else ""  # noqa: E731
+        rc = 0 if all(read(r, "rc") == "0" for r in range(2)) else 1
+        err = read(0, "err") + read(1, "err") + (root / "driver0.err").read_text() + (root / "driver1.err").read_text()
+        runs[name] = subprocess.CompletedProcess(str(script), rc, read(0, "out") + read(1, "out"), err)
+    return runs
 
 
 def _run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
     script = tmp_path / "snippet.py"
     script.write_text(code)
-    if "init_process_group" in code:
-        return _run_two_ranks(script, tmp_path)
     return _run([sys.executable, str(script)], tmp_path)
 
 
@@ -139,11 +184,14 @@ def test_docs_have_python_snippets() -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name,code", PY_BLOCKS, ids=[n for n, _ in PY_BLOCKS])
-def test_python_snippet_runs(name: str, code: str, tmp_path: Path) -> None:
+def test_python_snippet_runs(name: str, code: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if 'pathlib.Path("ckpt/step_' in code:
         _check_checkpoint_block(code, tmp_path)
         return
-    ran = _run_snippet(code, tmp_path)
+    if "init_process_group" in code:
+        ran = request.getfixturevalue("distributed_runs")[name]
+    else:
+        ran = _run_snippet(code, tmp_path)
     assert ran.returncode == 0, f"{name} failed:\n{ran.stdout[-2000:]}\n{ran.stderr[-3000:]}"
     printed = [l.strip() for l in ran.stdout.split("\n")]
     for m in re.finditer(r"^print\((.*)\)\s+# (.+)$", code, re.M):
