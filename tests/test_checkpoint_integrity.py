@@ -40,7 +40,7 @@ def results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("ckpt-integrity")
     out = tmp / "results.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", f"--log-dir={tmp / 'logs'}", __file__,
            str(out), str(tmp / "work")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -87,7 +87,7 @@ def _run(world: int, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp(f"eq{world}") / "results.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "partita.runtime.equivalence", str(out), *CASES[world]]
+           f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *CASES[world]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return dict(json.loads(out.read_text()), **{f"stdout{world}": proc.stdout})

@@ -32,7 +32,7 @@ CASES = [
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "results.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "partita.runtime.equivalence", str(out), *CASES]
+           f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *CASES]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -61,7 +61,7 @@ def qwen_moe_results(tmp_path_factory):
     """Tiny Qwen2-MoE / Qwen3-MoE (partita.runtime.hf_moe), one torchrun for all cases."""
     out = tmp_path_factory.mktemp("qwen_moe") / "results.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "partita.runtime.equivalence", str(out), *QWEN_MOE]
+           f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *QWEN_MOE]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-6000:]

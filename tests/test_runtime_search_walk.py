@@ -128,7 +128,7 @@ def results(tmp_path_factory):
     for world, cases in sorted(BY_WORLD.items()):
         out = tmp_path_factory.mktemp(f"walk{world}") / "results.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-               "-m", "partita.runtime.equivalence", str(out), "--steps=1", *cases]
+               f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), "--steps=1", *cases]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
