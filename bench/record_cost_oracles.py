@@ -392,6 +392,7 @@ def measure_states(world: int, cases: list[tuple[str, str]], timeout: int = 900)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               f"--log-dir={Path(tmp) / 'logs'}",  # not a torchelastic_* folder left in the temp dir
                str(Path(__file__).resolve()), "--states-worker", str(out), *(f"{m}:{p}" for m, p in cases)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
