@@ -9,7 +9,8 @@ import sys
 from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP
 from .types import finite_float, positive_int
-from .common import add_cluster_args, cluster_and_model, parse_tokens
+from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
+from .plan_report import add_report_arg
 
 DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS inside, RoCE between), "
                     "2048-token sequences, 4M-token global batch (2048 sequences), 1.4T tokens")
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
                    help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
     p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
+    add_report_arg(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -47,6 +49,9 @@ def search(args: argparse.Namespace, model, cluster):
                         zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
+    framework = framework_arg(args)
+    if framework:
+        space.options["framework"] = framework  # every candidate is estimated as run by it
     if args.vpp and args.vpp > 1 and args.pp == 1:
         raise PartitaError(f"--vpp {args.vpp} needs --pp > 1 (virtual stages interleave a pipeline)")
     if args.ep and not model.moe:
@@ -82,6 +87,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..search.engine import infeasible_message
     from ..search.explain import why_not
     model, cluster = cluster_and_model(args)
+    if args.report:
+        from ..report import check_report_path
+        check_report_path(args.report)
     yours = import_script(args, model, cluster) if args.from_script else None
     result, ranked_all = search(args, model, cluster)
     tokens = parse_tokens(args.tokens) if args.tokens else None
@@ -90,6 +98,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     reasons = why_not(result)
     exported, export_note = export_best(args.export, ranked_all, result.best, model) if args.export else (None, None)
     line = comparison(yours, result.best, result.memory_limit_gib) if yours else None
+    if args.report:
+        from .plan_report import write_plan_report
+        write_plan_report(args, model, cluster, result, reasons, tokens, search)
     if args.json:
         out = plan_json(args, model, cluster, result, reasons, tokens, exported, export_note)
         if yours:
@@ -135,6 +146,7 @@ def plan_json(args: argparse.Namespace, model, cluster, result, reasons: list[st
            "candidates_pruned_by_memory": result.candidates_pruned,
            "candidates_bounded_by_time": result.candidates_bounded,
            "memory_limit_gib": result.memory_limit_gib,
+           "framework": framework_arg(args) or "megatron",
            "plans": [with_run(e) for e in result.plans],
            "why_not": reasons}
     if exported:
