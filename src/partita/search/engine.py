@@ -26,6 +26,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory_ladder
 from ..cost.step import estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
@@ -37,6 +38,28 @@ from ..spec.model import ModelSpec
 from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound
 from .space import SearchSpace
 
+
+def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, int]], bool]) -> list[tuple[str, int]]:
+    """The walk over a layout's memory-saving settings that :meth:`_Search._walk` and the
+    floor of :meth:`_Search._memory_rules_out` share: each ZeRO family - zero <= 1, zero 2,
+    zero 3 - in order of recompute, stopping at the first setting ``accept`` takes (it
+    fits): within a family more recompute only adds time. Across families, at equal
+    recompute, ZeRO-2 adds its per-micro-batch reduce-scatters to ZeRO <= 1's time and
+    ZeRO-3 its gathers to both, so a later family is only walked up to a lighter
+    recompute than the earlier ones needed. ``accept`` is called on each setting walked,
+    in order; the settings it took are returned."""
+    firsts: list[tuple[str, int]] = []
+    limit = len(RECOMPUTE_ORDER)
+    for family in ((0, 1), (2,), (3,)):
+        for step in (st for st in ladder if st[1] in family):
+            weight = RECOMPUTE_ORDER[step[0]]
+            if weight >= limit:
+                break
+            if accept(step):
+                firsts.append(step)
+                limit = weight
+                break
+    return firsts
 
 
 @dataclass
@@ -217,35 +240,13 @@ class _Search:
         a later family only with a lighter recompute than the earlier ones needed (at
         equal recompute ZeRO-2 and ZeRO-3 only add time). Every plan of the layout that
         fits is at least as slow as one of them."""
-        firsts: list[tuple[str, int]] = []
-        limit = len(RECOMPUTE_ORDER)
-        for family in ((0, 1), (2,), (3,)):
-            for step in (st for st in layout.ladder if st[1] in family):
-                weight = RECOMPUTE_ORDER[step[0]]
-                if weight >= limit:
-                    break
-                if fits(layout.peaks[step][0], self.usable):
-                    firsts.append(step)
-                    limit = weight
-                    break
-        return firsts
+        return family_firsts(layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable))
 
     def _walk(self, layout: Layout, peaks: dict, wanted, estimated: list[Plan]) -> None:
         """Each ZeRO family - zero <= 1, zero 2, zero 3 - in order of recompute, keeping
-        the first setting of each that fits: within a family more recompute only adds
-        time. Across families, at equal recompute, ZeRO-2 adds its per-micro-batch
-        reduce-scatters to ZeRO <= 1's time and ZeRO-3 its gathers to both, so ZeRO-2 is
-        only worth trying with a lighter recompute than the zero <= 1 family needed, and
-        ZeRO-3 with a lighter one than either needed."""
-        limit = len(RECOMPUTE_ORDER)
-        for family in ((0, 1), (2,), (3,)):
-            for step in (st for st in layout.ladder if st[1] in family):
-                weight = RECOMPUTE_ORDER[step[0]]
-                if weight >= limit:
-                    break
-                if self._try(layout, step, peaks, wanted, estimated):
-                    limit = weight
-                    break
+        the first setting of each that fits (:func:`family_firsts`), each tried - and
+        estimated if it can matter - by :meth:`_try`."""
+        family_firsts(layout.ladder, lambda step: self._try(layout, step, peaks, wanted, estimated))
 
     def setting_bound(self, layout: Layout, recompute: str, zero: int) -> float:
         """Lower bound of the layout's plan with this setting (memoised per layout):
