@@ -10,4 +10,12 @@ __version__ = "0.1.0"
 from .errors import PartitaError
 from .plan import Plan
 
-__all__ = ["Plan", "PartitaError", "__version__"]
+__all__ = ["Plan", "PartitaError", "__version__", "trace"]
+
+
+def __getattr__(name: str):
+    """``partita.trace`` imports torch only when it is used (planning never does)."""
+    if name == "trace":
+        from .tracing import trace
+        return trace
+    raise AttributeError(f"module 'partita' has no attribute {name!r}")

@@ -1,0 +1,282 @@
+"""``partita.trace(model, example_inputs)``: measure what the planner needs of any model.
+
+One forward and one backward pass on the meta device (no memory, no compute: shapes
+only), under
+
+* ``torch.utils.flop_counter.FlopCounterMode`` - FLOPs per module, forward and backward
+  (matmul-like ops: ``2mkn`` per GEMM; attention through the fused kernel of
+  :mod:`.attention`);
+* ``torch.autograd.graph.saved_tensors_hooks`` - every tensor autograd saves for backward,
+  counted once per storage (views share their base's bytes), parameters and buffers
+  excluded, attributed to the block running when it is saved;
+* forward hooks on the blocks (:mod:`.blocks`) - their inputs (what a checkpointed block
+  keeps) and outputs (what a pipeline boundary sends).
+
+The model is not changed: its parameters are swapped for meta copies for the call
+(``torch.func.functional_call``), gradients go through ``torch.autograd.grad`` (no
+``.grad`` is written). A model whose forward needs real data (``.tolist()``,
+data-dependent shapes such as token routing) cannot run on meta; ``on="real"`` traces it
+on its own device with real tensors (small shapes only) - ``on="auto"`` (default) tries
+meta first and falls back to real for models whose parameters are not on meta.
+"""
+from __future__ import annotations
+
+import fnmatch
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..errors import PartitaError
+from ..spec.traced import TracedBlock, TracedSpec
+from .attention import FusedAttentionMode
+from .blocks import BlockLayout, find_blocks
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage (views share it)."""
+    return t.untyped_storage()._cdata
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+@dataclass
+class _Recorder:
+    """State the hooks fill during the traced forward."""
+
+    state_keys: set[int]
+    units: set[str]
+    col: set[str] = field(default_factory=set)
+    row: set[str] = field(default_factory=set)
+    attention: FusedAttentionMode | None = None
+    current: list[str] = field(default_factory=list)  # unit stack
+    leaf: list[str] = field(default_factory=list)  # innermost tp module stack
+    keep: list[torch.Tensor] = field(default_factory=list)  # strong refs: storage ids stay unique
+    saved: dict[int, tuple[str, int, bool]] = field(default_factory=dict)  # key -> (owner, bytes, tp-split)
+    col_outputs: set[int] = field(default_factory=set)
+    inputs: dict[str, dict[int, int]] = field(default_factory=dict)
+    outputs: dict[str, dict[int, int]] = field(default_factory=dict)
+    allreduce: dict[str, int] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    attention_flops: dict[str, float] = field(default_factory=dict)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return t
+        k = _key(t)
+        if k in self.state_keys or k in self.saved:
+            return t
+        self.keep.append(t)
+        owner = self.current[-1] if self.current else ""
+        split = bool(self.attention and self.attention.active) or k in self.col_outputs or \
+            bool(self.leaf and self.leaf[-1] in self.row)
+        self.saved[k] = (owner, _nbytes(t), split)
+        return t
+
+    def tensors(self, tree: Any) -> dict[int, int]:
+        out = {}
+        for t in tree_flatten(tree)[0]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and _key(t) not in self.state_keys:
+                self.keep.append(t)
+                out[_key(t)] = _nbytes(t)
+        return out
+
+
+def _hooks(model: nn.Module, rec: _Recorder) -> list:
+    """Forward hooks on the units (stack, inputs, outputs) and the tp plan's modules."""
+    handles = []
+    for path, module in model.named_modules():
+        if path in rec.units:
+            def pre(mod, args, kwargs, path=path):
+                rec.current.append(path)
+                if path not in rec.inputs:
+                    rec.order.append(path)
+                    rec.inputs[path] = rec.tensors((args, kwargs))
+
+            def post(mod, args, kwargs, out, path=path):
+                rec.current.pop()
+                rec.outputs.setdefault(path, rec.tensors(out))
+            handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
+                        module.register_forward_hook(post, with_kwargs=True)]
+        if path in rec.col or path in rec.row:
+            def tp_pre(mod, args, path=path):
+                rec.leaf.append(path)
+
+            def tp_post(mod, args, out, path=path):
+                rec.leaf.pop()
+                owner = rec.current[-1] if rec.current else ""
+                if path in rec.col:
+                    rec.col_outputs.update(rec.tensors(out))
+                else:
+                    rec.allreduce[owner] = rec.allreduce.get(owner, 0) + sum(rec.tensors(out).values())
+            handles += [module.register_forward_pre_hook(tp_pre), module.register_forward_hook(tp_post)]
+    return handles
+
+
+def _tp_modules(model: nn.Module, layout: BlockLayout, tp_plan: dict[str, str] | None) -> tuple[set[str], set[str]]:
+    """Paths of the column- and row-wise modules a transformers/torchtitan-style ``tp_plan``
+    names (patterns on the full path, or relative to a block: ``"attention.wq"``)."""
+    col, row = set(), set()
+    if not tp_plan:
+        return col, row
+    units = sorted(layout.units, key=len, reverse=True)
+    for path, module in model.named_modules():
+        rel = next((path[len(u) + 1:] for u in units if path.startswith(u + ".")), None)
+        for pattern, style in tp_plan.items():
+            if fnmatch.fnmatchcase(path, pattern) or (rel is not None and fnmatch.fnmatchcase(rel, pattern)):
+                style = str(style).lower()
+                (col if "colwise" in style else row if "rowwise" in style else set()).add(path)
+    if tp_plan and not (col or row):
+        raise PartitaError(f"tp_plan names no module of {type(model).__name__} (patterns {', '.join(tp_plan)}); "
+                           "write module paths such as 'layers.*.attention.wq' or block-relative 'attention.wq'")
+    return col, row
+
+
+def _to_meta(tree: Any) -> Any:
+    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _first_float(out: Any) -> torch.Tensor:
+    if hasattr(out, "to_tuple"):  # transformers / diffusers ModelOutput
+        out = out.to_tuple()
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            return t
+    raise PartitaError("the traced model's output holds no floating tensor that depends on the parameters; "
+                       "pass loss_fn=lambda output: <scalar loss> to trace()")
+
+
+def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recorder,
+         loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[dict, dict]:
+    """Forward + backward under the counters; FLOPs by module path, forward and total."""
+    state = {n: p for n, p in model.named_parameters()}
+    state.update(dict(model.named_buffers()))
+    if on_meta:
+        state = {n: t.detach().to("meta").requires_grad_(t.requires_grad) for n, t in state.items()}
+        args, kwargs = _to_meta(args), _to_meta(kwargs)
+    rec.state_keys = {_key(t) for t in state.values()}
+    attention = FusedAttentionMode()
+    rec.attention = attention
+    handles = _hooks(model, rec)
+    try:
+        with FlopCounterMode(display=False) as counter, attention:
+            with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+                out = functional_call(model, state, args, kwargs)
+            counts = counter.get_flop_counts()
+            forward = {k: float(sum(v.values())) for k, v in counts.items()}
+            attn = {k: float(v.get(torch.ops.partita.fused_attention, 0)) for k, v in counts.items()}
+            loss = loss_fn(out) if loss_fn else _first_float(out).float().sum()
+            wrt = [t for t in state.values() if t.requires_grad]
+            torch.autograd.grad(loss, wrt, allow_unused=True)
+            total = {k: float(sum(v.values())) for k, v in counter.get_flop_counts().items()}
+    finally:
+        for h in handles:
+            h.remove()
+    root = type(model).__name__
+    strip = lambda d: {("" if k == root else k[len(root) + 1:]): v for k, v in d.items()
+                       if k == root or k.startswith(root + ".")} | {"<global>": d.get("Global", 0.0)}
+    rec.attention_flops = strip(attn)
+    return strip(forward), strip(total)
+
+
+def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[TracedBlock, ...]:
+    """One :class:`TracedBlock` per unit, in the order forward ran them."""
+    params = {p: sum(t.numel() for t in model.get_submodule(p).parameters()) for p in rec.order}
+    kept: set[int] = {k for k, (owner, _, _) in rec.saved.items() if owner == ""}
+    out = []
+    for path in rec.order:
+        mine = [(b, s) for owner, b, s in rec.saved.values() if owner == path]
+        new_inputs = {k: b for k, b in rec.inputs[path].items() if k not in kept}
+        kept.update(new_inputs)
+        tp_params = sum(t.numel() for p in rec.col | rec.row if p.startswith(path + ".")
+                        for t in model.get_submodule(p).parameters())
+        tp_flops = sum(fwd.get(p, 0.0) for p in rec.col | rec.row if p.startswith(path + "."))
+        tp_flops += rec.attention_flops.get(path, 0.0) if tp_params else 0.0
+        out.append(TracedBlock(
+            name=path, params=params[path], forward_flops=fwd.get(path, 0.0),
+            backward_flops=total.get(path, 0.0) - fwd.get(path, 0.0),
+            saved_bytes=float(sum(b for b, _ in mine)), recompute_bytes=float(sum(new_inputs.values())),
+            output_bytes=float(sum(rec.outputs.get(path, {}).values())),
+            tp_params=tp_params, tp_forward_flops=tp_flops,
+            tp_saved_bytes=float(sum(b for b, s in mine if s)) if tp_params else 0.0,
+            tp_allreduce_bytes=float(rec.allreduce.get(path, 0))))
+    return tuple(out)
+
+
+def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | None = None,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, name: str | None = None,
+          batch: int | None = None, on: str = "auto") -> TracedSpec:
+    """Trace ``model`` on ``example_inputs`` (a tensor, a tuple of positional inputs, or a
+    dict of keyword inputs) and return its :class:`TracedSpec` for the planner.
+
+    ``tp_plan``: ``{module pattern: "colwise" | "rowwise"}`` as transformers'
+    ``base_model_tp_plan`` and torchtitan write it; ``loss_fn``: turns the output into a
+    scalar (default: the sum of the first floating output); ``batch``: samples in the
+    example batch (default: the first input's first dimension); ``on``: ``"meta"``,
+    ``"real"`` or ``"auto"`` (module docstring)."""
+    args, kwargs = _split_inputs(example_inputs)
+    if on not in ("auto", "meta", "real"):
+        raise PartitaError(f"trace(on={on!r}): use 'meta', 'real' or 'auto'")
+    layout = find_blocks(model)
+    col, row = _tp_modules(model, layout, tp_plan)
+    real_params = any(p.device.type != "meta" for p in model.parameters())
+    attempts = ["meta"] if on == "meta" else ["real"] if on == "real" else (["meta", "real"] if real_params else ["meta"])
+    for i, where in enumerate(attempts):
+        rec = _Recorder(set(), set(layout.units), col, row)
+        try:
+            fwd, total = _run(model, args, kwargs, where == "meta", rec, loss_fn)
+            break
+        except PartitaError:
+            raise
+        except Exception as e:  # the model's own code failed on meta tensors
+            if i + 1 < len(attempts):
+                continue
+            hint = ("; trace it with real tensors on a small shape: trace(model, inputs, on='real')"
+                    if where == "meta" else "")
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise PartitaError(f"tracing {type(model).__name__} on {where} tensors failed in its forward/backward: "
+                               f"{msg}{hint}") from None
+    return _assemble(model, layout, rec, fwd, total, args, kwargs, tp_plan, name, batch)
+
+
+def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise PartitaError(f"example_inputs must be a tensor, a tuple of tensors or a dict of keyword tensors, "
+                       f"got {type(example_inputs).__name__}")
+
+
+def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, total: dict, args: tuple,
+              kwargs: dict, tp_plan: dict | None, name: str | None, batch: int | None) -> TracedSpec:
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if batch is None:
+        batch = int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
+    first = next((p for p in model.parameters() if p.is_floating_point()), None)
+    dtype = _DTYPES.get(first.dtype if first is not None else torch.float32, "fp32")
+    units = _blocks(model, rec, fwd, total)
+    top = [(p, sum(t.numel() for t in m.parameters()), fwd.get(p, 0.0)) for p, m in model.named_modules()
+           if p and p.count(".") < 2]
+    block_cls = type(model.get_submodule(layout.run[0])).__name__ if layout.run else ""
+    return TracedSpec(
+        name=name or type(model).__name__, batch=batch, dtype=dtype,
+        inputs=tuple(tuple(int(d) for d in t.shape) for t in tensors),
+        total_params=sum(p.numel() for p in model.parameters()),
+        forward_flops=fwd.get("<global>", 0.0), backward_flops=total.get("<global>", 0.0) - fwd.get("<global>", 0.0),
+        saved_bytes=float(sum(b for _, b, _ in rec.saved.values())), block_class=block_cls,
+        block_container=layout.container, blocks=units, pipeline=layout.pipeline and len(units) == len(layout.run),
+        tp_plan=tuple(sorted((str(k), str(v)) for k, v in (tp_plan or {}).items())), modules=tuple(top),
+        source=f"partita.trace of {type(model).__module__}.{type(model).__qualname__}, inputs "
+               f"{[tuple(t.shape) for t in tensors]}")
