@@ -18,7 +18,7 @@ import pytest
 from partita.cost import comm
 from partita.profile.calibrate import hardware_file, predictor
 from partita.profile.calibrate_fit import fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, summarize
-from partita.profile.calibrate_measure import RUNTIME_SEQ, runtime_plans
+from partita.profile.calibrate_measure import RUNTIME_SEQ, increment_plans, runtime_plans
 from partita.profile.calibrate_refine import mechanism_of
 from partita.plan import Plan
 from partita.spec.hardware import load_device
@@ -30,7 +30,7 @@ EFF, G_HALF = 0.6, 0.05  # GEMM efficiency and half-saturation size (GFLOP)
 ALPHA, BW = 20e-6, 5e9  # collective per-step latency (s) and bandwidth (bytes/s)
 #: the true per-mechanism times (us); pp negative: a mechanism faster than the model predicts
 TRUTH = {"kernel_overhead_us_per_layer": 350.0, "tp_framework_us_per_layer": 1200.0,
-         "zero3_framework_us_per_layer": 800.0, "pp_framework_us_per_microbatch": -500.0,
+         "tp_nosp_framework_us_per_layer": 2100.0, "zero3_framework_us_per_layer": 800.0, "pp_framework_us_per_microbatch": -500.0,
          "ep_framework_us_per_layer": 650.0, "recompute_framework_us_per_layer": 300.0,
          "cp_framework_us_per_layer": 900.0}
 
@@ -125,23 +125,36 @@ def _base_fields():
             "efficiency": {"gemm": EFF, "gemm_half_gflop": G_HALF, "memory_bandwidth": 1.0, "intra_node_comm": 1.0}}
 
 
+def _synthetic_step(run: dict, predict) -> float:
+    """The public estimate of ``run`` on the synthetic machine with the true fields."""
+    # a device field cannot be negative: a negative truth is the estimate at 0 minus
+    # |value| times the field's weight in that step (the estimate's own slope)
+    zero = {k: max(v, 0.0) for k, v in TRUTH.items()}
+    t = predict(run, zero)
+    for field, value in TRUTH.items():
+        if value < 0:
+            weight = (predict(run, dict(zero, **{field: 1000.0})) - t) / 1e-3
+            t += value * 1e-6 * weight
+    return t
+
+
 def _runs(world: int, spread_s: float = 0.0) -> dict:
     """Micro-run records whose step times are the public estimate on the synthetic machine
-    with the true fields (negative ones included), +- ``spread_s`` around it."""
+    with the true fields (negative ones included), +- ``spread_s`` around it; the
+    mechanisms measured by their increment carry their longer run."""
     predict = predictor("cpu", _base_fields())
     runs = {}
+    longer = increment_plans(world)
     for mech, (model, text) in runtime_plans(world).items():
         run = {"model": model, "plan_text": text, "plan": text, "seq_len": RUNTIME_SEQ, "dtype": "fp32",
                "world": world}
-        # a device field cannot be negative: a negative truth is the estimate at 0 minus
-        # |value| times the field's weight in that step (the estimate's own slope)
-        t = predict(run, {k: max(v, 0.0) for k, v in TRUTH.items()})
-        for field, value in TRUTH.items():
-            if value < 0:
-                zero = {k: max(v, 0.0) for k, v in TRUTH.items()}
-                weight = (predict(run, dict(zero, **{field: 1000.0})) - t) / 1e-3
-                t += value * 1e-6 * weight
+        t = _synthetic_step(run, predict)
         run["samples"] = [t - spread_s, t, t + spread_s]
+        if mech in longer:
+            long = dict(run, plan_text=longer[mech], plan=longer[mech])
+            t_long = _synthetic_step(long, predict)
+            long["samples"] = [t_long - spread_s, t_long, t_long + spread_s]
+            run["long"] = long
         runs[mech] = run
     return runs
 
@@ -197,7 +210,7 @@ def test_hardware_file_recovers_every_parameter_with_its_provenance(world):
 def test_single_process_keeps_the_base_links_and_measures_the_base_overhead():
     m = _measurements(2)
     m.update(world=1, collectives=[])
-    base_run = dict(m["runtime"]["base"], world=1, plan_text="dp=1,gbs=1")
+    base_run = {k: v for k, v in m["runtime"]["base"].items() if k != "long"} | {"world": 1, "plan_text": "dp=1,gbs=1"}
     t = predictor("cpu", _base_fields())(base_run, {k: max(v, 0.0) for k, v in TRUTH.items()})
     m["runtime"] = {"base": dict(base_run, samples=[t] * 3)}
     out = hardware_file(m, "cpu", "one")

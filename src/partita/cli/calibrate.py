@@ -77,11 +77,16 @@ def print_terms(data: dict) -> None:
         if "value" in t:
             note = "  (negative: written as 0)" if t["value"] < 0 and name.startswith("efficiency.") else ""
             print(f"{name:44s} {t['value']:12.4g} {t['spread']:10.3g}  {t['unit'][:11]:11s} {t['repeats']:4d}{note}")
-        else:  # a collective's own fit (or the joint one) beside the pair the file holds
+        elif "latency_us" in t:  # a collective's own fit (or the joint one) beside the pair the file holds
             gbps = "inf" if t.get("gbps") is None else f"{t['gbps']:.3g}"
             extra = (f"  spread {t['spread_rel']:.0%}, joint fit worst {t['joint_fit_worst_rel_error']:.0%}, "
                      f"{t['repeats']} repeats" if "spread_rel" in t else "")
             print(f"{name:44s} {gbps:>9s} GB/s + {t['latency_us']:.0f} us{extra}")
+    for kind, fits in data.get("collectives", {}).items():  # what the cost model reads per collective
+        for f in fits:
+            print(f"{'collectives.' + kind + ' on ' + str(f['group']):44s} {f['gbps']:9.3g} GB/s + "
+                  f"{f['latency_us']:.0f} us/step  worst size off {f.get('worst_rel_error', 0):.0%}, "
+                  f"repeats spread {f.get('spread_rel', 0):.0%}  (used by the cost model)")
 
 
 def _run_group(cmd: list[str], timeout_s: int) -> tuple[int, str]:

@@ -24,12 +24,57 @@ All-gather and reduce-scatter move half of that. Latency: ``2(g-1)`` intra steps
 (ring) and ``2 log2(k)`` inter steps (tree/halving-doubling) for an all-reduce.
 Known gaps: no congestion between groups sharing a NIC, no NVLS/SHARP in-network
 reduction, no message-size dependence of the efficiency beyond the latency term.
+
+Calibrated collectives. A device file ``partita calibrate`` wrote carries, per
+collective and group size, a fitted per-step latency ``alpha`` and per-link bandwidth
+``B`` (:mod:`partita.spec.collective_fits`). When it has one for a collective, the part
+of that collective inside a node is the alpha-beta (Hockney) model with the algorithm's
+step and traffic factors [Thakur, Rabenseifner, Gropp 2005, "Optimization of Collective
+Communication Operations in MPICH", sec. 4; the same factors as nccl-tests'
+PERFORMANCE.md bus bandwidth]::
+
+    ring all-reduce      t = 2(n-1) alpha + 2(n-1)/n S / B
+    all-gather, reduce-scatter (ring)     (n-1) alpha +  (n-1)/n S / B
+    all-to-all (pairwise, one round)          alpha +  (n-1)/n S / B
+    send/recv                                 alpha +          S / B
+
+with the fit of the group size measured nearest to ``n`` (the factors carry it to other
+sizes). The fit replaces the intra-node bandwidth, efficiency and latency; the network
+part of a group that spans nodes keeps the datasheet model (calibrate measures inside one
+node). Without fits (every built-in device) nothing changes.
 """
 from __future__ import annotations
 
 import math
 
+from ..spec.collective_fits import CollectiveFit
 from ..spec.hardware import Device
+
+#: (latency steps, fraction of ``S`` each rank moves) of each collective on ``n`` ranks
+#: [Thakur et al. 2005 sec. 4: ring all-reduce = reduce-scatter + all-gather; nccl-tests
+#: PERFORMANCE.md]; :func:`partita.profile.calibrate_fit.fit_collective` fits against the same.
+ALGORITHM_FACTORS = {
+    "all_reduce": lambda n: (2 * (n - 1), 2 * (n - 1) / n),
+    "all_gather": lambda n: (n - 1, (n - 1) / n),
+    "reduce_scatter": lambda n: (n - 1, (n - 1) / n),
+    "all_to_all": lambda n: (1, (n - 1) / n),
+    "send_recv": lambda n: (1, 1.0),
+}
+
+
+def collective_fit(device: Device, kind: str, g: int) -> CollectiveFit | None:
+    """The device's fit of ``kind`` measured on the group size nearest ``g`` (ties: the
+    larger group), or None when the file has no fit for it."""
+    fits = [f for f in device.collective_fits if f.kind == kind]
+    if not fits:
+        return None
+    return min(fits, key=lambda f: (abs(math.log(f.group / g)), -f.group))
+
+
+def fitted_time(fit: CollectiveFit, kind: str, size: float, n: int) -> float:
+    """Alpha-beta time of ``kind`` on ``n`` ranks with the fitted latency and bandwidth."""
+    steps, traffic = ALGORITHM_FACTORS[kind](n)
+    return steps * fit.latency_s + traffic * size / fit.bandwidth
 
 
 def intra_bandwidth(device: Device, g: int) -> float:
@@ -55,24 +100,34 @@ def all_reduce(device: Device, size: float, g: int, k: int) -> float:
     n = g * k
     if n <= 1 or size <= 0:
         return 0.0
+    fit = collective_fit(device, "all_reduce", g) if g > 1 else None
+    if fit is not None:
+        t = fitted_time(fit, "all_reduce", size, g) + _latency(device, 1, k, 2)
+        return t + (2 * (k - 1) / k * (size / g) / inter_bandwidth(device) if k > 1 else 0.0)
     t = 2 * (g - 1) / g * size / intra_bandwidth(device, g) if g > 1 else 0.0
     if k > 1:
         t += 2 * (k - 1) / k * (size / g) / inter_bandwidth(device)
     return t + _latency(device, g, k, 2)
 
 
-def all_gather(device: Device, size: float, g: int, k: int) -> float:
+def all_gather(device: Device, size: float, g: int, k: int, kind: str = "all_gather") -> float:
     """All-gather (or reduce-scatter: same traffic) of a ``size``-byte gathered buffer."""
     n = g * k
     if n <= 1 or size <= 0:
         return 0.0
+    fit = collective_fit(device, kind, g) if g > 1 else None
+    if fit is not None:
+        t = fitted_time(fit, kind, size, g) + _latency(device, 1, k, 1)
+        return t + ((k - 1) / k * (size / g) / inter_bandwidth(device) if k > 1 else 0.0)
     t = (g - 1) / g * size / intra_bandwidth(device, g) if g > 1 else 0.0
     if k > 1:
         t += (k - 1) / k * (size / g) / inter_bandwidth(device)
     return t + _latency(device, g, k, 1)
 
 
-reduce_scatter = all_gather
+def reduce_scatter(device: Device, size: float, g: int, k: int) -> float:
+    """Reduce-scatter of a ``size``-byte full buffer: the all-gather's traffic, its own fit."""
+    return all_gather(device, size, g, k, "reduce_scatter")
 
 
 def all_to_all(device: Device, size: float, g: int, k: int) -> float:
@@ -85,6 +140,9 @@ def all_to_all(device: Device, size: float, g: int, k: int) -> float:
     n = g * k
     if n <= 1 or size <= 0:
         return 0.0
+    fit = collective_fit(device, "all_to_all", g) if g > 1 and k == 1 else None
+    if fit is not None:  # one node: the fitted pairwise exchange
+        return fitted_time(fit, "all_to_all", size, g)
     if device.intra_topology == "full-mesh" and g > 1:
         t_intra = (size / n) / (device.peer_gbps * 1e9 * device.efficiency.intra_node_comm)
     else:
@@ -98,6 +156,9 @@ def send_recv(device: Device, size: float, crosses_nodes: bool) -> float:
     """Point-to-point transfer of ``size`` bytes (pipeline activations, ring-attention K/V)."""
     if size <= 0:
         return 0.0
+    fit = collective_fit(device, "send_recv", 2) if not crosses_nodes else None
+    if fit is not None:
+        return fitted_time(fit, "send_recv", size, 2)
     if crosses_nodes:
         return size / inter_bandwidth(device) + device.inter_latency_us * 1e-6
     bw = (device.peer_gbps if device.intra_topology == "full-mesh" else device.intra_gbps) * 1e9

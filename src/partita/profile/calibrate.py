@@ -29,8 +29,8 @@ import os
 import sys
 from datetime import timedelta
 
-from .calibrate_fit import (fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, gemm_classes,
-                            summarize)
+from .calibrate_fit import (fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, fit_per_collective,
+                            gemm_classes, summarize)
 
 __all__ = ["fit_all_reduce", "fit_collectives", "fit_gemm", "fit_overheads", "hardware_file", "measure", "summarize"]
 
@@ -84,12 +84,18 @@ def _base_fields(m: dict, base: str) -> tuple[dict, dict]:
         terms["intra_node.fit"] = {"latency_us": alpha * 1e6, "gbps": bw / 1e9 if bw < float("inf") else None,
                                    "method": "one (latency, bandwidth) pair fitted to every collective at once"}
         alpha, bw = max(alpha, 0.0), bw if 0 < bw < float("inf") else dev.intra_gbps * 1e9
+        collectives, skipped = fit_per_collective(m["collectives"])
+        if skipped:
+            terms["collectives.skipped"] = {"fits": skipped, "method": "no positive bandwidth: the joint pair stands"}
     else:
+        collectives = {}
         alpha, bw = dev.intra_latency_us * 1e-6, dev.intra_gbps * 1e9
     fields = {"peak_tflops": {dtype: peak / 1e12}, "memory": {"hbm_tbps": terms["memory.hbm_tbps"]["value"]},
               "intra_node": {"gbps_per_direction": bw / 1e9, "peer_gbps_per_direction": bw / 1e9,
                              "latency_us": alpha * 1e6},
               "efficiency": {"gemm": eff, "gemm_half_gflop": g_half, "memory_bandwidth": 1.0, "intra_node_comm": 1.0}}
+    if collectives:  # per collective and group size: what cost/comm.py reads instead of the joint pair
+        fields["collectives"] = collectives
     return fields, terms
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from ..cost.comm import ALGORITHM_FACTORS
+
 
 def summarize(samples: Sequence[float], unit: str, method: str) -> dict:
     """A term record: median, half the inter-quartile range (0 for fewer than 2 samples),
@@ -64,17 +66,11 @@ def gemm_classes(gemm: list[dict]) -> dict[str, dict]:
     return out
 
 
-#: ``t = lat(g) alpha + bw(g) S / B`` per collective inside one switch-topology node, the
-#: coefficients of :mod:`partita.cost.comm` (ring all-reduce 2(g-1) steps moving
-#: 2(g-1)/g S [Thakur et al. 2005]; all-gather / reduce-scatter half of it; all-to-all
-#: one latency and (g-1)/g S; send/recv one latency and S). ``S`` follows nccl-tests.
-COLLECTIVE_COEFFICIENTS: dict[str, Callable[[int], tuple[float, float]]] = {
-    "all_reduce": lambda g: (2 * (g - 1), 2 * (g - 1) / g),
-    "all_gather": lambda g: (g - 1, (g - 1) / g),
-    "reduce_scatter": lambda g: (g - 1, (g - 1) / g),
-    "all_to_all": lambda g: (1, (g - 1) / g),
-    "send_recv": lambda g: (1, 1),
-}
+#: ``t = lat(g) alpha + bw(g) S / B`` per collective inside one switch-topology node: the
+#: factors :mod:`partita.cost.comm` uses (ring all-reduce 2(g-1) steps moving 2(g-1)/g S
+#: [Thakur et al. 2005]; all-gather / reduce-scatter half of it; all-to-all one latency and
+#: (g-1)/g S; send/recv one latency and S). ``S`` follows nccl-tests.
+COLLECTIVE_COEFFICIENTS: dict[str, Callable[[int], tuple[float, float]]] = ALGORITHM_FACTORS
 
 
 def _weighted_fit(rows: list[dict]) -> tuple[float, float]:
@@ -114,6 +110,33 @@ def fit_collectives(rows: list[dict]) -> tuple[float, float, dict[str, dict]]:
     return alpha, bw, per_kind
 
 
+def fit_per_collective(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Each collective's own (latency, bandwidth) per group size measured at two or more
+    message sizes: the ``collectives`` object of the device file, which
+    :mod:`partita.cost.comm` reads instead of the joint pair. A noisy fit can give a
+    negative latency (kept signed as ``latency_us_fitted``, written as 0) or no positive
+    bandwidth (that group is left out and returned second: the joint pair stands for it)."""
+    out: dict[str, list[dict]] = {}
+    skipped: list[dict] = []
+    for kind, group in sorted({(r["kind"], r["group"]) for r in rows}):
+        mine = [r for r in rows if r["kind"] == kind and r["group"] == group]
+        if len({r["bytes"] for r in mine}) < 2:
+            continue
+        alpha, bw = _weighted_fit(mine)
+        worst = max(abs(_coll_time(r, max(alpha, 0.0), bw) - r["seconds"]) / r["seconds"] for r in mine)
+        rel = max((r.get("spread", 0.0) / r["seconds"] for r in mine), default=0.0)
+        entry = {"group": group, "latency_us": max(alpha, 0.0) * 1e6, "latency_us_fitted": alpha * 1e6,
+                 "gbps": bw / 1e9 if bw < float("inf") else None, "sizes": sorted({r["bytes"] for r in mine}),
+                 "worst_rel_error": worst, "spread_rel": rel,
+                 "source": f"measured: partita calibrate, {len(mine)} sizes, fitted t = c_lat alpha + c_bw S / B "
+                           f"(worst size off by {worst:.0%}, repeats spread {rel:.0%})"}
+        if entry["gbps"] is None:
+            skipped.append(entry | {"kind": kind})
+            continue
+        out.setdefault(kind, []).append(entry)
+    return out, skipped
+
+
 def _coll_time(row: dict, alpha: float, bw: float) -> float:
     c_lat, c_bw = COLLECTIVE_COEFFICIENTS[row["kind"]](row["group"])
     return c_lat * alpha + c_bw * row["bytes"] / bw
@@ -129,7 +152,8 @@ def fit_all_reduce(coll: list[dict], world: int) -> tuple[float, float]:
 #: Each runtime mechanism: the efficiency field its micro-run measures.
 MECHANISMS: dict[str, str] = {
     "base": "kernel_overhead_us_per_layer",  # plain data parallel: the per-layer launch/framework time
-    "tp": "tp_framework_us_per_layer",
+    "tp": "tp_framework_us_per_layer",  # with sequence parallelism (the default with tp)
+    "tp_nosp": "tp_nosp_framework_us_per_layer",
     "zero3": "zero3_framework_us_per_layer",
     "pp": "pp_framework_us_per_microbatch",
     "ep": "ep_framework_us_per_layer",
@@ -152,6 +176,14 @@ def fit_overheads(runs: dict[str, dict], predict: Callable[[dict, dict[str, floa
     is reported, not clamped. A field the cost model does not read (``k = 0``) keeps the
     per-step difference and says so.
 
+    A run with a ``long`` run beside it (the same plan with more micro-batches,
+    :func:`partita.profile.calibrate_measure.increment_plans`) is measured by its
+    increment instead: ``((T_long - T) - (P_long - P)) / (k_long - k)`` per repeat, the
+    time each further micro-batch adds beyond what the model already predicts for it. Per-step
+    costs (optimizer, gradient sync, the pipeline's fill and drain) cancel, so the base
+    per-layer overhead is not inflated by them and the pipeline field is the schedule's own
+    per-micro-batch time.
+
     ``runs[mech]``: ``{"samples": [step seconds...], "plan", "model", ...}``;
     ``predict(run, fields)`` is the cost model's step time of that run with the
     efficiency ``fields`` set. ``base`` (plain data parallel) goes first: its per-layer
@@ -161,14 +193,29 @@ def fit_overheads(runs: dict[str, dict], predict: Callable[[dict, dict[str, floa
     terms: dict[str, dict] = {}
     for mech in [m for m in MECHANISMS if m in runs]:
         field, run = MECHANISMS[mech], runs[mech]
-        p0 = predict(run, dict(fields, **{field: 0.0}))
-        weight = (predict(run, dict(fields, **{field: _PROBE_US})) - p0) / (_PROBE_US * 1e-6)
-        read = weight > 1e-9
-        per = [(s - p0) / (weight if read else 1.0) * 1e6 for s in run["samples"]]
-        how = (f"micro-run `{run.get('plan', mech)}` of {run.get('model', '?')} through partita.parallelize: "
-               f"(measured step - step predicted from the measured GEMM and collective terms) / "
-               + (f"{weight:.4g} (the field's weight in that step)" if read else "1 (the cost model does not read it)"))
+        p0, weight = _prediction_and_weight(run, field, fields, predict)
+        how = f"micro-run `{run.get('plan', mech)}` of {run.get('model', '?')} through partita.parallelize: "
+        long = run.get("long")
+        if long and len(long["samples"]) == len(run["samples"]):
+            p0_long, weight_long = _prediction_and_weight(long, field, fields, predict)
+            weight, read = weight_long - weight, weight_long - weight > 1e-9
+            per = [((tl - ts) - (p0_long - p0)) / weight * 1e6 if read else (tl - ts) * 1e6
+                   for ts, tl in zip(run["samples"], long["samples"])]
+            how += (f"per-micro-batch increment against `{long.get('plan', long.get('plan_text'))}`: ((measured step "
+                    f"difference) - (predicted step difference)) / {weight:.4g} (the field's weight in the difference)")
+        else:
+            read = weight > 1e-9
+            per = [(s - p0) / (weight if read else 1.0) * 1e6 for s in run["samples"]]
+            how += ("(measured step - step predicted from the measured GEMM and collective terms) / "
+                    + (f"{weight:.4g} (the field's weight in that step)" if read else "1 (the cost model does not read it)"))
         terms[field] = summarize(per, "us" if read else "us/step (not read by the cost model)", how)
         terms[field].update(predicted_step_s=p0, weight=weight, read_by_cost_model=read)
         fields[field] = max(terms[field]["value"], 0.0) if read else 0.0
     return terms
+
+
+def _prediction_and_weight(run: dict, field: str, fields: dict[str, float],
+                           predict: Callable[[dict, dict[str, float]], float]) -> tuple[float, float]:
+    """The run's predicted step with ``field`` at 0, and the field's weight in it (s per s of field)."""
+    p0 = predict(run, dict(fields, **{field: 0.0}))
+    return p0, (predict(run, dict(fields, **{field: _PROBE_US})) - p0) / (_PROBE_US * 1e-6)

@@ -119,12 +119,24 @@ def runtime_plans(world: int) -> dict[str, tuple[str, str]]:
     if world % 2 == 0:
         half = world // 2
         plans.update({"tp": (RUNTIME_MODEL, f"dp={half},tp=2,gbs={half}"),
+                      "tp_nosp": (RUNTIME_MODEL, f"dp={half},tp=2,sp=false,gbs={half}"),
                       "zero3": (RUNTIME_MODEL, f"dp={world},zero=3,gbs={world}"),
-                      "pp": (RUNTIME_MODEL, f"dp={half},pp=2,gbs={4 * half}"),
+                      "pp": (RUNTIME_MODEL, f"dp={half},pp=2,gbs={2 * half}"),
                       "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),
                       "recompute": (RUNTIME_MODEL, f"dp={world},recompute=full,gbs={world}"),
                       "cp": (RUNTIME_MODEL, f"dp={half},cp=2,gbs={half}")})
     return plans
+
+
+def increment_plans(world: int) -> dict[str, str]:
+    """The second micro-run of the mechanisms measured by their per-micro-batch increment:
+    the same plan with more micro-batches (base 1 -> 4, pp 2 -> 6 per step). The step-time
+    difference holds no per-step cost (optimizer, gradient sync, the pipeline's fill and
+    drain), only what every further micro-batch adds."""
+    out = {"base": f"dp={world},gbs={4 * world}"}
+    if world % 2 == 0:
+        out["pp"] = f"dp={world // 2},pp=2,gbs={6 * (world // 2)}"
+    return out
 
 
 def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dict]:
@@ -139,7 +151,8 @@ def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dic
     from ..runtime.parallelize import parallelize
     world, rank = dist.get_world_size(), dist.get_rank()
     runs, steps = {}, {}
-    for mech, (model_name, text) in runtime_plans(world).items():
+    longer = {f"{mech}@long": (runtime_plans(world)[mech][0], text) for mech, text in increment_plans(world).items()}
+    for mech, (model_name, text) in {**runtime_plans(world), **longer}.items():
         plan = Plan.parse(text, world_size=world, defaults={"mbs": 1, "seq_len": RUNTIME_SEQ, "dtype": dtype})
         model = build_model(model_name)
         pm = parallelize(model, plan, lambda p: torch.optim.SGD(p, lr=0.01), device_type=device_type)
@@ -159,4 +172,6 @@ def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dic
             runs[mech]["samples"].append((time.perf_counter() - t0) / RUNTIME_STEPS)
     for run in runs.values():
         run["samples"] = _slowest(run["samples"], None)
+    for name in longer:  # the longer run travels with its mechanism's run
+        runs[name.split("@")[0]]["long"] = runs.pop(name)
     return runs

@@ -25,7 +25,7 @@ PLAN_FILE, TRAIN_FILE = "plan.json", "train.json"
 
 def mechanism_of(plan) -> str | None:
     """The one mechanism beyond data parallelism ``plan`` uses ("base" for none), or None for several."""
-    used = [m for m, on in (("tp", plan.tp > 1), ("zero3", plan.zero >= 3), ("pp", plan.pp > 1), ("ep", plan.ep > 1),
+    used = [m for m, on in (("tp" if plan.sp else "tp_nosp", plan.tp > 1), ("zero3", plan.zero >= 3), ("pp", plan.pp > 1), ("ep", plan.ep > 1),
                             ("cp", plan.cp > 1), ("recompute", plan.recompute == "full")) if on]
     return used[0] if len(used) == 1 else ("base" if not used else None)
 

@@ -18,6 +18,7 @@ PART_TERM = {"compute": "compute", "recompute": "compute", "optimizer step": "co
              "zero3 gather/scatter": "dp", "dp gradient sync": "dp", "pipeline bubble": "idle"}
 #: The framework field and the part the cost model books it under.
 FRAMEWORK_PART = {"kernel_overhead_us_per_layer": "compute", "tp_framework_us_per_layer": "tp",
+                  "tp_nosp_framework_us_per_layer": "tp",
                   "zero3_framework_us_per_layer": "dp", "pp_framework_us_per_microbatch": "pp",
                   "ep_framework_us_per_layer": "ep", "recompute_framework_us_per_layer": "compute",
                   "cp_framework_us_per_layer": "cp"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PartitaError, unknown_name
+from .collective_fits import CollectiveFit, parse_collective_fits
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "catalog" / "devices"
 
@@ -46,6 +47,9 @@ EFFICIENCY_FIELDS = {
 #: measures it.
 OPTIONAL_EFFICIENCY_FIELDS = {
     "tp_framework_us_per_layer": 0.0,
+    # tp without sequence parallelism (all-reduce instead of reduce-scatter/all-gather
+    # DTensor redistributions); absent: tp_framework_us_per_layer stands for it
+    "tp_nosp_framework_us_per_layer": 0.0,
     "zero3_framework_us_per_layer": 0.0,
     # the same for pipeline scheduling per micro-batch, expert dispatch, full recompute and
     # ring attention per layer (read by :mod:`partita.cost.overheads`)
@@ -85,6 +89,7 @@ class Efficiency(Mapping):
     kernel_overhead_us_per_layer: float
     tp_overlap: float
     tp_framework_us_per_layer: float = 0.0
+    tp_nosp_framework_us_per_layer: float = 0.0
     zero3_framework_us_per_layer: float = 0.0
     pp_framework_us_per_microbatch: float = 0.0
     ep_framework_us_per_layer: float = 0.0
@@ -135,6 +140,8 @@ class Device:
     inter_latency_us: float
     efficiency: Efficiency
     source_file: str
+    #: per-collective alpha-beta fits of a calibrated file (``collectives``; none: the datasheet model)
+    collective_fits: tuple[CollectiveFit, ...] = ()
 
     @cached_property
     def cache_key(self) -> int:
@@ -157,6 +164,7 @@ class Device:
         out = {k: v for k, v in self.__dict__.items() if k != "cache_key"}
         out["efficiency"] = dict(self.efficiency)
         out["efficiency_provenance"] = dict(self.efficiency.provenance)
+        out["collective_fits"] = [dict(f.__dict__) for f in self.collective_fits]
         return out
 
 
@@ -249,7 +257,7 @@ def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, s
 
 #: Top-level keys of a device file besides the sections of :data:`_SECTIONS`.
 _TOP_LEVEL = ("name", "description", "extends", "aliases", "sources", "confidence", "calibration",
-              "efficiency_provenance")
+              "efficiency_provenance", "collectives")
 
 
 def _check_schema(raw: dict, path: Path) -> None:
@@ -433,6 +441,7 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
         inter_latency_us=_number(raw.get("inter_node", {}).get("latency_us", 20), "inter_node.latency_us", source),
         efficiency=efficiency,
         source_file=source,
+        collective_fits=parse_collective_fits(raw.get("collectives"), source),
     )
 
 
