@@ -15,7 +15,11 @@ cp         context parallel: the sequence split over ``cp`` devices, K/V exchang
            in a ring (ring attention / Megatron CP)
 ep         expert parallel: routed experts split over ``ep`` devices, tokens
            exchanged with all-to-all; carved out of dp x cp as Megatron does, so it
-           is not a factor of the world size [Megatron-Core MoE]
+           is not a factor of the world size [Megatron-Core MoE]. An ep that does not
+           divide dp x cp is folded out of tp x dp x cp (Megatron-Core "MoE parallel
+           folding": the expert layers get their own tp x dp x cp = etp x ep x edp
+           mesh, here with expert tensor parallel etp = 1 - experts are never split
+           by tp - so ep must divide tp x dp x cp) [Liu et al. 2025, arXiv:2504.14960]
 zero       0: replicated optimizer (DDP); 1: optimizer states sharded over dp x cp
            (Megatron distributed optimizer); 2: + gradients sharded; 3: + parameters
            sharded (FSDP / ZeRO-3) [Rajbhandari et al. 2020]
@@ -33,11 +37,13 @@ grad_accum_mode
            held: full; traffic: one reduce-scatter per step) [FSDP2
            ``set_requires_gradient_sync``]. zero 0/1 ignore it (they hold full
            gradients and all-reduce once per step).
-dp_shard   HSDP with zero 2/3: shard within groups of ``dp_shard`` consecutive dp
+dp_shard   HSDP with zero 1-3: shard within groups of ``dp_shard`` consecutive dp
            ranks and replicate across the ``dp / dp_shard`` groups (gradients
            reduce-scattered in the group, then all-reduced across groups)
            [FSDP2 on a 2-D mesh; Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2];
-           0 (default): shard over all of dp.
+           with zero 1 only the optimizer states are sharded so (Megatron-LM
+           ``--num-distributed-optimizer-instances dp/dp_shard``; InternLM's hybrid
+           ZeRO "zero1 = dp_shard"); 0 (default): shard over all of dp.
 =========  ===================================================================
 
 The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
@@ -302,8 +308,8 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"grad_accum_mode must be sharded or unsharded, got {plan.grad_accum_mode!r}")
     if plan.dp_shard < 0 or (plan.dp_shard and plan.dp % plan.dp_shard):
         errs.append(f"dp_shard must be 0 (all of dp) or a divisor of dp={plan.dp}, got {plan.dp_shard}")
-    elif 0 < plan.dp_shard < plan.dp and plan.zero < 2:
-        errs.append(f"dp_shard={plan.dp_shard} < dp (HSDP) needs zero 2 or 3, got zero {plan.zero}")
+    elif 0 < plan.dp_shard < plan.dp and plan.zero < 1:
+        errs.append(f"dp_shard={plan.dp_shard} < dp (HSDP) needs zero 1, 2 or 3 (something to shard), got zero 0")
     if world_size is not None and plan.world_size != world_size:
         errs.append(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} "
                     f"must equal the device count {world_size}")
@@ -320,11 +326,32 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"interleaved 1F1B needs the micro-batch count ({plan.grad_accum}) to be a multiple of pp={plan.pp}")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         errs.append(f"seq_len {plan.seq_len} must be divisible by 2*cp = {2 * plan.cp} (load-balanced causal context parallel)")
-    if plan.ep > 1 and (plan.dp * plan.cp) % plan.ep:
-        errs.append(f"ep={plan.ep} must divide dp*cp = {plan.dp * plan.cp} (expert parallel is carved out of data x context parallel)")
+    errs += _validate_ep(plan)
     if model is not None:
         errs += _validate_against_model(plan, model)
     return errs
+
+
+def _validate_ep(plan: Plan) -> list[str]:
+    """Expert parallel is carved out of dp x cp, or folded out of tp x dp x cp (module
+    docstring, ``ep``); with HSDP the experts' states are sharded over the shard group's
+    ``dp_shard x cp x tp / ep`` ranks (torchtitan's ``efsdp``), which must be whole."""
+    if plan.ep <= 1:
+        return []
+    if (plan.tp * plan.dp * plan.cp) % plan.ep:
+        return [f"ep={plan.ep} must divide tp*dp*cp = {plan.tp}*{plan.dp}*{plan.cp} = {plan.tp * plan.dp * plan.cp} "
+                "(expert parallel is carved out of data x context parallel, or folded out of tensor x data x context "
+                "parallel with expert tensor parallel 1)"]
+    if 0 < plan.dp_shard < plan.dp and (plan.dp_shard * plan.cp * plan.tp) % plan.ep:
+        return [f"ep={plan.ep} must divide dp_shard*cp*tp = {plan.dp_shard}*{plan.cp}*{plan.tp} with HSDP (the experts' "
+                "states are sharded within the shard group)"]
+    return []
+
+
+def ep_folded(plan: Plan) -> bool:
+    """Whether the plan's ep group reaches into tp (ep does not divide dp x cp): MoE
+    parallel folding, see the module docstring."""
+    return plan.ep > 1 and (plan.dp * plan.cp) % plan.ep != 0
 
 
 def _validate_against_model(plan: Plan, model: Any) -> list[str]:
@@ -332,7 +359,8 @@ def _validate_against_model(plan: Plan, model: Any) -> list[str]:
     if model.heads % plan.tp:
         errs.append(f"attention heads ({model.heads}) must be divisible by tp={plan.tp}")
     if not model.mla and model.kv_heads % plan.tp:
-        errs.append(f"KV heads ({model.kv_heads}) must be divisible by tp={plan.tp}")
+        errs.append(f"KV heads ({model.kv_heads}) must be divisible by tp={plan.tp} (Megatron-LM asserts it; "
+                    "replicating KV heads over tp is not modelled); use a tp that divides them")
     if model.ffn_hidden % plan.tp and model.dense_layers:
         errs.append(f"FFN size ({model.ffn_hidden}) must be divisible by tp={plan.tp}")
     chunks = plan.pp * plan.vpp
@@ -372,7 +400,9 @@ def axis_stride(plan: Plan, axis: str) -> int:
     """Distance in global rank between neighbours along ``axis`` (row-major over MESH_AXES)."""
     sizes = axis_sizes(plan)
     if axis == "ep":
-        return plan.tp  # ep groups: consecutive members of the flattened (dp, cp) axes
+        # ep groups: consecutive members of the flattened (dp, cp) axes; folded into tp
+        # (ep_folded), ep consecutive ranks - Megatron-Core's expert rank order with etp 1
+        return 1 if ep_folded(plan) else plan.tp
     if axis == "dp_cp":
         return plan.tp
     stride = 1

@@ -53,6 +53,11 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
             errs.append("HF MoE models run tp without sequence parallel in this runtime; pass sp=false")
     if 0 < plan.dp_shard < plan.dp and (plan.cp > 1 or plan.ep > 1):
         errs.append("HSDP (dp_shard < dp) runs with cp = 1 and ep = 1 in this runtime")
+    if 0 < plan.dp_shard < plan.dp and plan.zero < 2:  # zero 1 HSDP: plan.py allows it (Megatron, InternLM)
+        errs.append("HSDP (dp_shard < dp) runs with zero 2/3 in this runtime (zero 1 with dp_shard is planned only)")
+    if plan.ep > 1 and (plan.dp * plan.cp) % plan.ep:  # plan.ep_folded
+        errs.append(f"ep={plan.ep} must divide dp*cp = {plan.dp * plan.cp} in this runtime (ep folded into tp is "
+                    "planned and exported to Megatron only)")
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
             and plan.grad_accum_mode == "sharded":
         errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
