@@ -135,3 +135,31 @@ def test_bad_collective_fits_are_one_line(tmp_path, bad, msg):
     with pytest.raises(PartitaError) as e:
         load_device(str(path))
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_each_part_of_the_breakdown_names_its_source(tmp_path):
+    """A calibrated file: the tp part rests on the all-reduce fit (calibrated); the same
+    plan on a built-in device keeps its link's own source and the breakdown prints no
+    source column (its output is unchanged)."""
+    from partita.cli.render import breakdown_tables
+    from partita.cost.term_sources import term_sources
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"name": "cal", "extends": "cpu", "collectives": fit_per_collective(rows())[0],
+                                "efficiency": {"gemm": 0.5, "gemm_half_gflop": 0.01, "memory_bandwidth": 1.0,
+                                               "kernel_overhead_us_per_layer": 100.0},
+                                "efficiency_provenance": {k: "measured: partita calibrate (test)" for k in
+                                                          ("gemm", "gemm_half_gflop", "memory_bandwidth",
+                                                           "kernel_overhead_us_per_layer")}}))
+    plan = Plan.parse("tp=2", world_size=2, defaults={"gbs": 2, "seq_len": 64, "mbs": 1, "dtype": "fp32"})
+    model = load_model("tiny-llama")
+    cal = estimate(model, Cluster(device=load_device(str(path)), nodes=1, devices_per_node=2), plan)
+    src = term_sources(cal.cluster.device, cal.time.parts)
+    assert src["compute"]["source"] == "calibrated"
+    assert "all_reduce fit (groups 2, 4)" in src["tp communication"]["inputs"]
+    assert "intra_node_comm" not in src["tp communication"]["inputs"]  # the fit replaces the link
+    assert [c.header for c in breakdown_tables(cal)[1].columns][-1] == "source"
+    builtin = estimate(model, Cluster(device=load_device("h100"), nodes=1, devices_per_node=2), plan)
+    bsrc = term_sources(builtin.cluster.device, builtin.time.parts)
+    assert bsrc["tp communication"]["inputs"]["intra_node_comm"] != "calibrated"
+    assert all(s["source"] != "calibrated" for s in bsrc.values())
+    assert [c.header for c in breakdown_tables(builtin)[1].columns] == ["component", "time", "share"]

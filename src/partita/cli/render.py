@@ -10,6 +10,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ..cost.term_sources import term_sources
 from ..estimate import Estimate
 
 GIB = 1024 ** 3
@@ -44,8 +45,13 @@ def breakdown_tables(est: Estimate) -> tuple[Table, Table]:
     tt.add_column("component")
     tt.add_column("time", justify="right")
     tt.add_column("share", justify="right")
+    # a calibrated device file: each part's source (calibrated / datasheet / fitted ...; issue 22)
+    sources = term_sources(est.cluster.device, est.time.parts)
+    src = any(s["source"] == "calibrated" for s in sources.values())
+    if src:
+        tt.add_column("source")
     for name, value in est.time.parts.items():
-        tt.add_row(name, fmt_time(value), f"{value / est.step_time_s:.1%}")
+        tt.add_row(name, fmt_time(value), f"{value / est.step_time_s:.1%}", *([sources[name]["source"]] if src else []))
     tt.add_row("[bold]step[/bold]", f"[bold]{fmt_time(est.step_time_s)}[/bold]", "100%")
     return mem, tt
 
