@@ -66,12 +66,14 @@ RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
+#: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
+FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "deepspeed", "partita")
 PLAN_FORMAT = "partita.plan/1"
 #: Upper bound of every degree and size of a plan: beyond any real run (2^24 devices,
 #: sequences or tokens), so that every estimate and export finishes in bounded time.
 MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
-_OPTIONAL_DEFAULTS: dict[str, object] = {"grad_accum_mode": "sharded", "dp_shard": 0}
+_OPTIONAL_DEFAULTS: dict[str, object] = {"grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class Plan:
     # differs from its default (:data:`_OPTIONAL_DEFAULTS`), so existing plans keep their JSON.
     grad_accum_mode: str = "sharded"
     dp_shard: int = 0
+    #: the framework the plan is estimated as run by (cost/frameworks.py: its documented
+    #: differences in saved activations, recompute, state bytes and overlap)
+    framework: str = "megatron"
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -304,6 +309,8 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"grad_dtype must be fp32 or bf16, got {plan.grad_dtype!r}")
     if plan.schedule not in SCHEDULES:
         errs.append(f"schedule must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
+    if plan.framework not in FRAMEWORKS:
+        errs.append(f"framework must be one of {', '.join(FRAMEWORKS)}, got {plan.framework!r}")
     if plan.grad_accum_mode not in GRAD_ACCUM_MODES:
         errs.append(f"grad_accum_mode must be sharded or unsharded, got {plan.grad_accum_mode!r}")
     if plan.dp_shard < 0 or (plan.dp_shard and plan.dp % plan.dp_shard):

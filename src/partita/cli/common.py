@@ -57,7 +57,17 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
     p.add_argument("--global-batch", type=positive_int(MAX_BATCH), help="global batch in sequences")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], help="training precision")
     p.add_argument("--tokens", type=tokens_arg, help="total training tokens, e.g. 1.4T: print run days and device-hours")
+    p.add_argument("--framework", help="estimate as run by megatron (default), mindspeed, torchtitan, deepspeed or "
+                                       "partita: their documented differences (docs/cost_model.md)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def framework_arg(args: argparse.Namespace) -> str | None:
+    """The ``--framework`` name, checked (one-line error listing the valid names), or None."""
+    if getattr(args, "framework", None) is None:
+        return None
+    from ..cost.frameworks import get_framework
+    return get_framework(args.framework).name
 
 
 def cluster_and_model(args: argparse.Namespace):

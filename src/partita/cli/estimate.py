@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_VPP
 from .types import positive_int
-from .common import add_cluster_args, cluster_and_model, parse_tokens
+from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg
 
 
@@ -89,6 +89,7 @@ def refuse_plan_flags(args: argparse.Namespace) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from ..estimate import estimate
     from ..plan import Plan, check
+    framework = framework_arg(args)
     model, cluster = cluster_and_model(args)
     refuse_plan_flags(args)
     if args.report:
@@ -99,6 +100,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
     else:
         plan = Plan.load(args.plan) if args.plan else plan_from_flags(args, cluster.world_size)
+    if framework:
+        plan = plan.with_(framework=framework)  # "as run by": applies to a plan file or script too
     check(plan, model, cluster.world_size)  # as given: estimate() normalises fields a pp=1 plan ignores (schedule)
     est = estimate(model, cluster, plan)
     tokens = parse_tokens(args.tokens) if args.tokens else None
@@ -107,6 +110,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         write_estimate_report(args, est, tokens)
     if args.json:
         out = est.to_dict()
+        out["framework"] = est.plan.framework
         if tokens:
             out["run_days"] = est.run_days(tokens)
             out["device_hours"] = est.run_days(tokens) * 24 * cluster.world_size

@@ -9,7 +9,7 @@ import sys
 from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP
 from .types import finite_float, positive_int
-from .common import add_cluster_args, cluster_and_model, parse_tokens
+from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg
 
 DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS inside, RoCE between), "
@@ -49,6 +49,9 @@ def search(args: argparse.Namespace, model, cluster):
                         zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
+    framework = framework_arg(args)
+    if framework:
+        space.options["framework"] = framework  # every candidate is estimated as run by it
     if args.vpp and args.vpp > 1 and args.pp == 1:
         raise PartitaError(f"--vpp {args.vpp} needs --pp > 1 (virtual stages interleave a pipeline)")
     if args.ep and not model.moe:
@@ -143,6 +146,7 @@ def plan_json(args: argparse.Namespace, model, cluster, result, reasons: list[st
            "candidates_pruned_by_memory": result.candidates_pruned,
            "candidates_bounded_by_time": result.candidates_bounded,
            "memory_limit_gib": result.memory_limit_gib,
+           "framework": framework_arg(args) or "megatron",
            "plans": [with_run(e) for e in result.plans],
            "why_not": reasons}
     if exported:

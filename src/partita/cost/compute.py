@@ -79,6 +79,31 @@ def layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool
 
 
 @memoised
+def last_gemm(model: ModelSpec, device: Device, shape: LayerShape, moe: bool) -> tuple[float, float]:
+    """(FLOPs, seconds) of the layer's last GEMM in execution order, which full recompute
+    skips under a checkpoint that stops early (:attr:`.frameworks.Framework.checkpoint_early_stop`).
+
+    Backward needs the saved inputs of each op, not the layer's output (the residual add
+    saves nothing), so torch's non-reentrant checkpoint, which stops once the last saved
+    tensor is rebuilt (``torch.utils.checkpoint.set_checkpoint_early_stop``, default on),
+    never reruns the GEMM whose output only feeds the residual: the dense MLP's ``w2``
+    (one of its ``mats`` equal GEMMs, so ``1 / mats`` of the MLP's FLOPs and time) or, in a
+    MoE layer, the shared expert's ``w2`` (run after the routed experts, whose outputs the
+    weighted combine saves, so they are recomputed). A MoE layer without shared experts
+    skips none. Measured: tests/data/cost_oracles.json ``layer_train.full``."""
+    tp, tokens, h = shape.tp, shape.tokens, model.hidden
+    mats = 3 if model.gated else 2
+    if moe and model.moe:
+        mo = model.moe
+        if not mo.shared_experts:
+            return 0.0, 0.0
+        shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp
+        return shared / mats, gemm_time(device, shared, shape.dtype, mats) / mats
+    mlp = 2 * tokens * mats * h * model.ffn_hidden / tp
+    return mlp / mats, gemm_time(device, mlp, shape.dtype, mats) / mats
+
+
+@memoised
 def selective_gemm_fraction(model: ModelSpec, moe: bool) -> float:
     """Share of a layer's GEMM FLOPs that op-level selective checkpointing recomputes.
 

@@ -36,6 +36,7 @@ from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
 from .compute import BYTES, FP32_BYTES
+from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .pipeline import in_flight_chunks
 from .shape import LayerShape, ParamShape, layer_shape, param_shape
@@ -99,7 +100,7 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     micro-batches; the transpose is made per GEMM.
     """
     weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard,
-                                             full_gradients(plan))
+                                             full_gradients(plan), _autocast(plan))
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
@@ -113,10 +114,20 @@ def full_gradients(plan: Plan) -> bool:
     return plan.grad_accum_mode == "unsharded" and plan.grad_accum > 1
 
 
+def _autocast(plan: Plan) -> bool:
+    """Whether the plan's framework trains zero 0 under autocast over fp32 parameters
+    (:attr:`.frameworks.Framework.zero0_autocast`)."""
+    return plan.zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast
+
+
 def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
-                 full_grads: bool = False) -> tuple[float, float, float]:
+                 full_grads: bool = False, autocast: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot
-    path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`)."""
+    path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`);
+    ``autocast`` (zero 0 only): fp32 parameters cast per op by torch.autocast, so fp32
+    weights (4), fp32 gradients (4, the parameters' own ``.grad``) and AdamW m, v (8)."""
+    if autocast and z == 0:
+        return params * 4, params * 4, params * 8
     if dtype == "fp32" or z >= 3:
         weight_b, opt_b = 4, 8
     else:
@@ -164,6 +175,8 @@ def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: b
     else:
         inside += e * mats * model.ffn_hidden / tp
     full = tokens * (outside / out_div + inside)
+    if FRAMEWORKS[shape.framework].eager_activations:
+        full += eager_extra_bytes(model, shape, moe)
     if recompute == "full":
         return tokens * e * h / out_div  # only the layer input
     if recompute == "selective":
@@ -174,6 +187,40 @@ def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: b
         kept_inside = e * (model.q_dim + model.kv_dim + model.attn_out_dim + ffn) / tp + FP32_BYTES * model.heads / tp
         return tokens * (e * 2 * h / out_div + kept_inside)
     return full
+
+
+def eager_extra_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+    """Bytes a layer run as eager PyTorch modules saves for backward (recompute none) beyond
+    the fused kernels :func:`activation_bytes` assumes (:attr:`.frameworks.Framework.eager_activations`),
+    per micro-batch on one rank, from the saved-tensor listing of partita's reference layers
+    (tests/data/cost_oracles.json, ``saved_tensors_hooks``):
+
+    * each of the two ``nn.RMSNorm`` computes in fp32 and saves ``x * rstd`` (4h B) and
+      ``rstd`` (4 B) besides its input; in 16-bit it saves an fp32 copy of the input where
+      the fused count has the ``e``-byte input: ``(8 - e) h + 4`` per token and norm
+      (outside the tp region: divided by tp only with SP);
+    * GQA's ``repeat_interleave`` before SDPA makes it save K and V at the query width:
+      ``2 (q - kv) e / tp``;
+    * SiLU saves its output besides w1's: ``f e / tp`` (dense), ``e (k f_e + n_s f_s) / tp``
+      (the routed and shared experts);
+    * MoE routing: int64 ``chosen`` and ``order`` (8k each), the fp32 top-k weights (4k)
+      and their sum (4), the renormalised weights in the activation dtype (ek), the
+      concatenated expert outputs and their gather (``2 e k h``); per layer, not per token,
+      the fp32 expert load fractions of the balancing loss (4E).
+    """
+    tp, e = shape.tp, BYTES[shape.dtype]
+    out_div = tp if shape.sp else 1
+    per_token = 2 * ((8 - e) * model.hidden + 4) / out_div + 2 * (model.q_dim - model.kv_dim) * e / tp
+    per_layer = 0.0
+    if moe and model.moe:
+        mo = model.moe
+        per_token += (8 * mo.top_k * 2 + 4 * mo.top_k + 4 + e * mo.top_k) / out_div
+        per_token += e * (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden
+                          + 2 * mo.top_k * model.hidden) / tp
+        per_layer = FP32_BYTES * mo.num_experts
+    elif model.gated:
+        per_token += model.ffn_hidden * e / tp
+    return shape.tokens * per_token + per_layer
 
 
 def layer_working_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
@@ -506,9 +553,10 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     out = {}
     for recompute, zero in settings:
         if zero not in states:
-            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full)
+            autocast = zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast
+            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast)
             if expert:
-                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full)
+                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero))
         if recompute not in activations:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..plan import Plan, group_span
+from .frameworks import FRAMEWORKS
 
 
 class LayerShape(NamedTuple):
@@ -36,6 +37,7 @@ class LayerShape(NamedTuple):
     seq_len: int
     sp: bool
     dtype: str
+    framework: str = "megatron"  # cost/frameworks.py: what the layer saves and recomputes
 
     @property
     def tokens(self) -> float:
@@ -45,7 +47,7 @@ class LayerShape(NamedTuple):
 
 
 def layer_shape(plan: Plan) -> LayerShape:
-    return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype)
+    return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.framework)
 
 
 class CollectiveSpans(NamedTuple):
@@ -77,7 +79,9 @@ class StageShape(NamedTuple):
 
 def stage_shape(plan: Plan, devices_per_node: int) -> StageShape:
     spans = collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node)
-    return StageShape(layer_shape(plan), plan.recompute, plan.tp_comm_overlap, plan.pp > 1, spans)
+    # the plan's tp overlap counts only where the framework can run it (cost/frameworks.py)
+    overlap = plan.tp_comm_overlap and FRAMEWORKS[plan.framework].tp_comm_overlap
+    return StageShape(layer_shape(plan), plan.recompute, overlap, plan.pp > 1, spans)
 
 
 class ParamShape(NamedTuple):

@@ -48,7 +48,9 @@ from ..plan import Plan, group_span
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
 from . import comm
-from .compute import BYTES, LayerCost, embedding_forward, layer_forward, output_forward, selective_gemm_fraction
+from .compute import (BYTES, LayerCost, embedding_forward, last_gemm, layer_forward, output_forward,
+                      selective_gemm_fraction)
+from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, expert_state_shard, full_gradients,
                      grad_bytes, rank_shapes, shape_params, state_shard)
@@ -150,13 +152,14 @@ class TimesByKind(NamedTuple):
 _ZERO = StageTerms()
 
 
-def _layer_terms(layer: LayerCost, recompute: str, selective: float, tp_coll: float, n_tp: int, tp_framework: float,
-                 cp_pass: float, a2a: float) -> StageTerms:
-    """One layer's contribution: forward + 2x backward, recompute (full: the forward again;
-    selective: element-wise ops and the ``selective`` share of the GEMMs), and its
-    communication."""
+def _layer_terms(layer: LayerCost, recompute: str, selective: float, tp_coll: float, n_tp: float, tp_framework: float,
+                 cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0)) -> StageTerms:
+    """One layer's contribution: forward + 2x backward, recompute (full: the forward again,
+    less the ``skipped`` (FLOPs, seconds) of a checkpoint that stops early,
+    :func:`.compute.last_gemm`; selective: element-wise ops and the ``selective`` share of
+    the GEMMs), and its communication."""
     if recompute == "full":
-        rc, rc_flops = layer.time, layer.flops
+        rc, rc_flops = layer.time - skipped[1], layer.flops - skipped[0]
     elif recompute == "selective":
         # op-level SAC recomputes every other GEMM (about a third of the layer's GEMM FLOPs,
         # :func:`.compute.selective_gemm_fraction`) and the element-wise ops
@@ -237,12 +240,18 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         size = tokens * model.hidden * e / (layer.tp if layer.sp else 1)
         per_stage = StageTerms(pp_send_recv=2 * comm.send_recv(dev, size, spans.pp_crosses))
     # per layer: 2 tp collectives per block forward and 2 backward (+2 with full recompute);
-    # a MoE layer only its attention block's
+    # a MoE layer only its attention block's. A checkpoint that stops early (framework)
+    # skips the last GEMM and so the MLP's closing collective: its all-reduce without SP,
+    # its reduce-scatter (half the all-reduce-equivalent tp_coll) with SP.
+    early = rc_full and FRAMEWORKS[layer.framework].checkpoint_early_stop
+    skip_dense = last_gemm(model, dev, layer, False) if early and dense else (0.0, 0.0)
+    skip_moe = last_gemm(model, dev, layer, True) if early and moe else (0.0, 0.0)
+    n_dense_tp = 2 * (2 + rc_full) - ((0.5 if layer.sp else 1.0) if early else 0.0)
     return add_framework(TermsByKind(
-        dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), tp_coll, 2 * (2 + rc_full),
-                           tp_framework, cp_pass, 0.0) if dense else _ZERO,
+        dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), tp_coll, n_dense_tp,
+                           tp_framework, cp_pass, 0.0, skip_dense) if dense else _ZERO,
         moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), tp_coll, 2 + rc_full,
-                         tp_framework, cp_pass, a2a) if moe else _ZERO,
+                         tp_framework, cp_pass, a2a, skip_moe) if moe else _ZERO,
         embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
         output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
         per_stage=per_stage), dev, shape, bool(model.moe))
@@ -318,6 +327,13 @@ def grad_reduce(dev: Device, size: float, shard: tuple[int, int], replica: tuple
     if rg * rk > 1:
         t += comm.all_reduce(dev, size / (g * k), rg, rk)
     return t
+
+
+def _param_gather_overlaps(plan: Plan) -> bool:
+    """Whether zero 1/2's all-gather of the updated weights overlaps the next forward: the
+    plan asks for it and its framework can (DeepSpeed ZeRO-1/2 gathers at the end of the
+    optimizer step, :mod:`.frameworks`)."""
+    return plan.overlap_param_gather and FRAMEWORKS[plan.framework].param_gather_overlap
 
 
 def _working_weight_bytes(dtype: str) -> int:
@@ -440,7 +456,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
             exp_rs += (plan.grad_accum - 1) * max(0.0, t_rs - bwd_window - fwd_window)
         elif plan.zero == 2 and not full_gradients(plan):
             exp_rs *= plan.grad_accum  # not overlapped: every micro-batch's reduce-scatter waits
-        exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if plan.overlap_param_gather else t_ag
+        exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if _param_gather_overlaps(plan) else t_ag
         worst_dp = max(worst_dp, exp_rs + exp_ag)
         shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense
         shard_expert = expert / expert_state_shard(plan) if plan.zero >= 1 else expert

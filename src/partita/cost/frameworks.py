@@ -1,0 +1,127 @@
+"""How the same plan runs under different training frameworks ("as run by"; issue 12 item 4).
+
+The cost model's formulas describe one way of running a layer; frameworks differ in a few
+documented places, and only there. Each difference is a named field of
+:class:`Framework`, read by exactly one formula, with the source that says the framework
+behaves so. There is no per-framework efficiency factor and no per-row tuning: a
+framework changes which bytes are saved, which FLOPs are recomputed and which
+collectives may overlap - never a fitted constant.
+
+==========================  ==================================================================
+field                       what it changes (where)
+==========================  ==================================================================
+``eager_activations``       recompute none: the layer saves what eager PyTorch modules save
+                            beyond fused kernels (:func:`.memory.eager_extra_bytes`): unfused
+                            RMSNorm's fp32 ``x * rstd`` and ``rstd``, GQA's K/V expanded to the
+                            query width before SDPA, SiLU's output, the MoE router's index and
+                            weight tensors
+``checkpoint_early_stop``   full recompute stops after the last tensor backward needs: the
+                            layer's last GEMM (the MLP's / shared expert's ``w2``) is not
+                            recomputed (:func:`.compute.last_gemm`, :mod:`.step`)
+``zero0_autocast``          zero 0 with 16-bit training keeps fp32 parameters and casts per op
+                            (torch.autocast): 4 B weights + 4 B fp32 gradients + 8 B AdamW per
+                            parameter instead of Megatron's 2 + 4 + 12 (:mod:`.memory`)
+``param_gather_overlap``    zero 1/2: whether the all-gather of updated weights can overlap the
+                            next forward (Megatron ``--overlap-param-gather``); else it is
+                            exposed whatever the plan's ``overlap_param_gather`` says
+``tp_comm_overlap``         whether the plan's ``tp_comm_overlap`` can be honoured (Megatron /
+                            TE userbuffers, MindSpeed MC2, torchtitan async TP)
+==========================  ==================================================================
+
+``megatron`` is the cost model's reference (every field at the value the formulas had
+before frameworks were named), so estimates without ``--framework`` are unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PartitaError
+from ..plan import FRAMEWORKS as FRAMEWORK_NAMES
+
+DEFAULT_FRAMEWORK = "megatron"
+
+
+@dataclass(frozen=True)
+class Framework:
+    """The documented differences of one framework (see the module docstring); ``sources``
+    names, per field, where the behaviour is written down."""
+
+    name: str
+    eager_activations: bool = False
+    checkpoint_early_stop: bool = False
+    zero0_autocast: bool = False
+    param_gather_overlap: bool = True
+    tp_comm_overlap: bool = True
+    sources: tuple[tuple[str, str], ...] = ()
+
+
+_MEGATRON_SOURCES = (
+    ("eager_activations", "Megatron-Core with Transformer Engine: LayerNormLinear/LayerNormMLP fuse the norm into "
+     "the GEMM and save its input and rstd only; TE DotProductAttention takes GQA K/V unexpanded; bias_swiglu_fusion "
+     "saves the fc1 output only (megatron/core/transformer, transformer_engine/pytorch/module)"),
+    ("checkpoint_early_stop", "megatron/core/tensor_parallel/random.py CheckpointFunction: a reentrant "
+     "torch.autograd.Function that reruns the whole forward of the checkpointed layers in backward"),
+    ("zero0_autocast", "Megatron Float16Module: bf16 parameters, fp32 main gradients and fp32 master weights in "
+     "the optimizer (megatron/core/optimizer/optimizer.py Float16OptimizerWithFloat16Params)"),
+    ("param_gather_overlap", "--overlap-param-gather (distributed optimizer): the next forward's layers wait "
+     "only for their own bucket's all-gather (megatron/core/distributed/param_and_grad_buffer.py)"),
+    ("tp_comm_overlap", "--tp-comm-overlap: Transformer Engine userbuffers overlap the tp all-gather / "
+     "reduce-scatter with the GEMMs"),
+)
+
+#: The frameworks ``--framework`` accepts, by name.
+FRAMEWORKS: dict[str, Framework] = {
+    "megatron": Framework("megatron", sources=_MEGATRON_SOURCES),
+    # MindSpeed patches Megatron-LM on Ascend (torch_npu fused kernels npu_rms_norm,
+    # npu_swiglu, npu_fusion_attention with GQA; Megatron's reentrant checkpoint and
+    # distributed optimizer; MC2 for tp overlap): every modelled term as Megatron's.
+    "mindspeed": Framework("mindspeed", sources=(
+        ("*", "Ascend/MindSpeed: a Megatron-LM patch set; fused kernels via --use-fused-rmsnorm, --use-fused-swiglu, "
+         "--use-flash-attn (npu_fusion_attention, GQA native), MC2 for tp overlap (--use-ascend-mc2); Megatron's "
+         "reentrant checkpoint and distributed optimizer"),)),
+    "torchtitan": Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, sources=(
+        ("eager_activations", "torchtitan compiles each TransformerBlock (apply_compile in "
+         "torchtitan/models/llama3/infra/parallelize.py); the min-cut partitioner "
+         "(torch/_functorch/partitioners.py min_cut_rematerialization_partition) recomputes the norm, RoPE, "
+         "repeat_kv and SiLU in backward instead of saving them, so the saved set is the GEMM/SDPA inputs; "
+         "without compile it saves like partita's eager runtime (not modelled)"),
+        ("checkpoint_early_stop", "torchtitan apply_ac: ptd_checkpoint_wrapper with "
+         "CheckpointImpl.NO_REENTRANT (torch.utils.checkpoint non-reentrant, early stop on by default, "
+         "torch.utils.checkpoint.set_checkpoint_early_stop)"),
+        ("zero0_autocast", "torchtitan/distributed/utils.py maybe_enable_amp: without FSDP the model trains "
+         "under torch.autocast over fp32 parameters"),
+        ("tp_comm_overlap", "torchtitan async TP (--parallelism.enable_async_tensor_parallel, needs compile)"),
+    )),
+    # DeepSpeed (Megatron-DeepSpeed model code: fused kernels, reentrant activation
+    # checkpointing) with ZeRO stages 1/2: the updated fp16 partitions are all-gathered
+    # after the optimizer step, before the next forward starts.
+    "deepspeed": Framework("deepspeed", param_gather_overlap=False, tp_comm_overlap=False, sources=(
+        ("checkpoint_early_stop", "deepspeed/runtime/activation_checkpointing/checkpointing.py CheckpointFunction: "
+         "reentrant, reruns the whole forward"),
+        ("param_gather_overlap", "deepspeed/runtime/zero/stage_1_and_2.py step(): all_gather_dp_groups of the "
+         "updated partitions at the end of step, not overlapped with the next forward"),
+        ("tp_comm_overlap", "DeepSpeed has no tensor-parallel communication overlap (Megatron-DeepSpeed TP "
+         "all-reduces are synchronous)"),
+    )),
+    "partita": Framework("partita", eager_activations=True, checkpoint_early_stop=True, zero0_autocast=True,
+                         tp_comm_overlap=False, sources=(
+        ("eager_activations", "partita.models: nn.RMSNorm, repeat_interleave before SDPA, F.silu(w1 x) * w3 x, "
+         "eager MoE routing (tests/data/cost_oracles.json: saved-tensor hooks)"),
+        ("checkpoint_early_stop", "partita.runtime.recompute: torch.utils.checkpoint(use_reentrant=False), early "
+         "stop on (tests/data/cost_oracles.json: FlopCounterMode)"),
+        ("zero0_autocast", "partita.runtime.parallelize: zero 0 trains fp32 parameters under torch.autocast "
+         "(tests/data/cost_oracles.json: the tensors each rank holds)"),
+        ("tp_comm_overlap", "partita.runtime.tensor_parallel: DTensor collectives, no async TP"),
+    )),
+}
+
+
+assert tuple(FRAMEWORKS) == FRAMEWORK_NAMES, "partita.plan.FRAMEWORKS names the frameworks of this table"
+
+
+def get_framework(name: str) -> Framework:
+    """The :class:`Framework` called ``name``; a one-line error listing the valid names otherwise."""
+    fw = FRAMEWORKS.get(str(name).strip().lower())
+    if fw is None:
+        raise PartitaError(f"unknown framework {str(name)[:40]!r}: use one of {', '.join(FRAMEWORKS)}")
+    return fw
