@@ -407,9 +407,9 @@ def test_estimate_says_does_not_fit_with_the_shortfall_and_fits_with_the_headroo
     assert small.fits and fits(small.peak_rank.total, limit)
     assert small.memory_verdict.startswith("fits: ")
     assert small.headroom_gib == pytest.approx(limit - small.peak_memory_gib) and small.headroom_gib > 0
-    assert f"{small.headroom_gib:.1f} GiB headroom" in small.memory_verdict
+    assert f"within the {limit:.1f} GiB memory limit (usable {limit:.1f} GiB - headroom 0.0 GiB), {small.headroom_gib:.1f} GiB to spare" in small.memory_verdict
     assert not big.fits and big.memory_verdict.startswith("DOES NOT FIT: ")
-    assert f"{big.peak_memory_gib - limit:.1f} GiB more than the {limit:.1f} GiB usable" in big.memory_verdict
+    assert f"{big.peak_memory_gib - limit:.1f} GiB more than the {limit:.1f} GiB memory limit" in big.memory_verdict
     assert big.to_dict()["headroom_gib"] < 0 and big.to_dict()["memory_verdict"] == big.memory_verdict
 
 

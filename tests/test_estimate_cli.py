@@ -115,6 +115,6 @@ def test_a_plan_that_does_not_fit_is_estimated_with_a_clear_marker(capsys):
                    Plan(dp=64, gbs=128, seq_len=8192, mbs=1))
     assert code == 0 and not est.fits
     assert line.startswith("memory: DOES NOT FIT: needs ")
-    assert f"{est.peak_memory_gib - est.memory_limit_gib:.1f} GiB more than the {est.memory_limit_gib:.1f} GiB usable" in line
+    assert f"{est.peak_memory_gib - est.memory_limit_gib:.1f} GiB more than the {est.memory_limit_gib:.1f} GiB memory limit" in line
     code, out, _ = run_cli(args + ["--json"], capsys)
     assert json.loads(out)["memory_verdict"].startswith("DOES NOT FIT")

@@ -104,17 +104,9 @@ class Estimate:
 
     @property
     def memory_verdict(self) -> str:
-        """One line saying whether the plan fits and by how much, as `partita estimate`
-        prints it: "fits: 61.2 of 64.0 GiB usable per device, 2.8 GiB headroom" or
-        "DOES NOT FIT: needs 71.0 GiB per device, 7.0 GiB more than the 64.0 GiB usable".
-        A plan that does not fit is still estimated (exit status 0): the marker is the
-        first word."""
-        peak, limit = self.peak_memory_gib, self.memory_limit_gib
+        """One line saying whether the plan fits, as `partita estimate` prints it (:func:`memory_verdict`)."""
         where = f"pipeline rank {self.peak_rank.rank}" if self.plan.pp > 1 else "each device"
-        if self.fits:
-            return f"fits: {peak:.1f} of {limit:.1f} GiB usable on {where}, {self.headroom_gib:.1f} GiB headroom"
-        return (f"DOES NOT FIT: needs {peak:.1f} GiB on {where}, {-self.headroom_gib:.1f} GiB more than the "
-                f"{limit:.1f} GiB usable")
+        return memory_verdict(self.peak_memory_gib, self.memory_limit_gib, self.cluster.device.usable_gib, where)
 
     def run_days(self, tokens: float) -> float:
         return tokens / self.plan.tokens_per_step * self.step_time_s / 86400
@@ -143,6 +135,22 @@ class Estimate:
             "time": dict(self.time.parts),
             "stage_time_per_microbatch_s": [s.total for s in self.time.stages],
         }
+
+
+def memory_verdict(peak_gib: float, limit_gib: float, usable_gib: float, where: str) -> str:
+    """The one wording of "fits" (:func:`partita.cost.memory.fits`: the peak of the most loaded
+    rank is at most the memory limit, and the limit is the device's usable memory less the
+    headroom kept free), with the limit and its headroom stated, e.g.
+    "fits: needs 49.1 GiB on each device, within the 61.0 GiB memory limit (usable 61.0 GiB -
+    headroom 0.0 GiB), 11.9 GiB to spare" or "DOES NOT FIT: needs 85.0 GiB on each device,
+    24.0 GiB more than the 61.0 GiB memory limit (usable 61.0 GiB - headroom 0.0 GiB)".
+    `partita estimate` keeps no headroom (:data:`ESTIMATE_HEADROOM`); the search keeps
+    ``SearchSpace.memory_headroom``. A plan that does not fit is still estimated (exit status
+    0): the marker is the first word."""
+    limit = f"the {limit_gib:.1f} GiB memory limit (usable {usable_gib:.1f} GiB - headroom {usable_gib - limit_gib:.1f} GiB)"
+    if peak_gib <= limit_gib:
+        return f"fits: needs {peak_gib:.1f} GiB on {where}, within {limit}, {limit_gib - peak_gib:.1f} GiB to spare"
+    return f"DOES NOT FIT: needs {peak_gib:.1f} GiB on {where}, {peak_gib - limit_gib:.1f} GiB more than {limit}"
 
 
 def estimate(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
