@@ -155,8 +155,20 @@ def memory_verdict(peak_gib: float, limit_gib: float, usable_gib: float, where: 
 
 def estimate(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     """Predict per-rank memory and the step time of ``plan`` (validated first)."""
+    if getattr(model, "kind", "") == "traced":  # a TracedSpec (partita.trace): its own terms
+        return _estimate_traced(model, cluster, plan)
     plan = normalise(plan, model)  # with the model: an automatic layer split when layers do not divide
     check(plan, model, cluster.world_size)
     if plan.dtype != "fp32":
         cluster.device.peak_flops(plan.dtype)  # raises a clear error for e.g. fp8 on 910B
     return Estimate(model=model, cluster=cluster, plan=plan, time=estimate_step_time(model, cluster, plan))
+
+
+def _estimate_traced(model: Any, cluster: Cluster, plan: Plan) -> Estimate:
+    """:func:`estimate` of a traced model (:mod:`partita.cost.traced`): a sample is a sequence of length 1."""
+    from .cost.traced import check_traced, traced_memory, traced_step_time
+    plan = check_traced(model, plan.with_(seq_len=1), cluster.world_size)
+    if plan.dtype != "fp32":
+        cluster.device.peak_flops(plan.dtype)
+    return Estimate(model=model, cluster=cluster, plan=plan, time=traced_step_time(model, cluster, plan),
+                    _memory=traced_memory(model, cluster.device, plan))

@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_VPP
 from .types import positive_int
+from .traced import add_trace_args, cmd_estimate_traced, is_traced
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg
 
@@ -15,6 +16,7 @@ from .plan_report import add_report_arg
 def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory and step time of one plan")
     add_cluster_args(est)
+    add_trace_args(est)
     est.add_argument("--plan", help="a plan JSON file (instead of the degree flags)")
     est.add_argument("--from-script", metavar="FILE",
                      help="the plan of a Megatron/MindSpeed launch script, ds_config.json or torchtitan overrides "
@@ -87,6 +89,8 @@ def refuse_plan_flags(args: argparse.Namespace) -> None:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    if is_traced(args):  # --model module:factory or a traced spec (issue 19)
+        return cmd_estimate_traced(args)
     from ..estimate import estimate
     from ..plan import Plan, check
     framework = framework_arg(args)

@@ -11,6 +11,7 @@ from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg
+from .traced import add_trace_args, cmd_plan_traced, is_traced
 
 DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS inside, RoCE between), "
                     "2048-token sequences, 4M-token global batch (2048 sequences), 1.4T tokens")
@@ -35,6 +36,7 @@ def add_parser(sub) -> None:
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
     p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
     add_report_arg(p)
+    add_trace_args(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -83,6 +85,8 @@ def export_best(target: str, ranked_all: list, best, model):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if is_traced(args):  # --model module:factory or a traced spec (issue 19)
+        return cmd_plan_traced(args)
     from .import_cmd import comparison
     from ..search.engine import infeasible_message
     from ..search.explain import why_not

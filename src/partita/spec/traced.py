@@ -45,6 +45,8 @@ class TracedBlock:
     saved_bytes: float
     recompute_bytes: float
     output_bytes: float
+    attention_forward_flops: float = 0.0  # the fused attention's share of forward_flops
+    matmuls: int = 0  # weight matrices (>= 2-D parameters): GEMMs per forward, for the GEMM-size efficiency
     tp_params: int = 0
     tp_forward_flops: float = 0.0
     tp_saved_bytes: float = 0.0

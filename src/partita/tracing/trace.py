@@ -206,6 +206,8 @@ def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[T
             backward_flops=total.get(path, 0.0) - fwd.get(path, 0.0),
             saved_bytes=float(sum(b for b, _ in mine)), recompute_bytes=float(sum(new_inputs.values())),
             output_bytes=float(sum(rec.outputs.get(path, {}).values())),
+            attention_forward_flops=rec.attention_flops.get(path, 0.0),
+            matmuls=sum(1 for t in model.get_submodule(path).parameters() if t.dim() >= 2),
             tp_params=tp_params, tp_forward_flops=tp_flops,
             tp_saved_bytes=float(sum(b for b, s in mine if s)) if tp_params else 0.0,
             tp_allreduce_bytes=float(rec.allreduce.get(path, 0))))

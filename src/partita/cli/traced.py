@@ -1,0 +1,203 @@
+"""``partita plan`` / ``partita estimate`` for any PyTorch model, traced (issue 19).
+
+``--model module.path:factory`` names a function returning an ``nn.Module`` (or a
+``(module, example_inputs)`` or ``(module, example_inputs, tp_plan)`` tuple); it is
+called under ``torch.device("meta")``, so no memory is used and no weights are drawn.
+``--example-input`` gives each input's shape (and dtype), e.g. ``2,4,128,128``
+(positional) or ``encoder_hidden_states=2,77,2048`` (keyword), ``:int64`` for ids.
+``--model traced.json`` reads a spec written by ``partita.trace(...).to_json(path)``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import sys
+import time
+
+from ..errors import PartitaError
+
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_DTYPES = ("float32", "bfloat16", "float16", "int64", "int32", "bool")
+
+
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a traced model (used with ``--model module.path:factory``)."""
+    p.add_argument("--example-input", action="append", metavar="[NAME=]D0,D1,...[:DTYPE]",
+                   help="with --model module:factory: one example input's shape (repeat per input); "
+                        "NAME= passes it by keyword, :DTYPE one of " + ", ".join(_DTYPES) + " (default float32)")
+    p.add_argument("--tp-plan", metavar="JSON",
+                   help="with --model module:factory: tensor-parallel plan, e.g. "
+                        "'{\"attention.wq\": \"colwise\", \"attention.wo\": \"rowwise\"}'")
+    p.add_argument("--save-trace", metavar="FILE.json",
+                   help="with --model module:factory: also write the traced spec; --model FILE.json plans "
+                        "from it without tracing again (a large model's trace takes seconds)")
+
+
+def is_traced(args: argparse.Namespace) -> bool:
+    """Whether ``--model`` names a factory to trace or a traced-spec JSON file."""
+    from ..spec.traced import is_traced_file
+    model = getattr(args, "model", None) or ""
+    return bool(_FACTORY.match(model)) or is_traced_file(model)
+
+
+def _parse_input(text: str):
+    """(name or None, shape, torch dtype) of one ``--example-input``."""
+    import torch
+    name, _, rest = text.rpartition("=") if "=" in text else ("", "", text)
+    shape_text, _, dtype = rest.partition(":")
+    dtype = dtype or "float32"
+    if dtype not in _DTYPES:
+        raise PartitaError(f"--example-input {text!r}: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    try:
+        shape = tuple(int(d) for d in shape_text.split(",") if d.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise PartitaError(f"--example-input {text!r}: give positive dimensions separated by commas, e.g. 2,3,224,224")
+    return name or None, shape, getattr(torch, dtype)
+
+
+def _example_inputs(texts: list[str]):
+    import torch
+    args, kwargs = [], {}
+    for text in texts:
+        name, shape, dtype = _parse_input(text)
+        t = torch.zeros(shape, dtype=dtype, device="meta")
+        if name:
+            kwargs[name] = t
+        else:
+            args.append(t)
+    return kwargs if kwargs and not args else (tuple(args) if not kwargs else _mixed(args, kwargs))
+
+
+def _mixed(args, kwargs):
+    raise PartitaError("--example-input: give all inputs by position or all by NAME=, not both")
+
+
+def _factory(path: str):
+    module_name, _, attr = path.partition(":")
+    sys.path.insert(0, ".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PartitaError(f"--model {path}: cannot import {module_name} ({e}); give module.path:function "
+                           "importable from the current directory or the environment") from None
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise PartitaError(f"--model {path}: {module_name} has no function {attr}")
+    return factory
+
+
+def load_traced(args: argparse.Namespace):
+    """The :class:`TracedSpec` that ``--model`` names (traced now, or read from JSON)."""
+    from ..spec.traced import TracedSpec, is_traced_file
+    if is_traced_file(args.model):
+        return TracedSpec.load(args.model)
+    import json
+
+    import torch
+
+    from ..tracing import trace
+    with torch.device("meta"):
+        built = _factory(args.model)()
+    model, inputs, tp_plan = (tuple(built) + (None, None))[:3] if isinstance(built, tuple) else (built, None, None)
+    if not isinstance(model, torch.nn.Module):
+        raise PartitaError(f"--model {args.model}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+    if args.example_input:
+        inputs = _example_inputs(args.example_input)
+    if inputs is None:
+        raise PartitaError(f"--model {args.model}: give --example-input shapes (or return (model, inputs) "
+                           "from the factory)")
+    if args.tp_plan:
+        try:
+            tp_plan = json.loads(args.tp_plan)
+        except ValueError as e:
+            raise PartitaError(f"--tp-plan: not JSON ({e}); e.g. '{{\"attention.wq\": \"colwise\"}}'") from None
+    spec = trace(model, inputs, tp_plan=tp_plan, name=args.model.rpartition(":")[2], on="meta")
+    if getattr(args, "save_trace", None):
+        spec.to_json(args.save_trace)
+    return spec
+
+
+def _cluster(args: argparse.Namespace):
+    from ..spec.hardware import make_cluster, parse_overrides
+    return make_cluster(args.hardware, args.devices, args.devices_per_node, parse_overrides(args.overrides))
+
+
+def _header(spec, cluster, gbs: int, seconds: float) -> list[str]:
+    units = f"{spec.layers} x {spec.block_class or 'block'}" if spec.blocks else "no repeated blocks"
+    return [f"{spec.name} (traced in {seconds:.2f} s: {spec.total_params / 1e9:.3g} B parameters, "
+            f"{spec.train_flops_per_sample() / 1e12:.3g} TFLOP per sample forward+backward, {units}"
+            f"{', pipeline-able' if spec.pipeline else ''}{', TP plan' if spec.tp_capable else ''})",
+            f"on {cluster.describe()}; global batch {gbs} samples"]
+
+
+def breakdown(est) -> list[str]:
+    """Memory and time breakdown lines of one estimate."""
+    from ..cost.memory import GIB
+    peak = est.peak_rank
+    lines = [f"memory per device (rank {peak.rank}): " + ", ".join(
+        f"{k} {v / GIB:.2f}" for k, v in peak.parts.items() if v) + f" -> {peak.total / GIB:.1f} GiB; {est.memory_verdict}"]
+    lines.append(f"time per step {est.step_time_s * 1e3:.1f} ms: " + ", ".join(
+        f"{k} {v * 1e3:.1f}" for k, v in est.time.parts.items() if v) + " (ms)")
+    lines.append(f"{est.tokens_per_s_per_device:.2f} samples/s per device, MFU {est.mfu:.1%}")
+    return lines
+
+
+def cmd_plan_traced(args: argparse.Namespace) -> int:
+    """``partita plan --model module:factory ...``: trace, search, print."""
+    from ..search.traced import search_traced
+    start = time.perf_counter()
+    spec = load_traced(args)
+    traced_s = time.perf_counter() - start
+    cluster = _cluster(args)
+    gbs = args.global_batch
+    result = search_traced(spec, cluster, gbs, dtype=args.dtype or "bf16", headroom=args.headroom,
+                           cap_gib=args.max_memory_gib, top=args.top, tp=args.tp, pp=args.pp, dp=args.dp,
+                           mbs=args.mbs, zero=args.zero, recompute=args.recompute)
+    if not result.plans:
+        small = result.smallest
+        raise PartitaError(f"no plan of {spec.name} fits {result.memory_limit_gib:.1f} GiB per device: the smallest, "
+                           f"{small.plan.summary()}, needs {small.peak_memory_gib:.1f} GiB")
+    for line in _header(spec, cluster, gbs, traced_s):
+        print(line)
+    print(f"search: {result.evaluated} plans in {result.search_time_s:.2f} s, {len(result.plans)} shown "
+          f"(memory limit {result.memory_limit_gib:.1f} GiB)")
+    print(f"{'#':>2}  {'plan':<32} {'step s':>8} {'samples/s/dev':>13} {'peak GiB':>8} {'MFU':>6}")
+    for i, e in enumerate(result.plans, 1):
+        print(f"{i:>2}  {e.plan.summary():<32} {e.step_time_s:>8.3f} {e.tokens_per_s_per_device:>13.2f} "
+              f"{e.peak_memory_gib:>8.1f} {e.mfu:>6.1%}")
+    print("plan 1:")
+    for line in breakdown(result.best):
+        print("  " + line)
+    for line in result.why_not:
+        print(line)
+    print(f"(total {time.perf_counter() - start:.2f} s including tracing)")
+    return 0
+
+
+def cmd_estimate_traced(args: argparse.Namespace) -> int:
+    """``partita estimate --model module:factory ...``: one plan's breakdown."""
+    from ..estimate import estimate
+    from ..plan import Plan
+    spec = load_traced(args)
+    cluster = _cluster(args)
+    if getattr(args, "plan", None):
+        plan = Plan.load(args.plan)
+    else:
+        tp, pp = args.tp or 1, args.pp or 1
+        if args.global_batch is None:
+            raise PartitaError("--global-batch (samples per step) is required")
+        plan = Plan(dp=args.dp or max(1, cluster.world_size // (tp * pp)), tp=tp, pp=pp,
+                    zero=1 if args.zero is None else args.zero, mbs=args.mbs or 1, gbs=args.global_batch,
+                    seq_len=1, recompute=args.recompute or "none", dtype=args.dtype or "bf16")
+    est = estimate(spec, cluster, plan)
+    for line in _header(spec, cluster, plan.gbs, 0.0)[1:]:
+        print(line)
+    print(f"plan {est.plan.summary()}")
+    for line in breakdown(est):
+        print(line)
+    return 0
