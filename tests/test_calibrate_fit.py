@@ -169,6 +169,23 @@ def test_every_mechanism_is_recovered_and_a_negative_one_is_reported_not_clamped
     assert terms["pp_framework_us_per_microbatch"]["value"] < 0
 
 
+def test_base_and_pipeline_are_measured_by_their_increment_on_a_compute_free_probe():
+    """The base overhead and the pipeline field come from two runs each (more micro-batches
+    in the second): a per-step cost the model does not hold (optimizer, fill/drain) added to
+    both runs' measured steps cancels, so the fields are still recovered exactly - a
+    single-run residual would absorb it. The pipeline runs the probe model."""
+    runs = _runs(2)
+    assert runs["pp"]["model"] == "pp-probe" and "long" in runs["pp"] and "long" in runs["base"]
+    per_step = 0.050  # 50 ms per step the model does not know about
+    for mech in ("base", "pp"):
+        for r in (runs[mech], runs[mech]["long"]):
+            r["samples"] = [s + per_step for s in r["samples"]]
+    terms = fit_overheads(runs, predictor("cpu", _base_fields()))
+    for field in ("kernel_overhead_us_per_layer", "pp_framework_us_per_microbatch"):
+        assert terms[field]["value"] == pytest.approx(TRUTH[field], rel=REL_OVERHEAD), field
+        assert "increment" in terms[field]["method"]
+
+
 def test_overhead_spread_is_the_repeats_spread_over_the_fields_weight():
     spread_s = 0.002
     terms = fit_overheads(_runs(2, spread_s), predictor("cpu", _base_fields()))
@@ -221,7 +238,8 @@ def test_single_process_keeps_the_base_links_and_measures_the_base_overhead():
     assert "tp_framework_us_per_layer" not in out["efficiency"]
 
 
-@pytest.mark.parametrize("text, mech", [("dp=2", "base"), ("tp=2", "tp"), ("dp=2,zero=3", "zero3"), ("pp=2", "pp"),
+@pytest.mark.parametrize("text, mech", [("dp=2", "base"), ("tp=2", "tp"), ("tp=2,sp=false", "tp_nosp"),
+                                        ("dp=2,zero=3", "zero3"), ("pp=2", "pp"),
                                         ("cp=2", "cp"), ("dp=2,recompute=full", "recompute"),
                                         ("tp=2,recompute=full", None)])
 def test_a_profiled_run_refines_the_one_mechanism_it_uses(text, mech):

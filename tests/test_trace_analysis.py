@@ -178,13 +178,14 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     assert len(raw["gemm"]) == 12 and {r["kind"] for r in raw["collectives"]} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     # one micro-run of Partita's runtime per mechanism, every repeat timed
-    assert set(raw["runtime"]) == {"base", "tp", "zero3", "pp", "ep", "recompute", "cp"}
+    assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "pp", "ep", "recompute", "cp"}
     assert raw["runtime"]["tp"]["model"] == "tiny-llama"
     assert all(len(r["samples"]) == 5 and all(math.isfinite(s) and s > 0 for s in r["samples"])
                for r in raw["runtime"].values())
     # every runtime term has a value (signed), a spread and its repeats
     overheads = {k: t for k, t in terms.items() if k.startswith("efficiency.")}
-    assert len(overheads) == 7 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == 5
+    assert set(data["collectives"]) <= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    assert len(overheads) == 8 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == 5
                                        for t in overheads.values())
     assert "spread" in proc.stdout and "repeats" in proc.stdout
     device = load_device(str(out))

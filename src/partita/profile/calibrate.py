@@ -13,10 +13,15 @@ by pure functions (:mod:`.calibrate_fit`):
   cost model's formulas -> ``intra_node.latency_us``, ``gbps_per_direction``; each
   collective's own fit is kept beside it;
 * the runtime's own time per mechanism: a micro-run of ``partita.parallelize`` per
-  mechanism (plain data parallel, tp+sp, FSDP zero 3, pp, ep, full recompute, cp), the
-  step time predicted from the terms above subtracted, divided by the field's weight in
-  that step -> ``kernel_overhead_us_per_layer`` and the ``*_framework_*`` fields. Never
-  clamped silently: a negative measured value is written as 0 and reported with its spread.
+  mechanism (plain data parallel, tp with and without sp, FSDP zero 3, pp, ep, full
+  recompute, cp), the step time predicted from the terms above subtracted, divided by the
+  field's weight in that step -> ``kernel_overhead_us_per_layer`` and the
+  ``*_framework_*`` fields. The base overhead and the pipeline field are measured by the
+  per-micro-batch increment of two runs (1 -> 4 and 2 -> 6 micro-batches), so per-step
+  costs do not inflate them; the pipeline runs a compute-free probe model
+  (:data:`.calibrate_fit.PP_PROBE_MODEL`), so its schedule time is not the remainder of a
+  compute estimate. Never clamped silently: a negative measured value is written as 0 and
+  reported with its spread.
 
 Each term lands in the file with its value, spread, repeats and method
 (``calibration.terms``) and a provenance line (``efficiency_provenance``). The file
@@ -30,7 +35,7 @@ import sys
 from datetime import timedelta
 
 from .calibrate_fit import (fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, fit_per_collective,
-                            gemm_classes, summarize)
+                            gemm_classes, run_model, summarize)
 
 __all__ = ["fit_all_reduce", "fit_collectives", "fit_gemm", "fit_overheads", "hardware_file", "measure", "summarize"]
 
@@ -105,7 +110,6 @@ def predictor(base: str, fields: dict):
     from ..estimate import estimate
     from ..plan import Plan
     from ..spec.hardware import Cluster, load_device
-    from ..spec.load import load_model
 
     def predict(run: dict, efficiency: dict[str, float]) -> float:
         over = {**fields, "efficiency": {**fields["efficiency"], **efficiency}}
@@ -113,7 +117,7 @@ def predictor(base: str, fields: dict):
         cluster = Cluster(device=device, nodes=1, devices_per_node=run["world"])
         plan = Plan.parse(run["plan_text"], world_size=run["world"],
                           defaults={"mbs": 1, "seq_len": run["seq_len"], "dtype": run["dtype"]})
-        return estimate(load_model(run["model"]), cluster, plan).step_time_s
+        return estimate(run_model(run["model"]), cluster, plan).step_time_s
     return predict
 
 

@@ -149,6 +149,24 @@ def fit_all_reduce(coll: list[dict], world: int) -> tuple[float, float]:
     return alpha, bw
 
 
+#: The pipeline micro-run's model: LLaMA blocks with negligible compute (hidden 16, 2
+#: layers, 32-token vocabulary), so the per-micro-batch increment of its step time is
+#: the pipeline schedule's own host time (stage bookkeeping, p2p posting, autograd
+#: entry) and the per-layer launch overhead - not a GEMM or attention estimate, which is
+#: what made the residual on tiny-llama come out negative.
+PP_PROBE_MODEL = {"name": "pp-probe", "hidden": 16, "layers": 2, "heads": 2, "kv_heads": 2, "ffn_hidden": 32,
+                  "vocab": 32}
+
+
+def run_model(name: str):
+    """The model spec of a micro-run: the pipeline probe or a preset/file."""
+    from ..spec.load import load_model
+    from ..spec.model import ModelSpec
+    if name == PP_PROBE_MODEL["name"]:
+        return ModelSpec.from_dict(dict(PP_PROBE_MODEL), "calibrate's pipeline probe")
+    return load_model(name)
+
+
 #: Each runtime mechanism: the efficiency field its micro-run measures.
 MECHANISMS: dict[str, str] = {
     "base": "kernel_overhead_us_per_layer",  # plain data parallel: the per-layer launch/framework time

@@ -11,6 +11,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+from .calibrate_fit import PP_PROBE_MODEL, run_model
+
 #: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
 GEMM_SHAPES = {
     "square": [(n, n, n) for n in (64, 128, 256, 512, 1024)],
@@ -121,7 +123,7 @@ def runtime_plans(world: int) -> dict[str, tuple[str, str]]:
         plans.update({"tp": (RUNTIME_MODEL, f"dp={half},tp=2,gbs={half}"),
                       "tp_nosp": (RUNTIME_MODEL, f"dp={half},tp=2,sp=false,gbs={half}"),
                       "zero3": (RUNTIME_MODEL, f"dp={world},zero=3,gbs={world}"),
-                      "pp": (RUNTIME_MODEL, f"dp={half},pp=2,gbs={2 * half}"),
+                      "pp": (PP_PROBE_MODEL["name"], f"dp={half},pp=2,gbs={2 * half}"),
                       "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),
                       "recompute": (RUNTIME_MODEL, f"dp={world},recompute=full,gbs={world}"),
                       "cp": (RUNTIME_MODEL, f"dp={half},cp=2,gbs={half}")})
@@ -145,7 +147,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dic
     hits all of them alike: seconds per training step, slowest rank, per repeat."""
     import torch
     import torch.distributed as dist
-    from ..models.llama import build_model
+    from ..models.llama import TransformerConfig, build_model
     from ..plan import Plan
     from ..runtime.batches import dp_shard, synthetic_batch
     from ..runtime.parallelize import parallelize
@@ -154,7 +156,8 @@ def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dic
     longer = {f"{mech}@long": (runtime_plans(world)[mech][0], text) for mech, text in increment_plans(world).items()}
     for mech, (model_name, text) in {**runtime_plans(world), **longer}.items():
         plan = Plan.parse(text, world_size=world, defaults={"mbs": 1, "seq_len": RUNTIME_SEQ, "dtype": dtype})
-        model = build_model(model_name)
+        probe = model_name == PP_PROBE_MODEL["name"]
+        model = build_model(TransformerConfig.from_spec(run_model(model_name)) if probe else model_name)
         pm = parallelize(model, plan, lambda p: torch.optim.SGD(p, lr=0.01), device_type=device_type)
         x, y = synthetic_batch(0, plan.gbs, plan.seq_len, model.cfg.vocab, 0)
         x, y = dp_shard(x, plan, rank), dp_shard(y, plan, rank)
