@@ -163,3 +163,16 @@ def test_each_part_of_the_breakdown_names_its_source(tmp_path):
     assert bsrc["tp communication"]["inputs"]["intra_node_comm"] != "calibrated"
     assert all(s["source"] != "calibrated" for s in bsrc.values())
     assert [c.header for c in breakdown_tables(builtin)[1].columns] == ["component", "time", "share"]
+
+
+def test_estimate_json_carries_the_sources_only_for_a_calibrated_file(tmp_path):
+    """``time_sources`` appears in Estimate.to_dict (the --json output) when the device
+    file holds collective fits, one entry per time part; a built-in device's dict is as before."""
+    plan = Plan.parse("tp=2", world_size=2, defaults={"gbs": 2, "seq_len": 64, "mbs": 1, "dtype": "fp32"})
+    model = load_model("tiny-llama")
+    cal = estimate(model, Cluster(device=load_device(calibrated(tmp_path)), nodes=1, devices_per_node=2), plan)
+    out = cal.to_dict()
+    assert set(out["time_sources"]) == set(out["time"])
+    assert out["time_sources"]["tp communication"]["source"] == "calibrated"
+    builtin = estimate(model, Cluster(device=load_device("cpu"), nodes=1, devices_per_node=2), plan).to_dict()
+    assert "time_sources" not in builtin

@@ -9,6 +9,7 @@ from typing import Any
 
 from .cost.memory import GIB, RankMemory, estimate_memory, fits, memory_limit_gib
 from .cost.step import StepTime, estimate_step_time
+from .cost.term_sources import term_sources
 from .plan import Plan, check, normalise
 from .spec.hardware import Cluster
 from .spec.model import ModelSpec
@@ -112,6 +113,12 @@ class Estimate:
         return tokens / self.plan.tokens_per_step * self.step_time_s / 86400
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._to_dict()
+        if self.cluster.device.collective_fits:  # a calibrated file: each time part's source (issue 22)
+            out["time_sources"] = term_sources(self.cluster.device, self.time.parts)
+        return out
+
+    def _to_dict(self) -> dict[str, Any]:
         peak = self.peak_rank
         return {
             "model": self.model.name,

@@ -134,8 +134,8 @@ def hardware_file(m: dict, base: str, name: str) -> dict:
     provenance["gemm"] = provenance["gemm_half_gflop"] = (
         f"measured: partita calibrate, {len(m['gemm'])} GEMM shapes in 3 classes x {m['repeats']} repeats, "
         f"fitted to rate = peak eff G/(G+G_half)")
-    provenance["memory_bandwidth"] = "measured: 1 - memory.hbm_tbps is the measured copy bandwidth itself"
-    provenance["intra_node_comm"] = "measured: 1 - intra_node bandwidth is the fitted collective bandwidth itself"
+    provenance["memory_bandwidth"] = "measured: partita calibrate, 1 - memory.hbm_tbps is the measured copy bandwidth itself"
+    provenance["intra_node_comm"] = "measured: partita calibrate, 1 - intra_node bandwidth is the fitted collective bandwidth itself"
     return {"name": name, "extends": base,
             "description": f"{base} calibrated by `partita calibrate` on this machine ({n} process(es), {m['device']})",
             **fields, "efficiency_provenance": provenance,
