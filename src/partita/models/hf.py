@@ -28,17 +28,35 @@ def _transformers():
     return transformers
 
 
-def build_hf_model(name: str, seed: int = 0) -> nn.Module:
-    """A tiny HF model (``hf-llama``, ``hf-qwen2``, ``hf-mixtral``) with weights from ``seed``."""
-    if name not in TINY:
-        raise PartitaError(f"unknown HF test model {name!r}; known: {', '.join(TINY)}")
+def build_hf_model(name: str, seed: int = 0, meta: bool = False, table: dict | None = None) -> nn.Module:
+    """A tiny HF model (``hf-llama``, ``hf-qwen2``, ``hf-mixtral``; or ``table``'s, e.g.
+    :data:`partita.runtime.hf_moe.TINY_MOE`) of :data:`TINY_BASE`'s size.
+
+    The parameters are created on the meta device; ``meta=False`` gives them CPU storage
+    and the weights of ``seed`` (:func:`partita.models.init.init_model_`, HF's own
+    distributions, one generator per parameter), ``meta=True`` leaves them for
+    :func:`partita.parallelize` to shard and initialise shard by shard to the same values."""
+    table = TINY if table is None else table
+    if name not in table:
+        raise PartitaError(f"unknown HF test model {name!r}; known: {', '.join(table)}")
     tf = _transformers()
-    config_cls, model_cls, extra = TINY[name]
+    config_cls, model_cls, extra = table[name]
     config = getattr(tf, config_cls)(**TINY_BASE, **extra)
+    return build_hf_from_config(config, getattr(tf, model_cls), seed, meta)
+
+
+def build_hf_from_config(config, model_cls, seed: int = 0, meta: bool = False) -> nn.Module:
+    """``model_cls(config)`` with parameters on the meta device, then (``meta=False``) on the
+    CPU with the weights of ``seed``; fp32, SDPA attention."""
+    from .init import init_model_, materialize_params, params_on_meta
     config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    model = getattr(tf, model_cls)(config)
+    with params_on_meta():
+        model = model_cls(config) if not hasattr(model_cls, "from_config") else model_cls.from_config(config)
+    model = model.float()
     model.partita_vocab = config.vocab_size
+    model.partita_seed = seed
+    if not meta:
+        init_model_(materialize_params(model, torch.device("cpu")), seed)
     return model
 
 

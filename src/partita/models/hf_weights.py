@@ -24,12 +24,10 @@ family whose in-memory layout differs from its files is Mixtral in transformers 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -77,24 +75,6 @@ def weight_map(path: Path) -> dict[str, Path]:
     return out
 
 
-@contextlib.contextmanager
-def _params_on_meta() -> Iterator[None]:
-    """Parameters created inside go to the meta device; buffers (RoPE tables) stay real."""
-    original = nn.Module.register_parameter
-
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None and param.device.type != "meta":
-            kwargs = dict(module._parameters[name].__dict__)
-            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
-            module._parameters[name].__dict__.update(kwargs)
-    nn.Module.register_parameter = register
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original
-
-
 def hf_config(path: str | Path):
     """The directory's transformers config, checked to be a model type we load weights of."""
     try:
@@ -110,30 +90,23 @@ def hf_config(path: str | Path):
 
 
 def build_hf_meta(path: str | Path) -> nn.Module:
-    """The HF ``*ForCausalLM`` of ``path/config.json`` with its parameters on the meta device."""
+    """The HF ``*ForCausalLM`` of ``path/config.json`` with its parameters on the meta device;
+    :func:`partita.parallelize` reads each rank's slices of the directory's safetensors into
+    its shards (``model.partita_source``)."""
     import transformers
+    from .hf import build_hf_from_config
     config = hf_config(path)
-    with _params_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    model = model.float()
-    model.partita_vocab = config.vocab_size
+    model = build_hf_from_config(config, transformers.AutoModelForCausalLM, meta=True)
     model.partita_source = str(path)
     return model
 
 
 def materialize(model: nn.Module, device: torch.device) -> nn.Module:
-    """Uninitialised storage on ``device`` for every meta parameter (tied ones stay tied);
-    :func:`load_hf_weights` fills it after the plan is applied."""
-    made: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None or p.device.type != "meta":
-                continue
-            if id(p) not in made:
-                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
-                                           requires_grad=p.requires_grad)
-            module._parameters[name] = made[id(p)]
-    return model
+    """Uninitialised storage on ``device`` for every meta parameter of the whole model (tied
+    ones stay tied), for a caller that fills it itself; :func:`partita.parallelize` does
+    better with a meta model: storage for this rank's shards only."""
+    from .init import materialize_params
+    return materialize_params(model, device)
 
 
 class CheckpointReader:
@@ -210,7 +183,12 @@ def _placement(p: torch.Tensor, ep_rank: int) -> tuple[torch.Tensor, tuple, tupl
         local = p.to_local()
         if tuple(local.shape) != tuple(local_shape):
             raise PartitaError(f"cannot place a shard of shape {tuple(local.shape)} (expected {tuple(local_shape)})")
-        return local, tuple(p.shape), tuple(offset), tuple(local_shape)
+        shape, offset = tuple(p.shape), tuple(offset)
+        if getattr(p, "_partita_expert", False) and ep_rank >= 0:  # FSDP over this ep rank's experts
+            n = p.shape[0]
+            shape = (getattr(p, "_partita_ep", 1) * n,) + shape[1:]
+            offset = (ep_rank * n + offset[0],) + offset[1:]
+        return local, shape, offset, tuple(local_shape)
     shape, offset = tuple(p.shape), (0,) * p.dim()
     if getattr(p, "_partita_expert", False) and ep_rank >= 0:
         n = p.shape[0]
@@ -223,6 +201,8 @@ def _placement(p: torch.Tensor, ep_rank: int) -> tuple[torch.Tensor, tuple, tupl
 def load_hf_weights(pm, path: str | Path, tied: bool) -> int:
     """Fill every parameter of the parallel model ``pm`` with this rank's slice of the HF
     checkpoint in ``path``; returns the number of elements this rank read."""
+    if getattr(pm, "init_source", None) == str(Path(path)):  # parallelize read them already
+        return pm.init_read
     reader = CheckpointReader(Path(path), tied)
     ep = pm.plan.ep if pm.ep_group is not None else 1
     ep_rank = dist.get_rank(pm.ep_group) if pm.ep_group is not None else -1
@@ -238,14 +218,14 @@ def load_hf_weights(pm, path: str | Path, tied: bool) -> int:
 
 
 def _gather(p: torch.Tensor, ep_group) -> torch.Tensor:
-    """The whole parameter (a collective when it is sharded)."""
-    if isinstance(p, DTensor):
-        return p.full_tensor().detach()
+    """The whole parameter (a collective when it is sharded): the DTensor's full tensor
+    (tp, FSDP), then, for an ep rank's experts, all ep ranks' experts concatenated."""
+    full = p.full_tensor().detach() if isinstance(p, DTensor) else p.detach()
     if getattr(p, "_partita_expert", False) and ep_group is not None:
-        parts = [torch.empty_like(p) for _ in range(dist.get_world_size(ep_group))]
-        dist.all_gather(parts, p.detach().contiguous(), group=ep_group)
+        parts = [torch.empty_like(full) for _ in range(dist.get_world_size(ep_group))]
+        dist.all_gather(parts, full.contiguous(), group=ep_group)
         return torch.cat(parts, dim=0)
-    return p.detach()
+    return full
 
 
 def _to_file_names(name: str, tensor: torch.Tensor, model_type: str) -> dict[str, torch.Tensor]:

@@ -7,7 +7,6 @@ so tensor parallelism can shard heads without the module knowing.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -207,7 +206,7 @@ class Transformer(nn.Module):
     """Embedding -> blocks -> norm -> output. Any of the three ends may be ``None``
     (pipeline stages keep only their part)."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, seed: int = 0):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Module | None = nn.Embedding(cfg.vocab, cfg.hidden)
@@ -219,18 +218,16 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
+        self.reset_parameters(seed)
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        std = self.cfg.init_std
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                # scale residual-branch outputs by depth (GPT-2 / Megatron init)
-                scale = 1 / math.sqrt(2 * self.cfg.layers) if name.endswith(("wo.weight", "w2.weight", "experts.w2")) else 1.0
-                nn.init.normal_(p, std=std * scale)
-            else:
-                nn.init.ones_(p)
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Every parameter from its own generator seeded by ``(seed, name)`` (see
+        :mod:`.init`: matrices normal(0, init_std), residual-branch outputs scaled by depth
+        as in GPT-2 / Megatron, norms ones), so that a meta-device build sharded by any plan
+        gets the same weights. Parameters on the meta device are left alone."""
+        from .init import init_model_
+        init_model_(self, seed)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens``: (b, s) int64 on the first stage, or (b, s, h) hidden states later."""
@@ -251,7 +248,11 @@ class Transformer(nn.Module):
 
 
 def build_model(name_or_cfg: str | TransformerConfig, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
-    """Build a reference model deterministically from ``seed`` (same weights on every rank)."""
+    """Build a reference model deterministically from ``seed`` (same weights on every rank).
+
+    ``device="meta"``: parameters on the meta device (no storage, nothing drawn; buffers
+    real); :func:`partita.parallelize` shards it and each rank initialises only its shard,
+    to exactly the weights ``build_model(name, seed)`` has (:mod:`.init`)."""
     if isinstance(name_or_cfg, TransformerConfig):
         cfg = name_or_cfg
     elif name_or_cfg in MODEL_PRESETS:
@@ -259,6 +260,12 @@ def build_model(name_or_cfg: str | TransformerConfig, seed: int = 0, device: str
     else:
         from ..spec.load import load_model
         cfg = TransformerConfig.from_spec(load_model(name_or_cfg))
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return Transformer(cfg)
+    if torch.device(device).type == "meta":
+        from .init import params_on_meta
+        with params_on_meta():
+            model = Transformer(cfg, seed)
+    else:
+        with torch.device(device):
+            model = Transformer(cfg, seed)
+    model.partita_seed = seed
+    return model

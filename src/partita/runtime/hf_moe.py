@@ -9,8 +9,9 @@ sigmoid-gated shared expert, which stays dense (replicated over ep, averaged ove
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
+
+from ..models.hf import build_hf_model
 
 #: name -> (config class, model class, architecture-specific config fields)
 TINY_MOE = {
@@ -20,20 +21,12 @@ TINY_MOE = {
     "hf-qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                      {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}),
 }
-#: the size of partita.models.hf's tiny models (hidden 64, 2 layers, 4 heads, 2 KV heads)
-_BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
 #: the fused routed-expert modules expert parallel shards (same layout and call)
 FUSED_EXPERTS = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts")
 
 
-def build_tiny_moe(name: str, seed: int = 0) -> nn.Module:
-    """A tiny Qwen2-MoE / Qwen3-MoE ``*ForCausalLM`` with weights from ``seed``."""
-    import transformers
-    config_cls, model_cls, extra = TINY_MOE[name]
-    config = getattr(transformers, config_cls)(**_BASE, **extra)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config)
-    model.partita_vocab = config.vocab_size
-    return model
+def build_tiny_moe(name: str, seed: int = 0, meta: bool = False) -> nn.Module:
+    """A tiny Qwen2-MoE / Qwen3-MoE ``*ForCausalLM`` with weights from ``seed``: the shape of
+    :data:`partita.models.hf.TINY_BASE`, built by :func:`partita.models.hf.build_hf_model`
+    from this module's table (``meta=True``: on the meta device, for ``parallelize``)."""
+    return build_hf_model(name, seed, meta=meta, table=TINY_MOE)

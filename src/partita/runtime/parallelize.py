@@ -29,6 +29,7 @@ from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
 from ..models.hf import is_hf
+from ..models.init import is_meta
 from .modules import aux_loss, logits as logits_of
 from .recompute import apply_recompute
 
@@ -103,6 +104,10 @@ class ParallelModel:
     #: gradients without an update. The trainer's non-finite guard and stop
     #: agreement live there (partita.train.guard), not in the runtime.
     update_gate: Callable[[float, float], bool] | None = None
+    #: a meta-device model's HF directory (None: initialised from its seed, or not meta) and
+    #: how many values this rank wrote into its shards (runtime/materialize.py)
+    init_source: str | None = None
+    init_read: int = 0
 
     @property
     def model(self) -> nn.Module:
@@ -267,7 +272,9 @@ def _same_kind(grads: list[torch.Tensor]) -> bool:
 def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
                 device_type: str | None = None, max_grad_norm: float | None = 1.0) -> ParallelModel:
     """Apply ``plan`` to ``model`` (a :class:`partita.models.Transformer` or HF model,
-    identical on every rank) with PyTorch's parallel primitives. The process group must be
+    identical on every rank) with PyTorch's parallel primitives. A model built on the meta
+    device is sharded first and each rank then materialises only its shards (from the
+    model's seed or its HF directory; :mod:`.materialize`). The process group must be
     initialised with ``plan.world_size`` ranks. ``plan`` may be text: ``"dp=2,tp=2"``, or
     ``"auto"`` / ``"auto,gbs=8,mbs=1"`` to search the best plan for this world size and
     machine (:mod:`.auto`; rank 0 prints the choice and the runner-up)."""
@@ -280,7 +287,12 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     device = local_device(device_type)
     mesh = build_mesh(plan, device_type)
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
-    model = model.to(device)
+    source = None
+    if is_meta(model):  # built on the meta device: storage for this rank's shards only (materialize.py)
+        from .materialize import init_source, move_buffers
+        source, model = init_source(model), move_buffers(model, device)
+    else:
+        model = model.to(device)
     # 2. pipeline stages
     if plan.pp > 1:
         from .pipeline import stage_modules
@@ -305,7 +317,11 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     for mod in modules:
         apply_recompute(mod, plan.recompute)
     data_mesh = _data_mesh(plan, mesh, device_type)
+    fsdp = data_mesh.size() > 1 and plan.zero >= 2  # FSDP2 shards meta parameters; DDP needs real ones
+    written = _materialize(modules, device, source, ep_group, plan) if source is not None and not fsdp else 0
     modules, grad_sync, autocast = _apply_data_parallel(modules, plan, data_mesh, device_type, edp_group)
+    if source is not None and fsdp:
+        written = _materialize(modules, device, source, ep_group, plan)
     dp_group = None
     if data_mesh.size() > 1:
         dp_group = data_mesh.get_group() if data_mesh.ndim == 1 else mesh["dp"].get_group()
@@ -316,11 +332,18 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
                        pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
     pm.aux_record = aux_record
     pm.cp_positions = cp_positions
+    pm.init_source, pm.init_read = getattr(source, "path", None) and str(source.path), written
     if plan.pp > 1:
         from .pipeline import build_schedule
         pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
                                      mesh["pp"].get_group(), cross_entropy)
     return pm
+
+
+def _materialize(modules: list[nn.Module], device: torch.device, source, ep_group, plan: Plan) -> int:
+    """Storage and values for this rank's shards of a meta model (see :mod:`.materialize`)."""
+    from .materialize import materialize_shards
+    return materialize_shards(modules, device, source, ep_group, plan.ep if ep_group is not None else 1)
 
 
 def resolve_plan(text: str, model: nn.Module, world: int, device_type: str) -> Plan:
