@@ -95,7 +95,9 @@ def test_plan_report_timeline_is_one_step_of_plan_1(plan_pages, tmp_path, capsys
         end = max(b + x for t in traces for b, x in zip(t["base"], t["x"]))
         label = layout["title"]["text"]
         plan = js["plans"][int(re.match(r"One step of plan (\d+): ", label)[1]) - 1]
-        assert end == pytest.approx(plan["step_time_s"], rel=1e-9), label
+        # (uniform stages: exactly the closed form; uneven ones: the simulated schedule, within 1%)
+        assert end == pytest.approx(plan["step_time_s"], rel=1e-2), label
+        _tiles(traces, end)
         rows = {y for t in traces for y in t["y"]}
         assert rows == {f"rank {r}" for r in range(plan["plan"]["pp"])}
         compute = next(t for t in traces if t["name"] == "compute")
@@ -163,11 +165,48 @@ def test_estimate_report_matches_estimate_json(tmp_path, capsys):
     timeline = figs["partita-timeline"][0]
     assert max(b + x for t in timeline for b, x in zip(t["base"], t["x"])) == pytest.approx(est["step_time_s"],
                                                                                          rel=1e-9)
+    _tiles(timeline, est["step_time_s"])
     bubble = next(t for t in timeline if t["name"] == "bubble (idle)")
     assert {y for y in bubble["y"]} == {f"rank {r}" for r in range(4)}
     for trace in figs["partita-time"][0]:
         assert trace["x"][0] == pytest.approx(est["time"].get(trace["name"], 0.0), rel=1e-12)
     assert est["memory_verdict"] in page
+
+
+def _tiles(traces: list, end: float) -> None:
+    """Every rank's bars (work, exposed communication, bubbles, what follows the pipeline) cover
+    the step once: no overlap, no hole."""
+    spans: dict[str, list] = {}
+    for t in traces:
+        for y, b, x in zip(t["y"], t["base"], t["x"]):
+            spans.setdefault(y, []).append((b, b + x))
+    for rank, bars in spans.items():
+        bars.sort()
+        assert bars[0][0] == pytest.approx(0, abs=1e-9 * end) and bars[-1][1] == pytest.approx(end, rel=1e-2), rank
+        assert all(abs(a[1] - b[0]) <= 1e-9 * end for a, b in zip(bars, bars[1:])), rank
+
+
+def test_large_schedule_is_drawn_in_runs_with_the_cost_models_totals():
+    """DeepSeek-V3 at pp=32 and 480 micro-batches (30,720 passes) is drawn in runs; each rank's work
+    and exposed communication still add up to m x its per-micro-batch parts (partita.cost.step)."""
+    from partita.estimate import estimate
+    from partita.plan import Plan
+    from partita.report.schedule import step_schedule
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    est = estimate(load_model("deepseek-v3"), make_cluster("h800", 2048),
+                   Plan(dp=32, pp=32, cp=2, ep=8, zero=1, mbs=1, gbs=15360, seq_len=4096))
+    sched = step_schedule(est)
+    assert sched.coalesced and len(sched.blocks) < 10_000
+    m = est.plan.grad_accum
+    for stage in est.time.stages:
+        mine = [b for b in sched.blocks if b.rank == stage.rank]
+        assert sum(b.length for b in mine) == pytest.approx(sched.step_s, rel=1e-9)
+        work = sum(b.length for b in mine if b.kind == "compute")
+        assert work == pytest.approx(m * (stage.parts["compute"] + stage.parts.get("recompute", 0.0)), rel=1e-9)
+        a2a = sum(b.length for b in mine if b.kind == "ep all-to-all")
+        assert a2a == pytest.approx(m * stage.parts.get("ep all-to-all", 0.0), rel=1e-9, abs=1e-12)
+    assert sched.pipeline_s == pytest.approx(sched.closed_form_s, rel=1e-2)
 
 
 def test_simulated_schedule_matches_the_closed_forms():

@@ -68,11 +68,14 @@ def build_report(title: str, plans: list, labels: list[str], notes: list[str], t
         data["timelines"].append({"label": label, "layout": est.plan.summary(), "pipeline_s": sched.pipeline_s,
                                   "closed_form_s": sched.closed_form_s, "step_s": sched.step_s,
                                   "model_step_s": est.step_time_s, "schedule": sched.schedule,
-                                  "ranks": sched.ranks, "microbatches": sched.microbatches, "chunks": sched.chunks})
+                                  "ranks": sched.ranks, "microbatches": sched.microbatches, "chunks": sched.chunks,
+                                  "coalesced": sched.coalesced})
         text = (f"{sched.microbatches} micro-batch(es) x {sched.chunks} chunk(s) per rank, {sched.schedule}; "
                 f"pipeline simulated from the cost model's per-rank times: {sched.pipeline_s:.3f} s "
                 f"(the cost model's closed form: {sched.closed_form_s:.3f} s); step {sched.step_s:.3f} s "
-                f"(estimate: {est.step_time_s:.3f} s).")
+                f"(estimate: {est.step_time_s:.3f} s)."
+                + (" Too many passes to draw one by one: back-to-back passes of a rank are drawn as one run."
+                   if sched.coalesced else ""))
         sections.append((f"Predicted schedule of one step: {label} ({est.plan.summary()})",
                          [figures.timeline_figure(sched, f"One step of {label}: {est.plan.summary()}")], text))
     if search is not None:

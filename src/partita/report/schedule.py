@@ -5,15 +5,13 @@ The cost model gives each pipeline rank a per-micro-batch time split into parts
 (compute, recompute, exposed communication per axis, :class:`partita.cost.step.StageTime`)
 and a forward/backward split; the pipeline itself is a closed form
 (:func:`partita.cost.pipeline.pipeline_time`). A closed form has no picture, so this
-module *simulates* the schedule with those per-rank times: a list scheduler over the
-``p * v`` virtual stages (virtual stage ``j`` lives on rank ``j mod p``, Megatron's
-interleaved layout), where a forward waits for the previous virtual stage's forward of
-the same micro-batch, a backward for the next one's backward, and each rank keeps at
-most the in-flight micro-batch chunks its schedule allows
-(:func:`partita.cost.pipeline.in_flight_chunks`: the 1F1B warm-up of ``p - rank``; GPipe
-runs every forward before any backward). For uniform stages the simulated 1F1B pipeline
-takes ``(m + p - 1) t``, the same as the closed form [Narayanan et al. SC'21 eq. 1];
-interleaving and uneven stages come out close to it, and the page states both lengths.
+module *simulates* the schedule with those per-rank times: each rank runs Megatron-LM's
+op order (:func:`rank_order`: warm-up forwards, one-forward-one-backward, drain;
+interleaved over ``v`` chunks, virtual stage ``j`` on rank ``j mod p``), and an op starts
+when its rank is free and the op it depends on is done (the previous virtual stage's
+forward, the next one's backward). For uniform stages the simulated pipeline takes
+``(m + (p - 1)/v) t``, the closed form [Narayanan et al. SC'21 eq. 1-2]; uneven stages
+come out close to it, and the page states both lengths.
 A zero-bubble schedule is drawn as 1F1B (the cost model charges a third of its bubble).
 
 After the pipeline every rank runs what the step adds once (the exposed data-parallel
@@ -31,6 +29,9 @@ from ..estimate import Estimate
 AFTER_PIPELINE = ("dp gradient sync", "optimizer step", "tied embedding sync")
 #: parts of a micro-batch block drawn as work (the rest is exposed communication, by axis)
 WORK_PARTS = ("compute", "recompute")
+#: beyond this many forward/backward ops, back-to-back ops are drawn as one run
+MAX_DRAWN_OPS = 3000
+RUNS_PER_RANK = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Schedule:
     ranks: int
     microbatches: int
     chunks: int
+    coalesced: bool = False  # ops drawn as runs (:func:`_spans`)
 
 
 def rank_order(p: int, v: int, m: int, rank: int, schedule: str) -> list[tuple[str, int, int]]:
@@ -117,6 +119,28 @@ def simulate(forward: list[float], backward: list[float], m: int, v: int, schedu
     return ops
 
 
+def _spans(ops: list[tuple], v: int) -> list[tuple[int, float, float, float, str]]:
+    """Per op ``(rank, start, busy, idle inside, label)``; beyond :data:`MAX_DRAWN_OPS` ops, each
+    rank's ops are drawn in :data:`RUNS_PER_RANK` runs of consecutive ops (a browser cannot
+    draw 100k bars): a run's parts keep their totals, its gaps are drawn as one bubble at its end."""
+    def label(kind: str, i: int, c: int) -> str:
+        return f"{'forward' if kind == 'F' else 'backward'} micro-batch {i + 1}" + (f", chunk {c + 1}" if v > 1 else "")
+    if len(ops) <= MAX_DRAWN_OPS:
+        return [(r, start, end - start, 0.0, label(kind, i, c)) for r, kind, i, c, start, end in ops]
+    spans = []
+    for rank in sorted({op[0] for op in ops}):
+        mine = sorted((op for op in ops if op[0] == rank), key=lambda op: op[4])
+        size = -(-len(mine) // RUNS_PER_RANK)
+        for k in range(0, len(mine), size):
+            run = mine[k:k + size]
+            start, end = run[0][4], run[-1][5]
+            busy = sum(op[5] - op[4] for op in run)
+            first, last = min(op[2] for op in run), max(op[2] for op in run)
+            spans.append((rank, start, busy, end - start - busy,
+                          f"{len(run)} forward/backward passes of micro-batches {first + 1}-{last + 1}"))
+    return spans
+
+
 def step_schedule(est: Estimate) -> Schedule:
     """The predicted timeline of one step of ``est``'s plan (see the module docstring)."""
     plan, stages = est.plan, est.time.stages
@@ -125,19 +149,22 @@ def step_schedule(est: Estimate) -> Schedule:
     fwd = [s.total * s.forward / (s.forward + s.backward) if s.forward + s.backward else 0.0 for s in stages]
     bwd = [t - f for t, f in zip(totals, fwd)]
     ops = simulate(fwd, bwd, m, v, "gpipe" if plan.schedule == "gpipe" else "interleaved-1f1b" if v > 1 else "1f1b")
-    blocks: list[Block] = []
-    for r, kind, i, c, start, end in ops:
-        _split(blocks, stages[r].parts, r, start, end - start,
-               f"{'forward' if kind == 'F' else 'backward'} micro-batch {i + 1}" + (f", chunk {c + 1}" if v > 1 else ""))
     pipe = max((op[5] for op in ops), default=0.0)
+    spans = _spans(ops, v)
+    blocks: list[Block] = []
+    bubble = "idle (pipeline bubble)"
+    for r, start, busy, idle, text in spans:
+        _split(blocks, stages[r].parts, r, start, busy, text)
+        if idle > 0:
+            blocks.append(Block(r, "bubble", start + busy, idle, bubble + ", the gaps of this run"))
     for r in range(len(stages)):  # bubbles: the gaps of each rank inside the pipeline
         t = 0.0
-        for start, end in sorted((op[4], op[5]) for op in ops if op[0] == r):
+        for start, end in sorted((sp[1], sp[1] + sp[2] + sp[3]) for sp in spans if sp[0] == r):
             if start - t > pipe * 1e-6:
-                blocks.append(Block(r, "bubble", t, start - t, "idle (pipeline bubble)"))
+                blocks.append(Block(r, "bubble", t, start - t, bubble))
             t = max(t, end)
         if pipe - t > pipe * 1e-6:
-            blocks.append(Block(r, "bubble", t, pipe - t, "idle (pipeline bubble)"))
+            blocks.append(Block(r, "bubble", t, pipe - t, bubble))
     t = pipe
     for part in AFTER_PIPELINE:
         length = est.time.parts.get(part, 0.0)
@@ -145,7 +172,8 @@ def step_schedule(est: Estimate) -> Schedule:
             blocks.extend(Block(r, part, t, length, part) for r in range(len(stages)))
             t += length
     return Schedule(blocks=blocks, pipeline_s=pipe, closed_form_s=pipeline_time(totals, m, v, plan.schedule),
-                    step_s=t, schedule=plan.schedule, ranks=len(stages), microbatches=m, chunks=v)
+                    step_s=t, schedule=plan.schedule, ranks=len(stages), microbatches=m, chunks=v,
+                    coalesced=len(spans) < len(ops))
 
 
 def _split(blocks: list[Block], parts: dict[str, float], rank: int, start: float, length: float, label: str) -> None:
