@@ -2,6 +2,7 @@
 them, and compare.
 
     python bench/predict_vs_measure.py [--repeats 2] [--steps 6] [--hardware calibrated.json]
+                                       [--calibrate-model small-llama] [--only 1,2,3]
 
 1. `partita calibrate --nproc 2` writes a hardware file for this machine (unless
    --hardware gives one);
@@ -69,6 +70,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--hardware", help="an existing calibrated file (default: calibrate now)")
+    p.add_argument("--calibrate-model", default="tiny-llama",
+                   help="partita calibrate --model: the dense model of the framework micro-runs")
     p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
     args = p.parse_args()
     plans = [PLANS[int(i) - 1] for i in args.only.split(",")] if args.only else PLANS
@@ -76,8 +79,8 @@ def main() -> None:
     if not hardware:
         hardware = os.path.join(tempfile.mkdtemp(), f"calibrated-{NPROC}.json")
         print(f"calibrating ({load()})", flush=True)
-        subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware],
-                       check=True, timeout=900)
+        subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware,
+                        "--model", args.calibrate_model, "--timeout-s", "900"], check=True, timeout=960)
     rows = []
     for model_name, text in plans:
         plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))

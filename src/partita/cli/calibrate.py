@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     cal.add_argument("-o", "--output", default="calibrated.json")
     cal.add_argument("--repeats", type=positive_int(100), default=5,
                      help="repeats of every timed term (the printed spread is over them)")
+    cal.add_argument("--model", default="tiny-llama",
+                     help="dense model of the framework micro-runs (a preset; default tiny-llama): the model you "
+                          "will run measures its own per-layer framework times")
     cal.add_argument("--from-profile", action="append", metavar="RUN_DIR",
                      help="refine --base (a calibrated file) from a `partita train`/`profile` run dir's measured "
                           "step times instead of measuring (repeatable)")
@@ -52,9 +55,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except ImportError:
         raise PartitaError("partita calibrate needs PyTorch: pip install 'partita[runtime]'") from None
     check_device_type(args.device, "--device")
+    from ..spec.load import load_model
+    load_model(args.model)  # an unknown model is one line before torchrun
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "partita.profile.calibrate", args.output, args.base, args.name or f"{args.base}-calibrated",
-           args.device or "auto", args.dtype, str(args.repeats)]
+           args.device or "auto", args.dtype, str(args.repeats), args.model]
     returncode, stderr = _run_group(cmd, args.timeout_s)
     if returncode:
         from ..train.launch import root_cause

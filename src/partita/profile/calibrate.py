@@ -43,7 +43,7 @@ __all__ = ["fit_all_reduce", "fit_collectives", "fit_gemm", "fit_overheads", "ha
 REPEATS = 5
 
 
-def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS) -> dict:
+def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, model: str = "tiny-llama") -> dict:
     """Every raw measurement of this rank's device (collectives and micro-runs: the slowest rank)."""
     import torch
     import torch.distributed as dist
@@ -59,7 +59,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS) 
     out["copy"] = [2 * x.numel() * x.element_size() / t for t in copy]
     if out["world"] > 1:
         out["collectives"] = measure_collectives(device, sync, repeats)
-    out["runtime"] = measure_runtime(device_type, dtype_name, repeats)
+    out["runtime"] = measure_runtime(device_type, dtype_name, repeats, model)
     return out
 
 
@@ -151,14 +151,15 @@ def _provenance(term: dict | None, m: dict) -> str:
 
 
 def main() -> None:
-    """``torchrun ... -m partita.profile.calibrate OUT.json BASE NAME DEVICE DTYPE [REPEATS]``"""
+    """``torchrun ... -m partita.profile.calibrate OUT.json BASE NAME DEVICE DTYPE [REPEATS [MODEL]]``"""
     import torch.distributed as dist
     from ..runtime.device import backend_for, detect_device_type
     out_path, base, name, device, dtype = sys.argv[1:6]
     repeats = int(sys.argv[6]) if len(sys.argv) > 6 else REPEATS
+    model = sys.argv[7] if len(sys.argv) > 7 else "tiny-llama"
     device_type = detect_device_type(device if device != "auto" else None)
     dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=300))
-    m = measure(device_type, dtype, repeats)
+    m = measure(device_type, dtype, repeats, model)
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(hardware_file(m, base, name), f, indent=2)

@@ -115,18 +115,19 @@ def measure_collectives(device, sync, repeats: int) -> list[dict]:
     return rows
 
 
-def runtime_plans(world: int) -> dict[str, tuple[str, str]]:
-    """Each mechanism's micro-run: ``(model, plan text)``, its degree 2 where the world allows."""
-    plans = {"base": (RUNTIME_MODEL, f"dp={world},gbs={world}")}
+def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str, str]]:
+    """Each mechanism's micro-run: ``(model, plan text)``, its degree 2 where the world allows
+    (``model``: the dense model of the micro-runs, ``partita calibrate --model``)."""
+    plans = {"base": (model, f"dp={world},gbs={world}")}
     if world % 2 == 0:
         half = world // 2
-        plans.update({"tp": (RUNTIME_MODEL, f"dp={half},tp=2,gbs={half}"),
-                      "tp_nosp": (RUNTIME_MODEL, f"dp={half},tp=2,sp=false,gbs={half}"),
-                      "zero3": (RUNTIME_MODEL, f"dp={world},zero=3,gbs={world}"),
+        plans.update({"tp": (model, f"dp={half},tp=2,gbs={half}"),
+                      "tp_nosp": (model, f"dp={half},tp=2,sp=false,gbs={half}"),
+                      "zero3": (model, f"dp={world},zero=3,gbs={world}"),
                       "pp": (PP_PROBE_MODEL["name"], f"dp={half},pp=2,gbs={2 * half}"),
                       "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),
-                      "recompute": (RUNTIME_MODEL, f"dp={world},recompute=full,gbs={world}"),
-                      "cp": (RUNTIME_MODEL, f"dp={half},cp=2,gbs={half}")})
+                      "recompute": (model, f"dp={world},recompute=full,gbs={world}"),
+                      "cp": (model, f"dp={half},cp=2,gbs={half}")})
     return plans
 
 
@@ -141,7 +142,7 @@ def increment_plans(world: int) -> dict[str, str]:
     return out
 
 
-def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dict]:
+def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUNTIME_MODEL) -> dict[str, dict]:
     """Each mechanism's micro-run through :func:`partita.parallelize` (SGD, synthetic
     tokens), the repeats interleaved across mechanisms so a load change on the machine
     hits all of them alike: seconds per training step, slowest rank, per repeat."""
@@ -153,8 +154,9 @@ def measure_runtime(device_type: str, dtype: str, repeats: int) -> dict[str, dic
     from ..runtime.parallelize import parallelize
     world, rank = dist.get_world_size(), dist.get_rank()
     runs, steps = {}, {}
-    longer = {f"{mech}@long": (runtime_plans(world)[mech][0], text) for mech, text in increment_plans(world).items()}
-    for mech, (model_name, text) in {**runtime_plans(world), **longer}.items():
+    plans = runtime_plans(world, model)
+    longer = {f"{mech}@long": (plans[mech][0], text) for mech, text in increment_plans(world).items()}
+    for mech, (model_name, text) in {**plans, **longer}.items():
         plan = Plan.parse(text, world_size=world, defaults={"mbs": 1, "seq_len": RUNTIME_SEQ, "dtype": dtype})
         probe = model_name == PP_PROBE_MODEL["name"]
         model = build_model(TransformerConfig.from_spec(run_model(model_name)) if probe else model_name)
