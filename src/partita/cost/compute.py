@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
+from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .shape import LayerShape
 
@@ -76,6 +77,35 @@ def layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool
     The shape holds the fields it depends on (not pp/vpp/zero/recompute), so the search's
     plans that share it share the value."""
     return _layer_forward(model, device, shape, moe)
+
+
+def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+    """Elements one layer's forward casts to fp8 per micro-batch on one rank when every
+    linear casts its own input and weight (torchao ``Float8Linear``,
+    :attr:`.frameworks.Framework.fp8_cast_bytes` bytes each).
+
+    Per token the linears' inputs: wq, wk and wv each cast the normed ``x`` (``3h``; MLA:
+    its down- and up-projections' inputs), wo the attention output (``o / tp``); the MLP's
+    input projections each cast ``x`` again (``(mats - 1) h``: w1 and w3) and w2 its input
+    (``f / tp``); a MoE layer's experts do the same on their ``top_k`` routed copies of each
+    token (the router and shared experts as a dense MLP). Plus every local weight, cast on
+    each forward. The backward casts the output gradients (as many elements as the
+    outputs) and transposes the fp8 copies: about twice the forward's traffic, the factor
+    the step model applies to all element-wise work (:mod:`.step`)."""
+    tp, h = shape.tp, model.hidden
+    mats = 3 if model.gated else 2
+    attn_in = (4 * h if model.mla else 3 * h) + model.attn_out_dim / tp
+    weights = (h * (model.q_dim + 2 * model.kv_dim) + model.attn_out_dim * h) / tp
+    if moe and model.moe:
+        mo = model.moe
+        per_token = attn_in + mo.top_k * ((mats - 1) * h + mo.expert_ffn_hidden) / tp
+        per_token += mo.shared_experts * ((mats - 1) * h + mo.shared_ffn_hidden / tp)
+        weights += mats * h * (mo.num_experts / shape.ep * mo.expert_ffn_hidden
+                               + mo.shared_experts * mo.shared_ffn_hidden / tp)
+    else:
+        per_token = attn_in + (mats - 1) * h + model.ffn_hidden / tp
+        weights += mats * h * model.ffn_hidden / tp
+    return shape.tokens * per_token + weights
 
 
 @memoised
@@ -198,6 +228,8 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     rope = 2 * (model.q_dim + model.kv_dim) / tp if model.position == "rope" else 0.0
     act = (3 if model.gated else 2) * ffn_width
     elem_bytes = tokens * e * (outside / outside_div + rope + act) + permute_bytes
+    if dtype == "fp8":
+        elem_bytes += FRAMEWORKS[shape.framework].fp8_cast_bytes * fp8_cast_elements(model, shape, moe)
     cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
     cost.overhead_time += device.efficiency.kernel_overhead_us_per_layer * 1e-6
     return cost

@@ -26,6 +26,11 @@ field                       what it changes (where)
                             exposed whatever the plan's ``overlap_param_gather`` says
 ``tp_comm_overlap``         whether the plan's ``tp_comm_overlap`` can be honoured (Megatron /
                             TE userbuffers, MindSpeed MC2, torchtitan async TP)
+``fp8_cast_bytes``          fp8 plans: HBM bytes per element of every GEMM input and weight that
+                            the framework casts to fp8 in its own pass (torchao's dynamic
+                            scaling: amax read 2 + cast read 2 + write 1); 0 where the cast is
+                            fused into the producing kernel (Transformer Engine)
+                            (:func:`.compute.fp8_cast_elements`)
 ==========================  ==================================================================
 
 ``megatron`` is the cost model's reference (every field at the value the formulas had
@@ -52,6 +57,7 @@ class Framework:
     zero0_autocast: bool = False
     param_gather_overlap: bool = True
     tp_comm_overlap: bool = True
+    fp8_cast_bytes: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -67,6 +73,9 @@ _MEGATRON_SOURCES = (
      "only for their own bucket's all-gather (megatron/core/distributed/param_and_grad_buffer.py)"),
     ("tp_comm_overlap", "--tp-comm-overlap: Transformer Engine userbuffers overlap the tp all-gather / "
      "reduce-scatter with the GEMMs"),
+    ("fp8_cast_bytes", "Transformer Engine fp8: LayerNormLinear / LayerNormMLP emit the norm's and the "
+     "activation's output in fp8 from the same kernel, and delayed scaling takes the scale from the amax "
+     "history the producing kernel records - no separate cast or amax pass"),
 )
 
 #: The frameworks ``--framework`` accepts, by name.
@@ -79,7 +88,8 @@ FRAMEWORKS: dict[str, Framework] = {
         ("*", "Ascend/MindSpeed: a Megatron-LM patch set; fused kernels via --use-fused-rmsnorm, --use-fused-swiglu, "
          "--use-flash-attn (npu_fusion_attention, GQA native), MC2 for tp overlap (--use-ascend-mc2); Megatron's "
          "reentrant checkpoint and distributed optimizer"),)),
-    "torchtitan": Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, sources=(
+    "torchtitan": Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0,
+                            sources=(
         ("eager_activations", "torchtitan compiles each TransformerBlock (apply_compile in "
          "torchtitan/models/llama3/infra/parallelize.py); the min-cut partitioner "
          "(torch/_functorch/partitioners.py min_cut_rematerialization_partition) recomputes the norm, RoPE, "
@@ -91,6 +101,11 @@ FRAMEWORKS: dict[str, Framework] = {
         ("zero0_autocast", "torchtitan/distributed/utils.py maybe_enable_amp: without FSDP the model trains "
          "under torch.autocast over fp32 parameters"),
         ("tp_comm_overlap", "torchtitan async TP (--parallelism.enable_async_tensor_parallel, needs compile)"),
+        ("fp8_cast_bytes", "torchao.float8 Float8Linear with dynamic scaling (torchtitan --model.converters "
+         "float8): each linear computes its input's and weight's amax (a reduction that must finish before the "
+         "scale exists) and then casts, so per element one 2-byte read for the amax and a 2-byte read plus "
+         "1-byte write for the cast; every linear casts its own input (wq, wk, wv and w1, w3 each cast the "
+         "same x) - torchao/float8/float8_linear.py, torchao/float8/float8_scaling_utils.py"),
     )),
     # DeepSpeed (Megatron-DeepSpeed model code: fused kernels, reentrant activation
     # checkpointing) with ZeRO stages 1/2: the updated fp16 partitions are all-gathered

@@ -179,6 +179,36 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
 }
 
 
+#: The framework (:mod:`partita.cost.frameworks`) each source's runs are estimated as run
+#: by, from :attr:`SourceFacts.framework`, with why. Trainers outside the five named
+#: frameworks map to the one that behaves the same in every modelled term.
+RUNS_AS: dict[str, tuple[str, str]] = {
+    "megatron": ("megatron", "Megatron-LM itself"),
+    "nemo": ("megatron", "NeMo trains through Megatron-Core with Transformer Engine (fused kernels, reentrant "
+             "checkpoint, distributed optimizer with overlapped param gather)"),
+    "deepspeed": ("deepspeed", "DeepSpeed"),
+    "torchtitan": ("torchtitan", "torchtitan (torchao's benchmarks run torchtitan's train.py)"),
+    "internlm": ("megatron", "InternLM trainer: flash-attn fused kernels, its activation checkpoint is a reentrant "
+                 "autograd Function (internlm/solver/activation_checkpoint.py), ZeRO-1 with overlapped parameter "
+                 "broadcast: Megatron's behaviour in every modelled term"),
+    "composer": ("megatron", "Composer/llm-foundry: flash/triton attention and fused LayerNorm; the benchmark table "
+                 "does not state its checkpoint flavour, kept at the reference (whole-forward recompute)"),
+    "mindformers": ("mindspeed", "MindSpore on Ascend: graph-mode fused kernels, recompute reruns the forward: "
+                    "MindSpeed's behaviour in every modelled term"),
+}
+
+
+def runs_as(facts: SourceFacts) -> str:
+    """The :mod:`partita.cost.frameworks` name a source's runs are estimated as run by."""
+    return RUNS_AS[facts.framework][0]
+
+
+def _tp_comm_overlap(facts: SourceFacts, notes: str) -> bool:
+    """TP communication overlap: the source's framework default, or a row whose notes say
+    it ran torchtitan's async TP ("async TP"; "vanilla TP" rows do not overlap)."""
+    return facts.tp_comm_overlap or "async tp" in notes.lower()
+
+
 def source_key(source: str) -> str | None:
     """The :data:`SOURCE_FACTS` key of a CSV ``source`` cell (None: not in the table)."""
     for key, facts in SOURCE_FACTS.items():
@@ -328,7 +358,8 @@ def _case(row: dict) -> Case:
                 zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp), mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=_recompute(row["recompute"]), dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-                grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap)
+                grad_dtype=facts.grad_dtype, tp_comm_overlap=_tp_comm_overlap(facts, row["notes"]),
+                framework=runs_as(facts))
     cluster = make_cluster(HARDWARE[hw_token], n)
     if not cluster.device.supports(plan.dtype):
         raise PartitaError(f"precision {plan.dtype} not supported by {cluster.device.name}")
