@@ -204,7 +204,9 @@ device's whole usable memory (`partita estimate`; `partita plan` keeps a 5% head
 it, `--headroom`); "no (+x)" says by how many GiB it is over - then tokens/s per device and MFU.
 
 How to use it: run `partita plan` for your model, cluster and batch; it searches every
-combination below in about a second and prints why it did not pick the nearest alternatives.
+combination below in about a second and prints why it did not pick the nearest alternatives
+(`partita plan --report plan.html` draws them: plans side by side, memory per pipeline rank,
+where the step time goes, the schedule of one step, scaling with the number of devices).
 The rules here explain those answers; the numbers are predictions (see `docs/cost_model.md`
 for their accuracy against published runs; Ascend efficiencies are less certain than the GPUs':
 fewer published runs to fit - `partita calibrate` measures yours).
