@@ -67,11 +67,12 @@ def write_estimate_report(args: argparse.Namespace, est, tokens: float | None) -
     reasons = why_not(result) if found else []
     title = (f"partita estimate: {model.name} on {cluster.world_size} x {cluster.device.name}, "
              f"{plan.summary()}, seq {plan.seq_len}, global batch {plan.gbs}")
-    notes = [f"memory: {est.memory_verdict}"] + _notes(cluster, result.memory_limit_gib, space.memory_headroom,
-                                                      None)[1:] if found else [f"memory: {est.memory_verdict}"]
+    note = confidence_note(cluster.device)
+    notes = [f"memory: {est.memory_verdict}"] + ([note] if note else [])
     if found:
         notes.append("The search's best plans at the same devices, batch and sequence are shown beside this plan; "
-                     f"they fit its {result.memory_limit_gib:.1f} GiB limit (usable memory less 5% headroom).")
+                     f"they fit the search's {result.memory_limit_gib:.1f} GiB memory limit (usable memory less "
+                     f"{space.memory_headroom:.0%} headroom).")
     page, _ = build_report(title, [est, *found], ["this plan"] + [f"search {i}" for i in range(1, len(found) + 1)],
                            notes, tokens, result=result if found else None, reasons=reasons, search=search)
     write_report(args.report, page)
