@@ -32,6 +32,7 @@ from ..models.hf import is_hf
 from ..models.init import is_meta
 from .modules import aux_loss, logits as logits_of
 from .recompute import apply_recompute
+from .traced import is_traced_model, parallelize_traced
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
@@ -278,6 +279,9 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     initialised with ``plan.world_size`` ranks. ``plan`` may be text: ``"dp=2,tp=2"``, or
     ``"auto"`` / ``"auto,gbs=8,mbs=1"`` to search the best plan for this world size and
     machine (:mod:`.auto`; rank 0 prints the choice and the runner-up)."""
+    if is_traced_model(model):  # a ViT, UNet, DiT, ...: along its repeated blocks (runtime/traced.py, issue 19)
+        return parallelize_traced(model, Plan.parse(plan, dist.get_world_size()) if isinstance(plan, str) else plan,
+                                  make_optimizer, device_type)
     world = dist.get_world_size()
     device_type = detect_device_type(device_type)
     if isinstance(plan, str):

@@ -1,0 +1,162 @@
+"""``parallelize(model, plan)`` for any model: the traced path (issue 19, item 3).
+
+A model that is neither Partita's reference transformer nor an HF causal LM (a ViT, a
+diffusion UNet, a DiT, ...) is parallelised along its *repeated blocks*, found as the
+trace finds them (:func:`partita.tracing.blocks.find_blocks`: every instance of the
+class of the longest run of identical children). Order, as torchtitan applies it:
+
+1. activation checkpointing per block (``recompute=full``): the block's forward runs
+   under non-reentrant ``torch.utils.checkpoint`` - it keeps its inputs, recomputes the
+   rest in backward [Chen et al. 2016];
+2. data parallel: zero 3 - FSDP2 ``fully_shard`` on every block, then the root
+   (parameters gathered per block, resharded after forward); zero 1/2 - the same without
+   resharding after forward (gradients and optimizer states sharded, which covers ZeRO-1's
+   saving); zero 0 - DDP (``DistributedDataParallel``) [Zhao et al. 2023, PyTorch FSDP];
+3. the optimizer over the (sharded) parameters.
+
+Not yet for traced models: tensor and pipeline parallel (the plan is refused in one
+line), which need the model's TP plan and a block-sequence forward respectively.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.checkpoint import checkpoint
+
+from ..errors import PartitaError
+from ..plan import Plan
+from ..tracing.blocks import find_blocks
+from .device import detect_device_type, local_device
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def is_traced_model(model: nn.Module) -> bool:
+    """Whether ``parallelize`` takes the traced path: not a reference transformer (``.layers``)
+    nor an HF causal LM (``.model.layers``)."""
+    return not hasattr(model, "layers") and not hasattr(getattr(model, "model", None), "layers")
+
+
+def traced_units(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP wraps and checkpointing recomputes, in module order."""
+    layout = find_blocks(model)
+    if not layout.units:
+        raise PartitaError(f"{type(model).__name__} has no repeated blocks (no run of 2+ identical children in a "
+                           "ModuleList/Sequential/ModuleDict): FSDP units and recompute need them")
+    return [model.get_submodule(p) for p in layout.units]
+
+
+def _check(plan: Plan) -> None:
+    errs = []
+    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1:
+        errs.append(f"traced models run dp with zero 0-3 and recompute in this runtime, not "
+                    f"tp={plan.tp}/pp={plan.pp}/cp={plan.cp}/ep={plan.ep}")
+    if plan.recompute == "selective":
+        errs.append("traced models recompute whole blocks: use recompute=full (or none)")
+    if plan.dtype == "fp8":
+        errs.append("fp8 training is not implemented by the runtime; use bf16")
+    if errs:
+        raise PartitaError("; ".join(errs))
+
+
+def apply_block_recompute(units: list[nn.Module]) -> None:
+    """Checkpoint every unit's forward (non-reentrant, keyword arguments passed through)."""
+    for unit in units:
+        forward = unit.forward
+
+        @functools.wraps(forward)
+        def wrapped(*args, _forward=forward, **kwargs):
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        unit.forward = wrapped
+
+
+def gather_on_outside_use(units: list[nn.Module]) -> None:
+    """Gather a sharded unit again when the model calls one of its submodules outside the
+    unit's own forward (diffusers' DiT reuses ``transformer_blocks[0].norm1.emb`` for the
+    final modulation, after block 0 has run and been resharded). The unit stays gathered
+    until its backward, where FSDP2 reduce-scatters the gradients of both uses."""
+    active: set[int] = set()
+    for unit in units:
+        unit.register_forward_pre_hook(lambda mod, args: active.add(id(mod)))
+        unit.register_forward_hook(lambda mod, args, out: active.discard(id(mod)))
+        for sub in unit.modules():
+            if sub is not unit and any(True for _ in sub.parameters(recurse=False)):
+                sub.register_forward_pre_hook(
+                    lambda mod, args, unit=unit: None if id(unit) in active else unit.unshard())
+
+
+class TracedParallel:
+    """A parallelised traced model and its optimizer; :meth:`train_step` runs one step."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, units: list[nn.Module],
+                 device: torch.device):
+        self.module, self.optimizer, self.plan, self.units, self.device = module, optimizer, plan, units, device
+
+    def train_step(self, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> float:
+        """One optimizer step on this rank's ``inputs`` (``grad_accum x mbs`` samples along dim 0
+        of every tensor; a tuple of positional or a dict of keyword inputs). ``loss_fn(output,
+        micro_batch_inputs)`` returns the mean loss of a micro-batch; the returned loss is the
+        mean over the global batch (all dp ranks)."""
+        m = self.plan.grad_accum
+        device = self.device
+        total = torch.zeros((), device=device)
+        for chunk in _split(inputs, m):
+            chunk = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, chunk)
+            out = self.module(**chunk) if isinstance(chunk, dict) else self.module(*chunk)
+            loss = loss_fn(out, chunk) / m
+            loss.backward()
+            total += loss.detach()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if dist.is_initialized() and self.plan.dp > 1:
+            dist.all_reduce(total)
+            total /= self.plan.dp
+        return float(total)
+
+
+def _split(inputs: Any, m: int) -> list[Any]:
+    """``m`` micro-batches of ``inputs`` along dim 0 (tensors with a batch dimension)."""
+    leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.dim()]
+    batch = leaves[0].shape[0] if leaves else 0
+    if batch % m:
+        raise PartitaError(f"this rank's batch of {batch} samples does not split into {m} micro-batches")
+    size = batch // m
+    return [tree_map(lambda t: t[i * size:(i + 1) * size] if isinstance(t, torch.Tensor) and t.dim()
+                     and t.shape[0] == batch else t, inputs) for i in range(m)]
+
+
+def parallelize_traced(model: nn.Module, plan: Plan,
+                       make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
+                       device_type: str | None = None) -> TracedParallel:
+    """Apply ``plan`` (dp, zero, recompute, dtype) to any model along its repeated blocks."""
+    _check(plan)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if plan.world_size != world:
+        raise PartitaError(f"the plan has dp*tp*pp*cp = {plan.world_size} ranks, the process group {world}")
+    units = traced_units(model)
+    device_type = detect_device_type(device_type)
+    device = local_device(device_type)
+    model = model.to(device)
+    if plan.recompute == "full":
+        apply_block_recompute(units)
+    if world > 1 and plan.zero >= 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
+        param_dtype = _DTYPES[plan.dtype]
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
+            else MixedPrecisionPolicy()
+        for unit in units:
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
+        gather_on_outside_use(units)
+    elif world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
+    return TracedParallel(model, make_optimizer(list(model.parameters())), plan, units, device)

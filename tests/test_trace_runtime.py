@@ -1,0 +1,56 @@
+"""``parallelize(model, plan)`` on models Partita does not know (issue 19, item 3): a
+transformers ViT, a diffusers UNet2DConditionModel and a diffusers DiT, tiny configs built
+offline (examples/traced_models.py), trained with SGD + momentum on 2 gloo ranks against
+the same model trained in one process on the whole batch (tests/trace_runtime_worker.py;
+one torchrun for every case)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).resolve().parent / "trace_runtime_worker.py"
+sys.path.insert(0, str(WORKER.parents[1]))  # examples/
+CASES = [f"{model}:{plan}" for model in ("tiny_vit", "tiny_unet", "tiny_dit")
+         for plan in ("dp=2,zero=3,mbs=1,dtype=fp32", "dp=2,zero=3,mbs=1,recompute=full,dtype=fp32")] + \
+        ["tiny_vit:dp=2,zero=0,mbs=2,recompute=full,dtype=fp32"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traced_runtime") / "results.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           f"--log-dir={out.parent / 'logs'}", str(WORKER), str(out), *CASES]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(650)
+@pytest.mark.parametrize("case", CASES)
+def test_traced_model_matches_single_process(results, case):
+    r = results[case]
+    assert r["units"] >= 2
+    assert r["losses"][0] != r["losses"][-1]
+    for mine, ref in zip(r["losses"], r["reference"]):
+        assert abs(mine - ref) <= 1e-5 * max(1.0, abs(ref)), r
+    assert r["param_abs_diff"] <= 1e-5, r
+
+
+@pytest.mark.timeout(60)
+def test_traced_runtime_refuses_what_it_cannot_run():
+    import torch.distributed as dist
+    from examples.traced_models import tiny_vit
+    from partita.errors import PartitaError
+    from partita.plan import Plan
+    from partita.runtime.traced import parallelize_traced, traced_units
+    assert not dist.is_initialized()
+    with pytest.raises(PartitaError, match="not tp=2"):
+        parallelize_traced(tiny_vit()[0], Plan(tp=2))
+    with pytest.raises(PartitaError, match="no repeated blocks"):
+        traced_units(__import__("torch").nn.Linear(2, 2))

@@ -1,0 +1,102 @@
+"""torchrun worker of tests/test_trace_runtime.py: every case in one process group.
+
+    torchrun --nproc-per-node=2 tests/trace_runtime_worker.py OUT.json MODEL:PLAN ...
+
+Per case: build the tiny model (examples/traced_models.py) from seed 0, train it under
+``partita.parallelize`` for a few SGD steps on a fixed synthetic global batch (each rank
+its slice), and train an identical copy in this process alone on the whole batch; rank 0
+writes both loss curves and the largest parameter difference after training.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from examples import traced_models  # noqa: E402
+from partita.plan import Plan  # noqa: E402
+from partita.runtime.parallelize import parallelize  # noqa: E402
+
+STEPS = 3
+GLOBAL_BATCH = 4
+
+
+def _global_inputs(name: str, step: int):
+    torch.manual_seed(100 + step)
+    _, inputs, *_ = getattr(traced_models, name)(batch=GLOBAL_BATCH)
+    return inputs
+
+
+def _loss(out, chunk) -> torch.Tensor:
+    t = out.to_tuple()[0] if hasattr(out, "to_tuple") else out
+    return (t.float() ** 2).mean()
+
+
+def _slice(inputs, lo: int, hi: int):
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() else t, inputs)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    full = p.full_tensor() if hasattr(p, "full_tensor") else p
+    return full.detach()
+
+
+def run_case(case: str) -> dict:
+    name, plan_text = case.split(":", 1)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    # eval mode: no dropout anywhere (diffusers' DiT drops class labels at random in training
+    # mode, for classifier-free guidance), so both sides compute the same function
+    model = getattr(traced_models, name)(batch=2)[0].eval()
+    reference = copy.deepcopy(model)
+    plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)
+    pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), device_type="cpu")
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    share = GLOBAL_BATCH // world
+    losses, ref_losses = [], []
+    for step in range(STEPS):
+        inputs = _global_inputs(name, step)
+        losses.append(pm.train_step(_slice(inputs, rank * share, (rank + 1) * share), _loss))
+        out = reference(**inputs) if isinstance(inputs, dict) else reference(*inputs)
+        loss = _loss(out, inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(float(loss))
+    ref_params = dict(reference.named_parameters())
+    diff = 0.0
+    for n, p in pm.module.named_parameters():
+        key = n.removeprefix("module.")
+        diff = max(diff, float((_local(p) - ref_params[key].detach()).abs().max()))
+    dist.barrier()
+    return {"losses": losses, "reference": ref_losses, "param_abs_diff": diff, "units": len(pm.units)}
+
+
+def main() -> None:
+    out, cases = sys.argv[1], sys.argv[2:]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    torch.set_num_threads(1)
+    results = {}
+    try:
+        for case in cases:
+            results[case] = run_case(case)
+    finally:
+        if dist.get_rank() == 0:
+            Path(out).write_text(json.dumps(results, indent=1))
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
