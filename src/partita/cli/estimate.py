@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_VPP
 from .types import positive_int
+from ..cost.compression import dp_gradient_bytes
 from .traced import add_trace_args, cmd_estimate_traced, is_traced
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg
@@ -37,13 +38,30 @@ def add_parser(sub) -> None:
     est.add_argument("--tp-comm-overlap", action="store_true",
                      help="overlap tensor-parallel communication (Megatron --tp-comm-overlap, Ascend MC2)")
     add_report_arg(est)
+    add_comm_knob_arguments(est)
     est.set_defaults(func=cmd_estimate)
+
+
+def add_comm_knob_arguments(p: argparse.ArgumentParser, search: bool = False) -> None:
+    """The data-parallel communication knobs (plan fields grad_dtype, grad_compression,
+    powersgd_rank, ddp_bucket_mb, fsdp_prefetch; docs/compression.md)."""
+    fix = "fix " if search else ""
+    p.add_argument("--grad-dtype", choices=["fp32", "bf16"],
+                   help=fix + "dtype of the data-parallel gradient reduction (bf16 halves its bytes; default fp32)")
+    p.add_argument("--grad-compression", choices=["none", "powersgd"],
+                   help=fix + "low-rank gradient compression of the data-parallel all-reduce (zero 0; default none)")
+    p.add_argument("--powersgd-rank", type=positive_int(1024), help="PowerSGD rank (default 4)")
+    if not search:
+        p.add_argument("--ddp-bucket-mb", type=int, help="DDP gradient bucket size in MiB (default: framework's)")
+        p.add_argument("--fsdp-prefetch", type=int, help="FSDP2 all-gather prefetch depth in blocks (default 1)")
 
 
 #: The flags that describe a plan, and their defaults (None in the parser, so that
 #: ``--plan`` combined with any of them can be refused instead of silently ignoring it).
 PLAN_FLAGS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": None, "zero": 1, "sp": None, "mbs": 1,
-              "recompute": "none", "schedule": None, "layer_split": None, "tp_comm_overlap": False}
+              "recompute": "none", "schedule": None, "layer_split": None, "tp_comm_overlap": False,
+              "grad_dtype": None, "grad_compression": None, "powersgd_rank": None, "ddp_bucket_mb": None,
+              "fsdp_prefetch": None}
 
 
 def plan_from_flags(args: argparse.Namespace, world_size: int):
@@ -72,6 +90,9 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
         fields["layer_split"] = args.layer_split.replace(",", " ")  # the help's form: 9,10,10,9
     if args.tp_comm_overlap:
         fields["tp_comm_overlap"] = True
+    for knob in ("grad_dtype", "grad_compression", "powersgd_rank", "ddp_bucket_mb", "fsdp_prefetch"):
+        if getattr(args, knob) is not None:
+            fields[knob] = getattr(args, knob)
     return Plan.from_dict(fields, "plan")
 
 
@@ -115,6 +136,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         out = est.to_dict()
         out["framework"] = est.plan.framework
+        out["dp_gradient_bytes"] = dp_gradient_bytes(est.model, est.plan)
         if tokens:
             out["run_days"] = est.run_days(tokens)
             out["device_hours"] = est.run_days(tokens) * 24 * cluster.world_size
@@ -122,4 +144,20 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         from .render import print_estimate
         print_estimate(est, tokens=tokens)
+        line = dp_gradient_line(est)
+        if line:
+            print(line)
     return 0
+
+
+def dp_gradient_line(est) -> str:
+    """One line: the data-parallel gradient bytes per step and what the knobs make of them."""
+    b = dp_gradient_bytes(est.model, est.plan)
+    if not b["held"]:
+        return ""
+    plan = est.plan
+    knob = (f"powersgd rank {plan.powersgd_rank}" if plan.grad_compression == "powersgd"
+            else f"grad_dtype {plan.grad_dtype}")
+    extra = f", +{b['state'] / 2**30:.2f} GiB PowerSGD state" if b["state"] else ""
+    return (f"dp gradient bytes/step per rank: {b['wire'] / 2**20:,.1f} MiB on the wire ({knob}; "
+            f"{b['ratio']:.3g} x the {b['held'] / 2**20:,.1f} MiB fp32 gradients{extra})")

@@ -47,7 +47,7 @@ from typing import NamedTuple
 from ..plan import Plan, group_span
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
-from . import comm
+from . import comm, compression
 from .compute import (BYTES, LayerCost, embedding_forward, last_gemm, layer_forward, output_forward,
                       selective_gemm_fraction)
 from .frameworks import FRAMEWORKS
@@ -437,8 +437,10 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         dense, expert = _shape_params(model, plan, shape)
         t_rs = t_ag = 0.0
         rs = grad_reduce(dev, dense * _grad_bytes(plan), (g, k), rspan) + grad_reduce(dev, expert * _grad_bytes(plan), (eg, ek), rspan)
-        if plan.zero == 0:
-            t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)
+        if plan.zero == 0:  # grad_compression (PowerSGD) shrinks the bytes and adds its own work
+            f, t_psgd = compression.reduce_terms(model, dev, plan, dense + expert, shape)
+            t_rs = comm.all_reduce(dev, f * dense * _grad_bytes(plan), g, k) + comm.all_reduce(
+                dev, f * expert * _grad_bytes(plan), eg, ek) + t_psgd
         elif plan.zero in (1, 2):
             t_rs = rs
             t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)

@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from ..errors import PartitaError
 from .checkpoint_integrity import gather, gather_nonempty
+from .compression import compression_tensors, load_targets as compression_targets, restore as restore_compression
 from . import checkpoint_storage as storage
 from .checkpoint_storage import (LEGACY_MARKER, MANIFEST, ChecksummingWriter, FileRecord, ManifestError, NonFiniteState,
                                  available,
@@ -292,7 +293,7 @@ def save_checkpoint(pm, root: str | Path, step: int, meta: dict, keep: int = 2,
     agree(lambda: _prepare(root, partial, report) if rank == 0 else None, f"could not create checkpoint {partial}")
     writer = ChecksummingWriter(partial, rank, check_finite=check_finite)
     try:
-        dcp.save(state_for_checkpoint(pm), storage_writer=writer)
+        dcp.save({**state_for_checkpoint(pm), **compression_tensors(pm)}, storage_writer=writer)  # + PowerSGD state
         error = None
     except (OSError, CheckpointException) as e:
         error = _save_error(e, partial, root, step)
@@ -312,8 +313,10 @@ def load_checkpoint(pm, path: str | Path) -> dict:
     """Load a checkpoint written under any plan into ``pm``; returns its metadata."""
     path = Path(path)
     state = state_for_checkpoint(pm, init_optimizer=True)
+    state.update(compression_targets(pm, path))  # this rank's PowerSGD state, when saved
     scalars = {k: v for k, v in state.items() if torch.is_tensor(v) and v.dim() == 0}
     dcp.load(state, checkpoint_id=str(path))
+    restore_compression(pm, state)
     # 0-dim tensors (Adam's step) are loaded by replacement in the dict, copy them back
     params = _named_params(pm)
     by_name = {name: p for name, p in params.items()}

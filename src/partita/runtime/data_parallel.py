@@ -33,7 +33,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: torch.dtype | None,
-               edp_mesh: DeviceMesh | None = None, dp: int = 1) -> None:
+               edp_mesh: DeviceMesh | None = None, dp: int = 1, reduce_dtype: torch.dtype = torch.float32,
+               prefetch: int = 1) -> None:
     """FSDP2 per block, then the root; bf16/fp16 compute with fp32 master weights and reductions.
 
     With expert parallel (``edp_mesh``), each block's routed experts - different on every ep
@@ -41,10 +42,16 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: to
     experts (with their tp peers, which compute the same expert gradients); their
     gradients (already summed over the ep ranks whose tokens they processed, see
     :class:`GradientSync`) are summed over that mesh and divided by ``dp`` (its size
-    times ep: dp x cp x tp), as torchtitan does (``set_gradient_divide_factor``)."""
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    times ep: dp x cp x tp), as torchtitan does (``set_gradient_divide_factor``).
+
+    ``reduce_dtype`` bf16 (plan grad_dtype) halves the reduce-scatter bytes; ``prefetch`` > 1
+    gathers that many blocks ahead forward and backward (FSDP2 explicit prefetching,
+    ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``; 1 is FSDP2's
+    implicit next-block prefetch)."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype) if param_dtype else MixedPrecisionPolicy()
     reshard = zero >= 3
-    for block in blocks(model):
+    sharded = list(blocks(model))
+    for block in sharded:
         experts = getattr(getattr(block, "feed_forward", None), "experts", None)
         if edp_mesh is not None and experts is not None:
             fully_shard(experts, mesh=edp_mesh, mp_policy=mp, reshard_after_forward=reshard)
@@ -55,6 +62,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, param_dtype: to
                 p._partita_expert = True  # fully_shard made new Parameters
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if prefetch > 1:
+        for i, block in enumerate(sharded):
+            block.set_modules_to_forward_prefetch(sharded[i + 1:i + 1 + prefetch])
+            block.set_modules_to_backward_prefetch(sharded[max(0, i - prefetch):i][::-1])
 
 
 class GradientSync:
@@ -64,6 +75,8 @@ class GradientSync:
                  edp_group: dist.ProcessGroup | None):
         self.params = [p for p in params if p.requires_grad]
         self.dp_group, self.edp_group = dp_group, edp_group
+        #: dtype of the all-reduced buffer (plan grad_dtype bf16: half the bytes)
+        self.reduce_dtype = torch.float32
 
     def __call__(self) -> None:
         dp = dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
@@ -77,7 +90,12 @@ class GradientSync:
                 continue
             flat = torch.cat([g.reshape(-1).float() for g in grads])
             if group is not None and dist.get_world_size(group) > 1:
-                dist.all_reduce(flat, group=group)
+                if self.reduce_dtype != torch.float32:  # divide first, as DDP's bf16 hook does
+                    wire = (flat / dp).to(self.reduce_dtype)
+                    dist.all_reduce(wire, group=group)
+                    flat = wire.float() * dp
+                else:
+                    dist.all_reduce(flat, group=group)
             flat /= dp
             offset = 0
             for g in grads:

@@ -25,6 +25,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from ..errors import PartitaError
 from ..plan import Plan, axis_index, check
+from .compression import apply_comm_knobs, ddp_kwargs, fsdp_kwargs
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
@@ -329,12 +330,14 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     dp_group = None
     if data_mesh.size() > 1:
         dp_group = data_mesh.get_group() if data_mesh.ndim == 1 else mesh["dp"].get_group()
+    compression_state = apply_comm_knobs(modules, plan, grad_sync, dp_group)  # grad_dtype, PowerSGD
     optimizer = _build_optimizer(modules, plan, make_optimizer, dp_group, edp_group)
     scaler = torch.amp.GradScaler(device_type) if plan.dtype == "fp16" else None
     pm = ParallelModel(plan=plan, modules=modules, optimizer=optimizer, device=device, mesh=mesh,
                        max_grad_norm=max_grad_norm, grad_sync=grad_sync, scaler=scaler, _autocast=autocast,
                        pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
     pm.aux_record = aux_record
+    pm.compression_state = compression_state  # PowerSGD state: checkpointed (runtime/compression.py)
     pm.cp_positions = cp_positions
     pm.init_source, pm.init_read = getattr(source, "path", None) and str(source.path), written
     if plan.pp > 1:
@@ -419,13 +422,14 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device
             from .mesh import expert_mesh
             edp_mesh = expert_mesh(plan, device_type)["edp_tp"]
         for mod in modules:
-            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp * plan.cp * plan.tp)
+            apply_fsdp(mod, data_mesh, plan.zero, param_dtype, edp_mesh, plan.dp * plan.cp * plan.tp, **fsdp_kwargs(plan))
         return modules, None, autocast
     if param_dtype is not None:
         autocast = lambda: torch.autocast(device_type=device_type, dtype=param_dtype)  # noqa: E731
     plain = plan.tp == 1 and plan.pp == 1 and plan.ep == 1
     if ndp > 1 and plain and plan.zero == 0:
-        modules = [nn.parallel.DistributedDataParallel(modules[0], process_group=dp_group, broadcast_buffers=False)]
+        modules = [nn.parallel.DistributedDataParallel(modules[0], process_group=dp_group, broadcast_buffers=False,
+                                                       **ddp_kwargs(plan))]
     elif ndp > 1:
         grad_sync = GradientSync([p for mod in modules for p in mod.parameters()], dp_group, edp_group)
     return modules, grad_sync, autocast

@@ -1,0 +1,86 @@
+"""Issue 17, runtime side: each communication knob trains on 2 gloo ranks like single-process
+training (within the stated tolerance), sends the bytes recorded in
+tests/data/compression_oracle.json (which the planning tests compare with the cost model),
+and PowerSGD's state survives a checkpoint resume. One torchrun runs every case
+(tests/compression_worker.py); workers end with barrier + destroy_process_group."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).parent
+ORACLE = json.loads((HERE / "data" / "compression_oracle.json").read_text())["bytes"]
+#: (loss relative, parameter absolute) differences from the single-process fp32 reference after
+#: 5 steps of SGD + momentum. fp32 knobs (bucket size, prefetch) only reorder float32 sums
+#: (measured <= 5e-8 / 1.2e-8). bf16 autocast alone measured 2.3e-5 / 8.2e-5; reducing the
+#: gradients in bf16 (2^-8 relative rounding per element, once per step) measured
+#: 2.2e-5 / 1.6e-4 - asserted 1e-3 / 5e-3, the bf16 bound of test_runtime_equivalence.
+#: PowerSGD rank 4 is lossy by design (rank-4 approximation from step 2, error feedback
+#: recovers the rest later): measured 2.6e-4 / 8.2e-3 - asserted 5e-3 / 5e-2.
+TOLERANCE = {"fp32": (1e-6, 1e-6), "bf16": (1e-3, 5e-3), "powersgd": (5e-3, 5e-2)}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compression")
+    out = tmp / "results.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           f"--log-dir={tmp / 'logs'}", str(HERE / "compression_worker.py"), str(out), str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _kind(case: str) -> str:
+    return "powersgd" if "powersgd" in case else "bf16" if "dtype=bf16" in case else "fp32"
+
+
+def test_knobs_train_like_one_process(results):
+    for case, r in results["equivalence"].items():
+        loss_tol, param_tol = TOLERANCE[_kind(case)]
+        assert r["loss_rel_diff"] <= loss_tol, (case, r["loss_rel_diff"])
+        assert r["param_abs_diff"] <= param_tol, (case, r["param_abs_diff"])
+
+
+def test_powersgd_really_compresses(results):
+    """A PowerSGD run that silently all-reduced the full gradients would match the reference
+    to float32 rounding; rank-4 compression must move the parameters measurably."""
+    r = next(v for k, v in results["equivalence"].items() if "powersgd" in k)
+    assert r["param_abs_diff"] > 1e-4
+
+
+def test_bytes_sent_are_the_recorded_oracle(results):
+    """Keeps tests/data/compression_oracle.json current: the bytes each knob sends per step."""
+    for knob, recorded in ORACLE.items():
+        live = results["bytes"][knob]
+        for coll, entry in recorded["per_step"].items():
+            assert live["per_step"][coll]["bytes"] == pytest.approx(entry["bytes"], rel=1e-6), (knob, coll)
+        assert live["powersgd_state_numel"] == recorded["powersgd_state_numel"], knob
+
+
+def test_powersgd_resume_equals_uninterrupted_run(results):
+    r = results["resume"]
+    tail = r["uninterrupted"][5:]
+    assert max(abs(a - b) for a, b in zip(r["resumed"], tail)) <= 1e-5
+    assert r["resumed_iter"] == 8
+    # control: without its PowerSGD state the resumed run departs from the uninterrupted one
+    assert max(abs(a - b) for a, b in zip(r["resumed_without_powersgd_state"], tail)) > 1e-4
+
+
+def test_powersgd_refused_where_no_comm_hook_exists():
+    code = ("import torch.distributed as dist, os;"
+            "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='29561', RANK='0', WORLD_SIZE='1');"
+            "dist.init_process_group('gloo');"
+            "from partita.runtime.compression import apply_comm_knobs; from partita.plan import Plan;"
+            "from partita.errors import PartitaError\n"
+            "try:\n apply_comm_knobs([], Plan(dp=2, zero=0, tp=2, grad_compression='powersgd'), object(), None)\n"
+            "except PartitaError as e: print('REFUSED', e)\n"
+            "dist.destroy_process_group()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "REFUSED plan not runnable: grad_compression=powersgd needs plain DDP" in proc.stdout, proc.stderr
