@@ -122,7 +122,8 @@ def scaling_figure(points: list[dict[str, Any]], tokens: float):
                              hovertemplate="%{x} devices: %{y:,.0f} device-hours<br>%{text}<extra></extra>"))
     fig.update_layout(title=f"Scaling: the best plan at each device count, {tokens:.3g} tokens",
                       xaxis={"title": "devices", "type": "log", "tickvals": [p["devices"] for p in points]},
-                      yaxis={"title": "days"}, yaxis2={"title": "device-hours", "overlaying": "y", "side": "right"},
+                      yaxis={"title": "days (log)", "type": "log"},
+                      yaxis2={"title": "device-hours", "overlaying": "y", "side": "right"},
                       height=450, legend={"orientation": "h", "y": -0.2})
     return fig
 
