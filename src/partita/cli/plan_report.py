@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 from ..errors import PartitaError
-from .render import confidence_note, memory_limit_line
 
 #: plans compared on the page besides the given one (estimate --report)
 CONTEXT_PLANS = 3
@@ -30,6 +29,7 @@ def _scaling_search(args: argparse.Namespace, model, search):
 
 
 def _notes(cluster, limit_gib: float, headroom: float | None, cap_gib: float | None) -> list[str]:
+    from .render import confidence_note, memory_limit_line  # rich: only when a report is written
     note = confidence_note(cluster.device)
     return [memory_limit_line(cluster, limit_gib, headroom, cap_gib)] + ([note] if note else [])
 
@@ -67,6 +67,7 @@ def write_estimate_report(args: argparse.Namespace, est, tokens: float | None) -
     reasons = why_not(result) if found else []
     title = (f"partita estimate: {model.name} on {cluster.world_size} x {cluster.device.name}, "
              f"{plan.summary()}, seq {plan.seq_len}, global batch {plan.gbs}")
+    from .render import confidence_note
     note = confidence_note(cluster.device)
     notes = [f"memory: {est.memory_verdict}"] + ([note] if note else [])
     if found:
