@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COST = Path("src/partita/cost")
 #: The tests that run without torch, fastest and most sensitive first (``-x`` stops at
 #: the first failure, so the order only changes how long a caught mutant takes).
-PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_oracles.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
+PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_oracles.py", "tests/test_frameworks.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
                   "tests/test_published_accuracy.py", "tests/test_estimate_cli.py", "tests/test_search.py",
                   "tests/test_search_published.py")
 #: Tests left out: they time the CLI's start-up, so on a loaded machine they fail without
@@ -160,6 +160,22 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("log-sum-exp 0", "memory.py", "inside += FP32_BYTES * model.heads / tp  # fp32 log-sum-exp per head (flash attention)", "inside += 0.0"),
     ("router probabilities 0", "memory.py", "inside += routed + shared + FP32_BYTES * mo.num_experts / tp", "inside += routed + shared"),
     ("tied copy on last stage 0", "memory.py", "out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight", "out += 0"),
+    # frameworks (cost/frameworks.py): each documented difference broken alone
+    ("eager activations ignored", "memory.py", "        full += eager_extra_bytes(model, shape, moe)", "        full += 0.0"),
+    ("eager norms fp32 copy 0", "memory.py", "per_token = 2 * ((8 - e) * model.hidden + 4) / out_div", "per_token = 2 * (4) / out_div"),
+    ("eager GQA expansion 0", "memory.py", "+ 2 * (model.q_dim - model.kv_dim) * e / tp\n", "+ 0.0\n"),
+    ("eager SiLU output 0", "memory.py", "per_token += model.ffn_hidden * e / tp", "per_token += 0.0"),
+    ("eager MoE routing per-layer 0", "memory.py", "per_layer = FP32_BYTES * mo.num_experts", "per_layer = 0.0"),
+    ("early stop ignored", "step.py", "early = rc_full and FRAMEWORKS[layer.framework].checkpoint_early_stop", "early = False"),
+    ("early stop skips nothing", "step.py", "rc, rc_flops = layer.time - skipped[1], layer.flops - skipped[0]", "rc, rc_flops = layer.time, layer.flops"),
+    ("last GEMM = whole MLP", "compute.py", "return mlp / mats, gemm_time(device, mlp, shape.dtype, mats) / mats", "return mlp, gemm_time(device, mlp, shape.dtype, mats)"),
+    ("early stop keeps the tp collective", "step.py", "n_dense_tp = 2 * (2 + rc_full) - ((0.5 if layer.sp else 1.0) if early else 0.0)", "n_dense_tp = 2 * (2 + rc_full)"),
+    ("autocast ignored", "memory.py", "autocast = zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast", "autocast = False"),
+    ("autocast optimizer 12", "memory.py", "return params * 4, params * 4, params * 8", "return params * 4, params * 4, params * 12"),
+    ("param gather always overlapped", "step.py", "return plan.overlap_param_gather and FRAMEWORKS[plan.framework].param_gather_overlap", "return plan.overlap_param_gather"),
+    ("tp overlap regardless of framework", "shape.py", "overlap = plan.tp_comm_overlap and FRAMEWORKS[plan.framework].tp_comm_overlap", "overlap = plan.tp_comm_overlap"),
+    ("fp8 casts 0", "compute.py", "elem_bytes += FRAMEWORKS[shape.framework].fp8_cast_bytes * fp8_cast_elements(model, shape, moe)", "elem_bytes += 0.0"),
+    ("fp8 cast weights 0", "compute.py", "    return shape.tokens * per_token + weights\n", "    return shape.tokens * per_token\n"),
 ]
 
 
