@@ -8,11 +8,13 @@ is timed, not the interpreter start. The figures are the median and the slowest 
 repeats (shared 2-core machines vary by +-30 % from run to run), and the least and the
 median CPU time of the process (``time.process_time``: what the search costs when other
 jobs share the cores - on a loaded machine the wall time is several times the CPU time).
+The load average is printed before and after: report it next to the figures.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print("load average (1, 5, 15 min) at start: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     print(f"{'scenario':36s} {'evaluated':>9s} {'ruled out':>9s} {'cand/s':>7s} {'median s':>8s} {'max s':>6s} "
           f"{'cpu min':>7s} {'cpu med':>7s}  best plan")
     for scenario in SCENARIOS:
@@ -61,6 +64,7 @@ def main() -> None:
         name = f"{scenario[0]} on {scenario[2]} {scenario[1]}"
         print(f"{name:36s} {first['evaluated']:9d} {first['ruled_out']:9d} {first['evaluated'] / med:7.0f} "
               f"{med:8.2f} {max(walls):6.2f} {min(cpus):7.2f} {statistics.median(cpus):7.2f}  {first['best']}")
+    print("load average (1, 5, 15 min) at end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":

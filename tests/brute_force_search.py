@@ -16,8 +16,9 @@ The space, as ``space.py`` states it for the ranked plans:
 * tp divides the world and stays inside a node (tp <= devices per node);
 * cp is 1, or any divisor leaving each rank >= ``MIN_TOKENS_PER_CP_RANK`` tokens;
 * pp divides the rest, at most the layer count; dp fills what is left;
-* ep divides dp*cp and the expert count (MoE only);
-* mbs divides the per-replica batch with ``mbs * seq <= MAX_TOKENS_PER_MICROBATCH``;
+* ep divides tp*dp*cp and the expert count (MoE only): carved out of dp*cp, or folded
+  into tp (Megatron-Core's MoE parallel folding, expert tensor parallel 1);
+* mbs divides the per-replica batch with ``mbs * seq <= MAX_TOKENS_PER_MICROBATCH`` (or is 1);
 * vpp from 1 to ``MAX_VPP`` when pp > 1;
 * zero 0..3 (3 only with data or context parallelism); recompute none/selective/full;
 * the memory limit: the device's usable memory less the 5 % headroom.
@@ -73,9 +74,9 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int):
                 dp = n // (tp * cp * pp)
                 if gbs % dp:
                     continue
-                eps = [e for e in _divisors(dp * cp) if model.moe.num_experts % e == 0] if model.moe else [1]
+                eps = [e for e in _divisors(tp * dp * cp) if model.moe.num_experts % e == 0] if model.moe else [1]
                 for ep in eps:
-                    for mbs in (b for b in _divisors(gbs // dp) if b * seq <= MAX_TOKENS_PER_MICROBATCH):
+                    for mbs in (b for b in _divisors(gbs // dp) if b == 1 or b * seq <= MAX_TOKENS_PER_MICROBATCH):
                         for vpp in (range(1, MAX_VPP + 1) if pp > 1 else (1,)):
                             yield tp, cp, pp, dp, ep, mbs, vpp
 

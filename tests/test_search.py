@@ -295,3 +295,24 @@ def test_tp_not_dividing_kv_heads_is_refused_with_the_estimates_reason():
     assert reason in str(err.value)
     # the unconstrained search never proposes it
     assert all(a.plan.tp <= 8 for a in search_plans(model, cluster, 64, 8192).attempts)
+
+
+@pytest.mark.parametrize("name, devices, gbs, seq", [
+    ("llama3-405b", 1024, 1024, 8192),  # 126 layers: + embedding + loss = 128
+    ("deepseek-v3", 1024, 4096, 4096),  # 61 layers: neither 61 nor 63 has an even factor
+    ("qwen3-235b-a22b", 512, 1024, 4096),  # 94 layers: + 2 = 96
+])
+def test_realistic_uneven_layer_counts_get_uneven_pipelines(name, devices, gbs, seq):
+    """Issue 12: layer counts that do not divide by pp x vpp are searched with uneven
+    splits - min-max at vpp 1, Megatron's embedding-and-loss-aware split interleaved -
+    for real models, not only the tiny ones whose every split is tried. Checked on the
+    search's layouts at pp 8: each split covers every layer once, over pp x vpp stages."""
+    model, cluster = load_model(name), make_cluster("h100-sxm", devices)
+    queue = layouts_by_bound(model, cluster, gbs, seq, SearchSpace(pp=8), True, [])
+    uneven = {lay.plan.vpp for lay in queue.layouts
+              if lay.plan.layer_split and len(set(lay.plan.layer_split)) > 1}
+    assert 1 in uneven and any(v > 1 for v in uneven), uneven
+    for lay in queue.layouts:
+        stages = lay.plan.stage_layers(model.layers)
+        assert sum(stages) == model.layers and len(stages) == 8 * lay.plan.vpp
+        assert max(stages) - min(stages[1:-1] or stages) <= 2  # balanced: no stage far above another

@@ -37,3 +37,26 @@ def test_published_layouts_reachable_and_not_beaten(published_csv):
     # these runs did fit on their devices, so each over-budget one is a memory-model
     # error: 6 today; more is a regression
     assert over_budget <= 6
+
+
+def test_every_expressible_published_layout_is_in_the_search_space():
+    """Issue 12: the structure (tp, cp, pp, dp, ep, mbs, vpp) of every run of the 470-row
+    table that the loader turns into a plan is one the search enumerates - uneven layer
+    counts (126, 61, 94 ...), interleaved uneven splits and ep folded into tp included
+    (the 266-row test above also checks the search beats each)."""
+    from pathlib import Path
+    cases, _ = load_cases(Path(__file__).resolve().parents[1] / "data" / "published_runs.csv")
+    assert len(cases) >= 400
+    spaces: dict[tuple, set] = {}
+    missing = []
+    for case in cases:
+        p = case.plan
+        key = (case.model.name, case.cluster.device.name, case.cluster.world_size, p.gbs, p.seq_len, p.dtype)
+        if key not in spaces:
+            spaces[key] = set(layout_structures(case.model, case.cluster, p.gbs, p.seq_len, SearchSpace(dtype=p.dtype), True))
+        if (p.tp, p.cp, p.pp, p.dp, p.ep, p.mbs, p.vpp) not in spaces[key]:
+            missing.append(f"{case.source} {case.name}: {p.summary()}")
+    assert not missing, missing
+    # the layouts this issue added are among them
+    assert any(c.plan.ep > 1 and (c.plan.dp * c.plan.cp) % c.plan.ep for c in cases)
+    assert any(c.model.layers % (c.plan.pp * c.plan.vpp) for c in cases)

@@ -79,7 +79,7 @@ def choose_plan(model: nn.Module, world_size: int, text: str = "auto", device_ty
     space: dict[str, Any] = {k: (v if k in ("recompute", "dtype") else int(v)) for k, v in fixed.items()}
     hardware = hardware or default_hardware(device_type)
     cluster = make_cluster(hardware, world_size)
-    result = search_plans(model_spec_of(model), cluster, gbs, seq_len, SearchSpace(**space), top=2)
+    result = search_plans(model_spec_of(model), cluster, gbs, seq_len, SearchSpace(fold_ep=False, **space), top=2)
     if result.best is None:
         raise PartitaError(f"--plan auto: no plan fits {world_size} x {cluster.device.name} "
                            f"(gbs={gbs}, seq_len={seq_len}); try a smaller mbs or seq_len")

@@ -23,7 +23,7 @@ from ..cost.compute import layer_forward, output_forward
 from ..cost.pipeline import pipeline_time_of
 from ..cost.shape import layer_shape
 from ..cost.step import stage_terms, step_time_lower_bound
-from ..plan import Plan, balanced_split, validate
+from ..plan import Plan, automatic_split, balanced_split, validate
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .space import SearchSpace, best_split, divisors, powers_of_two
@@ -69,17 +69,14 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
                     continue
                 per_replica = gbs // dp
                 mbss = [space.mbs] if space.mbs else [b for b in divisors(per_replica)
-                                                      if b * seq <= space.max_tokens_per_microbatch]
+                                                      if b == 1 or b * seq <= space.max_tokens_per_microbatch]
                 eps = [1]
                 if model.moe:  # largest first: less expert memory, so a failure prunes the smaller ones
-                    eps = [space.ep] if space.ep else sorted((e for e in divisors(dp * cp) if model.moe.num_experts % e == 0),
-                                                             reverse=True)
+                    eps = [space.ep] if space.ep else expert_degrees(model.moe.num_experts, tp if space.fold_ep else 1,
+                                                                     dp * cp)
                 vpps = [1]
                 if pp > 1:
-                    vpps = [space.vpp] if space.vpp else [v for v in range(1, min(space.max_vpp, (model.layers + 2) // pp) + 1)
-                                                          if v == 1 or model.layers % (pp * v) == 0
-                                                          or (model.layers + 2) % (pp * v) == 0
-                                                          or few_splits(model.layers, pp * v)]
+                    vpps = [space.vpp] if space.vpp else virtual_stages(model.layers, pp, space.max_vpp)
                 for ep in eps:
                     for mbs in mbss:
                         m = per_replica // mbs
@@ -87,6 +84,49 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
                             if vpp > 1 and m % pp:
                                 continue
                             yield tp, cp, pp, dp, ep, mbs, vpp
+
+
+def expert_degrees(experts: int, tp: int, dp_cp: int) -> list[int]:
+    """The ep values of a (tp, dp x cp) structure, largest first: the divisors of
+    tp x dp x cp that divide the routed-expert count - carved out of data x context
+    parallel where they divide dp x cp, else folded into tp (Megatron-Core's MoE parallel
+    folding; :func:`partita.plan.ep_folded`)."""
+    return sorted((e for e in divisors(tp * dp_cp) if experts % e == 0), reverse=True)
+
+
+#: Pipelines at least this deep get an uneven vpp when the layers allow no even one
+#: (:func:`virtual_stages`).
+UNEVEN_VPP_MIN_PP = 8
+
+
+@lru_cache(maxsize=4096)
+def virtual_stages(layers: int, pp: int, max_vpp: int) -> list[int]:
+    """The vpp values searched for a pipeline of ``pp`` ranks: 1, every v whose ``pp v``
+    virtual stages split the layers evenly - or evenly once the embedding and the loss
+    count as a layer each (Megatron's ``--account-for-embedding/loss-in-pipeline-split``)
+    - and, for a deep pipeline (pp >= :data:`UNEVEN_VPP_MIN_PP`) whose layer count allows
+    no such v > 1 (DeepSeek-V3's 61 layers: 61 and 63 have no even factor), one uneven
+    interleaving: the most virtual stages, a power of two in all, that keep at least two
+    layers each (the embedding and the loss counted as one), split by
+    :func:`partita.plan.automatic_split` (Megatron-LM interleaves DeepSeek-V3's 61 layers
+    unevenly, e.g. pp 8 x vpp 4 with ``--pipeline-model-parallel-layout``). Models with
+    few layers get every v whose splits are all tried (:func:`few_splits`).
+
+    Why so few uneven values: every vpp value adds a layout to each of the pipeline's
+    structures, and on memory-bound models (DeepSeek-V3 on 2048 H800) the bound rules out
+    few of them - each value searched for every pp cost +41 % memory evaluations there.
+    Interleaving pays where the bubble ``(pp - 1) / (vpp m)`` is large: deep pipelines."""
+    top = min(max_vpp, (layers + 2) // pp)
+    even = [v for v in range(1, top + 1) if v == 1 or layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0
+            or few_splits(layers, pp * v)]
+    if len(even) > 1 or pp < UNEVEN_VPP_MIN_PP:
+        return even
+    v = 1
+    while 2 * v <= top and (2 * v * pp) & (2 * v * pp - 1) == 0 and 2 * (2 * v * pp) <= layers + 2:
+        v *= 2
+    if v == 1:  # pp itself not a power of two: the most virtual stages keeping two layers each
+        v = max(1, min(top, (layers + 2) // (2 * pp)))
+    return [1, v] if v > 1 and automatic_split(layers, pp * v) is not None else [1]
 
 
 def _output_in_layers(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
@@ -136,7 +176,7 @@ class Layout:
 _CHEAP_SLACK = 1e-9
 
 
-def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan, total: float | None = None) -> float:
     """A lower bound of :func:`step_time_lower_bound` that needs no layer split and no
     walk over rank shapes: the per-micro-batch terms of every layer, both ends and every
     rank's pipeline constant sum to the same total ``T`` whatever the split, the slowest
@@ -144,11 +184,18 @@ def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
     bubble: a third of the fill/drain) does not fall as the slowest stage ``s`` grows
     (``m >= 1 >= 1 / v``); what follows the pipeline (>= 0) is left out. Checked against
     the exact bound on whole spaces in tests/test_search.py."""
+    total = cheap_total(model, cluster, plan) if total is None else total
+    return pipeline_time_of(total, total / plan.pp, plan.grad_accum, plan.vpp, plan.schedule) * (1 - _CHEAP_SLACK)
+
+
+def cheap_total(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """``T`` of :func:`cheap_bound`: the same for every vpp and layer split of a structure
+    (the stage terms depend on its stage shape only), so the search computes it once per
+    (tp, cp, pp, dp, ep, mbs)."""
     times = stage_terms(model, cluster, plan)[1]
     moe = model.moe_layers
-    total = ((model.layers - moe) * times.dense + moe * times.moe + times.embedding + times.output
-             + plan.pp * times.per_stage)
-    return pipeline_time_of(total, total / plan.pp, plan.grad_accum, plan.vpp, plan.schedule) * (1 - _CHEAP_SLACK)
+    return ((model.layers - moe) * times.dense + moe * times.moe + times.embedding + times.output
+            + plan.pp * times.per_stage)
 
 
 class LayoutQueue:
@@ -267,6 +314,7 @@ class _LayoutBuilder:
                                                 + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
                               for replicated, ladder in ladders.items()}
         self.output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
+        self.totals: dict[tuple, float] = {}  # cheap_total per (tp, cp, pp, dp, ep, mbs)
         # every field the structure does not set, once (Plan.with_ is a dict update)
         self.proto = Plan(gbs=global_batch, seq_len=seq_len, dtype=space.dtype, **space.options)
         self.pending: list[tuple] = []  # deferred structures
@@ -296,16 +344,15 @@ class _LayoutBuilder:
             return []
         base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
                                 mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
-        plans = [base]
+        plans = [self._primary(base)]
         if pp * vpp > 1:
-            split = self._split(base) if model.layers % (pp * vpp) == 0 or (model.layers + 2) % (pp * vpp) == 0 \
-                or not few_splits(model.layers, pp * vpp) else None
-            if split is not None:
-                plans = [base.with_(layer_split=split)]
             if few_splits(model.layers, pp * vpp):
                 first = plans[0].stage_layers(model.layers)
                 plans += [base.with_(layer_split=s) for s in all_splits(model.layers, pp * vpp) if s != first]
         out = []
+        total = self.totals.get(structure[:6])
+        if total is None:
+            total = self.totals[structure[:6]] = cheap_total(model, cluster, base)
         # no setting of the layout is faster than its terms with no recompute (base has none)
         knobs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs)) + self.ladder_values[replicated]
         for i, plan in enumerate(plans):
@@ -314,8 +361,18 @@ class _LayoutBuilder:
                 self.invalid.append(f"{plan.summary()}: {errs[0]}")
                 continue
             out.append(Layout(plan, ladder, None, bool(self.space.tp) or tp <= cluster.devices_per_node, knobs,
-                              key=cheap_bound(model, cluster, plan), primary=i == 0))
+                              key=cheap_bound(model, cluster, plan, total), primary=i == 0))
         return out
+
+    def _primary(self, base: Plan) -> Plan:
+        """The structure's own layout (``primary``): its even or min-max split."""
+        model, chunks = self.model, base.pp * base.vpp
+        if chunks > 1 and (model.layers % chunks == 0 or (model.layers + 2) % chunks == 0
+                           or not few_splits(model.layers, chunks)):
+            split = self._split(base)
+            if split is not None:
+                return base.with_(layer_split=split)
+        return base
 
     def _split(self, base: Plan) -> tuple[int, ...] | None:
         """The layer split of a pipelined layout: even when possible, else the exact

@@ -9,9 +9,14 @@
   sequences; the published layouts use cp with >= 4096 tokens per rank).
 * pp: any divisor of the remaining devices up to the layer count; uneven layer counts
   get an exact min-max split (:func:`best_split`).
-* vpp: every value with at least one layer per virtual stage, when pp > 1 and the
-  micro-batch count is a multiple of pp (Megatron's interleaving constraint).
-* ep: divisors of dp*cp that divide the expert count (MoE only).
+* vpp: when pp > 1 and the micro-batch count is a multiple of pp (Megatron's
+  interleaving constraint), every value whose virtual stages split the layers evenly, or
+  evenly with the embedding and the loss counted as a layer each; a deep pipeline whose
+  layer count allows neither gets one uneven value
+  (:func:`partita.search.layouts.virtual_stages`).
+* ep: divisors of dp*cp that divide the expert count (MoE only), and - with
+  ``fold_ep`` - divisors of tp*dp*cp beyond them: ep folded into tp (Megatron-Core's MoE
+  parallel folding, expert tensor parallel 1; :func:`partita.plan.ep_folded`).
 * sp: always on with tp > 1 - it keeps tp's communication volume and cuts activation
   memory by tp (Korthikanti et al. 2022), so it dominates sp off.
 * zero: 1 (distributed optimizer) and 2 cost the same time as 0 in our model and use
@@ -20,7 +25,8 @@
 * recompute: none, selective and full.
 * mbs: every divisor of the per-replica batch up to ``max_tokens_per_microbatch``
   (128k) tokens per micro-batch; larger micro-batches only add activation memory once
-  the GEMMs are saturated.
+  the GEMMs are saturated. mbs 1 always (sequences beyond 128k tokens: NeMo's 256k-1M
+  context-parallel runs).
 """
 from __future__ import annotations
 
@@ -67,6 +73,9 @@ class SearchSpace:
     #: MindSpeed its MC2 fusion), overlap_grad_reduce, overlap_param_gather
     options: dict = field(default_factory=lambda: {"tp_comm_overlap": True})
     max_vpp: int = 32
+    #: search ep values folded into tp (ep not dividing dp*cp); the runtime's own search
+    #: (``--plan auto``) turns it off: Partita's runtime carves ep out of dp*cp only
+    fold_ep: bool = True
     min_tokens_per_cp_rank: int = 2048
 
 
