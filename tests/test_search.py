@@ -316,3 +316,20 @@ def test_realistic_uneven_layer_counts_get_uneven_pipelines(name, devices, gbs, 
         stages = lay.plan.stage_layers(model.layers)
         assert sum(stages) == model.layers and len(stages) == 8 * lay.plan.vpp
         assert max(stages) - min(stages[1:-1] or stages) <= 2  # balanced: no stage far above another
+
+
+def test_why_not_names_gradient_knobs_that_differ(llama13_result):
+    """Issue 17's knobs (bf16 reduction, PowerSGD, bucket size, FSDP prefetch) re-rank the
+    search's best plans; when the best plan carries one and an alternative does not, its
+    why-not line names both settings, so the difference is not read as the other knob's."""
+    r = llama13_result
+    best = r.plans[0]
+    knobbed = estimate(r.model, r.cluster, replace(best.plan, grad_dtype="bf16", ddp_bucket_mb=50))
+    knobbed.memory_limit = r.memory_limit_gib
+    plain = why_not(r)
+    r2 = replace(r, plans=[knobbed] + r.plans[1:])
+    lines = why_not(r2)
+    assert lines and all("gradient knobs" not in line for line in plain)
+    slower = [line for line in lines if "step time" in line]
+    assert slower and all(line.endswith("gradient knobs: none vs the best plan's grad_dtype=bf16, ddp_bucket_mb=50")
+                          for line in slower)

@@ -16,6 +16,29 @@ def _biggest_increase(alt: Estimate, best: Estimate) -> str:
     return f"the largest increase is {key} ({share:.0%} of its step)"
 
 
+def grad_knobs(plan) -> str:
+    """The plan's gradient-communication settings that are not the defaults, as plan
+    fields (``grad_dtype=bf16, grad_compression=powersgd (rank 4)``), or "none"."""
+    parts = []
+    if getattr(plan, "grad_compression", "none") == "powersgd":
+        parts.append(f"grad_compression=powersgd (rank {plan.powersgd_rank})")
+    elif plan.grad_dtype == "bf16" and plan.dtype != "fp32":
+        parts.append("grad_dtype=bf16")
+    if getattr(plan, "ddp_bucket_mb", 0):
+        parts.append(f"ddp_bucket_mb={plan.ddp_bucket_mb}")
+    if getattr(plan, "fsdp_prefetch", 1) != 1:
+        parts.append(f"fsdp_prefetch={plan.fsdp_prefetch}")
+    return ", ".join(parts) or "none"
+
+
+def _knob_note(alt, best) -> str:
+    """Where the alternative and the best plan differ in gradient-communication knobs
+    (the knob search, :mod:`.comm_knobs`, re-ranks the best plans with them), the line
+    says so: part of the difference is the knob, not the knob the line is about."""
+    mine, theirs = grad_knobs(alt), grad_knobs(best)
+    return "" if mine == theirs else f"; gradient knobs: {mine} vs the best plan's {theirs}"
+
+
 def why_not(result: SearchResult) -> list[str]:
     """One line per knob: the nearest rejected or slower value, the alternative's full layout
     (the changed knob alone does not say which plan was compared), and its binding reason."""
@@ -46,7 +69,7 @@ def why_not(result: SearchResult) -> list[str]:
                 where = " (crosses nodes)" if cross else ""
                 lines.append(f"{label}{where} ({alt.plan.summary()}): {slower:+.0%} step time "
                              f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s); "
-                             f"{_biggest_increase(alt, best)}")
+                             f"{_biggest_increase(alt, best)}{_knob_note(alt.plan, best.plan)}")
             else:
                 smallest: Attempt = min(group, key=lambda a: a.peak_gib)
                 lines.append(f"{label} ({smallest.plan.summary()}): rank {smallest.peak_rank} needs "
