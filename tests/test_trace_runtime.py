@@ -17,7 +17,8 @@ WORKER = Path(__file__).resolve().parent / "trace_runtime_worker.py"
 sys.path.insert(0, str(WORKER.parents[1]))  # examples/
 CASES = [f"{model}:{plan}" for model in ("tiny_vit", "tiny_unet", "tiny_dit")
          for plan in ("dp=2,zero=3,mbs=1,dtype=fp32", "dp=2,zero=3,mbs=1,recompute=full,dtype=fp32")] + \
-        ["tiny_vit:dp=2,zero=0,mbs=2,recompute=full,dtype=fp32"]
+        ["tiny_vit:dp=2,zero=0,mbs=2,recompute=full,dtype=fp32", "tiny_vit:tp=2,mbs=2,dtype=fp32",
+         "tiny_vit:tp=2,mbs=1,recompute=full,dtype=fp32"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_traced_runtime_refuses_what_it_cannot_run():
     from partita.plan import Plan
     from partita.runtime.traced import parallelize_traced, traced_units
     assert not dist.is_initialized()
-    with pytest.raises(PartitaError, match="not tp=2"):
-        parallelize_traced(tiny_vit()[0], Plan(tp=2))
+    with pytest.raises(PartitaError, match="not pp=2"):
+        parallelize_traced(tiny_vit()[0], Plan(pp=2))
     with pytest.raises(PartitaError, match="no repeated blocks"):
         traced_units(__import__("torch").nn.Linear(2, 2))

@@ -57,16 +57,19 @@ def run_case(case: str) -> dict:
     torch.manual_seed(0)
     # eval mode: no dropout anywhere (diffusers' DiT drops class labels at random in training
     # mode, for classifier-free guidance), so both sides compute the same function
-    model = getattr(traced_models, name)(batch=2)[0].eval()
+    built = getattr(traced_models, name)(batch=2)
+    model = built[0].eval()
+    if len(built) > 2:
+        model.partita_tp_plan = built[2]  # the example's TP plan (ViT)
     reference = copy.deepcopy(model)
     plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)
     pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), device_type="cpu")
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    share = GLOBAL_BATCH // world
+    share, dp_rank = GLOBAL_BATCH // plan.dp, rank // plan.tp  # tp ranks of one dp replica see the same samples
     losses, ref_losses = [], []
     for step in range(STEPS):
         inputs = _global_inputs(name, step)
-        losses.append(pm.train_step(_slice(inputs, rank * share, (rank + 1) * share), _loss))
+        losses.append(pm.train_step(_slice(inputs, dp_rank * share, (dp_rank + 1) * share), _loss))
         out = reference(**inputs) if isinstance(inputs, dict) else reference(*inputs)
         loss = _loss(out, inputs)
         loss.backward()

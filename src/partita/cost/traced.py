@@ -63,7 +63,7 @@ def traced_problems(spec: TracedSpec, plan: Plan, world_size: int | None = None)
                     "use none or full (per block)")
     if plan.tp > 1 and not spec.tp_capable:
         errs.append(f"tp={plan.tp} needs a tensor-parallel plan: trace {spec.name} with tp_plan={{'<module>': "
-                    "'colwise'|'rowwise', ...}}")
+                    "'colwise'|'rowwise', ...}")
     if plan.pp > 1:
         if not spec.pipeline:
             errs.append(f"pp={plan.pp} needs one sequence of repeated blocks; {spec.name}'s "

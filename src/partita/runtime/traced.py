@@ -19,6 +19,7 @@ line), which need the model's TP plan and a block-sequence forward respectively.
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 from typing import Any, Callable
 
@@ -45,18 +46,46 @@ def is_traced_model(model: nn.Module) -> bool:
 
 def traced_units(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks FSDP wraps and checkpointing recomputes, in module order."""
+    return [model.get_submodule(p) for p in _unit_paths(model)]
+
+
+def _unit_paths(model: nn.Module) -> tuple[str, ...]:
     layout = find_blocks(model)
     if not layout.units:
         raise PartitaError(f"{type(model).__name__} has no repeated blocks (no run of 2+ identical children in a "
                            "ModuleList/Sequential/ModuleDict): FSDP units and recompute need them")
-    return [model.get_submodule(p) for p in layout.units]
+    return layout.units
+
+
+def apply_tp_plan(model: nn.Module, tp_plan: dict[str, str], tp_mesh) -> int:
+    """Megatron-style tensor parallel of every block from a transformers/torchtitan-style
+    ``tp_plan`` (``colwise``: output features split, ``rowwise``: input features split and
+    the output all-reduced [Shoeybi et al. 2019]); patterns on full paths or relative to a
+    block, as :func:`partita.trace` reads them. Returns the number of layers split."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    count = 0
+    for path in _unit_paths(model):
+        unit = model.get_submodule(path)
+        styles = {}
+        for rel, _ in unit.named_modules():
+            for pattern, style in tp_plan.items():
+                if rel and (fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(f"{path}.{rel}", pattern)):
+                    kind = str(style).lower()
+                    if "colwise" in kind or "rowwise" in kind:
+                        styles[rel] = ColwiseParallel() if "colwise" in kind else RowwiseParallel()
+        if styles:
+            parallelize_module(unit, tp_mesh, styles)
+            count += len(styles)
+    if not count:
+        raise PartitaError(f"the TP plan names no layer of {type(model).__name__}'s blocks ({', '.join(tp_plan)})")
+    return count
 
 
 def _check(plan: Plan) -> None:
     errs = []
-    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1:
-        errs.append(f"traced models run dp with zero 0-3 and recompute in this runtime, not "
-                    f"tp={plan.tp}/pp={plan.pp}/cp={plan.cp}/ep={plan.ep}")
+    if plan.pp > 1 or plan.cp > 1 or plan.ep > 1:
+        errs.append(f"traced models run dp with zero 0-3, tp (with a TP plan) and recompute in this runtime, not "
+                    f"pp={plan.pp}/cp={plan.cp}/ep={plan.ep}")
     if plan.recompute == "selective":
         errs.append("traced models recompute whole blocks: use recompute=full (or none)")
     if plan.dtype == "fp8":
@@ -134,8 +163,9 @@ def _split(inputs: Any, m: int) -> list[Any]:
 
 def parallelize_traced(model: nn.Module, plan: Plan,
                        make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
-                       device_type: str | None = None) -> TracedParallel:
-    """Apply ``plan`` (dp, zero, recompute, dtype) to any model along its repeated blocks."""
+                       device_type: str | None = None, tp_plan: dict[str, str] | None = None) -> TracedParallel:
+    """Apply ``plan`` (dp, zero, tp, recompute, dtype) to any model along its repeated blocks;
+    tp needs ``tp_plan`` (or the model's ``partita_tp_plan`` attribute)."""
     _check(plan)
     world = dist.get_world_size() if dist.is_initialized() else 1
     if plan.world_size != world:
@@ -144,11 +174,18 @@ def parallelize_traced(model: nn.Module, plan: Plan,
     device_type = detect_device_type(device_type)
     device = local_device(device_type)
     model = model.to(device)
+    from torch.distributed.device_mesh import init_device_mesh
+    if plan.tp > 1:
+        tp_plan = tp_plan or getattr(model, "partita_tp_plan", None)
+        if not tp_plan:
+            raise PartitaError(f"tp={plan.tp} needs a TP plan: parallelize_traced(..., tp_plan={{'<module>': "
+                               "'colwise'|'rowwise'}}) or model.partita_tp_plan")
+        grid = init_device_mesh(device_type, (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
+        apply_tp_plan(model, tp_plan, grid["tp"])
     if plan.recompute == "full":
         apply_block_recompute(units)
-    if world > 1 and plan.zero >= 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
+    if plan.dp > 1 and plan.zero >= 1:
+        mesh = grid["dp"] if plan.tp > 1 else init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
         param_dtype = _DTYPES[plan.dtype]
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
             else MixedPrecisionPolicy()
@@ -156,7 +193,8 @@ def parallelize_traced(model: nn.Module, plan: Plan,
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
         gather_on_outside_use(units)
-    elif world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+    elif plan.dp > 1:
+        group = grid["dp"].get_group() if plan.tp > 1 else None
+        model = nn.parallel.DistributedDataParallel(model, process_group=group)
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
     return TracedParallel(model, make_optimizer(list(model.parameters())), plan, units, device)
