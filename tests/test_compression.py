@@ -119,3 +119,31 @@ def test_cli_refuses_bad_flag_in_one_line():
                            "--grad-compression", "powersgd"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "grad_compression=powersgd needs zero 0" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def _plan_json(*flags):
+    proc = subprocess.run([sys.executable, "-m", "partita", "plan", "--json", "--top", "3", *flags],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_search_picks_powersgd_on_a_slow_network_and_says_why():
+    """LLaMA-2-7B on 64 nodes with 25 Gb/s between them: the exposed dp sync dominates, and
+    PowerSGD's rank-4 factors remove it; without --grad-knobs the plan is uncompressed."""
+    flags = ["--model", "llama2-7b", "--hardware", "ascend-910b3", "--devices", "512", "--devices-per-node", "8",
+             "--global-batch", "512", "--seq-len", "1024", "--set", "inter_node.gbps_per_direction=3.125"]
+    plain = _plan_json(*flags)
+    tried = _plan_json(*flags, "--grad-knobs", "bf16,powersgd")
+    assert plain["plans"][0]["plan"].get("grad_compression", "none") == "none"
+    best = tried["plans"][0]
+    assert best["plan"]["grad_compression"] == "powersgd" and best["plan"]["zero"] == 0
+    assert best["step_time_s"] < 0.9 * plain["plans"][0]["step_time_s"]
+    lines = " ".join(tried["why_not"])
+    assert "grad_compression=none (" in lines and "cuts dp gradient sync" in lines
+
+
+def test_default_scenario_says_powersgd_does_not_fit():
+    out = _plan_json("--grad-knobs", "powersgd")
+    assert any(l.startswith("grad_compression=powersgd: no variant of the best plans fits") for l in out["why_not"])
+    assert out["plans"][0]["plan"].get("grad_compression", "none") == "none"

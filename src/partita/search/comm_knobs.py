@@ -1,0 +1,113 @@
+"""The gradient communication knobs in the search (issue 17): after the layout search,
+each of its best plans is re-estimated with every knob the space allows
+(:attr:`partita.search.space.SearchSpace.grad_knobs`):
+
+* ``bf16`` - ``grad_dtype=bf16``: the data-parallel reduction in bf16 (half the bytes);
+* ``powersgd`` - ``grad_compression=powersgd`` at ``powersgd_rank`` with ``zero=0``
+  (PowerSGD all-reduces low-rank factors, so the optimizer states are replicated: the
+  variant must still fit).
+
+Variants that fit join the ranking; the "why not" lines say, per knob, what the best plan
+with (or without) it would change. A layout search over knobs would multiply the walk by
+their count, while they only change the data-parallel sync and the PowerSGD state - so
+they are tried on the layouts that are already best (the top ``--top`` plans), which is
+where a cheaper sync can reorder the ranking.
+"""
+from __future__ import annotations
+
+from ..estimate import Estimate, estimate
+from ..plan import validate
+from .engine import SearchResult
+
+KNOBS = ("bf16", "powersgd")
+#: a knob changes the numerics (bf16 rounding of the reduced gradients; PowerSGD's low-rank
+#: approximation, with error feedback): a variant joins the ranking only when it saves at
+#: least this share of its plan's step time
+MIN_GAIN = 0.01
+
+
+def variants(plan, knobs: tuple[str, ...], rank: int = 4) -> list:
+    """The plan with each allowed knob (valid ones only)."""
+    out = []
+    if "bf16" in knobs and plan.dtype != "fp32" and plan.grad_dtype != "bf16" and plan.grad_compression == "none":
+        out.append(plan.with_(grad_dtype="bf16"))
+    if "powersgd" in knobs and plan.grad_compression == "none" and plan.zero <= 1 and plan.dp * plan.cp > 1:
+        out.append(plan.with_(zero=0, grad_compression="powersgd", powersgd_rank=rank, grad_dtype="fp32"))
+    return [p for p in out if not validate(p)]
+
+
+def knob_name(plan) -> str:
+    if plan.grad_compression == "powersgd":
+        return f"grad_compression=powersgd (rank {plan.powersgd_rank})"
+    return "grad_dtype=bf16" if plan.grad_dtype == "bf16" and plan.dtype != "fp32" else "none"
+
+
+def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4) -> list[str]:
+    """Add the knob variants of ``result.plans`` that fit, re-rank (keeping as many plans),
+    and return one "why not" line per knob."""
+    if not knobs or not result.plans:
+        return []
+    top = len(result.plans)
+    base = list(result.plans)
+    found: list[Estimate] = []
+    skipped: list[Estimate] = []  # fit, but save less than MIN_GAIN
+    for e in base:
+        for plan in variants(e.plan, knobs, rank):
+            est = estimate(result.model, result.cluster, plan)
+            est.memory_limit = result.memory_limit_gib
+            if not fits_with_state(est):
+                continue
+            if est.step_time_s <= (1 - MIN_GAIN) * e.step_time_s:
+                found.append(est)
+            else:
+                skipped.append(est)
+    ranked = sorted(base + found, key=lambda e: e.step_time_s)
+    result.plans = ranked[:top]
+    best = result.best
+    lines = []
+    for knob in knobs:
+        with_knob = sorted([e for e in ranked + skipped if _has(e.plan, knob)], key=lambda e: e.step_time_s)
+        without = [e for e in ranked if not _has(e.plan, knob)]
+        if _has(best.plan, knob):
+            plain = [e for e in without if knob_name(e.plan) == "none"]
+            if plain or without:
+                alt = (plain or without)[0]
+                lines.append(f"{knob_name(alt.plan) if knob_name(alt.plan) != 'none' else _off(knob)} "
+                             f"({alt.plan.summary()}): {alt.step_time_s / best.step_time_s - 1:+.0%} step time; "
+                             f"{knob_name(best.plan)} cuts dp gradient sync {_sync(alt):.2f} s -> {_sync(best):.2f} s")
+        elif with_knob:
+            alt = with_knob[0]
+            gain = "" if alt in ranked else f" (saves < {MIN_GAIN:.0%} of its plan's step: not proposed)"
+            lines.append(f"{knob_name(alt.plan)} ({alt.plan.summary()}): {alt.step_time_s / best.step_time_s - 1:+.1%} "
+                         f"step time; dp gradient sync {_sync(alt):.2f} s vs {_sync(best):.2f} s{gain}")
+        else:
+            lines.append(f"{_on(knob)}: no variant of the best plans fits in {result.memory_limit_gib:.1f} GiB")
+    return lines
+
+
+def fits_with_state(est: Estimate) -> bool:
+    """Whether the plan fits with PowerSGD's error-feedback and factor buffers added
+    (:func:`partita.cost.compression.dp_gradient_bytes` ``state``; the memory model of
+    :mod:`partita.cost.memory` does not hold them)."""
+    from ..cost.compression import dp_gradient_bytes
+    from ..cost.memory import GIB
+    extra = dp_gradient_bytes(est.model, est.plan)["state"] / GIB
+    return est.peak_memory_gib + extra <= est.memory_limit_gib
+
+
+def _has(plan, knob: str) -> bool:
+    if knob == "powersgd":
+        return plan.grad_compression == "powersgd"
+    return plan.grad_dtype == "bf16" and plan.dtype != "fp32" and plan.grad_compression == "none"
+
+
+def _on(knob: str) -> str:
+    return "grad_compression=powersgd" if knob == "powersgd" else "grad_dtype=bf16"
+
+
+def _off(knob: str) -> str:
+    return "grad_compression=none" if knob == "powersgd" else "grad_dtype=fp32"
+
+
+def _sync(e: Estimate) -> float:
+    return e.time.parts.get("dp gradient sync", 0.0)
