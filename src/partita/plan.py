@@ -121,10 +121,6 @@ class Plan:
     powersgd_rank: int = 4
     ddp_bucket_mb: int = 0
     fsdp_prefetch: int = 1
-    grad_compression: str = "none"
-    powersgd_rank: int = 4
-    ddp_bucket_mb: int = 0
-    fsdp_prefetch: int = 1
     #: the framework the plan is estimated as run by (cost/frameworks.py: its documented
     #: differences in saved activations, recompute, state bytes and overlap)
     framework: str = "megatron"
@@ -180,10 +176,6 @@ class Plan:
             parts.append(f"hsdp{self.dp_shard}")
         if self.grad_accum_mode != "sharded" and self.zero >= 2 and self.grad_accum > 1:
             parts.append("ga-unsharded")
-        if self.grad_compression == "powersgd":
-            parts.append(f"psgd{self.powersgd_rank}")
-        elif self.grad_dtype == "bf16" and self.dtype != "fp32":
-            parts.append("g-bf16")
         if self.grad_compression == "powersgd":
             parts.append(f"psgd{self.powersgd_rank}")
         elif self.grad_dtype == "bf16" and self.dtype != "fp32":
@@ -348,7 +340,6 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     elif 0 < plan.dp_shard < plan.dp and plan.zero < 1:
         errs.append(f"dp_shard={plan.dp_shard} < dp (HSDP) needs zero 1, 2 or 3 (something to shard), got zero 0")
     errs += _validate_compression(plan)
-    errs += _validate_compression(plan)
     if world_size is not None and plan.world_size != world_size:
         errs.append(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} "
                     f"must equal the device count {world_size}")
@@ -368,27 +359,6 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     errs += _validate_ep(plan)
     if model is not None:
         errs += _validate_against_model(plan, model)
-    return errs
-
-
-def _validate_compression(plan: Plan) -> list[str]:
-    """The communication knobs (issue 17): one line per bad value, naming the right ones."""
-    errs: list[str] = []
-    if plan.grad_compression not in GRAD_COMPRESSIONS:
-        errs.append(f"grad_compression must be none or powersgd, got {plan.grad_compression!r}")
-    elif plan.grad_compression == "powersgd":
-        if not 1 <= plan.powersgd_rank <= 1024:
-            errs.append(f"powersgd_rank must be from 1 to 1024, got {plan.powersgd_rank}")
-        if plan.zero != 0:
-            errs.append(f"grad_compression=powersgd needs zero 0 (it all-reduces low-rank factors; ZeRO {plan.zero} "
-                        "reduce-scatters gradient shards, which cannot carry them)")
-        if plan.grad_dtype == "bf16":
-            errs.append("grad_compression=powersgd already compresses the gradients; use grad_dtype fp32 with it")
-    if not 0 <= plan.ddp_bucket_mb <= 65536:
-        errs.append(f"ddp_bucket_mb must be from 0 (framework default) to 65536, got {plan.ddp_bucket_mb}")
-    if not 1 <= plan.fsdp_prefetch <= 8:
-        errs.append(f"fsdp_prefetch must be from 1 (FSDP2's implicit next-block prefetch) to 8 blocks ahead, "
-                    f"got {plan.fsdp_prefetch}")
     return errs
 
 

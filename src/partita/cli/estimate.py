@@ -9,7 +9,6 @@ from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_VPP
 from .types import positive_int
 from ..cost.compression import dp_gradient_bytes
-from ..cost.compression import dp_gradient_bytes
 from .traced import add_trace_args, cmd_estimate_traced, is_traced
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg
@@ -40,22 +39,7 @@ def add_parser(sub) -> None:
                      help="overlap tensor-parallel communication (Megatron --tp-comm-overlap, Ascend MC2)")
     add_report_arg(est)
     add_comm_knob_arguments(est)
-    add_comm_knob_arguments(est)
     est.set_defaults(func=cmd_estimate)
-
-
-def add_comm_knob_arguments(p: argparse.ArgumentParser, search: bool = False) -> None:
-    """The data-parallel communication knobs (plan fields grad_dtype, grad_compression,
-    powersgd_rank, ddp_bucket_mb, fsdp_prefetch; docs/compression.md)."""
-    fix = "fix " if search else ""
-    p.add_argument("--grad-dtype", choices=["fp32", "bf16"],
-                   help=fix + "dtype of the data-parallel gradient reduction (bf16 halves its bytes; default fp32)")
-    p.add_argument("--grad-compression", choices=["none", "powersgd"],
-                   help=fix + "low-rank gradient compression of the data-parallel all-reduce (zero 0; default none)")
-    p.add_argument("--powersgd-rank", type=positive_int(1024), help="PowerSGD rank (default 4)")
-    if not search:
-        p.add_argument("--ddp-bucket-mb", type=int, help="DDP gradient bucket size in MiB (default: framework's)")
-        p.add_argument("--fsdp-prefetch", type=int, help="FSDP2 all-gather prefetch depth in blocks (default 1)")
 
 
 def add_comm_knob_arguments(p: argparse.ArgumentParser, search: bool = False) -> None:
@@ -109,9 +93,6 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
     for knob in ("grad_dtype", "grad_compression", "powersgd_rank", "ddp_bucket_mb", "fsdp_prefetch"):
         if getattr(args, knob) is not None:
             fields[knob] = getattr(args, knob)
-    for knob in ("grad_dtype", "grad_compression", "powersgd_rank", "ddp_bucket_mb", "fsdp_prefetch"):
-        if getattr(args, knob) is not None:
-            fields[knob] = getattr(args, knob)
     return Plan.from_dict(fields, "plan")
 
 
@@ -155,7 +136,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         out = est.to_dict()
         out["framework"] = est.plan.framework
-        out["dp_gradient_bytes"] = dp_gradient_bytes(est.model, est.plan)
         out["dp_gradient_bytes"] = dp_gradient_bytes(est.model, est.plan)
         if tokens:
             out["run_days"] = est.run_days(tokens)

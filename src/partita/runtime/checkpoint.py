@@ -35,7 +35,6 @@ from torch.distributed.tensor import DTensor, Shard
 from ..errors import PartitaError
 from .checkpoint_integrity import gather, gather_nonempty
 from .compression import compression_tensors, load_targets as compression_targets, restore as restore_compression
-from .compression import compression_tensors, load_targets as compression_targets, restore as restore_compression
 from . import checkpoint_storage as storage
 from .checkpoint_storage import (LEGACY_MARKER, MANIFEST, ChecksummingWriter, FileRecord, ManifestError, NonFiniteState,
                                  available,

@@ -26,7 +26,6 @@ from torch.distributed.tensor.parallel import loss_parallel
 from ..errors import PartitaError
 from ..plan import Plan, axis_index, check
 from .compression import apply_comm_knobs, ddp_kwargs, fsdp_kwargs
-from .compression import apply_comm_knobs, ddp_kwargs, fsdp_kwargs
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
@@ -332,14 +331,12 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     if data_mesh.size() > 1:
         dp_group = data_mesh.get_group() if data_mesh.ndim == 1 else mesh["dp"].get_group()
     compression_state = apply_comm_knobs(modules, plan, grad_sync, dp_group)  # grad_dtype, PowerSGD
-    compression_state = apply_comm_knobs(modules, plan, grad_sync, dp_group)  # grad_dtype, PowerSGD
     optimizer = _build_optimizer(modules, plan, make_optimizer, dp_group, edp_group)
     scaler = torch.amp.GradScaler(device_type) if plan.dtype == "fp16" else None
     pm = ParallelModel(plan=plan, modules=modules, optimizer=optimizer, device=device, mesh=mesh,
                        max_grad_norm=max_grad_norm, grad_sync=grad_sync, scaler=scaler, _autocast=autocast,
                        pp_group=mesh["pp"].get_group() if plan.pp > 1 else None, dp_group=dp_group, ep_group=ep_group)
     pm.aux_record = aux_record
-    pm.compression_state = compression_state  # PowerSGD state: checkpointed (runtime/compression.py)
     pm.compression_state = compression_state  # PowerSGD state: checkpointed (runtime/compression.py)
     pm.cp_positions = cp_positions
     pm.init_source, pm.init_read = getattr(source, "path", None) and str(source.path), written
