@@ -23,7 +23,8 @@ from .result import Export
 
 TOP_LEVEL_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "bf16", "fp16", "zero_optimization", "activation_checkpointing",
-                  "steps_per_print", "wall_clock_breakdown", "pipeline", "sequence_parallel_size", "tensor_parallel"}
+                  "steps_per_print", "wall_clock_breakdown", "pipeline", "sequence_parallel_size", "tensor_parallel",
+                  "communication_data_type"}
 
 
 def _check_expressible(plan: Plan) -> None:
@@ -41,6 +42,22 @@ def _check_expressible(plan: Plan) -> None:
     if plan.pp > 1 and plan.zero >= 2:
         raise PartitaError(f"zero={plan.zero} with pp={plan.pp}: DeepSpeed's pipeline engine asserts ZeRO-2 and "
                            "ZeRO-3 are incompatible with pipeline parallelism; re-plan with --zero 1 or --pp 1")
+
+
+def _comm_knobs(plan: Plan, cfg: dict, warn: list[str]) -> None:
+    """Issue 17's knobs: grad_dtype bf16 -> communication_data_type; ddp_bucket_mb ->
+    zero_optimization.reduce_bucket_size (elements); PowerSGD and FSDP prefetch depth have
+    no ds_config option (warnings)."""
+    if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
+        cfg["communication_data_type"] = "bf16"
+    if plan.ddp_bucket_mb:
+        cfg["zero_optimization"]["reduce_bucket_size"] = plan.ddp_bucket_mb * 2**20 // (2 if plan.grad_dtype == "bf16" else 4)
+    if plan.grad_compression == "powersgd":
+        warn.append(f"grad_compression=powersgd (rank {plan.powersgd_rank}): ds_config has no PowerSGD option "
+                    "(its compressed optimizers, 1-bit Adam / 0/1 Adam, are other algorithms); emitted uncompressed")
+    if plan.fsdp_prefetch != 1 and plan.zero == 3:
+        warn.append(f"fsdp_prefetch={plan.fsdp_prefetch}: ZeRO-3 prefetches by bytes "
+                    "(stage3_prefetch_bucket_size), not blocks; emitted its default")
 
 
 def ds_config(plan: Plan) -> tuple[dict, list[str]]:
@@ -66,6 +83,7 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     elif plan.dtype == "fp8":
         cfg["bf16"] = {"enabled": True}
         warn.append("dtype=fp8: ds_config has no fp8 GEMM switch (use Transformer Engine layers); emitted bf16")
+    _comm_knobs(plan, cfg, warn)
     if plan.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
         warn.append(f"recompute={plan.recompute}: DeepSpeed checkpoints what the model code wraps with "

@@ -96,8 +96,10 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
     elif plan.dtype == "fp8":
         add(["--bf16", "--fp8-format", "hybrid"])
     if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
-        warn.append("grad_dtype=bf16: Megatron-LM reduces gradients in fp32 with --bf16; "
-                    "kept fp32 (the closest exact setting)")
+        add(["--grad-reduce-in-bf16"])  # Megatron-Core DDP: gradient buffers and reduction in bf16
+    warn += comm_knob_warnings(plan)
+    if plan.ddp_bucket_mb and plan.dp * plan.cp > 1:  # --ddp-bucket-size counts elements, not bytes
+        add(["--ddp-bucket-size", str(plan.ddp_bucket_mb * 2**20 // (2 if plan.grad_dtype == "bf16" else 4))])
     if plan.schedule == "gpipe":
         warn.append("schedule=gpipe: Megatron-LM always runs 1F1B (interleaved with vpp); emitted 1F1B, "
                     "which holds fewer micro-batches in flight")
@@ -181,6 +183,20 @@ def _render(args: list[str], warnings: list[str], target: str, env: dict[str, st
         i = j
     lines.append(" \\\n".join(pairs))
     return "\n".join(lines) + "\n"
+
+
+def comm_knob_warnings(plan: Plan) -> list[str]:
+    """Issue 17's knobs that Megatron-LM / MindSpeed-LLM have no option for."""
+    warn = []
+    if plan.grad_compression == "powersgd":
+        warn.append(f"grad_compression=powersgd (rank {plan.powersgd_rank}): Megatron-LM and MindSpeed have no "
+                    "gradient compression option; emitted an uncompressed all-reduce (the plan's dp sync estimate "
+                    "assumes PowerSGD: re-estimate without it, or run Partita's runtime, which applies torch's "
+                    "powerSGD_hook)")
+    if plan.fsdp_prefetch != 1 and plan.zero >= 2:
+        warn.append(f"fsdp_prefetch={plan.fsdp_prefetch}: Megatron-FSDP sets no prefetch depth from the command "
+                    "line; emitted its default")
+    return warn
 
 
 def export_megatron(plan: Plan, model=None) -> Export:

@@ -103,6 +103,12 @@ def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, l
     local = plan.gbs // plan.dp if plan.pp > 1 else plan.mbs
     train: dict = {"local_batch_size": local, "global_batch_size": plan.gbs, "seq_len": plan.seq_len,
                    "max_norm": 1.0, "mixed_precision_param": PRECISION[plan.dtype], "mixed_precision_reduce": "float32"}
+    if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
+        warn.append("grad_dtype=bf16: torchtitan 0.3.0's training.mixed_precision_reduce accepts only float32; "
+                    "emitted float32 (twice the planned dp gradient bytes)")
+    if plan.grad_compression == "powersgd" or plan.fsdp_prefetch != 1 or plan.ddp_bucket_mb:
+        warn.append("grad_compression / fsdp_prefetch / ddp_bucket_mb: torchtitan has no option for them "
+                    "(FSDP2/DDP from its own parallelize code); emitted its defaults, uncompressed")
     if plan.pp > 1 or plan.ep > 1:
         train["disable_cuda_graphs"] = True  # Trainer.Config._validate_cuda_graphs
     if plan.dtype == "fp8":
