@@ -65,7 +65,8 @@ def run_case(case: str) -> dict:
     plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)
     pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), device_type="cpu")
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    share, dp_rank = GLOBAL_BATCH // plan.dp, rank // plan.tp  # tp ranks of one dp replica see the same samples
+    # mesh order (pp, dp, cp, tp): tp and pp ranks of one dp replica see the same samples
+    share, dp_rank = GLOBAL_BATCH // plan.dp, (rank // plan.tp) % plan.dp
     losses, ref_losses = [], []
     for step in range(STEPS):
         inputs = _global_inputs(name, step)
@@ -77,12 +78,19 @@ def run_case(case: str) -> dict:
         opt.zero_grad()
         ref_losses.append(float(loss))
     ref_params = dict(reference.named_parameters())
-    diff = 0.0
+    # each rank compares the parameters it trains (all of them, except under pp: its stage's)
+    diff, compared = 0.0, 0
     for n, p in pm.module.named_parameters():
+        if not pm.optimizer.state.get(p):
+            continue
         key = n.removeprefix("module.")
         diff = max(diff, float((_local(p) - ref_params[key].detach()).abs().max()))
-    dist.barrier()
-    return {"losses": losses, "reference": ref_losses, "param_abs_diff": diff, "units": len(pm.units)}
+        compared += 1
+    stats = torch.tensor([diff, float(compared)])
+    dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
+    dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
+    return {"losses": losses, "reference": ref_losses, "param_abs_diff": float(stats[0]),
+            "compared": int(stats[1]) // (world // plan.pp), "params": len(ref_params), "units": len(pm.units)}
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ class of the longest run of identical children). Order, as torchtitan applies it
    saving); zero 0 - DDP (``DistributedDataParallel``) [Zhao et al. 2023, PyTorch FSDP];
 3. the optimizer over the (sharded) parameters.
 
-Not yet for traced models: tensor and pipeline parallel (the plan is refused in one
-line), which need the model's TP plan and a block-sequence forward respectively.
+Tensor parallel (``tp``) applies the model's TP plan to every block (:func:`apply_tp_plan`)
+before the rest; pipeline parallel (``pp``) splits a block-sequence forward over ranks
+(:mod:`.traced_pipeline`). Not for traced models: context and expert parallel.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from ..errors import PartitaError
 from ..plan import Plan
 from ..tracing.blocks import find_blocks
 from .device import detect_device_type, local_device
+from .traced_pipeline import TracedPipeline, split_micro_batches
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
@@ -83,9 +85,9 @@ def apply_tp_plan(model: nn.Module, tp_plan: dict[str, str], tp_mesh) -> int:
 
 def _check(plan: Plan) -> None:
     errs = []
-    if plan.pp > 1 or plan.cp > 1 or plan.ep > 1:
-        errs.append(f"traced models run dp with zero 0-3, tp (with a TP plan) and recompute in this runtime, not "
-                    f"pp={plan.pp}/cp={plan.cp}/ep={plan.ep}")
+    if plan.cp > 1 or plan.ep > 1:
+        errs.append(f"traced models run dp with zero 0-3, tp (with a TP plan), pp and recompute in this runtime, "
+                    f"not cp={plan.cp}/ep={plan.ep}")
     if plan.recompute == "selective":
         errs.append("traced models recompute whole blocks: use recompute=full (or none)")
     if plan.dtype == "fp8":
@@ -136,7 +138,7 @@ class TracedParallel:
         m = self.plan.grad_accum
         device = self.device
         total = torch.zeros((), device=device)
-        for chunk in _split(inputs, m):
+        for chunk in split_micro_batches(inputs, m):
             chunk = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, chunk)
             out = self.module(**chunk) if isinstance(chunk, dict) else self.module(*chunk)
             loss = loss_fn(out, chunk) / m
@@ -148,17 +150,6 @@ class TracedParallel:
             dist.all_reduce(total)
             total /= self.plan.dp
         return float(total)
-
-
-def _split(inputs: Any, m: int) -> list[Any]:
-    """``m`` micro-batches of ``inputs`` along dim 0 (tensors with a batch dimension)."""
-    leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.dim()]
-    batch = leaves[0].shape[0] if leaves else 0
-    if batch % m:
-        raise PartitaError(f"this rank's batch of {batch} samples does not split into {m} micro-batches")
-    size = batch // m
-    return [tree_map(lambda t: t[i * size:(i + 1) * size] if isinstance(t, torch.Tensor) and t.dim()
-                     and t.shape[0] == batch else t, inputs) for i in range(m)]
 
 
 def parallelize_traced(model: nn.Module, plan: Plan,
@@ -174,6 +165,11 @@ def parallelize_traced(model: nn.Module, plan: Plan,
     device_type = detect_device_type(device_type)
     device = local_device(device_type)
     model = model.to(device)
+    make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
+    if plan.pp > 1:  # pipeline over the block sequence (traced_pipeline.py)
+        if plan.recompute == "full":
+            apply_block_recompute(units)
+        return TracedPipeline(model, plan, make_optimizer(list(model.parameters())), device)
     from torch.distributed.device_mesh import init_device_mesh
     if plan.tp > 1:
         tp_plan = tp_plan or getattr(model, "partita_tp_plan", None)
@@ -196,5 +192,4 @@ def parallelize_traced(model: nn.Module, plan: Plan,
     elif plan.dp > 1:
         group = grid["dp"].get_group() if plan.tp > 1 else None
         model = nn.parallel.DistributedDataParallel(model, process_group=group)
-    make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
     return TracedParallel(model, make_optimizer(list(model.parameters())), plan, units, device)
