@@ -435,12 +435,12 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
             continue
         done.add(key)
         dense, expert = _shape_params(model, plan, shape)
-        t_rs = t_ag = 0.0
+        t_rs = t_ag = t_psgd = 0.0
         rs = grad_reduce(dev, dense * _grad_bytes(plan), (g, k), rspan) + grad_reduce(dev, expert * _grad_bytes(plan), (eg, ek), rspan)
         if plan.zero == 0:  # grad_compression (PowerSGD) shrinks the bytes and adds its own work
             f, t_psgd = compression.reduce_terms(model, dev, plan, dense + expert, shape)
             t_rs = comm.all_reduce(dev, f * dense * _grad_bytes(plan), g, k) + comm.all_reduce(
-                dev, f * expert * _grad_bytes(plan), eg, ek) + t_psgd
+                dev, f * expert * _grad_bytes(plan), eg, ek)
         elif plan.zero in (1, 2):
             t_rs = rs
             t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)
@@ -459,7 +459,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         elif plan.zero == 2 and not full_gradients(plan):
             exp_rs *= plan.grad_accum  # not overlapped: every micro-batch's reduce-scatter waits
         exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if _param_gather_overlaps(plan) else t_ag
-        worst_dp = max(worst_dp, exp_rs + exp_ag)
+        worst_dp = max(worst_dp, exp_rs + exp_ag + t_psgd)  # PowerSGD's GEMMs share the compute stream
         shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense
         shard_expert = expert / expert_state_shard(plan) if plan.zero >= 1 else expert
         opt_bytes = ADAM_STEP_BYTES_PER_PARAM * (shard_dense + shard_expert)
