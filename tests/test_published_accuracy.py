@@ -43,15 +43,12 @@ def test_every_source_has_cited_facts(published_csv):
 
 def test_facts_come_from_the_table(published_csv):
     """The looked-up facts reach the plan: NeMo/dgxc rows bf16 gradients and TP overlap,
-    the Megatron README rows TP overlap with fp32 gradients, the others neither - except
-    torchtitan rows whose notes say async TP; every row is estimated as run by its
-    source's framework (``RUNS_AS``)."""
+    the Megatron README rows TP overlap with fp32 gradients, the others neither; every row
+    is estimated as run by its source's framework (``RUNS_AS``)."""
     cases, _ = load_cases(published_csv)
     for case in cases:
         facts = SOURCE_FACTS[case.source]
-        async_tp = case.plan.framework == "torchtitan" and case.plan.tp_comm_overlap
-        assert (case.plan.grad_dtype, case.plan.tp_comm_overlap or async_tp) == \
-            (facts.grad_dtype, facts.tp_comm_overlap or async_tp)
+        assert (case.plan.grad_dtype, case.plan.tp_comm_overlap) == (facts.grad_dtype, facts.tp_comm_overlap)
         assert case.plan.framework == runs_as(facts)
     seen = {(c.source, c.plan.grad_dtype, c.plan.tp_comm_overlap) for c in cases}
     assert ("dgxc-25.04", "bf16", True) in seen and ("megatron-readme-h100", "fp32", True) in seen

@@ -5,4 +5,5 @@
 * :mod:`.memory`    - per-rank memory: weights, gradients, optimizer, activations, buffers
 * :mod:`.pipeline`  - schedule formulas: in-flight micro-batches and bubbles
 * :mod:`.step`      - the step-time breakdown that puts them together
+* :mod:`.frameworks` - what changes when a named framework runs the plan (``--framework``)
 """
