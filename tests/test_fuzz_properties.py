@@ -47,8 +47,17 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_
 # ------------------------------------------------------------------ running one CLI example
 
 
-def run_cli(argv: list[str]) -> dict:
-    """``partita_main(argv)`` in a forked child: rc, stdout, stderr, raised, hung."""
+class _Launched(BaseException):
+    """Raised in a ``partita train`` child instead of starting torchrun: the input was accepted."""
+
+
+def _refuse_launch(*args, **kwargs):
+    raise _Launched()
+
+
+def run_cli(argv: list[str], no_launch: bool = False) -> dict:
+    """``partita_main(argv)`` in a forked child: rc, stdout, stderr, raised, hung. With
+    ``no_launch`` a ``train`` that passes validation stops where torchrun would start (rc 0)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -57,7 +66,12 @@ def run_cli(argv: list[str]) -> dict:
         sys.stdout, sys.stderr = out, err
         result: dict = {"raised": None}
         try:
+            if no_launch:
+                import partita.train.launch as launch
+                launch.run_watched = _refuse_launch
             result["rc"] = partita_main(argv)
+        except _Launched:
+            result["rc"] = 0
         except BaseException:  # noqa: BLE001 - what escaped main is the finding
             result["rc"], result["raised"] = 1, traceback.format_exc()
         result["stdout"], result["stderr"] = out.getvalue()[-100000:], err.getvalue()[-10000:]
@@ -101,9 +115,9 @@ def _finite_output(text: str) -> bool:
     return True
 
 
-def assert_clean(argv: list[str], must_refuse: bool = False) -> dict:
+def assert_clean(argv: list[str], must_refuse: bool = False, no_launch: bool = False) -> dict:
     """The property: an answer with finite numbers, or one ``partita: error:`` line and exit 2."""
-    r = run_cli(argv)
+    r = run_cli(argv, no_launch)
     assert not r["hung"], f"hung for {HANG_S} s: {argv}"
     assert not r["raised"], f"exception escaped main for {argv}:\n{r['raised']}"
     assert "Traceback" not in r["stderr"] and "internal error" not in r["stderr"], (argv, r["stderr"])
@@ -265,3 +279,31 @@ def test_set_paths(path, value):
         section, _, field = path.partition(".")
         from partita.spec.hardware import _SECTIONS
         assert field.strip() in _SECTIONS.get(section.strip(), ()), (path, value)
+
+
+#: train flags whose values are numbers >= 0 (their bounds in partita.train.config)
+_TRAIN_NUMBERS = ["--steps", "--seed", "--lr", "--warmup-steps", "--min-lr", "--max-grad-norm", "--skip-nonfinite",
+                  "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--eval-every", "--eval-batches",
+                  "--checkpoint-every", "--keep", "--save-hf-shard-mb", "--timeout-s", "--nproc", "--nnodes",
+                  "--node-rank", "--max-restarts", "--global-batch", "--seq-len", "--mbs"]
+
+
+def _negative_or_not_finite(value: str) -> bool:
+    try:
+        x = float(value.replace("_", "x"))
+    except ValueError:
+        return False
+    return not math.isfinite(x) or x < 0
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=40, **SETTINGS)
+@given(st.sampled_from(_TRAIN_NUMBERS), WILD_TEXT)
+def test_train_flag_values(folder, flag, value):
+    """Any text for a numeric ``partita train`` flag: refused with one line on the launcher, or
+    accepted (the child stops where torchrun would start; no worker runs); a negative or
+    non-finite value is never accepted (issue 16: a rank's raw exception before)."""
+    import partita.runtime.device  # noqa: F401  (torch, loaded once before forking)
+    argv = ["train", "--model", "tiny-llama", "--steps", "1", "--no-progress", "--run-dir", str(folder / "train-run"),
+            f"{flag}={value}"]
+    assert_clean(argv, must_refuse=_negative_or_not_finite(value), no_launch=True)

@@ -45,6 +45,8 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
     from ..train.launch import prepare_run, remove_torchrun_logs, run_watched
     from ..train.ownership import STOP_FILE, JobLock
     from ..train.preflight import writable_dir
+    from .types import check_device_type
+    check_device_type(config.device, "--device")  # --device tpu: one line, not a launched job (fuzz_cli)
     for flag, folder in (("--checkpoint-dir", config.checkpoint_dir), ("--run-dir", launch.run_dir)):
         if folder:
             writable_dir(folder, flag)  # a file or an unwritable place: one line, before the lock is taken

@@ -153,7 +153,8 @@ class LaunchConfig:
     node_rank: int = option(0, "this node's rank (multi-node)", bounds=(0, 100000))
     rdzv_endpoint: str = option("", "host:port of the rendezvous (multi-node)")
     rdzv_id: str = option("partita", "rendezvous id (multi-node)")
-    max_restarts: int = option(0, "torchrun restarts of a failed job (elastic; resumes from the newest checkpoint)")
+    max_restarts: int = option(0, "torchrun restarts of a failed job (elastic; resumes from the newest checkpoint)",
+                               bounds=(0, 1000))
     hardware: str | None = option(None, "print the planner's prediction and MFU against this device's peak")
     no_progress: bool = option(False, "plain lines instead of a progress bar")
     run_dir: str | None = option(None, "where the plan, metrics and logs go (default: runs/<timestamp> here)")

@@ -83,6 +83,10 @@ def check_data(path: str | None, flag: str, vocab: int | None) -> None:
         raise PartitaError(f"{flag} {path} does not exist")
     if p.suffix == ".npy":
         check_token_file(p, flag, vocab)
+    elif p.is_dir() and not any(f.suffix in (".txt", ".jsonl") for f in p.rglob("*")):  # data.py's formats
+        raise PartitaError(f"{flag} {path}: no .txt or .jsonl files inside; give a text file or a directory of them")
+    elif p.is_file() and p.stat().st_size == 0:
+        raise PartitaError(f"{flag} {path} is empty; give a file with text to train on")
     elif p.is_file():
         try:
             with open(p, "rb") as f:
