@@ -36,6 +36,7 @@ from ..errors import PartitaError
 from ..spec.traced import TracedBlock, TracedSpec
 from .attention import FusedAttentionMode
 from .blocks import BlockLayout, find_blocks
+from .replay import Replays
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -68,6 +69,8 @@ class _Recorder:
     allreduce: dict[str, int] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     attention_flops: dict[str, float] = field(default_factory=dict)
+    fake: int = 0  # keys of replayed storages (negative: never a real storage id)
+    sources: dict[str, str] = field(default_factory=dict)  # replayed unit -> the unit it copies
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -81,6 +84,15 @@ class _Recorder:
             bool(self.leaf and self.leaf[-1] in self.row)
         self.saved[k] = (owner, _nbytes(t), split)
         return t
+
+    def replay(self, path: str, source: str) -> None:
+        """Copy the saved storages and all-reduce bytes of ``source`` to the replayed ``path``."""
+        for owner, nbytes, split in [v for v in self.saved.values() if v[0] == source]:
+            self.fake -= 1
+            self.saved[self.fake] = (path, nbytes, split)
+        if source in self.allreduce:
+            self.allreduce[path] = self.allreduce[source]
+        self.sources[path] = source
 
     def tensors(self, tree: Any) -> dict[int, int]:
         out = {}
@@ -156,7 +168,7 @@ def _first_float(out: Any) -> torch.Tensor:
 
 
 def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recorder,
-         loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[dict, dict]:
+         loss_fn: Callable[[Any], torch.Tensor] | None, replay: bool = True) -> tuple[dict, dict]:
     """Forward + backward under the counters; FLOPs by module path, forward and total."""
     state = {n: p for n, p in model.named_parameters()}
     state.update(dict(model.named_buffers()))
@@ -167,6 +179,7 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
     attention = FusedAttentionMode()
     rec.attention = attention
     handles = _hooks(model, rec)
+    replays = Replays(model, rec.units, rec) if on_meta and replay else None
     try:
         with FlopCounterMode(display=False) as counter, attention:
             with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
@@ -181,11 +194,28 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
     finally:
         for h in handles:
             h.remove()
+        if replays is not None:
+            replays.restore()
     root = type(model).__name__
     strip = lambda d: {("" if k == root else k[len(root) + 1:]): v for k, v in d.items()
                        if k == root or k.startswith(root + ".")} | {"<global>": d.get("Global", 0.0)}
     rec.attention_flops = strip(attn)
-    return strip(forward), strip(total)
+    forward, total = strip(forward), strip(total)
+    for path, source in (replays.pairs if replays else []):
+        _add_replayed(forward, total, rec.attention_flops, path, source)
+    return forward, total
+
+
+def _add_replayed(forward: dict, total: dict, attention: dict, path: str, source: str) -> None:
+    """Credit a replayed unit, its ancestors and the whole model with ``source``'s FLOPs."""
+    f, t = forward.get(source, 0.0), total.get(source, 0.0)
+    attention[path] = attention.get(source, 0.0)
+    parts = path.split(".")
+    for target in ["<global>", ""] + [".".join(parts[:i]) for i in range(1, len(parts))]:
+        if target in forward:  # modules the counter tracked (it never sees a container that is not called)
+            forward[target] += f
+            total[target] = total.get(target, 0.0) + t
+    forward[path], total[path] = f, t
 
 
 def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[TracedBlock, ...]:
@@ -199,7 +229,8 @@ def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[T
         kept.update(new_inputs)
         tp_params = sum(t.numel() for p in rec.col | rec.row if p.startswith(path + ".")
                         for t in model.get_submodule(p).parameters())
-        tp_flops = sum(fwd.get(p, 0.0) for p in rec.col | rec.row if p.startswith(path + "."))
+        src = rec.sources.get(path, path)  # a replayed unit's inner modules did not run: its source's did
+        tp_flops = sum(fwd.get(p, 0.0) for p in rec.col | rec.row if p.startswith(src + "."))
         tp_flops += rec.attention_flops.get(path, 0.0) if tp_params else 0.0
         out.append(TracedBlock(
             name=path, params=params[path], forward_flops=fwd.get(path, 0.0),
@@ -216,7 +247,7 @@ def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[T
 
 def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | None = None,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, name: str | None = None,
-          batch: int | None = None, on: str = "auto") -> TracedSpec:
+          batch: int | None = None, on: str = "auto", replay: bool = True) -> TracedSpec:
     """Trace ``model`` on ``example_inputs`` (a tensor, a tuple of positional inputs, or a
     dict of keyword inputs) and return its :class:`TracedSpec` for the planner.
 
@@ -224,7 +255,8 @@ def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | No
     ``base_model_tp_plan`` and torchtitan write it; ``loss_fn``: turns the output into a
     scalar (default: the sum of the first floating output); ``batch``: samples in the
     example batch (default: the first input's first dimension); ``on``: ``"meta"``,
-    ``"real"`` or ``"auto"`` (module docstring)."""
+    ``"real"`` or ``"auto"`` (module docstring); ``replay``: trace each distinct block call
+    once and replay identical ones (:mod:`.replay`, meta only)."""
     args, kwargs = _split_inputs(example_inputs)
     if on not in ("auto", "meta", "real"):
         raise PartitaError(f"trace(on={on!r}): use 'meta', 'real' or 'auto'")
@@ -235,7 +267,7 @@ def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | No
     for i, where in enumerate(attempts):
         rec = _Recorder(set(), set(layout.units), col, row)
         try:
-            fwd, total = _run(model, args, kwargs, where == "meta", rec, loss_fn)
+            fwd, total = _run(model, args, kwargs, where == "meta", rec, loss_fn, replay)
             break
         except PartitaError:
             raise
