@@ -127,10 +127,10 @@ def last_gemm(model: ModelSpec, device: Device, shape: LayerShape, moe: bool) ->
         mo = model.moe
         if not mo.shared_experts:
             return 0.0, 0.0
-        shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp
-        return shared / mats, gemm_time(device, shared, shape.dtype, mats) / mats
-    mlp = 2 * tokens * mats * h * model.ffn_hidden / tp
-    return mlp / mats, gemm_time(device, mlp, shape.dtype, mats) / mats
+        shared_mlp = mo.shared_experts * mats * 2 * tokens * h * mo.shared_ffn_hidden / tp
+        return shared_mlp / mats, gemm_time(device, shared_mlp, shape.dtype, mats) / mats
+    dense_mlp = mats * 2 * tokens * h * model.ffn_hidden / tp  # as _layer_forward's, three equal GEMMs
+    return dense_mlp / mats, gemm_time(device, dense_mlp, shape.dtype, mats) / mats
 
 
 @memoised
