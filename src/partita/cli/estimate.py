@@ -159,5 +159,6 @@ def dp_gradient_line(est) -> str:
     knob = (f"powersgd rank {plan.powersgd_rank}" if plan.grad_compression == "powersgd"
             else f"grad_dtype {plan.grad_dtype}")
     extra = f", +{b['state'] / 2**30:.2f} GiB PowerSGD state" if b["state"] else ""
-    return (f"dp gradient bytes/step per rank: {b['wire'] / 2**20:,.1f} MiB on the wire ({knob}; "
+    per = "micro-batch" if plan.zero >= 2 and plan.grad_accum > 1 and plan.grad_accum_mode == "sharded" else "step"
+    return (f"dp gradient bytes per {per} and rank: {b['wire'] / 2**20:,.1f} MiB on the wire ({knob}; "
             f"{b['ratio']:.3g} x the {b['held'] / 2**20:,.1f} MiB fp32 gradients{extra})")
