@@ -1,10 +1,11 @@
 """Fuzz every command and flag of the planning CLI with careless input (issue 16).
 
-``python bench/fuzz_cli.py`` runs ~600 cases over ``estimate``, ``plan``, ``export``,
-``import``, ``models``, ``hardware``, ``calibrate`` and ``profile`` (``train`` is the
-trainer's; ``calibrate`` and ``profile`` are fuzzed for argument validation only: a case
-that gets as far as starting torchrun is stopped and counted as *launched*, except the one
-``calibrate --timeout-s 2`` case that must start it and stop it cleanly).
+``python bench/fuzz_cli.py`` runs ~750 cases over ``estimate``, ``plan``, ``export``,
+``import``, ``models``, ``hardware``, ``calibrate``, ``profile`` and ``train``
+(``calibrate``, ``profile`` and ``train`` are fuzzed for argument validation: a bad case
+that gets as far as starting torchrun is stopped and counted as *launched*; the
+``calibrate --timeout-s 2`` case must start it and stop it cleanly, and four good
+``train`` runs - ``--steps 2`` on tiny models, 1-2 processes - really train).
 
 Every case runs :func:`partita.cli.main.main` in a forked child of this process (the
 imports are shared, so a case costs milliseconds; a child still running after
@@ -18,7 +19,7 @@ imports are shared, so a case costs milliseconds; a child still running after
 
 Failure classes: ``traceback`` (an exception escaped, or an internal error), ``hang``,
 ``nonfinite`` (NaN/inf in the output), ``accepted`` (a ``bad`` case exited 0),
-``launched`` (a ``bad`` calibrate/profile case started processes), ``rejected``
+``launched`` (a ``bad`` calibrate/profile/train case would have started processes), ``rejected``
 (a ``good`` case did not exit 0), ``messy`` (a wrong exit code or not one line).
 
 Figures are printed per category; ``--show`` prints every failing case. Exit status 1
@@ -241,9 +242,10 @@ def name_cases(add) -> None:
                             ("--hardware", "/dev/null"), ("--model", "/"), ("--hardware", "/")):
             add("names", f"{cmd[0]}{flag}={value[:20]!r}", _with(cmd, flag, value), "bad")
     for argv in (["plna"], ["plan", "--tpp", "2"], ["models", "--bogus"], ["hardware", "extra"], ["models", "x"],
-                 ["export"], ["import"], ["estimate"], ["calibrate", "extra"], ["profile"], ["--version"]):
+                 ["export"], ["import"], ["estimate"], ["calibrate", "extra"], ["profile"], ["--version", "x"]):
         add("names", "argv-" + "-".join(argv), argv, "bad")
-    for argv in (["models"], ["models", "--json"], ["hardware"], ["hardware", "--json"], ["--help"], ["plan", "-h"]):
+    for argv in (["models"], ["models", "--json"], ["hardware"], ["hardware", "--json"], ["--help"], ["plan", "-h"],
+                 ["--version"]):  # partita --version exists since 7cedb71
         add("listing", "-".join(argv), argv, "good")
 
 
@@ -546,6 +548,92 @@ def profile_cases(add, f: Files) -> None:
     add("profile", "profile-no-model", ["profile"], "bad")
 
 
+def _train_files(f: Files) -> None:
+    """Data, tokenizer, checkpoint and model-directory inputs of the train cases."""
+    import numpy as np
+    text = " ".join(f"the {w} goes to market {i} times." for i, w in enumerate(["cat", "dog", "bird"] * 200))
+    f.put("t_text", text, "train/corpus.txt")
+    for key, arr in (("t_npy_float", np.ones(4096, dtype=np.float32)), ("t_npy_neg", -np.ones(4096, dtype=np.int64)),
+                     ("t_npy_2d", np.ones((64, 64), dtype=np.int64)), ("t_npy_big", np.full(4096, 10 ** 6)),
+                     ("t_npy_short", np.ones(3, dtype=np.int64)), ("t_npy_str", np.array(["a", "b"] * 100))):
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        f.put(key, buf.getvalue(), f"train/{key}.npy")
+    f.put("t_npy_garbage", b"\x93NUMPY garbage" * 10, "train/garbage.npy")
+    f.put("t_empty_text", "", "train/empty.txt")
+    f.put("t_binary_text", bytes(range(256)) * 8, "train/binary.txt")
+    (f.root / "train/emptydir").mkdir(parents=True)
+    f["t_emptydir"] = str(f.root / "train/emptydir")
+    f.put("t_tok_garbage", "not a tokenizer", "train/tokenizer.json")
+    f.put("t_ckpt_list_meta", [1, 2], "train/ckpt_list/step_1/meta.json")
+    f.put("t_ckpt_empty_meta", "", "train/ckpt_empty/step_1/meta.json")
+    f.put("t_cfg_only", {"model_type": "bert", "hidden_size": 8}, "train/bert/config.json")
+    f.put("t_hf_damaged_cfg", {"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "intermediate_size": 32}, "train/damaged/config.json")
+    f.put("t_hf_damaged", b"\xff" * 64, "train/damaged/model.safetensors")
+
+
+def train_cases(add, f: Files) -> None:
+    """``partita train``: bad flags, plans, data files and directories are refused on the
+    launcher before any worker starts (a case that would start torchrun counts as
+    *launched*); a few good runs (``--steps`` 1-2, tiny models) really train."""
+    _train_files(f)
+    run = ["--run-dir", str(f.root / "train/run")]
+    base = ["train", "--model", "tiny-llama", "--steps", "1", "--nproc", "1", "--no-progress"] + run
+    for flag, value in (("--steps", "1.5"), ("--steps", "-1"), ("--steps", HUGE), ("--steps", "x"), ("--lr", "nan"),
+                        ("--lr", "inf"), ("--lr", "-1"), ("--seed", HUGE), ("--seed", "-1"), ("--nproc", "0"),
+                        ("--nproc", HUGE), ("--timeout-s", "0"), ("--timeout-s", "nan"), ("--warmup-steps", "-1"),
+                        ("--min-lr", "nan"), ("--max-grad-norm", "-1"), ("--momentum", "nan"), ("--momentum", "-0.5"),
+                        ("--weight-decay", "-1"), ("--weight-decay", "nan"), ("--beta1", "1.5"), ("--beta2", "nan"),
+                        ("--eps", "0"), ("--eps", "-1e-8"), ("--eval-every", "-1"), ("--eval-batches", "0"),
+                        ("--keep", "-1"), ("--checkpoint-every", "-1"), ("--save-hf-shard-mb", "0"),
+                        ("--optimizer", "lamb"), ("--lr-schedule", "linear"), ("--device", "tpu"),
+                        ("--global-batch", "0"), ("--global-batch", HUGE), ("--seq-len", "-5"), ("--seq-len", HUGE),
+                        ("--mbs", "0"), ("--max-restarts", "-1"), ("--nnodes", "0"), ("--node-rank", "-1"),
+                        ("--skip-nonfinite", "-1"), ("--skip-nonfinite", "nan"), ("--bogus-flag", "1")):
+        add("train", f"train{flag}={value}", base + [flag, value], "bad")
+    for name, plan in (("tp0", "tp=0"), ("dp-1", "dp=-1"), ("garbage", "x"), ("tp1e400", "tp=1e400"),
+                       ("dp3-of-1", "dp=3"), ("fp8", "dtype=fp8"), ("zero7", "zero=7"), ("tp3-heads", "tp=3"),
+                       ("auto-unknown", "auto,foo=1"), ("gbs-conflict", "gbs=3,mbs=2"), ("file-zero7", f["p_zero7"]),
+                       ("file-deep", f["plan_deep"]), ("file-dir", f["plan_dir"]), ("file-missing", f["plan_missing"]),
+                       ("dup-degree", "tp=2,tp=1")):
+        add("train", f"train-plan-{name}", base + ["--plan", plan], "bad")
+    add("train", "train-plan-gbs-vs-flag", base + ["--plan", "gbs=8", "--global-batch", "4"], "bad")
+    data = {"missing": str(f.root / "train/nope.txt"), "emptydir": f["t_emptydir"], "empty": f["t_empty_text"],
+            "npy-float": f["t_npy_float"], "npy-neg": f["t_npy_neg"], "npy-2d": f["t_npy_2d"], "npy-big": f["t_npy_big"],
+            "npy-short": f["t_npy_short"], "npy-str": f["t_npy_str"], "npy-garbage": f["t_npy_garbage"]}
+    for name, path in data.items():
+        # a token file shorter than one sequence is found by the workers (the launcher does
+        # not know seq_len yet): they must run and end in one line, exit 2
+        add("train", f"train-data-{name}", base + ["--data", path], "bad", launch_ok=name == "npy-short")
+        add("train", f"train-eval-data-{name}", base + ["--eval-data", path], "bad", launch_ok=name == "npy-short")
+    # text that is not UTF-8 is read with replacement characters (train/data.py): valid input
+    add("train", "train-data-notutf8", base + ["--data", f["notutf8_text"]], "either")
+    add("train", "train-tokenizer-garbage", base + ["--data", f["t_text"], "--tokenizer", f["t_tok_garbage"]], "bad")
+    add("train", "train-tokenizer-dir", base + ["--data", f["t_text"], "--tokenizer", f["t_emptydir"]], "bad")
+    add("train", "train-tokenizer-missing", base + ["--data", f["t_text"], "--tokenizer", str(f.root / "no.json")], "bad")
+    for flag in ("--run-dir", "--checkpoint-dir", "--save-hf", "--tensorboard"):
+        add("train", f"train{flag}-is-a-file", base + [flag, f["good_plan"]], "bad")
+    add("train", "train-resume-no-ckpt-dir", base + ["--resume"], "bad")
+    for kind in ("list", "empty"):  # a damaged checkpoint: refused, or set aside and the run starts fresh
+        add("train", f"train-resume-{kind}-meta", base + ["--resume", "--checkpoint-dir", str(f.root / f"train/ckpt_{kind}")],
+            "either")
+    for name, model in (("missing", "tiny-lama"), ("bert-dir", str(f.root / "train/bert")), ("damaged-safetensors",
+                        str(f.root / "train/damaged")), ("no-config-dir", f["t_emptydir"]), ("deep", f["model_deep"]),
+                        ("hf-save-on-ref", None)):
+        argv = base[:2] + [model] + base[3:] if model else base + ["--save-hf", str(f.root / "train/hfout")]
+        add("train", f"train-model-{name}", argv, "bad")
+    add("train", "train-no-model", ["train", "--steps", "1"], "bad")
+    good = ["--steps", "2", "--no-progress", "--json", "--timeout-s", "60"]
+    for name, argv in (("tiny-llama-1", ["--model", "tiny-llama", "--nproc", "1"] + good),
+                       ("tiny-llama-tp2", ["--model", "tiny-llama", "--nproc", "2", "--plan", "tp=2"] + good),
+                       ("hf-llama-dp2-zero3", ["--model", "hf-llama", "--nproc", "2", "--plan", "dp=2,zero=3"] + good),
+                       ("tiny-moe-data", ["--model", "tiny-moe", "--nproc", "2", "--plan", "ep=2,dp=2",
+                                          "--data", f["t_text"]] + good)):
+        add("train", f"train-good-{name}", ["train"] + argv + ["--run-dir", str(f.root / f"train/run-{name}")], "good",
+            launch_ok=True)
+
+
 def all_cases(f: Files) -> list[Case]:
     out: list[Case] = []
 
@@ -565,6 +653,7 @@ def all_cases(f: Files) -> list[Case]:
     output_cases(add, f)
     calibrate_cases(add, f)
     profile_cases(add, f)
+    train_cases(add, f)
     return out
 
 
@@ -584,7 +673,9 @@ def _child(case: Case) -> dict:
         import partita.train.launch as launch
         cal._run_group = _no_launch
         launch.run_watched = _no_launch
-    out, err = io.StringIO(), io.StringIO()
+    # a run that starts torchrun hands it our stdout: a real file then, not a StringIO
+    out, err = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) if case.launch_ok else \
+        (io.StringIO(), io.StringIO())
     sys.stdout = open("/dev/full", "w") if case.full_stdout else out
     sys.stderr = err
     result: dict = {"raised": None, "launched": False}
@@ -598,7 +689,12 @@ def _child(case: Case) -> dict:
     except BaseException:  # noqa: BLE001 - what escaped is the finding
         result["rc"] = 1
         result["raised"] = traceback.format_exc()
-    result["stdout"], result["stderr"] = out.getvalue()[-200000:], err.getvalue()[-20000:]
+    for stream in (out, err):
+        stream.flush()
+        if not isinstance(stream, io.StringIO):
+            stream.seek(0)
+    text = [s.getvalue() if isinstance(s, io.StringIO) else s.read() for s in (out, err)]
+    result["stdout"], result["stderr"] = text[0][-200000:], text[1][-20000:]
     return result
 
 
@@ -675,8 +771,8 @@ def classify(case: Case, r: dict) -> str:
         return "hang"
     if r["raised"] or "Traceback" in r["stderr"] or "internal error" in r["stderr"]:
         return "traceback"
-    if r["launched"]:
-        return "launched"
+    if r["launched"]:  # stopped where torchrun would start: the input was accepted
+        return "launched" if case.expect == "bad" else "ok"
     lines = [ln for ln in r["stderr"].splitlines() if ln.strip() and not ln.startswith("partita: warning:")]
     one_line = r["rc"] == 2 and len(lines) == 1 and lines[0].startswith("partita: error:")
     if r["rc"] == 0 and nonfinite(r["stdout"]):
@@ -709,11 +805,14 @@ def main(argv: list[str] | None = None) -> int:
 def report(cases: list[Case], args: argparse.Namespace) -> int:
     table: dict[str, dict[str, int]] = {}
     timings = []
+    if any(c.category in ("calibrate", "profile", "train") for c in cases):
+        import partita.runtime.device  # noqa: F401  (torch, imported once: every forked case shares it)
     started = time.monotonic()
     for case in cases:
         # calibrate and profile import torch before refusing (their device check): seconds, or
         # tens of seconds on a loaded machine, which is not a hang
-        r = run_case(case, args.timeout * (3 if case.category in ("calibrate", "profile") else 1))
+        r = run_case(case, args.timeout * (10 if case.launch_ok and case.category == "train" else
+                                           3 if case.category in ("calibrate", "profile", "train") else 1))
         kind = classify(case, r)
         timings.append((r["seconds"], case.name))
         row = table.setdefault(case.category, {})
