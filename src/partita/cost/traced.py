@@ -141,7 +141,23 @@ def _compute_time(device: Device, flops: float, attention: float, matmuls: int, 
     return t
 
 
+_BLOCK_TIMES: dict[tuple, tuple[float, float, float]] = {}
+
+
 def _block_time(device: Device, b, work: float, act_scale: float, tp: int, dtype: str) -> tuple[float, float, float]:
+    """:func:`_block_time_of`, memoised on the block's figures (a model's identical blocks
+    and the search's many plans with the same micro-batch and tp share one entry)."""
+    key = (device.cache_key, b.forward_flops, b.backward_flops, b.attention_forward_flops, b.matmuls,
+           b.tp_forward_flops, b.saved_bytes, b.tp_saved_bytes, work, act_scale, tp, dtype)
+    hit = _BLOCK_TIMES.get(key)
+    if hit is None:
+        if len(_BLOCK_TIMES) > 100_000:
+            _BLOCK_TIMES.clear()
+        hit = _BLOCK_TIMES[key] = _block_time_of(device, b, work, act_scale, tp, dtype)
+    return hit
+
+
+def _block_time_of(device: Device, b, work: float, act_scale: float, tp: int, dtype: str) -> tuple[float, float, float]:
     """(forward + backward, forward, recompute forward) seconds of one block per micro-batch:
     compute (:func:`_compute_time`, the tp-split share divided by ``tp``), element-wise HBM
     traffic approximated by the saved bytes - each saved tensor is written once forward,
