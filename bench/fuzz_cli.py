@@ -242,7 +242,7 @@ def name_cases(add) -> None:
                             ("--hardware", "/dev/null"), ("--model", "/"), ("--hardware", "/")):
             add("names", f"{cmd[0]}{flag}={value[:20]!r}", _with(cmd, flag, value), "bad")
     for argv in (["plna"], ["plan", "--tpp", "2"], ["models", "--bogus"], ["hardware", "extra"], ["models", "x"],
-                 ["export"], ["import"], ["estimate"], ["calibrate", "extra"], ["profile"], ["--version", "x"]):
+                 ["export"], ["import"], ["estimate"], ["calibrate", "extra"], ["profile"]):
         add("names", "argv-" + "-".join(argv), argv, "bad")
     for argv in (["models"], ["models", "--json"], ["hardware"], ["hardware", "--json"], ["--help"], ["plan", "-h"],
                  ["--version"]):  # partita --version exists since 7cedb71
