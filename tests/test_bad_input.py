@@ -243,6 +243,7 @@ def _fuzz_found_cases(f: dict[str, str]) -> list[tuple[str, list[str]]]:
     root = Path(f["missing"]).parent
     good = str(root / "good-plan.json")
     out = [("estimate-model-name-5000", _with(E, "--model", "x" * 5000)),  # OSError: File name too long
+           ("plan-model-name-5000", _with(P, "--model", "x" * 5000)),  # traced-spec check: File name too long
            ("estimate-hardware-name-5000", _with(E, "--hardware", "x" * 5000 + ".json")),
            ("estimate-plan-big-int", E[:7] + ["--plan", f["big_int"]]),
            ("estimate-plan-schedule-2f2b", E[:7] + ["--plan", f["schedule_2f2b"]]),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PartitaError
+from ..inputs import read_json
 
 TRACED_FORMAT = "partita.traced/1"
 
@@ -153,10 +154,7 @@ class TracedSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> "TracedSpec":
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise PartitaError(f"traced spec {path}: cannot read it as JSON ({e})") from None
+        data = read_json(path, "traced spec")
         if not isinstance(data, dict):
             raise PartitaError(f"traced spec {path}: expected a JSON object")
         return cls.from_dict(data, where=f"traced spec {path}")
@@ -164,10 +162,10 @@ class TracedSpec:
 
 def is_traced_file(path: str) -> bool:
     """Whether ``path`` is a JSON file holding a traced spec (cheap check on the format key)."""
-    p = Path(path)
-    if not p.is_file() or p.suffix != ".json":
-        return False
     try:
-        return json.loads(p.read_text()).get("format") == TRACED_FORMAT
-    except (OSError, ValueError, AttributeError):
+        if not path.endswith(".json") or not Path(path).is_file():
+            return False
+        data = read_json(path, "traced spec")
+    except (OSError, ValueError, PartitaError):  # a name too long to look up; a file read_json refuses
         return False
+    return isinstance(data, dict) and data.get("format") == TRACED_FORMAT
