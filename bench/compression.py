@@ -105,7 +105,7 @@ def _worker(tokens: str, steps: int, out: str, knobs: dict) -> None:
 
 # ------------------------------------------------------------------ driver
 def _predicted_bytes(plan_dict: dict) -> float:
-    from partita.cost.compression import dp_gradient_bytes
+    from partita.cost.memory import dp_gradient_bytes
     from partita.plan import Plan
     from partita.spec.load import load_model
     return dp_gradient_bytes(load_model("tiny-llama"), Plan.from_dict(plan_dict))["wire"]

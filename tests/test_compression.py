@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from partita.cost.compression import dp_gradient_bytes, powersgd_matrix, wire_count
+from partita.cost.compression import powersgd_matrix, wire_count
+from partita.cost.memory import dp_gradient_bytes
 from partita.errors import PartitaError
 from partita.plan import Plan, check
 from partita.spec.load import load_model
@@ -147,3 +148,18 @@ def test_default_scenario_says_powersgd_does_not_fit():
     out = _plan_json("--grad-knobs", "powersgd")
     assert any(l.startswith("grad_compression=powersgd: no variant of the best plans fits") for l in out["why_not"])
     assert out["plans"][0]["plan"].get("grad_compression", "none") == "none"
+
+
+def test_estimate_memory_holds_powersgds_state():
+    """The peak memory of a PowerSGD plan grows by exactly what torch's PowerSGDState
+    allocates (error feedback + P + Q, recorded in the oracle), before fragmentation:
+    a plan that would not fit with that state is never called a fit."""
+    from partita.estimate import estimate
+    from partita.spec.hardware import make_cluster
+    model, cluster = load_model("tiny-llama"), make_cluster("h100-sxm", 2)
+    plan = _plan("powersgd-r4")
+    held = ORACLE["powersgd-r4"]["powersgd_state_numel"]
+    torch_bytes = 4 * (held["error_dict"] + held["p_memory_dict"] + held["q_memory_dict"])
+    with_state = estimate(model, cluster, plan).peak_rank.parts["communication buffers"]
+    without = estimate(model, cluster, plan.with_(grad_compression="none")).peak_rank.parts["communication buffers"]
+    assert with_state - without == torch_bytes

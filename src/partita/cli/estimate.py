@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_VPP
 from .types import positive_int
-from ..cost.compression import dp_gradient_bytes
+from ..cost.memory import dp_gradient_bytes
 from .traced import add_trace_args, cmd_estimate_traced, is_traced
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .plan_report import add_report_arg

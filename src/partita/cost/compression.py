@@ -163,25 +163,3 @@ def reduce_terms(model: ModelSpec, device: Device, plan: Plan, elements: float, 
         return 1.0, 0.0
     c = wire_count(model, plan, elements, shape.n_layers, shape.n_moe, shape.first, shape.last)
     return c.wire_elements / elements, powersgd_seconds(device, c)
-
-
-def dp_gradient_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
-    """Per-step data-parallel gradient bytes of the rank holding the most parameters:
-    ``held`` (the gradient buffer as the reduction would send it uncompressed, fp32),
-    ``wire`` (what the plan's knobs send: grad_dtype, PowerSGD), ``ratio`` = wire/held,
-    plus PowerSGD's ``state`` bytes (error feedback + factors). Bytes are the all-reduce
-    buffer size (nccl-tests convention, :mod:`.comm`), per reduction; 0 when dp x cp = 1."""
-    from .memory import _grad_bytes, _shape_params, distinct_shapes
-    best = {"held": 0.0, "wire": 0.0, "ratio": 1.0, "state": 0.0, "elements": 0.0}
-    if plan.dp * plan.cp <= 1:
-        return best
-    for _, shape, _ in distinct_shapes(model, plan):
-        dense, expert = _shape_params(model, plan, shape)
-        elements = dense + expert
-        c = wire_count(model, plan, elements, shape.n_layers, shape.n_moe, shape.first, shape.last)
-        held = elements * 4
-        wire = c.wire_elements * _grad_bytes(plan)
-        if held > best["held"]:
-            best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,
-                    "state": state_bytes(plan, c), "elements": elements}
-    return best

@@ -35,6 +35,7 @@ from typing import NamedTuple
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
+from .compression import state_bytes, wire_count
 from .compute import BYTES, FP32_BYTES
 from .frameworks import FRAMEWORKS
 from .memo import memoised
@@ -480,6 +481,18 @@ def _buffers(device: Device, plan: Plan) -> float:
     return groups * device.comm_buffer_mib_per_group * 2 ** 20
 
 
+def _knob_state(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """What a gradient-communication knob keeps between steps on this rank, counted with the
+    communication buffers: PowerSGD's error feedback (a copy of every gradient it reduces)
+    and its warm-start P, Q factors (:func:`.compression.state_bytes`, equal to what torch's
+    ``PowerSGDState`` allocates: tests/test_compression.py); 0 for every other plan."""
+    if plan.grad_compression != "powersgd" or plan.dp * plan.cp <= 1:
+        return 0.0
+    dense, expert = _shape_params(model, plan, shape)
+    return state_bytes(plan, wire_count(model, plan, dense + expert, shape.n_layers, shape.n_moe,
+                                        shape.first, shape.last))
+
+
 def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape, int], ...]:
     """(first rank, shape, number of ranks) for each distinct rank shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
@@ -546,7 +559,7 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     dense_shard = state_shard(plan)  # HSDP: the shard group only
     expert_shard = expert_state_shard(plan)  # the expert data-parallel group
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
-    transient, buffers = _transient(model, plan, shape), _buffers(device, plan)
+    transient, buffers = _transient(model, plan, shape), _buffers(device, plan) + _knob_state(model, plan, shape)
     full = full_gradients(plan)
     states: dict[int, tuple[float, float, float, float]] = {}
     activations: dict[str, float] = {}
@@ -597,3 +610,24 @@ def peak_memory(model: ModelSpec, device: Device, plan: Plan) -> tuple[float, in
     :func:`estimate_memory`'s totals, without building the breakdowns."""
     setting = (plan.recompute, plan.zero)
     return peak_memory_ladder(model, device, plan, [setting])[setting]
+
+
+def dp_gradient_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """Per-step data-parallel gradient bytes of the rank holding the most parameters:
+    ``held`` (the gradient buffer as the reduction would send it uncompressed, fp32),
+    ``wire`` (what the plan's knobs send: grad_dtype, PowerSGD), ``ratio`` = wire/held,
+    plus PowerSGD's ``state`` bytes (error feedback + factors). Bytes are the all-reduce
+    buffer size (nccl-tests convention, :mod:`.comm`), per reduction; 0 when dp x cp = 1."""
+    best = {"held": 0.0, "wire": 0.0, "ratio": 1.0, "state": 0.0, "elements": 0.0}
+    if plan.dp * plan.cp <= 1:
+        return best
+    for _, shape, _ in distinct_shapes(model, plan):
+        dense, expert = _shape_params(model, plan, shape)
+        elements = dense + expert
+        c = wire_count(model, plan, elements, shape.n_layers, shape.n_moe, shape.first, shape.last)
+        held = elements * 4
+        wire = c.wire_elements * _grad_bytes(plan)
+        if held > best["held"]:
+            best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,
+                    "state": state_bytes(plan, c), "elements": elements}
+    return best

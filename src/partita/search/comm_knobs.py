@@ -55,7 +55,7 @@ def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4) 
         for plan in variants(e.plan, knobs, rank):
             est = estimate(result.model, result.cluster, plan)
             est.memory_limit = result.memory_limit_gib
-            if not fits_with_state(est):
+            if not est.fits:  # PowerSGD's state is in the memory model's buffers
                 continue
             if est.step_time_s <= (1 - MIN_GAIN) * e.step_time_s:
                 found.append(est)
@@ -83,16 +83,6 @@ def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4) 
         else:
             lines.append(f"{_on(knob)}: no variant of the best plans fits in {result.memory_limit_gib:.1f} GiB")
     return lines
-
-
-def fits_with_state(est: Estimate) -> bool:
-    """Whether the plan fits with PowerSGD's error-feedback and factor buffers added
-    (:func:`partita.cost.compression.dp_gradient_bytes` ``state``; the memory model of
-    :mod:`partita.cost.memory` does not hold them)."""
-    from ..cost.compression import dp_gradient_bytes
-    from ..cost.memory import GIB
-    extra = dp_gradient_bytes(est.model, est.plan)["state"] / GIB
-    return est.peak_memory_gib + extra <= est.memory_limit_gib
 
 
 def _has(plan, knob: str) -> bool:
