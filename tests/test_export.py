@@ -17,6 +17,7 @@ import pytest
 from export_oracles import deepspeed_oracle, megatron_oracle, torchtitan_oracle
 from export_oracles.plans import MATRIX
 from partita.errors import PartitaError
+from partita.plan import Plan
 from partita.export import export
 from partita.spec.load import load_model
 
@@ -282,3 +283,19 @@ def test_export_then_import_gives_the_plan_back(target):
         got = {k: getattr(back, k) for k in _expected(target, plan, model)}
         got["sp"] = back.sp and back.tp > 1
         assert got == _expected(target, plan, model), pid
+
+
+def test_megatron_hsdp_zero1_sets_optimizer_instances():
+    """dp_shard < dp with zero 1 (InternLM's "ZeRO-1 within groups of N", Megatron's optimizer
+    instances) is emitted as --num-distributed-optimizer-instances dp/dp_shard, which the option
+    table parses; with zero 3 the HSDP grouping is not expressible and says so."""
+    model = load_model("llama3-8b")
+    plan = Plan(dp=16, zero=1, dp_shard=4, mbs=1, gbs=64, seq_len=4096)
+    args, _ = _args(export("megatron", plan, model).text)
+    ns = megatron_oracle.megatron_parser().parse_args(args)
+    assert ns.use_distributed_optimizer and ns.num_distributed_optimizer_instances == 4
+    flat = Plan(dp=16, zero=1, mbs=1, gbs=64, seq_len=4096)
+    assert megatron_oracle.megatron_parser().parse_args(
+        _args(export("megatron", flat, model).text)[0]).num_distributed_optimizer_instances == 1
+    z3 = export("megatron", Plan(dp=16, zero=3, dp_shard=4, mbs=1, gbs=64, seq_len=4096), model)
+    assert any("dp_shard=4" in w for w in z3.warnings)

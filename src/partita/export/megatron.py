@@ -73,7 +73,15 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
                     "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
     if plan.zero == 1:
         add(["--use-distributed-optimizer"])
-    elif plan.zero >= 2 and fsdp == "torch":
+        if 0 < plan.dp_shard < plan.dp:
+            # HSDP of the optimizer (ZeRO-1 within groups of dp_shard, replicated across): Megatron-Core's
+            # DDP shards within each of num_distributed_optimizer_instances groups and all-reduces
+            # across them (distributed/param_and_grad_buffer.py; it needs the distributed optimizer)
+            add(["--num-distributed-optimizer-instances", str(plan.dp // plan.dp_shard)])
+    elif plan.zero >= 2 and 0 < plan.dp_shard < plan.dp:
+        warn.append(f"dp_shard={plan.dp_shard}: HSDP under FSDP is not emitted; {target_fsdp(fsdp)} shards over all "
+                    f"dp={plan.dp} ranks (less memory, more all-gather traffic than planned)")
+    if plan.zero >= 2 and fsdp == "torch":
         add(_torch_fsdp2_args(plan, model, warn))
     elif plan.zero >= 2:
         if plan.pp > 1:
@@ -108,6 +116,11 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
     if model is not None:
         args += model_args(model, plan.seq_len)
     return args, warn
+
+
+def target_fsdp(fsdp: str) -> str:
+    """The FSDP a zero 2/3 export runs, by name (for warnings)."""
+    return "torch FSDP2" if fsdp == "torch" else "Megatron-FSDP"
 
 
 def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> list[str]:
