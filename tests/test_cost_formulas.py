@@ -513,3 +513,13 @@ def test_hand_hsdp_states_and_traffic():
                                                       overlap_param_gather=False))
     sync = 0.5 * params * 4 / INTRA + 2 * 0.5 * (params * 4 / 2) / INTER + 0.5 * params * 2 / INTRA
     assert z2.parts["dp gradient sync"] == pytest.approx(sync, rel=1e-12)
+
+
+def test_expert_dp_span_of_folded_ep_follows_megatrons_rank_order():
+    """Hand-placed ranks on 8-device nodes. ep inside dp x cp (dp4 tp2 ep4): ep members are
+    tp=2 apart, so the expert-dp pair of rank 0 is rank 8 - two nodes. ep folded into tp
+    (dp2 tp4 ep4: ep does not divide dp x cp): ep groups are 4 consecutive ranks, so the
+    pair is ranks 0 and 4 - one node."""
+    from partita.cost.shape import expert_dp_span
+    assert expert_dp_span(Plan(dp=4, tp=2, ep=4, mbs=1, gbs=8, seq_len=128), 8) == (1, 2)
+    assert expert_dp_span(Plan(dp=2, tp=4, ep=4, mbs=1, gbs=8, seq_len=128), 8) == (2, 1)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from ..plan import Plan, group_span
+from ..plan import Plan, ep_folded, group_span
 from .frameworks import FRAMEWORKS
 
 
@@ -105,7 +105,7 @@ def _hsdp_shard(plan: Plan) -> int:
 def expert_dp_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
     """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp;
     with HSDP the shard group's dp_shard*cp*tp/ep, torchtitan's ``efsdp``)."""
-    return _expert_dp_span_of(_hsdp_shard(plan), plan.cp, plan.tp, plan.ep, devices_per_node)
+    return _expert_dp_span_of(_hsdp_shard(plan), plan.cp, plan.tp, plan.ep, devices_per_node, ep_folded(plan))
 
 
 def shard_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
@@ -131,11 +131,14 @@ def _span_of(stride: int, size: int, dpn: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=65536)
-def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int) -> tuple[int, int]:
+def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int, folded: bool = False) -> tuple[int, int]:
+    """Expert data-parallel members are ``tp x ep`` apart when ep lies inside dp x cp (stride
+    tp), and ``ep`` apart when ep is folded over consecutive ranks of tp x cp x dp
+    (:func:`partita.plan.axis_stride`: Megatron-Core's expert rank order with etp 1)."""
     size = dp * cp * tp // ep
     if size <= 1:
         return 1, 1
-    stride = ep * tp if ep > 1 else 1
+    stride = (ep if folded else ep * tp) if ep > 1 else 1
     nodes = len({(i * stride) // dpn for i in range(size)})
     return max(1, size // nodes), nodes
 
