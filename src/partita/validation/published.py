@@ -250,6 +250,14 @@ def _zero(text: str, fsdp_hint: bool) -> int:
     return 1
 
 
+def _dp_shard(text: str, dp: int) -> int:
+    """HSDP shard group from "ZeRO-1 within groups of N" (InternLM's hybrid zero: the optimizer
+    sharded within N ranks, replicated across): N when it divides dp and is smaller, else 0."""
+    m = re.search(r"within groups of (\d+)", text.lower())
+    n = int(m.group(1)) if m else 0
+    return n if 0 < n < dp and dp % n == 0 else 0
+
+
 def _recompute(text: str) -> str:
     t = text.lower()
     if t.startswith("full"):
@@ -355,7 +363,8 @@ def _case(row: dict) -> Case:
     split = balanced_split(model.layers, pp * vpp) if model.layers % (pp * vpp) else None
     ep = _int(row.get("ep", ""), 1) or 1  # Megatron: EP carved out of dp x cp (data README)
     plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, layer_split=split, sp=sp and tp > 1,
-                zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp), mbs=mbs, gbs=gbs, seq_len=seq,
+                zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp), dp_shard=_dp_shard(row["zero_stage/fsdp"], dp),
+                mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=_recompute(row["recompute"]), dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
