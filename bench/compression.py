@@ -40,20 +40,6 @@ LR = 3e-3
 BOUNDS = {"bf16": 0.01, "powersgd-r4": 0.05}
 
 
-def corpus(path: Path, megabytes: float = 1.5) -> Path:
-    """A few MB of real text: the standard library's source files, in name order."""
-    src = Path(os.__file__).parent
-    out, size = [], 0
-    for f in sorted(src.glob("*.py")):
-        text = f.read_text(errors="replace")
-        out.append(text)
-        size += len(text)
-        if size > megabytes * 1e6:
-            break
-    path.write_text("\n".join(out))
-    return path
-
-
 # ------------------------------------------------------------------ worker (under torchrun)
 def _worker(tokens: str, steps: int, out: str, knobs: dict) -> None:
     import torch
@@ -148,10 +134,10 @@ def main() -> int:
     ap.add_argument("--out", default="bench/compression.html", help="the plot (plotly HTML)")
     ap.add_argument("--all", action="store_true", help="also PowerSGD rank 1")
     args = ap.parse_args()
-    from partita.train.data import tokenize_to_file
+    from partita.train.data import stdlib_corpus, tokenize_to_file
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     with tempfile.TemporaryDirectory(prefix="partita-compression-") as tmp:
-        tokens = tokenize_to_file(str(corpus(Path(tmp) / "corpus.txt")), 256, tmp)
+        tokens = tokenize_to_file(str(stdlib_corpus(Path(tmp) / "corpus.txt")), 256, tmp)
         out = Path(tmp) / "results.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                f"--log-dir={Path(tmp) / 'logs'}", __file__, "--worker", str(tokens), str(args.steps), str(out),

@@ -89,22 +89,9 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(uninterrupted, tmp_
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5)
 
 
-def _corpus(path: Path, megabytes: float = 1.5) -> Path:
-    """A few MB of real text that every Python installation ships: the standard library's source."""
-    src = Path(os.__file__).parent
-    out, size = [], 0
-    for f in sorted(src.glob("*.py")):
-        text = f.read_text(errors="replace")
-        out.append(text)
-        size += len(text)
-        if size > megabytes * 1e6:
-            break
-    path.write_text("\n".join(out))
-    return path
-
-
 def test_loss_goes_down_on_real_text(tmp_path):
-    data = _corpus(tmp_path / "corpus.txt")
+    from partita.train.data import stdlib_corpus
+    data = stdlib_corpus(tmp_path / "corpus.txt")
     proc = subprocess.run([sys.executable, "-m", "partita", "train", "--model", "tiny-llama", "--plan", "dp=2",
                            "--nproc", "2", "--steps", "300", "--data", str(data), "--lr", "3e-3",
                            "--lr-schedule", "cosine", "--warmup-steps", "20", "--run-dir", str(tmp_path / "run"),

@@ -27,6 +27,22 @@ from ..plan import Plan
 from ..runtime.batches import dp_index, dp_shard, synthetic_batch  # noqa: F401  (re-exported for the worker)
 
 
+def stdlib_corpus(path: Path, megabytes: float = 1.5) -> Path:
+    """Write a few MB of real text that every Python installation ships - the standard
+    library's source files, in name order - to ``path``: the corpus of the tests and
+    benches that train on text, with nothing to download."""
+    src = Path(os.__file__).parent
+    out, size = [], 0
+    for f in sorted(src.glob("*.py")):
+        text = f.read_text(errors="replace")
+        out.append(text)
+        size += len(text)
+        if size > megabytes * 1e6:
+            break
+    path.write_text("\n".join(out))
+    return path
+
+
 def _read_texts(path: Path) -> list[str]:
     files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl")) if path.is_dir() else [path]
     if not files:
