@@ -57,7 +57,9 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
         if is_hf(model):
             out.append((j, hf_stage(model, [int(i) for i in sorted(keep, key=int)], j == 0, j == len(split) - 1)))
             continue
-        stage = copy.deepcopy(model)
+        # buffers (the RoPE tables) are constants: every stage shares the model's instead of
+        # holding a copy (a deep copy duplicated them on each stage of a rank)
+        stage = copy.deepcopy(model, {id(b): b for b in model.buffers()})
         for name in list(stage.layers.keys()):
             if name not in keep:
                 del stage.layers[name]
