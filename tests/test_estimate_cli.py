@@ -71,13 +71,15 @@ def test_bad_input_is_one_line_exit_2(args, needle, capsys):
 
 
 def test_estimate_does_not_import_torch_and_is_fast():
-    code = ("import sys, time; t = time.time(); from partita.cli import main; "
-            "main(" + repr(ARGS) + "); assert 'torch' not in sys.modules; print(time.time() - t, file=sys.stderr)")
+    # CPU time of the import + estimate inside the interpreter: wall time on a shared 2-core CI
+    # machine measured 0.17-0.45 s for the same work (load), CPU time stays put
+    code = ("import sys, time; t = time.process_time(); from partita.cli import main; "
+            "main(" + repr(ARGS) + "); assert 'torch' not in sys.modules; print(time.process_time() - t, file=sys.stderr)")
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     wall = time.time() - t0
     assert proc.returncode == 0, proc.stderr
-    assert float(proc.stderr.strip().splitlines()[-1]) < 0.3  # inside the interpreter
+    assert float(proc.stderr.strip().splitlines()[-1]) < 0.5  # CPU s inside the interpreter (0.17 s measured quiet)
     assert wall < 2.0  # including interpreter start-up on a loaded CI core
 
 
