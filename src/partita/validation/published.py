@@ -32,7 +32,7 @@ from ..errors import PartitaError
 from ..plan import Plan, balanced_split, validate
 from ..spec.hardware import Cluster, make_cluster
 from ..spec.load import load_model
-from ..spec.model import ModelSpec, MoESpec
+from ..spec.model import MLASpec, ModelSpec, MoESpec
 
 HARDWARE = {
     "A100-80GB-SXM": "a100-80gb", "A100-80GB": "a100-80gb", "A100-40GB": "a100-40gb",
@@ -43,8 +43,28 @@ HARDWARE = {
     # usual part). The Ascend family's efficiencies are fitted on these rows
     # (bench/fit.py), so the fitted gemm absorbs the variant's peak if it is another.
     "Ascend-910B": "ascend-910b2",
-    # not mapped: GB200 (no catalog file), plain "H100" (SKU not stated)
+    # GB200: the rows are GB200 NVL72 racks (dgxc "GB200 NVL72 reference architecture", Megatron CI
+    # dgx_gb200, torchao "64 nodes x 4 GPUs"); gb200.json's node is the 72-GPU NVLink domain.
+    "GB200": "gb200",
+    # plain "H100" (torchao-float8, torchao-float8nocompile): the SKU is not stated. The rows are
+    # torchtitan runs benchmarked by the PyTorch team (pytorch/ao docs, torchtitan PR #778), whose
+    # torchtitan H100 benchmarks name their parts: 96 GB HBM2e at 500 W (Grand Teton; the
+    # torchtitan-h100 rows' hardware cell). The rows' own figures cannot tell the two apart (their
+    # peaks, <= 53 GB, fit both), so the team's documented part is taken: h100-96gb-hbm2e.
+    "H100": "h100-96gb-hbm2e",
 }
+
+
+def nodes_of(devices_per_node: int, n: int) -> int:
+    """Devices per node for a published job of ``n`` devices: the largest divisor of ``n`` not
+    above the device file's node size. Equal to the node size whenever ``n`` fills whole nodes
+    (every 8-GPU-node row); for a rack-scale NVLink domain (GB200 NVL72: 72) a 128-512 GPU job
+    fills 64 GPUs of each rack - the jobs' own layouts (tp x ep = 64, 4-GPU trays) are
+    power-of-two and cannot use 72 GPUs per rack."""
+    for per_node in range(min(devices_per_node, n), 0, -1):
+        if n % per_node == 0:
+            return per_node
+    return 1
 
 
 #: Mixture-of-experts architectures of the CSV's MoE rows: what the row's columns cannot
@@ -66,6 +86,32 @@ MOE_ARCH: dict[str, tuple[dict, int | None] | str] = {
     "Mixtral-8x7B": (dict(num_experts=8, top_k=2, expert_ffn_hidden=14336), None),
     # deepseek-ai/DeepSeek-V3 config (the catalog preset): MLA, 256 routed top-8 + 1 shared
     "DeepSeek-V3": "deepseek-v3",
+    # deepseek-ai/DeepSeek-V2 config.json: n_routed_experts 160, num_experts_per_tok 6,
+    # n_shared_experts 2, moe_intermediate_size 1536, intermediate_size 12288 (the dense layer),
+    # first_k_dense_replace 1, MLA q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64,
+    # qk_nope_head_dim 128, v_head_dim 128 (as NeMo's deepseek_v2.yaml restates them:
+    # moe_layer_freq [0]*1+[1]*59, moe_shared_expert_intermediate_size 3072 = 2 x 1536)
+    "DeepSeek-V2": (dict(num_experts=160, top_k=6, expert_ffn_hidden=1536, shared_experts=2,
+                         shared_ffn_hidden=1536, first_dense_layers=1,
+                         mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                                  qk_nope_head_dim=128, v_head_dim=128)), 12288),
+    # Qwen/Qwen2-57B-A14B config.json: num_experts 64, num_experts_per_tok 8,
+    # moe_intermediate_size 2560, shared_expert_intermediate_size 20480 (one shared expert with
+    # its sigmoid shared_expert_gate, Qwen2-MoE), decoder_sparse_step 1, mlp_only_layers []
+    "Qwen2-57B-A14B": (dict(num_experts=64, top_k=8, expert_ffn_hidden=2560, shared_experts=1,
+                            shared_ffn_hidden=20480, shared_expert_gate=True), None),
+    # mindspore-lab/mindformers research/telechat2 telechat2-39b-a12b yaml moe_config: expert_num 16,
+    # num_experts_chosen 4, moe_intermediate_size 6144, shared_expert_num 0; every layer MoE
+    "TeleChat2-39B-A12B": (dict(num_experts=16, top_k=4, expert_ffn_hidden=6144), None),
+    # NVIDIA/Megatron-LM tests/functional_tests/test_cases/moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed
+    # model_config.yaml, as the row's notes transcribe it (not re-read here): 16 layers, the first
+    # dense (ffn 4096), 32 routed experts top-4 + a shared expert of 1024, expert ffn 1024, MLA
+    # (q_lora 1536, kv_lora 512, qk head 128 + rope 64, v head 128); GPT-2 BPE (50257 tokens)
+    # padded to a multiple of 3232: 51712. Its one MTP layer is not modelled.
+    "DeepSeek-style MoE proxy": (dict(num_experts=32, top_k=4, expert_ffn_hidden=1024, shared_experts=1,
+                                      shared_ffn_hidden=1024, first_dense_layers=1, vocab=51712,
+                                      mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                                               qk_nope_head_dim=128, v_head_dim=128)), 4096),
 }
 
 
@@ -279,10 +325,14 @@ def _moe_model(row: dict) -> ModelSpec:
                                    vocab=_int(row["vocab"], preset.vocab) or preset.vocab,
                                    max_positions=max(preset.max_positions, _int(row["seq_len"], 0) or 0)).validated(name)
     fields, dense_ffn = arch
+    fields = dict(fields)
+    mla = fields.pop("mla", None)  # DeepSeek multi-head latent attention (config's lora ranks / head dims)
+    vocab = fields.pop("vocab", None)  # the config's vocabulary where the row leaves it blank
     h, L, f = _int(row["hidden"]), _int(row["n_layers"]), _int(row["ffn_hidden"])
-    a, kv, V = _int(row["n_heads"]), _int(row["n_kv_heads"]), _int(row["vocab"], 128256)
+    a, kv, V = _int(row["n_heads"]), _int(row["n_kv_heads"]), _int(row["vocab"], vocab or 128256)
     return ModelSpec(name=name, hidden=h, layers=L, heads=a, kv_heads=kv or a, ffn_hidden=dense_ffn or f, vocab=V,
-                     moe=MoESpec(**fields), max_positions=_int(row["seq_len"], 4096) or 4096,
+                     moe=MoESpec(**fields), mla=MLASpec(**mla) if mla else None,
+                     max_positions=_int(row["seq_len"], 4096) or 4096,
                      source="published_runs.csv").validated(name)
 
 
@@ -369,7 +419,8 @@ def _case(row: dict) -> Case:
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
                 framework=runs_as(facts))
-    cluster = make_cluster(HARDWARE[hw_token], n)
+    cluster = make_cluster(HARDWARE[hw_token], n,
+                           devices_per_node=nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n))
     if not cluster.device.supports(plan.dtype):
         raise PartitaError(f"precision {plan.dtype} not supported by {cluster.device.name}")
     errs = validate(plan, model, n)
