@@ -20,6 +20,15 @@ ep         expert parallel: routed experts split over ``ep`` devices, tokens
            folding": the expert layers get their own tp x dp x cp = etp x ep x edp
            mesh, here with expert tensor parallel etp = 1 - experts are never split
            by tp - so ep must divide tp x dp x cp) [Liu et al. 2025, arXiv:2504.14960]
+etp        expert tensor parallel (default 1): each routed expert's FFN split ``etp`` ways
+           (w1/w3 by columns, w2 by rows) - Megatron-Core ``--expert-tensor-parallel-size``.
+           The expert layers of a pipeline stage are re-folded as the grid
+           ``etp x ep x edp = tp x cp x dp`` (MoE parallel folding [Liu et al. 2025,
+           arXiv:2504.14960, sec. 3]); the expert data-parallel size ``edp = tp*cp*dp /
+           (ep*etp)`` is derived. Ranks: Megatron-Core's expert RankGenerator, order
+           ``tp-ep-dp-pp`` (megatron/core/parallel_state.py): etp innermost (consecutive
+           ranks), ep ``etp`` apart, edp ``etp*ep`` apart. etp = 1 keeps the layout
+           described under ``ep``.
 zero       0: replicated optimizer (DDP); 1: optimizer states sharded over dp x cp
            (Megatron distributed optimizer); 2: + gradients sharded; 3: + parameters
            sharded (FSDP / ZeRO-3) [Rajbhandari et al. 2020]
@@ -86,7 +95,7 @@ PLAN_FORMAT = "partita.plan/1"
 MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
 GRAD_COMPRESSIONS = ("none", "powersgd")
-_OPTIONAL_DEFAULTS: dict[str, object] = {"grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
+_OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron"}
 
 
@@ -124,6 +133,8 @@ class Plan:
     #: the framework the plan is estimated as run by (cost/frameworks.py: its documented
     #: differences in saved activations, recompute, state bytes and overlap)
     framework: str = "megatron"
+    #: expert tensor parallel (module docstring, ``etp``); 1 keeps every plan's JSON as before
+    etp: int = 1
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -168,6 +179,8 @@ class Plan:
             parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.etp > 1:
+            parts.append(f"etp{self.etp}")
         parts.append(f"z{self.zero}")
         parts.append(f"mbs{self.mbs}x{self.grad_accum}")
         if self.recompute != "none":
@@ -314,7 +327,7 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     estimator and the runtime all call it.
     """
     errs: list[str] = []
-    for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "mbs", "gbs", "seq_len"):
+    for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "gbs", "seq_len"):
         if not 1 <= getattr(plan, name) <= MAX_PLAN_SIZE:
             errs.append(f"{name} must be from 1 to {MAX_PLAN_SIZE:,}, got {getattr(plan, name)}")
     if plan.layer_split and not all(-1 < n <= MAX_PLAN_SIZE for n in plan.layer_split):
@@ -385,18 +398,30 @@ def _validate_compression(plan: Plan) -> list[str]:
 
 def _validate_ep(plan: Plan) -> list[str]:
     """Expert parallel is carved out of dp x cp, or folded out of tp x dp x cp (module
-    docstring, ``ep``); with HSDP the experts' states are sharded over the shard group's
-    ``dp_shard x cp x tp / ep`` ranks (torchtitan's ``efsdp``), which must be whole."""
-    if plan.ep <= 1:
+    docstring, ``ep``); with expert tensor parallel the expert grid ``etp x ep x edp`` must
+    tile the stage's ``tp x cp x dp`` ranks (Megatron-Core raises when ``etp*ep*pp`` does
+    not divide the world size, megatron/core/parallel_state.py); with HSDP the experts'
+    states are sharded over the shard group's ``dp_shard x cp x tp / (ep*etp)`` ranks
+    (torchtitan's ``efsdp``), which must be whole."""
+    if plan.ep <= 1 and plan.etp <= 1:
         return []
-    if (plan.tp * plan.dp * plan.cp) % plan.ep:
-        return [f"ep={plan.ep} must divide tp*dp*cp = {plan.tp}*{plan.dp}*{plan.cp} = {plan.tp * plan.dp * plan.cp} "
+    stage = plan.tp * plan.dp * plan.cp
+    if stage % plan.ep:
+        return [f"ep={plan.ep} must divide tp*dp*cp = {plan.tp}*{plan.dp}*{plan.cp} = {stage} "
                 "(expert parallel is carved out of data x context parallel, or folded out of tensor x data x context "
-                "parallel with expert tensor parallel 1)"]
-    if 0 < plan.dp_shard < plan.dp and (plan.dp_shard * plan.cp * plan.tp) % plan.ep:
-        return [f"ep={plan.ep} must divide dp_shard*cp*tp = {plan.dp_shard}*{plan.cp}*{plan.tp} with HSDP (the experts' "
-                "states are sharded within the shard group)"]
+                "parallel)"]
+    if (stage // plan.ep) % plan.etp:
+        return [f"etp={plan.etp} must divide tp*cp*dp/ep = {stage}/{plan.ep} = {stage // plan.ep} (MoE parallel "
+                "folding: the expert grid etp x ep x edp tiles tp x cp x dp)"]
+    if 0 < plan.dp_shard < plan.dp and (plan.dp_shard * plan.cp * plan.tp) % (plan.ep * plan.etp):
+        return [f"ep*etp={plan.ep}*{plan.etp} must divide dp_shard*cp*tp = {plan.dp_shard}*{plan.cp}*{plan.tp} with "
+                "HSDP (the experts' states are sharded within the shard group)"]
     return []
+
+
+def expert_dp(plan: Plan) -> int:
+    """The expert data-parallel size ``edp = tp*cp*dp / (ep*etp)`` (module docstring, ``etp``)."""
+    return max(1, plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp))
 
 
 def ep_folded(plan: Plan) -> bool:
@@ -431,6 +456,12 @@ def _validate_against_model(plan: Plan, model: Any) -> list[str]:
             errs.append(f"ep={plan.ep} needs a mixture-of-experts model; {model.name} is dense")
         elif model.moe.num_experts % plan.ep:
             errs.append(f"routed experts ({model.moe.num_experts}) must be divisible by ep={plan.ep}")
+    if plan.etp > 1:
+        if not model.moe:
+            errs.append(f"etp={plan.etp} needs a mixture-of-experts model; {model.name} is dense (use tp)")
+        elif model.moe.expert_ffn_hidden % plan.etp:
+            errs.append(f"expert FFN size ({model.moe.expert_ffn_hidden}) must be divisible by etp={plan.etp} "
+                        "(expert tensor parallel splits each expert's FFN)")
     return errs
 
 
@@ -448,12 +479,20 @@ def axis_sizes(plan: Plan) -> dict[str, int]:
 
 
 def axis_stride(plan: Plan, axis: str) -> int:
-    """Distance in global rank between neighbours along ``axis`` (row-major over MESH_AXES)."""
+    """Distance in global rank between neighbours along ``axis`` (row-major over MESH_AXES;
+    the expert axes ``etp``, ``ep``, ``edp``: Megatron-Core's expert order ``tp-ep-dp-pp``
+    with etp > 1, see the module docstring)."""
     sizes = axis_sizes(plan)
+    if axis == "etp":
+        return 1
     if axis == "ep":
+        if plan.etp > 1:  # expert RankGenerator: ep is the axis right outside etp
+            return plan.etp
         # ep groups: consecutive members of the flattened (dp, cp) axes; folded into tp
         # (ep_folded), ep consecutive ranks - Megatron-Core's expert rank order with etp 1
         return 1 if ep_folded(plan) else plan.tp
+    if axis == "edp":
+        return plan.etp * plan.ep
     if axis == "dp_cp":
         return plan.tp
     stride = 1
@@ -467,6 +506,10 @@ def axis_stride(plan: Plan, axis: str) -> int:
 def axis_size(plan: Plan, axis: str) -> int:
     if axis == "ep":
         return plan.ep
+    if axis == "etp":
+        return plan.etp
+    if axis == "edp":
+        return expert_dp(plan)
     if axis == "dp_cp":
         return plan.dp * plan.cp
     return axis_sizes(plan)[axis]
@@ -486,18 +529,19 @@ def axis_index(plan: Plan, axis: str, rank: int) -> int:
 
 
 def group_span(plan: Plan, axis: str, devices_per_node: int) -> tuple[int, int]:
-    return _group_span(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, axis, devices_per_node)
+    return _group_span(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, axis, devices_per_node, plan.etp)
 
 
 @lru_cache(maxsize=65536)
-def _group_span(pp: int, dp: int, cp: int, tp: int, ep: int, axis: str, devices_per_node: int) -> tuple[int, int]:
+def _group_span(pp: int, dp: int, cp: int, tp: int, ep: int, axis: str, devices_per_node: int,
+                etp: int = 1) -> tuple[int, int]:
     """(members per node, nodes) of an ``axis`` group under the row-major layout.
 
     A group whose members are ``stride`` apart stays inside a node while
     ``stride * size <= devices_per_node``; once ``stride >= devices_per_node`` every member
     sits on its own node.
     """
-    ranks = axis_ranks(Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), axis)
+    ranks = axis_ranks(Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp), axis)
     nodes = len({r // devices_per_node for r in ranks})
     return len(ranks) // nodes, nodes
 

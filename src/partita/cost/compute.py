@@ -12,8 +12,20 @@ parameters of the hardware family.
 
 Per rank, tensor parallelism divides every GEMM's output (or input) width by ``tp``;
 context parallelism divides the tokens by ``cp``. Routed experts are not tensor-split
-(expert tensor parallel = 1, the usual Megatron MoE layout); with sequence parallel the
-``tp`` ranks route disjoint tokens, so expert work per rank is also divided by ``tp``.
+at the default expert tensor parallel 1 (the usual Megatron MoE layout); with sequence
+parallel the ``tp`` ranks route disjoint tokens, so expert work per rank is also divided
+by ``tp``.
+
+Expert tensor parallel ``etp`` (plan.py; Megatron-Core ``--expert-tensor-parallel-size``,
+MoE parallel folding [Liu et al. 2025, arXiv:2504.14960, sec. 3]): Megatron's alltoall
+token dispatcher all-gathers the tokens an ep all-to-all brought to a rank over its etp
+group, each etp rank runs its ``1/etp`` slice of every local expert's FFN on all of them,
+and the outputs are reduce-scattered back (megatron/core/transformer/moe/token_dispatcher.py,
+``MoEAlltoAllTokenDispatcher``: ``gather_from_sequence_parallel_region`` over the expert
+tp group). Per rank: ``etp`` times the tokens x ``1/etp`` of the FFN width = the same
+expert FLOPs, in ``E/ep`` local experts - so at a fixed ``ep x etp`` (same expert memory)
+a larger etp means more local experts and smaller GEMMs, which the GEMM-size efficiency
+curve below charges. The gather/scatter traffic is in :mod:`.step`.
 """
 from __future__ import annotations
 
@@ -98,9 +110,11 @@ def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
     weights = (h * (model.q_dim + 2 * model.kv_dim) + model.attn_out_dim * h) / tp
     if moe and model.moe:
         mo = model.moe
-        per_token = attn_in + mo.top_k * ((mats - 1) * h + mo.expert_ffn_hidden) / tp
+        # etp: each rank casts the etp-gathered routed inputs (etp x its own) for w1/w3 and
+        # its 1/etp of w2's input for all of them (unchanged), and its 1/etp of the weights
+        per_token = attn_in + mo.top_k * ((mats - 1) * h * shape.etp + mo.expert_ffn_hidden) / tp
         per_token += mo.shared_experts * ((mats - 1) * h + mo.shared_ffn_hidden / tp)
-        weights += mats * h * (mo.num_experts / shape.ep * mo.expert_ffn_hidden
+        weights += mats * h * (mo.num_experts / (shape.ep * shape.etp) * mo.expert_ffn_hidden
                                + mo.shared_experts * mo.shared_ffn_hidden / tp)
     else:
         per_token = attn_in + (mats - 1) * h + model.ffn_hidden / tp
@@ -202,9 +216,11 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     if moe and model.moe:
         mo = model.moe
         router = 2 * tokens * h * mo.num_experts / tp
-        routed_tokens = tokens * mo.top_k / tp  # SP: the tp ranks route disjoint token slices
+        # SP: the tp ranks route disjoint token slices; etp gathers etp of them per rank and
+        # splits the expert FFN etp ways (module docstring): the FLOPs per rank do not change
+        routed_tokens = tokens * mo.top_k * shape.etp / tp
         local_experts = mo.num_experts / shape.ep
-        routed = 2 * routed_tokens * mats * h * mo.expert_ffn_hidden
+        routed = 2 * routed_tokens * mats * h * mo.expert_ffn_hidden / shape.etp
         shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp
         cost.gemm_flops += router + routed + shared
         cost.gemm_time += gemm_time(device, router, dtype)

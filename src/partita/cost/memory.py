@@ -14,7 +14,11 @@ optimizer   12 (fp32 master + m + v);  zero 1, 2 and 3
 
 fp8 training keeps bf16 weights and adds an fp8 copy and its transpose (2 bytes).
 Dense weights are sharded over dp x cp ranks; routed-expert weights over the expert
-data-parallel group ``dp*cp*tp/ep`` (expert tensor parallel = 1).
+data-parallel group ``edp = dp*cp*tp/(ep*etp)``. A rank holds ``E / ep`` routed experts,
+each ``1 / etp`` of it (Megatron-Core expert tensor parallel: w1/w3 split by columns, w2
+by rows), so its expert parameters are ``E p_e / (ep*etp)``; the ``ep*etp*edp = tp*cp*dp``
+ranks of a stage hold every expert shard ``edp`` times [MoE parallel folding, Liu et al.
+2025, arXiv:2504.14960, sec. 3].
 
 Activations per layer and micro-batch follow Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", sec. 4.1, which gives
@@ -83,10 +87,12 @@ def state_shard(plan: Plan) -> int:
 
 
 def expert_state_shard(plan: Plan) -> int:
-    """Ranks one copy of the routed experts' states is spread over: the expert
-    data-parallel group ``shard x tp / ep`` (Megatron-Core's expert data parallel with
-    expert tensor parallel 1; torchtitan's ``efsdp = dp_shard * cp * tp / ep``)."""
-    return max(1, state_shard(plan) * plan.tp // plan.ep)
+    """Ranks one copy of a rank's routed-expert shard's states is spread over: the expert
+    data-parallel group ``shard x tp / (ep*etp)`` - the ranks holding the same experts and
+    the same etp slice of them (Megatron-Core's expert data parallel, ``edp = world /
+    (etp*ep*pp)``, megatron/core/parallel_state.py; torchtitan's ``efsdp = dp_shard * cp *
+    tp / ep``). With etp = 1 the group of the layout before expert tensor parallel."""
+    return max(1, state_shard(plan) * plan.tp // (plan.ep * plan.etp))
 
 
 def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]:
@@ -170,7 +176,11 @@ def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: b
     mats = 3 if model.gated else 2
     if moe and model.moe:
         mo = model.moe
-        routed = mo.top_k * (e * h + e * mats * mo.expert_ffn_hidden) / tp  # permuted inputs + expert intermediates
+        # permuted inputs + expert intermediates; with etp > 1 each rank saves the inputs its
+        # etp group all-gathered (etp x its own, for w1/w3's weight gradient) and its 1/etp
+        # of the intermediates of all of them (etp x 1/etp: unchanged) - Megatron's
+        # alltoall dispatcher gathers the tokens over the expert tp group before the experts
+        routed = mo.top_k * (e * h * shape.etp + e * mats * mo.expert_ffn_hidden) / tp
         shared = mo.shared_experts * e * mats * mo.shared_ffn_hidden / tp
         inside += routed + shared + FP32_BYTES * mo.num_experts / tp  # router probabilities (fp32)
     else:
@@ -328,15 +338,15 @@ def _split_tp(total: float, replicated: float, tp: int) -> float:
 @memoised
 def shape_params(model: ModelSpec, rank: RankShape, split: ParamShape) -> tuple[float, float]:
     """(dense, expert) parameters of a pipeline rank of this shape: tp divides the dense
-    weights except the replicated ones (:func:`tp_replicated_params`: norms, router), ep
-    the routed experts."""
+    weights except the replicated ones (:func:`tp_replicated_params`: norms, router), ep x
+    etp the routed experts (module docstring)."""
     n_dense = rank.n_layers - rank.n_moe
     tp = split.tp
     dense = n_dense * _split_tp(model.layer_kind_params(False), _tp_replicated(model, False), tp) if n_dense else 0.0
     expert = 0.0
     if rank.n_moe:
         routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
-        expert = rank.n_moe * routed / split.ep
+        expert = rank.n_moe * routed / (split.ep * split.etp)
         dense += rank.n_moe * _split_tp(model.layer_kind_params(True) - routed, _tp_replicated(model, True), tp)
     if rank.first:
         dense += _split_tp(model.embedding_params(), _end_replicated(model, True), tp)
@@ -464,20 +474,20 @@ def _fsdp_units(model: ModelSpec, split: ParamShape, shape: RankShape) -> tuple[
 
 
 def _unit_params(model: ModelSpec, split: ParamShape, shape: RankShape) -> float:
-    """Parameters of the rank's largest layer (its dense part / tp, its experts / ep)."""
+    """Parameters of the rank's largest layer (its dense part / tp, its experts / (ep*etp))."""
     tp = split.tp
     params = (_split_tp(model.layer_kind_params(False), _tp_replicated(model, False), tp)
               if shape.n_layers > shape.n_moe else 0.0)
     if shape.n_moe:
         routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
         params = max(params, _split_tp(model.layer_kind_params(True) - routed, _tp_replicated(model, True), tp)
-                     + routed / split.ep)
+                     + routed / (split.ep * split.etp))
     return params
 
 
 def _buffers(device: Device, plan: Plan) -> float:
     """Per-communicator buffers (HCCL: 2 x HCCL_BUFFSIZE each) for every group the rank is in."""
-    groups = sum(1 for size in (plan.tp, plan.dp * plan.cp, plan.pp, plan.cp, plan.ep) if size > 1) + 1
+    groups = sum(1 for size in (plan.tp, plan.dp * plan.cp, plan.pp, plan.cp, plan.ep, plan.etp) if size > 1) + 1
     return groups * device.comm_buffer_mib_per_group * 2 ** 20
 
 

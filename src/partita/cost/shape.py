@@ -38,6 +38,7 @@ class LayerShape(NamedTuple):
     sp: bool
     dtype: str
     framework: str = "megatron"  # cost/frameworks.py: what the layer saves and recomputes
+    etp: int = 1  # expert tensor parallel: each routed expert's FFN split etp ways (plan.py)
 
     @property
     def tokens(self) -> float:
@@ -47,24 +48,30 @@ class LayerShape(NamedTuple):
 
 
 def layer_shape(plan: Plan) -> LayerShape:
-    return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.framework)
+    return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.framework, plan.etp)
 
 
 class CollectiveSpans(NamedTuple):
-    """Where the per-micro-batch collectives run: the tp and ep groups as (members per
+    """Where the per-micro-batch collectives run: the tp, ep and etp groups as (members per
     node, nodes), and whether a cp or pp neighbour sits on another node."""
 
     tp: tuple[int, int]
     cp_crosses: bool
     ep: tuple[int, int]
     pp_crosses: bool
+    etp: tuple[int, int] = (1, 1)  # the expert tensor-parallel group: etp consecutive ranks
 
 
 @lru_cache(maxsize=65536)
-def collective_spans(pp: int, dp: int, cp: int, tp: int, ep: int, devices_per_node: int) -> CollectiveSpans:
-    plan = Plan(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
+def collective_spans(pp: int, dp: int, cp: int, tp: int, ep: int, devices_per_node: int,
+                     etp: int = 1) -> CollectiveSpans:
+    """The spans of :class:`CollectiveSpans`, from :func:`partita.plan.axis_ranks` (with
+    etp > 1 the ep group's members are etp apart and the etp group is etp consecutive
+    ranks: Megatron-Core's expert order ``tp-ep-dp-pp``)."""
+    plan = Plan(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp)
     return CollectiveSpans(group_span(plan, "tp", devices_per_node), group_span(plan, "cp", devices_per_node)[1] > 1,
-                           group_span(plan, "ep", devices_per_node), group_span(plan, "pp", devices_per_node)[1] > 1)
+                           group_span(plan, "ep", devices_per_node), group_span(plan, "pp", devices_per_node)[1] > 1,
+                           group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1))
 
 
 class StageShape(NamedTuple):
@@ -78,23 +85,25 @@ class StageShape(NamedTuple):
 
 
 def stage_shape(plan: Plan, devices_per_node: int) -> StageShape:
-    spans = collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node)
+    spans = collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node, plan.etp)
     # the plan's tp overlap counts only where the framework can run it (cost/frameworks.py)
     overlap = plan.tp_comm_overlap and FRAMEWORKS[plan.framework].tp_comm_overlap
     return StageShape(layer_shape(plan), plan.recompute, overlap, plan.pp > 1, spans)
 
 
 class ParamShape(NamedTuple):
-    """How a rank's parameters are split: tp divides dense weights, ep the routed
-    experts; with a pipeline the last stage keeps its own copy of a tied embedding."""
+    """How a rank's parameters are split: tp divides dense weights, ep x etp the routed
+    experts (ep the expert count, etp each expert's FFN); with a pipeline the last stage
+    keeps its own copy of a tied embedding."""
 
     tp: int
     ep: int
     pipelined: bool
+    etp: int = 1
 
 
 def param_shape(plan: Plan) -> ParamShape:
-    return ParamShape(plan.tp, plan.ep, plan.pp > 1)
+    return ParamShape(plan.tp, plan.ep, plan.pp > 1, plan.etp)
 
 
 def _hsdp_shard(plan: Plan) -> int:
@@ -103,9 +112,10 @@ def _hsdp_shard(plan: Plan) -> int:
 
 
 def expert_dp_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
-    """Span of the expert data-parallel group (dp*cp*tp/ep ranks, stride tp*ep inside dp x cp;
-    with HSDP the shard group's dp_shard*cp*tp/ep, torchtitan's ``efsdp``)."""
-    return _expert_dp_span_of(_hsdp_shard(plan), plan.cp, plan.tp, plan.ep, devices_per_node, ep_folded(plan))
+    """Span of the expert data-parallel group (dp*cp*tp/(ep*etp) ranks; with HSDP the shard
+    group's dp_shard*cp*tp/(ep*etp), torchtitan's ``efsdp``): see :func:`_expert_dp_span_of`."""
+    return _expert_dp_span_of(_hsdp_shard(plan), plan.cp, plan.tp, plan.ep, devices_per_node, ep_folded(plan),
+                              plan.etp)
 
 
 def shard_span(plan: Plan, devices_per_node: int) -> tuple[int, int]:
@@ -131,14 +141,22 @@ def _span_of(stride: int, size: int, dpn: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=65536)
-def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int, folded: bool = False) -> tuple[int, int]:
+def _expert_dp_span_of(dp: int, cp: int, tp: int, ep: int, dpn: int, folded: bool = False,
+                       etp: int = 1) -> tuple[int, int]:
     """Expert data-parallel members are ``tp x ep`` apart when ep lies inside dp x cp (stride
     tp), and ``ep`` apart when ep is folded over consecutive ranks of tp x cp x dp
-    (:func:`partita.plan.axis_stride`: Megatron-Core's expert rank order with etp 1)."""
-    size = dp * cp * tp // ep
+    (:func:`partita.plan.axis_stride`: Megatron-Core's expert rank order with etp 1).
+    With expert tensor parallel (etp > 1) the group has ``dp*cp*tp / (ep*etp)`` members
+    ``etp x ep`` apart: Megatron-Core's expert RankGenerator, order ``tp-ep-dp-pp``, puts
+    etp innermost, then ep, then the expert data-parallel axis
+    (megatron/core/parallel_state.py, ``expert_decoder_rank_generator``)."""
+    size = dp * cp * tp // (ep * etp)
     if size <= 1:
         return 1, 1
-    stride = (ep if folded else ep * tp) if ep > 1 else 1
+    if etp > 1:
+        stride = etp * ep
+    else:
+        stride = (ep if folded else ep * tp) if ep > 1 else 1
     nodes = len({(i * stride) // dpn for i in range(size)})
     return max(1, size // nodes), nodes
 

@@ -18,6 +18,14 @@ of the communication that sits on the critical path:
   backward, overlapped with the attention kernel; only the excess is exposed.
 * expert parallel: dispatch + combine all-to-all forward, the same backward, of
   ``top_k b s h / tp`` elements per rank [Megatron-Core MoE; hardware.md sec. 3.4].
+  With expert tensor parallel (etp > 1) Megatron's alltoall dispatcher also all-gathers
+  the received tokens over the etp group before the experts and reduce-scatters the
+  outputs after them (megatron/core/transformer/moe/token_dispatcher.py,
+  ``MoEAlltoAllTokenDispatcher``; MoE parallel folding, Liu et al. 2025,
+  arXiv:2504.14960, sec. 3): forward all-gather + reduce-scatter, backward the reverse
+  pair, full recompute one more pair, each of the gathered ``etp top_k b s h / tp``
+  elements over the etp group's span (:func:`etp_dispatch_time`); counted with the
+  all-to-all in the ``ep all-to-all`` part (the expert token exchange).
 * pipeline: one activation send per direction per micro-batch on the critical path
   (with interleaving the other vpp - 1 are overlapped, Megatron's overlap_p2p_comm).
 * ZeRO-3: per micro-batch all-gather (forward and backward) and reduce-scatter of the
@@ -56,7 +64,7 @@ from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, exp
                      grad_bytes, rank_shapes, shape_params, state_shard)
 from .overheads import add_framework
 from .pipeline import pipeline_time, pipeline_time_of
-from .shape import StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
+from .shape import LayerShape, StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
 
 
 #: The backward pass runs two GEMMs (input and weight gradients) per forward GEMM, so
@@ -231,6 +239,8 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     if layer.ep > 1 and model.moe:
         size = tokens / layer.tp * model.moe.top_k * model.hidden * e
         a2a = 2 * (2 + rc_full) * comm.all_to_all(dev, size, eg, ek)
+    if layer.etp > 1 and model.moe:
+        a2a += etp_dispatch_time(model, dev, layer, spans.etp, rc_full)
     # Interleaving multiplies pipeline traffic by vpp [Narayanan et al. SC'21 sec. 2.2],
     # but Megatron overlaps those transfers with the other chunks' compute
     # (overlap_p2p_comm, on by default with vpp); one send per direction and
@@ -257,6 +267,23 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         per_stage=per_stage), dev, shape, bool(model.moe))
 
 
+def etp_dispatch_time(model: ModelSpec, dev: Device, layer: LayerShape, span: tuple[int, int], rc_full: int) -> float:
+    """Seconds of one MoE layer's expert-tensor-parallel token exchange per micro-batch.
+
+    Each rank's routed tokens (``top_k b s / (cp tp)`` after the ep all-to-all, balanced
+    routing) are all-gathered over its etp group before the experts, so every etp rank
+    runs its FFN slice on the group's ``etp`` times as many; the outputs are
+    reduce-scattered back after them (the partial sums of w2's row-split are summed).
+    Backward runs the reverse pair on the gradients; full recompute repeats the forward
+    pair. Buffer = the gathered ``etp top_k b s h / (cp tp)`` elements (:mod:`.comm`'s
+    all-gather convention), over the etp group's ``span`` (members per node, nodes)
+    [Megatron-Core ``MoEAlltoAllTokenDispatcher``: ``gather_from_sequence_parallel_region``
+    / ``reduce_scatter_to_sequence_parallel_region`` over the expert tp group]."""
+    size = layer.etp * layer.tokens / layer.tp * model.moe.top_k * model.hidden * BYTES[layer.dtype]  # type: ignore[union-attr]
+    g, k = span
+    return (2 + rc_full) * (comm.all_gather(dev, size, g, k) + comm.reduce_scatter(dev, size, g, k))
+
+
 def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> StageTerms:
     """A rank's per-micro-batch terms: its layers, its ends and the per-stage constant."""
     kinds, _ = stage_terms(model, cluster, plan)
@@ -274,7 +301,7 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape
         st.parts[STAGE_PARTS["tp_comm"]] = terms.tp_comm
     if plan.cp > 1:
         st.parts[STAGE_PARTS["cp_comm"]] = terms.cp_comm
-    if plan.ep > 1 and shape.n_moe:
+    if (plan.ep > 1 or plan.etp > 1) and shape.n_moe:
         st.parts[STAGE_PARTS["ep_all_to_all"]] = terms.ep_all_to_all
     if plan.pp > 1:
         st.parts[STAGE_PARTS["pp_send_recv"]] = terms.pp_send_recv
