@@ -32,6 +32,9 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-trace", metavar="FILE.json",
                    help="with --model module:factory: also write the traced spec; --model FILE.json plans "
                         "from it without tracing again (a large model's trace takes seconds)")
+    p.add_argument("--no-trace-cache", action="store_true",
+                   help="with --model module:factory: trace again instead of reading the trace cached by an "
+                        "earlier run of the same factory, inputs and TP plan (PARTITA_TRACE_CACHE=off: never cache)")
 
 
 def is_traced(args: argparse.Namespace) -> bool:
@@ -92,10 +95,27 @@ def _factory(path: str):
 
 
 def load_traced(args: argparse.Namespace):
-    """The :class:`TracedSpec` that ``--model`` names (traced now, or read from JSON)."""
+    """The :class:`TracedSpec` that ``--model`` names: read from JSON, from the trace cache
+    (:mod:`partita.tracing.cache`: no torch import), or traced now (and cached)."""
     from ..spec.traced import TracedSpec, is_traced_file
+    from ..tracing import cache
     if is_traced_file(args.model):
         return TracedSpec.load(args.model)
+    key = cache.trace_key(args.model, args.example_input, args.tp_plan)
+    hit = None if getattr(args, "no_trace_cache", False) else cache.cached_path(key)
+    if hit is not None:
+        spec = TracedSpec.load(hit)
+        args.trace_cached = str(hit)
+    else:
+        spec = _trace_factory(args)
+        cache.store(key, spec.to_json())
+    if getattr(args, "save_trace", None):
+        spec.to_json(args.save_trace)
+    return spec
+
+
+def _trace_factory(args: argparse.Namespace):
+    """Build ``--model module:factory`` on the meta device and trace it."""
     import json
 
     import torch
@@ -116,10 +136,7 @@ def load_traced(args: argparse.Namespace):
             tp_plan = json.loads(args.tp_plan)
         except ValueError as e:
             raise PartitaError(f"--tp-plan: not JSON ({e}); e.g. '{{\"attention.wq\": \"colwise\"}}'") from None
-    spec = trace(model, inputs, tp_plan=tp_plan, name=args.model.rpartition(":")[2], on="meta")
-    if getattr(args, "save_trace", None):
-        spec.to_json(args.save_trace)
-    return spec
+    return trace(model, inputs, tp_plan=tp_plan, name=args.model.rpartition(":")[2], on="meta")
 
 
 def _cluster(args: argparse.Namespace):
@@ -127,9 +144,10 @@ def _cluster(args: argparse.Namespace):
     return make_cluster(args.hardware, args.devices, args.devices_per_node, parse_overrides(args.overrides))
 
 
-def _header(spec, cluster, gbs: int, seconds: float) -> list[str]:
+def _header(spec, cluster, gbs: int, seconds: float, cached: str | None = None) -> list[str]:
     units = f"{spec.layers} x {spec.block_class or 'block'}" if spec.blocks else "no repeated blocks"
-    return [f"{spec.name} (traced in {seconds:.2f} s: {spec.total_params / 1e9:.3g} B parameters, "
+    how = f"trace read from the cache {cached} in {seconds:.2f} s" if cached else f"traced in {seconds:.2f} s"
+    return [f"{spec.name} ({how}: {spec.total_params / 1e9:.3g} B parameters, "
             f"{spec.train_flops_per_sample() / 1e12:.3g} TFLOP per sample forward+backward, {units}"
             f"{', pipeline-able' if spec.pipeline else ''}{', TP plan' if spec.tp_capable else ''})",
             f"on {cluster.describe()}; global batch {gbs} samples"]
@@ -162,7 +180,7 @@ def cmd_plan_traced(args: argparse.Namespace) -> int:
         small = result.smallest
         raise PartitaError(f"no plan of {spec.name} fits {result.memory_limit_gib:.1f} GiB per device: the smallest, "
                            f"{small.plan.summary()}, needs {small.peak_memory_gib:.1f} GiB")
-    for line in _header(spec, cluster, gbs, traced_s):
+    for line in _header(spec, cluster, gbs, traced_s, getattr(args, "trace_cached", None)):
         print(line)
     print(f"search: {result.evaluated} plans in {result.search_time_s:.2f} s, {len(result.plans)} shown "
           f"(memory limit {result.memory_limit_gib:.1f} GiB)")

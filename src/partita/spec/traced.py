@@ -6,7 +6,7 @@ and saved activations, per *block* - the repeated unit that FSDP wraps, activati
 checkpointing recomputes and pipeline stages cut along - and for the rest of the model
 (stem, embeddings, heads). The figures are measured by running forward + backward on the
 meta device under ``torch.utils.flop_counter.FlopCounterMode`` and
-``torch.autograd.graph.saved_tensors_hooks`` (see :mod:`partita.tracing.trace`), for the
+``torch.autograd.graph.saved_tensors_hooks`` (see :mod:`partita.tracing.tracer`), for the
 traced example batch of ``batch`` samples; the cost model scales them linearly with the
 micro-batch (the per-sample cost of a fixed-shape model does not depend on the batch).
 

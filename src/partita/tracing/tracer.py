@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,6 +37,7 @@ from ..errors import PartitaError
 from ..spec.traced import TracedBlock, TracedSpec
 from .attention import FusedAttentionMode
 from .blocks import BlockLayout, find_blocks
+from .fastmeta import FastMetaBackward
 from .replay import Replays
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -181,7 +183,7 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
     handles = _hooks(model, rec)
     replays = Replays(model, rec.units, rec) if on_meta and replay else None
     try:
-        with FlopCounterMode(display=False) as counter, attention:
+        with (FastMetaBackward() if on_meta else nullcontext()), FlopCounterMode(display=False) as counter, attention:
             with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
                 out = functional_call(model, state, args, kwargs)
             counts = counter.get_flop_counts()

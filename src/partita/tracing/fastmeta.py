@@ -1,0 +1,40 @@
+"""Shape-only shortcuts for backward kernels whose meta implementation is slow Python.
+
+On the meta device, ``aten.native_group_norm_backward`` and
+``aten.native_layer_norm_backward`` have no C++ meta kernel: torch runs their Python
+decompositions (``torch/_decomp/decompositions.py``), dozens of reference ops each. On the
+SD-XL UNet's 46 GroupNorms that was about a quarter of the traced backward's CPU time.
+Their results are new, unaliased gradient tensors whose shapes are the input's and the
+affine parameters' (the ops' schemas in ``aten/src/ATen/native/native_functions.yaml``),
+and backward saves nothing for later - so returning empty tensors of those shapes changes
+no figure the trace records: FLOPs (``FlopCounterMode`` counts neither op; it runs outside
+this mode and sees them first) nor saved bytes (``saved_tensors_hooks`` see only forward).
+Used only for meta tensors; any other device runs the real kernel.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+
+def _like(t: torch.Tensor | None, wanted: bool) -> torch.Tensor | None:
+    return torch.empty_like(t, memory_format=torch.contiguous_format) if wanted and t is not None else None
+
+
+class FastMetaBackward(TorchDispatchMode):
+    """Empty gradients of the right shapes for normalisation backward ops on meta."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten.native_group_norm_backward.default and args[1].device.type == "meta":
+            # (grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)
+            x, weight, mask = args[1], args[4], args[9]
+            gamma = weight if weight is not None else torch.empty(args[6], dtype=x.dtype, device=x.device)
+            return _like(x, mask[0]), _like(gamma, mask[1]), _like(gamma, mask[2])
+        if func is aten.native_layer_norm_backward.default and args[1].device.type == "meta":
+            # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+            x, weight, bias, mask = args[1], args[5], args[6], args[7]
+            return _like(x, mask[0]), _like(weight, mask[1]), _like(bias, mask[2])
+        return func(*args, **kwargs)
