@@ -53,6 +53,9 @@ HARDWARE = {
     # peaks, <= 53 GB, fit both), so the team's documented part is taken: h100-96gb-hbm2e.
     "H100": "h100-96gb-hbm2e",
 }
+#: Hardware cells whose part (SKU) the row does not state: mapped above on the source's
+#: documented practice, flagged on the case (:attr:`Case.sku_stated`) so a check can leave them out.
+SKU_NOT_STATED = frozenset({"H100"})
 
 
 def nodes_of(devices_per_node: int, n: int) -> int:
@@ -128,6 +131,7 @@ class Case:
     measured: float  # step time in s, or peak memory in GiB
     raw_metric: str
     raw_value: float
+    sku_stated: bool = True  # False: the row's hardware cell does not name the part (SKU_NOT_STATED)
 
 
 @dataclass(frozen=True)
@@ -429,7 +433,7 @@ def _case(row: dict) -> Case:
     metric, value = row["measured_metric"], float(row["measured_value"])
     measured, kind = _measured(metric, value, facts, model, gbs, seq, n)
     return Case(source=key, name=row["model_name"], model=model, cluster=cluster, plan=plan, metric=kind,
-                measured=measured, raw_metric=metric, raw_value=value)
+                measured=measured, raw_metric=metric, raw_value=value, sku_stated=hw_token not in SKU_NOT_STATED)
 
 
 def _measured(metric: str, value: float, facts: SourceFacts, model: ModelSpec, gbs: int, seq: int,
