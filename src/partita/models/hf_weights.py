@@ -206,15 +206,25 @@ def load_hf_weights(pm, path: str | Path, tied: bool) -> int:
     reader = CheckpointReader(Path(path), tied)
     ep = pm.plan.ep if pm.ep_group is not None else 1
     ep_rank = dist.get_rank(pm.ep_group) if pm.ep_group is not None else -1
-    read = 0
-    for module in _cores(pm):
+    return fill_shards(_cores(pm), reader, ep, ep_rank)
+
+
+@torch.no_grad()
+def fill_shards(modules: list[nn.Module], source, ep: int, ep_rank: int) -> int:
+    """Copy into every parameter of ``modules`` (unwrapped, storage allocated) this rank's
+    slice of it from ``source`` (``read(name, global_shape, offset, local_shape)``: a
+    :class:`CheckpointReader` or the runtime's seed initialiser); returns the number of
+    elements written. One block is alive at a time, so a rank never holds a full model."""
+    written = 0
+    for module in modules:
         for name, p in module.named_parameters():
             p._partita_ep = ep
             local, shape, offset, local_shape = _placement(p, ep_rank)
-            block = reader.read(_clean(name), shape, offset, local_shape)
+            block = source.read(_clean(name), shape, offset, local_shape)
             local.copy_(block.to(local.dtype))
-            read += block.numel()
-    return read
+            written += block.numel()
+            del block
+    return written
 
 
 def _gather(p: torch.Tensor, ep_group) -> torch.Tensor:

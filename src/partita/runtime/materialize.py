@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models.hf_weights import CheckpointReader, _clean, _placement
+from ..models.hf_weights import CheckpointReader, fill_shards
 from ..models.init import full_init, init_rules
 
 
@@ -77,15 +77,8 @@ def materialize_shards(modules: list[nn.Module], device: torch.device, source, e
     """Storage for and values of this rank's shards of every (sharded, meta) parameter of
     ``modules``; returns the number of values this rank wrote."""
     ep_rank = dist.get_rank(ep_group) if ep_group is not None else -1
-    written = 0
+    cores = []
     for module in modules:
         _to_empty(module, device)
-        core = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-        for name, p in core.named_parameters():
-            p._partita_ep = ep
-            local, shape, offset, local_shape = _placement(p, ep_rank)
-            block = source.read(_clean(name), shape, offset, local_shape)
-            local.copy_(block.to(local.dtype))
-            written += block.numel()
-            del block
-    return written
+        cores.append(module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module)
+    return fill_shards(cores, source, ep, ep_rank)
