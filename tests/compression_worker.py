@@ -23,7 +23,8 @@ from torch.profiler import ProfilerActivity, profile
 from partita.plan import Plan
 from partita.runtime.batches import dp_shard, synthetic_batch
 from partita.runtime.checkpoint import load_checkpoint, save_checkpoint
-from partita.runtime.compression import powersgd_state_numel, trace_collective_bytes
+from partita.profile.wire import CollectiveCounter, route_builtin_ddp_reduction
+from partita.runtime.compression import START_ITER, powersgd_state_numel, trace_collective_bytes
 from partita.runtime.equivalence import OPTIMIZERS, make_model, run_case
 from partita.runtime.modules import vocab_size
 from partita.runtime.parallelize import parallelize
@@ -63,12 +64,22 @@ def _build(text: str):
 
 
 def measure_bytes(text: str, tmp: Path) -> dict:
-    """Collective bytes per step over steps 3 and 4 (after PowerSGD's start), this rank."""
+    """Collective bytes per step over steps 3 and 4 (after PowerSGD's start), this rank: from
+    the profiler trace, and from ``partita profile``'s collective counter (steps 2-4)."""
     plan, pm = _build(text)
-    _train(pm, plan, range(3))
+    route_builtin_ddp_reduction(pm.modules)  # as partita profile does: DDP's C++ reduction counted
+    counter = CollectiveCounter().start()
+    for step in range(3):
+        counter.set_step(step)
+        _train(pm, plan, [step])
     before = powersgd_state_numel(pm.compression_state)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        _train(pm, plan, range(3, 5))
+        for step in range(3, 5):
+            counter.set_step(step)
+            _train(pm, plan, [step])
+    counter.stop()
+    group = tuple(dist.get_process_group_ranks(pm.dp_group))
+    wire = {"first_step": START_ITER, "group": list(group), "by_collective": counter.per_step(group, START_ITER)}
     path = tmp / f"trace_{abs(hash(text))}_{dist.get_rank()}.json"
     prof.export_chrome_trace(str(path))
     per = {k: {"bytes": v["bytes"] / 2, "calls": v["calls"] / 2}
@@ -80,7 +91,7 @@ def measure_bytes(text: str, tmp: Path) -> dict:
         per["all_reduce"]["calls"] += 2
         state["numel_after_compression_per_step"] = (state["total_numel_after_compression"]
                                                      - before["total_numel_after_compression"]) / 2
-    return {"plan": plan.to_dict(), "per_step": per, "powersgd_state_numel": state}
+    return {"plan": plan.to_dict(), "per_step": per, "powersgd_state_numel": state, "dp_wire": wire}
 
 
 def resume_case(tmp: Path) -> dict:

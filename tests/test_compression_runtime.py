@@ -84,3 +84,28 @@ def test_powersgd_refused_where_no_comm_hook_exists():
             "dist.destroy_process_group()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "REFUSED plan not runnable: grad_compression=powersgd needs plain DDP" in proc.stdout, proc.stderr
+
+
+def test_profile_counter_measures_the_predicted_dp_bytes_per_knob(results):
+    """partita profile's collective counter (partita.profile.wire), run on the same processes for
+    every knob: the gradient bytes it counts agree with the cost model's prediction within 10%
+    (issue 17's done-when), and where the profiler trace sees every call (all knobs but
+    PowerSGD, whose P/Q all-reduces run in callbacks the trace misses) the counter equals the
+    trace's bytes (gloo's own record of each call's buffer) - an oracle outside both the counter and the cost model."""
+    from partita.plan import Plan
+    from partita.profile.dp_bytes import GRADIENT_COLLECTIVES, compare_dp_bytes
+    from partita.spec.load import load_model
+    model = load_model("tiny-llama")
+    for knob, r in results["bytes"].items():
+        plan = Plan.from_dict(r["plan"])
+        section = compare_dp_bytes([{"dp_wire": r["dp_wire"]}], plan, model)
+        assert section["steps"] == 3, knob
+        assert abs(section["ratio_measured_over_predicted"] - 1) <= 0.10, (knob, section)
+        if "powersgd" not in knob and plan.zero == 0:  # zero 3: gloo runs FSDP2's reduce-scatter
+            # as an all-reduce whose traced buffer is 156 B (39 elements) larger than the one
+            # FSDP2 hands to torch.distributed (not investigated; 0.01 %)
+            traced = sum(r["per_step"].get(coll, {}).get("bytes", 0.0) for coll in GRADIENT_COLLECTIVES)
+            assert section["measured_gradient_bytes"] == pytest.approx(traced, rel=1e-9), knob
+    fp32 = results["bytes"]["none"]["dp_wire"]["by_collective"]["all_reduce"]["bytes"]
+    assert results["bytes"]["bf16"]["dp_wire"]["by_collective"]["all_reduce"]["bytes"] < 0.51 * fp32
+    assert results["bytes"]["powersgd-r4"]["dp_wire"]["by_collective"]["all_reduce"]["bytes"] < 0.2 * fp32

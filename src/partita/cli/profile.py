@@ -69,7 +69,9 @@ def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
     report, timelines = analyze_run(Path(profile_dir), Path(run_dir), config.model, hardware)
     from ..plan import Plan
     from ..profile.compare_terms import compare_run, print_terms
-    report["terms"] = compare_run(report, Plan.load(Path(run_dir) / "plan.json"), config.model, hardware)
+    plan = Plan.load(Path(run_dir) / "plan.json")
+    report["terms"] = compare_run(report, plan, config.model, hardware)
+    report["dp_bytes"] = _dp_bytes(Path(profile_dir), plan, config.model)
     if report_path:
         from ..profile.html_report import write_html_report
         report["html_report"] = str(write_html_report(report, timelines, report_path))
@@ -79,4 +81,15 @@ def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
         from .render import print_report
         print_report(report)
         print_terms(report["terms"])
+        from ..profile.dp_bytes import dp_bytes_lines
+        for line in dp_bytes_lines(report["dp_bytes"]):
+            print(line)
     return 0
+
+
+def _dp_bytes(profile_dir: Path, plan, model_name: str) -> dict:
+    """Measured (each rank's collective counter) vs predicted data-parallel gradient bytes."""
+    from ..profile.dp_bytes import compare_dp_bytes
+    from ..spec.load import load_model
+    summaries = [json.loads(p.read_text()) for p in sorted(profile_dir.glob("rank*.summary.json"))]
+    return compare_dp_bytes(summaries, plan, load_model(model_name))

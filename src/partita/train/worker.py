@@ -100,9 +100,32 @@ def _mark_process_groups(pm) -> None:
                 dist.all_reduce(buf, group=group)
 
 
-def _write_profile_summary(profile_dir: str, rank: int, device: torch.device, times: list[float]) -> None:
-    """Per-rank memory and step times beside the trace (allocator figures where the device has them)."""
-    summary: dict = {"rank": rank, "device": device.type, "step_times_s": times}
+def _start_counter(pm, profile_dir: str | None):
+    """Under ``partita profile``: count every collective's bytes (the traces miss PowerSGD's,
+    :mod:`partita.profile.wire`), with DDP's built-in reduction routed where it is counted."""
+    if not profile_dir:
+        return None
+    from ..profile.wire import CollectiveCounter, route_builtin_ddp_reduction
+    route_builtin_ddp_reduction(pm.modules)
+    return CollectiveCounter().start()
+
+
+def _dp_wire(pm, counter) -> dict:
+    """This rank's data-parallel collectives per step (bytes, calls, seconds) from step
+    START_ITER on (PowerSGD compresses from there; the group markers run before)."""
+    if counter is None or pm.dp_group is None:
+        return {}
+    from ..runtime.compression import START_ITER
+    counter.stop()
+    return {"first_step": START_ITER, "group": dist.get_process_group_ranks(pm.dp_group),
+            "by_collective": counter.per_step(tuple(dist.get_process_group_ranks(pm.dp_group)), START_ITER)}
+
+
+def _write_profile_summary(profile_dir: str, rank: int, device: torch.device, times: list[float],
+                           dp_wire: dict | None = None) -> None:
+    """Per-rank memory and step times beside the trace (allocator figures where the device has
+    them), and the data-parallel bytes the counter saw (``dp_wire``)."""
+    summary: dict = {"rank": rank, "device": device.type, "step_times_s": times, "dp_wire": dp_wire or {}}
     if device.type != "cpu":
         module = getattr(torch, device.type)
         summary["peak_allocated_gib"] = module.max_memory_allocated(device) / 2 ** 30
@@ -249,6 +272,7 @@ class Trainer:
         self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
                               device_type=device_type, max_grad_norm=config.max_grad_norm or None)
         del model
+        self.counter = _start_counter(self.pm, config.profile_dir)
         self._load_hf_weights()
         if config.compile:
             self.log(f"partita: torch.compile: {compile_blocks(self.pm)} block(s) compiled")
@@ -407,6 +431,8 @@ class Trainer:
         t0 = time.perf_counter()
         x, y = self.batch(step)
         self.guard.step = step
+        if self.counter is not None:
+            self.counter.set_step(step)
         loss = self._train_step(x, y, step)
         dt = time.perf_counter() - t0
         if self.guard.nonfinite:
@@ -532,7 +558,8 @@ class Trainer:
             self.save_hf()
         if self.profiler is not None:
             self.profiler.stop()
-            _write_profile_summary(self.config.profile_dir, self.rank, self.pm.device, self.times)
+            _write_profile_summary(self.config.profile_dir, self.rank, self.pm.device, self.times,
+                                   _dp_wire(self.pm, self.counter))
         self.printer.stop()
         self.tb.close()
         if self.rank != 0 or not self.times:
