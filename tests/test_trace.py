@@ -136,3 +136,32 @@ def test_replay_traces_each_distinct_block_once():
             assert a.saved_bytes == pytest.approx(b.saved_bytes, rel=0.005), name
         if name != "tiny_unet":
             assert fast.blocks == full.blocks, name
+
+
+@pytest.mark.timeout(120)
+def test_fast_norm_backward_changes_no_figure(monkeypatch):
+    """The shape-only GroupNorm/LayerNorm backward (tracing/fastmeta.py) against torch's own
+    meta decomposition: the same gradient shapes and dtypes, and the same traced spec of a
+    diffusers UNet (GroupNorm and LayerNorm) with and without it."""
+    import sys
+    from contextlib import nullcontext
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.traced_models import tiny_unet
+    from partita.tracing import fastmeta, tracer
+
+    def grads(mode) -> list:
+        x = torch.empty(2, 8, 4, 4, device="meta", requires_grad=True)
+        norms = [torch.nn.GroupNorm(4, 8, device="meta"), torch.nn.LayerNorm(4, device="meta")]
+        with mode:
+            out = sum(n(x).sum() for n in norms)
+            got = torch.autograd.grad(out, [x] + [p for n in norms for p in n.parameters()])
+        return [(tuple(g.shape), g.dtype, g.device.type) for g in got]
+
+    fast = fastmeta.FastMetaBackward()
+    assert grads(fast) == grads(nullcontext())
+    assert fast.hits == 2  # both backward ops took the shortcut
+    with torch.device("meta"):
+        model, inputs = tiny_unet()
+    with_shortcut = trace(model, inputs, on="meta")
+    monkeypatch.setattr(tracer, "FastMetaBackward", nullcontext)
+    assert trace(model, inputs, on="meta") == with_shortcut

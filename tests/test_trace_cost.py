@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -91,6 +93,8 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 @pytest.mark.timeout(120)
 def test_cli_plan_and_estimate_traced(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARTITA_TRACE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delitem(sys.modules, "my_models", raising=False)
     (tmp_path / "my_models.py").write_text(
         "from partita.models.llama import TransformerConfig, Transformer\n"
         "def tiny():\n    return Transformer(TransformerConfig(layers=4))\n"
@@ -111,3 +115,38 @@ def test_cli_plan_and_estimate_traced(tmp_path, monkeypatch):
                         (["--model", str(saved), "--tp", "2"], "needs a tensor-parallel plan")):
         rc, out, err = _cli(["plan", *argv, "--hardware", "h100-sxm", "--devices", "8", "--global-batch", "16"])
         assert rc == 2 and words in err and err.count("\n") == 1, err
+
+
+@pytest.mark.timeout(300)
+def test_cli_trace_cache(tmp_path, monkeypatch):
+    """A repeated ``partita plan --model module:factory`` reads the cached trace (same plans,
+    no torch import: checked in a fresh interpreter); a changed factory file, other inputs
+    and --no-trace-cache trace again."""
+    monkeypatch.chdir(tmp_path)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PARTITA_TRACE_CACHE", str(cache))
+    monkeypatch.delitem(sys.modules, "my_models", raising=False)
+    source = ("from partita.models.llama import TransformerConfig, Transformer\n"
+              "def tiny():\n    return Transformer(TransformerConfig(layers={}))\n")
+    (tmp_path / "my_models.py").write_text(source.format(4))
+    argv = ["plan", "--model", "my_models:tiny", "--example-input", "1,64:int64", "--hardware", "h100-sxm",
+            "--devices", "8", "--global-batch", "16"]
+    rc, first, err = _cli(argv)
+    assert rc == 0 and "(traced in" in first, err
+    assert len(list(cache.glob("*.json"))) == 1
+    code = ("import sys; from partita.cli.main import main; rc = main(sys.argv[1:]); "
+            "print('TORCH', 'torch' in sys.modules); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and "TORCH False" in proc.stdout, proc.stdout + proc.stderr
+    assert "trace read from the cache" in proc.stdout
+    table = lambda out: [line for line in out.splitlines() if line[:2].strip().isdigit()]  # noqa: E731
+    assert table(proc.stdout) == table(first) and table(first)
+    rc, out, err = _cli(argv + ["--no-trace-cache"])
+    assert rc == 0 and "(traced in" in out, err
+    rc, out, err = _cli(argv[:4] + ["2,64:int64"] + argv[5:])
+    assert rc == 0 and "(traced in" in out and len(list(cache.glob("*.json"))) == 2, err
+    (tmp_path / "my_models.py").write_text(source.format(2))
+    monkeypatch.delitem(sys.modules, "my_models")
+    rc, out, err = _cli(argv)
+    assert rc == 0 and "(traced in" in out and "2 x Block" in out, out + err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 import time
@@ -80,7 +81,8 @@ def _mixed(args, kwargs):
 
 def _factory(path: str):
     module_name, _, attr = path.partition(":")
-    sys.path.insert(0, ".")
+    sys.path.insert(0, os.getcwd())  # absolute: a finder cached for "." would list an earlier directory
+    importlib.invalidate_caches()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -43,7 +43,8 @@ def cache_dir() -> Path | None:
 def _module_file(module_name: str) -> Path | None:
     """The factory module's source file, found without executing it (as ``--model`` imports it:
     the current directory first)."""
-    sys.path.insert(0, ".")
+    sys.path.insert(0, os.getcwd())
+    importlib.invalidate_caches()
     try:
         spec = importlib.util.find_spec(module_name)
     except (ImportError, ValueError, AttributeError):
