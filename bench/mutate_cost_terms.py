@@ -3,11 +3,15 @@
     python bench/mutate_cost_terms.py                 # the named single-term breaks
     python bench/mutate_cost_terms.py --auto 60       # plus 60 automatic operator/constant mutants
     python bench/mutate_cost_terms.py --only "bubble x2" --tests tests/test_cost_formulas.py
+    python bench/mutate_cost_terms.py --working-tree  # uncommitted edits instead of HEAD
 
 Issue 12 asks that breaking any single term of ``src/partita/cost/`` (a constant, an
 operator, a max/min, a returned value) fails the planning tests - the ones that run
 without torch - in at least 90 % of cases. Each mutant is applied to a private copy of
-``src/``, ``tests/``, ``bench/`` and ``data/`` (the working tree is never touched), the planning
+``src/``, ``tests/``, ``bench/`` and ``data/`` taken from the last commit (``git archive
+HEAD``), so other people's half-done edits in the working tree never count a mutant as
+caught (``--working-tree`` copies the working tree instead); the working tree is never
+touched. The planning
 tests run there with ``-x`` (fastest first, so a caught mutant costs seconds), and the
 mutant counts as caught when pytest fails. Printed: each mutant's verdict, the catch
 rate, and the survivors by name.
@@ -18,11 +22,17 @@ Two sets:
   FLOPs per layer kind, recompute, each collective, pipeline schedules, every memory part
   - each a textual replacement that must match the source exactly once. A replacement
   that no longer matches (the source moved on) is reported as *stale*, not counted.
-* **automatic** (``--auto N``): ``N`` mutants drawn (fixed seed) from every numeric
+* **automatic** (``--auto N``): ``N`` mutants drawn (by a hash of ``--seed`` and each
+  site's file, line text and kind, so edits elsewhere do not redraw the sample) from every numeric
   constant (``0 -> 1``, ``1 -> 2``, else ``c -> 2c``), arithmetic operator (``+ <-> -``, ``* <-> /``) and
   ``min``/``max`` call in ``src/partita/cost/*.py`` - the kinds the issue names - made
-  with :mod:`ast` and written back with :func:`ast.unparse`. Some are equivalent
-  (``x * 1 -> x / 1``); the figure is a floor.
+  with :mod:`ast` and written back with :func:`ast.unparse`.
+
+Equivalent mutants - breaks that cannot change any result (``x * 1 -> x / 1``, a ``max``
+whose other argument can never win) - are listed in :data:`EQUIVALENT` (named) and
+:data:`EQUIVALENT_AUTO` (automatic, keyed by file, source line and change), each with the
+reason it cannot change a result. They are printed as *equivalent*, not run, and left out
+of the catch rate (neither caught nor survived).
 
 Torch is never imported: the tests run are :data:`PLANNING_TESTS`.
 """
@@ -31,20 +41,21 @@ from __future__ import annotations
 import argparse
 import ast
 import os
-import random
+import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COST = Path("src/partita/cost")
 #: The tests that run without torch, fastest and most sensitive first (``-x`` stops at
 #: the first failure, so the order only changes how long a caught mutant takes).
-PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_oracles.py", "tests/test_frameworks.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
+PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_terms_pinned.py", "tests/test_cost_oracles.py", "tests/test_frameworks.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
                   "tests/test_published_accuracy.py", "tests/test_estimate_cli.py", "tests/test_search.py",
                   "tests/test_search_published.py")
 #: Tests left out: they time the CLI's start-up, so on a loaded machine they fail without
@@ -137,7 +148,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("norm traffic always sharded", "compute.py", "outside_div = tp if shape.sp else 1", "outside_div = tp"),
     # more step terms
     ("MoE layer tp collectives as dense", "step.py", "tp_framework, cp_pass, a2a, skip_moe) if moe else _ZERO", "tp_framework, cp_pass, 2 * a2a, skip_moe) if moe else _ZERO"),
-    ("zero-0 all-reduce as reduce-scatter", "step.py", "t_rs = comm.all_reduce(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)", "t_rs = comm.reduce_scatter(dev, dense * _grad_bytes(plan), g, k) + comm.all_reduce(dev, expert * _grad_bytes(plan), eg, ek)"),
+    ("zero-0 all-reduce as reduce-scatter", "step.py", "t_rs = comm.all_reduce(dev, f * dense * _grad_bytes(plan), g, k)", "t_rs = comm.reduce_scatter(dev, f * dense * _grad_bytes(plan), g, k)"),
     ("optimizer not sharded by zero", "step.py", "shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense", "shard_dense = dense"),
     ("cp exchange K/V width halved", "step.py", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim", "kv_width = (model.q_dim + model.attn_out_dim) if model.mla else model.kv_dim"),
     ("pp send ignores sequence parallel", "step.py", "size = tokens * model.hidden * e / (layer.tp if layer.sp else 1)", "size = tokens * model.hidden * e"),
@@ -179,11 +190,21 @@ MUTANTS: list[tuple[str, str, str, str]] = [
 ]
 
 
+#: Named mutants that cannot change any result: name -> why. Not run, not counted.
+EQUIVALENT: dict[str, str] = {}
+
+#: Automatic mutants that cannot change any result: (file, stripped source line of the
+#: site, change as printed) -> why. Keyed by the line's text, not its number, so an entry
+#: survives edits elsewhere in the file; an entry whose line is gone simply stops matching.
+EQUIVALENT_AUTO: dict[tuple[str, str, str], str] = {}
+
+
 @dataclass
 class Mutant:
     name: str
     path: Path  # relative to the repository root
     source: str  # the whole mutated file
+    equivalent: str = ""  # why it cannot change a result ("" when it can)
 
 
 def named_mutants(root: Path, only: list[str]) -> tuple[list[Mutant], list[str]]:
@@ -197,7 +218,7 @@ def named_mutants(root: Path, only: list[str]) -> tuple[list[Mutant], list[str]]
         if text.count(old) != 1:
             stale.append(name)
             continue
-        out.append(Mutant(name, path, text.replace(old, new)))
+        out.append(Mutant(name, path, text.replace(old, new), EQUIVALENT.get(name, "")))
     return out, stale
 
 
@@ -207,9 +228,27 @@ class _Sites(ast.NodeVisitor):
     def __init__(self) -> None:
         self.sites: list[tuple[str, int, int]] = []  # (kind, line, index among nodes of the walk)
         self.index = 0
+        self.skip: set[int] = set()  # ids of nodes that are no cost term (see _skip)
+
+    def kind(self, node: ast.AST) -> str:
+        return "" if id(node) in self.skip else _site_kind(node)
+
+    def _skip(self, nodes: list[ast.AST]) -> None:
+        """Decorator arguments (``lru_cache(maxsize=...)``) and f-string contents (error
+        messages) are walked, so the indices stay the same, but are not sites: breaking
+        them changes no estimate."""
+        self.skip.update(id(sub) for node in nodes for sub in ast.walk(node))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._skip(list(node.decorator_list))
+        self.generic_visit(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        self._skip([node])
+        self.generic_visit(node)
 
     def generic_visit(self, node: ast.AST) -> None:
-        kind = _site_kind(node)
+        kind = self.kind(node)
         if kind:
             self.sites.append((kind, getattr(node, "lineno", 0), self.index))
         self.index += 1
@@ -263,9 +302,33 @@ class _Walker(_Sites):
         self.done = ""
 
     def generic_visit(self, node: ast.AST) -> None:
-        if self.index == self.target and _site_kind(node):
+        if self.index == self.target and self.kind(node):
             self.done = _mutate_node(node)
         super().generic_visit(node)
+
+
+def _site_key(root: Path, seed: int, site: tuple[Path, str, int, int]) -> str:
+    """The sort key that draws the sample: a hash of the seed, the file, the site's kind,
+    its line's text and its walk index counted from the first site on that line. Edits
+    elsewhere in the file (lines added or removed) leave it unchanged, so the sample
+    stays the same mutants while other people change other terms."""
+    rel, kind, line, index = site
+    lines = _lines(root / rel)
+    text = lines[line - 1].strip() if line else ""
+    first = _first_index_on_line(root / rel, line)
+    return hashlib.sha256(f"{seed}|{rel.name}|{kind}|{text}|{index - first}".encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+@lru_cache(maxsize=None)
+def _first_index_on_line(path: Path, line: int) -> int:
+    walker = _Sites()
+    walker.visit(ast.parse(path.read_text()))
+    return min(index for _, ln, index in walker.sites if ln == line)
 
 
 def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
@@ -275,14 +338,16 @@ def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
         walker = _Sites()
         walker.visit(ast.parse(path.read_text()))
         sites += [(path.relative_to(root), kind, line, index) for kind, line, index in walker.sites]
-    rng = random.Random(seed)
-    chosen = rng.sample(sites, min(count, len(sites)))
+    chosen = sorted(sites, key=lambda site: _site_key(root, seed, site))[:count]
     out = []
     for rel, kind, line, index in sorted(chosen, key=lambda s: (str(s[0]), s[2], s[3])):
-        tree = ast.parse((root / rel).read_text())
+        text = (root / rel).read_text()
+        tree = ast.parse(text)
         walker = _Walker(index)
         walker.visit(tree)
-        out.append(Mutant(f"{rel.name}:{line} {kind} {walker.done}", rel, ast.unparse(tree) + "\n"))
+        line_text = text.splitlines()[line - 1].strip() if line else ""
+        why = EQUIVALENT_AUTO.get((rel.name, line_text, walker.done), "")
+        out.append(Mutant(f"{rel.name}:{line} {kind} {walker.done}  [{line_text}]", rel, ast.unparse(tree) + "\n", why))
     return out
 
 
@@ -312,6 +377,10 @@ def _copy_tree(work: Path) -> None:
 def check(work: Path, mutants: list[Mutant], tests: list[str], label: str) -> list[str]:
     """Run every mutant in the copy ``work``; print verdicts and the catch rate; return the survivors."""
     survivors: list[str] = []
+    equivalent = [m for m in mutants if m.equivalent]
+    for m in equivalent:
+        print(f"  equivalent        {m.name}: {m.equivalent}", flush=True)
+    mutants = [m for m in mutants if not m.equivalent]
     for m in mutants:
         target = work / m.path
         original = target.read_text()
@@ -327,25 +396,42 @@ def check(work: Path, mutants: list[Mutant], tests: list[str], label: str) -> li
             survivors.append(m.name)
     n = len(mutants)
     if n:
-        print(f"{label}: {n - len(survivors)}/{n} caught ({(n - len(survivors)) / n:.1%})")
+        print(f"{label}: {n - len(survivors)}/{n} caught ({(n - len(survivors)) / n:.1%}); "
+              f"{len(equivalent)} equivalent left out")
     for name in survivors:
         print(f"  survivor: {name}")
     return survivors
 
 
-def prepare(work: Path, from_head: bool, tests: list[str]) -> None:
-    """Copy the tree under test into ``work`` (the working tree, or ``HEAD`` with
-    ``from_head``) and check the planning tests pass there unmutated."""
-    if from_head:
-        archive = subprocess.run(["git", "archive", "HEAD", "src", "tests", "bench", "data", "pyproject.toml"], cwd=ROOT,
-                                 capture_output=True, check=True, timeout=120).stdout
-        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True, timeout=120)
-    else:
+def copy_tree(work: Path, working_tree: bool) -> None:
+    """Copy the tree under test into ``work``: ``HEAD`` (default) or the working tree."""
+    if working_tree:
         _copy_tree(work)
+        return
+    archive = subprocess.run(["git", "archive", "HEAD", "src", "tests", "bench", "data", "pyproject.toml"], cwd=ROOT,
+                             capture_output=True, check=True, timeout=120).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True, timeout=120)
+
+
+def list_mutants(work: Path, args: argparse.Namespace) -> int:
+    """Print the mutants ``args`` selects (named, stale, automatic, equivalent) without running any."""
+    named, stale = ([], []) if args.no_named else named_mutants(work, args.only)
+    auto = [m for m in auto_mutants(work, args.auto, args.seed) if args.auto_match in m.name] if args.auto else []
+    for name in stale:
+        print(f"STALE       {name}")
+    for m in named + auto:
+        print(f"{'equivalent' if m.equivalent else 'mutant    '}  {m.name}")
+    return 1 if stale else 0
+
+
+def prepare(work: Path, working_tree: bool, tests: list[str]) -> None:
+    """Copy the tree under test into ``work`` (``HEAD``, or the working tree with
+    ``working_tree``) and check the planning tests pass there unmutated."""
+    copy_tree(work, working_tree)
     env = dict(os.environ, PYTHONPATH=str(work / "src"), PYTHONHASHSEED="0")
     r = subprocess.run(_pytest(tests), cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if r.returncode != 0:
-        print("the planning tests fail on the unmutated tree; fix that first (or try --from-head):\n"
+        print("the planning tests fail on the unmutated tree; fix that first:\n"
               + r.stdout[-2000:], file=sys.stderr)
         raise SystemExit(2)
 
@@ -354,26 +440,32 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[], help="named mutants to run (default: all)")
     parser.add_argument("--auto", type=int, default=0, help="also run this many automatic mutants")
+    parser.add_argument("--auto-match", default="", help="run only the automatic mutants whose name contains this")
     parser.add_argument("--no-named", action="store_true", help="skip the named mutants")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--tests", nargs="*", default=list(PLANNING_TESTS))
-    parser.add_argument("--from-head", action="store_true",
-                        help="test the committed tree (git HEAD) instead of the working tree")
+    parser.add_argument("--working-tree", action="store_true",
+                        help="test the working tree (uncommitted edits included) instead of git HEAD")
+    parser.add_argument("--from-head", action="store_true", help="the default; kept for old command lines")
+    parser.add_argument("--list", action="store_true", help="print the mutants (stale ones too) and run nothing")
     parser.add_argument("--deselect", nargs="*", default=[],
                         help="pytest node ids to leave out (a test that fails without any mutant)")
     args = parser.parse_args()
     EXTRA_DESELECT.extend(args.deselect)
     with tempfile.TemporaryDirectory(prefix="partita-mutants-") as tmp:
         work = Path(tmp)
-        prepare(work, args.from_head, args.tests)
+        if args.list:
+            copy_tree(work, args.working_tree)
+            return list_mutants(work, args)
+        prepare(work, args.working_tree, args.tests)
         if not args.no_named:
             named, stale = named_mutants(work, args.only)
             for name in stale:
-                print(f"  stale (source no longer matches): {name}")
+                print(f"  STALE (source no longer matches; fix its text in MUTANTS): {name}")
             print(f"named single-term breaks of src/partita/cost/: {len(named)}")
             check(work, named, args.tests, "named")
         if args.auto:
-            auto = auto_mutants(work, args.auto, args.seed)
+            auto = [m for m in auto_mutants(work, args.auto, args.seed) if args.auto_match in m.name]
             print(f"automatic mutants (seed {args.seed}): {len(auto)}")
             check(work, auto, args.tests, "automatic")
     return 0
