@@ -1,5 +1,5 @@
 """Host-side framework time per parallel mechanism beyond its collectives: pipeline
-schedule per micro-batch, expert dispatch, full recompute and ring attention per layer,
+schedule per micro-batch, expert dispatch (every MoE layer, with or without ep), full recompute and ring attention per layer,
 and tensor parallelism without sequence parallelism (its own field, when a file has it).
 
 Like ``tp_framework_us_per_layer`` and ``zero3_framework_us_per_layer``
@@ -39,7 +39,11 @@ def add_framework(terms: NamedTuple, dev: Device, shape: StageShape, moe: bool):
     us = 1e-6
     rc = eff.recompute_framework_us_per_layer * us if shape.recompute == "full" else 0.0
     cp = eff.cp_framework_us_per_layer * us if shape.layer.cp > 1 else 0.0
-    ep = eff.ep_framework_us_per_layer * us if shape.layer.ep > 1 and moe else 0.0
+    # expert dispatch (router, permutation, the loop over local experts, combine) is host
+    # time every MoE layer pays, with or without ep: the calibrate micro-run (tiny-moe ep2)
+    # measures it there; charged to ep all-to-all under ep, to compute without
+    ep = eff.ep_framework_us_per_layer * us if moe else 0.0
+    ep_split = shape.layer.ep > 1
     pp = eff.pp_framework_us_per_microbatch * us if shape.pipelined else 0.0
     # tp without sp: the step module booked tp_framework_us_per_layer; a file that measured
     # the no-sp micro-run on its own moves it to that figure (forward + backward, full
@@ -54,8 +58,9 @@ def add_framework(terms: NamedTuple, dev: Device, shape: StageShape, moe: bool):
     def layer(t, expert: bool):
         if not t.compute:  # this kind of layer is absent
             return t
-        a2a = ep if expert else 0.0
+        dispatch = ep if expert else 0.0
+        a2a, local = (dispatch, 0.0) if ep_split else (0.0, dispatch)
         return t._replace(recompute=t.recompute + rc, cp_comm=t.cp_comm + cp, ep_all_to_all=t.ep_all_to_all + a2a,
-                          backward=t.backward + rc, tp_comm=t.tp_comm + tpd)
+                          compute=t.compute + local, backward=t.backward + rc, tp_comm=t.tp_comm + tpd)
     return terms._replace(dense=layer(terms.dense, False), moe=layer(terms.moe, True),
                           per_stage=terms.per_stage._replace(pp_send_recv=terms.per_stage.pp_send_recv + pp))
