@@ -27,6 +27,10 @@ def add_parser(sub) -> None:
     est.add_argument("--vpp", type=positive_int(MAX_VPP))
     est.add_argument("--cp", type=positive_int(MAX_DEGREE))
     est.add_argument("--ep", type=positive_int(MAX_DEGREE))
+    est.add_argument("--etp", type=positive_int(MAX_DEGREE),
+                     help="expert tensor parallel: each routed expert's FFN split etp ways, the expert grid "
+                          "etp x ep x edp folded out of tp x cp x dp (Megatron --expert-tensor-parallel-size; "
+                          "default 1)")
     est.add_argument("--dp", type=positive_int(MAX_DEGREE), help="default: devices / (tp*pp*cp)")
     est.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (default 1)")
     est.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
@@ -58,7 +62,7 @@ def add_comm_knob_arguments(p: argparse.ArgumentParser, search: bool = False) ->
 
 #: The flags that describe a plan, and their defaults (None in the parser, so that
 #: ``--plan`` combined with any of them can be refused instead of silently ignoring it).
-PLAN_FLAGS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": None, "zero": 1, "sp": None, "mbs": 1,
+PLAN_FLAGS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": None, "zero": 1, "sp": None, "mbs": 1,
               "recompute": "none", "schedule": None, "layer_split": None, "tp_comm_overlap": False,
               "grad_dtype": None, "grad_compression": None, "powersgd_rank": None, "ddp_bucket_mb": None,
               "fsdp_prefetch": None}
@@ -77,7 +81,7 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
         raise PartitaError(f"tp*pp*cp = {other} does not divide --devices {world_size}")
     dp = args.dp or world_size // other
     fields: dict[str, Any] = dict(dp=dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
-                                  zero=args.zero, mbs=args.mbs, gbs=args.global_batch, seq_len=args.seq_len,
+                                  etp=args.etp, zero=args.zero, mbs=args.mbs, gbs=args.global_batch, seq_len=args.seq_len,
                                   recompute=args.recompute, dtype=args.dtype or "bf16")
     if args.sp is not None:
         fields["sp"] = args.sp

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     add_cluster_args(p, defaults=True)
     p.set_defaults(global_batch=2048, tokens="1.4T")
     p.add_argument("--top", type=positive_int(MAX_TOP), default=5, help="how many plans to show")
-    for knob in ("tp", "pp", "vpp", "cp", "ep", "dp", "mbs"):
+    for knob in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
         p.add_argument(f"--{knob}", type=positive_int(MAX_VPP if knob == "vpp" else MAX_DEGREE), help=f"fix {knob}")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="fix the ZeRO stage")
     p.add_argument("--recompute", choices=["none", "selective", "full"], help="fix recomputation")
@@ -51,7 +51,8 @@ def search(args: argparse.Namespace, model, cluster):
     from ..search.space import SearchSpace
     if args.global_batch is None or args.global_batch <= 0:
         raise PartitaError("--global-batch must be a positive number of sequences")
-    space = SearchSpace(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp=args.dp, mbs=args.mbs,
+    space = SearchSpace(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp, dp=args.dp,
+                        mbs=args.mbs,
                         zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
@@ -62,6 +63,8 @@ def search(args: argparse.Namespace, model, cluster):
         raise PartitaError(f"--vpp {args.vpp} needs --pp > 1 (virtual stages interleave a pipeline)")
     if args.ep and not model.moe:
         raise PartitaError(f"--ep {args.ep} needs a mixture-of-experts model; {model.name} is dense")
+    if args.etp and args.etp > 1 and not model.moe:
+        raise PartitaError(f"--etp {args.etp} needs a mixture-of-experts model; {model.name} is dense (use --tp)")
     result = search_plans(model, cluster, args.global_batch, args.seq_len, space,
                           top=max(args.top, 200) if args.export else args.top)
     ranked_all = result.plans

@@ -84,6 +84,9 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
         cfg["bf16"] = {"enabled": True}
         warn.append("dtype=fp8: ds_config has no fp8 GEMM switch (use Transformer Engine layers); emitted bf16")
     _comm_knobs(plan, cfg, warn)
+    if plan.etp > 1:
+        warn.append(f"etp={plan.etp}: ds_config has no expert tensor parallel option (DeepSpeed-MoE splits "
+                    "experts by expert parallel only, in layer code); emitted none: every rank holds whole experts")
     if plan.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
         warn.append(f"recompute={plan.recompute}: DeepSpeed checkpoints what the model code wraps with "

@@ -38,6 +38,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
                  "--bf16", "--fp16", "--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"):
         p.add_argument(flag, action="store_true")
+    p.add_argument("--expert-tensor-parallel-size", type=int, default=None)
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     p.add_argument("--recompute-granularity", default=None)
@@ -71,7 +72,11 @@ def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = No
         zero = 3 if ns.use_torch_fsdp2 else 1 if ns.use_distributed_optimizer else 0
     dtype = "fp8" if ns.fp8_format else "bf16" if ns.bf16 else "fp16" if ns.fp16 else "fp32"
     dp = world_size // (tp * pp * cp)
-    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ns.expert_model_parallel_size, sp=ns.sequence_parallel,
+    ep = ns.expert_model_parallel_size
+    # --expert-tensor-parallel-size absent means etp = tp in Megatron (arguments.py core_v0.16.1);
+    # it matters only to a MoE run, known here by ep > 1
+    etp = ns.expert_tensor_parallel_size or (tp if ep > 1 else 1)
+    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, sp=ns.sequence_parallel,
                 zero=zero, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or ns.micro_batch_size * dp,
                 seq_len=ns.seq_length, recompute=ns.recompute_granularity or "none", dtype=dtype,
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,

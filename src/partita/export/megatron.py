@@ -59,8 +59,11 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
             add(["--num-layers-per-virtual-pipeline-stage", str(layers // (plan.pp * plan.vpp))])
     if plan.cp > 1:
         add(["--context-parallel-size", str(plan.cp), "--cp-comm-type", "p2p"])
-    if plan.ep > 1:
-        add(["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", "1"])
+    if plan.ep > 1 or plan.etp > 1:
+        # always written: Megatron's default (None) means etp = tp, not the plan's etp
+        # (arguments.py core_v0.16.1, --expert-tensor-parallel-size; parallel_state.py folds
+        # the expert grid etp x ep x edp out of tp x cp x dp)
+        add(["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)])
     if plan.sp and plan.tp > 1:
         add(["--sequence-parallel"])
     add(["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.gbs), "--seq-length", str(plan.seq_len)])

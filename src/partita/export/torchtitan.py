@@ -106,6 +106,11 @@ def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, l
     if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
         warn.append("grad_dtype=bf16: torchtitan 0.3.0's training.mixed_precision_reduce accepts only float32; "
                     "emitted float32 (twice the planned dp gradient bytes)")
+    if plan.etp > 1:
+        warn.append(f"etp={plan.etp}: torchtitan 0.3.0 has no expert tensor parallel option "
+                    "(parallelism.expert_tensor_parallel_degree was removed after 0.2.2; its experts are split by "
+                    f"ep and sharded by FSDP only); emitted etp 1: each rank holds {plan.etp}x the planned expert "
+                    "weights before FSDP sharding, without the etp token all-gather")
     if plan.grad_compression == "powersgd" or plan.fsdp_prefetch != 1 or plan.ddp_bucket_mb:
         warn.append("grad_compression / fsdp_prefetch / ddp_bucket_mb: torchtitan has no option for them "
                     "(FSDP2/DDP from its own parallelize code); emitted its defaults, uncompressed")

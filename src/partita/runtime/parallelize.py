@@ -38,6 +38,13 @@ from .traced import is_traced_model, parallelize_traced
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
+def etp_refusal(plan: Plan) -> str:
+    """Why this runtime cannot run ``plan.etp > 1`` (what is missing, what to run instead)."""
+    return (f"etp={plan.etp}: expert tensor parallel is not implemented by this runtime (no etp mesh axis, no "
+            "column/row split of the experts, no token all-gather/reduce-scatter around them); it is planned and "
+            "exported to Megatron/MindSpeed only - run etp=1")
+
+
 def runtime_check(plan: Plan, model: nn.Module) -> None:
     """Constraints of this runtime on top of :func:`partita.plan.validate` (one line each)."""
     errs = []
@@ -61,6 +68,8 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
     if plan.ep > 1 and (plan.dp * plan.cp) % plan.ep:  # plan.ep_folded
         errs.append(f"ep={plan.ep} must divide dp*cp = {plan.dp * plan.cp} in this runtime (ep folded into tp is "
                     "planned and exported to Megatron only)")
+    if plan.etp > 1:
+        errs.append(etp_refusal(plan))
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
             and plan.grad_accum_mode == "sharded":
         errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
@@ -281,8 +290,10 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     ``"auto"`` / ``"auto,gbs=8,mbs=1"`` to search the best plan for this world size and
     machine (:mod:`.auto`; rank 0 prints the choice and the runner-up)."""
     if is_traced_model(model):  # a ViT, UNet, DiT, ...: along its repeated blocks (runtime/traced.py, issue 19)
-        return parallelize_traced(model, Plan.parse(plan, dist.get_world_size()) if isinstance(plan, str) else plan,
-                                  make_optimizer, device_type)
+        traced_plan = Plan.parse(plan, dist.get_world_size()) if isinstance(plan, str) else plan
+        if traced_plan.etp > 1:
+            raise PartitaError("plan not runnable: " + etp_refusal(traced_plan))
+        return parallelize_traced(model, traced_plan, make_optimizer, device_type)
     world = dist.get_world_size()
     device_type = detect_device_type(device_type)
     if isinstance(plan, str):

@@ -127,7 +127,7 @@ class _Search:
         # layers, m scaling with p at fixed devices), and interleaving only adds
         # activations. Once the leanest setting of a layout fails, every layout it
         # dominates fails too.
-        self.failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
+        self.failed: dict[tuple, list[tuple[int, int, int, int, int]]] = {}
         self.best_by_knob: dict[tuple[str, object], float] = {}
         self.tried: set[tuple[str, object]] = set()  # knob values with at least one attempt
         self.top_heap: list[float] = []  # negated step times of the best `top` rankable plans
@@ -140,9 +140,11 @@ class _Search:
         return -self.top_heap[0] if self.top and len(self.top_heap) >= self.top else float("inf")
 
     def dominated(self, plan: Plan) -> bool:
-        return any(mbs_f <= plan.mbs and ep_f >= plan.ep and (plan.ep > 1 or ep_f == 1)
+        # etp: only within one etp value (it divides the expert states but gathers etp
+        # times the routed inputs, so memory is not monotone in it)
+        return any(mbs_f <= plan.mbs and ep_f >= plan.ep and (plan.ep > 1 or ep_f == 1) and etp_f == plan.etp
                    and ((pp_f == plan.pp and vpp_f == plan.vpp) or (vpp_f == 1 and pp_f >= plan.pp > 1))
-                   for pp_f, vpp_f, ep_f, mbs_f in self.failed.get((plan.tp, plan.cp), ()))
+                   for pp_f, vpp_f, ep_f, mbs_f, etp_f in self.failed.get((plan.tp, plan.cp), ()))
 
     def evaluate(self, layout: Layout, wanted: list[tuple[str, object]] | None = None) -> bool:
         """Memory of the layout's settings, then the estimate of the first that fits in
@@ -222,7 +224,7 @@ class _Search:
             self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
                                          peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
             if layout.primary:  # the dominance rules reason about the structure's own split
-                self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs))
+                self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs, base.etp))
             return True
         layout.peaks = peaks
         floor = max(layout.floor, min(self.setting_bound(layout, *st) for st in self._family_firsts(layout)))
@@ -391,7 +393,13 @@ def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,
     for knob, value in {kv for lay in layouts.layouts for kv in lay.knob_values} | layouts.deferred_values:
         values[knob].add(value)
     alternatives = {knob: nearest_values(knob, getattr(best, knob), values[knob]) for knob in EXPLAINED_KNOBS}
-    targets = {(k, v) for k, vs in alternatives.items() for v in vs}
+    # etp is explained from the plans the search estimated anyway, not hunted for: a walk
+    # for its best plan at each value costs a quarter of the search time on the MoE
+    # benchmarks (bench/search_speed.py), for a knob that only trades memory for traffic
+    alternatives["etp"] = nearest_values("etp", best.etp, {a.plan.etp for a in search.attempts})
+    if not alternatives["etp"]:
+        del alternatives["etp"]  # no etp > 1 tried (dense models): results keep their keys
+    targets = {(k, v) for k, vs in alternatives.items() for v in vs if k != "etp"}
     search.ranking_open = False
     rest = layouts.with_cross_node(any(v > per_node for v in alternatives["tp"]))
     best_by_knob = search.best_by_knob

@@ -32,7 +32,7 @@ from .space import SearchSpace, best_split, divisors, powers_of_two
 LADDER = [("none", 1), ("none", 2), ("selective", 1), ("selective", 2), ("full", 1), ("full", 2)]
 LADDER_Z3 = [("none", 3), ("selective", 3), ("full", 3)]
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
-EXPLAINED_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "recompute", "zero")
+EXPLAINED_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "zero")
 LADDER_KNOBS = ("recompute", "zero")  # the memory-saving knobs walked per layout, in ladder-step order
 
 
@@ -92,6 +92,33 @@ def expert_degrees(experts: int, tp: int, dp_cp: int) -> list[int]:
     parallel where they divide dp x cp, else folded into tp (Megatron-Core's MoE parallel
     folding; :func:`partita.plan.ep_folded`)."""
     return sorted((e for e in divisors(tp * dp_cp) if experts % e == 0), reverse=True)
+
+
+def expert_tensor_degrees(model: ModelSpec, space: SearchSpace, tp: int, dp_cp: int, ep: int) -> list[int]:
+    """The etp values of a (tp, dp x cp, ep) structure: 1, and - for a MoE model under
+    ``fold_ep`` whose ep cannot grow (the user fixed it, or it is the structure's largest,
+    :func:`expert_degrees`) - etp = tp where tp divides ``tp*dp*cp/ep`` and the expert FFN
+    (:func:`partita.plan.validate`'s rules).
+
+    Why these: etp divides a rank's expert states by etp, as a larger ep would, but adds a
+    per-layer token all-gather / reduce-scatter over the etp group; where ep can still grow
+    it reaches the same expert memory without that traffic, so etp is searched where it
+    cannot (few experts: Mixtral, Grok-1 ETP=4 with EP=8; ep = all experts: Llama-4
+    Maverick ETP=4 with EP=128, NVIDIA's published layouts, both etp = tp). etp = tp only:
+    the etp group is then exactly a tp group (Megatron-Core's expert order ``tp-ep-dp-pp``
+    puts etp consecutive ranks innermost), on the link tp already uses; values between 1 and
+    tp (``partita estimate --etp``, or ``SearchSpace.etp``) are left out to keep the search's
+    size (4x the MoE layouts with tp = 8 cost Mixtral's benchmark about a quarter more
+    time). So etp adds one layout only to the structures with the largest ep and tp > 1."""
+    if space.etp:
+        return [space.etp]
+    if not (model.moe and space.fold_ep and ep > 1 and tp > 1):
+        return [1]
+    if not space.ep and ep != expert_degrees(model.moe.num_experts, tp, dp_cp)[0]:
+        return [1]
+    per_stage = tp * dp_cp // ep
+    etp = tp if per_stage % tp == 0 and model.moe.expert_ffn_hidden % tp == 0 else 1
+    return [1, etp] if etp > 1 else [1]
 
 
 #: Pipelines at least this deep get an uneven vpp when the layers allow no even one
@@ -314,7 +341,8 @@ class _LayoutBuilder:
                                                 + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
                               for replicated, ladder in ladders.items()}
         self.output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
-        self.totals: dict[tuple, float] = {}  # cheap_total per (tp, cp, pp, dp, ep, mbs)
+        self.totals: dict[tuple, float] = {}  # cheap_total per (tp, cp, pp, dp, ep, mbs, etp)
+        self._etps: dict[tuple[int, int, int, int], list[int]] = {}  # etps() per (tp, cp, dp, ep)
         # every field the structure does not set, once (Plan.with_ is a dict update)
         self.proto = Plan(gbs=global_batch, seq_len=seq_len, dtype=space.dtype, **space.options)
         self.pending: list[tuple] = []  # deferred structures
@@ -325,6 +353,7 @@ class _LayoutBuilder:
         tp, cp, pp, dp, ep, mbs, vpp = structure
         if self.ladders[dp * cp > 1]:
             self.values.update((("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs))
+                               + tuple(("etp", etp) for etp in self.etps(tp, cp, dp, ep) if "etp" in EXPLAINED_KNOBS)
                                + self.ladder_values[dp * cp > 1])
 
     def build(self) -> list[Layout]:
@@ -332,10 +361,24 @@ class _LayoutBuilder:
         self.pending, self.values = [], set()
         return out
 
+    def etps(self, tp: int, cp: int, dp: int, ep: int) -> list[int]:
+        """The expert tensor-parallel degrees of a structure (:mod:`.space`, ``etp``)."""
+        key = (tp, cp, dp, ep)
+        out = self._etps.get(key)
+        if out is None:
+            out = self._etps[key] = expert_tensor_degrees(self.model, self.space, tp, cp * dp, ep)
+        return out
+
     def layouts(self, structure: tuple) -> list[Layout]:
-        """The layouts of one structure: one per layer split tried (the even or min-max
-        split; every split when there are few, :func:`few_splits`), invalid ones left
-        out with the reason in ``invalid``."""
+        """The layouts of one structure, for each expert tensor-parallel degree it allows
+        (:meth:`etps`)."""
+        tp, cp, pp, dp, ep, mbs, vpp = structure
+        return [lay for etp in self.etps(tp, cp, dp, ep) for lay in self._layouts(structure, etp)]
+
+    def _layouts(self, structure: tuple, etp: int) -> list[Layout]:
+        """The layouts of one structure and etp: one per layer split tried (the even or
+        min-max split; every split when there are few, :func:`few_splits`), invalid ones
+        left out with the reason in ``invalid``."""
         model, cluster = self.model, self.cluster
         tp, cp, pp, dp, ep, mbs, vpp = structure
         replicated = dp * cp > 1
@@ -343,18 +386,20 @@ class _LayoutBuilder:
         if not ladder:
             return []
         base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
-                                mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                                mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", etp=etp)
         plans = [self._primary(base)]
         if pp * vpp > 1:
             if few_splits(model.layers, pp * vpp):
                 first = plans[0].stage_layers(model.layers)
                 plans += [base.with_(layer_split=s) for s in all_splits(model.layers, pp * vpp) if s != first]
         out = []
-        total = self.totals.get(structure[:6])
+        key = structure[:6] + (etp,)
+        total = self.totals.get(key)
         if total is None:
-            total = self.totals[structure[:6]] = cheap_total(model, cluster, base)
+            total = self.totals[key] = cheap_total(model, cluster, base)
         # no setting of the layout is faster than its terms with no recompute (base has none)
-        knobs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("mbs", mbs)) + self.ladder_values[replicated]
+        knobs = tuple(kv for kv in (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp),
+                                    ("mbs", mbs)) if kv[0] in EXPLAINED_KNOBS) + self.ladder_values[replicated]
         for i, plan in enumerate(plans):
             errs = validate(plan, model, cluster.world_size)
             if errs:
@@ -381,7 +426,7 @@ class _LayoutBuilder:
         model, pp, vpp = self.model, base.pp, base.vpp
         if vpp > 1:
             return None if model.layers % (pp * vpp) == 0 else balanced_split(model.layers, pp * vpp)
-        shape_key = (base.tp, base.cp, base.ep, base.mbs)
+        shape_key = (base.tp, base.cp, base.ep, base.mbs, base.etp)
         ratio = self.output_ratio.get(shape_key)
         if ratio is None:
             ratio = self.output_ratio[shape_key] = _output_in_layers(model, self.cluster, base)

@@ -17,6 +17,10 @@
 * ep: divisors of dp*cp that divide the expert count (MoE only), and - with
   ``fold_ep`` - divisors of tp*dp*cp beyond them: ep folded into tp (Megatron-Core's MoE
   parallel folding, expert tensor parallel 1; :func:`partita.plan.ep_folded`).
+* etp (expert tensor parallel): 1, and with ``fold_ep``, a MoE model and ep > 1 the powers
+  of two up to tp that divide tp*dp*cp/ep and the expert FFN
+  (:func:`partita.search.layouts.expert_tensor_degrees`): it divides the expert states by
+  etp at the cost of a per-layer token all-gather / reduce-scatter over the etp group.
 * sp: always on with tp > 1 - it keeps tp's communication volume and cuts activation
   memory by tp (Korthikanti et al. 2022), so it dominates sp off.
 * zero: 1 (distributed optimizer) and 2 cost the same time as 0 in our model and use
@@ -58,6 +62,7 @@ class SearchSpace:
     vpp: int | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None
     dp: int | None = None
     mbs: int | None = None
     zero: int | None = None
@@ -73,8 +78,9 @@ class SearchSpace:
     #: MindSpeed its MC2 fusion), overlap_grad_reduce, overlap_param_gather
     options: dict = field(default_factory=lambda: {"tp_comm_overlap": True})
     max_vpp: int = 32
-    #: search ep values folded into tp (ep not dividing dp*cp); the runtime's own search
-    #: (``--plan auto``) turns it off: Partita's runtime carves ep out of dp*cp only
+    #: search ep values folded into tp (ep not dividing dp*cp) and etp > 1; the runtime's own
+    #: search (``--plan auto``) turns it off: Partita's runtime carves ep out of dp*cp only
+    #: and runs etp 1
     fold_ep: bool = True
     min_tokens_per_cp_rank: int = 2048
 
