@@ -5,6 +5,12 @@ model's prediction) and the step time side by side, and writes a plotly HTML plo
 loss curves.
 
     python bench/compression.py [--steps 200] [--out bench/compression.html]
+    python bench/compression.py --search-speed [--repeats 3]
+
+``--search-speed`` times what the gradient-knob post-pass (partita.search.comm_knobs) adds
+to the layout search on bench/search_speed.py's four scenarios: the search, then the
+``default`` (bf16) and ``lossy`` (bf16 + PowerSGD) post-passes on its top 5 plans, each
+scenario in a fresh process (cold memos, as a user's ``partita plan``), median of the repeats.
 
 The text is the Python standard library's source (as tests/test_checkpoint_resume.py
 uses: real text every installation has), BPE-tokenized to the model's 256-token
@@ -125,7 +131,47 @@ def _plot(results: dict, path: str) -> None:
     fig.write_html(path, include_plotlyjs="cdn")
 
 
+_SEARCH_RUN = """
+import copy, json, sys, time
+from partita.search import search_plans
+from partita.search.comm_knobs import parse_grad_knobs, try_comm_knobs
+from partita.spec.hardware import make_cluster
+from partita.spec.load import load_model
+name, hw, n, gbs, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+model, cluster = load_model(name), make_cluster(hw, n)
+t0 = time.perf_counter()
+result = search_plans(model, cluster, gbs, seq)
+out = {"search": time.perf_counter() - t0}
+for preset in ("default", "lossy"):
+    r = copy.copy(result)
+    r.plans = list(result.plans)
+    t0 = time.perf_counter()
+    try_comm_knobs(r, parse_grad_knobs(preset))
+    out[preset] = time.perf_counter() - t0
+    out[preset + "_best"] = r.best.plan.summary()
+print(json.dumps(out))
+"""
+
+
+def search_speed(repeats: int) -> None:
+    """The search and the knob post-passes on bench/search_speed.py's scenarios (module docstring)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from search_speed import SCENARIOS
+    print("load average:", ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print(f"{'scenario':36s} {'search s':>8s} {'+default ms':>11s} {'+lossy ms':>9s}  best with lossy")
+    for sc in SCENARIOS:
+        runs = [json.loads(subprocess.run([sys.executable, "-c", _SEARCH_RUN, *map(str, sc)], capture_output=True,
+                                          text=True, timeout=300, check=True).stdout) for _ in range(repeats)]
+        med = {k: statistics.median(r[k] for r in runs) for k in ("search", "default", "lossy")}
+        print(f"{' '.join(map(str, sc)):36s} {med['search']:8.3f} {med['default'] * 1e3:11.1f} "
+              f"{med['lossy'] * 1e3:9.1f}  {runs[0]['lossy_best']}")
+    print("load average:", ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--search-speed":
+        search_speed(int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--repeats" else 3)
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], {**KNOBS, **(EXTRA if sys.argv[5] == "all" else {})})
         return 0

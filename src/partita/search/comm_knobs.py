@@ -11,7 +11,22 @@ Variants that fit join the ranking; the "why not" lines say, per knob, what the 
 with (or without) it would change. A layout search over knobs would multiply the walk by
 their count, while they only change the data-parallel sync and the PowerSGD state - so
 they are tried on the layouts that are already best (the top ``--top`` plans), which is
-where a cheaper sync can reorder the ranking.
+where a cheaper sync can reorder the ranking. The post-pass costs ``top x knobs`` estimates
+(10 for the default ``--top 5``), a few milliseconds beside the layout search.
+
+What ``partita plan`` tries by default (:data:`PRESETS`, ``--grad-knobs``):
+
+* ``default``: bf16 reduction only. It halves the gradient bytes and changes only the
+  rounding of each reduced element (2^-8 relative, once per step; the bench measured +0.08 %
+  final loss over 200 steps); Megatron-LM (``--grad-reduce-in-bf16``) and torchtitan
+  (``mixed_precision_reduce``) offer it but default to fp32 reduction because the sum over
+  many data-parallel ranks loses precision in bf16. So it is proposed only where the cost
+  model says it saves at least :data:`MIN_GAIN` of the step, and the why-not line says what
+  it saves or that it was not proposed - the user sees the trade and can pass ``none``.
+* ``lossy``: bf16 and PowerSGD. PowerSGD changes convergence (a rank-r approximation with
+  error feedback; +2.6 % final loss at rank 4 in the bench), which no framework enables by
+  default, so the search ranks it only when the user allows lossy compression.
+* ``none``: the layout search alone; or an explicit list, e.g. ``bf16,powersgd``.
 """
 from __future__ import annotations
 
@@ -24,6 +39,22 @@ KNOBS = ("bf16", "powersgd")
 #: approximation, with error feedback): a variant joins the ranking only when it saves at
 #: least this share of its plan's step time
 MIN_GAIN = 0.01
+#: --grad-knobs presets (module docstring: why bf16 is default and PowerSGD is opt-in)
+PRESETS = {"default": ("bf16",), "lossy": ("bf16", "powersgd"), "none": ()}
+
+
+def parse_grad_knobs(text: str | None) -> tuple[str, ...]:
+    """``--grad-knobs``: a preset (default, lossy, none) or a comma list of :data:`KNOBS`;
+    empty means none. A wrong name is one line."""
+    from ..errors import PartitaError
+    value = (text or "").strip().lower()
+    if value in PRESETS:
+        return PRESETS[value]
+    knobs = tuple(dict.fromkeys(k.strip() for k in value.split(",") if k.strip()))
+    if set(knobs) - set(KNOBS):
+        raise PartitaError(f"--grad-knobs {text!r}: use one of {', '.join(PRESETS)} or a list of "
+                           f"{', '.join(KNOBS)} (e.g. bf16,powersgd)")
+    return knobs
 
 
 def variants(plan, knobs: tuple[str, ...], rank: int = 4) -> list:
@@ -63,6 +94,34 @@ def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4) 
                 skipped.append(est)
     ranked = sorted(base + found, key=lambda e: e.step_time_s)
     result.plans = ranked[:top]
+    best = result.best
+    _same_knob_for_alternatives(result, best.plan)
+    return _knob_lines(result, knobs, ranked, skipped)
+
+
+def _same_knob_for_alternatives(result: SearchResult, best) -> None:
+    """Give the "why not" alternatives the best plan's knob where it is valid, fits and is
+    faster, so that their lines compare layouts like for like (the layout's own cost, not
+    the knob's saving). Only the fastest fitting attempt per explained value is re-estimated
+    (about 20 estimates), the one :func:`partita.search.explain.why_not` shows."""
+    knob = "powersgd" if best.grad_compression == "powersgd" else "bf16" if _has(best, "bf16") else None
+    if knob is None:
+        return
+    for name, values in result.alternatives.items():
+        for value in values:
+            group = [a for a in result.attempts if a.estimate is not None and getattr(a.plan, name) == value]
+            if not group:
+                continue
+            attempt = min(group, key=lambda a: a.estimate.step_time_s)
+            for plan in variants(attempt.plan, (knob,), best.powersgd_rank):
+                est = estimate(result.model, result.cluster, plan)
+                est.memory_limit = result.memory_limit_gib
+                if est.fits and est.step_time_s < attempt.estimate.step_time_s:
+                    attempt.plan, attempt.estimate = plan, est
+
+
+def _knob_lines(result: SearchResult, knobs: tuple[str, ...], ranked: list, skipped: list) -> list[str]:
+    """One "why not" line per knob (module docstring)."""
     best = result.best
     lines = []
     for knob in knobs:

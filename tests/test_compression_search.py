@@ -1,0 +1,58 @@
+"""Issue 17, the search's default gradient knobs (no torch): ``partita plan`` re-ranks its best
+plans with bf16 reduction by default and with PowerSGD only when lossy compression is allowed
+(search/comm_knobs.py PRESETS). Where the inter-node network is slow and the model large the
+knob wins and the why-not line says what it saves; a small model on one node keeps fp32
+reduction. The oracle for each pick is an independent estimate() of the plan with and without
+the knob, not the post-pass's own numbers."""
+import pytest
+
+from partita.errors import PartitaError
+from partita.estimate import estimate
+from partita.search.comm_knobs import MIN_GAIN, parse_grad_knobs, try_comm_knobs
+from partita.search.engine import search_plans
+from partita.spec.hardware import make_cluster
+from partita.spec.load import load_model
+
+SLOW = {"inter_node": {"gbps_per_direction": 3.125}}  # 25 Gb/s between nodes
+
+
+def _searched(preset: str, model: str, hardware: str, devices: int, gbs: int, seq: int, overrides=None):
+    m, cluster = load_model(model), make_cluster(hardware, devices, 8, overrides)
+    result = search_plans(m, cluster, gbs, seq, top=3)
+    lines = try_comm_knobs(result, parse_grad_knobs(preset))
+    return m, cluster, result, lines
+
+
+def test_large_model_on_a_slow_network_picks_bf16_by_default_and_says_why():
+    m, cluster, result, lines = _searched("default", "llama2-7b", "ascend-910b3", 512, 512, 1024, SLOW)
+    best = result.best.plan
+    assert best.grad_dtype == "bf16" and best.grad_compression == "none"
+    fp32 = estimate(m, cluster, best.with_(grad_dtype="fp32")).step_time_s
+    assert estimate(m, cluster, best).step_time_s <= (1 - MIN_GAIN) * fp32
+    assert len(lines) == 1 and lines[0].startswith("grad_dtype=fp32 (") and "grad_dtype=bf16 cuts dp gradient sync" in lines[0]
+
+
+def test_powersgd_only_when_lossy_is_allowed():
+    m, cluster, result, lines = _searched("lossy", "llama2-7b", "ascend-910b3", 512, 512, 1024, SLOW)
+    best = result.best.plan
+    assert best.grad_compression == "powersgd" and best.zero == 0
+    plain = estimate(m, cluster, best.with_(grad_compression="none", zero=1)).step_time_s
+    assert result.best.step_time_s < 0.9 * plain
+    assert any(l.startswith("grad_compression=none (") and "cuts dp gradient sync" in l for l in lines)
+    _, _, default, _ = _searched("default", "llama2-7b", "ascend-910b3", 512, 512, 1024, SLOW)
+    assert all(e.plan.grad_compression == "none" for e in default.plans)
+
+
+def test_small_model_on_one_node_keeps_fp32_reduction():
+    _, _, result, lines = _searched("default", "llama2-7b", "h100-sxm", 8, 64, 2048)
+    assert all(e.plan.grad_dtype == "fp32" for e in result.plans)
+    assert len(lines) == 1 and lines[0].startswith("grad_dtype=bf16 (") and "not proposed" in lines[0]
+
+
+def test_grad_knobs_presets_and_errors():
+    assert parse_grad_knobs("default") == ("bf16",)
+    assert parse_grad_knobs("lossy") == ("bf16", "powersgd")
+    assert parse_grad_knobs("none") == parse_grad_knobs("") == ()
+    assert parse_grad_knobs("powersgd, bf16") == ("powersgd", "bf16")
+    with pytest.raises(PartitaError, match="use one of default, lossy, none"):
+        parse_grad_knobs("fp8")
