@@ -19,30 +19,58 @@ CASES = [f"{model}:{plan}" for model in ("tiny_vit", "tiny_unet", "tiny_dit")
          for plan in ("dp=2,zero=3,mbs=1,dtype=fp32", "dp=2,zero=3,mbs=1,recompute=full,dtype=fp32")] + \
         ["tiny_vit:dp=2,zero=0,mbs=2,recompute=full,dtype=fp32", "tiny_vit:tp=2,mbs=2,dtype=fp32",
          "tiny_vit:tp=2,mbs=1,recompute=full,dtype=fp32", "tiny_vit:pp=2,mbs=1,dtype=fp32",
-         "tiny_dit:pp=2,mbs=2,recompute=full,dtype=fp32"]
+         "tiny_dit:pp=2,mbs=2,recompute=full,dtype=fp32"] + \
+        ["tiny_vit:auto,dtype=fp32", "tiny_unet:auto,dtype=fp32,recompute=full", "tiny_dit:auto,dtype=fp32,pp=2,mbs=1"]
+#: what the search must pick where the case fixes it (the rest is the search's choice)
+AUTO_PICKS = {"tiny_unet:auto,dtype=fp32,recompute=full": "rc-full", "tiny_dit:auto,dtype=fp32,pp=2,mbs=1": "pp2"}
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("traced_runtime") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={out.parent / 'logs'}", str(WORKER), str(out), *CASES]
+#: pipeline combined with data parallel: 4 ranks (stage-major: ranks 0,1 stage 0, ranks 2,3 stage 1)
+CASES_4 = ["tiny_vit:dp=2,pp=2,zero=0,mbs=1,dtype=fp32", "tiny_dit:dp=2,pp=2,zero=0,mbs=1,recompute=full,dtype=fp32",
+           "tiny_vit:auto,dtype=fp32,pp=2,dp=2"]
+AUTO_PICKS["tiny_vit:auto,dtype=fp32,pp=2,dp=2"] = "z0"  # the one zero level pp x dp runs
+
+
+def _torchrun(tmp_path_factory, ranks: int, cases: list[str]) -> dict:
+    out = tmp_path_factory.mktemp(f"traced_runtime_{ranks}") / "results.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           f"--log-dir={out.parent / 'logs'}", str(WORKER), str(out), *cases]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return _torchrun(tmp_path_factory, 2, CASES)
+
+
+@pytest.fixture(scope="module")
+def results_4(tmp_path_factory):
+    return _torchrun(tmp_path_factory, 4, CASES_4)
+
+
 @pytest.mark.timeout(650)
 @pytest.mark.parametrize("case", CASES)
 def test_traced_model_matches_single_process(results, case):
-    r = results[case]
+    _check_case(results[case], case)
+
+
+@pytest.mark.timeout(650)
+@pytest.mark.parametrize("case", CASES_4)
+def test_traced_pipeline_with_dp_matches_single_process(results_4, case):
+    _check_case(results_4[case], case)
+
+
+def _check_case(r: dict, case: str) -> None:
     assert r["units"] >= 1
     assert r["losses"][0] != r["losses"][-1]
     for mine, ref in zip(r["losses"], r["reference"]):
         assert abs(mine - ref) <= 1e-5 * max(1.0, abs(ref)), r
     assert r["param_abs_diff"] <= 1e-5, r
     assert r["compared"] >= r["params"], r  # every parameter trained somewhere (pp: on its stage)
+    assert AUTO_PICKS.get(case, "") in r["plan"], r
 
 
 @pytest.mark.timeout(60)
@@ -52,8 +80,16 @@ def test_traced_runtime_refuses_what_it_cannot_run():
     from partita.errors import PartitaError
     from partita.plan import Plan
     from partita.runtime.traced import parallelize_traced, traced_units
+    from partita.runtime.traced_pipeline import TracedPipeline
     assert not dist.is_initialized()
     with pytest.raises(PartitaError, match="not cp=2"):
         parallelize_traced(tiny_vit()[0], Plan(cp=2, seq_len=4))
     with pytest.raises(PartitaError, match="no repeated blocks"):
         traced_units(__import__("torch").nn.Linear(2, 2))
+    with pytest.raises(PartitaError, match="does not run zero=1 beside pp and dp=2"):
+        TracedPipeline(tiny_vit()[0], Plan(dp=2, pp=2, zero=1), None, None)
+    with pytest.raises(PartitaError, match="needs one example micro-batch to trace") as e:
+        parallelize_traced(tiny_vit()[0], "auto")
+    assert "\n" not in str(e.value)
+    with pytest.raises(PartitaError, match="cannot fix seq_len"):
+        parallelize_traced(tiny_vit()[0], "auto,seq_len=8")

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from examples import traced_models  # noqa: E402
 from partita.plan import Plan  # noqa: E402
 from partita.runtime.parallelize import parallelize  # noqa: E402
+from partita.runtime.traced import parallelize_traced  # noqa: E402
 
 STEPS = 3
 GLOBAL_BATCH = 4
@@ -62,8 +63,13 @@ def run_case(case: str) -> dict:
     if len(built) > 2:
         model.partita_tp_plan = built[2]  # the example's TP plan (ViT)
     reference = copy.deepcopy(model)
-    plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)
-    pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), device_type="cpu")
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    if plan_text.startswith("auto"):  # the search picks the plan from a trace of one example micro-batch
+        pm = parallelize_traced(model, plan_text + f",gbs={GLOBAL_BATCH}", sgd, "cpu", example_inputs=built[1])
+        plan = pm.plan
+    else:
+        plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)
+        pm = parallelize(model, plan, make_optimizer=sgd, device_type="cpu")
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     # mesh order (pp, dp, cp, tp): tp and pp ranks of one dp replica see the same samples
     share, dp_rank = GLOBAL_BATCH // plan.dp, (rank // plan.tp) % plan.dp
@@ -90,7 +96,8 @@ def run_case(case: str) -> dict:
     dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
     dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
     return {"losses": losses, "reference": ref_losses, "param_abs_diff": float(stats[0]),
-            "compared": int(stats[1]) // (world // plan.pp), "params": len(ref_params), "units": len(pm.units)}
+            "compared": int(stats[1]) // (world // plan.pp), "params": len(ref_params), "units": len(pm.units),
+            "plan": plan.summary()}
 
 
 def main() -> None:

@@ -99,3 +99,52 @@ def _report(result, hardware: str) -> str:
     else:
         lines.append("runner-up: none (no other plan fits)")
     return "\n".join(lines)
+
+
+#: plan fields an automatic plan of a traced model can fix (search_traced's knobs)
+_TRACED_FIELDS = ("tp", "pp", "dp", "mbs", "zero", "recompute", "dtype")
+
+
+def runnable_traced(plan: Plan) -> bool:
+    """Whether the traced runtime (:mod:`.traced`) runs ``plan``: pipeline parallel runs without
+    tp, with dp only at zero 0 (:class:`.traced_pipeline.TracedPipeline`) - the search's
+    other plans all run."""
+    return plan.pp == 1 or (plan.tp == 1 and plan.zero <= (0 if plan.dp > 1 else 1))
+
+
+def choose_traced_plan(model: nn.Module, world_size: int, text: str = "auto", device_type: str = "cpu",
+                       hardware: str | None = None, example_inputs: Any = None,
+                       tp_plan: dict[str, str] | None = None) -> tuple[Plan, str]:
+    """``parallelize(model, "auto")`` for a model Partita does not know (issue 19): trace it on
+    one example micro-batch (``example_inputs`` or ``model.partita_example_inputs``; the
+    model's own parameters are not touched, see :func:`partita.trace`), search the traced
+    space (:func:`partita.search.traced.search_traced`) for ``world_size`` devices of this
+    machine, and return the fastest fitting plan the traced runtime can run and a report.
+    ``gbs`` defaults to one example batch per device; ``seq_len`` does not apply (a sample
+    is the unit)."""
+    from types import SimpleNamespace
+
+    from ..search.traced import search_traced
+    from ..spec.hardware import make_cluster
+    from ..tracing import trace
+    fixed = parse_auto(text)
+    unknown = sorted(set(fixed) - {"gbs", *_TRACED_FIELDS})
+    if unknown:
+        raise PartitaError(f"auto plan of a traced model: cannot fix {', '.join(unknown)}; fixable: gbs, "
+                           f"{', '.join(_TRACED_FIELDS)}")
+    inputs = example_inputs if example_inputs is not None else getattr(model, "partita_example_inputs", None)
+    if inputs is None:
+        raise PartitaError(f"parallelize({type(model).__name__}, 'auto') needs one example micro-batch to trace: "
+                           "set model.partita_example_inputs = <inputs> (or pass example_inputs=)")
+    spec = trace(model, inputs, tp_plan=tp_plan or getattr(model, "partita_tp_plan", None))
+    gbs = int(fixed.pop("gbs", world_size * spec.batch))
+    space: dict[str, Any] = {k: (v if k in ("recompute", "dtype") else int(v)) for k, v in fixed.items()}
+    dtype = space.pop("dtype", "bf16")
+    hardware = hardware or default_hardware(device_type)
+    cluster = make_cluster(hardware, world_size)
+    result = search_traced(spec, cluster, gbs, dtype=dtype, top=1 << 30, **space)
+    plans = [e for e in result.plans if runnable_traced(e.plan)]
+    if not plans:
+        raise PartitaError(f"auto plan: no plan of {spec.name} that the traced runtime runs fits {world_size} x "
+                           f"{cluster.device.name} (gbs={gbs}); try a smaller mbs or recompute=full")
+    return plans[0].plan, _report(SimpleNamespace(plans=plans, cluster=cluster), hardware)

@@ -152,13 +152,19 @@ class TracedParallel:
         return float(total)
 
 
-def parallelize_traced(model: nn.Module, plan: Plan,
+def parallelize_traced(model: nn.Module, plan: Plan | str,
                        make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
-                       device_type: str | None = None, tp_plan: dict[str, str] | None = None) -> TracedParallel:
-    """Apply ``plan`` (dp, zero, tp, recompute, dtype) to any model along its repeated blocks;
-    tp needs ``tp_plan`` (or the model's ``partita_tp_plan`` attribute)."""
-    _check(plan)
+                       device_type: str | None = None, tp_plan: dict[str, str] | None = None,
+                       example_inputs: Any = None) -> TracedParallel:
+    """Apply ``plan`` (dp, zero, tp, pp, recompute, dtype) to any model along its repeated
+    blocks; tp needs ``tp_plan`` (or the model's ``partita_tp_plan`` attribute). ``plan`` may
+    be text; ``"auto"`` / ``"auto,gbs=8,dtype=fp32"`` traces the model on ``example_inputs``
+    (or ``model.partita_example_inputs``) and searches the best plan the runtime can run for
+    this world size (:func:`.auto.choose_traced_plan`; rank 0 prints it and the runner-up)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
+    if isinstance(plan, str):
+        plan = _resolve(model, plan, world, device_type, tp_plan, example_inputs)
+    _check(plan)
     if plan.world_size != world:
         raise PartitaError(f"the plan has dp*tp*pp*cp = {plan.world_size} ranks, the process group {world}")
     units = traced_units(model)
@@ -193,3 +199,16 @@ def parallelize_traced(model: nn.Module, plan: Plan,
         group = grid["dp"].get_group() if plan.tp > 1 else None
         model = nn.parallel.DistributedDataParallel(model, process_group=group)
     return TracedParallel(model, make_optimizer(list(model.parameters())), plan, units, device)
+
+
+def _resolve(model: nn.Module, text: str, world: int, device_type: str | None, tp_plan: dict | None,
+             example_inputs: Any) -> Plan:
+    """A plan from text; ``auto...`` searches one (every rank runs the same deterministic search)."""
+    if text.split(",")[0].strip() != "auto":
+        return Plan.parse(text, world_size=world)
+    from .auto import choose_traced_plan
+    plan, report = choose_traced_plan(model, world, text, detect_device_type(device_type), tp_plan=tp_plan,
+                                      example_inputs=example_inputs)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(report, flush=True)
+    return plan

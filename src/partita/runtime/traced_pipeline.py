@@ -16,8 +16,9 @@ reverse, activation gradients sent back stage to stage. Each rank updates the pa
 that received gradients on it: its blocks, and the stem (first stage) or head (last).
 Parameters used on more than one stage (a head that reuses a block's submodule) have
 their gradients summed over the stages. Known gaps: every stage keeps the whole model's parameters (only its own are trained);
-the stem runs on every stage (its output is replaced); pp combines with neither dp nor tp
-here (one line says so).
+the stem runs on every stage (its output is replaced); pp combines with dp (zero 0, the
+gradients averaged over each stage's replicas) but not with tp or with sharded optimizer
+states (one line says so).
 """
 from __future__ import annotations
 
@@ -75,13 +76,17 @@ class TracedPipeline:
         if not layout.pipeline:
             raise PartitaError(f"pp={plan.pp} needs one sequence of repeated blocks; {type(model).__name__}'s "
                                "blocks are not one run in one container")
-        if plan.dp > 1 or plan.tp > 1 or plan.zero >= 2:
-            raise PartitaError("traced models run pp alone in this runtime (dp=1, tp=1, zero 0/1)")
+        missing = ([f"tp={plan.tp} beside pp (a TP plan inside a pipeline stage)"] if plan.tp > 1 else []) + \
+            ([f"zero={plan.zero} beside pp and dp={plan.dp} (sharded states per stage; pp x dp runs zero 0)"]
+             if plan.dp > 1 and plan.zero >= 1 else []) + \
+            ([f"zero={plan.zero} in a pipeline (runs zero 0/1)"] if plan.dp == 1 and plan.zero >= 2 else [])
+        if missing:
+            raise PartitaError("the traced pipeline runtime does not run " + "; ".join(missing))
         blocks = [model.get_submodule(p) for p in layout.run]
         if plan.pp > len(blocks):
             raise PartitaError(f"pp={plan.pp} exceeds the {len(blocks)} blocks of {type(model).__name__}")
         self.module, self.plan, self.optimizer, self.device = model, plan, optimizer, device
-        self.stage, self.stages = dist.get_rank(), plan.pp
+        self._groups(plan)
         n, p = len(blocks), plan.pp
         sizes = [n // p + (1 if i < n % p else 0) for i in range(p)]
         lo = sum(sizes[:self.stage])
@@ -97,6 +102,23 @@ class TracedPipeline:
         if self.stage < p - 1:
             blocks[hi - 1].register_forward_hook(self._stop)
 
+    def _groups(self, plan: Plan) -> None:
+        """This rank's stage and dp replica in the mesh order (pp, dp) - rank = stage * dp +
+        replica, the order :mod:`partita.runtime.mesh` and the cost model use - and the
+        process groups of its replica's stages (pp) and its stage's replicas (dp). Every
+        rank creates every group, in the same order, as ``new_group`` requires."""
+        rank, dp = dist.get_rank(), plan.dp
+        self.stage, self.stages, self.replica = rank // dp, plan.pp, rank % dp
+        self.peer = lambda stage: stage * dp + self.replica  # global rank of a stage of this replica
+        self.pp_group = self.dp_group = None
+        if dp > 1:
+            for r in range(dp):
+                group = dist.new_group([s * dp + r for s in range(plan.pp)])
+                self.pp_group = group if r == self.replica else self.pp_group
+            for s in range(plan.pp):
+                group = dist.new_group([s * dp + r for r in range(dp)])
+                self.dp_group = group if s == self.stage else self.dp_group
+
     def _replace_input(self, module, args, kwargs):
         if args:
             return (self._incoming, *args[1:]), kwargs
@@ -110,12 +132,12 @@ class TracedPipeline:
         """(received activation or None, the stage's output or the last stage's loss)."""
         received = None
         if self.stage > 0:
-            received = _recv(self.stage - 1, self.dtype, self.device).requires_grad_()
+            received = _recv(self.peer(self.stage - 1), self.dtype, self.device).requires_grad_()
             self._incoming = received
         try:
             out = self.module(**chunk) if isinstance(chunk, dict) else self.module(*chunk)
         except _Stop:
-            _send(self._outgoing, self.stage + 1)
+            _send(self._outgoing, self.peer(self.stage + 1))
             return received, self._outgoing
         return received, loss_fn(out, chunk) / self.plan.grad_accum
 
@@ -123,18 +145,26 @@ class TracedPipeline:
         """Sum the gradients of parameters that more than one stage used (a model that calls a
         block's submodule again in its head - diffusers' DiT reuses ``transformer_blocks[0]
         .norm1.emb`` - trains it on the first and the last stage): the stages' counts are
-        all-reduced once per step, then the gradients of the shared ones."""
+        all-reduced once per step over this replica's stages, then the gradients of the shared
+        ones. With dp > 1 the gradients are then averaged over the stage's replicas (data
+        parallel: each replica computed the mean loss of its share of the batch)."""
         params = list(self.module.parameters())
         used = torch.tensor([float(p.grad is not None) for p in params])
-        dist.all_reduce(used)
+        dist.all_reduce(used, group=self.pp_group)
         for p, n in zip(params, used.tolist()):
             if n > 1:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
+                dist.all_reduce(p.grad, group=self.pp_group)
+        if self.dp_group is not None:
+            for p in params:
+                if p.grad is not None:  # the same parameters on every replica of a stage
+                    dist.all_reduce(p.grad, group=self.dp_group)
+                    p.grad /= self.plan.dp
 
     def train_step(self, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> float:
-        """One GPipe step on ``inputs`` (every stage gets the same samples); returns the mean loss."""
+        """One GPipe step on ``inputs`` (every stage of a replica gets the replica's samples);
+        returns the mean loss over the global batch."""
         m = self.plan.grad_accum
         last = self.stage == self.stages - 1
         chunks = [tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, c)
@@ -146,11 +176,14 @@ class TracedPipeline:
                 out.backward()
                 total += out.detach()
             else:
-                out.backward(_recv(self.stage + 1, out.dtype, self.device))
+                out.backward(_recv(self.peer(self.stage + 1), out.dtype, self.device))
             if received is not None:
-                _send(received.grad, self.stage - 1)
+                _send(received.grad, self.peer(self.stage - 1))
         self._sum_shared_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        dist.broadcast(total, src=self.stages - 1)
+        if last and self.dp_group is not None:
+            dist.all_reduce(total, group=self.dp_group)
+            total /= self.plan.dp
+        dist.broadcast(total, src=self.peer(self.stages - 1), group=self.pp_group)
         return float(total)
