@@ -198,3 +198,27 @@ def test_traced_pipeline_send_across_nodes_by_hand():
     size = 2e7 * (2 / 2) * 0.5
     one_way = size / (dev.inter_gbps * 1e9 * dev.efficiency.inter_node_comm) + dev.inter_latency_us * 1e-6
     assert st.stages[0].parts["pp send/recv"] == pytest.approx(2 * one_way, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- fitted collectives
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_fitted_collective_across_nodes_is_hierarchical_by_hand(kind):
+    """A calibrated device (per-collective alpha-beta fit, measured inside one node) on a
+    group of 8 per node x 4 nodes: the node-local part is the fitted ring on 8 ranks
+    [Thakur et al. 2005 sec. 4: all-reduce ``2(n-1) alpha + 2(n-1)/n S / B``, all-gather /
+    reduce-scatter half], the network part keeps the datasheet model on the ``S / g`` each
+    node exchanges: ``f (k-1)/k (S/g) / B_inter`` and ``f ceil(log2 k)`` network latencies
+    (``f`` = 2 for an all-reduce, 1 otherwise; hardware.md sec. 3.3)."""
+    import dataclasses
+
+    from partita.cost import comm
+    from partita.spec.collective_fits import CollectiveFit
+
+    alpha, bw = 7e-6, 2.2e11
+    dev = dataclasses.replace(H100, collective_fits=(CollectiveFit(kind, 8, alpha, bw),))
+    f = 2 if kind == "all_reduce" else 1
+    size, g, k = 3e9, 8, 4
+    intra = f * (g - 1) * alpha + f * (g - 1) / g * size / bw
+    inter = f * (k - 1) / k * (size / g) / (dev.inter_gbps * 1e9 * dev.efficiency.inter_node_comm)
+    lat = f * 2 * dev.inter_latency_us * 1e-6  # ceil(log2 4) = 2 steps
+    assert getattr(comm, kind)(dev, size, g, k) == pytest.approx(intra + inter + lat, rel=1e-12)
