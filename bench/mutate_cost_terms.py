@@ -209,6 +209,12 @@ EQUIVALENT_AUTO: dict[tuple[str, str, str], str] = {
         "a default argument no caller uses: both calls of _layer_terms pass skipped",
     ("shape.py", "etp: int = 1) -> CollectiveSpans:", "1 -> 2"):
         "a default argument no caller uses: collective_spans is always called with plan.etp",
+    ("memory.py", 'best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,', "1.0 -> 2.0"):
+        "unreachable: the branch runs only when held > best['held'] >= 0, so held is never 0 there",
+    ("compression.py", "if count.gemm_flops <= 0:", "0 -> 1"):
+        "gemm_flops is 0 or at least 6 (4 n m r + 2 n r^2 with n, m, r >= 1 per compressed matrix)",
+    ("compression.py", "return 1.0", "1.0 -> 2.0"):
+        "in wire_fraction, which nothing in src/, tests/ or bench/ calls (dead code; reduce_terms is used)",
 }
 
 

@@ -222,3 +222,49 @@ def test_fitted_collective_across_nodes_is_hierarchical_by_hand(kind):
     inter = f * (k - 1) / k * (size / g) / (dev.inter_gbps * 1e9 * dev.efficiency.inter_node_comm)
     lat = f * 2 * dev.inter_latency_us * 1e-6  # ceil(log2 4) = 2 steps
     assert getattr(comm, kind)(dev, size, g, k) == pytest.approx(intra + inter + lat, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- PowerSGD work
+def _powersgd_by_hand(model, rank: int) -> tuple[float, float, float]:
+    """(elements sent, elements compressed, FLOPs) of one dp=2 tp=1 rank of ``model`` under
+    PowerSGD rank ``rank`` [Vogels et al. 2019, Alg. 1; torch's powerSGD_hook]: every
+    ``n x m`` weight gradient with ``2 r (n + m) < n m`` (torch's ``_should_compress``) is
+    sent as its factors ``P (n x r)``, ``Q (m x r)``; the rest whole. Per compressed matrix:
+    ``P = M Q`` and ``Q = M^T P`` (``2 n m r`` FLOPs each) and the Gram-Schmidt
+    orthogonalisation of ``P`` (``2 n r^2``)."""
+    h, q, kv, o, f, v = model.hidden, model.q_dim, model.kv_dim, model.attn_out_dim, model.ffn_hidden, model.vocab
+    layer = [(q, h), (kv, h), (kv, h), (h, o), (f, h), (f, h), (h, f)]
+    mats = layer * model.layers + [(v, h), (v, h)]  # + embedding and the untied output layer
+    sent = compressed = flops = 0.0
+    for n, m in mats:
+        r = min(n, m, rank)
+        if 2 * r * (n + m) < n * m:
+            sent += r * (n + m)
+            compressed += n * m
+            flops += 4 * n * m * r + 2 * n * r * r
+    rest = model.total_params() - compressed
+    return sent + rest, compressed, flops
+
+
+@pytest.mark.parametrize("fp32_tflops", [67.0, 0.05])
+def test_powersgd_work_by_hand(fp32_tflops):
+    """PowerSGD's own seconds per step: the larger of its GEMM FLOPs at the fp32 peak x
+    the GEMM efficiency and 5 passes over the compressed fp32 gradients at the achieved HBM
+    bandwidth (skinny rank-r GEMMs are memory-bound). H100's datasheet fp32 peak makes the
+    memory passes bind; a device with a 50 GFLOP/s fp32 peak makes the FLOPs bind."""
+    import dataclasses
+
+    from partita.cost.compression import reduce_terms
+    from partita.cost.memory import rank_shapes
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-llama")
+    dev = dataclasses.replace(H100, peak_tflops={**H100.peak_tflops, "fp32": fp32_tflops})
+    plan = Plan(dp=2, zero=0, mbs=1, gbs=2, seq_len=64, dtype="fp32", grad_compression="powersgd", powersgd_rank=4)
+    sent, compressed, flops = _powersgd_by_hand(model, 4)
+    fraction, seconds = reduce_terms(model, dev, plan, model.total_params(), rank_shapes(model, plan)[0])
+    assert fraction == pytest.approx(sent / model.total_params(), rel=1e-12)
+    t_flops = flops / (fp32_tflops * 1e12 * dev.efficiency.gemm)
+    t_mem = 5 * compressed * 4 / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth)
+    assert (t_flops > t_mem) == (fp32_tflops < 1)  # each case exercises the branch it names
+    assert seconds == pytest.approx(max(t_flops, t_mem), rel=1e-12)
