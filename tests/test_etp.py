@@ -22,7 +22,7 @@ import math
 import pytest
 
 from partita.cost import comm
-from partita.cost.compute import layer_forward
+from partita.cost.compute import fp8_cast_elements, layer_forward
 from partita.cost.memory import activation_bytes, estimate_memory, rank_shapes, shape_params
 from partita.cost.shape import LayerShape, collective_spans, expert_dp_span, layer_shape, param_shape
 from partita.cost.step import stage_terms
@@ -133,6 +133,19 @@ def test_memory_changes_by_exactly_the_expert_state_share():
     assert parts[1]["optimizer"] == pytest.approx(parts[2]["optimizer"], rel=1e-12)
 
 
+def test_zero3_gathers_the_etp_shard_of_a_layer():
+    """ZeRO-3 holds a middle pipeline rank's largest layer gathered, its gradients in the reduce
+    dtype and the next layer prefetched: (2 w + g) x the layer's parameters (memory.py
+    ``_zero3_gathered``); with etp 2 the layer's routed experts are half of E/ep experts,
+    so the part drops by (2 x 2 + 4) x E p_e / (2 ep) bytes."""
+    model = load_model(MIXTRAL)
+    device = make_cluster("h100-sxm", 64).device
+    plan = Plan(tp=4, dp=4, pp=4, ep=4, sp=True, zero=3, gbs=16, seq_len=4096)
+    part = [estimate_memory(model, device, plan.with_(etp=etp))[1].parts["zero3 gathered layers"] for etp in (1, 2)]
+    routed = model.moe.num_experts * 3 * model.hidden * model.moe.expert_ffn_hidden
+    assert part[0] - part[1] == pytest.approx((2 * 2 + 4) * routed / (2 * 4), rel=1e-9)
+
+
 def test_gathered_expert_inputs_are_saved_for_backward():
     """With etp the w1/w3 inputs a rank saves are the etp-gathered tokens (etp x its own
     top_k routed copies, h wide); its 1/etp of the intermediates of all of them is as much
@@ -158,6 +171,31 @@ def test_expert_flops_stay_and_gemms_shrink_at_a_fixed_ep_times_etp():
     folded = layer_forward(model, device, shape._replace(ep=4, etp=2), True)
     assert folded.gemm_flops == pytest.approx(base.gemm_flops, rel=1e-12)
     assert folded.gemm_time > base.gemm_time * 1.0001
+
+
+def test_fp8_casts_follow_the_etp_shards():
+    """Each linear casts its input and weight to fp8: with etp a rank casts the etp-gathered
+    routed inputs of w1/w3 ((mats - 1) h each, etp x its own top_k copies), its 1/etp of w2's
+    input for all of them (as before), and 1/etp of its E/ep experts' weights."""
+    model = load_model(MIXTRAL)
+    mo, h = model.moe, model.hidden
+    shape = LayerShape(tp=4, cp=1, ep=4, mbs=1, seq_len=4096, sp=True, dtype="fp8")
+    tokens = 4096
+    base = fp8_cast_elements(model, shape, True)
+    got = fp8_cast_elements(model, shape._replace(etp=2), True) - base
+    inputs = tokens / 4 * mo.top_k * 2 * h * (2 - 1)  # (mats - 1) = 2 gathered projections, one more etp share
+    weights = 3 * h * mo.num_experts / 4 * mo.expert_ffn_hidden / 2  # half of each local expert no longer held
+    assert got == pytest.approx(inputs - weights, rel=1e-12)
+
+
+def test_the_etp_group_gets_its_own_communicator_buffers():
+    """HCCL allocates 2 x HCCL_BUFFSIZE per communicator (the device's comm_buffer_mib_per_group):
+    the etp group is one more communicator of each rank."""
+    model = load_model(MIXTRAL)
+    device = make_cluster("ascend-910b2", 16).device
+    plan = Plan(tp=4, dp=4, ep=4, sp=True, zero=1, gbs=16, seq_len=4096)
+    buffers = [estimate_memory(model, device, plan.with_(etp=etp))[0].parts["communication buffers"] for etp in (1, 2)]
+    assert buffers[1] - buffers[0] == device.comm_buffer_mib_per_group * 2 ** 20 > 0
 
 
 @pytest.mark.parametrize("dpn,etp_span,ep_span,edp_span", [(8, (2, 1), (4, 1), (1, 2)), (4, (2, 1), (2, 2), (1, 2)),

@@ -45,7 +45,7 @@ REFUSED = {
                   "8b-pp2-z2": DS_ZPP.format(z=2), "8b-pp2-z3-full": DS_ZPP.format(z=3),
                   "70b-tp8-pp4-vpp5": DS_VPP, "70b-pp2-split": DS_SPLIT, "405b-split-cp2": DS_SPLIT,
                   "405b-split-mid": DS_SPLIT, "8x22b-pp4-ep8-full": DS_EP, "8x22b-ep8-z0": DS_EP, "8x22b-ep8-z1": DS_EP,
-                  "8x22b-tp2-ep4-z3": DS_EP, "8x7b-pp4-vpp4-ep4": DS_VPP, "dsv3-split-ep64": DS_SPLIT,
+                  "8x22b-tp2-ep4-z3": DS_EP, "8x22b-tp4-ep8-etp4": DS_EP, "8x7b-pp4-vpp4-ep4": DS_VPP, "dsv3-split-ep64": DS_SPLIT,
                   "dsv3-ep8-z1-sel": DS_SPLIT, "405b-auto-pp16": DS_SPLIT, "dsv3-auto-pp8-vpp2": DS_SPLIT},
     "torchtitan": {"8b-dp8-z3-fp16-full": TT_FP16, "8b-dp8-z0-fp16": TT_FP16, "8b-tp2-pp2-fp16-full": TT_FP16,
                    "175b-pp12-fp16": TT_FP16,
@@ -93,6 +93,11 @@ def _check_megatron_namespace(ns, env, plan, model):
     assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (plan.mbs, plan.gbs, plan.seq_len)
     assert ns.num_layers == model.layers and ns.hidden_size == model.hidden
     assert ns.sequence_parallel == (plan.sp and plan.tp > 1)
+    # expert tensor parallel: written whenever ep or etp > 1 (Megatron's default, None, means etp = tp);
+    # parallel_state.py raises unless etp*ep*pp divides the world size (the expert grid etp x ep x edp x pp)
+    assert ns.expert_tensor_parallel_size == (plan.etp if plan.ep > 1 or plan.etp > 1 else None)
+    etp = ns.expert_tensor_parallel_size or ns.tensor_model_parallel_size
+    assert plan.world_size % (etp * ns.expert_model_parallel_size * ns.pipeline_model_parallel_size) == 0
     if plan.layer_split:
         assert _layout_stages(ns.pipeline_model_parallel_layout) == list(plan.layer_split)
     elif model.layers % (plan.pp * plan.vpp):
@@ -182,6 +187,8 @@ def test_deepspeed_config_loads_in_deepspeedconfig(pid, model_name, plan):
     assert ("activation_checkpointing" in out.data) == (plan.recompute != "none")
     if plan.pp > 1:
         assert any(f"PipelineModule(num_stages={plan.pp}" in w for w in out.warnings)
+    assert any(w.startswith(f"etp={plan.etp}: ds_config has no expert tensor parallel") for w in out.warnings) == \
+        (plan.etp > 1)
 
 
 def test_deepspeed_oracle_rejects_a_wrong_batch():
@@ -221,6 +228,10 @@ def test_torchtitan_export_parses_with_configmanager(pid, model_name, plan):
         assert _titan_stage_layers(par, model.layers) == list(plan.stage_layers(model.layers))
         assert math.prod([plan.pp, plan.vpp]) == len(plan.stage_layers(model.layers))
     torchtitan_oracle.build_mesh(par, plan.world_size)
+    # torchtitan 0.3.0's ParallelismConfig has no expert tensor parallel field: etp > 1 is a warning
+    assert not hasattr(par, "expert_tensor_parallel_degree")
+    assert any(w.startswith(f"etp={plan.etp}: torchtitan 0.3.0 has no expert tensor parallel option")
+               for w in out.warnings) == (plan.etp > 1)
 
 
 def test_torchtitan_oracle_rejects_what_torchtitan_rejects():
@@ -261,8 +272,9 @@ def _expected(target, plan, model):
     recompute = "full" if target == "deepspeed" and plan.recompute == "selective" else plan.recompute
     split = plan.layer_split if target in ("megatron", "mindspeed") or (plan.layer_split and len(
         set(plan.layer_split)) > 1) else None
-    return dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, zero=zero, mbs=plan.mbs,
-                gbs=plan.gbs, seq_len=plan.seq_len, recompute=recompute, dtype=dtype, layer_split=split,
+    etp = plan.etp if target in ("megatron", "mindspeed") else 1  # torchtitan/DeepSpeed: no etp (warned)
+    return dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, etp=etp, zero=zero,
+                mbs=plan.mbs, gbs=plan.gbs, seq_len=plan.seq_len, recompute=recompute, dtype=dtype, layer_split=split,
                 sp=plan.sp and plan.tp > 1 and target != "deepspeed")  # AutoTP: no sequence parallel
 
 

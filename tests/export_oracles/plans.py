@@ -1,4 +1,4 @@
-"""The export matrix of issue 14: dense and MoE; tp/pp/vpp/uneven split/cp/ep; zero 0-3;
+"""The export matrix of issue 14: dense and MoE; tp/pp/vpp/uneven split/cp/ep/etp; zero 0-3;
 recompute none/selective/full; bf16/fp16/fp8/fp32. ``(id, model name, Plan)``."""
 from partita.plan import Plan
 
@@ -43,6 +43,11 @@ MATRIX = [
                                             layer_split=(3,) + (4,) * 14 + (2,))),
     ("dsv3-ep8-z1-sel", "deepseek-v3", Plan(dp=16, tp=2, pp=8, ep=8, zero=1, mbs=1, gbs=512, seq_len=4096,
                                             recompute="selective", layer_split=(7,) + (8,) * 6 + (6,))),
+    # expert tensor parallel (MoE parallel folding): etp = tp with ep 8 (Grok-1's published ETP=4 layout), and
+    # etp without ep
+    ("8x22b-tp4-ep8-etp4", "mixtral-8x22b", Plan(dp=8, tp=4, ep=8, etp=4, sp=True, zero=1, mbs=1, gbs=64,
+                                                 seq_len=4096)),
+    ("8x7b-tp2-etp2", "mixtral-8x7b", Plan(dp=4, tp=2, etp=2, sp=True, zero=1, mbs=1, gbs=32, seq_len=4096)),
     # no layer_split, layers not divisible by pp*vpp (126 over 16, 61 over 8x2): the automatic split
     ("405b-auto-pp16", "llama3-405b", Plan(dp=8, tp=8, pp=16, sp=True, zero=1, mbs=1, gbs=1024, seq_len=8192)),
     ("dsv3-auto-pp8-vpp2", "deepseek-v3", Plan(dp=16, tp=2, pp=8, vpp=2, ep=8, sp=True, zero=1, mbs=1, gbs=512,
