@@ -97,3 +97,24 @@ def test_peak_memory_on_the_full_table():
     assert len(stated) == 23
     assert statistics.median(abs(e) for e in stated) < 0.0895
     assert sum(e < 0 for e in stated) < sum(e > 0 for e in stated)
+
+
+def test_step_time_on_the_full_table():
+    """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
+    prints it: 417 step-time rows, median 10.1 %, p90 34.4 %; the 63 mixture-of-experts rows
+    13.1 %. Issue 12's calibration-set targets (median <= 8 %, p90 <= 25 %) are NOT met on
+    this table; these bounds guard the measured figures. (384 rows and 9.3 % / 33.3 % before
+    GB200, the plain-"H100" torchao rows and four more MoE architectures became expressible:
+    those 33 rows run at 20-35 % of peak on Blackwell / MI300X / eager torchtitan, which the
+    family constants - refused by bench/fit.py as implausible - do not describe.)"""
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
+    cases, _ = load_cases(table)
+    step = [c for c in cases if c.metric == "step_time_s"]
+    err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
+    assert len(step) == 417
+    assert statistics.median(err) < 0.1015
+    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.345
+    moe = [e for c, e in zip(step, err) if c.model.moe]
+    assert len(moe) == 63 and statistics.median(moe) < 0.1315
