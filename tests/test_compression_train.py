@@ -1,6 +1,7 @@
 """Issue 17 through `partita train`: a PowerSGD run whose rank is killed mid-run restarts from
 its checkpoint with the PowerSGD state and ends with the losses of an uninterrupted run."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,3 +39,58 @@ def test_killed_powersgd_run_resumes_with_its_state(tmp_path):
     # steps 4-7 ran after the restart, with PowerSGD compressing since step 2
     assert max(abs(got[s] - ref[s]) for s in range(8)) <= 1e-5
     assert abs(got[7] - got[6]) > 0  # a real run, not a constant
+
+
+def test_train_flags_override_the_plan_and_apply_powersgd(tmp_path):
+    """`partita train --grad-compression powersgd --powersgd-rank 2` on a plan without
+    compression: the run's plan.json carries the flags, and the checkpoint holds PowerSGD's
+    state as torch's PowerSGDState wrote it (error feedback, P and Q per parameter, iteration
+    4 after 4 steps) - which a run that ignored the flags would not have."""
+    import torch.distributed.checkpoint as dcp
+    plan = "dp=2,zero=0,gbs=4,mbs=2,seq_len=32"
+    cmd = [sys.executable, "-m", "partita", "train", "--model", "tiny-llama", "--json", "--optimizer", "sgd",
+           "--lr", "0.1", "--plan", plan, "--nproc", "2", "--steps", "4", "--run-dir", str(tmp_path / "run"),
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--grad-compression", "powersgd", "--powersgd-rank", "2",
+           "--timeout-s", "120"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "--grad-compression powersgd overrides the plan's grad_compression=none" in proc.stderr
+    saved = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert (saved["grad_compression"], saved["powersgd_rank"]) == ("powersgd", 2)
+    meta = dcp.FileSystemReader(str(tmp_path / "ckpt" / "step_00000003")).read_metadata().state_dict_metadata
+    from partita.runtime.equivalence import make_model
+    shapes = {name: tuple(p.shape) for name, p in make_model("tiny-llama", 0).named_parameters()}
+    for rank in (0, 1):
+        mine = f"compression.powersgd.rank{rank}."
+        factors = {k[len(mine) + 2:]: tuple(meta[k].size) for k in meta if k.startswith(mine + "p.")}
+        assert factors and set(factors) <= set(shapes)
+        for name, size in factors.items():  # torch's factors: P is n x r, Q is m x r, flattened
+            n = shapes[name][0]
+            m = math.prod(shapes[name]) // n
+            assert size == (n * 2,) and tuple(meta[mine + "q." + name].size) == (m * 2,), name
+            assert tuple(meta[mine + "error." + name].size) == (n * m,), name
+
+
+def test_profile_grad_dtype_flag_halves_the_measured_bytes(tmp_path):
+    """`partita profile --grad-dtype bf16` over a plan with fp32 reduction: the bytes the
+    collective counter saw are half the uncompressed fp32 gradients (a run that ignored the
+    flag would send them all)."""
+    plan = "dp=2,zero=0,dtype=bf16,gbs=4,mbs=1,seq_len=16"
+    cmd = [sys.executable, "-m", "partita", "profile", "--model", "tiny-llama", "--plan", plan, "--nproc", "2",
+           "--steps", "3", "--json", "--grad-dtype", "bf16", "--timeout-s", "120"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    section = json.loads(proc.stdout)["dp_bytes"]
+    assert section["knob"] == "bf16"
+    assert section["measured_gradient_bytes"] == pytest.approx(section["predicted_fp32_bytes"] / 2, rel=0.01)
+
+
+def test_knob_flag_that_breaks_the_plan_is_one_line(tmp_path):
+    from partita.errors import PartitaError
+    from partita.train.config import LaunchConfig, TrainConfig
+    from partita.train.launch import prepare_run
+    launch = LaunchConfig(plan="dp=2,zero=1", nproc=2, run_dir=str(tmp_path / "run"), grad_compression="powersgd")
+    with pytest.raises(PartitaError, match="grad_compression=powersgd needs zero 0"):
+        prepare_run(TrainConfig(model="tiny-llama"), launch, say=print)

@@ -161,6 +161,12 @@ class LaunchConfig:
     global_batch: int | None = option(None, "global batch in sequences (the plan string's gbs=)", bounds=(1, 10 ** 9))
     seq_len: int | None = option(None, "sequence length in tokens (the plan string's seq_len=)", bounds=(1, 10 ** 7))
     mbs: int | None = option(None, "micro-batch size in sequences (the plan string's mbs=)", bounds=(1, 10 ** 9))
+    # gradient communication knobs (issue 17): override the plan's fields of the same name
+    grad_dtype: str | None = option(None, "data-parallel gradient reduction dtype (overrides the plan's grad_dtype)",
+                                    choices=("fp32", "bf16"))
+    grad_compression: str | None = option(None, "gradient compression (overrides the plan's; powersgd needs zero 0 "
+                                                "and plain DDP)", choices=("none", "powersgd"))
+    powersgd_rank: int | None = option(None, "PowerSGD rank (overrides the plan's powersgd_rank)", bounds=(1, 1024))
 
     @property
     def world(self) -> int:

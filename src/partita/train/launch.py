@@ -80,9 +80,10 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
         from_checkpoint = True
     flags = batch_flags(launch)
     if plan_text and plan_text.strip().split(",", 1)[0].strip() == "auto":
-        return _auto_plan(config, launch, plan_text, flags, say)
+        return check(knob_flags(_auto_plan(config, launch, plan_text, flags, say), launch, say))
     plan = Plan.parse(plan_text, world_size=world, defaults={**train_defaults(config.device), **flags})
     check_batch_flags(plan, flags, plan_text)
+    plan = knob_flags(plan, launch, say)
     if meta is not None:
         from .worker import resume_problem
         problem = resume_problem(meta, config.model, plan.gbs)
@@ -155,6 +156,23 @@ FLAG_KEYS = {"global_batch": "gbs", "seq_len": "seq_len", "mbs": "mbs"}
 def batch_flags(launch: LaunchConfig) -> dict:
     """--global-batch / --seq-len / --mbs as plan fields (those given)."""
     return {key: getattr(launch, name) for name, key in FLAG_KEYS.items() if getattr(launch, name) is not None}
+
+
+#: the gradient-communication flags of partita train, which override the plan (issue 17)
+KNOB_FLAGS = ("grad_dtype", "grad_compression", "powersgd_rank")
+
+
+def knob_flags(plan: Plan, launch: LaunchConfig, say: Callable[[str], None]) -> Plan:
+    """--grad-dtype / --grad-compression / --powersgd-rank set those plan fields, over the
+    plan's own values (a note says what changed; the result is validated by the caller, so
+    e.g. PowerSGD on a zero-1 plan is one line)."""
+    given = {k: getattr(launch, k) for k in KNOB_FLAGS if getattr(launch, k) is not None}
+    changed = {k: v for k, v in given.items() if getattr(plan, k) != v}
+    if not changed:
+        return plan
+    say("partita: " + ", ".join(f"--{k.replace('_', '-')} {v} overrides the plan's {k}={getattr(plan, k)}"
+                                for k, v in changed.items()))
+    return plan.with_(**changed)
 
 
 def check_batch_flags(plan: Plan, flags: dict, plan_text: str) -> None:
