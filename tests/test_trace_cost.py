@@ -144,6 +144,11 @@ def test_cli_trace_cache(tmp_path, monkeypatch):
     assert table(proc.stdout) == table(first) and table(first)
     rc, out, err = _cli(argv + ["--no-trace-cache"])
     assert rc == 0 and "(traced in" in out, err
+    next(cache.glob("*.json")).write_text("{not json")  # damaged entry: traced again, rewritten
+    rc, out, err = _cli(argv)
+    assert rc == 0 and "(traced in" in out and table(out) == table(first), err
+    rc, out, err = _cli(argv)
+    assert rc == 0 and "trace read from the cache" in out, err
     rc, out, err = _cli(argv[:4] + ["2,64:int64"] + argv[5:])
     assert rc == 0 and "(traced in" in out and len(list(cache.glob("*.json"))) == 2, err
     (tmp_path / "my_models.py").write_text(source.format(2))

@@ -105,10 +105,14 @@ def load_traced(args: argparse.Namespace):
         return TracedSpec.load(args.model)
     key = cache.trace_key(args.model, args.example_input, args.tp_plan)
     hit = None if getattr(args, "no_trace_cache", False) else cache.cached_path(key)
+    spec = None
     if hit is not None:
-        spec = TracedSpec.load(hit)
-        args.trace_cached = str(hit)
-    else:
+        try:
+            spec = TracedSpec.load(hit)
+            args.trace_cached = str(hit)
+        except PartitaError:  # a damaged cache file (a disk filled mid-write elsewhere): trace again
+            spec = None
+    if spec is None:
         spec = _trace_factory(args)
         cache.store(key, spec.to_json())
     if getattr(args, "save_trace", None):
