@@ -31,3 +31,34 @@ def test_profile_reports_measured_dp_bytes_beside_prediction(tmp_path):
     assert abs(section["ratio_measured_over_predicted"] - 1) <= 0.10, section
     # and it really compressed: far below the uncompressed fp32 gradients
     assert section["measured_gradient_bytes"] < 0.2 * section["predicted_fp32_bytes"]
+
+
+def test_counter_counts_bytes_group_and_async_calls(tmp_path):
+    """The counter on one gloo process: bytes are the sent tensors' (numel x element size), the
+    group comes from a positional or keyword argument, async calls count when they complete,
+    and stop() restores torch.distributed."""
+    code = f"""
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+from partita.profile.wire import CollectiveCounter
+original = dist.all_reduce
+sub = dist.new_group([0])
+c = CollectiveCounter().start()
+c.set_step(2)
+dist.all_reduce(torch.ones(10), dist.ReduceOp.SUM, sub)             # positional group: 40 B
+dist.all_reduce(torch.ones(3, dtype=torch.bfloat16), group=sub, async_op=True).wait()  # 6 B
+out = torch.empty(4)
+dist.all_gather_into_tensor(out, torch.ones(4))                       # world group: 16 B
+c.set_step(1)
+dist.all_reduce(torch.ones(100), group=sub)                           # before first_step: left out
+c.stop()
+assert dist.all_reduce is original
+print(c.per_step((0,), 2))
+dist.destroy_process_group()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = eval(proc.stdout.strip().splitlines()[-1])
+    assert got["all_reduce"]["bytes"] == 46 and got["all_reduce"]["calls"] == 2
+    assert got["all_gather"]["bytes"] == 16 and got["all_reduce"]["steps"] == 1

@@ -21,6 +21,7 @@ counted - they are tensor-parallel, not data-parallel traffic).
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any, Callable
@@ -39,7 +40,7 @@ KIND = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter", "
 #: the argument holding the sent tensor(s), by position and name, per wrapped function
 SENT = {"all_reduce": (0, "tensor"), "reduce_scatter_tensor": (1, "input"), "reduce_scatter": (1, "input_list"),
         "reduce_scatter_single": (1, "input"), "all_gather_into_tensor": (1, "input_tensor"),
-        "all_gather": (1, "tensor"), "all_gather_single": (1, "input"), "broadcast": (0, "tensor"),
+        "all_gather": (1, "tensor"), "all_gather_single": (1, "input_tensor"), "broadcast": (0, "tensor"),
         "all_to_all_single": (1, "input")}
 
 
@@ -90,14 +91,19 @@ class CollectiveCounter:
 
     def _wrap(self, name: str, fn: Callable) -> Callable:
         pos, key = SENT[name]
+        signature = inspect.signature(fn)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            sent = kwargs.get(key, args[pos] if len(args) > pos else None)
-            group = kwargs.get("group", None)
+            try:  # group / async_op may come by position too
+                bound = signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                bound = kwargs
+            sent = bound.get(key, args[pos] if len(args) > pos else None)
+            group = bound.get("group", None)
             ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
             t0, step = time.perf_counter(), self.step
             work = fn(*args, **kwargs)
-            if work is not None and kwargs.get("async_op", False):
+            if work is not None and bound.get("async_op", False):
                 work.get_future().then(lambda fut: self._add(step, name, ranks, sent, t0))
             else:
                 self._add(step, name, ranks, sent, t0)
