@@ -18,10 +18,11 @@ def test_median_error_on_published_runs(published_csv):
     step_err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     mem_err = [abs(estimate(c.model, c.cluster, c.plan).peak_memory_gib - c.measured) / c.measured for c in mem]
     # the measured figures, to the precision the README prints them (one decimal of a
-    # percent): step time median 9.2 %, p90 27.9 %; peak memory median 7.5 % (8.6 % before
-    # the FSDP last-rank phases and the replicated tp norms)
-    assert statistics.median(step_err) < 0.0925
-    assert sorted(step_err)[int(round(0.9 * (len(step_err) - 1)))] < 0.2795
+    # percent): step time median 9.0 %, p90 23.6 % (27.9 % before the Nemotron-340B rows
+    # got their run config's vpp 12: validation.published.ERRATA); peak memory median 7.5 %
+    # (8.6 % before the FSDP last-rank phases and the replicated tp norms)
+    assert statistics.median(step_err) < 0.0905
+    assert sorted(step_err)[int(round(0.9 * (len(step_err) - 1)))] < 0.2365
     assert statistics.median(mem_err) < 0.0755
 
 
@@ -101,7 +102,8 @@ def test_peak_memory_on_the_full_table():
 
 def test_step_time_on_the_full_table():
     """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
-    prints it: 417 step-time rows, median 10.1 %, p90 34.4 %; the 63 mixture-of-experts rows
+    prints it: 417 step-time rows, median 10.1 %, p90 32.0 % (34.4 % before ERRATA gave the
+    Nemotron-340B rows their vpp 12); the 63 mixture-of-experts rows
     13.1 %. Issue 12's calibration-set targets (median <= 8 %, p90 <= 25 %) are NOT met on
     this table; these bounds guard the measured figures. (384 rows and 9.3 % / 33.3 % before
     GB200, the plain-"H100" torchao rows and four more MoE architectures became expressible:
@@ -115,6 +117,17 @@ def test_step_time_on_the_full_table():
     err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     assert len(step) == 417
     assert statistics.median(err) < 0.1015
-    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.345
+    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.3205
     moe = [e for c, e in zip(step, err) if c.model.moe]
     assert len(moe) == 63 and statistics.median(moe) < 0.1315
+
+
+def test_an_erratum_fills_only_a_blank_cell():
+    """ERRATA corrects a cell its source left blank from the run's own config, and never
+    overwrites a stated value."""
+    from partita.validation.published import with_errata
+
+    row = {"model_name": "Nemotron4-340B", "vpp": ""}
+    assert with_errata(row, "dgxc-25.04")["vpp"] == "12"
+    assert with_errata({**row, "vpp": "4"}, "dgxc-25.04")["vpp"] == "4"
+    assert with_errata(row, "dgxc-24.11")["vpp"] == ""

@@ -248,6 +248,26 @@ RUNS_AS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Corrections of a CSV cell, each from the source's own run configuration; applied by
+#: the loader (the shared CSV stays as its sources printed it). (source key, model_name,
+#: column, value, citation).
+ERRATA: tuple[tuple[str, str, str, str, str], ...] = (
+    ("dgxc-25.04", "Nemotron4-340B", "vpp", "12",
+     "NVIDIA/dgxc-benchmarking nemotron/README_340b.md, 'maintain these values ... "
+     "training.model.virtual_pipeline_model_parallel_size=12' (tp 8, pp 8, mbs 1, gbs = nodes x 2, "
+     "the layout of these rows); the v25.04.02 results table prints VP=NA, the run config sets 12"),
+)
+
+
+def with_errata(row: dict, key: str) -> dict:
+    """The row with every :data:`ERRATA` correction for its source and model applied, where
+    the cell is blank (a stated value is never overwritten)."""
+    fixes = {col: value for src, model, col, value, _ in ERRATA if src == key and model == row["model_name"]}
+    if not fixes:
+        return row
+    return {**row, **{col: value for col, value in fixes.items() if not row.get(col, "").strip()}}
+
+
 def runs_as(facts: SourceFacts) -> str:
     """The :mod:`partita.cost.frameworks` name a source's runs are estimated as run by.
 
@@ -392,6 +412,7 @@ def _case(row: dict) -> Case:
     if key is None:
         raise PartitaError("source not in SOURCE_FACTS (add its facts with a citation)")
     facts = SOURCE_FACTS[key]
+    row = with_errata(row, key)
     hw_token = row["hardware"].split()[0]
     if hw_token not in HARDWARE:
         raise PartitaError(f"hardware {hw_token} not in the catalog")
