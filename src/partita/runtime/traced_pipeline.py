@@ -109,7 +109,6 @@ class TracedPipeline:
         rank creates every group, in the same order, as ``new_group`` requires."""
         rank, dp = dist.get_rank(), plan.dp
         self.stage, self.stages, self.replica = rank // dp, plan.pp, rank % dp
-        self.peer = lambda stage: stage * dp + self.replica  # global rank of a stage of this replica
         self.pp_group = self.dp_group = None
         if dp > 1:
             for r in range(dp):
@@ -118,6 +117,10 @@ class TracedPipeline:
             for s in range(plan.pp):
                 group = dist.new_group([s * dp + r for r in range(dp)])
                 self.dp_group = group if s == self.stage else self.dp_group
+
+    def peer(self, stage: int) -> int:
+        """Global rank of ``stage`` of this rank's replica."""
+        return stage * self.plan.dp + self.replica
 
     def _replace_input(self, module, args, kwargs):
         if args:
