@@ -121,14 +121,18 @@ def load_traced(args: argparse.Namespace):
 
 
 def _trace_factory(args: argparse.Namespace):
-    """Build ``--model module:factory`` on the meta device and trace it."""
+    """Build ``--model module:factory`` on the meta device and trace it; ``args.build_s`` keeps
+    the seconds spent importing torch and the model's library and building it (the header
+    shows them beside the trace's own time: on a first run they are most of it)."""
     import json
+    start = time.perf_counter()
 
     import torch
 
     from ..tracing import trace
     with torch.device("meta"):
         built = _factory(args.model)()
+    args.build_s = time.perf_counter() - start
     model, inputs, tp_plan = (tuple(built) + (None, None))[:3] if isinstance(built, tuple) else (built, None, None)
     if not isinstance(model, torch.nn.Module):
         raise PartitaError(f"--model {args.model}: the factory returned {type(model).__name__}, not a torch.nn.Module")
@@ -150,9 +154,12 @@ def _cluster(args: argparse.Namespace):
     return make_cluster(args.hardware, args.devices, args.devices_per_node, parse_overrides(args.overrides))
 
 
-def _header(spec, cluster, gbs: int, seconds: float, cached: str | None = None) -> list[str]:
+def _header(spec, cluster, gbs: int, seconds: float, cached: str | None = None,
+            build_s: float | None = None) -> list[str]:
     units = f"{spec.layers} x {spec.block_class or 'block'}" if spec.blocks else "no repeated blocks"
-    how = f"trace read from the cache {cached} in {seconds:.2f} s" if cached else f"traced in {seconds:.2f} s"
+    how = f"trace read from the cache {cached} in {seconds:.2f} s" if cached else \
+        f"traced in {seconds:.2f} s" + (f" = {build_s:.2f} s importing torch and the model's library and building "
+                                       f"it on meta + {seconds - build_s:.2f} s tracing" if build_s is not None else "")
     return [f"{spec.name} ({how}: {spec.total_params / 1e9:.3g} B parameters, "
             f"{spec.train_flops_per_sample() / 1e12:.3g} TFLOP per sample forward+backward, {units}"
             f"{', pipeline-able' if spec.pipeline else ''}{', TP plan' if spec.tp_capable else ''})",
@@ -186,7 +193,8 @@ def cmd_plan_traced(args: argparse.Namespace) -> int:
         small = result.smallest
         raise PartitaError(f"no plan of {spec.name} fits {result.memory_limit_gib:.1f} GiB per device: the smallest, "
                            f"{small.plan.summary()}, needs {small.peak_memory_gib:.1f} GiB")
-    for line in _header(spec, cluster, gbs, traced_s, getattr(args, "trace_cached", None)):
+    for line in _header(spec, cluster, gbs, traced_s, getattr(args, "trace_cached", None),
+                        getattr(args, "build_s", None)):
         print(line)
     print(f"search: {result.evaluated} plans in {result.search_time_s:.2f} s, {len(result.plans)} shown "
           f"(memory limit {result.memory_limit_gib:.1f} GiB)")
