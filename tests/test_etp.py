@@ -284,6 +284,38 @@ def test_search_picks_etp_where_expert_memory_binds():
     assert runtime.best.step_time_s > result.best.step_time_s
 
 
+def test_published_etp_layouts_are_in_the_search_space():
+    """Every published run whose notes state an expert tensor parallel size (NVIDIA's Grok-1 and
+    Llama-4 Maverick rows: ETP=4 with TP=4; DeepSeek-V3, Llama-4 on GB200: ETP=1) is a layout
+    the search builds: its etp is among the structure's degrees
+    (:func:`partita.search.layouts.expert_tensor_degrees`, the builder's own list) and the plan
+    with it is valid."""
+    import csv
+    import re
+    from pathlib import Path
+    from partita.search.layouts import expert_tensor_degrees
+    from partita.validation.published import load_cases
+    table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"  # the 470-row table
+    stated = {}
+    with open(table) as f:
+        for row in csv.DictReader(f):
+            m = re.search(r"\bETP[ =](\d+)", row["notes"])
+            if m and row["ep"]:
+                stated[(row["model_name"], int(row["n_devices"]), int(row["tp"]), int(row["ep"]))] = int(m.group(1))
+    assert any(etp > 1 for etp in stated.values())
+    cases, _ = load_cases(table)
+    checked = set()
+    for case in cases:
+        p = case.plan
+        etp = stated.get((case.name, case.cluster.world_size, p.tp, p.ep))
+        if etp is None:
+            continue
+        assert etp in expert_tensor_degrees(case.model, SearchSpace(), p.tp, p.dp * p.cp, p.ep), case.name
+        assert not validate(p.with_(etp=etp), case.model, case.cluster.world_size), case.name
+        checked.add((case.name, etp))
+    assert {etp for _, etp in checked} >= {1, 4}, checked
+
+
 def test_runtime_refuses_etp_with_what_is_missing():
     from partita.runtime.parallelize import runtime_check
     with pytest.raises(PartitaError, match=r"^plan not runnable: etp=2: expert tensor parallel is not implemented "
