@@ -268,3 +268,25 @@ def test_powersgd_work_by_hand(fp32_tflops):
     t_mem = 5 * compressed * 4 / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth)
     assert (t_flops > t_mem) == (fp32_tflops < 1)  # each case exercises the branch it names
     assert seconds == pytest.approx(max(t_flops, t_mem), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- fp8 casts
+def test_fp8_casts_of_a_moe_layer_with_a_shared_expert_by_hand():
+    """torchao Float8Linear casts every linear's input and its weight on each forward.
+    tiny-moe (h 64, q 64, k/v 32, o 64, SwiGLU; 4 experts of 64, top-2, 1 shared expert
+    of 64), tp 1, ep 2, 2 x 32 tokens, listed linear by linear:
+    wq, wk, wv read the normed x (64 each), wo the attention output (64); each of the 2
+    routed copies of a token goes through w1 and w3 (64 each) and w2 (64); the shared
+    expert's w1, w3 (64 each) and w2 (64). Weights: q, k, v, o; 3 matrices of 64 x 64
+    for each of the 4 / 2 local experts and for the shared expert."""
+    from partita.cost.compute import fp8_cast_elements
+    from partita.cost.shape import LayerShape
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-moe")
+    shape = LayerShape(tp=1, cp=1, ep=2, mbs=2, seq_len=32, sp=False, dtype="fp8", framework="torchtitan", etp=1)
+    attn = 64 + 64 + 64 + 64
+    routed = 2 * (64 + 64 + 64)
+    shared = 64 + 64 + 64
+    weights = 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 64 * 64 * (4 // 2) + 3 * 64 * 64
+    assert fp8_cast_elements(model, shape, True) == pytest.approx(64 * (attn + routed + shared) + weights, rel=1e-12)
