@@ -9,6 +9,10 @@ costs no memory::
     partita plan --model examples.traced_models:dit_xl --hardware h100-sxm --devices 64 --global-batch 1024
     partita plan --model examples.traced_models:vit_huge --hardware ascend-910b3 --devices 64 --global-batch 4096
 
+The first run imports torch and the model's library (most of its time) and traces; the trace
+is cached on disk (``partita.tracing.cache``), so the same command again plans without
+importing torch (``--no-trace-cache`` traces anew).
+
 The ``tiny_*`` functions build the same architectures small enough to train on a CPU
 (tests/test_trace_runtime.py trains them under ``partita.parallelize``). Config values of
 the full-size models: SD-XL base ``unet/config.json`` (stabilityai/stable-diffusion-xl-base-1.0),
