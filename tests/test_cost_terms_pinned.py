@@ -290,3 +290,33 @@ def test_fp8_casts_of_a_moe_layer_with_a_shared_expert_by_hand():
     shared = 64 + 64 + 64
     weights = 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 64 * 64 * (4 // 2) + 3 * 64 * 64
     assert fp8_cast_elements(model, shape, True) == pytest.approx(64 * (attn + routed + shared) + weights, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- selective recompute
+@pytest.mark.parametrize("q_lora_rank", [1536, 0])
+def test_selective_recompute_share_of_mla_layers_by_hand(q_lora_rank):
+    """Op-level selective checkpointing (torchtitan's "op" SAC, runtime/recompute.py) saves
+    the output of every other matmul in execution order - the 1st, 3rd, ... - and
+    recomputes the others. DeepSeek-V3's MLA attention (h 7168, 128 heads; q: down to 1536
+    then up to 128 x (128 + 64), or without a q LoRA (DeepSeek-V2-Lite's form) one h x
+    128 x 192 matrix; kv: down to 512 + 64 rope dims, up to 128 x (128 + 128)), wo (128 x
+    128 -> h), then the SwiGLU MLP (3 x h x 18432) of a dense layer; per token FLOPs are
+    proportional to the matrix sizes, listed here in execution order. A MoE layer runs the
+    router (h x 256) after wo and its experts (8 routed + 1 shared, 3 x h x 2048 each),
+    many equal matmuls in a row, half of whose FLOPs are recomputed."""
+    import dataclasses
+
+    from partita.cost.compute import selective_gemm_fraction
+    from partita.spec.load import load_model
+
+    base = load_model("deepseek-v3")
+    model = dataclasses.replace(base, name=f"dsv3-q{q_lora_rank}", mla=dataclasses.replace(base.mla, q_lora_rank=q_lora_rank))
+    h, heads = 7168, 128
+    q = [h * 1536, 1536 * heads * 192] if q_lora_rank else [h * heads * 192]
+    attn = q + [h * (512 + 64), 512 * heads * (128 + 128), heads * 128 * h]
+    dense = attn + [h * 18432] * 3
+    assert selective_gemm_fraction(model, False) == pytest.approx(sum(dense[1::2]) / sum(dense), rel=1e-12)
+    moe = attn + [h * 256]
+    experts = 3 * h * 2048 * (8 + 1)
+    assert selective_gemm_fraction(model, True) == pytest.approx((sum(moe[1::2]) + experts / 2) / (sum(moe) + experts),
+                                                                 rel=1e-12)
