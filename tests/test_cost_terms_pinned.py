@@ -320,3 +320,19 @@ def test_selective_recompute_share_of_mla_layers_by_hand(q_lora_rank):
     experts = 3 * h * 2048 * (8 + 1)
     assert selective_gemm_fraction(model, True) == pytest.approx((sum(moe[1::2]) + experts / 2) / (sum(moe) + experts),
                                                                  rel=1e-12)
+
+
+# --------------------------------------------------------------------------- HSDP states
+@pytest.mark.parametrize("dp_shard", [1, 2, 4])
+def test_hsdp_optimizer_state_per_rank_by_hand(dp_shard):
+    """HSDP with ZeRO-1 on dp 4: the Adam state (fp32 master, m, v: 12 bytes per parameter)
+    is sharded within groups of ``dp_shard`` ranks and replicated across them
+    [Rajbhandari et al. 2020 sec. 5.1 within each group; torchtitan dp_shard x
+    dp_replicate]: ``12 P / dp_shard`` per rank - a group of 1 shards nothing."""
+    from partita.cost.memory import estimate_memory
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-llama")
+    plan = Plan(dp=4, dp_shard=dp_shard, zero=1, mbs=1, gbs=4, seq_len=64, dtype="bf16")
+    (rank,) = estimate_memory(model, H100, plan)
+    assert rank.parts["optimizer"] == pytest.approx(12 * model.total_params() / dp_shard, rel=1e-12)
