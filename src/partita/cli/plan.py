@@ -37,9 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
     add_report_arg(p)
     add_trace_args(p)
-    p.add_argument("--grad-knobs", default="", metavar="LIST",
-                   help="gradient communication knobs to try on the best plans: bf16 (grad_dtype), powersgd "
-                        "(zero 0, --powersgd-rank), e.g. bf16,powersgd (docs/compression.md)")
+    p.add_argument("--grad-knobs", default="default", metavar="LIST",
+                   help="gradient communication knobs tried on the best plans: default (bf16 reduction where it "
+                        "saves >= 1%%), lossy (also PowerSGD at --powersgd-rank), none, or a list such as "
+                        "bf16,powersgd (docs/compression.md)")
     p.add_argument("--powersgd-rank", type=positive_int(1024), default=4, help="PowerSGD rank tried (default 4)")
     p.set_defaults(func=cmd_plan)
 
@@ -93,10 +94,8 @@ def export_best(target: str, ranked_all: list, best, model):
 
 def comm_knob_lines(args: argparse.Namespace, result) -> list[str]:
     """Try --grad-knobs on the search's best plans (search/comm_knobs.py); its why-not lines."""
-    from ..search.comm_knobs import KNOBS, try_comm_knobs
-    knobs = tuple(k.strip() for k in (args.grad_knobs or "").split(",") if k.strip())
-    if set(knobs) - set(KNOBS):
-        raise PartitaError(f"--grad-knobs {args.grad_knobs!r}: the knobs are {', '.join(KNOBS)}")
+    from ..search.comm_knobs import parse_grad_knobs, try_comm_knobs
+    knobs = parse_grad_knobs(args.grad_knobs)
     return try_comm_knobs(result, knobs, args.powersgd_rank) if result.plans else []
 
 
@@ -115,7 +114,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if not result.plans:
         raise PartitaError(infeasible_message(result))
-    knob_lines = comm_knob_lines(args, result)  # issue 17: the best plans re-ranked with --grad-knobs
+    knob_lines = comm_knob_lines(args, result)  # issue 17: the best plans re-ranked with --grad-knobs (default: bf16)
     reasons = why_not(result) + knob_lines
     exported, export_note = export_best(args.export, ranked_all, result.best, model) if args.export else (None, None)
     line = comparison(yours, result.best, result.memory_limit_gib) if yours else None
