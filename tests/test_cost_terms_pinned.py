@@ -336,3 +336,27 @@ def test_hsdp_optimizer_state_per_rank_by_hand(dp_shard):
     plan = Plan(dp=4, dp_shard=dp_shard, zero=1, mbs=1, gbs=4, seq_len=64, dtype="bf16")
     (rank,) = estimate_memory(model, H100, plan)
     assert rank.parts["optimizer"] == pytest.approx(12 * model.total_params() / dp_shard, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- context parallel
+def test_ring_attention_hop_across_nodes_by_hand():
+    """Ring attention (Liu et al. 2023; Megatron-Core context parallel) with cp 2: each
+    layer passes its K/V block (``tokens/cp x 2 kv_dim`` bf16 elements) ``cp - 1`` times
+    forward and twice as many bytes backward (dK, dV), the exposed part being what the
+    attention kernel does not hide. Moving the same plan from one node (2 devices) to two
+    nodes (1 device each) changes only the hop: the attention it hides behind cancels in
+    the difference, which is ``3 (cp - 1) (hop_net - hop_node)`` per layer and micro-batch,
+    a hop being ``S / B + alpha`` on the NVLink or the NIC."""
+    from partita.estimate import estimate
+    from partita.spec.hardware import Cluster
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-llama")  # 4 layers, kv_dim 32
+    plan = Plan(cp=2, mbs=1, gbs=1, seq_len=256, dtype="bf16", zero=0)
+    node, net = (estimate(model, Cluster(device=H100, nodes=n, devices_per_node=d), plan).time.parts["cp communication"]
+                 for n, d in ((1, 2), (2, 1)))
+    size = 256 / 2 * 2 * 32 * 2
+    hop_node = size / (H100.intra_gbps * 1e9 * H100.efficiency.intra_node_comm) + H100.intra_latency_us * 1e-6
+    hop_net = size / (H100.inter_gbps * 1e9 * H100.efficiency.inter_node_comm) + H100.inter_latency_us * 1e-6
+    assert node > 0  # the exposed hop is positive in both, so max(0, .) does not clip either
+    assert net - node == pytest.approx(4 * 3 * (2 - 1) * (hop_net - hop_node), rel=1e-9)
