@@ -299,6 +299,13 @@ def _int(value: str, default: int | None = None) -> int | None:
     return int(float(value))
 
 
+def _etp(notes: str) -> int:
+    """The expert tensor parallel size the row's notes state ("ETP=4 (expert tensor parallel)",
+    "ETP 1"); 1 when they state none (the plan default; Megatron's own default would be tp)."""
+    m = re.search(r"\bETP[ =](\d+)", notes)
+    return int(m.group(1)) if m else 1
+
+
 def _precision(notes: str) -> str:
     m = re.match(r"precision=([^;,(]+)", notes)
     text = (m.group(1) if m else "").lower()
@@ -437,8 +444,9 @@ def _case(row: dict) -> Case:
     sp = (sp_text == "y") if sp_text else tp > 1
     split = balanced_split(model.layers, pp * vpp) if model.layers % (pp * vpp) else None
     ep = _int(row.get("ep", ""), 1) or 1  # Megatron: EP carved out of dp x cp (data README)
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, layer_split=split, sp=sp and tp > 1,
-                zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp), dp_shard=_dp_shard(row["zero_stage/fsdp"], dp),
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=_etp(row["notes"]), layer_split=split,
+                sp=sp and tp > 1, zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp),
+                dp_shard=_dp_shard(row["zero_stage/fsdp"], dp),
                 mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=_recompute(row["recompute"]), dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
