@@ -1,11 +1,20 @@
 """Gradient communication knobs on real text (issue 17): tiny-llama, 2 gloo processes,
 the same initialisation and data for every knob; prints final loss vs uncompressed, the
-data-parallel bytes per step (measured from torch.profiler traces, beside the cost
-model's prediction) and the step time side by side, and writes a plotly HTML plot of the
-loss curves.
+data-parallel bytes per step (counted at each collective call from step 2 on, as
+``partita profile`` does - partita.profile.wire - beside the cost model's prediction) and
+the step time side by side, and writes a plotly HTML plot of the loss curves.
 
     python bench/compression.py [--steps 200] [--out bench/compression.html]
     python bench/compression.py --search-speed [--repeats 3]
+    python bench/compression.py --diloco 8,32 [--steps 200]   # needs torchft (pip install torchft)
+
+``--diloco H,...`` runs DiLoCo (Douillard et al. 2023, arXiv:2311.08105: H local AdamW steps,
+then an outer Nesterov-SGD step on the replicas' averaged parameter change) through
+torchft's ``DiLoCo`` on 2 replicas of one process each (gloo, a torchft lighthouse on this
+machine), each replica's inner step being partita's own train step on a dp=1 plan with the
+rows the DDP run's rank of the same index reads; prints final loss vs the per-step DDP
+all-reduce (the ``none`` knob, run first) and the outer all-reduce's bytes per step,
+counted at torchft's ``Manager.allreduce``.
 
 ``--search-speed`` times what the gradient-knob post-pass (partita.search.comm_knobs) adds
 to the layout search on bench/search_speed.py's four scenarios: the search, then the
@@ -50,11 +59,11 @@ BOUNDS = {"bf16": 0.01, "powersgd-r4": 0.05}
 def _worker(tokens: str, steps: int, out: str, knobs: dict) -> None:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
 
     from partita.models.builder import build_named_model
     from partita.plan import Plan
-    from partita.runtime.compression import powersgd_state_numel, trace_collective_bytes
+    from partita.profile.wire import CollectiveCounter, route_builtin_ddp_reduction
+    from partita.runtime.compression import START_ITER
     from partita.runtime.parallelize import parallelize
     from partita.train.data import PackedTokens
 
@@ -66,33 +75,105 @@ def _worker(tokens: str, steps: int, out: str, knobs: dict) -> None:
         data = PackedTokens(tokens, plan.seq_len, seed=0, vocab=256)
         pm = parallelize(build_named_model("tiny-llama", 0), plan,
                          make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, foreach=False))
-        losses, times, per_step = [], [], {}
+        route_builtin_ddp_reduction(pm.modules)  # as partita profile does (profile/wire.py)
+        counter = CollectiveCounter().start()
+        losses, times = [], []
         for step in range(steps):
             x, y = data.rank_batch(step, plan, rank)
-            profiling = step in (10, 11)
-            ctx = profile(activities=[ProfilerActivity.CPU], record_shapes=True) if profiling else None
-            if ctx:
-                ctx.__enter__()
+            counter.set_step(step)
             t0 = time.perf_counter()
             losses.append(pm.train_step(x, y))
             times.append(time.perf_counter() - t0)
-            if ctx:
-                ctx.__exit__(None, None, None)
-                path = Path(out).parent / f"trace_{knob}_{step}_{rank}.json"
-                ctx.export_chrome_trace(str(path))
-                for coll, v in trace_collective_bytes(json.loads(path.read_text())).items():
-                    e = per_step.setdefault(coll, {"bytes": 0.0, "calls": 0.0})
-                    e["bytes"] += v["bytes"] / 2
-                    e["calls"] += v["calls"] / 2
-        state = powersgd_state_numel(pm.compression_state)
-        if state:  # P and Q are all-reduced in future callbacks the profiler does not record
-            per_step["all_reduce"]["bytes"] += 4 * (state["p_memory_dict"] + state["q_memory_dict"])
+        counter.stop()
+        per_step = counter.per_step(tuple(dist.get_process_group_ranks(pm.dp_group)), START_ITER)
         results[knob] = {"plan": plan.to_dict(), "losses": losses, "step_s": times, "per_step": per_step}
         dist.barrier()
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ DiLoCo (torchft)
+#: DiLoCo's outer optimizer as in the paper (section 3: Nesterov momentum 0.9, lr 0.7)
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
+
+
+def _diloco_replica(rid: int, lighthouse: str, tokens: str, steps: int, sync_every: int, queue) -> None:
+    """One DiLoCo replica: partita's dp=1 train step inside torchft's DiLoCo."""
+    import datetime
+    import tempfile as tf
+
+    import torch
+    import torch.distributed as dist
+    from torchft.local_sgd import DiLoCo
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    from partita.models.builder import build_named_model
+    from partita.plan import Plan
+    from partita.runtime.parallelize import parallelize
+    from partita.train.data import PackedTokens
+    dist.init_process_group("gloo", init_method=f"file://{tf.mkdtemp()}/store", rank=0, world_size=1)
+    ddp_plan = Plan.parse(BASE, world_size=2)  # whose rank `rid` rows this replica reads
+    plan = Plan.parse(BASE.replace("dp=2", "dp=1").replace("gbs=8", "gbs=4"), world_size=1)
+    data = PackedTokens(tokens, plan.seq_len, seed=0, vocab=256)
+    pm = parallelize(build_named_model("tiny-llama", 0), plan,
+                     make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, foreach=False))
+    model = pm.modules[0]
+    outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+    store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    sent = {"bytes": 0, "calls": 0}
+    timeout = datetime.timedelta(seconds=120)
+    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=2, use_async_quorum=False,
+                      load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
+                      state_dict=lambda: {"model": model.state_dict()}, replica_id=str(rid),
+                      store_addr="localhost", store_port=store.port, rank=0, world_size=1,
+                      lighthouse_addr=lighthouse, connect_timeout=timeout, quorum_timeout=timeout, timeout=timeout)
+    allreduce = manager.allreduce
+
+    def counted(tensor, *args, **kwargs):
+        sent["bytes"] += tensor.numel() * tensor.element_size()
+        sent["calls"] += 1
+        return allreduce(tensor, *args, **kwargs)
+
+    manager.allreduce = counted
+    losses = []
+    with DiLoCo(manager, [model], pm.optimizer, [outer], sync_every=sync_every,
+                backup_device=torch.device("cpu")):
+        for step in range(steps):
+            x, y = data.rank_batch(step, ddp_plan, rid)
+            losses.append(pm.train_step(x, y))
+    queue.put({"replica": rid, "losses": losses, "outer_steps": manager.current_step(), **sent,
+               "params": [float(p.detach().double().sum()) for p in model.parameters()]})
+    manager.shutdown(wait=False)
+    dist.destroy_process_group()
+
+
+def diloco(tokens: str, steps: int, sync_every: int) -> dict:
+    """Two DiLoCo replicas on this machine; mean loss per step, bytes per step, and whether the
+    replicas hold the same parameters at the end (they do right after an outer step)."""
+    import multiprocessing as mp
+
+    from torchft._torchft import LighthouseServer
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_diloco_replica, args=(r, lighthouse.address(), tokens, steps, sync_every, queue))
+             for r in range(2)]
+    try:
+        for proc in procs:
+            proc.start()
+        got = sorted((queue.get(timeout=1800) for _ in procs), key=lambda r: r["replica"])
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+        lighthouse.shutdown()
+    return {"losses": [(a + b) / 2 for a, b in zip(got[0]["losses"], got[1]["losses"])],
+            "bytes_per_step": got[0]["bytes"] / steps, "outer_steps": got[0]["outer_steps"],
+            "same_params": got[0]["params"] == got[1]["params"]}
 
 
 # ------------------------------------------------------------------ driver
@@ -172,8 +253,11 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--search-speed":
         search_speed(int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--repeats" else 3)
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--diloco":
+        return diloco_main(sys.argv[2], int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--steps" else 200)
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], {**KNOBS, **(EXTRA if sys.argv[5] == "all" else {})})
+        knobs = {"none": ""} if sys.argv[5] == "none" else {**KNOBS, **(EXTRA if sys.argv[5] == "all" else {})}
+        _worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], knobs)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -199,6 +283,38 @@ def main() -> int:
     _plot(results, args.out)
     print(f"plot: {args.out}; wall {time.time() - t0:.0f} s;",
           "uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    return 0
+
+
+def diloco_main(sync_every: str, steps: int) -> int:
+    """``--diloco H,...``: the DDP baseline (knob none) then DiLoCo at each H, side by side."""
+    try:
+        import torchft  # noqa: F401
+    except ImportError:
+        print("--diloco needs torchft (pip install torchft; 0.2.0 runs on CPU with gloo)")
+        return 1
+    from partita.train.data import stdlib_corpus, tokenize_to_file
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    with tempfile.TemporaryDirectory(prefix="partita-diloco-") as tmp:
+        tokens = str(tokenize_to_file(str(stdlib_corpus(Path(tmp) / "corpus.txt")), 256, tmp))
+        out = Path(tmp) / "results.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               f"--log-dir={Path(tmp) / 'logs'}", __file__, "--worker", tokens, str(steps), str(out), "none"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if proc.returncode:
+            print(proc.stdout[-3000:], proc.stderr[-5000:])
+            return 1
+        base = json.loads(out.read_text())["none"]
+        runs = {h: diloco(tokens, steps, h) for h in (int(x) for x in sync_every.split(","))}
+    ddp_final = statistics.fmean(base["losses"][-20:])
+    ddp_bytes = base["per_step"]["all_reduce"]["bytes"] - 8
+    print(f"tiny-llama, {steps} steps on stdlib text, 2 ranks/replicas, AdamW lr {LR}, {BASE}")
+    print(f"{'run':<14}{'final loss':>11}{'vs DDP':>9}{'dp bytes/step':>15}{'outer steps':>12}  replicas equal")
+    print(f"{'DDP (none)':<14}{ddp_final:>11.4f}{0:>+9.2%}{ddp_bytes:>15,.0f}{'-':>12}")
+    for h, r in runs.items():
+        final = statistics.fmean(r["losses"][-20:])
+        print(f"{'DiLoCo H=' + str(h):<14}{final:>11.4f}{final / ddp_final - 1:>+9.2%}{r['bytes_per_step']:>15,.0f}"
+              f"{r['outer_steps']:>12}  {r['same_params']}")
     return 0
 
 
