@@ -27,6 +27,8 @@ import torch
 #: as module patterns relative to one ViTLayer
 VIT_TP_PLAN = {"attention.[qkv]_proj": "colwise", "attention.o_proj": "rowwise",
                "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+#: the same plus the classification head split column-wise, its logits gathered to every rank
+VIT_TP_PLAN_HEAD = {**VIT_TP_PLAN, "classifier": "colwise_rep"}
 
 
 def _unet(batch: int, sample: int, channels: tuple[int, ...], layers: tuple[int, ...], heads: tuple[int, ...],
@@ -107,3 +109,9 @@ def vit_huge(batch: int = 1):
 def tiny_vit(batch: int = 2):
     model, _, plan = _vit(batch, 32, 2, 4, 64, 16, 4, 10)
     return model, (torch.randn(batch, 3, 16, 16),), plan
+
+
+def tiny_vit_tp_head(batch: int = 2):
+    """:func:`tiny_vit` with a TP plan that also splits the classifier (``colwise_rep``)."""
+    model, inputs, _ = tiny_vit(batch)
+    return model, inputs, VIT_TP_PLAN_HEAD

@@ -155,3 +155,28 @@ def test_cli_trace_cache(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "my_models")
     rc, out, err = _cli(argv)
     assert rc == 0 and "(traced in" in out and "2 x Block" in out, out + err
+
+
+@pytest.mark.timeout(120)
+def test_tp_splits_stem_and_head_layers_the_plan_names():
+    """A TP plan naming a layer outside the blocks (the ViT's classifier, ``colwise_rep``) splits
+    its parameters too: at tp=2 the weights term is ``bytes/param x (total - split/2)``, the
+    bytes per parameter read off the tp=1 estimate of the same model; a row-wise layer's bias
+    is not split (tests/test_trace_runtime.py checks the same count against the tensors a
+    tp=2 rank really holds)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.traced_models import tiny_vit_tp_head
+    model, inputs, plan = tiny_vit_tp_head()
+    spec = trace(model, inputs, tp_plan=plan)
+    assert spec.tp_other_params == model.classifier.weight.numel() + model.classifier.bias.numel()
+    rowwise_biases = sum(m.bias.numel() for n, m in model.named_modules() if n.endswith(("o_proj", "fc2")))
+    in_blocks = sum(b.tp_params for b in spec.blocks)
+    assert in_blocks == sum(m.weight.numel() + m.bias.numel() for n, m in model.named_modules()
+                            if n.endswith(("_proj", "fc1", "fc2")) and ".layers." in n) - rowwise_biases
+    cluster = make_cluster("h100-sxm", devices=2)
+    weights = lambda p: estimate(spec, cluster, p).peak_rank.parts["weights"]  # noqa: E731
+    per_param = weights(Plan(dp=2, gbs=4, seq_len=1, zero=0)) / spec.total_params
+    split = in_blocks + spec.tp_other_params
+    assert weights(Plan(tp=2, gbs=4, seq_len=1, zero=0)) == pytest.approx(per_param * (spec.total_params - split / 2))

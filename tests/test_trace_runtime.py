@@ -18,7 +18,8 @@ sys.path.insert(0, str(WORKER.parents[1]))  # examples/
 CASES = [f"{model}:{plan}" for model in ("tiny_vit", "tiny_unet", "tiny_dit")
          for plan in ("dp=2,zero=3,mbs=1,dtype=fp32", "dp=2,zero=3,mbs=1,recompute=full,dtype=fp32")] + \
         ["tiny_vit:dp=2,zero=0,mbs=2,recompute=full,dtype=fp32", "tiny_vit:tp=2,mbs=2,dtype=fp32",
-         "tiny_vit:tp=2,mbs=1,recompute=full,dtype=fp32", "tiny_vit:pp=2,mbs=1,dtype=fp32",
+         "tiny_vit:tp=2,mbs=1,recompute=full,dtype=fp32", "tiny_vit_tp_head:tp=2,mbs=2,dtype=fp32",
+         "tiny_vit:pp=2,mbs=1,dtype=fp32",
          "tiny_dit:pp=2,mbs=2,recompute=full,dtype=fp32"] + \
         ["tiny_vit:auto,dtype=fp32", "tiny_unet:auto,dtype=fp32,recompute=full", "tiny_dit:auto,dtype=fp32,pp=2,mbs=1"]
 #: what the search must pick where the case fixes it (the rest is the search's choice)
@@ -71,6 +72,22 @@ def _check_case(r: dict, case: str) -> None:
     assert r["param_abs_diff"] <= 1e-5, r
     assert r["compared"] >= r["params"], r  # every parameter trained somewhere (pp: on its stage)
     assert AUTO_PICKS.get(case, "") in r["plan"], r
+
+
+@pytest.mark.timeout(650)
+@pytest.mark.parametrize("name", ["tiny_vit", "tiny_vit_tp_head"])
+def test_tp_rank_holds_the_traced_split(results, name):
+    """The parameters a tp=2 rank really holds equal what the trace says the TP plan splits
+    (blocks' linear layers; with ``tiny_vit_tp_head`` also the classifier, outside the blocks)
+    - the figure the cost model's weights term uses (cost/traced.py ``_stage_params``)."""
+    from examples import traced_models
+    from partita.tracing import trace
+    model, inputs, plan = getattr(traced_models, name)()
+    spec = trace(model, inputs, tp_plan=plan)
+    split = sum(b.tp_params for b in spec.blocks) + spec.tp_other_params
+    held = results[next(c for c in CASES if c.startswith(f"{name}:tp=2"))]["held"]
+    assert held == spec.total_params - split // 2
+    assert (spec.tp_other_params > 0) == (name == "tiny_vit_tp_head")
 
 
 @pytest.mark.timeout(60)

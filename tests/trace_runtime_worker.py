@@ -92,11 +92,12 @@ def run_case(case: str) -> dict:
         key = n.removeprefix("module.")
         diff = max(diff, float((_local(p) - ref_params[key].detach()).abs().max()))
         compared += 1
-    stats = torch.tensor([diff, float(compared)])
-    dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
-    dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
-    return {"losses": losses, "reference": ref_losses, "param_abs_diff": float(stats[0]),
-            "compared": int(stats[1]) // (world // plan.pp), "params": len(ref_params), "units": len(pm.units),
+    held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
+    stats = torch.tensor([diff, float(held), float(compared)])
+    dist.all_reduce(stats[:2], op=dist.ReduceOp.MAX)
+    dist.all_reduce(stats[2:], op=dist.ReduceOp.SUM)
+    return {"losses": losses, "reference": ref_losses, "param_abs_diff": float(stats[0]), "held": int(stats[1]),
+            "compared": int(stats[2]) // (world // plan.pp), "params": len(ref_params), "units": len(pm.units),
             "plan": plan.summary()}
 
 

@@ -28,7 +28,10 @@ with the same hardware model and the same conventions:
 * tensor parallel (only where the trace has a TP plan): the plan's linear layers, the
   attention between them and the tensors they save are split ``tp`` ways; each row-wise
   layer's output is all-reduced forward and each column-wise input's gradient backward
-  (same bytes) [Shoeybi et al. 2019, Megatron-LM sec. 3];
+  (same bytes) [Shoeybi et al. 2019, Megatron-LM sec. 3]; layers of the stem or head that
+  the plan names (a classifier ``colwise_rep``) have their parameters split too (known gap:
+  their FLOPs and the all-gather of a replicated output are not split/costed - a head is a
+  small share of a block model's step);
 * pipeline: blocks split over stages (the stem on the first, everything else outside the
   blocks too - a conservative placement), one activation send each way per micro-batch
   (:func:`.comm.send_recv`), stages combined by :func:`.pipeline.pipeline_time`;
@@ -94,8 +97,8 @@ def _scale(spec: TracedSpec, plan: Plan) -> tuple[float, float]:
 def _stage_params(spec: TracedSpec, plan: Plan, blocks: range, first: bool) -> tuple[float, float]:
     """(parameters on one rank of the stage, largest unit's parameters on it)."""
     params = sum(b.params - b.tp_params + b.tp_params / plan.tp for b in (spec.blocks[i] for i in blocks))
-    if first:
-        params += spec.other_params
+    if first:  # the stem and head; the TP plan's layers among them are split like the blocks'
+        params += spec.other_params - spec.tp_other_params + spec.tp_other_params / plan.tp
     unit = max((spec.blocks[i].params for i in blocks), default=0)
     return params, unit
 

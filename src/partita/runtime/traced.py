@@ -59,27 +59,49 @@ def _unit_paths(model: nn.Module) -> tuple[str, ...]:
     return layout.units
 
 
+def _style(kind: str):
+    """A DTensor parallel style from a transformers-style name: ``colwise`` (output features
+    split, output left sharded for a following ``rowwise``), ``rowwise`` (input features split,
+    output all-reduced) [Shoeybi et al. 2019]; ``_rep`` (``colwise_rep``: the output gathered
+    to every rank, for a head whose output leaves the model; ``rowwise_rep``: a replicated
+    input split locally), as transformers' ``ParallelInterface`` names them. None: not a style."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    kind = str(kind).lower()
+    if "colwise" in kind:
+        return ColwiseParallel(output_layouts=Replicate() if "rep" in kind else Shard(-1))
+    if "rowwise" in kind:
+        return RowwiseParallel(input_layouts=Replicate() if "rep" in kind else Shard(-1))
+    return None
+
+
 def apply_tp_plan(model: nn.Module, tp_plan: dict[str, str], tp_mesh) -> int:
-    """Megatron-style tensor parallel of every block from a transformers/torchtitan-style
-    ``tp_plan`` (``colwise``: output features split, ``rowwise``: input features split and
-    the output all-reduced [Shoeybi et al. 2019]); patterns on full paths or relative to a
-    block, as :func:`partita.trace` reads them. Returns the number of layers split."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    """Megatron-style tensor parallel from a transformers/torchtitan-style ``tp_plan``
+    (:func:`_style`): in every block, patterns on full paths or relative to the block, as
+    :func:`partita.trace` reads them; outside the blocks (a stem or head), patterns on full
+    paths. Returns the number of layers split."""
+    from torch.distributed.tensor.parallel import parallelize_module
     count = 0
-    for path in _unit_paths(model):
+    units = _unit_paths(model)
+    for path in units:
         unit = model.get_submodule(path)
         styles = {}
         for rel, _ in unit.named_modules():
-            for pattern, style in tp_plan.items():
+            for pattern, kind in tp_plan.items():
                 if rel and (fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(f"{path}.{rel}", pattern)):
-                    kind = str(style).lower()
-                    if "colwise" in kind or "rowwise" in kind:
-                        styles[rel] = ColwiseParallel() if "colwise" in kind else RowwiseParallel()
+                    styles[rel] = _style(kind) or styles.get(rel)
+        styles = {k: v for k, v in styles.items() if v is not None}
         if styles:
             parallelize_module(unit, tp_mesh, styles)
             count += len(styles)
+    outside = {p: _style(kind) for p, _ in model.named_modules() for pattern, kind in tp_plan.items()
+               if p and not any(p == u or p.startswith(u + ".") for u in units) and fnmatch.fnmatchcase(p, pattern)}
+    outside = {k: v for k, v in outside.items() if v is not None}
+    if outside:
+        parallelize_module(model, tp_mesh, outside)
+        count += len(outside)
     if not count:
-        raise PartitaError(f"the TP plan names no layer of {type(model).__name__}'s blocks ({', '.join(tp_plan)})")
+        raise PartitaError(f"the TP plan names no layer of {type(model).__name__} ({', '.join(tp_plan)})")
     return count
 
 

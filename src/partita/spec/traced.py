@@ -71,6 +71,7 @@ class TracedSpec:
     blocks: tuple[TracedBlock, ...] = ()
     pipeline: bool = False  # the blocks are one sequence in one container that forward runs in order
     tp_plan: tuple[tuple[str, str], ...] = ()  # (module pattern, "colwise" | "rowwise")
+    tp_other_params: int = 0  # parameters outside the blocks that the TP plan splits (a stem's or head's layers)
     modules: tuple[tuple[str, int, float], ...] = ()  # (path, params, forward FLOPs) of the top modules
     source: str = ""
     kind: str = field(default="traced", init=False)

@@ -220,6 +220,15 @@ def _add_replayed(forward: dict, total: dict, attention: dict, path: str, source
     forward[path], total[path] = f, t
 
 
+def _split_params(model: nn.Module, paths: list[str], row: set[str]) -> int:
+    """Parameters a TP plan splits among the modules at ``paths``: all of a column-wise layer's
+    (weight rows and bias), only the weight of a row-wise layer - its bias is added once after
+    the all-reduce and stays whole on every rank (Megatron-LM's RowParallelLinear, torch's
+    ``RowwiseParallel``: bias ``Replicate()``)."""
+    return sum(t.numel() for p in paths for t in model.get_submodule(p).parameters(recurse=False)
+               if p not in row or t.dim() >= 2)
+
+
 def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[TracedBlock, ...]:
     """One :class:`TracedBlock` per unit, in the order forward ran them."""
     params = {p: sum(t.numel() for t in model.get_submodule(p).parameters()) for p in rec.order}
@@ -229,8 +238,7 @@ def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[T
         mine = [(b, s) for owner, b, s in rec.saved.values() if owner == path]
         new_inputs = {k: b for k, b in rec.inputs[path].items() if k not in kept}
         kept.update(new_inputs)
-        tp_params = sum(t.numel() for p in rec.col | rec.row if p.startswith(path + ".")
-                        for t in model.get_submodule(p).parameters())
+        tp_params = _split_params(model, [p for p in rec.col | rec.row if p.startswith(path + ".")], rec.row)
         src = rec.sources.get(path, path)  # a replayed unit's inner modules did not run: its source's did
         tp_flops = sum(fwd.get(p, 0.0) for p in rec.col | rec.row if p.startswith(src + "."))
         tp_flops += rec.attention_flops.get(path, 0.0) if tp_params else 0.0
@@ -306,6 +314,7 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
     top = [(p, sum(t.numel() for t in m.parameters()), fwd.get(p, 0.0)) for p, m in model.named_modules()
            if p and p.count(".") < 2]
     block_cls = type(model.get_submodule(layout.run[0])).__name__ if layout.run else ""
+    outside = [p for p in rec.col | rec.row if not any(p == u or p.startswith(u + ".") for u in layout.units)]
     return TracedSpec(
         name=name or type(model).__name__, batch=batch, dtype=dtype,
         inputs=tuple(tuple(int(d) for d in t.shape) for t in tensors),
@@ -314,5 +323,6 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         saved_bytes=float(sum(b for _, b, _ in rec.saved.values())), block_class=block_cls,
         block_container=layout.container, blocks=units, pipeline=layout.pipeline and len(units) == len(layout.run),
         tp_plan=tuple(sorted((str(k), str(v)) for k, v in (tp_plan or {}).items())), modules=tuple(top),
+        tp_other_params=_split_params(model, outside, rec.row),
         source=f"partita.trace of {type(model).__module__}.{type(model).__qualname__}, inputs "
                f"{[tuple(t.shape) for t in tensors]}")
