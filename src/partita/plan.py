@@ -36,6 +36,18 @@ mbs        micro-batch size in sequences per device
 gbs        global batch in sequences; gradient accumulation ``gbs / (dp * mbs)``
 recompute  none | selective (recompute attention core) | full (store only each
            layer's input) [Korthikanti et al. 2022]
+recompute_layers
+           with recompute full: recompute only the first N layers of every pipeline
+           stage (each virtual chunk with vpp > 1); the others keep their activations as
+           with recompute none. Megatron-LM's ``--recompute-granularity full
+           --recompute-method block --recompute-num-layers N`` (TransformerBlock
+           ``_checkpointed_forward``: ``layer_idx < recompute_num_layers`` of the
+           chunk's own layers is checkpointed). 0 (default): every layer (today's full).
+           An integer, not a fraction: Megatron's flag is a count per chunk, so a count
+           exports and imports exactly; a fraction would round differently per stage of
+           an uneven split. torchtitan's layer-wise AC (``selective_ac_option = "k"``,
+           every k-th block) checkpoints ``floor(L / k)`` blocks of an L-layer stage; the
+           count is what memory and FLOPs depend on, so it maps to that N.
 dtype      bf16 | fp16 | fp8 (GEMMs in fp8, the rest bf16) | fp32
 schedule   1f1b | gpipe | interleaved-1f1b | zero-bubble
 grad_accum_mode
@@ -96,7 +108,8 @@ MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
 GRAD_COMPRESSIONS = ("none", "powersgd")
 _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
-                                         "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron"}
+                                         "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
+                                         "recompute_layers": 0}
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,8 @@ class Plan:
     framework: str = "megatron"
     #: expert tensor parallel (module docstring, ``etp``); 1 keeps every plan's JSON as before
     etp: int = 1
+    #: with recompute full, layers recomputed per stage/chunk (module docstring); 0 = all
+    recompute_layers: int = 0
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -184,7 +199,7 @@ class Plan:
         parts.append(f"z{self.zero}")
         parts.append(f"mbs{self.mbs}x{self.grad_accum}")
         if self.recompute != "none":
-            parts.append(f"rc-{self.recompute}")
+            parts.append(f"rc-{self.recompute}" + (f":{self.recompute_layers}" if self.recompute_layers else ""))
         if 0 < self.dp_shard < self.dp:
             parts.append(f"hsdp{self.dp_shard}")
         if self.grad_accum_mode != "sharded" and self.zero >= 2 and self.grad_accum > 1:
@@ -338,6 +353,11 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.recompute not in RECOMPUTE:
         errs.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got {plan.recompute!r}")
+    if plan.recompute_layers < 0:
+        errs.append(f"recompute_layers must be 0 (all layers) or a positive layer count, got {plan.recompute_layers}")
+    elif plan.recompute_layers and plan.recompute != "full":
+        errs.append(f"recompute_layers={plan.recompute_layers} needs recompute=full (it recomputes that many whole "
+                    f"layers per stage), got recompute={plan.recompute}")
     if plan.dtype not in DTYPES:
         errs.append(f"dtype must be one of {', '.join(DTYPES)}, got {plan.dtype!r}")
     if plan.grad_dtype not in ("fp32", "bf16"):
@@ -451,6 +471,11 @@ def _validate_against_model(plan: Plan, model: Any) -> list[str]:
     elif model.layers % chunks and automatic_split(model.layers, chunks) is None:
         errs.append(f"{model.layers} layers cannot be split over pp*vpp = {plan.pp}*{plan.vpp} = {chunks} stages "
                     f"with at least one layer in every middle stage; use fewer stages")
+    if plan.recompute_layers > 0 and not errs:
+        largest = max(plan.stage_layers(model.layers))
+        if plan.recompute_layers > largest:
+            errs.append(f"recompute_layers={plan.recompute_layers} exceeds the largest pipeline stage/chunk "
+                        f"({largest} layers); use 1 to {largest}, or 0 for every layer")
     if plan.ep > 1:
         if not model.moe:
             errs.append(f"ep={plan.ep} needs a mixture-of-experts model; {model.name} is dense")

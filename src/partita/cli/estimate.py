@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
                      help="sequence parallel (default: on when tp > 1)")
     est.add_argument("--mbs", type=positive_int(MAX_DEGREE), help="micro-batch size")
     est.add_argument("--recompute", choices=["none", "selective", "full"])
+    est.add_argument("--recompute-layers", type=int,
+                     help="with --recompute full: recompute only the first N layers of each pipeline stage/chunk "
+                          "(Megatron --recompute-method block --recompute-num-layers N; default 0: all)")
     est.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"])
     est.add_argument("--layer-split", help="layers per virtual stage, e.g. 9,10,10,9")
     est.add_argument("--tp-comm-overlap", action="store_true",
@@ -97,6 +100,8 @@ def plan_from_flags(args: argparse.Namespace, world_size: int):
     for knob in ("grad_dtype", "grad_compression", "powersgd_rank", "ddp_bucket_mb", "fsdp_prefetch"):
         if getattr(args, knob) is not None:
             fields[knob] = getattr(args, knob)
+    if getattr(args, "recompute_layers", None) is not None:  # only `partita estimate` has the flag
+        fields["recompute_layers"] = args.recompute_layers
     return Plan.from_dict(fields, "plan")
 
 
@@ -107,6 +112,7 @@ def refuse_plan_flags(args: argparse.Namespace) -> None:
         raise PartitaError(f"{source[0]} and {source[1]} both set the plan; give one")
     if source:
         given = [name for name in PLAN_FLAGS if getattr(args, name) not in (None, False)]
+        given += ["recompute_layers"] if getattr(args, "recompute_layers", None) is not None else []
         given += [flag for flag, value in (("global_batch", args.global_batch), ("dtype", args.dtype)) if value]
         if given:
             raise PartitaError(f"{source[0]} already sets the plan; drop "

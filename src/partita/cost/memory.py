@@ -273,20 +273,42 @@ class RankShape:
     edge_moe: tuple[bool, ...]  # MoE flags of its first and last layer (for the transient)
     first: bool
     last: bool
+    #: with ``plan.recompute_layers`` N > 0: how many of the rank's dense / MoE layers are
+    #: the first N of one of its chunks (:func:`recomputed_layers`); 0 otherwise
+    rc_dense: int = 0
+    rc_moe: int = 0
 
 
 def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
     """The :class:`RankShape` of every pipeline rank (memoised per model and split)."""
-    return _rank_shapes(model, plan.pp, plan.stage_layers(model.layers))
+    return _rank_shapes(model, plan.pp, plan.stage_layers(model.layers), plan.recompute_layers)
+
+
+def recomputed_layers(layers: int, pp: int, split: tuple[int, ...], n: int) -> tuple[tuple[int, ...], ...]:
+    """Layer indices each pipeline rank recomputes when only ``n`` layers per stage are
+    (``plan.recompute_layers``): the first ``min(n, len)`` layers of every virtual chunk
+    (``split`` entry) the rank runs. Megatron-LM's block method, TransformerBlock
+    ``_checkpointed_forward``: ``for layer_idx in range(num_layers_per_pipeline_rank):
+    if layer_idx < recompute_num_layers: checkpoint(layer) else: layer(...)``, where the
+    block is one model chunk (with vpp, one virtual stage) - so the first N of each."""
+    out: list[list[int]] = [[] for _ in range(pp)]
+    start = 0
+    for j, size in enumerate(split):
+        out[j % pp].extend(range(start, start + min(n, size)))
+        start += size
+    return tuple(tuple(ids) for ids in out)
 
 
 @memoised
-def _rank_shapes(model: ModelSpec, pp: int, split: tuple[int, ...]) -> tuple[RankShape, ...]:
+def _rank_shapes(model: ModelSpec, pp: int, split: tuple[int, ...], rc_layers: int = 0) -> tuple[RankShape, ...]:
     flags = model.moe_flags
     out = []
+    rc = recomputed_layers(model.layers, pp, split, rc_layers) if rc_layers else ((),) * pp
     for r, ids in enumerate(all_rank_layers(model.layers, pp, split)):
         edges = tuple(flags[i] for i in sorted({ids[0], ids[-1]})) if ids else ()
-        out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == pp - 1))
+        rc_moe = sum(flags[i] for i in rc[r])
+        out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == pp - 1,
+                             len(rc[r]) - rc_moe, rc_moe))
     return tuple(out)
 
 
@@ -362,12 +384,34 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
     """Activation bytes one in-flight model chunk of this rank keeps (``recompute``
     overrides the plan's mode)."""
     n_dense = shape.n_layers - shape.n_moe
-    per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False, recompute)
-                 + (shape.n_moe * activation_bytes_per_layer(model, plan, True, recompute) if shape.n_moe else 0.0)) / plan.vpp
+    mode = recompute or plan.recompute
+    if mode == "full" and plan.recompute_layers:
+        per_chunk = _partial_layers(model, plan, shape) / plan.vpp
+    else:
+        per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False, mode)
+                     + (shape.n_moe * activation_bytes_per_layer(model, plan, True, mode) if shape.n_moe else 0.0)
+                     ) / plan.vpp
     if shape.first:
         tokens = plan.mbs * plan.seq_len / plan.cp
         per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output
     return per_chunk
+
+
+def _partial_layers(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """Activation bytes all of a rank's layers keep per micro-batch when only
+    ``plan.recompute_layers`` of each chunk are recomputed: those (``shape.rc_dense`` /
+    ``rc_moe``, :func:`recomputed_layers`) keep their input only (the full-recompute
+    count of :func:`activation_bytes`), the others everything (recompute none). Linear
+    in N: each recomputed layer saves ``A_none - A_full`` [Korthikanti et al. 2022,
+    sec. 4.1: ``sbh(34 + 5as/h)`` vs ``2sbh`` per layer]. With vpp the rank's in-flight
+    chunks are counted as the average of its chunks (as for every mode)."""
+    n_dense = shape.n_layers - shape.n_moe
+    total = 0.0
+    for moe, n, rc in ((False, n_dense, shape.rc_dense), (True, shape.n_moe, shape.rc_moe)):
+        if n:
+            total += rc * activation_bytes_per_layer(model, plan, moe, "full")
+            total += (n - rc) * activation_bytes_per_layer(model, plan, moe, "none")
+    return total
 
 
 def _layer_working(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
@@ -507,14 +551,15 @@ def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape,
     """(first rank, shape, number of ranks) for each distinct rank shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
     rank (see :func:`.pipeline.in_flight_chunks`), so the first is the most loaded."""
-    return _distinct_shapes(model, plan.pp, plan.stage_layers(model.layers))
+    return _distinct_shapes(model, plan.pp, plan.stage_layers(model.layers), plan.recompute_layers)
 
 
 @memoised
-def _distinct_shapes(model: ModelSpec, pp: int, split: tuple[int, ...]) -> tuple[tuple[int, RankShape, int], ...]:
+def _distinct_shapes(model: ModelSpec, pp: int, split: tuple[int, ...],
+                     rc_layers: int = 0) -> tuple[tuple[int, RankShape, int], ...]:
     first: dict[RankShape, int] = {}
     count: dict[RankShape, int] = {}
-    for r, shape in enumerate(_rank_shapes(model, pp, split)):
+    for r, shape in enumerate(_rank_shapes(model, pp, split, rc_layers)):
         first.setdefault(shape, r)
         count[shape] = count.get(shape, 0) + 1
     return tuple((r, shape, count[shape]) for shape, r in first.items())

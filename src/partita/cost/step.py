@@ -290,7 +290,25 @@ def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShap
     n_moe = shape.n_moe
     n_dense = shape.n_layers - n_moe
     first, last = shape.first, shape.last
+    if plan.recompute == "full" and plan.recompute_layers:
+        return _partial_terms(model, cluster, plan, shape, kinds)
     return StageTerms(*(n_dense * d + n_moe * m + first * f + last * o + c for d, m, f, o, c in zip(*kinds)))
+
+
+def _partial_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape, full: TermsByKind) -> StageTerms:
+    """A rank's terms when only ``plan.recompute_layers`` layers of each chunk are
+    recomputed (Megatron-LM ``--recompute-method block``): those layers (``shape.rc_dense``
+    / ``rc_moe``, :func:`.memory.recomputed_layers`) cost what a full-recompute layer does
+    (one more forward, its tp/cp/ep exchanges again, the framework's recompute time), the
+    others what a layer without recompute does. Every term is per layer, so the rank's
+    total is ``rc * full + (n - rc) * none`` per kind of layer; the ends and the per-stage
+    constant do not depend on recompute."""
+    none, _ = stage_terms(model, cluster, plan.with_(recompute="none", recompute_layers=0))
+    n_moe, rc_d, rc_m = shape.n_moe, shape.rc_dense, shape.rc_moe
+    n_dense = shape.n_layers - n_moe
+    first, last = shape.first, shape.last
+    return StageTerms(*(rc_d * d + (n_dense - rc_d) * dn + rc_m * m + (n_moe - rc_m) * mn + first * f + last * o + c
+                        for d, m, f, o, c, dn, mn in zip(*full, none.dense, none.moe)))
 
 
 def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape: RankShape) -> StageTime:
@@ -418,7 +436,7 @@ def zero2_accumulation_floor(model: ModelSpec, cluster: Cluster, plan: Plan) -> 
         return 0.0
     dev, dpn = cluster.device, cluster.devices_per_node
     span, espan, rspan = shard_span(plan, dpn), expert_dp_span(plan, dpn), replica_span(plan, dpn)
-    widest = plan.with_(recompute="full")
+    widest = plan.with_(recompute="full", recompute_layers=0)
     worst = 0.0
     for _, shape, _ in distinct_shapes(model, plan):
         dense, expert = _shape_params(model, plan, shape)
@@ -434,7 +452,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     seen: dict[tuple, StageTime] = {}
     shapes = rank_shapes(model, plan)
     for r, shape in enumerate(shapes):
-        key = (shape.n_layers, shape.n_moe, shape.first, shape.last)
+        key = (shape.n_layers, shape.n_moe, shape.first, shape.last, shape.rc_dense, shape.rc_moe)
         if key not in seen:
             seen[key] = _stage_time(model, cluster, plan, r, shape)
         st = seen[key]
@@ -457,7 +475,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
     done: set[tuple] = set()
     for st in stages:
         shape = shapes[st.rank]
-        key = (shape.n_layers, shape.n_moe, shape.first, shape.last)
+        key = (shape.n_layers, shape.n_moe, shape.first, shape.last, shape.rc_dense, shape.rc_moe)
         if key in done:
             continue
         done.add(key)

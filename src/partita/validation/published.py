@@ -337,11 +337,50 @@ def _dp_shard(text: str, dp: int) -> int:
 
 def _recompute(text: str) -> str:
     t = text.lower()
-    if t.startswith("full"):
+    if t.startswith("full") or _layer_ac_every(t):
         return "full"
     if t.startswith("selective"):
         return "selective"
     return "none"
+
+
+_ORDINAL = {"2nd": 2, "second": 2, "other": 2, "3rd": 3, "third": 3}
+
+
+def _layer_ac_every(text: str) -> int:
+    """k of torchtitan's layer-wise AC stated as "per-layer AC, every 2nd layer" (0: not
+    stated). torchtitan's ``selective_ac_option = "k"`` wraps a block in the full-AC
+    checkpoint wrapper when its running count (from 1, in apply order) is a multiple of
+    k (torchtitan/models/llama3/parallelize.py ``_apply_ac_to_transformer_block``,
+    ``ptd_checkpoint_wrapper._count % ac_freq == 0``; torchtitan docs, "activation
+    checkpointing": "selective_ac_option = '2' # 'int' = ac every positive int layer"):
+    whole blocks, so partita reads it as full recompute of some layers."""
+    m = re.search(r"per-layer ac,? every (\d+)(?:st|nd|rd|th)?\b|per-layer ac,? every (second|other|third)\b", text.lower())
+    if not m:
+        return 0
+    return int(m.group(1)) if m.group(1) else _ORDINAL[m.group(2)]
+
+
+def _recompute_layers(text: str, metric: str, stage_layers: int) -> int:
+    """Layers per stage a row recomputes when it states only some (0: all or none).
+
+    * torchtitan layer-wise AC every k-th block (:func:`_layer_ac_every`): the blocks
+      counted ``k, 2k, ...`` of a stage's ``L``: ``floor(L / k)``.
+    * MindFormers "full on [a, b, ...] layers per pipeline stage": a count per stage,
+      which one ``recompute_layers`` cannot hold; the single N chosen errs on the safe
+      side of the row's figure - for a step time the largest (no stage is given less
+      recompute than it ran), for a memory figure the smallest (no stage keeps fewer
+      activations than it did; 0 there means none)."""
+    t = text.lower()
+    every = _layer_ac_every(t)
+    if every:
+        return stage_layers // every
+    m = re.match(r"full on \[([\d,\s]+)\] layers per pipeline stage", t)
+    if not m:
+        return 0
+    counts = [int(c) for c in m.group(1).replace(",", " ").split()]
+    n = min(counts) if "mem" in metric.lower() else max(counts)
+    return min(n, stage_layers) if n else -1  # -1: the row recomputes no layer of some stage
 
 
 def _moe_model(row: dict) -> ModelSpec:
@@ -444,11 +483,15 @@ def _case(row: dict) -> Case:
     sp = (sp_text == "y") if sp_text else tp > 1
     split = balanced_split(model.layers, pp * vpp) if model.layers % (pp * vpp) else None
     ep = _int(row.get("ep", ""), 1) or 1  # Megatron: EP carved out of dp x cp (data README)
+    recompute = _recompute(row["recompute"])
+    rc_layers = _recompute_layers(row["recompute"], row["measured_metric"], max(split or (model.layers // (pp * vpp),)))
+    if rc_layers < 0:
+        recompute, rc_layers = "none", 0
     plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=_etp(row["notes"]), layer_split=split,
                 sp=sp and tp > 1, zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp),
                 dp_shard=_dp_shard(row["zero_stage/fsdp"], dp),
                 mbs=mbs, gbs=gbs, seq_len=seq,
-                recompute=_recompute(row["recompute"]), dtype=_precision(row["notes"]),
+                recompute=recompute, recompute_layers=rc_layers, dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
                 framework=runs_as(facts))
