@@ -202,18 +202,21 @@ MUTANTS: list[tuple[str, str, str, str]] = [
 EQUIVALENT: dict[str, str] = {}
 
 #: Automatic mutants that cannot change any result: (file, stripped source line of the
-#: site, change as printed) -> why. Keyed by the line's text, not its number, so an entry
-#: survives edits elsewhere in the file; an entry whose line is gone simply stops matching.
-EQUIVALENT_AUTO: dict[tuple[str, str, str], str] = {
-    ("step.py", "cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0)) -> StageTerms:", "0.0 -> 1.0"):
+#: site, n-th site on that line (0-based, walk order; printed as ``file:line.n``), change
+#: as printed) -> why. Keyed by the line's text, not its number, so an entry survives
+#: edits elsewhere in the file; an entry whose line is gone simply stops matching.
+EQUIVALENT_AUTO: dict[tuple[str, str, int, str], str] = {
+    ("step.py", "cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0)) -> StageTerms:", 0, "0.0 -> 1.0"):
         "a default argument no caller uses: both calls of _layer_terms pass skipped",
-    ("shape.py", "etp: int = 1) -> CollectiveSpans:", "1 -> 2"):
+    ("shape.py", "etp: int = 1) -> CollectiveSpans:", 0, "1 -> 2"):
         "a default argument no caller uses: collective_spans is always called with plan.etp",
-    ("memory.py", 'best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,', "1.0 -> 2.0"):
+    ("shape.py", 'group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1))', 1, "1 -> 2"):
+        "the etp span of an etp-1 plan: step.py reads spans.etp only under layer.etp > 1",
+    ("memory.py", 'best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,', 1, "1.0 -> 2.0"):
         "unreachable: the branch runs only when held > best['held'] >= 0, so held is never 0 there",
-    ("compression.py", "if count.gemm_flops <= 0:", "0 -> 1"):
+    ("compression.py", "if count.gemm_flops <= 0:", 0, "0 -> 1"):
         "gemm_flops is 0 or at least 6 (4 n m r + 2 n r^2 with n, m, r >= 1 per compressed matrix)",
-    ("compression.py", "return 1.0", "1.0 -> 2.0"):
+    ("compression.py", "return 1.0", 0, "1.0 -> 2.0"):
         "in wire_fraction, which nothing in src/, tests/ or bench/ calls (dead code; reduce_terms is used)",
 }
 
@@ -344,10 +347,14 @@ def _lines(path: Path) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def _first_index_on_line(path: Path, line: int) -> int:
+def _all_sites(path: Path) -> tuple[tuple[str, int, int], ...]:
     walker = _Sites()
     walker.visit(ast.parse(path.read_text()))
-    return min(index for _, ln, index in walker.sites if ln == line)
+    return tuple(walker.sites)
+
+
+def _first_index_on_line(path: Path, line: int) -> int:
+    return min(index for _, ln, index in _all_sites(path) if ln == line)
 
 
 def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
@@ -365,8 +372,9 @@ def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
         walker = _Walker(index)
         walker.visit(tree)
         line_text = text.splitlines()[line - 1].strip() if line else ""
-        why = EQUIVALENT_AUTO.get((rel.name, line_text, walker.done), "")
-        out.append(Mutant(f"{rel.name}:{line} {kind} {walker.done}  [{line_text}]", rel, ast.unparse(tree) + "\n", why))
+        nth = sum(1 for _, ln, i in _all_sites(root / rel) if ln == line and i < index)  # sites before it on its line
+        why = EQUIVALENT_AUTO.get((rel.name, line_text, nth, walker.done), "")
+        out.append(Mutant(f"{rel.name}:{line}.{nth} {kind} {walker.done}  [{line_text}]", rel, ast.unparse(tree) + "\n", why))
     return out
 
 
