@@ -46,7 +46,8 @@ REFUSED = {
                   "70b-tp8-pp4-vpp5": DS_VPP, "70b-pp2-split": DS_SPLIT, "405b-split-cp2": DS_SPLIT,
                   "405b-split-mid": DS_SPLIT, "8x22b-pp4-ep8-full": DS_EP, "8x22b-ep8-z0": DS_EP, "8x22b-ep8-z1": DS_EP,
                   "8x22b-tp2-ep4-z3": DS_EP, "8x22b-tp4-ep8-etp4": DS_EP, "8x7b-pp4-vpp4-ep4": DS_VPP, "dsv3-split-ep64": DS_SPLIT,
-                  "dsv3-ep8-z1-sel": DS_SPLIT, "405b-auto-pp16": DS_SPLIT, "dsv3-auto-pp8-vpp2": DS_SPLIT},
+                  "dsv3-ep8-z1-sel": DS_SPLIT, "405b-auto-pp16": DS_SPLIT, "dsv3-auto-pp8-vpp2": DS_SPLIT,
+                  "8b-pp4-vpp2-full-rl2": DS_VPP, "8x7b-pp4-ep4-full-rl3": DS_EP},
     "torchtitan": {"8b-dp8-z3-fp16-full": TT_FP16, "8b-dp8-z0-fp16": TT_FP16, "8b-tp2-pp2-fp16-full": TT_FP16,
                    "175b-pp12-fp16": TT_FP16,
                    "405b-split-mid": "layer_split 7,8,8,8,8,8,8,7,9,8,8,8,8,8,8,7: torchtitan expresses uneven splits "
@@ -115,6 +116,9 @@ def _check_megatron_namespace(ns, env, plan, model):
     else:
         assert ns.pipeline_model_parallel_layout is None and ns.num_layers_per_virtual_pipeline_stage is None
     assert ns.recompute_granularity == (None if plan.recompute == "none" else plan.recompute)
+    if plan.recompute == "full":  # block: the first N layers of each chunk; uniform 1: every layer on its own
+        assert (ns.recompute_method, ns.recompute_num_layers) == (
+            ("block", plan.recompute_layers) if plan.recompute_layers else ("uniform", 1))
     assert (ns.bf16, ns.fp16, ns.fp8 is not None) == (plan.dtype in ("bf16", "fp8"), plan.dtype == "fp16",
                                                       plan.dtype == "fp8")
     # validate_args core_v0.16.1 l.597-601: overlap-param-gather needs the distributed optimizer
@@ -273,7 +277,10 @@ def _expected(target, plan, model):
     split = plan.layer_split if target in ("megatron", "mindspeed") or (plan.layer_split and len(
         set(plan.layer_split)) > 1) else None
     etp = plan.etp if target in ("megatron", "mindspeed") else 1  # torchtitan/DeepSpeed: no etp (warned)
+    # torchtitan 0.3.0 / ds_config have no per-layer count (warned): they recompute every layer
+    rc_layers = plan.recompute_layers if target in ("megatron", "mindspeed") else 0
     return dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, etp=etp, zero=zero,
+                recompute_layers=rc_layers,
                 mbs=plan.mbs, gbs=plan.gbs, seq_len=plan.seq_len, recompute=recompute, dtype=dtype, layer_split=split,
                 sp=plan.sp and plan.tp > 1 and target != "deepspeed")  # AutoTP: no sequence parallel
 

@@ -52,4 +52,12 @@ MATRIX = [
     ("405b-auto-pp16", "llama3-405b", Plan(dp=8, tp=8, pp=16, sp=True, zero=1, mbs=1, gbs=1024, seq_len=8192)),
     ("dsv3-auto-pp8-vpp2", "deepseek-v3", Plan(dp=16, tp=2, pp=8, vpp=2, ep=8, sp=True, zero=1, mbs=1, gbs=512,
                                                seq_len=4096, schedule="interleaved-1f1b")),
+    # partial recompute (recompute_layers, issue 12): Megatron's block method, first N layers of each stage /
+    # virtual chunk; dense pp, interleaved (4-layer chunks) and MoE
+    ("8b-tp2-pp2-full-rl4", L8, Plan(dp=2, tp=2, pp=2, sp=True, zero=1, mbs=1, gbs=16, seq_len=8192, recompute="full",
+                                     recompute_layers=4)),
+    ("8b-pp4-vpp2-full-rl2", L8, Plan(dp=2, pp=4, vpp=2, zero=1, mbs=1, gbs=32, recompute="full", recompute_layers=2,
+                                      schedule="interleaved-1f1b")),
+    ("8x7b-pp4-ep4-full-rl3", "mixtral-8x7b", Plan(dp=4, pp=4, ep=4, zero=1, mbs=1, gbs=64, seq_len=4096,
+                                                   recompute="full", recompute_layers=3)),
 ]

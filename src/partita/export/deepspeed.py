@@ -91,7 +91,9 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
         warn.append(f"recompute={plan.recompute}: DeepSpeed checkpoints what the model code wraps with "
                     "deepspeed.checkpointing.checkpoint; wrap every block"
-                    + (" (whole-block, i.e. full recompute; no op-level selective policy)" if plan.recompute == "selective" else ""))
+                    + (" (whole-block, i.e. full recompute; no op-level selective policy)" if plan.recompute == "selective" else "")
+                    + (f"; wrap only the first {plan.recompute_layers} blocks of each pipeline stage as planned "
+                       "(recompute_layers; ds_config has no per-layer count)" if plan.recompute_layers else ""))
     if plan.pp > 1:
         cfg["pipeline"] = {"stages": plan.pp, "partition": "uniform"}
         warn.append(f"pp={plan.pp}: DeepSpeed takes the pipeline degree from PipelineModule(num_stages={plan.pp}, "

@@ -42,6 +42,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     p.add_argument("--recompute-granularity", default=None)
+    p.add_argument("--recompute-method", default=None)
+    p.add_argument("--recompute-num-layers", type=int, default=None)
     p.add_argument("--fp8-format", default=None)
     return p
 
@@ -76,10 +78,15 @@ def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = No
     # --expert-tensor-parallel-size absent means etp = tp in Megatron (arguments.py core_v0.16.1);
     # it matters only to a MoE run, known here by ep > 1
     etp = ns.expert_tensor_parallel_size or (tp if ep > 1 else 1)
+    # full + block: only the first N layers of each chunk (plan.recompute_layers); full +
+    # uniform recomputes every layer (groups of N share one checkpoint: still all layers)
+    rc_layers = 0
+    if ns.recompute_granularity == "full" and ns.recompute_method == "block" and ns.recompute_num_layers:
+        rc_layers = ns.recompute_num_layers
     return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, sp=ns.sequence_parallel,
                 zero=zero, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or ns.micro_batch_size * dp,
                 seq_len=ns.seq_length, recompute=ns.recompute_granularity or "none", dtype=dtype,
-                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,
+                recompute_layers=rc_layers, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,
                 tp_comm_overlap=ns.tp_comm_overlap, overlap_grad_reduce=ns.overlap_grad_reduce,
                 overlap_param_gather=ns.overlap_param_gather)
 

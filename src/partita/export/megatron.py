@@ -67,7 +67,12 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
     if plan.sp and plan.tp > 1:
         add(["--sequence-parallel"])
     add(["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.gbs), "--seq-length", str(plan.seq_len)])
-    if plan.recompute == "full":
+    if plan.recompute == "full" and plan.recompute_layers:
+        # only the first N layers of each stage/chunk: the block method
+        # (transformer_block.py _checkpointed_forward: layer_idx < recompute_num_layers)
+        add(["--recompute-granularity", "full", "--recompute-method", "block",
+             "--recompute-num-layers", str(plan.recompute_layers)])
+    elif plan.recompute == "full":
         add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
     elif plan.recompute == "selective":
         modules = ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])

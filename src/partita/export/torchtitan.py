@@ -120,6 +120,13 @@ def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, l
         warn.append("dtype=fp8: enable torchtitan's float8 converter in your config (e.g. --module llama3 "
                     "--config llama3_debugmodel_float8); not a parallelism/training field")
     ac = plan.recompute
+    if plan.recompute_layers:
+        # 0.3.0's AC subcommands are none | selective (per-op SAC) | full | memory-budget
+        # (distributed/activation_checkpoint.py ActivationCheckpointingConfig); the layer-wise
+        # selective_ac_option = "k" of earlier releases is gone, so no frequency can match
+        warn.append(f"recompute_layers={plan.recompute_layers}: torchtitan 0.3.0 has no layer-wise activation "
+                    "checkpointing (selective_ac_option was removed); emitted full AC on every block: less "
+                    "activation memory and more recompute than planned")
     if ac == "selective":
         warn.append("recompute=selective: torchtitan's SelectiveAC saves its own op list (op-level), "
                     "close to partita's selective estimate")
