@@ -360,3 +360,92 @@ def test_ring_attention_hop_across_nodes_by_hand():
     hop_net = size / (H100.inter_gbps * 1e9 * H100.efficiency.inter_node_comm) + H100.inter_latency_us * 1e-6
     assert node > 0  # the exposed hop is positive in both, so max(0, .) does not clip either
     assert net - node == pytest.approx(4 * 3 * (2 - 1) * (hop_net - hop_node), rel=1e-9)
+
+
+# --------------------------------------------------------------------------- more hand cases
+def _gpt(**kw):
+    """Korthikanti et al.'s GPT block: MHA, GeLU MLP of 4h, LayerNorm, dropout."""
+    from partita.spec.model import ModelSpec
+
+    args = dict(name="gpt-hand", hidden=1024, layers=8, heads=16, kv_heads=16, ffn_hidden=4096, vocab=1000,
+                activation="gelu", norm="layernorm", dropout=True)
+    return ModelSpec(**{**args, **kw})
+
+
+def test_selective_recompute_share_of_a_gelu_layer_by_hand():
+    """Every-other-matmul SAC on a GeLU (two-matrix) MLP layer: wq, wk, wv, wo, w1, w2 in
+    execution order (h x h each for attention, h x 4h each for the MLP), the 2nd, 4th and
+    6th recomputed: ``(h^2 + h^2 + 4h^2) / (4 h^2 + 8 h^2) = 1/2``."""
+    from partita.cost.compute import selective_gemm_fraction
+
+    assert selective_gemm_fraction(_gpt(), False) == pytest.approx(6 / 12, rel=1e-12)
+
+
+def test_partial_recompute_keeps_inputs_of_the_first_n_layers_by_hand():
+    """Megatron's block recompute of the first N layers of a stage (``--recompute-method
+    block --recompute-num-layers N``): those N layers keep only their input (``2 sbh``
+    bytes in 16 bits), the others everything - for this GPT block with flash attention
+    ``34 sbh`` plus the fp32 log-sum-exp, ``4 s b a`` [Korthikanti et al. 2022, eq. 1
+    without the score terms]. 8 layers, one stage, N = 3: compared with no recompute the
+    activations drop by exactly ``3 (34 sbh + 4 sba - 2 sbh)``."""
+    from partita.cost.memory import estimate_memory
+
+    model = _gpt()
+    s, b, h, a = 512, 2, 1024, 16
+    base = Plan(mbs=b, gbs=b, seq_len=s, dtype="bf16", zero=0)
+    none = estimate_memory(model, H100, base)[0].parts["activations"]
+    part = estimate_memory(model, H100, base.with_(recompute="full", recompute_layers=3))[0].parts["activations"]
+    assert none - part == pytest.approx(3 * (34 * s * b * h + 4 * s * b * a - 2 * s * b * h), abs=1e-3)
+
+
+def test_no_data_parallel_reduction_sends_nothing():
+    """dp x cp = 1: there is no gradient reduction, so no bytes are held for it or sent."""
+    from partita.cost.memory import dp_gradient_bytes
+    from partita.spec.load import load_model
+
+    got = dp_gradient_bytes(load_model("tiny-llama"), Plan(dp=1, mbs=1, gbs=1, seq_len=64, zero=0))
+    assert got["held"] == 0 and got["wire"] == 0 and got["state"] == 0
+
+
+def test_powersgd_wire_count_of_a_moe_layer_with_a_shared_expert_by_hand():
+    """PowerSGD rank 4 on tiny-moe (h 64, q 64, k/v 32, o 64; 4 SwiGLU experts of 64, a
+    router 4 x 64, 1 shared SwiGLU expert of 64), dp 2, ep 1: per layer the matrices as
+    nn.Linear stores them (out x in) - wq 64x64, wk/wv 32x64, wo 64x64, per expert w1/w3
+    64x64 and w2 64x64, the router 4x64, the shared expert's w1/w3 64x64 and w2 64x64 -
+    plus the 256 x 64 embedding and output layer. Compressed when ``2 r (n + m) < n m``
+    (torch's rule; the router's 4 x 64 is sent whole), each as ``r (n + m)`` elements."""
+    from partita.cost.compression import wire_count
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-moe")
+    r = 4
+    layer = [(64, 64), (32, 64), (32, 64), (64, 64)] + [(64, 64)] * (3 * 4) + [(4, 64)] + [(64, 64)] * 3
+    mats = layer * model.layers + [(256, 64), (256, 64)]
+    sent = compressed = 0
+    for n, m in mats:
+        if 2 * min(n, m, r) * (n + m) < n * m:
+            sent += min(n, m, r) * (n + m)
+            compressed += n * m
+    total = model.total_params()
+    plan = Plan(dp=2, zero=0, mbs=1, gbs=2, seq_len=64, dtype="fp32", grad_compression="powersgd", powersgd_rank=r)
+    c = wire_count(model, plan, total, model.layers, model.layers)
+    assert c.compressed_elements == compressed
+    assert c.wire_elements == sent + total - compressed
+
+
+def test_fp8_casts_and_early_stop_gemm_of_a_gelu_layer_by_hand():
+    """A GeLU MLP has two matrices. fp8 casts (torchao Float8Linear): per token wq, wk, wv
+    read x (h each), wo the attention output (h), w1 x (h), w2 the 4h activation; weights
+    4 h^2 + 2 x 4 h^2. The GEMM a checkpoint that stops early never reruns is w2's:
+    ``2 x tokens x 4h x h`` FLOPs, timed as one GEMM of that size on the GEMM-size curve."""
+    from partita.cost.compute import fp8_cast_elements, last_gemm
+    from partita.cost.shape import LayerShape
+
+    model, h, tokens = _gpt(), 1024, 2 * 512
+    fp8 = LayerShape(tp=1, cp=1, ep=1, mbs=2, seq_len=512, sp=False, dtype="fp8", framework="torchtitan")
+    per_token = 3 * h + h + h + 4 * h
+    assert fp8_cast_elements(model, fp8, False) == pytest.approx(tokens * per_token + 4 * h * h + 8 * h * h, rel=1e-12)
+    bf16 = fp8._replace(dtype="bf16")
+    flops, seconds = last_gemm(model, H100, bf16, False)
+    assert flops == pytest.approx(2 * tokens * 4 * h * h, rel=1e-12)
+    assert seconds == pytest.approx(gemm_seconds(H100, flops, 1), rel=1e-12)
