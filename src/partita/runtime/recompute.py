@@ -4,6 +4,11 @@ Applied by wrapping each block's ``forward`` in ``torch.utils.checkpoint`` (non-
 which keeps parameter names unchanged. Selective recomputation saves the outputs of every
 other matmul and of attention and recomputes everything else - the policy the cost model
 assumes (``cost/memory.py``; torchtitan's "op" SAC).
+
+Partial full recompute (``plan.recompute_layers`` N > 0) wraps only the first N blocks of
+each model chunk it is given (a pipeline stage / virtual chunk), the others run as with
+recompute none - Megatron-LM's ``--recompute-method block`` (TransformerBlock
+``_checkpointed_forward``: ``layer_idx < recompute_num_layers`` of the chunk's layers).
 """
 from __future__ import annotations
 
@@ -37,11 +42,16 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_recompute(model: nn.Module, mode: str) -> None:
-    """Wrap every block of ``model.layers`` for ``mode`` in {"none", "selective", "full"}."""
+def apply_recompute(model: nn.Module, mode: str, layers: int = 0) -> None:
+    """Wrap every block of ``model.layers`` for ``mode`` in {"none", "selective", "full"};
+    with ``layers`` N > 0 (``plan.recompute_layers``, full only) just the first N blocks of
+    this chunk, in order."""
     if mode == "none":
         return
-    for block in blocks(model):
+    chosen = blocks(model)
+    if layers and mode == "full":
+        chosen = chosen[:layers]
+    for block in chosen:
         forward = block.forward
 
         @functools.wraps(forward)
