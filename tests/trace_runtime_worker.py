@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))
 from examples import traced_models  # noqa: E402
 from partita.plan import Plan  # noqa: E402
 from partita.runtime.parallelize import parallelize  # noqa: E402
-from partita.runtime.traced import parallelize_traced  # noqa: E402
 
 STEPS = 3
 GLOBAL_BATCH = 4
@@ -65,7 +64,8 @@ def run_case(case: str) -> dict:
     reference = copy.deepcopy(model)
     sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
     if plan_text.startswith("auto"):  # the search picks the plan from a trace of one example micro-batch
-        pm = parallelize_traced(model, plan_text + f",gbs={GLOBAL_BATCH}", sgd, "cpu", example_inputs=built[1])
+        model.partita_example_inputs = built[1]  # through the public entry point: partita.parallelize(model, "auto,...")
+        pm = parallelize(model, plan_text + f",gbs={GLOBAL_BATCH}", make_optimizer=sgd, device_type="cpu")
         plan = pm.plan
     else:
         plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)

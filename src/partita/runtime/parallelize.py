@@ -290,6 +290,8 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     ``"auto"`` / ``"auto,gbs=8,mbs=1"`` to search the best plan for this world size and
     machine (:mod:`.auto`; rank 0 prints the choice and the runner-up)."""
     if is_traced_model(model):  # a ViT, UNet, DiT, ...: along its repeated blocks (runtime/traced.py, issue 19)
+        if isinstance(plan, str) and plan.split(",")[0].strip() == "auto":  # searched (runtime/auto.py)
+            return parallelize_traced(model, plan, make_optimizer, device_type)
         traced_plan = Plan.parse(plan, dist.get_world_size()) if isinstance(plan, str) else plan
         if traced_plan.etp > 1:
             raise PartitaError("plan not runnable: " + etp_refusal(traced_plan))
