@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 import hashlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -492,6 +493,8 @@ def main() -> int:
                         help="pytest node ids to leave out (a test that fails without any mutant)")
     args = parser.parse_args()
     EXTRA_DESELECT.extend(args.deselect)
+    # `timeout` / kill send SIGTERM: exit through the context manager so the copy is removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="partita-mutants-") as tmp:
         work = Path(tmp)
         if args.list:
