@@ -56,7 +56,7 @@ BOUNDS = {"bf16": 0.01, "powersgd-r4": 0.05}
 
 
 # ------------------------------------------------------------------ worker (under torchrun)
-def _worker(tokens: str, steps: int, out: str, knobs: dict) -> None:
+def _worker(tokens: str, steps: int, out: str, knobs: dict, seed: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -73,7 +73,7 @@ def _worker(tokens: str, steps: int, out: str, knobs: dict) -> None:
     for knob, extra in knobs.items():
         plan = Plan.parse(",".join(filter(None, [BASE, extra])), world_size=2)
         data = PackedTokens(tokens, plan.seq_len, seed=0, vocab=256)
-        pm = parallelize(build_named_model("tiny-llama", 0), plan,
+        pm = parallelize(build_named_model("tiny-llama", seed), plan,
                          make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, foreach=False))
         route_builtin_ddp_reduction(pm.modules)  # as partita profile does (profile/wire.py)
         counter = CollectiveCounter().start()
@@ -257,33 +257,50 @@ def main() -> int:
         return diloco_main(sys.argv[2], int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--steps" else 200)
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         knobs = {"none": ""} if sys.argv[5] == "none" else {**KNOBS, **(EXTRA if sys.argv[5] == "all" else {})}
-        _worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], knobs)
+        _worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], knobs, int(sys.argv[6]) if len(sys.argv) > 6 else 0)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default="bench/compression.html", help="the plot (plotly HTML)")
     ap.add_argument("--all", action="store_true", help="also PowerSGD rank 1")
+    ap.add_argument("--seeds", default="0", help="model initialisation seeds, e.g. 0,1,2: each knob's final loss "
+                                                 "vs none per seed, then the spread (the plot is seed 0's)")
     args = ap.parse_args()
     from partita.train.data import stdlib_corpus, tokenize_to_file
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    t0 = time.time()
+    by_seed = {}
     with tempfile.TemporaryDirectory(prefix="partita-compression-") as tmp:
         tokens = tokenize_to_file(str(stdlib_corpus(Path(tmp) / "corpus.txt")), 256, tmp)
-        out = Path(tmp) / "results.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               f"--log-dir={Path(tmp) / 'logs'}", __file__, "--worker", str(tokens), str(args.steps), str(out),
-               "all" if args.all else "main"]
-        t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-        if proc.returncode:
-            print(proc.stdout[-3000:], proc.stderr[-5000:])
-            return 1
-        results = json.loads(out.read_text())
-    print("\n".join(_report(results, args.steps)))
-    _plot(results, args.out)
+        for seed in (int(x) for x in args.seeds.split(",")):
+            out = Path(tmp) / f"results_{seed}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   f"--log-dir={Path(tmp) / 'logs'}", __file__, "--worker", str(tokens), str(args.steps), str(out),
+                   "all" if args.all else "main", str(seed)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                                  env=dict(os.environ, OMP_NUM_THREADS="1"))
+            if proc.returncode:
+                print(proc.stdout[-3000:], proc.stderr[-5000:])
+                return 1
+            by_seed[seed] = json.loads(out.read_text())
+            print(f"seed {seed}:", *_report(by_seed[seed], args.steps), sep="\n")
+    if len(by_seed) > 1:
+        print(_spread(by_seed))
+    _plot(next(iter(by_seed.values())), args.out)
     print(f"plot: {args.out}; wall {time.time() - t0:.0f} s;",
           "uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     return 0
+
+
+def _spread(by_seed: dict) -> str:
+    """Each knob's final loss relative to none: mean, min and max over the seeds."""
+    rel: dict[str, list[float]] = {}
+    for results in by_seed.values():
+        base = statistics.fmean(results["none"]["losses"][-20:])
+        for knob, r in results.items():
+            rel.setdefault(knob, []).append(statistics.fmean(r["losses"][-20:]) / base - 1)
+    return "over seeds " + ", ".join(map(str, by_seed)) + ": " + "; ".join(
+        f"{k} {statistics.fmean(v):+.2%} (min {min(v):+.2%}, max {max(v):+.2%})" for k, v in rel.items() if k != "none")
 
 
 def diloco_main(sync_every: str, steps: int) -> int:
