@@ -156,3 +156,37 @@ def test_published_every_2nd_layer_rows_sit_where_measured():
         pa, pb, pc = (estimate(x.model, x.cluster, x.plan).peak_memory_gib for x in (a, b, c))
         measured = (a.measured - b.measured) / (a.measured - c.measured)
         assert (pa - pb) / (pa - pc) == pytest.approx(measured, abs=0.03)
+
+
+def test_least_recompute_layers_is_the_smallest_that_fits():
+    """Llama-3-8B over pp 4 (8 layers per stage), mbs 1 x 16, seq 8192: peaks 79.9 GiB
+    without recompute and 48.1 GiB with full; for each limit the answer fits and one
+    layer fewer does not (checked with the full peak estimate, not the line it solves)."""
+    from partita.cost.memory import GIB, least_recompute_layers, peak_memory
+    cluster = make_cluster("h100-sxm", devices=4)
+    plan = Plan(dp=1, pp=4, mbs=1, gbs=16, seq_len=8192, zero=1)
+    peak = lambda n: peak_memory(L8, cluster.device, plan.with_(recompute="full", recompute_layers=n))[0] / GIB  # noqa: E731
+    answers = {}
+    for limit in (60.0, 70.0, 76.0):
+        n = answers[limit] = least_recompute_layers(L8, cluster.device, plan, limit)
+        assert 1 <= n < 8 and peak(n) <= limit
+        assert n == 1 or peak(n - 1) > limit
+    assert answers[60.0] > answers[70.0] > answers[76.0]
+    assert least_recompute_layers(L8, cluster.device, plan, 45.0) == 0  # not even full recompute fits
+
+
+def test_search_recomputes_just_enough_where_it_is_faster():
+    """Llama-3-70B on 16 H100 (seq 8192, batch 64) fits only with full recompute; with
+    ``partial_recompute`` the best plan recomputes fewer layers than its stage holds,
+    fits, and is faster than the best plan of the search without it."""
+    from partita.search import search_plans
+    from partita.search.space import SearchSpace
+    model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", devices=16)
+    plain = search_plans(model, cluster, 64, 8192)
+    partial = search_plans(model, cluster, 64, 8192, SearchSpace(partial_recompute=True))
+    assert plain.best.plan.recompute == "full" and plain.best.plan.recompute_layers == 0
+    best = partial.best.plan
+    assert best.recompute == "full" and 0 < best.recompute_layers < max(best.stage_layers(model.layers))
+    assert partial.best.step_time_s < plain.best.step_time_s
+    assert partial.best.peak_memory_gib <= partial.memory_limit_gib
+    check(best, model, 16)

@@ -177,7 +177,7 @@ def _wide_plans_table(result, tokens: float | None, world_size: int) -> Table:
     for i, e in enumerate(result.plans, 1):
         p = e.plan
         row = [str(i), str(p.dp), str(p.tp) + ("+sp" if p.sp else ""), str(p.pp), str(p.vpp), str(p.cp),
-               str(p.ep) + (f" etp{p.etp}" if p.etp > 1 else ""), str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute, f"{e.peak_memory_gib:.1f}", f"{e.step_time_s:.2f}",
+               str(p.ep) + (f" etp{p.etp}" if p.etp > 1 else ""), str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute + (f":{p.recompute_layers}" if p.recompute_layers else ""), f"{e.peak_memory_gib:.1f}", f"{e.step_time_s:.2f}",
                f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
         if tokens:
             days = e.run_days(tokens)

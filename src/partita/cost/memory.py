@@ -33,6 +33,7 @@ residual-stream tensors) only with sequence parallel.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -686,3 +687,36 @@ def dp_gradient_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
             best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,
                     "state": state_bytes(plan, c), "elements": elements}
     return best
+
+
+def least_recompute_layers(model: ModelSpec, device: Device, plan: Plan, limit_gib: float) -> int:
+    """The smallest ``recompute_layers`` N with which ``plan``'s layout fits ``limit_gib``
+    under full recompute; 0 when full recompute of every layer is needed or nothing fits.
+
+    Solved, not enumerated: a rank's peak falls linearly with the layers it recomputes
+    (:func:`_partial_layers`: each saves ``A_none - A_full``), from its peak without
+    recompute ``P_none`` to ``P_full`` when all its ``c`` layers per chunk are; fitting
+    needs ``N >= c (P_none - limit) / (P_none - P_full)`` on every rank (the allocator
+    slack scales the allocation, so the peak stays linear). One check of the answer
+    (and at most two steps up) covers what the line does not: uneven chunks (a chunk
+    shorter than N recomputes all its layers) and MoE layers placed unevenly."""
+    largest = max(plan.stage_layers(model.layers))
+    base = plan.with_(recompute="full", recompute_layers=0)
+    steps = [("none", plan.zero), ("full", plan.zero)]
+    limit = limit_gib * GIB
+    n = 1
+    for r, shape, _ in distinct_shapes(model, base):
+        parts = memory_parts(model, device, base, r, shape, steps)
+        hi, lo = parts[steps[0]].peak(device), parts[steps[1]].peak(device)
+        if lo > limit:
+            return 0
+        if hi > limit:
+            n = max(n, math.ceil((hi - limit) / (hi - lo) * shape.n_layers / plan.vpp - 1e-9))
+    for _ in range(3):
+        if n >= largest:
+            return 0
+        if fits(peak_memory(model, device, base.with_(recompute_layers=n))[0], limit_gib):
+            return n
+        n += 1
+    return 0
+

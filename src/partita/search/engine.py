@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory_ladder
+from ..cost.memory import GIB, fits, least_recompute_layers, memory_limit_gib, peak_memory, peak_memory_ladder
 from ..cost.step import estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
@@ -116,8 +116,9 @@ def knob_order(knob: str, value) -> float:
 class _Search:
     """The evaluation state shared by the two passes of :func:`search_plans`."""
 
-    def __init__(self, model: ModelSpec, cluster: Cluster, usable: float, top: int):
+    def __init__(self, model: ModelSpec, cluster: Cluster, usable: float, top: int, partial: bool = False):
         self.model, self.cluster, self.usable, self.top = model, cluster, usable, top
+        self.partial = partial  # SearchSpace.partial_recompute
         self.attempts: list[Attempt] = []
         self.fitting: list[Estimate] = []
         self.evaluated = self.pruned = self.bounded = 0
@@ -287,13 +288,40 @@ class _Search:
         if self._cannot_matter(layout, plan, wanted):
             attempt.bounded = True
             self.bounded += 1
+            if step[0] == "full" and self.partial:  # its partial plan has a lower bound: it may still matter
+                self._try_partial(layout, plan, wanted, estimated)
             return True
         attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
                                     time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable)
         self._record(attempt.estimate, layout.rankable)
         estimated.append(plan)
         self.estimated_steps.add((id(layout), step))
+        if step[0] == "full" and self.partial:
+            self._try_partial(layout, plan, wanted, estimated)
         return True
+
+    def _try_partial(self, layout: Layout, full: Plan, wanted, estimated: list[Plan]) -> None:
+        """Recompute just enough: a layout that fits only with full recompute also gets
+        its plan recomputing the fewest layers per stage that still fit
+        (:func:`.cost.memory.least_recompute_layers`, solved from the linear memory), as an
+        attempt and - unless its bound (the layout's, without recompute) rules it out - an
+        estimate ranked beside the full one. Fewer recomputed layers only take time off."""
+        n = least_recompute_layers(self.model, self.cluster.device, full, self.usable)
+        if not n:
+            return
+        plan = full.with_(recompute_layers=n)
+        pb, pr = peak_memory(self.model, self.cluster.device, plan)
+        attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
+        self.attempts.append(attempt)
+        if (wanted is None and layout.rankable and self.kth_best() != float("inf")) or wanted is not None:
+            if self._rules_out(layout, self.setting_bound(layout, "none", full.zero), wanted):
+                attempt.bounded = True
+                self.bounded += 1
+                return
+        attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
+                                    time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable)
+        self._record(attempt.estimate, layout.rankable)
+        estimated.append(plan)
 
     def bound_for(self, layout: Layout, knob_value: tuple[str, object]) -> float:
         """The layout's lower bound for plans with ``knob_value`` (a (knob, value) pair):
@@ -351,7 +379,7 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     usable = memory_limit_gib(dev, space.memory_headroom, space.max_memory_gib)
     invalid: list[str] = []
     layouts = layouts_by_bound(model, cluster, global_batch, seq_len, space, cross_node_tp, invalid)
-    search = _Search(model, cluster, usable, top)
+    search = _Search(model, cluster, usable, top, space.partial_recompute)
     for layout in layouts:
         if layout.rankable:
             if layout.floor >= search.kth_best():

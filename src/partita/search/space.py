@@ -83,6 +83,11 @@ class SearchSpace:
     #: and runs etp 1
     fold_ep: bool = True
     min_tokens_per_cp_rank: int = 2048
+    #: "recompute just enough": a layout that fits only with full recompute also gets its
+    #: plan with the fewest recomputed layers per stage that fit (``recompute_layers``,
+    #: :meth:`partita.search.engine._Search._try_partial`). Off by default until the
+    #: brute-force oracle of tests/test_search.py enumerates recompute_layers too.
+    partial_recompute: bool = False
 
 
 @lru_cache(maxsize=65536)
