@@ -77,13 +77,17 @@ def test_peak_memory_on_the_full_table():
 
     On the 23 rows that name their part: median 8.9 %, 11 under / 12 over - fewer under
     than over, as issue 12 asks. On all 35 rows the target is NOT met: median 11.9 %, 23
-    under / 12 over. The 12 rows on the plain "H100" (torchao, mapped to the 96 GB part,
-    validation/published.py HARDWARE) are all under-predicted: 9 are torchtitan runs in
-    eager mode (no compile: eager PyTorch saves more than the compiled blocks the
-    torchtitan framework models) or with per-layer AC on every 2nd layer (the plan has no
-    per-layer recompute; the loader reads it as selective), and 3 compiled runs read 12-14
-    % under while the same runs on MI300X read 7-10 % over (allocator reserve differs by
-    device). These bounds guard the measured figures; they are not the issue's target."""
+    under / 12 over, p90 25.6 % (26.1 % before the 3 per-layer-AC rows - torchtitan AC on
+    every 2nd layer - were read as full recompute of 16 of 32 layers, ``recompute_layers``,
+    instead of selective: -26.8/-25.0/-17.8 % -> -23.5/-21.8/-14.3 %, between their
+    no-AC and full-AC rows where the measurements put them). The 12 rows on the plain
+    "H100" (torchao, mapped to the 96 GB part, validation/published.py HARDWARE) are all
+    under-predicted: 9 are torchtitan runs in eager mode (no compile: eager PyTorch saves
+    more than the compiled blocks the torchtitan framework models; running them as
+    eager activations would take the 470-row median to 9.1 %, but needs a torchtitan-eager
+    framework in cost/frameworks.py), and 3 compiled runs read 12-14 % under while the
+    same runs on MI300X read 7-10 % over (allocator reserve differs by device). These
+    bounds guard the measured figures; they are not the issue's target."""
     from pathlib import Path
 
     table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
@@ -93,6 +97,7 @@ def test_peak_memory_on_the_full_table():
                - c.measured) / c.measured for c in mem]
     assert len(mem) == 35
     assert statistics.median(abs(e) for e in signed) < 0.1195
+    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2565
     assert sum(e < 0 for e in signed) <= 23
     stated = [e for c, e in zip(mem, signed) if c.sku_stated]
     assert len(stated) == 23
@@ -102,8 +107,9 @@ def test_peak_memory_on_the_full_table():
 
 def test_step_time_on_the_full_table():
     """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
-    prints it: 417 step-time rows, median 10.1 %, p90 32.0 % (34.4 % before ERRATA gave the
-    Nemotron-340B rows their vpp 12); the 63 mixture-of-experts rows
+    prints it: 417 step-time rows, median 10.0 %, p90 31.4 % (32.0 % before the per-layer-AC
+    and MindFormers "full on [..] layers per stage" rows got their recompute_layers; 34.4 %
+    before ERRATA gave the Nemotron-340B rows their vpp 12); the 63 mixture-of-experts rows
     13.1 %. Issue 12's calibration-set targets (median <= 8 %, p90 <= 25 %) are NOT met on
     this table; these bounds guard the measured figures. (384 rows and 9.3 % / 33.3 % before
     GB200, the plain-"H100" torchao rows and four more MoE architectures became expressible:
@@ -117,7 +123,7 @@ def test_step_time_on_the_full_table():
     err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     assert len(step) == 417
     assert statistics.median(err) < 0.1015
-    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.3205
+    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.3145
     moe = [e for c, e in zip(step, err) if c.model.moe]
     assert len(moe) == 63 and statistics.median(moe) < 0.1315
 
