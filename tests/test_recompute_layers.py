@@ -190,3 +190,14 @@ def test_search_recomputes_just_enough_where_it_is_faster():
     assert partial.best.step_time_s < plain.best.step_time_s
     assert partial.best.peak_memory_gib <= partial.memory_limit_gib
     check(best, model, 16)
+
+
+def test_estimate_cli_takes_recompute_layers(capsys):
+    from partita.cli import main
+    args = ["estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--devices", "2", "--pp", "2",
+            "--global-batch", "8", "--seq-len", "4096", "--recompute", "full", "--json"]
+    assert main(args + ["--recompute-layers", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["recompute_layers"] == 5
+    assert main(args + ["--recompute-layers", "17"]) != 0
+    assert "recompute_layers=17 exceeds the largest pipeline stage/chunk (16 layers)" in capsys.readouterr().err

@@ -47,7 +47,10 @@ recompute_layers
            exports and imports exactly; a fraction would round differently per stage of
            an uneven split. torchtitan's layer-wise AC (``selective_ac_option = "k"``,
            every k-th block) checkpoints ``floor(L / k)`` blocks of an L-layer stage; the
-           count is what memory and FLOPs depend on, so it maps to that N.
+           count is what memory and FLOPs depend on, so it maps to that N. Megatron's
+           ``--recompute-method uniform --recompute-num-layers k`` recomputes every
+           layer (k layers share one checkpoint): recompute full with N = 0, whose
+           activation count (one input per layer) is then an upper bound.
 dtype      bf16 | fp16 | fp8 (GEMMs in fp8, the rest bf16) | fp32
 schedule   1f1b | gpipe | interleaved-1f1b | zero-bubble
 grad_accum_mode

@@ -28,7 +28,10 @@ output and a log-sum-exp); GQA shrinks K and V to ``kv_dim``; a gated MLP stores
 two input projections and the product (``3f``), a plain one the pre- and
 post-activation (``2f``); dropout masks (1 byte) only where the model has dropout.
 Terms inside the tensor-parallel region are divided by ``tp``; the rest (norm inputs,
-residual-stream tensors) only with sequence parallel.
+residual-stream tensors) only with sequence parallel. Full recompute keeps each layer's
+input only; with ``plan.recompute_layers`` N only the first N layers of each stage/chunk
+do, the others keep everything (:func:`_partial_layers`, linear in N:
+:func:`least_recompute_layers` solves it for a memory limit).
 """
 from __future__ import annotations
 

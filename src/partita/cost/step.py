@@ -4,7 +4,10 @@ Per pipeline rank and micro-batch: forward + backward (2x the forward's GEMMs an
 element-wise work [Narayanan et al. SC'21 appendix], 2.5x the fused attention's, which
 recomputes its scores [Dao 2023 sec. 4.1]) + recomputation
 (full: one more forward; selective: the element-wise part of one) + the exposed part
-of the communication that sits on the critical path:
+of the communication that sits on the critical path. With ``plan.recompute_layers`` N
+(full recompute of the first N layers of each stage/chunk only, Megatron-LM's
+``--recompute-method block``) a rank's recomputed layers cost what full-recompute layers
+do and its other layers what layers without recompute do (:func:`_partial_terms`):
 
 * tensor parallel: per layer 2 all-reduces forward and 2 backward of ``b s h`` elements
   (with SP each becomes all-gather + reduce-scatter, same bytes) [Korthikanti et al.
