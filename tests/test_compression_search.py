@@ -56,3 +56,26 @@ def test_grad_knobs_presets_and_errors():
     assert parse_grad_knobs("powersgd, bf16") == ("powersgd", "bf16")
     with pytest.raises(PartitaError, match="use one of default, lossy, none"):
         parse_grad_knobs("fp8")
+
+
+def test_partita_plan_applies_the_default_knobs():
+    """The CLI's --grad-knobs default is the `default` preset: bf16 on the slow network (with
+    its why-not line), `none` leaves the layout search's plan, a bad value is one line."""
+    import json
+    import subprocess
+    import sys
+    flags = ["--model", "llama2-7b", "--hardware", "ascend-910b3", "--devices", "512", "--devices-per-node", "8",
+             "--global-batch", "512", "--seq-len", "1024", "--set", "inter_node.gbps_per_direction=3.125",
+             "--top", "3", "--json"]
+
+    def plan(*extra):
+        proc = subprocess.run([sys.executable, "-m", "partita", "plan", *flags, *extra], capture_output=True,
+                              text=True, timeout=300)
+        return proc
+    default, off, bad = plan(), plan("--grad-knobs", "none"), plan("--grad-knobs", "fp8")
+    assert default.returncode == 0 and off.returncode == 0, default.stderr + off.stderr
+    best = json.loads(default.stdout)
+    assert best["plans"][0]["plan"]["grad_dtype"] == "bf16"
+    assert any(l.startswith("grad_dtype=fp32 (") for l in best["why_not"])
+    assert json.loads(off.stdout)["plans"][0]["plan"].get("grad_dtype", "fp32") == "fp32"
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "use one of default" in bad.stderr
