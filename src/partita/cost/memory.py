@@ -294,7 +294,10 @@ def recomputed_layers(layers: int, pp: int, split: tuple[int, ...], n: int) -> t
     (``split`` entry) the rank runs. Megatron-LM's block method, TransformerBlock
     ``_checkpointed_forward``: ``for layer_idx in range(num_layers_per_pipeline_rank):
     if layer_idx < recompute_num_layers: checkpoint(layer) else: layer(...)``, where the
-    block is one model chunk (with vpp, one virtual stage) - so the first N of each."""
+    block is one model chunk (with vpp, one virtual stage) - so the first N of each. With
+    fp8 Megatron moves the window past leading layers whose input needs no gradient
+    (``recompute_skip_num_layers``); the count, which is what memory and time depend on,
+    stays N."""
     out: list[list[int]] = [[] for _ in range(pp)]
     start = 0
     for j, size in enumerate(split):
