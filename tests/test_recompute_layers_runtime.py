@@ -115,3 +115,37 @@ def test_saved_activations_between_none_and_full_as_the_cost_model_says(n):
     p_part = _predicted(base.with_(recompute="full", recompute_layers=n))
     assert abs((none - part) - (p_none - p_part)) <= ACT_SLACK * LAYERS, (none - part, p_none - p_part)
     assert abs((part - full) - (p_part - p_full)) <= ACT_SLACK * LAYERS, (part - full, p_part - p_full)
+
+
+_PARALLELIZE_SCRIPT = """
+import os, sys
+from datetime import timedelta
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+from partita.models.llama import build_model
+from partita.runtime.parallelize import parallelize
+pm = parallelize(build_model("tiny-llama"), "recompute=full,recompute_layers=2,gbs=2,seq_len=16,dtype=fp32",
+                 device_type="cpu")
+blocks = [b for m in pm.modules for b in m.layers.values()]
+print("WRAPPED", [hasattr(b.forward, "__wrapped__") for b in blocks])
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_parallelize_applies_the_plans_recompute_layers():
+    """``partita.parallelize`` hands ``plan.recompute_layers`` to the recompute pass: a plan
+    that recomputes 2 of tiny-llama's 4 layers checkpoints exactly the first two (one gloo
+    process, in a fresh interpreter so no process group leaks into other tests)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = subprocess.run([sys.executable, "-c", _PARALLELIZE_SCRIPT, port], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "WRAPPED [True, True, False, False]" in out.stdout

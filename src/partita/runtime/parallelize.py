@@ -333,7 +333,7 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
             attach_aux_losses(mod, aux_record)
     # 5. recomputation
     for mod in modules:
-        apply_recompute(mod, plan.recompute)
+        apply_recompute(mod, plan.recompute, plan.recompute_layers)
     data_mesh = _data_mesh(plan, mesh, device_type)
     fsdp = data_mesh.size() > 1 and plan.zero >= 2  # FSDP2 shards meta parameters; DDP needs real ones
     written = _materialize(modules, device, source, ep_group, plan) if source is not None and not fsdp else 0
