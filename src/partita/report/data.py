@@ -18,6 +18,9 @@ REFERENCE_TOKENS = 1e12
 SCALE_FACTORS = (0.25, 0.5, 1, 2, 4)
 #: "why not" lines of partita.search.explain.why_not: "<knob>=<value>[ (crosses nodes)] (<layout>): ..."
 WHY_NOT_LINE = re.compile(r"^(?P<label>[a-z_]+=\S+)(?: \(crosses nodes\))? \((?P<layout>[^)]*)\): (?P<rest>.*)$")
+#: the step-time change a gradient-knob line of partita.search.comm_knobs states ("-0.2% step time; ...");
+#: its plan (the best layout with the knob) is not among the search's attempts
+KNOB_CHANGE = re.compile(r"^(?P<pct>[+-]\d+(?:\.\d+)?)% step time")
 
 
 def plan_row(label: str, est: Estimate, tokens: float) -> dict[str, Any]:
@@ -56,6 +59,9 @@ def why_not_rows(lines: list[str], result) -> list[dict[str, Any]]:
             if attempt.estimate is not None and best is not None:
                 row.update(step_time_s=attempt.estimate.step_time_s,
                            slower=attempt.estimate.step_time_s / best.step_time_s - 1)
+        elif m and best is not None and (change := KNOB_CHANGE.match(m["rest"])):
+            slower = float(change["pct"]) / 100
+            row.update(step_time_s=best.step_time_s * (1 + slower), slower=slower, fits=True)
         rows.append(row)
     return rows
 
