@@ -450,10 +450,14 @@ def copy_tree(work: Path, working_tree: bool) -> None:
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True, timeout=120)
 
 
+def _matches(name: str, patterns: list[str]) -> bool:
+    return not patterns or any(p in name for p in patterns)
+
+
 def list_mutants(work: Path, args: argparse.Namespace) -> int:
     """Print the mutants ``args`` selects (named, stale, automatic, equivalent) without running any."""
     named, stale = ([], []) if args.no_named else named_mutants(work, args.only)
-    auto = [m for m in auto_mutants(work, args.auto, args.seed) if args.auto_match in m.name] if args.auto else []
+    auto = [m for m in auto_mutants(work, args.auto, args.seed) if _matches(m.name, args.auto_match)] if args.auto else []
     for name in stale:
         print(f"STALE       {name}")
     for m in named + auto:
@@ -481,7 +485,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[], help="named mutants to run (default: all)")
     parser.add_argument("--auto", type=int, default=0, help="also run this many automatic mutants")
-    parser.add_argument("--auto-match", default="", help="run only the automatic mutants whose name contains this")
+    parser.add_argument("--auto-match", nargs="*", default=[],
+                        help="run only the automatic mutants whose name contains one of these")
     parser.add_argument("--no-named", action="store_true", help="skip the named mutants")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--tests", nargs="*", default=list(PLANNING_TESTS))
@@ -508,7 +513,7 @@ def main() -> int:
             print(f"named single-term breaks of src/partita/cost/: {len(named)}")
             check(work, named, args.tests, "named")
         if args.auto:
-            auto = [m for m in auto_mutants(work, args.auto, args.seed) if args.auto_match in m.name]
+            auto = [m for m in auto_mutants(work, args.auto, args.seed) if _matches(m.name, args.auto_match)]
             print(f"automatic mutants (seed {args.seed}): {len(auto)}")
             check(work, auto, args.tests, "automatic")
     return 0

@@ -449,3 +449,35 @@ def test_fp8_casts_and_early_stop_gemm_of_a_gelu_layer_by_hand():
     flops, seconds = last_gemm(model, H100, bf16, False)
     assert flops == pytest.approx(2 * tokens * 4 * h * h, rel=1e-12)
     assert seconds == pytest.approx(gemm_seconds(H100, flops, 1), rel=1e-12)
+
+
+def test_partial_recompute_with_interleaved_stages_by_hand():
+    """Block recompute of the first N = 1 layers of every virtual chunk (Megatron applies
+    ``--recompute-num-layers`` per model chunk) with pp 2, vpp 2 and 2 layers per chunk:
+    rank 0 runs chunks 0 and 2, so 2 of its 4 layers keep only their input. Interleaved
+    1F1B's warm-up leaves rank 0 with ``2 (p - 1) + (v - 1) p + 1 = 5`` chunks in flight
+    (Megatron's schedule; Korthikanti et al. 2022 sec. 4.2.3), each holding the average of
+    the rank's chunks - so compared with no recompute the activations drop by
+    ``5 x 2 / 2 x (34 sbh + 4 sba - 2 sbh)``."""
+    from partita.cost.memory import estimate_memory
+
+    model = _gpt()
+    s, b, h, a = 512, 2, 1024, 16
+    base = Plan(pp=2, vpp=2, layer_split=(2, 2, 2, 2), mbs=b, gbs=8 * b, seq_len=s, dtype="bf16", zero=0,
+                schedule="interleaved-1f1b")
+    none = estimate_memory(model, H100, base)[0].parts["activations"]
+    part = estimate_memory(model, H100, base.with_(recompute="full", recompute_layers=1))[0].parts["activations"]
+    assert none - part == pytest.approx(5 * 2 / 2 * (34 * s * b * h + 4 * s * b * a - 2 * s * b * h), abs=1e-3)
+
+
+def test_traced_stem_and_head_split_by_tensor_parallel_by_hand():
+    """A TP plan that also names 200 of the 500 parameters outside the blocks (a stem's or
+    head's linear layers): with tp 2 rank 0 of the pipeline holds its 2 blocks' 700 each
+    and ``500 - 200 + 200 / 2`` of the rest; bf16 working weights, 2 bytes each."""
+    import dataclasses
+
+    spec = dataclasses.replace(SPEC, tp_other_params=200)
+    plan = Plan(dp=2, tp=2, pp=2, zero=1, mbs=4, gbs=32, seq_len=1, dtype="bf16")
+    mem = traced_memory(spec, H100, plan)
+    assert mem[0].parts["weights"] == pytest.approx(2 * (2 * 700 + 500 - 200 + 100))
+    assert mem[1].parts["weights"] == pytest.approx(2 * 2 * 700)
