@@ -102,9 +102,9 @@ def test_traced_memory_by_hand_tp_pp_zero1():
 
 
 def test_traced_memory_by_hand_full_recompute_and_zero3():
-    """Full recompute keeps each block's input (1e8 x 1/2 per micro-batch... here 5e7 per
-    traced batch x 2 x 1/2) and one block's whole saved set while it is recomputed [Chen
-    et al. 2016]; ZeRO-3 over dp 4: ``16 / 4`` bytes per parameter of model states
+    """Full recompute keeps each block's input (5e7 bytes per traced batch, x 2/2 for the
+    micro-batch, x 1/2 for bf16; plus the 1e8 outside the blocks) and one block's whole
+    saved set while it is recomputed [Chen et al. 2016]; ZeRO-3 over dp 4: ``16 / 4`` bytes per parameter of model states
     [Rajbhandari et al. 2020, 16 Psi / N_d] plus the gathered bf16 unit being run and the
     one prefetched (``2 x 1000 x 2`` bytes)."""
     plan = Plan(dp=4, zero=3, mbs=2, gbs=16, seq_len=1, dtype="bf16", recompute="full")
