@@ -21,6 +21,10 @@ The space, as ``space.py`` states it for the ranked plans:
 * mbs divides the per-replica batch with ``mbs * seq <= MAX_TOKENS_PER_MICROBATCH`` (or is 1);
 * vpp from 1 to ``MAX_VPP`` when pp > 1;
 * zero 0..3 (3 only with data or context parallelism); recompute none/selective/full;
+* with full recompute, ``recompute_layers`` N from 1 to the largest stage/chunk (only the
+  first N layers of each chunk recomputed, Megatron's ``--recompute-method block
+  --recompute-num-layers N``) as well as 0 (every layer): every N, not the one the
+  engine solves for (``SearchSpace.partial_recompute``);
 * the memory limit: the device's usable memory less the 5 % headroom.
 
 Only small models (a few layers) on a few devices: the layer splits are enumerated
@@ -81,20 +85,35 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int):
                             yield tp, cp, pp, dp, ep, mbs, vpp
 
 
-def plans(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, dtype: str = "bf16", **options):
-    """Every valid plan of the space (see the module docstring)."""
+def recompute_settings(model: ModelSpec, chunks: int, split: tuple[int, ...] | None,
+                       partial: bool) -> list[tuple[str, int]]:
+    """(recompute, recompute_layers) of a layer split: none, selective, full of every
+    layer (0), and - with ``partial`` - full of the first N layers of each chunk for every
+    N from 1 to the largest chunk (the even split's chunk is ``layers / chunks``)."""
+    out = [(mode, 0) for mode in RECOMPUTE]
+    if partial:
+        largest = max(split) if split else model.layers // chunks
+        out += [("full", n) for n in range(1, largest + 1)]
+    return out
+
+
+def plans(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, dtype: str = "bf16", partial: bool = True,
+          **options):
+    """Every valid plan of the space (see the module docstring); ``partial`` adds the
+    full-recompute plans of every ``recompute_layers``."""
     for tp, cp, pp, dp, ep, mbs, vpp in structures(model, cluster, gbs, seq):
         if pp * vpp > model.layers + 2:
             continue
-        for split, sp, zero, recompute in itertools.product(
-                layer_splits(model.layers, pp * vpp), sorted({False, tp > 1}), (0, 1, 2, 3), RECOMPUTE):
-            if zero == 3 and dp * cp == 1:
-                continue
-            plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero=zero, mbs=mbs, gbs=gbs,
-                        seq_len=seq, recompute=recompute, dtype=dtype, layer_split=split,
-                        schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **options)
-            if not validate(plan, model, cluster.world_size):
-                yield plan
+        for split in layer_splits(model.layers, pp * vpp):
+            for sp, zero, (recompute, n) in itertools.product(
+                    sorted({False, tp > 1}), (0, 1, 2, 3), recompute_settings(model, pp * vpp, split, partial)):
+                if zero == 3 and dp * cp == 1:
+                    continue
+                plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero=zero, mbs=mbs, gbs=gbs,
+                            seq_len=seq, recompute=recompute, recompute_layers=n, dtype=dtype, layer_split=split,
+                            schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **options)
+                if not validate(plan, model, cluster.world_size):
+                    yield plan
 
 
 @dataclass
@@ -120,10 +139,12 @@ class BruteForce:
 
 
 def brute_force(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, dtype: str = "bf16",
-                **options) -> BruteForce:
+                partial: bool = True, **options) -> BruteForce:
+    """Estimate every plan (``partial``: with every full-recompute ``recompute_layers``),
+    keep those that fit, fastest first."""
     limit = cluster.device.usable_gib * (1 - HEADROOM)
     fitting, enumerated = [], 0
-    for plan in plans(model, cluster, gbs, seq, dtype, **options):
+    for plan in plans(model, cluster, gbs, seq, dtype, partial, **options):
         enumerated += 1
         est = estimate(model, cluster, plan)
         if est.peak_memory_gib <= limit:

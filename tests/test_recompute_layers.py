@@ -177,13 +177,14 @@ def test_least_recompute_layers_is_the_smallest_that_fits():
 
 def test_search_recomputes_just_enough_where_it_is_faster():
     """Llama-3-70B on 16 H100 (seq 8192, batch 64) fits only with full recompute; with
-    ``partial_recompute`` the best plan recomputes fewer layers than its stage holds,
-    fits, and is faster than the best plan of the search without it."""
+    ``partial_recompute`` (the default) the best plan recomputes fewer layers than its
+    stage holds, fits, and is faster than the best plan of the search without it."""
     from partita.search import search_plans
     from partita.search.space import SearchSpace
     model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", devices=16)
-    plain = search_plans(model, cluster, 64, 8192)
-    partial = search_plans(model, cluster, 64, 8192, SearchSpace(partial_recompute=True))
+    assert SearchSpace().partial_recompute
+    plain = search_plans(model, cluster, 64, 8192, SearchSpace(partial_recompute=False))
+    partial = search_plans(model, cluster, 64, 8192)
     assert plain.best.plan.recompute == "full" and plain.best.plan.recompute_layers == 0
     best = partial.best.plan
     assert best.recompute == "full" and 0 < best.recompute_layers < max(best.stage_layers(model.layers))

@@ -28,8 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..cost.memory import GIB, fits, least_recompute_layers, memory_limit_gib, peak_memory, peak_memory_ladder
-from ..cost.step import estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
+from ..cost.memory import (GIB, distinct_shapes, fits, least_recompute_layers, memory_limit_gib, peak_memory,
+                           peak_memory_ladder)
+from ..cost.pipeline import pipeline_time_of
+from ..cost.step import estimate_step_time, stage_terms, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
 from ..plan import Plan
@@ -39,7 +41,8 @@ from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, Lay
 from .space import SearchSpace
 
 
-def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, int]], bool]) -> list[tuple[str, int]]:
+def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, int]], bool],
+                  uncap: Callable[[int], bool] | None = None) -> list[tuple[str, int]]:
     """The walk over a layout's memory-saving settings that :meth:`_Search._walk` and the
     floor of :meth:`_Search._memory_rules_out` share: each ZeRO family - zero <= 1, zero 2,
     zero 3 - in order of recompute, stopping at the first setting ``accept`` takes (it
@@ -47,19 +50,56 @@ def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, in
     recompute, ZeRO-2 adds its per-micro-batch reduce-scatters to ZeRO <= 1's time and
     ZeRO-3 its gathers to both, so a later family is only walked up to a lighter
     recompute than the earlier ones needed. ``accept`` is called on each setting walked,
-    in order; the settings it took are returned."""
+    in order; the settings it took are returned.
+
+    With partial recompute (``SearchSpace.partial_recompute``) a recomputing first fit
+    (selective or full) need not cap a later family: each family also has a partial
+    full-recompute plan (``recompute_layers`` N) whose time lies between none and full,
+    and a later family's smaller N (ZeRO-2/3 free memory) can beat the earlier family's
+    larger one. ``uncap(zero)`` says whether the family of that ZeRO stage is walked to
+    full recompute regardless (its partial plan may still matter); a first fit without
+    recompute caps every later family."""
     firsts: list[tuple[str, int]] = []
-    limit = len(RECOMPUTE_ORDER)
+    full = len(RECOMPUTE_ORDER)
+    limit = full
     for family in ((0, 1), (2,), (3,)):
+        cap = full if (uncap is not None and 0 < limit < full and uncap(family[0])) else limit
         for step in (st for st in ladder if st[1] in family):
             weight = RECOMPUTE_ORDER[step[0]]
-            if weight >= limit:
+            if weight >= cap:
                 break
             if accept(step):
                 firsts.append(step)
-                limit = weight
+                limit = min(limit, weight)
                 break
     return firsts
+
+
+def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """Lower bound of the step time of a partial full-recompute plan (``recompute_layers``
+    N > 0, zero <= 2): :func:`step_time_lower_bound`'s sum over rank shapes with each rank's
+    recomputed layers (``shape.rc_dense`` / ``rc_moe``, the first N of each chunk) at the
+    full-recompute per-layer time and the others at the no-recompute one - the same split
+    :func:`partita.cost.step._partial_terms` makes of the estimate. The pipeline time
+    (``m * slowest + (total - slowest) / v``) is monotone in every stage's time, so a
+    bound at N holds for every larger N. What follows the pipeline does not depend on
+    recompute: it is the no-recompute bound less its own pipeline part."""
+    none = plan.with_(recompute="none", recompute_layers=0)
+    _, (dn, mn, emb, out, const) = stage_terms(model, cluster, none)
+    _, (df, mf, _, _, _) = stage_terms(model, cluster, plan.with_(recompute_layers=0))
+    totals = {}
+    for key, p in (("none", none), ("partial", plan)):
+        total = slowest = 0.0
+        for _, shape, count in distinct_shapes(model, p):
+            rc_d, rc_m = (shape.rc_dense, shape.rc_moe) if key == "partial" else (0, 0)
+            n_d = shape.n_layers - shape.n_moe
+            t = (rc_d * df + (n_d - rc_d) * dn + rc_m * mf + (shape.n_moe - rc_m) * mn
+                 + shape.first * emb + shape.last * out + const)
+            total += count * t
+            slowest = max(slowest, t)
+        totals[key] = pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
+    after = step_time_lower_bound(model, cluster, none) - totals["none"]
+    return totals["partial"] + max(0.0, after)
 
 
 @dataclass
@@ -135,6 +175,9 @@ class _Search:
         self._bounds: dict[tuple[int, str, int], float] = {}  # setting_bound's memo: (id(layout), recompute, zero)
         self.ranking_open = True  # estimates enter the ranking (first pass), else only explain
         self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
+        #: (id(layout), zero): the partial plan with the least recompute_layers and its peak, None if none fits
+        self.partial_n: dict[tuple[int, int], tuple | None] = {}
+        self.partial_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose partial plan is estimated
 
     def kth_best(self) -> float:
         """The step time a plan must beat to enter the top K (inf until K plans are found)."""
@@ -228,7 +271,7 @@ class _Search:
                 self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs, base.etp))
             return True
         layout.peaks = peaks
-        floor = max(layout.floor, min(self.setting_bound(layout, *st) for st in self._family_firsts(layout)))
+        floor = max(layout.floor, min(self._first_bound(layout, st) for st in self._family_firsts(layout)))
         if floor > layout.floor:
             layout.floor = floor
             if self._rules_out(layout, floor, wanted):
@@ -243,13 +286,45 @@ class _Search:
         a later family only with a lighter recompute than the earlier ones needed (at
         equal recompute ZeRO-2 and ZeRO-3 only add time). Every plan of the layout that
         fits is at least as slow as one of them."""
-        return family_firsts(layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable))
+        return family_firsts(layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable),
+                             (lambda zero: True) if self.partial else None)
+
+    def _first_bound(self, layout: Layout, step: tuple[str, int]) -> float:
+        """Lower bound of the plans a family's first fit stands for: its own, or with
+        partial recompute and a recomputing setting, the setting without recompute - the
+        partial plan recomputes between 0 and every layer, so only the no-recompute bound
+        is below it for every N."""
+        if self.partial and step[0] != "none":
+            return self.partial_bound(layout, step[1], 1)  # N >= 1
+        return self.setting_bound(layout, *step)
+
+    def partial_bound(self, layout: Layout, zero: int, n: int) -> float:
+        """Lower bound of the layout's partial plan recomputing ``n`` or more layers per
+        chunk (memoised): :func:`partial_lower_bound` plus ZeRO-2's floor; zero 3 (its
+        gathers' exposure depends on the stage's compute) gets the no-recompute bound."""
+        key = (id(layout), "partial", zero, n)
+        lb = self._bounds.get(key)
+        if lb is None:
+            lb = self.setting_bound(layout, "none", zero)
+            if zero < 3:
+                plan = layout.plan.with_(recompute="full", recompute_layers=n, zero=zero)
+                if zero == 2:
+                    self.setting_bound(layout, "none", 2)  # memoises ZeRO-2's floor under (id, "", 2)
+                zero2 = self._bounds[(id(layout), "", 2)] if zero == 2 else 0.0
+                lb = max(lb, partial_lower_bound(self.model, self.cluster, plan) + zero2)
+            self._bounds[key] = lb
+        return lb
 
     def _walk(self, layout: Layout, peaks: dict, wanted, estimated: list[Plan]) -> None:
         """Each ZeRO family - zero <= 1, zero 2, zero 3 - in order of recompute, keeping
         the first setting of each that fits (:func:`family_firsts`), each tried - and
         estimated if it can matter - by :meth:`_try`."""
-        family_firsts(layout.ladder, lambda step: self._try(layout, step, peaks, wanted, estimated))
+        def uncap(zero: int) -> bool:  # the family's partial plan (N >= 1) may still matter
+            may_bound = wanted is not None or (layout.rankable and self.kth_best() != float("inf"))
+            return not (may_bound and self._rules_out(layout, self.partial_bound(layout, zero, 1), wanted))
+
+        family_firsts(layout.ladder, lambda step: self._try(layout, step, peaks, wanted, estimated),
+                      uncap if self.partial else None)
 
     def setting_bound(self, layout: Layout, recompute: str, zero: int) -> float:
         """Lower bound of the layout's plan with this setting (memoised per layout):
@@ -277,9 +352,13 @@ class _Search:
              wanted: list[tuple[str, object]] | None, estimated: list[Plan]) -> bool:
         """One ladder setting: an attempt, and the estimate if it fits and can matter.
         True when it fits (estimated or bounded)."""
-        if (id(layout), step) in self.estimated_steps:
-            return True  # estimated by an earlier walk of this layout
         plan = layout.plan.with_(recompute=step[0], zero=step[1])
+        # selective or full fits: recomputing only some layers fully may fit too, and be faster
+        partial = self.partial and step[0] != "none"
+        if (id(layout), step) in self.estimated_steps:  # estimated by an earlier walk of this layout
+            if partial:
+                self._try_partial(layout, plan, wanted, estimated)
+            return True
         pb, pr = peaks[step]
         attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
@@ -288,7 +367,7 @@ class _Search:
         if self._cannot_matter(layout, plan, wanted):
             attempt.bounded = True
             self.bounded += 1
-            if step[0] == "full" and self.partial:  # its partial plan has a lower bound: it may still matter
+            if partial:  # its partial plan has a lower bound: it may still matter
                 self._try_partial(layout, plan, wanted, estimated)
             return True
         attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
@@ -296,32 +375,48 @@ class _Search:
         self._record(attempt.estimate, layout.rankable)
         estimated.append(plan)
         self.estimated_steps.add((id(layout), step))
-        if step[0] == "full" and self.partial:
+        if partial:
             self._try_partial(layout, plan, wanted, estimated)
         return True
 
-    def _try_partial(self, layout: Layout, full: Plan, wanted, estimated: list[Plan]) -> None:
-        """Recompute just enough: a layout that fits only with full recompute also gets
-        its plan recomputing the fewest layers per stage that still fit
-        (:func:`.cost.memory.least_recompute_layers`, solved from the linear memory), as an
-        attempt and - unless its bound (the layout's, without recompute) rules it out - an
-        estimate ranked beside the full one. Fewer recomputed layers only take time off."""
-        n = least_recompute_layers(self.model, self.cluster.device, full, self.usable)
-        if not n:
+    def _try_partial(self, layout: Layout, fitted: Plan, wanted, estimated: list[Plan]) -> None:
+        """Recompute just enough: a layout that fits only with selective or full recompute
+        also gets its full-recompute plan recomputing the fewest layers per stage that
+        still fit (:func:`.cost.memory.least_recompute_layers`, solved from the linear
+        memory), as an attempt and - unless its bound (the layout's, without recompute)
+        rules it out - an estimate ranked beside the fitted one. Fewer recomputed layers
+        only take time off full recompute, and a few recomputed layers can cost less than
+        selective recompute of every layer (tests/test_search.py's brute force finds
+        such plans). Solved once per (layout, zero); later walks reuse the answer."""
+        key = (id(layout), fitted.zero)
+        if key in self.partial_estimated:
             return
-        plan = full.with_(recompute_layers=n)
-        pb, pr = peak_memory(self.model, self.cluster.device, plan)
+        # its bound (the layout's without recompute) first: most partial plans are ruled
+        # out before their N is solved
+        may_bound = (wanted is None and layout.rankable and self.kth_best() != float("inf")) or wanted is not None
+        bounded = may_bound and self._rules_out(layout, self.partial_bound(layout, fitted.zero, 1), wanted)
+        if bounded and key not in self.partial_n:
+            self.bounded += 1
+            return
+        if key not in self.partial_n:
+            n = least_recompute_layers(self.model, self.cluster.device, fitted.with_(recompute="full"), self.usable)
+            plan = fitted.with_(recompute="full", recompute_layers=n)
+            self.partial_n[key] = (plan, *peak_memory(self.model, self.cluster.device, plan)) if n else None
+        if self.partial_n[key] is None:
+            return
+        plan, pb, pr = self.partial_n[key]
         attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
-        if (wanted is None and layout.rankable and self.kth_best() != float("inf")) or wanted is not None:
-            if self._rules_out(layout, self.setting_bound(layout, "none", full.zero), wanted):
-                attempt.bounded = True
-                self.bounded += 1
-                return
+        if bounded or (may_bound and self._rules_out(layout, self.partial_bound(layout, plan.zero, plan.recompute_layers),
+                                                      wanted)):
+            attempt.bounded = True
+            self.bounded += 1
+            return
         attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
                                     time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable)
         self._record(attempt.estimate, layout.rankable)
         estimated.append(plan)
+        self.partial_estimated.add(key)
 
     def bound_for(self, layout: Layout, knob_value: tuple[str, object]) -> float:
         """The layout's lower bound for plans with ``knob_value`` (a (knob, value) pair):

@@ -26,7 +26,8 @@
 * zero: 1 (distributed optimizer) and 2 cost the same time as 0 in our model and use
   less memory, so 0 is only used when there is no data parallelism; 3 trades time for
   memory and is tried when allowed.
-* recompute: none, selective and full.
+* recompute: none, selective and full; with ``partial_recompute`` also full recompute of
+  the fewest layers per stage/chunk that fit (``recompute_layers``).
 * mbs: every divisor of the per-replica batch up to ``max_tokens_per_microbatch``
   (128k) tokens per micro-batch; larger micro-batches only add activation memory once
   the GEMMs are saturated. mbs 1 always (sequences beyond 128k tokens: NeMo's 256k-1M
@@ -83,11 +84,11 @@ class SearchSpace:
     #: and runs etp 1
     fold_ep: bool = True
     min_tokens_per_cp_rank: int = 2048
-    #: "recompute just enough": a layout that fits only with full recompute also gets its
-    #: plan with the fewest recomputed layers per stage that fit (``recompute_layers``,
-    #: :meth:`partita.search.engine._Search._try_partial`). Off by default until the
-    #: brute-force oracle of tests/test_search.py enumerates recompute_layers too.
-    partial_recompute: bool = False
+    #: "recompute just enough": a layout that fits only with selective or full recompute
+    #: also gets its full-recompute plan with the fewest recomputed layers per stage that
+    #: fit (``recompute_layers``, :meth:`partita.search.engine._Search._try_partial`). On by
+    #: default: tests/test_search.py's brute-force oracle enumerates every recompute_layers.
+    partial_recompute: bool = True
 
 
 @lru_cache(maxsize=65536)
