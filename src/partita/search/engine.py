@@ -75,7 +75,7 @@ def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, in
     return firsts
 
 
-def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, none_bound: float | None = None) -> float:
     """Lower bound of the step time of a partial full-recompute plan (``recompute_layers``
     N > 0, zero <= 2): :func:`step_time_lower_bound`'s sum over rank shapes with each rank's
     recomputed layers (``shape.rc_dense`` / ``rc_moe``, the first N of each chunk) at the
@@ -83,7 +83,8 @@ def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float
     :func:`partita.cost.step._partial_terms` makes of the estimate. The pipeline time
     (``m * slowest + (total - slowest) / v``) is monotone in every stage's time, so a
     bound at N holds for every larger N. What follows the pipeline does not depend on
-    recompute: it is the no-recompute bound less its own pipeline part."""
+    recompute: it is the no-recompute bound (``none_bound`` when the caller has it)
+    less its own pipeline part."""
     none = plan.with_(recompute="none", recompute_layers=0)
     _, (dn, mn, emb, out, const) = stage_terms(model, cluster, none)
     _, (df, mf, _, _, _) = stage_terms(model, cluster, plan.with_(recompute_layers=0))
@@ -98,7 +99,9 @@ def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float
             total += count * t
             slowest = max(slowest, t)
         totals[key] = pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
-    after = step_time_lower_bound(model, cluster, none) - totals["none"]
+    if none_bound is None:
+        none_bound = step_time_lower_bound(model, cluster, none)
+    after = none_bound - totals["none"]
     return totals["partial"] + max(0.0, after)
 
 
@@ -177,6 +180,7 @@ class _Search:
         self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
         #: (id(layout), zero): the partial plan with the least recompute_layers and its peak, None if none fits
         self.partial_n: dict[tuple[int, int], tuple | None] = {}
+        self.refined: set[int] = set()  # id(layout) of layouts whose floor has the solved partial N
         self.partial_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose partial plan is estimated
 
     def kth_best(self) -> float:
@@ -212,6 +216,8 @@ class _Search:
                 return True
         elif layout.waiting:
             layout.waiting = False
+            if self.partial and self._refine_floor(layout, wanted):
+                return True
             if self._rules_out(layout, layout.floor, wanted):  # the floor bounds every plan that fits
                 self.bounded += 1
                 layout.done = wanted is not None
@@ -289,14 +295,53 @@ class _Search:
         return family_firsts(layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable),
                              (lambda zero: True) if self.partial else None)
 
-    def _first_bound(self, layout: Layout, step: tuple[str, int]) -> float:
-        """Lower bound of the plans a family's first fit stands for: its own, or with
-        partial recompute and a recomputing setting, the setting without recompute - the
-        partial plan recomputes between 0 and every layer, so only the no-recompute bound
-        is below it for every N."""
-        if self.partial and step[0] != "none":
-            return self.partial_bound(layout, step[1], 1)  # N >= 1
-        return self.setting_bound(layout, *step)
+    def _refine_floor(self, layout: Layout, wanted) -> bool:
+        """A waiting layout's floor came from partial plans bounded at N >= 1 (cheap, as
+        :meth:`_memory_rules_out` sets it for every layout); when it comes up again, each
+        family's least N is solved (:meth:`_partial_plan`) and the floor rises to the
+        bound at that N. True when it rose: the layout waits again (or is bounded out),
+        as after :meth:`_memory_rules_out`. Once per layout."""
+        if id(layout) in self.refined:
+            return False
+        self.refined.add(id(layout))
+        floor = max(layout.floor, min(self._first_bound(layout, st, exact=True) for st in self._family_firsts(layout)))
+        if floor <= layout.floor:
+            return False
+        layout.floor = floor
+        if self._rules_out(layout, floor, wanted):
+            self.bounded += 1
+            layout.done = wanted is not None
+        else:
+            layout.waiting, layout.done = True, False
+        return True
+
+    def _partial_plan(self, layout: Layout, zero: int) -> tuple[Plan, float, int] | None:
+        """The layout's full-recompute plan at ``zero`` with the fewest recomputed layers
+        per chunk that fit (:func:`.cost.memory.least_recompute_layers`, solved from the
+        linear memory), its peak bytes and rank; None when none fits. Memoised."""
+        key = (id(layout), zero)
+        if key not in self.partial_n:
+            full = layout.plan.with_(recompute="full", zero=zero)
+            n = least_recompute_layers(self.model, self.cluster.device, full, self.usable)
+            plan = full.with_(recompute_layers=n)
+            self.partial_n[key] = (plan, *peak_memory(self.model, self.cluster.device, plan)) if n else None
+        return self.partial_n[key]
+
+    def _first_bound(self, layout: Layout, step: tuple[str, int], exact: bool = False) -> float:
+        """Lower bound of the plans a family's first fit stands for: its own, and with
+        partial recompute and a recomputing setting also the partial plan's (N >= 1), the
+        lesser of the two (a partial plan can beat selective recompute, or lose to it)."""
+        if not self.partial or step[0] == "none":
+            return self.setting_bound(layout, *step)
+        # full recompute of every layer is the partial plan at N = all layers: never below
+        # the partial bound, so its own bound (a step-time bound each) is not needed
+        own = self.setting_bound(layout, *step) if step[0] != "full" else float("inf")
+        if not exact:
+            return min(own, self.partial_bound(layout, step[1], 1))
+        partial = self._partial_plan(layout, step[1])
+        if partial is None:  # no partial plan fits: the setting alone
+            return self.setting_bound(layout, *step)
+        return min(own, self.partial_bound(layout, step[1], partial[0].recompute_layers))
 
     def partial_bound(self, layout: Layout, zero: int, n: int) -> float:
         """Lower bound of the layout's partial plan recomputing ``n`` or more layers per
@@ -311,7 +356,7 @@ class _Search:
                 if zero == 2:
                     self.setting_bound(layout, "none", 2)  # memoises ZeRO-2's floor under (id, "", 2)
                 zero2 = self._bounds[(id(layout), "", 2)] if zero == 2 else 0.0
-                lb = max(lb, partial_lower_bound(self.model, self.cluster, plan) + zero2)
+                lb = max(lb, partial_lower_bound(self.model, self.cluster, plan, layout.bound) + zero2)
             self._bounds[key] = lb
         return lb
 
@@ -398,13 +443,10 @@ class _Search:
         if bounded and key not in self.partial_n:
             self.bounded += 1
             return
-        if key not in self.partial_n:
-            n = least_recompute_layers(self.model, self.cluster.device, fitted.with_(recompute="full"), self.usable)
-            plan = fitted.with_(recompute="full", recompute_layers=n)
-            self.partial_n[key] = (plan, *peak_memory(self.model, self.cluster.device, plan)) if n else None
-        if self.partial_n[key] is None:
+        partial = self._partial_plan(layout, fitted.zero)
+        if partial is None:
             return
-        plan, pb, pr = self.partial_n[key]
+        plan, pb, pr = partial
         attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
         if bounded or (may_bound and self._rules_out(layout, self.partial_bound(layout, plan.zero, plan.recompute_layers),
@@ -524,6 +566,11 @@ def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,
         del alternatives["etp"]  # no etp > 1 tried (dense models): results keep their keys
     targets = {(k, v) for k, vs in alternatives.items() for v in vs if k != "etp"}
     search.ranking_open = False
+    # partial recompute is not hunted for the "why not" values: it made this pass 40 % of
+    # DeepSeek-V3's search time (bench/search_speed.py) for lines that explain a knob; the
+    # partial plans the ranking pass estimated still serve them, and every other plan of a
+    # value is found exactly as without partial recompute
+    search.partial = False
     rest = layouts.with_cross_node(any(v > per_node for v in alternatives["tp"]))
     best_by_knob = search.best_by_knob
     for layout in rest:
