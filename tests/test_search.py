@@ -338,3 +338,25 @@ def test_why_not_names_gradient_knobs_that_differ(llama13_result):
     slower = [line for line in lines if "step time" in line]
     assert slower and all(line.endswith("gradient knobs: none vs the best plan's grad_dtype=bf16, ddp_bucket_mb=50")
                           for line in slower)
+
+
+def test_why_not_says_why_the_partial_recompute_count():
+    """Llama-3-70B on 16 H100 (seq 8192): the best plan recomputes only its first N layers
+    (``recompute_layers``, partial_recompute on by default). The why-not lines say why that
+    N: the public estimator puts N - 1 above the memory limit and every layer (N = 0)
+    slower, with the numbers the lines print."""
+    model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", 16)
+    result = search_plans(model, cluster, 64, 8192)
+    best = result.best
+    n = best.plan.recompute_layers
+    assert best.plan.recompute == "full" and 1 < n < max(best.plan.stage_layers(model.layers))
+    lines = [line for line in why_not(result) if line.startswith("recompute_layers=")]
+    assert len(lines) == 2
+    fewer = estimate(model, cluster, best.plan.with_(recompute_layers=n - 1))
+    every = estimate(model, cluster, best.plan.with_(recompute_layers=0))
+    assert fewer.peak_memory_gib > result.memory_limit_gib >= every.peak_memory_gib
+    assert every.step_time_s > best.step_time_s
+    assert lines[0].startswith(f"recompute_layers={n - 1} ({fewer.plan.summary()}): ")
+    assert f"needs {fewer.peak_memory_gib:.1f} GiB > {result.memory_limit_gib:.1f} GiB" in lines[0]
+    assert lines[1].startswith(f"recompute_layers=0 ({every.plan.summary()}): ")
+    assert f"({every.step_time_s:.2f} s vs {best.step_time_s:.2f} s)" in lines[1]

@@ -540,10 +540,32 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     # keep tp groups inside a node for the ranking unless the user fixed tp; cross-node
     # candidates stay in `attempts` for the explanations
     ranked = [e for e in fitting if space.tp or e.plan.tp <= cluster.devices_per_node]
+    if ranked and ranked[0].plan.recompute_layers:
+        _partial_neighbours(search, ranked[0].plan)
     return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=search.attempts,
                         candidates_evaluated=search.evaluated, candidates_pruned=search.pruned,
                         candidates_bounded=search.bounded + skipped, search_time_s=time.perf_counter() - t0,
                         memory_limit_gib=usable, invalid=invalid, alternatives=alternatives)
+
+
+def _partial_neighbours(search: _Search, best: Plan) -> None:
+    """The attempts a "why not" line on the best plan's ``recompute_layers`` N compares
+    (:func:`.explain.why_not`): the same layout recomputing every layer (N = 0, its time)
+    and one layer fewer per chunk (N - 1, its memory - the least N that fits is N), each
+    added unless the search already has it."""
+    have = {a.plan for a in search.attempts}
+    n = best.recompute_layers
+    for k in (0, n - 1) if n > 1 else (0,):
+        plan = best.with_(recompute_layers=k)
+        if plan in have:
+            continue
+        pb, pr = peak_memory(search.model, search.cluster.device, plan)
+        attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=search.usable)
+        if attempt.fits:
+            attempt.estimate = Estimate(model=search.model, cluster=search.cluster, plan=plan,
+                                        time=estimate_step_time(search.model, search.cluster, plan),
+                                        memory_limit=search.usable)
+        search.attempts.append(attempt)
 
 
 def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,

@@ -39,6 +39,38 @@ def _knob_note(alt, best) -> str:
     return "" if mine == theirs else f"; gradient knobs: {mine} vs the best plan's {theirs}"
 
 
+def _partial_lines(result: SearchResult, best: Estimate) -> list[str]:
+    """When the best plan recomputes only its first N layers per chunk (partial full
+    recompute, ``recompute_layers``), why that N: one layer fewer does not fit (its
+    memory) and every layer (N = 0) is slower (its time). Both plans are among the
+    attempts (:func:`.engine._partial_neighbours`); matched on the layout, not on the
+    gradient knobs the knob search may have added to the best plan."""
+    n = best.plan.recompute_layers
+    if not n:
+        return []
+
+    def layout(plan) -> tuple:
+        return (plan.dp, plan.tp, plan.pp, plan.vpp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.zero, plan.sp,
+                plan.recompute, plan.stage_layers(result.model.layers))
+
+    mine = layout(best.plan)
+    lines = []
+    for k in (n - 1, 0) if n > 1 else (0,):
+        found = [a for a in result.attempts if a.plan.recompute_layers == k and layout(a.plan) == mine]
+        if not found:
+            continue
+        a = found[0]
+        if a.estimate is not None:
+            alt = a.estimate
+            lines.append(f"recompute_layers={k} ({alt.plan.summary()}): "
+                         f"{alt.step_time_s / best.step_time_s - 1:+.0%} step time "
+                         f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s); {_biggest_increase(alt, best)}")
+        else:
+            lines.append(f"recompute_layers={k} ({a.plan.summary()}): rank {a.peak_rank} needs {a.peak_gib:.1f} GiB > "
+                         f"{result.memory_limit_gib:.1f} GiB memory limit; recompute_layers={n} is the fewest that fit")
+    return lines
+
+
 def why_not(result: SearchResult) -> list[str]:
     """One line per knob: the nearest rejected or slower value, the alternative's full layout
     (the changed knob alone does not say which plan was compared), and its binding reason."""
@@ -75,5 +107,5 @@ def why_not(result: SearchResult) -> list[str]:
                 lines.append(f"{label} ({smallest.plan.summary()}): rank {smallest.peak_rank} needs "
                              f"{smallest.peak_gib:.1f} GiB > {result.memory_limit_gib:.1f} GiB memory limit "
                              "even at its smallest")
-    return lines
+    return lines + _partial_lines(result, best)
 
