@@ -19,6 +19,15 @@ Memory dominance rules out layouts that cannot fit without evaluating them. Ever
 memory evaluation of a setting is counted in ``candidates_evaluated``; layouts and
 settings ruled out by a bound in ``candidates_pruned`` (memory) and
 ``candidates_bounded`` (time).
+
+Partial recompute (``SearchSpace.partial_recompute``, on by default): a family whose
+first fit recomputes (selective or full) also stands for its full-recompute plan with the
+fewest recomputed layers per chunk that fit (``recompute_layers`` N, solved from the
+linear memory). Its floor is the lesser of the setting's bound and that plan's
+(:func:`partial_lower_bound`, at N >= 1 when first filed, at the solved N when the
+layout comes up again); the partial plan is estimated unless its bound rules it out. The
+ranking pass is exact against tests/brute_force_search.py, which enumerates every N; the
+"why not" pass does not hunt partial plans (it reuses those the ranking estimated).
 """
 from __future__ import annotations
 
