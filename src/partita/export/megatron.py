@@ -40,6 +40,23 @@ def _layout(plan: Plan, layers: int) -> str:
     return "|".join(stages)
 
 
+def _recompute_args(plan: Plan, model, warn: list[str]) -> list[str]:
+    """Megatron's recompute flags for the plan: full (every layer: uniform with 1 layer per
+    group; the first N of each stage/chunk: the block method, transformer_block.py
+    ``_checkpointed_forward``: ``layer_idx < recompute_num_layers``) or selective modules."""
+    if plan.recompute == "full" and plan.recompute_layers:
+        return ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", str(plan.recompute_layers)]
+    if plan.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if plan.recompute == "selective":
+        modules = ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])
+        warn.append(f"recompute=selective: Megatron recomputes whole modules ({', '.join(modules)}); "
+                    "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
+        return ["--recompute-granularity", "selective", "--recompute-modules", *modules]
+    return []
+
+
 def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[str], list[str]]:
     """(arguments, warnings) for ``pretrain_gpt.py``; ``fsdp`` picks Megatron-FSDP or torch FSDP2
     for zero 2/3 (MindSpeed-LLM runs the latter)."""
@@ -67,18 +84,7 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
     if plan.sp and plan.tp > 1:
         add(["--sequence-parallel"])
     add(["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.gbs), "--seq-length", str(plan.seq_len)])
-    if plan.recompute == "full" and plan.recompute_layers:
-        # only the first N layers of each stage/chunk: the block method
-        # (transformer_block.py _checkpointed_forward: layer_idx < recompute_num_layers)
-        add(["--recompute-granularity", "full", "--recompute-method", "block",
-             "--recompute-num-layers", str(plan.recompute_layers)])
-    elif plan.recompute == "full":
-        add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
-    elif plan.recompute == "selective":
-        modules = ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])
-        add(["--recompute-granularity", "selective", "--recompute-modules", *modules])
-        warn.append(f"recompute=selective: Megatron recomputes whole modules ({', '.join(modules)}); "
-                    "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
+    add(_recompute_args(plan, model, warn))
     if plan.zero == 1:
         add(["--use-distributed-optimizer"])
         if 0 < plan.dp_shard < plan.dp:
