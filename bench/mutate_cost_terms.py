@@ -202,22 +202,31 @@ MUTANTS: list[tuple[str, str, str, str]] = [
 #: Named mutants that cannot change any result: name -> why. Not run, not counted.
 EQUIVALENT: dict[str, str] = {}
 
-#: Automatic mutants that cannot change any result: (file, stripped source line of the
-#: site, n-th site on that line (0-based, walk order; printed as ``file:line.n``), change
+#: Automatic mutants that cannot change any result: (file, enclosing function or class,
+#: stripped source line of the site, n-th site on that line (0-based, walk order; printed as ``file:line.n``), change
 #: as printed) -> why. Keyed by the line's text, not its number, so an entry survives
 #: edits elsewhere in the file; an entry whose line is gone simply stops matching.
-EQUIVALENT_AUTO: dict[tuple[str, str, int, str], str] = {
-    ("step.py", "cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0)) -> StageTerms:", 0, "0.0 -> 1.0"):
-        "a default argument no caller uses: both calls of _layer_terms pass skipped",
-    ("shape.py", "etp: int = 1) -> CollectiveSpans:", 0, "1 -> 2"):
+EQUIVALENT_AUTO: dict[tuple[str, str, str, int, str], str] = {
+    ("step.py", "_layer_terms", "cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0)) -> StageTerms:",
+     0, "0.0 -> 1.0"): "a default argument no caller uses: both calls of _layer_terms pass skipped",
+    ("step.py", "StageTime", "flops: float = 0.0  # hardware FLOPs per micro-batch, incl. recompute", 0, "0.0 -> 1.0"):
+        "a dataclass default no constructor uses: every StageTime(...) in src/ passes flops",
+    ("shape.py", "collective_spans", "etp: int = 1) -> CollectiveSpans:", 0, "1 -> 2"):
         "a default argument no caller uses: collective_spans is always called with plan.etp",
-    ("shape.py", 'group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1))', 1, "1 -> 2"):
+    ("shape.py", "collective_spans", 'group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1))', 1, "1 -> 2"):
         "the etp span of an etp-1 plan: step.py reads spans.etp only under layer.etp > 1",
-    ("memory.py", 'best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,', 1, "1.0 -> 2.0"):
-        "unreachable: the branch runs only when held > best['held'] >= 0, so held is never 0 there",
-    ("compression.py", "if count.gemm_flops <= 0:", 0, "0 -> 1"):
+    ("memory.py", "dp_gradient_bytes", 'best = {"held": held, "wire": wire, "ratio": wire / held if held else 1.0,', 1,
+     "1.0 -> 2.0"): "unreachable: the branch runs only when held > best['held'] >= 0, so held is never 0 there",
+    ("memory.py", "peak_memory_ladder",
+     "out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}", 1, "0 -> 1"):
+        "the placeholder rank is always overwritten: every rank's total (>= 0) exceeds the -1.0 it starts from",
+    ("compute.py", "last_gemm", "mats = 3 if model.gated else 2", 0, "3 -> 6"):
+        "mats cancels: last_gemm returns mlp / mats and gemm_time(mlp, mats) / mats, both mats-free",
+    ("compute.py", "last_gemm", "mats = 3 if model.gated else 2", 1, "2 -> 4"):
+        "mats cancels: last_gemm returns mlp / mats and gemm_time(mlp, mats) / mats, both mats-free",
+    ("compression.py", "powersgd_seconds", "if count.gemm_flops <= 0:", 0, "0 -> 1"):
         "gemm_flops is 0 or at least 6 (4 n m r + 2 n r^2 with n, m, r >= 1 per compressed matrix)",
-    ("compression.py", "return 1.0", 0, "1.0 -> 2.0"):
+    ("compression.py", "wire_fraction", "return 1.0", 0, "1.0 -> 2.0"):
         "in wire_fraction, which nothing in src/, tests/ or bench/ calls (dead code; reduce_terms is used)",
 }
 
@@ -354,6 +363,17 @@ def _all_sites(path: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(walker.sites)
 
 
+@lru_cache(maxsize=None)
+def _function_at(path: Path, line: int) -> str:
+    """Name of the innermost function (or class) holding ``line``; "" at module level."""
+    name, span = "", None
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.lineno <= line <= (node.end_lineno or 0):
+            if span is None or node.end_lineno - node.lineno < span:  # type: ignore[operator]
+                name, span = node.name, node.end_lineno - node.lineno  # type: ignore[operator]
+    return name
+
+
 def _first_index_on_line(path: Path, line: int) -> int:
     return min(index for _, ln, index in _all_sites(path) if ln == line)
 
@@ -374,7 +394,7 @@ def auto_mutants(root: Path, count: int, seed: int) -> list[Mutant]:
         walker.visit(tree)
         line_text = text.splitlines()[line - 1].strip() if line else ""
         nth = sum(1 for _, ln, i in _all_sites(root / rel) if ln == line and i < index)  # sites before it on its line
-        why = EQUIVALENT_AUTO.get((rel.name, line_text, nth, walker.done), "")
+        why = EQUIVALENT_AUTO.get((rel.name, _function_at(root / rel, line), line_text, nth, walker.done), "")
         out.append(Mutant(f"{rel.name}:{line}.{nth} {kind} {walker.done}  [{line_text}]", rel, ast.unparse(tree) + "\n", why))
     return out
 

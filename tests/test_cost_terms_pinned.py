@@ -102,18 +102,18 @@ def test_traced_memory_by_hand_tp_pp_zero1():
 
 
 def test_traced_memory_by_hand_full_recompute_and_zero3():
-    """Full recompute keeps each block's input (5e7 bytes per traced batch, x 2/2 for the
+    """Full recompute keeps each block's input (5e7 bytes per traced batch, x 4/2 for the
     micro-batch, x 1/2 for bf16; plus the 1e8 outside the blocks) and one block's whole
     saved set while it is recomputed [Chen et al. 2016]; ZeRO-3 over dp 4: ``16 / 4`` bytes per parameter of model states
     [Rajbhandari et al. 2020, 16 Psi / N_d] plus the gathered bf16 unit being run and the
     one prefetched (``2 x 1000 x 2`` bytes)."""
-    plan = Plan(dp=4, zero=3, mbs=2, gbs=16, seq_len=1, dtype="bf16", recompute="full")
+    plan = Plan(dp=4, zero=3, mbs=4, gbs=16, seq_len=1, dtype="bf16", recompute="full")
     (rank,) = traced_memory(SPEC, H100, plan)
     parts = rank.parts
     params = 4500
     assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(16 * params / 4)
     assert parts["zero3 gathered units"] == pytest.approx(2 * 1000 * 2)
-    work, scale = 2 / 2, 2 / 4
+    work, scale = 4 / 2, 2 / 4
     assert parts["activations"] == pytest.approx((4 * 5e7 + 1e8) * work * scale * 1)
     assert parts["recompute working set"] == pytest.approx(4e8 * work * scale)
 
@@ -167,10 +167,33 @@ def test_traced_step_time_by_hand_tp_pp_zero1():
     assert st.step == pytest.approx(pipe + exposed + adam, rel=1e-9)
 
 
-@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_traced_full_recompute_step_by_hand():
+    """Full recompute reruns each block's forward once more in the backward [Chen et al.
+    2016]: its forward GEMMs and attention plus one element-wise pass over the saved
+    bytes (a third of the three) and the launch overhead. dp 8, one stage, micro-batch 4
+    of the traced 2: the stage's backward is its train time less the forward plus that
+    rerun, and the step ``m = 2`` stage times plus the (not overlapped) sync and Adam."""
+    plan = Plan(dp=8, zero=1, mbs=4, gbs=64, seq_len=1, dtype="bf16", recompute="full", overlap_grad_reduce=False)
+    work = 2.0
+    train, fwd = _block_seconds(work, work, 1)
+    st = traced_step_time(SPEC, CLUSTER, plan)
+    (stage,) = st.stages
+    other = 6e11 * work
+    compute = 4 * train + gemm_seconds(H100, other, 6)
+    forward = 4 * fwd + gemm_seconds(H100, 2e11 * work, 2)
+    assert stage.parts["recompute"] == pytest.approx(4 * fwd, rel=1e-9)
+    assert stage.parts["compute"] == pytest.approx(compute, rel=1e-9)
+    assert stage.backward == pytest.approx(compute - forward + 4 * fwd, rel=1e-9)
+    sync = ring(H100, "reduce_scatter", 4 * 4500, 8) + ring(H100, "all_gather", 2 * 4500, 8)
+    adam = hbm_seconds(H100, ADAM_BYTES * 4500 / 8)
+    m = 64 // (8 * 4)
+    assert st.step == pytest.approx(m * (compute + 4 * fwd) + sync + adam, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_traced_dp_sync_by_hand(zero):
     """dp 8 on one node, no overlap: ZeRO-0 all-reduces the fp32 gradients once per step;
-    ZeRO-2 reduce-scatters them and all-gathers the updated bf16 parameters once per step;
+    ZeRO-1 and 2 reduce-scatter them and all-gather the updated bf16 parameters once per step;
     ZeRO-3 (FSDP) gathers the bf16 parameters twice per micro-batch (forward, backward) and
     reduce-scatters the gradients once per micro-batch (m = 64 / (8 x 2) = 4)."""
     plan = Plan(dp=8, zero=zero, mbs=2, gbs=64, seq_len=1, dtype="bf16", overlap_grad_reduce=False)
@@ -178,7 +201,7 @@ def test_traced_dp_sync_by_hand(zero):
     p = 4500
     if zero == 0:
         sync = ring(H100, "all_reduce", 4 * p, 8)
-    elif zero == 2:
+    elif zero in (1, 2):
         sync = ring(H100, "reduce_scatter", 4 * p, 8) + ring(H100, "all_gather", 2 * p, 8)
     else:
         sync = 4 * (2 * ring(H100, "all_gather", 2 * p, 8) + ring(H100, "reduce_scatter", 4 * p, 8))
@@ -379,6 +402,16 @@ def test_selective_recompute_share_of_a_gelu_layer_by_hand():
     from partita.cost.compute import selective_gemm_fraction
 
     assert selective_gemm_fraction(_gpt(), False) == pytest.approx(6 / 12, rel=1e-12)
+    # a GeLU MoE layer (GPT-MoE / Switch style: 8 experts of 4h, top-2): wq, wk, wv, wo,
+    # the router (h x 8), then the experts' 2 x 2 matrices of h x 4h, half recomputed
+    from partita.spec.model import MoESpec
+
+    moe = _gpt(name="gpt-moe-hand", moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=4096))
+    h = 1024
+    gemms = [h * h] * 4 + [h * 8]
+    experts = 2 * 2 * h * 4096
+    assert selective_gemm_fraction(moe, True) == pytest.approx(
+        (sum(gemms[1::2]) + experts / 2) / (sum(gemms) + experts), rel=1e-12)
 
 
 def test_partial_recompute_keeps_inputs_of_the_first_n_layers_by_hand():
