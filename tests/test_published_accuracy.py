@@ -50,10 +50,34 @@ def test_facts_come_from_the_table(published_csv):
     for case in cases:
         facts = SOURCE_FACTS[case.source]
         assert (case.plan.grad_dtype, case.plan.tp_comm_overlap) == (facts.grad_dtype, facts.tp_comm_overlap)
-        assert case.plan.framework == runs_as(facts)
+        assert case.plan.framework == runs_as(facts)  # no row of the 266 ran eager
     seen = {(c.source, c.plan.grad_dtype, c.plan.tp_comm_overlap) for c in cases}
     assert ("dgxc-25.04", "bf16", True) in seen and ("megatron-readme-h100", "fp32", True) in seen
     assert ("megatron-2021", "fp32", False) in seen
+
+
+def test_eager_rows_run_as_torchtitan_eager_from_their_own_notes():
+    """On the 470-row table, the rows whose notes say eager (torchao's float8nocompile table:
+    'bfloat16, eager' and the float8nocompile prototype, 3 AC settings x step and memory)
+    and only those are estimated as torchtitan-eager; that table's 'float8 + torch.compile'
+    rows stay compiled torchtitan."""
+    from pathlib import Path
+
+    from partita.validation.published import runs_eager
+
+    table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
+    with open(table) as f:
+        rows = list(csv.DictReader(f))
+    eager_rows = [r for r in rows if "eager" in r["notes"].lower() and "torch.compile" not in r["notes"]]
+    assert len(eager_rows) == 12 and all("float8nocompile" in r["source"] for r in eager_rows)
+    assert all(runs_eager(r["notes"]) for r in eager_rows)
+    cases, _ = load_cases(table)
+    eager = [c for c in cases if c.plan.framework == "torchtitan-eager"]
+    assert len(eager) == 12 and {c.source for c in eager} == {"torchao-float8nocompile"}
+    compiled = [c for c in cases if c.source == "torchao-float8nocompile" and c.plan.framework == "torchtitan"]
+    assert len(compiled) == 6
+    assert not runs_eager("precision=bf16; torch.compile; eager baseline in the README")  # compiled wins
+    assert runs_as(SOURCE_FACTS["megatron-2021"], "eager") == "megatron"  # no eager variant: the source's own
 
 
 def test_unknown_source_is_skipped_with_the_reason(tmp_path, published_csv):
@@ -76,17 +100,18 @@ def test_peak_memory_on_the_full_table():
     it. Under-promising memory is the worse error (issue 12).
 
     On the 23 rows that name their part: median 8.9 %, 11 under / 12 over - fewer under
-    than over, as issue 12 asks. On all 35 rows the target is NOT met: median 11.9 %, 23
-    under / 12 over, p90 25.6 % (26.1 % before the 3 per-layer-AC rows - torchtitan AC on
-    every 2nd layer - were read as full recompute of 16 of 32 layers, ``recompute_layers``,
-    instead of selective: -26.8/-25.0/-17.8 % -> -23.5/-21.8/-14.3 %, between their
-    no-AC and full-AC rows where the measurements put them). The 12 rows on the plain
-    "H100" (torchao, mapped to the 96 GB part, validation/published.py HARDWARE) are all
-    under-predicted: 9 are torchtitan runs in eager mode (no compile: eager PyTorch saves
-    more than the compiled blocks the torchtitan framework models; running them as
-    eager activations would take the 470-row median to 9.1 %, but needs a torchtitan-eager
-    framework in cost/frameworks.py), and 3 compiled runs read 12-14 % under while the
-    same runs on MI300X read 7-10 % over (allocator reserve differs by device). These
+    than over, as issue 12 asks. On all 35 rows: median 9.1 % (11.9 % before the 6 eager
+    torchtitan rows - notes "eager", torchao's float8nocompile table - were estimated as
+    ``torchtitan-eager``: its no-AC rows -25.6/-23.1 % -> -3.6/-1.0 %, the AC-every-2nd-layer
+    rows -23.5/-21.8 % -> -9.2/-7.6 %, the full-AC rows unchanged at -19.6/-16.1 %: one layer
+    input saved, nothing eager to add), p90 24.9 % (25.6 %), 23 under / 12 over: the
+    under/over half of the target is NOT met. The 12 rows on the plain "H100" (torchao,
+    mapped to the 96 GB part, validation/published.py HARDWARE) are all under-predicted: the
+    3 full-AC rows of the float8nocompile table (eager and compiled alike, 16-20 % under), its
+    compiled no-AC and AC-every-2nd-layer rows (13.1, 14.3 %), its 4 eager rows above (1-9 %)
+    and 3 compiled torchao rows 12-14 % under while the same runs on MI300X read 7-10 % over
+    (allocator reserve differs
+    by device). These
     bounds guard the measured figures; they are not the issue's target."""
     from pathlib import Path
 
@@ -96,8 +121,8 @@ def test_peak_memory_on_the_full_table():
     signed = [(estimate(c.model, c.cluster, c.plan).peak_memory_gib_as(SOURCE_FACTS[c.source].memory_stat)
                - c.measured) / c.measured for c in mem]
     assert len(mem) == 35
-    assert statistics.median(abs(e) for e in signed) < 0.1195
-    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2565
+    assert statistics.median(abs(e) for e in signed) < 0.0915
+    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2495
     assert sum(e < 0 for e in signed) <= 23
     stated = [e for c, e in zip(mem, signed) if c.sku_stated]
     assert len(stated) == 23

@@ -38,7 +38,7 @@ before frameworks were named), so estimates without ``--framework`` are unchange
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..errors import PartitaError
 from ..plan import FRAMEWORKS as FRAMEWORK_NAMES
@@ -57,7 +57,10 @@ class Framework:
     zero0_autocast: bool = False
     param_gather_overlap: bool = True
     tp_comm_overlap: bool = True
-    fp8_cast_bytes: float = 0.0
+    #: keyword-only and required: 0 means "fused into the producing kernel" (Transformer
+    #: Engine), a default that a new entry would inherit silently - the first torchtitan-eager
+    #: trial built its entry without it and the eager fp8 rows came out 15 points *faster*
+    fp8_cast_bytes: float = field(kw_only=True)
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -78,23 +81,12 @@ _MEGATRON_SOURCES = (
      "history the producing kernel records - no separate cast or amax pass"),
 )
 
-#: The frameworks ``--framework`` accepts, by name.
-FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", sources=_MEGATRON_SOURCES),
-    # MindSpeed patches Megatron-LM on Ascend (torch_npu fused kernels npu_rms_norm,
-    # npu_swiglu, npu_fusion_attention with GQA; Megatron's reentrant checkpoint and
-    # distributed optimizer; MC2 for tp overlap): every modelled term as Megatron's.
-    "mindspeed": Framework("mindspeed", sources=(
-        ("*", "Ascend/MindSpeed: a Megatron-LM patch set; fused kernels via --use-fused-rmsnorm, --use-fused-swiglu, "
-         "--use-flash-attn (npu_fusion_attention, GQA native), MC2 for tp overlap (--use-ascend-mc2); Megatron's "
-         "reentrant checkpoint and distributed optimizer"),)),
-    "torchtitan": Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0,
-                            sources=(
+_TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0, sources=(
         ("eager_activations", "torchtitan compiles each TransformerBlock (apply_compile in "
          "torchtitan/models/llama3/infra/parallelize.py); the min-cut partitioner "
          "(torch/_functorch/partitioners.py min_cut_rematerialization_partition) recomputes the norm, RoPE, "
          "repeat_kv and SiLU in backward instead of saving them, so the saved set is the GEMM/SDPA inputs; "
-         "without compile it saves like partita's eager runtime (not modelled)"),
+         "without compile: ``torchtitan-eager``"),
         ("checkpoint_early_stop", "torchtitan apply_ac: ptd_checkpoint_wrapper with "
          "CheckpointImpl.NO_REENTRANT (torch.utils.checkpoint non-reentrant, early stop on by default, "
          "torch.utils.checkpoint.set_checkpoint_early_stop)"),
@@ -106,11 +98,48 @@ FRAMEWORKS: dict[str, Framework] = {
          "scale exists) and then casts, so per element one 2-byte read for the amax and a 2-byte read plus "
          "1-byte write for the cast; every linear casts its own input (wq, wk, wv and w1, w3 each cast the "
          "same x) - torchao/float8/float8_linear.py, torchao/float8/float8_scaling_utils.py"),
-    )),
+    ))
+
+#: What changes when torchtitan runs without ``torch.compile`` (``--compile.enable`` off),
+#: field by field; the fields not named here are torchtitan's (``replace`` below).
+_TORCHTITAN_EAGER_SOURCES = (
+    ("eager_activations", "without apply_compile each TransformerBlock runs as eager modules, and autograd saves "
+     "what each op's backward formula asks for (PyTorch autograd, tools/autograd/derivatives.yaml): nn.RMSNorm's "
+     "fp32 normalised input and rstd, repeat_kv's K/V copies at the query width that SDPA saves, SiLU's output "
+     "besides w1's - the unfused element-wise ops Korthikanti et al. 2022 (arXiv:2205.05198) Sec. 4.1 count "
+     "separately in their per-layer activation sum, where the compiled block's min-cut partitioner "
+     "recomputes them (torch/_functorch/partitioners.py); :func:`.memory.eager_extra_bytes`, "
+     "pinned by the saved-tensor hooks of partita's eager layers (tests/data/cost_oracles.json)"),
+    ("tp_comm_overlap", "torchtitan's async TP is torch.compile's micro-pipeline TP pass (torchtitan sets "
+     "torch._inductor.config._micro_pipeline_tp): without compile the TP collectives are synchronous"),
+    ("fp8_cast_bytes", "torchao/prototype/float8nocompile/kernels/fp8_dynamic_tensorwise.py: eager fp8 through "
+     "handwritten Triton kernels, an amax kernel (read 2 B per element, atomic max) then a cast kernel (read 2, "
+     "write 1): 5 B per element as the compiled cast, not the ~10 unfused passes plain eager torchao would run; "
+     "the README measures +6-10 % tokens/s over bf16 eager against +25-28 % for float8 + torch.compile"),
+    ("checkpoint_early_stop", "as torchtitan (ptd_checkpoint_wrapper NO_REENTRANT does not depend on compile)"),
+    ("zero0_autocast", "as torchtitan (maybe_enable_amp does not depend on compile)"),
+)
+
+#: The frameworks ``--framework`` accepts, by name.
+FRAMEWORKS: dict[str, Framework] = {
+    "megatron": Framework("megatron", fp8_cast_bytes=0.0, sources=_MEGATRON_SOURCES),
+    # MindSpeed patches Megatron-LM on Ascend (torch_npu fused kernels npu_rms_norm,
+    # npu_swiglu, npu_fusion_attention with GQA; Megatron's reentrant checkpoint and
+    # distributed optimizer; MC2 for tp overlap): every modelled term as Megatron's.
+    "mindspeed": Framework("mindspeed", fp8_cast_bytes=0.0, sources=(
+        ("*", "Ascend/MindSpeed: a Megatron-LM patch set; fused kernels via --use-fused-rmsnorm, --use-fused-swiglu, "
+         "--use-flash-attn (npu_fusion_attention, GQA native), MC2 for tp overlap (--use-ascend-mc2); Megatron's "
+         "reentrant checkpoint and distributed optimizer"),)),
+    "torchtitan": _TORCHTITAN,
+    # torchtitan without --compile.enable (eager; the rows of torchao's float8nocompile
+    # table): the torchtitan entry with the fields compile changes, and only those.
+    "torchtitan-eager": replace(_TORCHTITAN, name="torchtitan-eager", eager_activations=True, tp_comm_overlap=False,
+                                sources=_TORCHTITAN_EAGER_SOURCES),
     # DeepSpeed (Megatron-DeepSpeed model code: fused kernels, reentrant activation
     # checkpointing) with ZeRO stages 1/2: the updated fp16 partitions are all-gathered
     # after the optimizer step, before the next forward starts.
-    "deepspeed": Framework("deepspeed", param_gather_overlap=False, tp_comm_overlap=False, sources=(
+    "deepspeed": Framework("deepspeed", param_gather_overlap=False, tp_comm_overlap=False, fp8_cast_bytes=0.0,
+                           sources=(
         ("checkpoint_early_stop", "deepspeed/runtime/activation_checkpointing/checkpointing.py CheckpointFunction: "
          "reentrant, reruns the whole forward"),
         ("param_gather_overlap", "deepspeed/runtime/zero/stage_1_and_2.py step(): all_gather_dp_groups of the "
@@ -119,7 +148,7 @@ FRAMEWORKS: dict[str, Framework] = {
          "all-reduces are synchronous)"),
     )),
     "partita": Framework("partita", eager_activations=True, checkpoint_early_stop=True, zero0_autocast=True,
-                         tp_comm_overlap=False, sources=(
+                         tp_comm_overlap=False, fp8_cast_bytes=0.0, sources=(
         ("eager_activations", "partita.models: nn.RMSNorm, repeat_interleave before SDPA, F.silu(w1 x) * w3 x, "
          "eager MoE routing (tests/data/cost_oracles.json: saved-tensor hooks)"),
         ("checkpoint_early_stop", "partita.runtime.recompute: torch.utils.checkpoint(use_reentrant=False), early "

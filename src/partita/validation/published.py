@@ -268,15 +268,36 @@ def with_errata(row: dict, key: str) -> dict:
     return {**row, **{col: value for col, value in fixes.items() if not row.get(col, "").strip()}}
 
 
-def runs_as(facts: SourceFacts) -> str:
-    """The :mod:`partita.cost.frameworks` name a source's runs are estimated as run by.
+#: Evidence in a row's own ``notes`` that its run was not compiled, and the variant of its
+#: source's framework such a run is estimated as run by. The torchtitan / torchao rows state
+#: it ("precision=bf16 (eager)", "float8nocompile ... linears (eager, Triton kernels)"; the
+#: compiled ones "torch.compile" / "compile on"); a row that says both is read as compiled,
+#: its framework's default. (``float8nocompile`` alone names the prototype, not the mode:
+#: its table also has a "float8 + torch.compile" row.)
+EAGER_NOTES = re.compile(r"\beager\b|\bno[ -]compile\b|without (?:torch\.)?compile|compile (?:off|disabled)", re.I)
+COMPILED_NOTES = re.compile(r"torch\.compile|\bcompile on\b|\bcompiled\b", re.I)
+EAGER_VARIANT: dict[str, str] = {"torchtitan": "torchtitan-eager"}
+
+
+def runs_eager(notes: str) -> bool:
+    """Whether a row's notes say its run was eager (not compiled): :data:`EAGER_NOTES`
+    without :data:`COMPILED_NOTES`."""
+    return bool(EAGER_NOTES.search(notes or "")) and not COMPILED_NOTES.search(notes or "")
+
+
+def runs_as(facts: SourceFacts, notes: str = "") -> str:
+    """The :mod:`partita.cost.frameworks` name a source's runs are estimated as run by;
+    a row whose ``notes`` say it ran eager takes its framework's eager variant
+    (:data:`EAGER_VARIANT`: torchtitan without torch.compile saves the unfused ops'
+    tensors and has no async TP, :mod:`partita.cost.frameworks`).
 
     torchtitan rows whose notes say "async TP" still run without tp overlap here: the
     devices' ``tp_overlap`` is fitted on Transformer Engine userbuffers runs (NeMo, the
     Megatron README), and torchtitan's async TP hides less - the rows' own pairs gain 4-9 %
     throughput (Llama-3.1-70B bf16 597 -> 652, 8B 4378 -> 4809 tokens/s) where TE's share
     would give ~19 %; applying it made those rows 8-14 % fast-predicted."""
-    return RUNS_AS[facts.framework][0]
+    name = RUNS_AS[facts.framework][0]
+    return EAGER_VARIANT.get(name, name) if runs_eager(notes) else name
 
 
 def source_key(source: str) -> str | None:
@@ -494,7 +515,7 @@ def _case(row: dict) -> Case:
                 recompute=recompute, recompute_layers=rc_layers, dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
-                framework=runs_as(facts))
+                framework=runs_as(facts, row["notes"]))
     cluster = make_cluster(HARDWARE[hw_token], n,
                            devices_per_node=nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n))
     if not cluster.device.supports(plan.dtype):
