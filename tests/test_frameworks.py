@@ -40,7 +40,8 @@ def test_unknown_framework_is_one_line_listing_the_names():
     text = str(err.value)
     assert "\n" not in text and all(name in text for name in FRAMEWORKS)
     errs = validate(dataclasses.replace(BASE, framework="nemo-magic"))
-    assert any("framework must be one of megatron, mindspeed, torchtitan, torchtitan-eager, deepspeed, partita" in e for e in errs)
+    names = "megatron, mindspeed, torchtitan, torchtitan-eager, deepspeed, partita"
+    assert any(f"framework must be one of {names}" in e for e in errs)
 
 
 def test_cli_refuses_an_unknown_framework_in_one_line(capsys):
@@ -175,10 +176,11 @@ def test_torchtitan_eager_is_torchtitan_but_for_what_compile_changes():
     read 2 + write 1 per element."""
     tt, eager = FRAMEWORKS["torchtitan"], FRAMEWORKS["torchtitan-eager"]
     changed = {f.name for f in dataclasses.fields(tt) if getattr(tt, f.name) != getattr(eager, f.name)}
-    assert changed == {"name", "sources", "eager_activations", "tp_comm_overlap"}
+    assert changed == {"name", "sources", "eager_activations", "tp_comm_overlap", "unfused_elementwise"}
     assert eager.eager_activations and not tt.eager_activations and not eager.tp_comm_overlap
     assert eager.fp8_cast_bytes == 2 + 2 + 1
-    assert {k for k, _ in eager.sources} >= {"eager_activations", "tp_comm_overlap", "fp8_cast_bytes"}
+    assert {k for k, _ in eager.sources} >= {"eager_activations", "tp_comm_overlap", "fp8_cast_bytes",
+                                             "unfused_elementwise"}
     fp8 = BASE.with_(dtype="fp8", tp=1, pp=1, dp=16, zero=3)
     assert _est(fp8, "torchtitan-eager").step_time_s >= _est(fp8, "torchtitan").step_time_s
     with pytest.raises(TypeError):  # a new entry must say whether its fp8 cast is fused
@@ -214,3 +216,20 @@ def test_cli_estimates_as_torchtitan_eager(capsys):
     assert main(["estimate", *args, "--framework", "torchtitan"]) == 0
     compiled = json.loads(capsys.readouterr().out)
     assert eager["peak_memory_gib"] > compiled["peak_memory_gib"]
+
+
+def test_unfused_elementwise_bytes_by_hand_count():
+    """The HBM bytes eager kernels move beyond the fused count, per the cited op sequences:
+    Llama-3-8B, bf16, tp 2 with SP, 4096 tokens. Per token: 2 RMSNorms x 32 B x 4096 / 2
+    (upcast/square/mean/mul/mul/cast against one fused pass), RoPE 16 B x (4096 + 1024) / 2
+    (fp32 complex round trip), repeat_kv's copy read 2 x 1024 and write 2 x 4096 at 2 B / 2,
+    SwiGLU's separate silu and multiply 2 x 14336 x 2 B / 2. Compiled torchtitan: none."""
+    from partita.cost.frameworks import unfused_elementwise_bytes
+    from partita.cost.shape import layer_shape
+
+    per_token = 2 * 32 * 4096 / 2 + 16 * (4096 + 1024) / 2 + 2 * (1024 + 4096) * 2 / 2 + 2 * 14336 * 2 / 2
+    assert per_token == 210_944
+    eager = layer_shape(dataclasses.replace(BASE, framework="torchtitan-eager"))
+    assert unfused_elementwise_bytes(MODEL, eager, False) == pytest.approx(4096 * per_token, rel=1e-12)
+    for name in ("torchtitan", "megatron", "partita"):
+        assert unfused_elementwise_bytes(MODEL, layer_shape(dataclasses.replace(BASE, framework=name)), False) == 0.0

@@ -31,7 +31,26 @@ field                       what it changes (where)
                             scaling: amax read 2 + cast read 2 + write 1); 0 where the cast is
                             fused into the producing kernel (Transformer Engine)
                             (:func:`.compute.fp8_cast_elements`)
+``unfused_elementwise``      the element-wise ops run as separate eager kernels, each a round trip
+                            through HBM: the extra bytes beyond the fused count of
+                            :func:`.compute.layer_forward` (:func:`unfused_elementwise_bytes`).
+                            NOT YET READ by the step model: compute.py needs the one line that
+                            adds these bytes (issue 12 item 4; owner of compute.py)
 ==========================  ==================================================================
+
+Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
+default of its llama configs), ``torchtitan-eager`` (torchtitan without ``torch.compile``),
+``deepspeed``, ``partita`` (this project's eager runtime).
+
+Why ``torchtitan-eager`` is an entry and not a ``compile`` knob on torchtitan: every field
+above is a fact about how a named stack runs a layer, and compile is one more such fact - it
+decides four of them at once (saved set, element-wise kernels, async TP, nothing else). A
+knob would be a second axis that only torchtitan honours (Megatron/TE and MindSpeed are fused
+either way, DeepSpeed has no compile mode modelled), a new plan field to validate, export and
+record, and a cross product in which most cells mean nothing. An entry derived with
+``dataclasses.replace`` from torchtitan changes exactly the fields compile changes, is
+recorded in a plan's ``framework`` like any other, and is chosen per published row from the
+row's own notes (:func:`partita.validation.published.runs_as`).
 
 ``megatron`` is the cost model's reference (every field at the value the formulas had
 before frameworks were named), so estimates without ``--framework`` are unchanged.
@@ -39,9 +58,14 @@ before frameworks were named), so estimates without ``--framework`` are unchange
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ..errors import PartitaError
 from ..plan import FRAMEWORKS as FRAMEWORK_NAMES
+
+if TYPE_CHECKING:
+    from ..spec.model import ModelSpec
+    from .shape import LayerShape
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -61,6 +85,7 @@ class Framework:
     #: Engine), a default that a new entry would inherit silently - the first torchtitan-eager
     #: trial built its entry without it and the eager fp8 rows came out 15 points *faster*
     fp8_cast_bytes: float = field(kw_only=True)
+    unfused_elementwise: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -116,6 +141,10 @@ _TORCHTITAN_EAGER_SOURCES = (
      "handwritten Triton kernels, an amax kernel (read 2 B per element, atomic max) then a cast kernel (read 2, "
      "write 1): 5 B per element as the compiled cast, not the ~10 unfused passes plain eager torchao would run; "
      "the README measures +6-10 % tokens/s over bf16 eager against +25-28 % for float8 + torch.compile"),
+    ("unfused_elementwise", "torchtitan/models/llama3/model/model.py run op by op: torch.rms_norm's composite "
+     "(aten/src/ATen/native/layer_norm.cpp rms_norm_symint: upcast, pow, mean, rsqrt, mul, mul weight, cast back), "
+     "apply_rotary_emb through fp32 complex views, repeat_kv's expand + reshape copy, F.silu(w1 x) * w3 x as two "
+     "kernels; each op reads its inputs from and writes its output to HBM (:func:`unfused_elementwise_bytes`)"),
     ("checkpoint_early_stop", "as torchtitan (ptd_checkpoint_wrapper NO_REENTRANT does not depend on compile)"),
     ("zero0_autocast", "as torchtitan (maybe_enable_amp does not depend on compile)"),
 )
@@ -134,7 +163,7 @@ FRAMEWORKS: dict[str, Framework] = {
     # torchtitan without --compile.enable (eager; the rows of torchao's float8nocompile
     # table): the torchtitan entry with the fields compile changes, and only those.
     "torchtitan-eager": replace(_TORCHTITAN, name="torchtitan-eager", eager_activations=True, tp_comm_overlap=False,
-                                sources=_TORCHTITAN_EAGER_SOURCES),
+                                unfused_elementwise=True, sources=_TORCHTITAN_EAGER_SOURCES),
     # DeepSpeed (Megatron-DeepSpeed model code: fused kernels, reentrant activation
     # checkpointing) with ZeRO stages 1/2: the updated fp16 partitions are all-gathered
     # after the optimizer step, before the next forward starts.
@@ -161,6 +190,52 @@ FRAMEWORKS: dict[str, Framework] = {
 
 
 assert tuple(FRAMEWORKS) == FRAMEWORK_NAMES, "partita.plan.FRAMEWORKS names the frameworks of this table"
+
+
+def unfused_elementwise_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+    """HBM bytes one layer's forward moves per micro-batch on one rank beyond the fused
+    element-wise count of :func:`.compute.layer_forward` when its element-wise ops run as
+    separate eager kernels (:attr:`Framework.unfused_elementwise`); the step model doubles
+    element-wise work for the backward, as for the fused count.
+
+    Per element, ``e`` the activation dtype's bytes (PyTorch's eager kernels, each reading its
+    inputs and writing its output; Korthikanti et al. 2022 Sec. 4.1 list the same ops as
+    separate memory-bound steps):
+
+    * RMSNorm (``torch.rms_norm`` composite): upcast (read e, write 4), square (4 + 4), mean
+      (read 4), ``x * rstd`` (4 + 4), ``* weight`` (4 + 4), cast back (4 + e): ``32 + 2e``
+      against the fused kernel's ``2e`` - 32 B more per element, two norms per layer, on
+      ``h`` elements per token (divided by tp only with SP);
+    * RoPE (torchtitan ``apply_rotary_emb``): ``float()`` (e + 4), complex multiply (4 + 4),
+      ``type_as`` (4 + e): ``16 + 2e`` against ``2e`` - 16 B more on ``(q + kv) / tp``;
+    * ``repeat_kv`` (GQA): expand + reshape copies K and V to the query width: read
+      ``2 kv e``, write ``2 q e`` per token (/ tp); absent without GQA (q = kv: a view);
+    * SwiGLU: ``silu(w1 x)`` (read f, write f) then ``* w3 x`` (read 2f, write f): ``5 f e``
+      against the fused ``3 f e`` - ``2 f e`` more per token (/ tp; MoE: on the routed
+      and shared experts' widths).
+
+    Known gaps: the residual adds are unfused in both counts; fp32 autocast copies and the
+    backward's own unfused passes are taken as twice the forward like the fused count."""
+    from .compute import BYTES  # compute imports this module
+
+    fw = FRAMEWORKS[shape.framework]
+    if not fw.unfused_elementwise:
+        return 0.0
+    tp, e, h = shape.tp, BYTES[shape.dtype], model.hidden
+    out_div = tp if shape.sp else 1
+    per_token = 2 * 32 * h / out_div
+    if model.position == "rope":
+        per_token += 16 * (model.q_dim + model.kv_dim) / tp
+    if model.kv_dim < model.q_dim:
+        per_token += 2 * e * (model.kv_dim + model.q_dim) / tp
+    if model.gated:
+        if moe and model.moe:
+            mo = model.moe
+            width = mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden
+        else:
+            width = model.ffn_hidden
+        per_token += 2 * e * width / tp
+    return shape.tokens * per_token
 
 
 def get_framework(name: str) -> Framework:
