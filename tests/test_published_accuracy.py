@@ -132,7 +132,8 @@ def test_peak_memory_on_the_full_table():
 
 def test_step_time_on_the_full_table():
     """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
-    prints it: 417 step-time rows, median 10.0 %, p90 31.4 % (32.0 % before the per-layer-AC
+    prints it: 417 step-time rows, median 10.0 %, p90 30.9 % (31.4 % before eager torchtitan rows
+    were charged their unfused element-wise traffic; 32.0 % before the per-layer-AC
     and MindFormers "full on [..] layers per stage" rows got their recompute_layers; 34.4 %
     before ERRATA gave the Nemotron-340B rows their vpp 12); the 63 mixture-of-experts rows
     13.1 %. Issue 12's calibration-set targets (median <= 8 %, p90 <= 25 %) are NOT met on
@@ -148,7 +149,7 @@ def test_step_time_on_the_full_table():
     err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     assert len(step) == 417
     assert statistics.median(err) < 0.1015
-    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.3145
+    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.3095
     moe = [e for c, e in zip(step, err) if c.model.moe]
     assert len(moe) == 63 and statistics.median(moe) < 0.1315
 

@@ -33,9 +33,8 @@ field                       what it changes (where)
                             (:func:`.compute.fp8_cast_elements`)
 ``unfused_elementwise``      the element-wise ops run as separate eager kernels, each a round trip
                             through HBM: the extra bytes beyond the fused count of
-                            :func:`.compute.layer_forward` (:func:`unfused_elementwise_bytes`).
-                            NOT YET READ by the step model: compute.py needs the one line that
-                            adds these bytes (issue 12 item 4; owner of compute.py)
+                            :func:`.compute.layer_forward` (:func:`unfused_elementwise_bytes`),
+                            added to the layer's element-wise HBM traffic there.
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
