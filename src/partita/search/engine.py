@@ -602,6 +602,11 @@ def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,
     # partial plans the ranking pass estimated still serve them, and every other plan of a
     # value is found exactly as without partial recompute
     search.partial = False
+    for lay in layouts.layouts:  # the floors without partial plans: what this pass can find
+        if lay.peaks is not None and not lay.done:
+            firsts = search._family_firsts(lay)
+            if firsts:
+                lay.floor = max(lay.floor, min(search.setting_bound(lay, *st) for st in firsts))
     rest = layouts.with_cross_node(any(v > per_node for v in alternatives["tp"]))
     best_by_knob = search.best_by_knob
     for layout in rest:
