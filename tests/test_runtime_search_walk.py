@@ -53,7 +53,7 @@ def shape_of(plan, moe: bool) -> tuple:
     accum = plan.grad_accum > 1
     return ("moe" if moe else "dense", axes, plan.zero, plan.recompute, plan.vpp > 1, plan.sp and plan.tp > 1,
             0 < plan.dp_shard < plan.dp, plan.schedule, accum,
-            plan.grad_accum_mode if accum and plan.zero >= 2 else "-", split_kind(plan))
+            plan.grad_accum_mode if accum and plan.zero >= 2 else "-", split_kind(plan), plan.recompute_layers > 0)
 
 
 def tiny_split(kind: str, chunks: int) -> str | None:
@@ -84,6 +84,8 @@ def scaled_case(plan, moe: bool) -> tuple[int, str]:
         f"vpp={vpp}", f"zero={plan.zero}", f"recompute={plan.recompute}", f"schedule={plan.schedule}",
         f"sp={'true' if plan.sp and deg['tp'] > 1 else 'false'}", f"grad_accum_mode={plan.grad_accum_mode}",
         f"mbs=1,gbs={deg['dp'] * accum},seq_len=16"]
+    if plan.recompute_layers:  # partial full recompute: the first layer of each chunk
+        items.append("recompute_layers=1")
     if hsdp:
         items.append("dp_shard=2")
     split = tiny_split(split_kind(plan), deg["pp"] * vpp)

@@ -111,7 +111,7 @@ WIDE_TABLE_COLUMNS = 140
 KEY_EFFICIENCIES = ("gemm", "attention", "tp_overlap", "intra_node_comm", "inter_node_comm")
 LEGEND = ("layout: dp/tp/pp/cp/ep = data/tensor/pipeline/context/expert parallel degree, +sp sequence "
           "parallel, pp2v4 = 2 stages x 4 interleaved chunks, z = ZeRO stage, mbs2x4 = micro-batch 2 x "
-          "4 accumulation steps, rc- = recomputation; GiB = peak of the most loaded rank; tok/s per device")
+          "4 accumulation steps, rc- = recomputation (full:N = only the first N layers of each stage/chunk); GiB = peak of the most loaded rank; tok/s per device")
 
 
 def _search_line(result) -> str:
