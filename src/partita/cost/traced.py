@@ -99,7 +99,8 @@ def _stage_params(spec: TracedSpec, plan: Plan, blocks: range, first: bool) -> t
     params = sum(b.params - b.tp_params + b.tp_params / plan.tp for b in (spec.blocks[i] for i in blocks))
     if first:  # the stem and head; the TP plan's layers among them are split like the blocks'
         params += spec.other_params - spec.tp_other_params + spec.tp_other_params / plan.tp
-    unit = max((spec.blocks[i].params for i in blocks), default=0)
+    # the unit FSDP all-gathers on this rank is its own tp shard of the block (gathered over dp)
+    unit = max((b.params - b.tp_params + b.tp_params / plan.tp for b in (spec.blocks[i] for i in blocks)), default=0)
     return params, unit
 
 
