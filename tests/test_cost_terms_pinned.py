@@ -118,6 +118,15 @@ def test_traced_memory_by_hand_full_recompute_and_zero3():
     assert parts["recompute working set"] == pytest.approx(4e8 * work * scale)
 
 
+def test_traced_zero3_gathers_the_tp_shard_of_a_block_by_hand():
+    """With tp 2 and ZeRO-3 over dp 2 a rank all-gathers its own tp shard of each block over
+    dp: ``1000 - 600 + 600/2 = 700`` parameters, bf16, the unit being run and the one
+    prefetched (``2 x 700 x 2`` bytes) - FSDP2 shards each tp DTensor's local shard."""
+    plan = Plan(dp=2, tp=2, zero=3, mbs=2, gbs=8, seq_len=1, dtype="bf16")
+    (rank,) = traced_memory(SPEC, H100, plan)
+    assert rank.parts["zero3 gathered units"] == pytest.approx(2 * 700 * 2)
+
+
 def _block_seconds(local: float, work: float, tp: int) -> tuple[float, float]:
     """(forward + backward, forward) seconds of one hand block: its GEMM FLOPs at the
     size curve (4 GEMMs forward, 12 forward + backward), fused attention at the attention
