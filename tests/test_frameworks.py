@@ -236,6 +236,6 @@ def test_unfused_elementwise_bytes_by_hand_count():
     per_token = 2 * 32 * 4096 / 2 + 16 * (4096 + 1024) / 2 + 2 * (1024 + 4096) * 2 / 2 + 2 * 14336 * 2 / 2
     assert per_token == 210_944
     eager = layer_shape(dataclasses.replace(BASE, framework="torchtitan-eager"))
-    assert unfused_elementwise_bytes(MODEL, eager, False) == pytest.approx(4096 * per_token, rel=1e-12)
+    assert unfused_elementwise_bytes(MODEL, eager, False, 2) == pytest.approx(4096 * per_token, rel=1e-12)  # bf16: 2 B
     for name in ("torchtitan", "megatron", "partita"):
-        assert unfused_elementwise_bytes(MODEL, layer_shape(dataclasses.replace(BASE, framework=name)), False) == 0.0
+        assert unfused_elementwise_bytes(MODEL, layer_shape(dataclasses.replace(BASE, framework=name)), False, 2) == 0.0

@@ -244,7 +244,7 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     rope = 2 * (model.q_dim + model.kv_dim) / tp if model.position == "rope" else 0.0
     act = (3 if model.gated else 2) * ffn_width
     elem_bytes = tokens * e * (outside / outside_div + rope + act) + permute_bytes
-    elem_bytes += unfused_elementwise_bytes(model, shape, moe)  # eager frameworks: op-by-op HBM traffic
+    elem_bytes += unfused_elementwise_bytes(model, shape, moe, e)  # eager frameworks: op-by-op HBM traffic
     if dtype == "fp8":
         elem_bytes += FRAMEWORKS[shape.framework].fp8_cast_bytes * fp8_cast_elements(model, shape, moe)
     cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)

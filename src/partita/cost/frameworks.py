@@ -57,14 +57,11 @@ before frameworks were named), so estimates without ``--framework`` are unchange
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import PartitaError
 from ..plan import FRAMEWORKS as FRAMEWORK_NAMES
-
-if TYPE_CHECKING:
-    from ..spec.model import ModelSpec
-    from .shape import LayerShape
+from ..spec.model import ModelSpec
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -191,13 +188,14 @@ FRAMEWORKS: dict[str, Framework] = {
 assert tuple(FRAMEWORKS) == FRAMEWORK_NAMES, "partita.plan.FRAMEWORKS names the frameworks of this table"
 
 
-def unfused_elementwise_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+def unfused_elementwise_bytes(model: ModelSpec, shape: Any, moe: bool, e: int) -> float:
     """HBM bytes one layer's forward moves per micro-batch on one rank beyond the fused
     element-wise count of :func:`.compute.layer_forward` when its element-wise ops run as
     separate eager kernels (:attr:`Framework.unfused_elementwise`); the step model doubles
     element-wise work for the backward, as for the fused count.
 
-    Per element, ``e`` the activation dtype's bytes (PyTorch's eager kernels, each reading its
+    ``shape`` is a :class:`.shape.LayerShape` (not imported: shape imports this module).
+    Per element, ``e`` the activation dtype's bytes (passed by :mod:`.compute`, which owns them) (PyTorch's eager kernels, each reading its
     inputs and writing its output; Korthikanti et al. 2022 Sec. 4.1 list the same ops as
     separate memory-bound steps):
 
@@ -215,12 +213,10 @@ def unfused_elementwise_bytes(model: ModelSpec, shape: LayerShape, moe: bool) ->
 
     Known gaps: the residual adds are unfused in both counts; fp32 autocast copies and the
     backward's own unfused passes are taken as twice the forward like the fused count."""
-    from .compute import BYTES  # compute imports this module
-
     fw = FRAMEWORKS[shape.framework]
     if not fw.unfused_elementwise:
         return 0.0
-    tp, e, h = shape.tp, BYTES[shape.dtype], model.hidden
+    tp, h = shape.tp, model.hidden
     out_div = tp if shape.sp else 1
     per_token = 2 * 32 * h / out_div
     if model.position == "rope":
