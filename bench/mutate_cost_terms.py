@@ -226,8 +226,6 @@ EQUIVALENT_AUTO: dict[tuple[str, str, str, int, str], str] = {
         "mats cancels: last_gemm returns mlp / mats and gemm_time(mlp, mats) / mats, both mats-free",
     ("compression.py", "powersgd_seconds", "if count.gemm_flops <= 0:", 0, "0 -> 1"):
         "gemm_flops is 0 or at least 6 (4 n m r + 2 n r^2 with n, m, r >= 1 per compressed matrix)",
-    ("compression.py", "wire_fraction", "return 1.0", 0, "1.0 -> 2.0"):
-        "in wire_fraction, which nothing in src/, tests/ or bench/ calls (dead code; reduce_terms is used)",
 }
 
 

@@ -125,15 +125,6 @@ def wire_count(model: ModelSpec, plan: Plan, elements: float, n_layers: int, n_m
     return WireCount(elements, sent, compressed, factors, flops)
 
 
-def wire_fraction(model: ModelSpec, plan: Plan, elements: float, n_layers: int, n_moe: int = 0,
-                  first: bool = True, last: bool = True) -> float:
-    """Sent / held gradient elements (1.0 without compression)."""
-    if elements <= 0 or plan.grad_compression != "powersgd":
-        return 1.0
-    c = wire_count(model, plan, elements, n_layers, n_moe, first, last)
-    return c.wire_elements / elements
-
-
 def powersgd_seconds(device: Device, count: WireCount, elem_bytes: int = 4) -> float:
     """Seconds of PowerSGD's own work per step on one rank: the larger of its GEMM FLOPs
     at the device's GEMM efficiency (fp32 hook: the fp32 peak, else bf16) and its
