@@ -54,6 +54,9 @@ OPTIONAL_EFFICIENCY_FIELDS = {
     # the same for pipeline scheduling per micro-batch, expert dispatch, full recompute and
     # ring attention per layer (read by :mod:`partita.cost.overheads`)
     "pp_framework_us_per_microbatch": 0.0,
+    # expert dispatch of a local MoE layer (router, per-expert loop, combine; no ep)
+    "moe_framework_us_per_layer": 0.0,
+    # what expert parallelism adds on top of it (all-to-all dispatch and combine)
     "ep_framework_us_per_layer": 0.0,
     "recompute_framework_us_per_layer": 0.0,
     "cp_framework_us_per_layer": 0.0,
@@ -92,6 +95,7 @@ class Efficiency(Mapping):
     tp_nosp_framework_us_per_layer: float = 0.0
     zero3_framework_us_per_layer: float = 0.0
     pp_framework_us_per_microbatch: float = 0.0
+    moe_framework_us_per_layer: float = 0.0
     ep_framework_us_per_layer: float = 0.0
     recompute_framework_us_per_layer: float = 0.0
     cp_framework_us_per_layer: float = 0.0
