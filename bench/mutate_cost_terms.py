@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COST = Path("src/partita/cost")
 #: The tests that run without torch, fastest and most sensitive first (``-x`` stops at
 #: the first failure, so the order only changes how long a caught mutant takes).
-PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_terms_pinned.py", "tests/test_cost_oracles.py",
+PLANNING_TESTS = ("tests/test_cost_formulas.py", "tests/test_cost_terms_pinned.py", "tests/test_cost_terms_survivors.py",
+                  "tests/test_cost_oracles.py",
                   "tests/test_calibrate_comm.py", "tests/test_calibrate_overheads.py", "tests/test_etp.py",
                   "tests/test_frameworks.py", "tests/test_golden_estimates.py", "tests/test_model_specs.py",
                   "tests/test_compression.py", "tests/test_published_accuracy.py", "tests/test_estimate_cli.py",

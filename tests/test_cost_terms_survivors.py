@@ -1,0 +1,142 @@
+"""More cost terms pinned by hand, each added because a single-term break of
+``src/partita/cost/`` survived every other planning test (``bench/mutate_cost_terms.py``,
+issue 12). The expected figures are written out from the published formula or the
+definition they come from and from the device file (hardware is data), never from the
+cost model's own helpers. No torch import: these are planning tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from partita.plan import Plan
+from partita.spec.hardware import make_cluster
+
+CLUSTER = make_cluster("h100-sxm", devices=8)
+H100 = CLUSTER.device
+
+
+def ring_all_reduce(device, size: float, n: int) -> float:
+    """Ring all-reduce on one switched node: ``2 (n-1)/n S / B + 2 (n-1) alpha``
+    [Thakur et al. 2005 sec. 4; nccl-tests PERFORMANCE.md], ``B`` = link GB/s x the
+    achieved fraction from the device file."""
+    if n <= 1 or size <= 0:
+        return 0.0
+    b = device.intra_gbps * 1e9 * device.efficiency.intra_node_comm
+    return 2 * ((n - 1) / n * size / b + (n - 1) * device.intra_latency_us * 1e-6)
+
+
+# --------------------------------------------------------------------------- memory limit
+@pytest.mark.parametrize("cap", [10.0, 40.0])
+def test_memory_cap_lowers_the_limit_by_hand(cap):
+    """``--max-memory-gib`` caps what a plan may use: the limit is the device's usable
+    memory (79.1 GiB for an H100 SXM in its device file) less the 5 % headroom, or the
+    cap when that is lower - a cap can only ever lower the limit."""
+    from partita.cost.memory import memory_limit_gib
+
+    usable = H100.usable_gib * (1 - 0.05)
+    assert usable > 70  # both caps are below it, so the cap must win
+    assert memory_limit_gib(H100, 0.05, cap) == pytest.approx(cap, rel=1e-12)
+    assert memory_limit_gib(H100, 0.05, 500.0) == pytest.approx(usable, rel=1e-12)
+    assert memory_limit_gib(H100, 0.05) == pytest.approx(usable, rel=1e-12)
+
+
+def test_search_reports_the_capped_memory_limit():
+    """A search told ``max_memory_gib=12`` must plan against 12 GiB (not the 75 GiB an
+    H100 offers with 5 % headroom), and every plan it keeps peaks within it."""
+    from partita.search.engine import search_plans
+    from partita.search.space import SearchSpace
+    from partita.spec.load import load_model
+
+    result = search_plans(load_model("tiny-llama"), CLUSTER, 8, 64, SearchSpace(max_memory_gib=12.0), top=3)
+    assert result.memory_limit_gib == pytest.approx(12.0, rel=1e-12)
+    assert result.plans and all(p.peak_memory_gib <= 12.0 for p in result.plans)
+
+
+# --------------------------------------------------------------------------- pipeline
+def test_pipeline_of_no_stages_takes_no_time():
+    """``m max(t) + (sum(t) - max(t)) / v`` over no stages is an empty sum: 0 seconds."""
+    from partita.cost.pipeline import pipeline_time
+
+    assert pipeline_time([], 4, 1, "1f1b") == 0.0
+    assert pipeline_time([2.0, 3.0], 4, 1, "1f1b") == pytest.approx(4 * 3.0 + 2.0)
+
+
+# --------------------------------------------------------------------------- zero-0 MoE sync
+#: tiny-moe by hand (h 64, 4 layers, q 64, k/v 32, o 64, 4 SwiGLU experts of 64, router
+#: 4 x 64, one shared SwiGLU expert of 64, RMSNorm, vocab 256, untied): per layer
+#: wq + wk + wv + wo = 4096 + 2048 + 2048 + 4096, two norms 128, router 256, routed
+#: experts 4 x 3 x 64 x 64 = 49152, shared expert 3 x 64 x 64 = 12288; embedding and
+#: output layer 256 x 64 each and the final norm 64.
+TINY_MOE_EXPERT_PER_EXPERT = 3 * 64 * 64
+TINY_MOE_DENSE = 4 * (12288 + 128 + 256 + 12288) + 2 * 256 * 64 + 64
+
+
+@pytest.mark.parametrize("dp,ep", [(2, 1), (4, 2)])
+@pytest.mark.parametrize("compression", ["none", "powersgd"])
+def test_zero0_moe_gradient_all_reduce_by_hand(dp, ep, compression):
+    """ZeRO-0 (DDP) all-reduces the fp32 gradients once per step, not overlapped here: the
+    dense parameters over all of dp, each rank's routed experts (``4 / ep`` of them per
+    layer) over the expert-data-parallel group of ``dp / ep`` ranks holding the same
+    experts (Megatron-Core's expert data parallel; ring all-reduce, Thakur et al. 2005).
+    PowerSGD only shrinks the bytes (its wire fraction) and adds its own GEMMs, so
+    compressing must not change the ratio of what the two groups send."""
+    from partita.cost.step import estimate_step_time
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-moe")
+    assert model.total_params() == TINY_MOE_DENSE + 4 * 4 * TINY_MOE_EXPERT_PER_EXPERT  # the hand count holds
+    plan = Plan(dp=dp, ep=ep, zero=0, mbs=1, gbs=dp, seq_len=64, dtype="bf16", overlap_grad_reduce=False,
+                grad_compression=compression, powersgd_rank=4)
+    expert = 4 * (4 // ep) * TINY_MOE_EXPERT_PER_EXPERT
+    sync = estimate_step_time(model, CLUSTER, plan).parts["dp gradient sync"]
+    if compression == "none":
+        want = ring_all_reduce(H100, 4 * TINY_MOE_DENSE, dp) + ring_all_reduce(H100, 4 * expert, dp // ep)
+        assert sync == pytest.approx(want, rel=1e-9)
+        return
+    from partita.cost.compression import reduce_terms
+    from partita.cost.memory import rank_shapes
+
+    f, psgd = reduce_terms(model, H100, plan, TINY_MOE_DENSE + expert, rank_shapes(model, plan)[0])
+    assert 0 < f < 1 and psgd > 0
+    want = (ring_all_reduce(H100, f * 4 * TINY_MOE_DENSE, dp) + ring_all_reduce(H100, f * 4 * expert, dp // ep)
+            + psgd)
+    assert sync == pytest.approx(want, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- traced in bf16
+@pytest.mark.parametrize("plan_dtype,scale", [("bf16", 1.0), ("fp32", 2.0)])
+def test_traced_in_bf16_activation_bytes_by_hand(plan_dtype, scale):
+    """A model traced in bf16 records 2-byte saved tensors: a bf16 plan keeps exactly the
+    traced bytes, an fp32 plan twice them (4 / 2 bytes per element). One rank, no
+    pipeline, the traced batch of 2: activations are every block's saved bytes plus
+    those outside the blocks, once (one micro-batch in flight)."""
+    from partita.cost.traced import traced_memory
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="block", params=1000, forward_flops=4e12, backward_flops=8e12, saved_bytes=4e8,
+                        recompute_bytes=5e7, output_bytes=2e7, attention_forward_flops=1e12, matmuls=4)
+    spec = TracedSpec(name="hand-bf16", batch=2, dtype="bf16", inputs=((2, 16),), total_params=4 * 1000 + 500,
+                      forward_flops=4 * 4e12 + 2e11, backward_flops=4 * 8e12 + 4e11, saved_bytes=4 * 4e8 + 1e8,
+                      block_class="Block", block_container="blocks", blocks=(block,) * 4, pipeline=True)
+    plan = Plan(dp=1, zero=0, mbs=2, gbs=2, seq_len=1, dtype=plan_dtype)
+    (rank,) = traced_memory(spec, H100, plan)
+    assert rank.parts["activations"] == pytest.approx((4 * 4e8 + 1e8) * scale, rel=1e-12)
+
+
+def test_traced_dtype_scale_applies_to_a_dataclass_copy():
+    """The same spec re-labelled fp32 (4-byte saved tensors) halves a bf16 plan's bytes."""
+    from partita.cost.traced import traced_memory
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="b", params=10, forward_flops=1e9, backward_flops=2e9, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=1)
+    spec = TracedSpec(name="hand-dtype", batch=1, dtype="bf16", inputs=((1, 8),), total_params=10,
+                      forward_flops=1e9, backward_flops=2e9, saved_bytes=1e6, block_class="B",
+                      block_container="blocks", blocks=(block,), pipeline=True)
+    plan = Plan(dp=1, zero=0, mbs=1, gbs=1, seq_len=1, dtype="bf16")
+    bf16 = traced_memory(spec, H100, plan)[0].parts["activations"]
+    fp32 = traced_memory(dataclasses.replace(spec, dtype="fp32"), H100, plan)[0].parts["activations"]
+    assert bf16 == pytest.approx(1e6, rel=1e-12)
+    assert fp32 == pytest.approx(0.5e6, rel=1e-12)
