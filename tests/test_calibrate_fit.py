@@ -31,7 +31,8 @@ ALPHA, BW = 20e-6, 5e9  # collective per-step latency (s) and bandwidth (bytes/s
 #: the true per-mechanism times (us); pp negative: a mechanism faster than the model predicts
 TRUTH = {"kernel_overhead_us_per_layer": 350.0, "tp_framework_us_per_layer": 1200.0,
          "tp_nosp_framework_us_per_layer": 2100.0, "zero3_framework_us_per_layer": 800.0, "pp_framework_us_per_microbatch": -500.0,
-         "ep_framework_us_per_layer": 650.0, "recompute_framework_us_per_layer": 300.0,
+         "moe_framework_us_per_layer": 400.0, "ep_framework_us_per_layer": 650.0,
+         "recompute_framework_us_per_layer": 300.0,
          "cp_framework_us_per_layer": 900.0}
 
 
@@ -186,6 +187,43 @@ def test_base_and_pipeline_are_measured_by_their_increment_on_a_compute_free_pro
         assert "increment" in terms[field]["method"]
 
 
+def test_the_local_moe_run_is_tiny_moe_without_ep_measured_by_its_increment():
+    runs = _runs(2)
+    moe_plan = Plan.parse(runs["moe"]["plan_text"], world_size=2, defaults={"mbs": 1, "seq_len": 128})
+    assert runs["moe"]["model"] == runs["ep"]["model"] == "tiny-moe"
+    assert moe_plan.ep == 1 and moe_plan.dp == 2 and "long" in runs["moe"] and "long" in runs["ep"]
+
+
+def test_ep_is_measured_on_top_of_the_local_moe_term():
+    """The ep run pays both fields once per MoE layer forward + backward (the same weight):
+    fitted after the moe run, the ep field is what ep adds (650 us); without the moe run it
+    is the whole dispatch, 400 + 650 = 1050 us (by hand)."""
+    predict = predictor("cpu", _base_fields())
+    runs = _runs(2)
+    terms = fit_overheads(runs, predict)
+    ep = terms["ep_framework_us_per_layer"]
+    assert ep["value"] == pytest.approx(650.0, rel=REL_OVERHEAD)
+    assert "on top of moe_framework_us_per_layer = 400 us" in ep["method"]
+    alone = fit_overheads({k: v for k, v in runs.items() if k != "moe"}, predict)
+    assert alone["ep_framework_us_per_layer"]["value"] == pytest.approx(400.0 + 650.0, rel=REL_OVERHEAD)
+
+
+def test_a_negative_moe_term_is_written_as_0_and_says_so(monkeypatch):
+    """A local MoE layer measured 200 us faster than the model: its record keeps -200, says
+    it was clamped, the ep fit holds it at 0, so ep's term is 650 - 200 = 450 us (by hand:
+    both fields weigh the same in the ep run), and the file writes 0 with the note."""
+    monkeypatch.setitem(TRUTH, "moe_framework_us_per_layer", -200.0)
+    m = _measurements(2)
+    terms = fit_overheads(m["runtime"], predictor("cpu", _base_fields()))
+    moe = terms["moe_framework_us_per_layer"]
+    assert moe["value"] == pytest.approx(-200.0, rel=REL_OVERHEAD)
+    assert moe["clamped_to"] == 0.0 and "written as 0" in moe["note"]
+    assert terms["ep_framework_us_per_layer"]["value"] == pytest.approx(450.0, rel=REL_OVERHEAD)
+    out = hardware_file(m, "cpu", "synthetic")
+    assert out["efficiency"]["moe_framework_us_per_layer"] == 0.0
+    assert "negative: written as 0" in out["efficiency_provenance"]["moe_framework_us_per_layer"]
+
+
 def test_overhead_spread_is_the_repeats_spread_over_the_fields_weight():
     spread_s = 0.002
     terms = fit_overheads(_runs(2, spread_s), predictor("cpu", _base_fields()))
@@ -247,6 +285,12 @@ def test_a_profiled_run_refines_the_one_mechanism_it_uses(text, mech):
     assert mechanism_of(plan) == mech
 
 
+@pytest.mark.parametrize("text, mech", [("dp=2", "moe"), ("ep=2", "ep"), ("tp=2", "tp")])
+def test_a_profiled_moe_run_without_other_mechanisms_refines_the_moe_term(text, mech):
+    plan = Plan.parse(text, world_size=2, defaults={"gbs": 8, "seq_len": 128, "mbs": 1})
+    assert mechanism_of(plan, moe=True) == mech
+
+
 def test_term_by_term_comparison_names_the_term_most_off():
     from partita.profile.compare_terms import term_table
     parts = {"compute": 0.300, "optimizer step": 0.010, "tp communication": 0.120, "pipeline bubble": 0.0}
@@ -261,6 +305,21 @@ def test_term_by_term_comparison_names_the_term_most_off():
     # tp is 120 ms over, compute 10 ms, idle 5 ms: tp communication is the term most off
     assert table["most_off"] == "tp communication"
     assert table["most_off_diff_s"] == pytest.approx(0.120, rel=1e-12)
+
+
+def test_term_by_term_comparison_keeps_the_moe_term_under_compute_and_moves_ep():
+    """The moe term is booked under compute (nothing to move); ep's share on top is booked
+    under the ep all-to-all and compared with compute, where a CPU trace counts it."""
+    from partita.profile.compare_terms import term_table
+    parts = {"compute": 0.200, "ep all-to-all": 0.050}
+    framework = {"moe_framework_us_per_layer": (0.030, "measured: partita calibrate"),
+                 "ep_framework_us_per_layer": (0.020, "measured: partita calibrate")}
+    table = term_table({"compute": 0.260, "ep": 0.030}, parts, framework, {})
+    rows = {r["term"]: r for r in table["rows"]}
+    assert rows["compute"]["predicted_s"] == pytest.approx(0.220, rel=1e-12)  # 200 + 20 ep share; moe already in
+    assert rows["ep communication"]["predicted_s"] == pytest.approx(0.030, rel=1e-12)
+    assert rows["  of which framework: moe_framework_us_per_layer"]["source"] == "calibrated"
+    assert table["most_off"] == "compute" and table["most_off_diff_s"] == pytest.approx(0.040, rel=1e-12)
 
 
 def test_from_profile_recovers_the_framework_field_of_a_run_dir(tmp_path):

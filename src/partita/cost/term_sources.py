@@ -21,7 +21,10 @@ SOURCE_WORD = {"measured": "measured", "vendor": "datasheet", "fitted": "fitted"
 _WEAKEST_FIRST = ("assumed", "default", "override", "scaled", "datasheet", "measured", "fitted", "calibrated")
 #: Each time part -> (collectives it moves, efficiency fields behind it).
 PART_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "compute": ((), ("gemm", "gemm_half_gflop", "memory_bandwidth", "kernel_overhead_us_per_layer")),
+    # a local MoE layer's expert dispatch is booked under compute; ep's share on top of it
+    # under the ep all-to-all (cost/overheads.py)
+    "compute": ((), ("gemm", "gemm_half_gflop", "memory_bandwidth", "kernel_overhead_us_per_layer",
+                     "moe_framework_us_per_layer")),
     "recompute": ((), ("gemm", "recompute_framework_us_per_layer")),
     "optimizer step": ((), ("memory_bandwidth",)),
     "tp communication": (("all_reduce",), ("intra_node_comm", "tp_framework_us_per_layer")),

@@ -4,8 +4,9 @@ timing), so tests feed them synthetic measurements and check exact recovery.
 Every measured term becomes a record ``{"value", "spread", "repeats", "samples", "unit",
 "method"}``: the median of the repeats, half their inter-quartile range (a robust spread
 that one preempted repeat on a loaded machine does not blow up), how many repeats, and
-how the number was obtained. Nothing is clamped here: a mechanism that measured faster
-than the cost model predicts keeps its negative value, so the user sees it.
+how the number was obtained. No record is clamped: a mechanism that measured faster than
+the cost model predicts keeps its negative value, so the user sees it (where a later fit
+holds it at 0, its record says so).
 """
 from __future__ import annotations
 
@@ -174,10 +175,15 @@ MECHANISMS: dict[str, str] = {
     "tp_nosp": "tp_nosp_framework_us_per_layer",
     "zero3": "zero3_framework_us_per_layer",
     "pp": "pp_framework_us_per_microbatch",
+    # a local MoE layer's expert dispatch (tiny-moe, dp only), before ep: the ep run's
+    # prediction then holds it, so the ep field is what ep adds on top of a local MoE layer
+    "moe": "moe_framework_us_per_layer",
     "ep": "ep_framework_us_per_layer",
     "recompute": "recompute_framework_us_per_layer",
     "cp": "cp_framework_us_per_layer",
 }
+#: A field measured on top of another (fitted first and held in its run's prediction).
+ON_TOP = {"ep_framework_us_per_layer": "moe_framework_us_per_layer"}
 #: The probe value (us) whose effect on the predicted step gives a field's weight.
 _PROBE_US = 1000.0
 
@@ -206,7 +212,14 @@ def fit_overheads(runs: dict[str, dict], predict: Callable[[dict, dict[str, floa
     ``predict(run, fields)`` is the cost model's step time of that run with the
     efficiency ``fields`` set. ``base`` (plain data parallel) goes first: its per-layer
     kernel overhead is then part of every other prediction. ``known`` gives the fields a
-    run's prediction holds that are not measured here (default 0)."""
+    run's prediction holds that are not measured here (default 0).
+
+    Order matters where one mechanism's run also pays another's field: ``moe`` (the expert
+    dispatch of a local MoE layer) goes before ``ep``, so the ep run's prediction holds the
+    moe field and ``ep_framework_us_per_layer`` is what expert parallelism adds on top
+    (:func:`partita.cost.overheads.moe_framework_us`). A later prediction holds a field
+    fitted negative as 0 (a device field cannot be negative): its record then says so
+    (``clamped_to``, ``note``), so calibrate prints it, never silently."""
     fields: dict[str, float] = {f: 0.0 for f in MECHANISMS.values()} | dict(known or {})
     terms: dict[str, dict] = {}
     for mech in [m for m in MECHANISMS if m in runs]:
@@ -228,8 +241,20 @@ def fit_overheads(runs: dict[str, dict], predict: Callable[[dict, dict[str, floa
                     + (f"{weight:.4g} (the field's weight in that step)" if read else "1 (the cost model does not read it)"))
         terms[field] = summarize(per, "us" if read else "us/step (not read by the cost model)", how)
         terms[field].update(predicted_step_s=p0, weight=weight, read_by_cost_model=read)
+        _note_held(terms, field, fields)
         fields[field] = max(terms[field]["value"], 0.0) if read else 0.0
+        if terms[field]["value"] < 0:
+            terms[field].update(clamped_to=0.0, note=f"negative ({terms[field]['value']:.4g} us): written as 0 and "
+                                                     f"held at 0 in the later micro-runs' predictions")
     return terms
+
+
+def _note_held(terms: dict[str, dict], field: str, fields: dict[str, float]) -> None:
+    """Say in ``field``'s method which earlier-fitted field its prediction held, and at what
+    value (:data:`ON_TOP`: the ep term is measured on top of the moe term)."""
+    under = ON_TOP.get(field)
+    if under in terms and terms[under]["read_by_cost_model"]:
+        terms[field]["method"] += f"; on top of {under} = {fields[under]:.4g} us (fitted first, held in the prediction)"
 
 
 def _prediction_and_weight(run: dict, field: str, fields: dict[str, float],

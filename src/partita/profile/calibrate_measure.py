@@ -118,7 +118,8 @@ def measure_collectives(device, sync, repeats: int) -> list[dict]:
 def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str, str]]:
     """Each mechanism's micro-run: ``(model, plan text)``, its degree 2 where the world allows
     (``model``: the dense model of the micro-runs, ``partita calibrate --model``)."""
-    plans = {"base": (model, f"dp={world},gbs={world}")}
+    # the expert dispatch of a local MoE layer: tiny-moe with data parallelism only
+    plans = {"base": (model, f"dp={world},gbs={world}"), "moe": (RUNTIME_MOE_MODEL, f"dp={world},gbs={world}")}
     if world % 2 == 0:
         half = world // 2
         plans.update({"tp": (model, f"dp={half},tp=2,gbs={half}"),
@@ -133,12 +134,13 @@ def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str
 
 def increment_plans(world: int) -> dict[str, str]:
     """The second micro-run of the mechanisms measured by their per-micro-batch increment:
-    the same plan with more micro-batches (base 1 -> 4, pp 2 -> 6 per step). The step-time
+    the same plan with more micro-batches (base, moe and ep 1 -> 4, pp 2 -> 6 per step). The step-time
     difference holds no per-step cost (optimizer, gradient sync, the pipeline's fill and
     drain), only what every further micro-batch adds."""
-    out = {"base": f"dp={world},gbs={4 * world}"}
+    out = {"base": f"dp={world},gbs={4 * world}", "moe": f"dp={world},gbs={4 * world}"}
     if world % 2 == 0:
         out["pp"] = f"dp={world // 2},pp=2,gbs={6 * (world // 2)}"
+        out["ep"] = f"dp={world},ep=2,gbs={4 * world}"
     return out
 
 

@@ -3,7 +3,8 @@
 A `partita train` or `partita profile` run directory holds its plan (``plan.json``), its
 configuration (``train.json``) and rank 0's step times (``metrics.jsonl``). A run whose
 plan uses exactly one parallel mechanism beyond data parallelism (tp, zero 3, pp, ep,
-cp, full recompute; none: the base per-layer overhead) measures that mechanism's
+cp, full recompute; none: the base per-layer overhead, or on a MoE model the local expert
+dispatch) measures that mechanism's
 framework field exactly as the calibration micro-runs do
 (:func:`.calibrate_fit.fit_overheads`), on the run's own model and shapes: the steps
 after the first are the repeats. A run mixing mechanisms cannot separate them and is
@@ -23,11 +24,12 @@ from .calibrate_fit import MECHANISMS, fit_overheads
 PLAN_FILE, TRAIN_FILE = "plan.json", "train.json"
 
 
-def mechanism_of(plan) -> str | None:
-    """The one mechanism beyond data parallelism ``plan`` uses ("base" for none), or None for several."""
+def mechanism_of(plan, moe: bool = False) -> str | None:
+    """The one mechanism beyond data parallelism ``plan`` uses ("base" for none; "moe" for
+    none on a MoE model, whose run measures the local expert dispatch), or None for several."""
     used = [m for m, on in (("tp" if plan.sp else "tp_nosp", plan.tp > 1), ("zero3", plan.zero >= 3), ("pp", plan.pp > 1), ("ep", plan.ep > 1),
                             ("cp", plan.cp > 1), ("recompute", plan.recompute == "full")) if on]
-    return used[0] if len(used) == 1 else ("base" if not used else None)
+    return used[0] if len(used) == 1 else (("moe" if moe else "base") if not used else None)
 
 
 def read_run(run_dir: str) -> dict:
@@ -68,7 +70,7 @@ def refine_from_runs(base: str, run_dirs: list[str], name: str | None) -> dict:
            "calibration": {"terms": {}, "skipped": []}}
     for run_dir in run_dirs:
         run = read_run(run_dir)
-        mech = mechanism_of(run["plan_obj"])
+        mech = mechanism_of(run["plan_obj"], load_model(run["model"]).moe is not None)
         if mech is None:
             out["calibration"]["skipped"].append(f"{run_dir}: {run['plan']} mixes mechanisms")
             continue

@@ -20,7 +20,7 @@ PART_TERM = {"compute": "compute", "recompute": "compute", "optimizer step": "co
 FRAMEWORK_PART = {"kernel_overhead_us_per_layer": "compute", "tp_framework_us_per_layer": "tp",
                   "tp_nosp_framework_us_per_layer": "tp",
                   "zero3_framework_us_per_layer": "dp", "pp_framework_us_per_microbatch": "pp",
-                  "ep_framework_us_per_layer": "ep", "recompute_framework_us_per_layer": "compute",
+                  "moe_framework_us_per_layer": "compute", "ep_framework_us_per_layer": "ep", "recompute_framework_us_per_layer": "compute",
                   "cp_framework_us_per_layer": "cp"}
 #: Provenance kind -> the word the comparison prints.
 SOURCE_WORD = {"measured": "calibrated", "vendor": "datasheet", "fitted": "fitted", "scaled": "scaled",
