@@ -81,6 +81,7 @@ def main() -> None:
         print(f"calibrating ({load()})", flush=True)
         subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware,
                         "--model", args.calibrate_model, "--timeout-s", "900"], check=True, timeout=960)
+    print_framework_terms(hardware)
     rows = []
     for model_name, text in plans:
         plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))
@@ -90,6 +91,19 @@ def main() -> None:
         print(f"{rows[-1][0]:44s} predicted {predicted * 1e3:8.1f} ms   measured {measured * 1e3:8.1f} ms   "
               f"error {(predicted - measured) / measured:+.0%}   ({load()})", flush=True)
     summary(rows, args.repeats, hardware)
+
+
+def print_framework_terms(hardware: str) -> None:
+    """The calibrated framework terms the predictions rest on (value +- spread; a negative
+    one is written as 0 and says so), e.g. the local MoE term and ep's share on top of it."""
+    try:
+        terms = json.load(open(hardware)).get("calibration", {}).get("terms", {})
+    except (OSError, ValueError):
+        return
+    for name, t in terms.items():
+        if name.startswith("efficiency.") and "value" in t:
+            note = "  (negative: written as 0)" if t["value"] < 0 else ""
+            print(f"  {name[len('efficiency.'):]:36s} {t['value']:10.4g} +- {t['spread']:.3g} {t['unit'][:8]}{note}")
 
 
 def summary(rows: list[tuple[str, float, float]], repeats: int, hardware: str) -> None:
