@@ -178,14 +178,14 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     assert len(raw["gemm"]) == 12 and {r["kind"] for r in raw["collectives"]} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     # one micro-run of Partita's runtime per mechanism, every repeat timed
-    assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "pp", "ep", "recompute", "cp"}
+    assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "pp", "moe", "ep", "recompute", "cp"}
     assert raw["runtime"]["tp"]["model"] == "tiny-llama"
     assert all(len(r["samples"]) == 5 and all(math.isfinite(s) and s > 0 for s in r["samples"])
                for r in raw["runtime"].values())
     # every runtime term has a value (signed), a spread and its repeats
     overheads = {k: t for k, t in terms.items() if k.startswith("efficiency.")}
     assert set(data["collectives"]) <= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
-    assert len(overheads) == 8 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == 5
+    assert len(overheads) == 9 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == 5
                                        for t in overheads.values())
     assert "spread" in proc.stdout and "repeats" in proc.stdout
     device = load_device(str(out))
@@ -193,7 +193,8 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     assert all(math.isfinite(v) and v > 0 for v in (device.intra_gbps, device.hbm_tbps))
     # written as 0 when a measurement is below the model's prediction (the term keeps the sign)
     for key in ("gemm_half_gflop", "tp_framework_us_per_layer", "zero3_framework_us_per_layer",
-                "kernel_overhead_us_per_layer", "pp_framework_us_per_microbatch", "ep_framework_us_per_layer"):
+                "kernel_overhead_us_per_layer", "pp_framework_us_per_microbatch", "moe_framework_us_per_layer",
+                "ep_framework_us_per_layer"):
         assert math.isfinite(device.efficiency[key]) and device.efficiency[key] >= 0, key
     assert math.isfinite(device.intra_latency_us) and device.intra_latency_us >= 0
     plan = Plan(tp=2, sp=True, gbs=4, mbs=1, seq_len=64, dtype="fp32")
