@@ -140,3 +140,51 @@ def test_traced_dtype_scale_applies_to_a_dataclass_copy():
     fp32 = traced_memory(dataclasses.replace(spec, dtype="fp32"), H100, plan)[0].parts["activations"]
     assert bf16 == pytest.approx(1e6, rel=1e-12)
     assert fp32 == pytest.approx(0.5e6, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- GEMM time
+def test_a_one_flop_gemm_takes_time_by_hand():
+    """Any positive amount of work takes time: one FLOP as one bf16 GEMM runs at the peak x
+    the GEMM efficiency x the size curve ``s / (s + s_half)`` for ``s`` = 1e-9 GFLOP (the
+    saturating GEMM-size curve; figures from the device file)."""
+    from partita.cost.compute import gemm_time
+
+    s = 1e-9
+    eff = H100.efficiency.gemm * s / (s + H100.efficiency.gemm_half_gflop)
+    assert gemm_time(H100, 1.0, "bf16") == pytest.approx(1.0 / (H100.peak_tflops["bf16"] * 1e12 * eff), rel=1e-12)
+    assert gemm_time(H100, 0.0, "bf16") == 0.0
+
+
+# --------------------------------------------------------------------------- zero-0 autocast states
+@pytest.mark.parametrize("framework,want", [("torchtitan", (4, 4, 8)), ("partita", (4, 4, 8)), ("megatron", (2, 4, 12))])
+def test_zero0_model_states_by_framework_by_hand(framework, want):
+    """bf16, zero 0: torchtitan without FSDP (torchtitan/distributed/utils.py
+    maybe_enable_amp) and Partita's runtime train fp32 parameters under torch.autocast -
+    fp32 weights (4 bytes), their fp32 ``.grad`` (4) and AdamW's m and v (8); Megatron's
+    Float16Module keeps bf16 weights (2), fp32 main gradients (4) and the fp32 master copy
+    with m and v (12) [Rajbhandari et al. 2020 sec. 3.1, 2 + 2 + 12 with fp32 gradients].
+    Zero 1 shards the Adam state for every framework (autocast is a zero-0 setting)."""
+    from partita.cost.memory import model_state_bytes
+
+    w, g, o = want
+    assert model_state_bytes(Plan(dp=2, zero=0, dtype="bf16", framework=framework), 1e9, 2) == {
+        "weights": w * 1e9, "gradients": g * 1e9, "optimizer": o * 1e9}
+    assert model_state_bytes(Plan(dp=2, zero=1, dtype="bf16", framework=framework), 1e9, 2) == {
+        "weights": 2e9, "gradients": 4e9, "optimizer": 6e9}
+
+
+def test_traced_zero0_under_partita_holds_autocast_states_by_hand():
+    """A traced model run by Partita's runtime at zero 0 in bf16 holds fp32 parameters under
+    autocast: 4 + 4 + 8 bytes for each of its 4 x 1000 + 500 parameters."""
+    from partita.cost.traced import traced_memory
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="block", params=1000, forward_flops=4e12, backward_flops=8e12, saved_bytes=4e8,
+                        recompute_bytes=5e7, output_bytes=2e7, attention_forward_flops=1e12, matmuls=4)
+    spec = TracedSpec(name="hand-autocast", batch=2, dtype="fp32", inputs=((2, 16),), total_params=4500,
+                      forward_flops=4 * 4e12 + 2e11, backward_flops=4 * 8e12 + 4e11, saved_bytes=4 * 4e8 + 1e8,
+                      block_class="Block", block_container="blocks", blocks=(block,) * 4, pipeline=True)
+    plan = Plan(dp=2, zero=0, mbs=2, gbs=4, seq_len=1, dtype="bf16", framework="partita")
+    (rank,) = traced_memory(spec, H100, plan)
+    assert (rank.parts["weights"], rank.parts["gradients"], rank.parts["optimizer"]) == pytest.approx(
+        (4 * 4500, 4 * 4500, 8 * 4500), rel=1e-12)
