@@ -60,6 +60,10 @@ OPTIONAL_EFFICIENCY_FIELDS = {
     "ep_framework_us_per_layer": 0.0,
     "recompute_framework_us_per_layer": 0.0,
     "cp_framework_us_per_layer": 0.0,
+    # fixed cost of one collective call on the critical path (launch, the ring's set-up across
+    # the group, the wait) beyond the latency steps of cost/comm.py; read where a framework
+    # issues one call per group member (InternEvo's per-owner parameter broadcast, cost/step.py)
+    "collective_call_us": 0.0,
 }
 
 
@@ -99,6 +103,7 @@ class Efficiency(Mapping):
     ep_framework_us_per_layer: float = 0.0
     recompute_framework_us_per_layer: float = 0.0
     cp_framework_us_per_layer: float = 0.0
+    collective_call_us: float = 0.0
     provenance: tuple[tuple[str, str], ...] = ()  # (field, "kind: source"), in field order
 
     def __getitem__(self, key: str) -> float:
