@@ -35,11 +35,17 @@ field                       what it changes (where)
                             through HBM: the extra bytes beyond the fused count of
                             :func:`.compute.layer_forward` (:func:`unfused_elementwise_bytes`),
                             added to the layer's element-wise HBM traffic there.
+``param_broadcast_per_owner`` zero 1/2: the updated weights are broadcast by each owner of a
+                            shard, one collective call per member of the shard group, instead
+                            of one all-gather: the all-gather's bytes plus ``n`` times the
+                            device's ``collective_call_us`` (:mod:`.step`)
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
 default of its llama configs), ``torchtitan-eager`` (torchtitan without ``torch.compile``),
-``deepspeed``, ``partita`` (this project's eager runtime).
+``deepspeed``, ``partita`` (this project's eager runtime), ``internevo`` (the InternLM trainer:
+Megatron's kernels and checkpoint, its hybrid ZeRO-1 syncing parameters by per-owner
+broadcasts after the step).
 
 Why ``torchtitan-eager`` is an entry and not a ``compile`` knob on torchtitan: every field
 above is a fact about how a named stack runs a layer, and compile is one more such fact - it
@@ -82,6 +88,10 @@ class Framework:
     #: trial built its entry without it and the eager fp8 rows came out 15 points *faster*
     fp8_cast_bytes: float = field(kw_only=True)
     unfused_elementwise: bool = False
+    #: zero 1/2: the updated weights reach the other ranks as one broadcast per owner (each
+    #: member of the shard group broadcasts its shard), not one all-gather - the same bytes
+    #: per rank, but as many collective calls as the group has members (:mod:`.step`)
+    param_broadcast_per_owner: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -181,6 +191,17 @@ FRAMEWORKS: dict[str, Framework] = {
         ("zero0_autocast", "partita.runtime.parallelize: zero 0 trains fp32 parameters under torch.autocast "
          "(tests/data/cost_oracles.json: the tensors each rank holds)"),
         ("tp_comm_overlap", "partita.runtime.tensor_parallel: DTensor collectives, no async TP"),
+    )),
+    # InternEvo (the InternLM trainer): Megatron-style fused kernels and reentrant checkpoint,
+    # with its own hybrid ZeRO-1 optimizer.
+    "internevo": Framework("internevo", param_gather_overlap=False, param_broadcast_per_owner=True,
+                           fp8_cast_bytes=0.0, sources=_MEGATRON_SOURCES[:3] + (
+        ("param_gather_overlap", "InternLM/InternEvo configs (configs/_base_/models/internlm2_7B.py, "
+         "configs/7B_sft.py): hybrid_zero_optimizer overlap_sync_param=False - the updated parameters are "
+         "synchronised after the optimizer step, before the next forward starts"),
+        ("param_broadcast_per_owner", "InternEvo internlm/solver/optimizer/hybrid_zero_optim.py broadcast_params: "
+         "every rank of the zero1 group broadcasts the parameter shard it owns (dist.broadcast src=owner), one "
+         "call per member of the group; zero1=-1 makes the group the whole data-parallel group, zero1=8 one node"),
     )),
 }
 

@@ -238,9 +238,10 @@ RUNS_AS: dict[str, tuple[str, str]] = {
              "checkpoint, distributed optimizer with overlapped param gather)"),
     "deepspeed": ("deepspeed", "DeepSpeed"),
     "torchtitan": ("torchtitan", "torchtitan (torchao's benchmarks run torchtitan's train.py)"),
-    "internlm": ("megatron", "InternLM trainer: flash-attn fused kernels, its activation checkpoint is a reentrant "
-                 "autograd Function (internlm/solver/activation_checkpoint.py), ZeRO-1 with overlapped parameter "
-                 "broadcast: Megatron's behaviour in every modelled term"),
+    "internlm": ("internevo", "InternLM trainer (InternEvo): flash-attn fused kernels, its activation checkpoint is "
+                 "a reentrant autograd Function (internlm/solver/activation_checkpoint.py), hybrid ZeRO-1 whose "
+                 "parameter sync is a broadcast per shard owner after the step (overlap_sync_param=False in its "
+                 "configs): cost/frameworks.py ``internevo``"),
     "composer": ("megatron", "Composer/llm-foundry: flash/triton attention and fused LayerNorm; the benchmark table "
                  "does not state its checkpoint flavour, kept at the reference (whole-forward recompute)"),
     "mindformers": ("mindspeed", "MindSpore on Ascend: graph-mode fused kernels, recompute reruns the forward: "
