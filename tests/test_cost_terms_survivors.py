@@ -188,3 +188,32 @@ def test_traced_zero0_under_partita_holds_autocast_states_by_hand():
     (rank,) = traced_memory(spec, H100, plan)
     assert (rank.parts["weights"], rank.parts["gradients"], rank.parts["optimizer"]) == pytest.approx(
         (4 * 4500, 4 * 4500, 8 * 4500), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- traced GEMM counts
+@pytest.mark.parametrize("matmuls", [0, 1])
+def test_traced_block_with_one_or_no_matmul_by_hand(matmuls):
+    """A traced block's GEMM FLOPs are timed as ``matmuls`` equal GEMMs forward and
+    ``3 x matmuls`` forward + backward (dgrad and wgrad per forward GEMM), at least one, on
+    the saturating GEMM-size curve; plus 3 HBM passes over the saved bytes (one forward)
+    and the launch overhead once forward, three times in all. One block of 1 TFLOP forward
+    and 2 backward, no attention, nothing outside the blocks, micro-batch = traced batch."""
+    from partita.cost.traced import traced_step_time
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="b", params=10, forward_flops=1e12, backward_flops=2e12, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=matmuls)
+    spec = TracedSpec(name=f"hand-mm{matmuls}", batch=1, dtype="bf16", inputs=((1, 8),), total_params=10,
+                      forward_flops=1e12, backward_flops=2e12, saved_bytes=1e6, block_class="B",
+                      block_container="blocks", blocks=(block,), pipeline=True)
+    st = traced_step_time(spec, CLUSTER, Plan(dp=1, zero=0, mbs=1, gbs=1, seq_len=1, dtype="bf16"))
+    (stage,) = st.stages
+
+    def gemm(flops: float, count: int) -> float:
+        s = flops / count / 1e9
+        return flops / (H100.peak_tflops["bf16"] * 1e12 * H100.efficiency.gemm * s / (s + H100.efficiency.gemm_half_gflop))
+
+    hbm = 3 * 1e6 / (H100.hbm_tbps * 1e12 * H100.efficiency.memory_bandwidth)
+    ov = H100.efficiency.kernel_overhead_us_per_layer * 1e-6
+    assert stage.forward == pytest.approx(gemm(1e12, 1) + hbm / 3 + ov, rel=1e-12)
+    assert stage.parts["compute"] == pytest.approx(gemm(3e12, max(1, 3 * matmuls)) + hbm + 3 * ov, rel=1e-12)
