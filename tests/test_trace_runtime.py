@@ -26,9 +26,11 @@ CASES = [f"{model}:{plan}" for model in ("tiny_vit", "tiny_unet", "tiny_dit")
 AUTO_PICKS = {"tiny_unet:auto,dtype=fp32,recompute=full": "rc-full", "tiny_dit:auto,dtype=fp32,pp=2,mbs=1": "pp2"}
 
 
-#: pipeline combined with data parallel: 4 ranks (stage-major: ranks 0,1 stage 0, ranks 2,3 stage 1)
+#: pipeline combined with data parallel, ZeRO-3 or tensor parallel: 4 ranks, ordered (pp, dp, tp) -
+#: ranks 0,1 stage 0 and ranks 2,3 stage 1
 CASES_4 = ["tiny_vit:dp=2,pp=2,zero=0,mbs=1,dtype=fp32", "tiny_dit:dp=2,pp=2,zero=0,mbs=1,recompute=full,dtype=fp32",
-           "tiny_vit:auto,dtype=fp32,pp=2,dp=2"]
+           "tiny_vit:auto,dtype=fp32,pp=2,dp=2", "tiny_vit:pp=2,tp=2,mbs=1,dtype=fp32",
+           "tiny_vit:dp=2,pp=2,zero=3,mbs=1,dtype=fp32"]
 AUTO_PICKS["tiny_vit:auto,dtype=fp32,pp=2,dp=2"] = "z0"  # the one zero level pp x dp runs
 
 
@@ -60,7 +62,7 @@ def test_traced_model_matches_single_process(results, case):
 
 @pytest.mark.timeout(650)
 @pytest.mark.parametrize("case", CASES_4)
-def test_traced_pipeline_with_dp_matches_single_process(results_4, case):
+def test_traced_pipeline_with_dp_tp_zero_matches_single_process(results_4, case):
     _check_case(results_4[case], case)
 
 
@@ -90,6 +92,38 @@ def test_tp_rank_holds_the_traced_split(results, name):
     assert (spec.tp_other_params > 0) == (name == "tiny_vit_tp_head")
 
 
+def _vit_stage_names(stage: int) -> set[str]:
+    """What a stage of tiny_vit at pp=2 must hold, by hand: the stem (it runs on every stage),
+    its own encoder layer, and on the last stage the final norm and the classifier."""
+    from examples.traced_models import tiny_vit
+    names = [n for n, _ in tiny_vit()[0].named_parameters()]
+    return {n for n in names if n.startswith(("vit.embeddings.", f"vit.layers.{stage}."))
+            or (stage == 1 and not n.startswith(("vit.embeddings.", "vit.layers.")))}
+
+
+@pytest.mark.timeout(650)
+def test_pipeline_stage_holds_only_its_own_parameters(results, results_4):
+    """The parameter tensors each stage's module really holds (gathered from every rank): its
+    blocks, the stem, the head on the last stage - and their elements, summed over a stage's
+    ranks, are the stage's full size once per replica at zero 0 and once in all at zero 3
+    (FSDP2 shards)."""
+    from examples.traced_models import tiny_vit
+    full = {n: p.numel() for n, p in tiny_vit()[0].named_parameters()}
+    z0, z3 = results_4["tiny_vit:dp=2,pp=2,zero=0,mbs=1,dtype=fp32"], results_4["tiny_vit:dp=2,pp=2,zero=3,mbs=1,dtype=fp32"]
+    for r in (results["tiny_vit:pp=2,mbs=1,dtype=fp32"], z0, z3, results_4["tiny_vit:pp=2,tp=2,mbs=1,dtype=fp32"]):
+        assert [set(s["names"]) for s in r["stages"]] == [_vit_stage_names(0), _vit_stage_names(1)]
+    for stage in (0, 1):
+        size = sum(full[n] for n in _vit_stage_names(stage))
+        assert size < sum(full.values()) - 1000  # the other stage's layer is not held
+        assert results["tiny_vit:pp=2,mbs=1,dtype=fp32"]["stages"][stage]["numel"] == size
+        assert z0["stages"][stage]["numel"] == 2 * size
+        assert z3["stages"][stage]["numel"] == size
+    # diffusers' DiT: the last stage also holds block 0's norm1.emb, which its head calls - and nothing else of block 0
+    dit = results["tiny_dit:pp=2,mbs=2,recompute=full,dtype=fp32"]["stages"][1]["names"]
+    block0 = {n for n in dit if n.startswith("transformer_blocks.0.")}
+    assert block0 and all(n.startswith("transformer_blocks.0.norm1.emb.") for n in block0)
+
+
 @pytest.mark.timeout(60)
 def test_traced_runtime_refuses_what_it_cannot_run():
     import torch.distributed as dist
@@ -103,8 +137,8 @@ def test_traced_runtime_refuses_what_it_cannot_run():
         parallelize_traced(tiny_vit()[0], Plan(cp=2, seq_len=4))
     with pytest.raises(PartitaError, match="no repeated blocks"):
         traced_units(__import__("torch").nn.Linear(2, 2))
-    with pytest.raises(PartitaError, match="does not run zero=1 beside pp and dp=2"):
-        TracedPipeline(tiny_vit()[0], Plan(dp=2, pp=2, zero=1), None, None)
+    with pytest.raises(PartitaError, match="pp=3 exceeds the 2 blocks"):
+        TracedPipeline(tiny_vit()[0], Plan(pp=3), None, None)
     with pytest.raises(PartitaError, match="needs one example micro-batch to trace") as e:
         parallelize_traced(tiny_vit()[0], "auto")
     assert "\n" not in str(e.value)

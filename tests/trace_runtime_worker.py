@@ -94,11 +94,17 @@ def run_case(case: str) -> dict:
         compared += 1
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
     stats = torch.tensor([diff, float(held), float(compared)])
+    # what each rank really holds: its parameters' names and the elements of its local tensors
+    mine = (rank // (plan.dp * plan.tp), sorted(n for n, _ in pm.module.named_parameters()), held)
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    stages = [{"names": sorted({n for s, names, _ in every if s == stage for n in names}),
+               "numel": sum(h for s, _, h in every if s == stage)} for stage in range(plan.pp)]
     dist.all_reduce(stats[:2], op=dist.ReduceOp.MAX)
     dist.all_reduce(stats[2:], op=dist.ReduceOp.SUM)
     return {"losses": losses, "reference": ref_losses, "param_abs_diff": float(stats[0]), "held": int(stats[1]),
             "compared": int(stats[2]) // (world // plan.pp), "params": len(ref_params), "units": len(pm.units),
-            "plan": plan.summary()}
+            "plan": plan.summary(), "stages": stages}
 
 
 def main() -> None:

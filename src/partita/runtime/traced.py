@@ -15,8 +15,10 @@ class of the longest run of identical children). Order, as torchtitan applies it
 3. the optimizer over the (sharded) parameters.
 
 Tensor parallel (``tp``) applies the model's TP plan to every block (:func:`apply_tp_plan`)
-before the rest; pipeline parallel (``pp``) splits a block-sequence forward over ranks
-(:mod:`.traced_pipeline`). Not for traced models: context and expert parallel.
+before the rest (:func:`shard_blocks` applies the three); pipeline parallel (``pp``) splits a
+block-sequence forward over ranks and applies the same to each stage's blocks
+(:mod:`.traced_pipeline`), with tp and any zero level. Not for traced models: context and
+expert parallel.
 """
 from __future__ import annotations
 
@@ -75,14 +77,15 @@ def _style(kind: str):
     return None
 
 
-def apply_tp_plan(model: nn.Module, tp_plan: dict[str, str], tp_mesh) -> int:
+def apply_tp_plan(model: nn.Module, tp_plan: dict[str, str], tp_mesh, units: tuple[str, ...] | None = None) -> int:
     """Megatron-style tensor parallel from a transformers/torchtitan-style ``tp_plan``
     (:func:`_style`): in every block, patterns on full paths or relative to the block, as
     :func:`partita.trace` reads them; outside the blocks (a stem or head), patterns on full
-    paths. Returns the number of layers split."""
+    paths. ``units``: the block paths (default: the model's repeated blocks; a pipeline stage
+    passes the whole model's, some of them emptied). Returns the number of layers split."""
     from torch.distributed.tensor.parallel import parallelize_module
     count = 0
-    units = _unit_paths(model)
+    units = units or _unit_paths(model)
     for path in units:
         unit = model.get_submodule(path)
         styles = {}
@@ -177,12 +180,13 @@ class TracedParallel:
 def parallelize_traced(model: nn.Module, plan: Plan | str,
                        make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
                        device_type: str | None = None, tp_plan: dict[str, str] | None = None,
-                       example_inputs: Any = None) -> TracedParallel:
+                       example_inputs: Any = None) -> TracedParallel | TracedPipeline:
     """Apply ``plan`` (dp, zero, tp, pp, recompute, dtype) to any model along its repeated
     blocks; tp needs ``tp_plan`` (or the model's ``partita_tp_plan`` attribute). ``plan`` may
     be text; ``"auto"`` / ``"auto,gbs=8,dtype=fp32"`` traces the model on ``example_inputs``
     (or ``model.partita_example_inputs``) and searches the best plan the runtime can run for
-    this world size (:func:`.auto.choose_traced_plan`; rank 0 prints it and the runner-up)."""
+    this world size (:func:`.auto.choose_traced_plan`; rank 0 prints it and the runner-up).
+    With pp > 1 each rank keeps its stage only (:class:`.traced_pipeline.TracedPipeline`)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     if isinstance(plan, str):
         plan = _resolve(model, plan, world, device_type, tp_plan, example_inputs)
@@ -194,33 +198,49 @@ def parallelize_traced(model: nn.Module, plan: Plan | str,
     device = local_device(device_type)
     model = model.to(device)
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
+    tp_plan = tp_plan or getattr(model, "partita_tp_plan", None)
+    if plan.tp > 1 and not tp_plan:
+        raise PartitaError(f"tp={plan.tp} needs a TP plan: parallelize_traced(..., tp_plan={{'<module>': "
+                           "'colwise'|'rowwise'}}) or model.partita_tp_plan")
+    setup = functools.partial(shard_blocks, plan=plan, tp_plan=tp_plan, make_optimizer=make_optimizer)
     if plan.pp > 1:  # pipeline over the block sequence (traced_pipeline.py)
-        if plan.recompute == "full":
-            apply_block_recompute(units)
-        return TracedPipeline(model, plan, make_optimizer(list(model.parameters())), device)
+        inputs = example_inputs if example_inputs is not None else getattr(model, "partita_example_inputs", None)
+        return TracedPipeline(model, plan, device, functools.partial(setup, ddp=False), device_type,
+                              example_inputs=inputs)
     from torch.distributed.device_mesh import init_device_mesh
+    tp_mesh = dp_mesh = None
     if plan.tp > 1:
-        tp_plan = tp_plan or getattr(model, "partita_tp_plan", None)
-        if not tp_plan:
-            raise PartitaError(f"tp={plan.tp} needs a TP plan: parallelize_traced(..., tp_plan={{'<module>': "
-                               "'colwise'|'rowwise'}}) or model.partita_tp_plan")
         grid = init_device_mesh(device_type, (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
-        apply_tp_plan(model, tp_plan, grid["tp"])
+        tp_mesh, dp_mesh = grid["tp"], grid["dp"]
+    elif plan.dp > 1 and plan.zero >= 1:
+        dp_mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
+    model, optimizer = setup(model, units, tp_mesh, dp_mesh)
+    return TracedParallel(model, optimizer, plan, units, device)
+
+
+def shard_blocks(model: nn.Module, units: list[nn.Module], tp_mesh, dp_mesh, unit_paths: tuple[str, ...] | None = None,
+                 *, plan: Plan, tp_plan: dict[str, str] | None, make_optimizer: Callable,
+                 ddp: bool = True) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Tensor parallel from the TP plan on ``tp_mesh``, then recompute of ``units``, then data
+    parallel on ``dp_mesh`` (FSDP2 per unit and the root for zero >= 1; DDP for zero 0 where
+    ``ddp`` - a pipeline stage averages its gradients itself), then the optimizer over the
+    (sharded) parameters. Returns the module to call and the optimizer."""
+    if plan.tp > 1:
+        apply_tp_plan(model, tp_plan or {}, tp_mesh, unit_paths)
     if plan.recompute == "full":
         apply_block_recompute(units)
     if plan.dp > 1 and plan.zero >= 1:
-        mesh = grid["dp"] if plan.tp > 1 else init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
         param_dtype = _DTYPES[plan.dtype]
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
             else MixedPrecisionPolicy()
         for unit in units:
-            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
+            fully_shard(unit, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=plan.zero >= 3)
         gather_on_outside_use(units)
-    elif plan.dp > 1:
-        group = grid["dp"].get_group() if plan.tp > 1 else None
+    elif plan.dp > 1 and ddp:
+        group = dp_mesh.get_group() if dp_mesh is not None else None
         model = nn.parallel.DistributedDataParallel(model, process_group=group)
-    return TracedParallel(model, make_optimizer(list(model.parameters())), plan, units, device)
+    return model, make_optimizer(list(model.parameters()))
 
 
 def _resolve(model: nn.Module, text: str, world: int, device_type: str | None, tp_plan: dict | None,

@@ -12,13 +12,20 @@ knowing its forward: every stage runs the model's own forward with hooks -
 * the last stage runs to the model's output and the loss.
 
 Schedule: GPipe [Huang et al. 2019] - every micro-batch forward, then every backward in
-reverse, activation gradients sent back stage to stage. Each rank updates the parameters
-that received gradients on it: its blocks, and the stem (first stage) or head (last).
-Parameters used on more than one stage (a head that reuses a block's submodule) have
-their gradients summed over the stages. Known gaps: every stage keeps the whole model's parameters (only its own are trained);
-the stem runs on every stage (its output is replaced); pp combines with dp (zero 0, the
-gradients averaged over each stage's replicas) but not with tp or with sharded optimizer
-states (one line says so).
+reverse, activation gradients sent back stage to stage (their dtype travels with them).
+
+Each stage holds only what it runs: built from one micro-batch (a forward stopped after its
+last block and one ``autograd.grad`` of that output), it keeps its blocks, the modules its
+forward calls (the stem, on every stage; the head, on the last) and the owners of the
+parameters its output depends on; every other module with parameters is replaced by an
+empty :class:`_Dropped` (a block: pass-through). Then, as without pp
+(:func:`.traced.shard_blocks`), the TP plan splits the stage's layers over its ``tp`` group,
+its blocks are recomputed, and for zero >= 1 FSDP2 shards its blocks and the rest over its
+``dp`` group (zero 0: the stage averages its gradients over the replicas itself). Ranks are
+ordered (pp, dp, tp) as :mod:`partita.runtime.mesh`. Parameters used on more than one stage
+(diffusers' DiT head reuses block 0's ``norm1.emb``) are held by each of those stages and
+have their gradients summed over them. Known gap: the stem runs on every stage (its output
+is replaced on all but the first).
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ from ..errors import PartitaError
 from ..plan import Plan
 from ..tracing.blocks import find_blocks
 
-_HEADER = 8  # dims of an activation's shape header (ndim, then the sizes)
+_HEADER = 8  # an activation's header: ndim, the sizes, and (last) its dtype's index in _DTYPES
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def split_micro_batches(inputs: Any, m: int) -> list[Any]:
@@ -51,78 +59,117 @@ class _Stop(Exception):
     """Raised after a non-last stage's last block: the rest of the forward is another stage's."""
 
 
+class _Dropped(nn.Module):
+    """What a stage holds in place of a module it does not run: no parameters. A block of
+    another stage passes its hidden state through (as the blocks before the stage's first
+    do); anything else refuses to run, naming the module."""
+
+    def __init__(self, path: str, block: bool):
+        super().__init__()
+        self.path, self.block = path, block
+
+    def forward(self, *args, **kwargs):
+        if self.block:
+            return args[0] if args else kwargs["hidden_states"]
+        raise PartitaError(f"this pipeline stage dropped {self.path} (its forward did not use it when the stage "
+                           "was built); the model's forward must call the same modules on every step")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds (a DTensor's local shard)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _send(t: torch.Tensor, dst: int) -> None:
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0] = t.dim()
     header[1:1 + t.dim()] = torch.tensor(t.shape)
+    header[-1] = _DTYPES.index(t.dtype)
     dist.send(header, dst)
     dist.send(t.detach().contiguous(), dst)
 
 
-def _recv(src: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _recv(src: int, device: torch.device) -> torch.Tensor:
     header = torch.zeros(_HEADER, dtype=torch.int64)
     dist.recv(header, src)
     shape = tuple(int(d) for d in header[1:1 + int(header[0])])
-    t = torch.empty(shape, dtype=dtype, device=device)
+    t = torch.empty(shape, dtype=_DTYPES[int(header[-1])], device=device)
     dist.recv(t, src)
     return t
 
 
-class TracedPipeline:
-    """One pipeline stage of a traced model; :meth:`train_step` runs one GPipe step."""
+def _prune(module: nn.Module, prefix: str, used: set[str], keep: set[str], blocks: set[str]) -> None:
+    """Replace every child of ``module`` that holds parameters and that nothing in ``used``
+    lies in (a path in ``used`` or below it) by a :class:`_Dropped`; recurse into the rest."""
+    for name, child in list(module.named_children()):
+        path = f"{prefix}{name}"
+        if path in keep or not any(True for _ in child.parameters()):
+            continue
+        if any(u == path or u.startswith(path + ".") for u in used):
+            _prune(child, path + ".", used, keep, blocks)
+        else:
+            setattr(module, name, _Dropped(path, path in blocks))
 
-    def __init__(self, model: nn.Module, plan: Plan, optimizer: torch.optim.Optimizer, device: torch.device):
+
+class TracedPipeline:
+    """One pipeline stage of a traced model; :meth:`train_step` runs one GPipe step.
+
+    ``setup(module, units, tp_mesh, dp_mesh, unit_paths)`` applies tp, recompute and data
+    parallel to the stage (:func:`.traced.shard_blocks` with ``ddp=False``) and returns
+    ``(module, optimizer)``. The stage is built from ``example_inputs`` (one micro-batch) when
+    given, else on the first :meth:`train_step` (``optimizer`` is None until then)."""
+
+    def __init__(self, model: nn.Module, plan: Plan, device: torch.device, setup: Callable,
+                 device_type: str = "cpu", example_inputs: Any = None):
         layout = find_blocks(model)
         if not layout.pipeline:
             raise PartitaError(f"pp={plan.pp} needs one sequence of repeated blocks; {type(model).__name__}'s "
                                "blocks are not one run in one container")
-        missing = ([f"tp={plan.tp} beside pp (a TP plan inside a pipeline stage)"] if plan.tp > 1 else []) + \
-            ([f"zero={plan.zero} beside pp and dp={plan.dp} (sharded states per stage; pp x dp runs zero 0)"]
-             if plan.dp > 1 and plan.zero >= 1 else []) + \
-            ([f"zero={plan.zero} in a pipeline (runs zero 0/1)"] if plan.dp == 1 and plan.zero >= 2 else [])
-        if missing:
-            raise PartitaError("the traced pipeline runtime does not run " + "; ".join(missing))
         blocks = [model.get_submodule(p) for p in layout.run]
         if plan.pp > len(blocks):
             raise PartitaError(f"pp={plan.pp} exceeds the {len(blocks)} blocks of {type(model).__name__}")
-        self.module, self.plan, self.optimizer, self.device = model, plan, optimizer, device
-        self._groups(plan)
+        self.module, self.plan, self.device, self._setup = model, plan, device, setup
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._groups(plan, device_type)
         n, p = len(blocks), plan.pp
         sizes = [n // p + (1 if i < n % p else 0) for i in range(p)]
-        lo = sum(sizes[:self.stage])
-        hi = lo + sizes[self.stage]
-        self.dtype = next(model.parameters()).dtype
-        self.units = blocks[lo:hi]
+        self.lo = sum(sizes[:self.stage])
+        self.hi = self.lo + sizes[self.stage]
+        self.paths = layout.run
+        self.units = blocks[self.lo:self.hi]
+        self._names = [name for name, _ in model.named_parameters()]  # the whole model's, the same on every stage
         self._incoming: torch.Tensor | None = None
         self._outgoing: torch.Tensor | None = None
-        for block in blocks[:lo]:
+        self._probing = False
+        for block in blocks[:self.lo]:
             block.forward = lambda *args, **kwargs: args[0] if args else kwargs["hidden_states"]
         if self.stage > 0:
-            blocks[lo].register_forward_pre_hook(self._replace_input, with_kwargs=True)
-        if self.stage < p - 1:
-            blocks[hi - 1].register_forward_hook(self._stop)
+            blocks[self.lo].register_forward_pre_hook(self._replace_input, with_kwargs=True)
+        if example_inputs is not None:
+            self._build(self._to_device(split_micro_batches(example_inputs, 1)[0]))
 
-    def _groups(self, plan: Plan) -> None:
-        """This rank's stage and dp replica in the mesh order (pp, dp) - rank = stage * dp +
-        replica, the order :mod:`partita.runtime.mesh` and the cost model use - and the
-        process groups of its replica's stages (pp) and its stage's replicas (dp). Every
-        rank creates every group, in the same order, as ``new_group`` requires."""
-        rank, dp = dist.get_rank(), plan.dp
-        self.stage, self.stages, self.replica = rank // dp, plan.pp, rank % dp
-        self.pp_group = self.dp_group = None
-        if dp > 1:
-            for r in range(dp):
-                group = dist.new_group([s * dp + r for s in range(plan.pp)])
-                self.pp_group = group if r == self.replica else self.pp_group
-            for s in range(plan.pp):
-                group = dist.new_group([s * dp + r for r in range(dp)])
-                self.dp_group = group if s == self.stage else self.dp_group
+    def _groups(self, plan: Plan, device_type: str) -> None:
+        """This rank's stage, dp replica and tp rank in the mesh order (pp, dp, tp) - rank =
+        (stage * dp + replica) * tp + tp_rank, the order :mod:`partita.runtime.mesh` and the cost
+        model use - and the device mesh whose ``pp`` / ``dp`` / ``tp`` groups hold its replica's
+        stages, its stage's replicas and its tensor-parallel peers."""
+        from torch.distributed.device_mesh import init_device_mesh
+        rank, dp, tp = dist.get_rank(), plan.dp, plan.tp
+        self.mesh = init_device_mesh(device_type, (plan.pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        self.stage, self.stages = rank // (dp * tp), plan.pp
+        self.replica, self.tp_rank = (rank // tp) % dp, rank % tp
+        self.pp_group, self.dp_group = self.mesh["pp"].get_group(), self.mesh["dp"].get_group()
 
     def peer(self, stage: int) -> int:
-        """Global rank of ``stage`` of this rank's replica."""
-        return stage * self.plan.dp + self.replica
+        """Global rank of ``stage`` of this rank's replica and tp rank."""
+        return (stage * self.plan.dp + self.replica) * self.plan.tp + self.tp_rank
+
+    def _to_device(self, chunk: Any) -> Any:
+        return tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, chunk)
 
     def _replace_input(self, module, args, kwargs):
+        if self._probing:
+            return None
         if args:
             return (self._incoming, *args[1:]), kwargs
         return args, dict(kwargs, hidden_states=self._incoming)
@@ -131,11 +178,62 @@ class TracedPipeline:
         self._outgoing = out[0] if isinstance(out, tuple) else out
         raise _Stop
 
+    def _build(self, chunk: Any) -> None:
+        """Keep only what this stage runs (:meth:`_probe`, :func:`_prune`: its blocks, the
+        modules its forward calls - the stem, the last stage's head, a block's submodule the
+        model calls outside the block - and the modules whose parameters its output depends
+        on), then apply tp, recompute and data parallel to it and build the optimizer."""
+        used = self._probe(chunk)
+        _prune(self.module, "", used, set(self.paths[self.lo:self.hi]), set(self.paths))
+        self.module, self.optimizer = self._setup(self.module, self.units, self.mesh["tp"], self.mesh["dp"],
+                                                  self.paths)
+        if self.stage < self.stages - 1:
+            self.units[-1].register_forward_hook(self._stop)
+        held = {name: _local(p).numel() for name, p in self.module.named_parameters()}
+        self._sizes = torch.tensor([float(held.get(name, 0)) for name in self._names])
+        dist.all_reduce(self._sizes, op=dist.ReduceOp.MAX, group=self.pp_group)
+
+    def _probe(self, chunk: Any) -> set[str]:
+        """Paths of the modules this stage's forward uses, from one forward of ``chunk`` (the
+        stage's first block fed the stem's output, stopped after its last block) and one
+        ``autograd.grad`` of its output: the modules it calls (blocks of earlier stages, which
+        pass through, do not count; their submodules do) and the owners of the parameters the
+        output depends on. Random state and buffers are restored afterwards."""
+        model = self.module
+        called: set[str] = set()
+        skip = {id(b) for b in (model.get_submodule(p) for p in self.paths[:self.lo])}
+        handles = [m.register_forward_pre_hook(lambda mod, args, path=path: called.add(path))
+                   for path, m in model.named_modules() if path and id(m) not in skip]
+        if self.stage < self.stages - 1:
+            handles.append(self.units[-1].register_forward_hook(self._stop))
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+        self._probing = True
+        try:
+            with torch.random.fork_rng(devices=[]):
+                try:
+                    out = model(**chunk) if isinstance(chunk, dict) else model(*chunk)
+                except _Stop:
+                    out = self._outgoing
+        finally:
+            self._probing = False
+            for h in handles:
+                h.remove()
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(buffers[name])
+        out = out.to_tuple() if hasattr(out, "to_tuple") else out
+        leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        if not leaves or not named:
+            return called
+        grads = torch.autograd.grad(sum(t.float().sum() for t in leaves), [p for _, p in named], allow_unused=True)
+        return called | {name.rpartition(".")[0] for (name, _), g in zip(named, grads) if g is not None}
+
     def _forward(self, chunk: Any, loss_fn: Callable) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(received activation or None, the stage's output or the last stage's loss)."""
         received = None
         if self.stage > 0:
-            received = _recv(self.peer(self.stage - 1), self.dtype, self.device).requires_grad_()
+            received = _recv(self.peer(self.stage - 1), self.device).requires_grad_()
             self._incoming = received
         try:
             out = self.module(**chunk) if isinstance(chunk, dict) else self.module(*chunk)
@@ -147,31 +245,40 @@ class TracedPipeline:
     def _sum_shared_gradients(self) -> None:
         """Sum the gradients of parameters that more than one stage used (a model that calls a
         block's submodule again in its head - diffusers' DiT reuses ``transformer_blocks[0]
-        .norm1.emb`` - trains it on the first and the last stage): the stages' counts are
-        all-reduced once per step over this replica's stages, then the gradients of the shared
-        ones. With dp > 1 the gradients are then averaged over the stage's replicas (data
-        parallel: each replica computed the mean loss of its share of the batch)."""
-        params = list(self.module.parameters())
-        used = torch.tensor([float(p.grad is not None) for p in params])
+        .norm1.emb`` - trains it on the first and the last stage): the stages' counts, by the
+        whole model's parameter names, are all-reduced once per step over this replica's
+        stages, then the gradients of the shared ones (a stage without one adds zeros of its
+        size). With dp > 1 at zero 0 the gradients are then averaged over the stage's replicas
+        (data parallel: each replica computed the mean loss of its share of the batch); at
+        zero >= 1 FSDP2 has reduce-scattered them in backward."""
+        held = dict(self.module.named_parameters())
+        used = torch.tensor([float(name in held and held[name].grad is not None) for name in self._names])
         dist.all_reduce(used, group=self.pp_group)
-        for p, n in zip(params, used.tolist()):
-            if n > 1:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=self.pp_group)
-        if self.dp_group is not None:
-            for p in params:
+        for i, (name, count) in enumerate(zip(self._names, used.tolist())):
+            if count < 2:
+                continue
+            if name in held:
+                p = held[name]
+                p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+                buf = _local(p.grad).view(-1)
+            else:
+                buf = torch.zeros(int(self._sizes[i]), dtype=_DTYPES[0], device=self.device)
+            dist.all_reduce(buf, group=self.pp_group)
+        if self.plan.dp > 1 and self.plan.zero == 0:
+            for p in held.values():
                 if p.grad is not None:  # the same parameters on every replica of a stage
-                    dist.all_reduce(p.grad, group=self.dp_group)
-                    p.grad /= self.plan.dp
+                    grad = _local(p.grad)
+                    dist.all_reduce(grad, group=self.dp_group)
+                    grad /= self.plan.dp
 
     def train_step(self, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> float:
         """One GPipe step on ``inputs`` (every stage of a replica gets the replica's samples);
         returns the mean loss over the global batch."""
         m = self.plan.grad_accum
         last = self.stage == self.stages - 1
-        chunks = [tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, c)
-                  for c in split_micro_batches(inputs, m)]
+        chunks = [self._to_device(c) for c in split_micro_batches(inputs, m)]
+        if self.optimizer is None:
+            self._build(chunks[0])
         saved = [self._forward(c, loss_fn) for c in chunks]
         total = torch.zeros((), device=self.device)
         for received, out in reversed(saved):
@@ -179,13 +286,13 @@ class TracedPipeline:
                 out.backward()
                 total += out.detach()
             else:
-                out.backward(_recv(self.peer(self.stage + 1), out.dtype, self.device))
+                out.backward(_recv(self.peer(self.stage + 1), self.device))
             if received is not None:
                 _send(received.grad, self.peer(self.stage - 1))
         self._sum_shared_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if last and self.dp_group is not None:
+        if last and self.plan.dp > 1:
             dist.all_reduce(total, group=self.dp_group)
             total /= self.plan.dp
         dist.broadcast(total, src=self.peer(self.stages - 1), group=self.pp_group)
