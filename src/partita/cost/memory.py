@@ -108,10 +108,11 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     master copy, so 4 (weights) + 4 (fp32 gradients, or 2) + 8 (m, v), all sharded; the
     bf16 copy exists only for gathered layers (counted in ``zero3 gathered layers``).
     fp8 (Transformer Engine style) caches an fp8 copy of each weight (1 byte) across
-    micro-batches; the transpose is made per GEMM.
+    micro-batches; the transpose is made per GEMM. Frameworks that cast per GEMM keep no
+    copy (:func:`fp8_weight_cache`).
     """
     weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard,
-                                             full_gradients(plan), _autocast(plan))
+                                             full_gradients(plan), _autocast(plan), fp8_weight_cache(plan))
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
@@ -131,8 +132,31 @@ def _autocast(plan: Plan) -> bool:
     return plan.zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast
 
 
+#: Frameworks whose fp8 training keeps an fp8 copy of every weight between micro-batches
+#: (:func:`fp8_weight_cache`).
+FP8_WEIGHT_CACHE = frozenset({"megatron", "mindspeed", "deepspeed"})
+
+
+def fp8_weight_cache(plan: Plan) -> bool:
+    """Whether an fp8 plan keeps a 1-byte fp8 copy of each weight in memory.
+
+    Transformer Engine (Megatron-LM, MindSpeed's fp8 path, Megatron-DeepSpeed) casts each
+    weight to fp8 on the first micro-batch and reuses the cached copy on the others
+    (``is_first_microbatch``, transformer_engine/pytorch/module/linear.py; ``fp8_model_params``
+    off): 1 byte per parameter held. torchao's ``Float8Linear`` (torchtitan's float8 / mxfp8
+    converters, and partita's runtime) scales and casts the weight inside every forward and
+    backward GEMM (torchao/float8/float8_linear.py; with FSDP2 float8 all-gather the cast
+    shard is the all-gather input, freed with it), so nothing persists. The published
+    torchtitan pairs agree: the same run in bf16 and with float8 linears peaks within
+    0.5 GiB (47.65 / 47.77 / 47.79 GiB on H100, 39.09 / 39.07 / 39.32 on MI300X, 33.71 /
+    33.38 / 33.88 on B200, 28.07 / 28.07 under full AC: published_runs.csv, torchao rows),
+    where a cached copy of Llama-3-8B sharded 8 ways would add 0.93 GiB."""
+    return plan.framework in FP8_WEIGHT_CACHE
+
+
 def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
-                 full_grads: bool = False, autocast: bool = False) -> tuple[float, float, float]:
+                 full_grads: bool = False, autocast: bool = False,
+                 fp8_cache: bool = True) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot
     path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`);
     ``autocast`` (zero 0 only): fp32 parameters cast per op by torch.autocast, so fp32
@@ -151,7 +175,7 @@ def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
         # partition (``single_partition_of_fp32_groups``). (16-bit: that shard is the
         # master copy already counted in the 12 optimizer bytes.)
         weights += params * 4 / shard
-    if dtype == "fp8":
+    if dtype == "fp8" and fp8_cache:
         weights += params * 1 / (shard if z >= 3 else 1)
     grads = params * grad_b / (shard if z >= 2 and not full_grads else 1)
     optimizer = params * opt_b / (shard if z >= 1 else 1)
@@ -431,11 +455,56 @@ def _layer_working(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
     return working
 
 
+#: How each framework (:mod:`.frameworks`) runs the loss over the logits, which decides the
+#: bytes per logit element its loss phase holds at once (:func:`loss_bytes_per_logit`).
+#: Keyed by the plan's framework name; a name missing here runs as Megatron (``fused``).
+LOSS_MODE: dict[str, str] = {
+    "megatron": "fused", "mindspeed": "fused", "deepspeed": "fused",
+    "torchtitan": "compiled", "torchtitan-eager": "eager", "partita": "eager-kept",
+}
+
+
+def loss_bytes_per_logit(mode: str, dtype: str) -> float:
+    """Peak bytes per logit element (token x vocabulary entry of the rank's shard) while the
+    loss and its backward run, the 16-bit (``e`` = 2) or fp32 (``e`` = 4) logits included.
+
+    * ``fused`` (Megatron-LM / MindSpeed / Megatron-DeepSpeed ``VocabParallelCrossEntropy``,
+      megatron/core/tensor_parallel/cross_entropy.py): the logits are cast to fp32 once and
+      max-subtraction, exp and normalisation run in place on that copy, which is the softmax
+      kept for backward; the backward writes the gradient into it in place. Peak: the
+      ``e``-byte logits and the fp32 softmax, ``e + 4``.
+    * ``eager`` (torchtitan without compile, torchtitan before it compiled the loss:
+      ``F.cross_entropy(pred.float(), labels)``, torchtitan/components/loss.py, and ``del
+      pred`` before backward): forward holds the logits, their fp32 copy and log_softmax's
+      fp32 output (``e + 4 + 4``; the copy is not saved, log_softmax's backward needs its
+      output only); backward holds the saved output, nll_loss's fp32 gradient and
+      log_softmax's fp32 input gradient: ``12``. Peak ``max(e + 8, 12)`` = 12 (fp32: the cast
+      is a no-op, forward 8).
+    * ``eager-kept`` (partita's train step keeps ``out`` referenced through backward): the
+      eager backward plus the logits, ``12 + e``.
+    * ``compiled`` (torchtitan with compile on compiles the loss, ``build_cross_entropy_loss``
+      since torchtitan commit bbb1b616e, 2025-04-02): AOTAutograd's min-cut partitioner saves
+      the ``e``-byte logits (not the fp32 log-softmax) and the backward writes an ``e``-byte
+      gradient: ``2 e``.
+
+    The last three are measured: torch.profiler's allocator events during forward + backward
+    of an output layer and that loss (tests/measure_memory_physics.py, recorded in
+    tests/data/memory_physics_oracles.json: 12.0, 12.0 (fp32), 14.0, 4.0 bytes)."""
+    e = BYTES[dtype]
+    if mode == "eager":
+        return max(e + 8.0, 12.0)
+    if mode == "eager-kept":
+        return 12.0 + e
+    if mode == "compiled":
+        return 2.0 * e
+    return e + 4.0
+
+
 def _logits_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Logits plus the fp32 softmax that vocab-parallel cross-entropy keeps for backward
-    (computed in place, Megatron's fused_vocab_parallel_cross_entropy), one micro-batch."""
+    """What the loss phase of one micro-batch holds: the rank's ``tokens x vocab / tp`` logit
+    elements times :func:`loss_bytes_per_logit` of the plan's framework."""
     tokens = plan.mbs * plan.seq_len / plan.cp
-    return tokens * model.vocab / plan.tp * (BYTES[plan.dtype] + 4)
+    return tokens * model.vocab / plan.tp * loss_bytes_per_logit(LOSS_MODE.get(plan.framework, "fused"), plan.dtype)
 
 
 def _transient(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
@@ -622,16 +691,17 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     expert_shard = expert_state_shard(plan)  # the expert data-parallel group
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
     transient, buffers = _transient(model, plan, shape), _buffers(device, plan) + _knob_state(model, plan, shape)
-    full = full_gradients(plan)
+    full, fp8_cache = full_gradients(plan), fp8_weight_cache(plan)
     states: dict[int, tuple[float, float, float, float]] = {}
     activations: dict[str, float] = {}
     out = {}
     for recompute, zero in settings:
         if zero not in states:
             autocast = zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast
-            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast)
+            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast,
+                                                     fp8_cache)
             if expert:
-                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast)
+                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero))
         if recompute not in activations:

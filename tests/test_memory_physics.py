@@ -1,0 +1,92 @@
+"""Memory terms against outside oracles, without torch (a planning test).
+
+* the loss phase (bytes per logit element while the loss runs forward and backward) against
+  what torch's allocator held in tests/data/memory_physics_oracles.json (recorded by
+  tests/measure_memory_physics.py; tests/test_memory_physics_current.py keeps it current),
+  and Megatron's fused count by hand from megatron/core/tensor_parallel/cross_entropy.py;
+* the fp8 weight copy: Transformer Engine keeps one (1 byte per parameter), torchao's
+  per-GEMM cast does not - by hand, and against the published torchtitan pairs (bf16 vs
+  float8 runs of the same layout peak within 0.5 GiB: torchao's tables, PUBLISHED_PAIRS).
+"""
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from partita.cost import memory
+from partita.cost.memory import GIB, LOSS_MODE, estimate_rank_memory, loss_bytes_per_logit, model_state_bytes
+from partita.plan import Plan
+from partita.spec.hardware import load_device
+from partita.spec.load import load_model
+
+ROOT = Path(__file__).resolve().parent
+ORACLE = json.loads((ROOT / "data" / "memory_physics_oracles.json").read_text())
+
+
+def _measured(mode: str, dtype: str) -> float:
+    found = [c["bytes_per_logit"] for c in ORACLE["loss"] if c["mode"] == mode and c["dtype"] == dtype]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("mode,dtype", [("eager", "bf16"), ("eager", "fp32"), ("eager-kept", "bf16"),
+                                        ("compiled", "bf16")])
+def test_loss_bytes_per_logit_as_torch_measures(mode, dtype):
+    # the recording includes x.grad and W.grad of its h = 8 output layer (< 0.1 %)
+    assert loss_bytes_per_logit(mode, dtype) == pytest.approx(_measured(mode, dtype), rel=2e-3)
+
+
+def test_fused_loss_is_logits_plus_fp32_softmax():
+    # Megatron VocabParallelCrossEntropy: the 16-bit logits and the fp32 softmax made in place
+    assert loss_bytes_per_logit("fused", "bf16") == 2 + 4
+    assert loss_bytes_per_logit("fused", "fp8") == 2 + 4  # fp8 training keeps bf16 logits
+
+
+def test_each_framework_runs_its_own_loss():
+    # torchtitan compiles the loss with the model (build_cross_entropy_loss), its eager variant
+    # does not, partita's train step keeps the logits referenced, Megatron-style stacks fuse
+    assert LOSS_MODE == {"megatron": "fused", "mindspeed": "fused", "deepspeed": "fused",
+                         "torchtitan": "compiled", "torchtitan-eager": "eager", "partita": "eager-kept"}
+
+
+@pytest.mark.parametrize("framework,per_logit", [("torchtitan-eager", 12), ("torchtitan", 4), ("megatron", 6),
+                                                  ("partita", 14)])
+def test_last_rank_transient_is_the_loss_phase(framework, per_logit):
+    # a vocabulary large enough that the loss phase, not a layer's backward, is the transient
+    vocab = 256000
+    model = dataclasses.replace(load_model("small-llama"), vocab=vocab)
+    plan = Plan(dp=1, seq_len=2048, mbs=2, gbs=2, framework=framework, recompute="full")
+    parts = estimate_rank_memory(model, load_device("h100-sxm"), plan, 0).parts
+    layer = memory._layer_working(model, plan, memory.rank_shapes(model, plan)[0])
+    logits = 2 * 2048 * vocab * per_logit
+    assert parts["transient"] == pytest.approx(max(layer, logits))
+    assert logits > layer, "pick a model whose loss phase dominates"
+
+
+def test_fp8_weight_copy_only_where_the_framework_caches_it():
+    # 1e9 parameters, zero 3 over 8: fp32 shard 4/8 B; TE adds its cached fp8 copy (1/8 B)
+    te = model_state_bytes(Plan(dp=8, zero=3, dtype="fp8", framework="megatron"), 1e9, 8)
+    torchao = model_state_bytes(Plan(dp=8, zero=3, dtype="fp8", framework="torchtitan"), 1e9, 8)
+    assert te["weights"] == pytest.approx(4e9 / 8 + 1e9 / 8)
+    assert torchao["weights"] == pytest.approx(4e9 / 8)
+
+
+#: Peak memory (GiB, max reserved) of the same torchtitan Llama-3-8B layout in bf16 and with
+#: float8 linears, from torchao's published tables (pytorch/ao docs/source/workflows/training.md
+#: "Training benchmarks" H100 and MI300x; torchao/prototype/mx_formats/README.md B200;
+#: torchao/prototype/float8nocompile/README.md full AC), as ../shared/data/published_runs.csv has them.
+PUBLISHED_PAIRS = ((47.65, 47.77, 47.79), (39.09, 39.07, 39.32, 39.32), (33.71, 33.38, 33.88, 33.72),
+                   (28.07, 28.07))
+
+
+def test_published_torchtitan_fp8_pairs_peak_like_bf16():
+    spread = max(max(p) - min(p) for p in PUBLISHED_PAIRS)  # 0.50 GiB
+    model = load_model("llama3-8b")
+    device = load_device("h100-sxm")
+    peaks = {}
+    for dtype in ("bf16", "fp8"):
+        plan = Plan(dp=8, zero=3, dtype=dtype, framework="torchtitan", seq_len=8192, mbs=1, gbs=8,
+                    recompute="selective")
+        peaks[dtype] = sum(estimate_rank_memory(model, device, plan, 0).parts.values()) / GIB
+    assert abs(peaks["fp8"] - peaks["bf16"]) <= spread
