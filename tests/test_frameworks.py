@@ -20,6 +20,7 @@ from partita.estimate import estimate
 from partita.plan import Plan, validate
 from partita.spec.hardware import make_cluster
 from partita.spec.load import load_model
+from partita.validation.published import load_cases
 
 MODEL = load_model("llama3-8b")
 CLUSTER = make_cluster("h100-sxm", 16)
@@ -239,3 +240,41 @@ def test_unfused_elementwise_bytes_by_hand_count():
     assert unfused_elementwise_bytes(MODEL, eager, False, 2) == pytest.approx(4096 * per_token, rel=1e-12)  # bf16: 2 B
     for name in ("torchtitan", "megatron", "partita"):
         assert unfused_elementwise_bytes(MODEL, layer_shape(dataclasses.replace(BASE, framework=name)), False, 2) == 0.0
+
+
+def test_internevo_param_sync_is_exposed_and_pays_one_call_per_zero1_owner():
+    """InternEvo (hybrid ZeRO-1, overlap_sync_param=False, one broadcast per owner): against
+    Megatron with the param gather not overlapped, the step differs by exactly (n - 1) calls
+    of the device's collective_call_us, n the zero1 group's members - hand count, 64 ranks of
+    dp: 63 x 2 ms = 0.126 s; a dp 8 group: 7 x 2 ms; zero 0 (no parameter sync): nothing."""
+    cluster = make_cluster("a100-80gb", 64, overrides={"efficiency": {"collective_call_us": 2000.0}})
+    plan = Plan(dp=64, zero=1, mbs=2, gbs=512, seq_len=2048)
+    model = load_model("llama2-7b")
+
+    def step(p: Plan, framework: str) -> float:
+        return estimate(model, cluster, dataclasses.replace(p, framework=framework)).step_time_s
+
+    unoverlapped = dataclasses.replace(plan, overlap_param_gather=False)
+    assert step(plan, "internevo") - step(unoverlapped, "megatron") == pytest.approx(63 * 2e-3, rel=1e-9)
+    assert step(plan, "megatron") < step(unoverlapped, "megatron")  # the exposure itself
+    hsdp = dataclasses.replace(plan, dp_shard=8)
+    assert step(hsdp, "internevo") - step(dataclasses.replace(hsdp, overlap_param_gather=False), "megatron") \
+        == pytest.approx(7 * 2e-3, rel=1e-9)
+    ddp = dataclasses.replace(plan, zero=0)
+    assert step(ddp, "internevo") == pytest.approx(step(ddp, "megatron"), rel=1e-12)
+
+
+def test_internlm_rows_run_as_internevo_and_their_step_grows_with_the_zero1_group(published_csv):
+    """The InternLM trainer's rows run as internevo (validation.published.RUNS_AS); with the
+    zero1 group the whole data-parallel group, the predicted step grows with it as the
+    measured one does (InternLM-7B, 8 -> 1024 A100: +79 % measured), with zero1=8 it stays
+    within a few percent."""
+    cases, _ = load_cases(published_csv)
+    rows = [c for c in cases if c.source == "internlm" and c.metric == "step_time_s"]
+    assert rows and {c.plan.framework for c in rows} == {"internevo"}
+    flat = {c.cluster.world_size: c for c in rows if c.plan.tp == 1 and not c.plan.dp_shard
+            and c.plan.recompute == "none" and c.plan.grad_accum == 4}
+    small, large = flat[8], flat[1024]
+    grown = estimate(large.model, large.cluster, large.plan).step_time_s / \
+        estimate(small.model, small.cluster, small.plan).step_time_s
+    assert large.measured / small.measured > 1.7 and grown > 1.5
