@@ -180,3 +180,56 @@ def test_tp_splits_stem_and_head_layers_the_plan_names():
     per_param = weights(Plan(dp=2, gbs=4, seq_len=1, zero=0)) / spec.total_params
     split = in_blocks + spec.tp_other_params
     assert weights(Plan(tp=2, gbs=4, seq_len=1, zero=0)) == pytest.approx(per_param * (spec.total_params - split / 2))
+
+
+def _torch_training_flops(model, inputs) -> tuple[float, float]:
+    """(forward, forward + backward) FLOPs of one real training step of the whole model, by
+    torch's ``FlopCounterMode`` - the loss the tracer differentiates (the first output's sum).
+    Its registry has no formula for the CPU flash-attention kernels that
+    ``F.scaled_dot_product_attention`` runs on a CPU (it would count attention as 0), so this
+    counter gets torch's own formulas for the fused kernels (``sdpa_flop_count``,
+    ``sdpa_backward_flop_count``, the ones it applies to the CUDA kernels) for them."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    mapping = {aten._scaled_dot_product_flash_attention_for_cpu:
+               lambda q, k, v, *args, out_shape=None, **kwargs: fc.sdpa_flop_count(q, k, v),
+               aten._scaled_dot_product_flash_attention_for_cpu_backward:
+               lambda g, q, k, v, *args, out_shape=None, **kwargs: fc.sdpa_backward_flop_count(g, q, k, v)}
+    with fc.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+        forward = counter.get_total_flops()
+        first = out.to_tuple()[0] if hasattr(out, "to_tuple") else out
+        first.float().sum().backward()
+    return float(forward), float(counter.get_total_flops())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["tiny_vit", "tiny_dit", "tiny_unet"])
+def test_traced_step_time_counts_the_whole_models_flops(name):
+    """The FLOPs the traced step time computes (summed over the pipeline stages, every
+    micro-batch) equal torch's count of one real training step of the whole model - stem
+    (patch or time embedding), blocks and head (final norm, classifier or output projection)
+    together - and the part outside the blocks is large enough (>= 1 %) that leaving it out
+    would fail this. Under pp=2 the stage holding the stem and head spends more compute time
+    than one holding only a block like it."""
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples import traced_models
+    from partita.cost.traced import traced_step_time
+    torch.manual_seed(0)
+    model, inputs = getattr(traced_models, name)(batch=2)[:2]
+    spec = trace(model, inputs)
+    forward, total = _torch_training_flops(model, inputs)
+    assert spec.forward_flops == pytest.approx(forward, rel=1e-9)
+    blocks = sum(b.forward_flops + b.backward_flops for b in spec.blocks)
+    assert total - blocks >= 0.01 * total  # the stem and head are a share the test sees
+    cluster = make_cluster("h100-sxm", devices=2)
+    plans = [Plan(mbs=2, gbs=2, seq_len=1, dtype="fp32"), Plan(dp=2, mbs=1, gbs=2, seq_len=1, dtype="fp32")]
+    if spec.pipeline:
+        plans.append(Plan(pp=2, mbs=1, gbs=2, seq_len=1, dtype="fp32"))
+    for plan in plans:
+        step = traced_step_time(spec, cluster, plan)
+        counted = sum(s.flops for s in step.stages) * plan.grad_accum * plan.dp
+        assert counted == pytest.approx(total, rel=1e-9), plan.summary()
+        if plan.pp == 2 and spec.layers == 2:
+            assert step.stages[0].parts["compute"] > step.stages[1].parts["compute"]
