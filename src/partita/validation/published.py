@@ -70,6 +70,26 @@ def nodes_of(devices_per_node: int, n: int) -> int:
     return 1
 
 
+#: A row's stated scale-out network: "<count>x<rate>Gb/s ... per node|VM", "<rate>Gb/s ... per
+#: GPU" or "<rate> Gbps node-node" (the hardware column as its source printed it).
+_NIC = re.compile(r"(?:(\d+)\s*x\s*)?(\d+)\s*Gb(?:/s|ps)\b[^;,)]*?\b(per node|per VM|per GPU|node-node)", re.I)
+
+
+def stated_network_gbps(hardware: str, devices_per_node: int) -> float | None:
+    """GB/s per direction per device of the scale-out network the row's hardware column
+    states, or None when it states none. Per node (or VM, or node-to-node) the NICs' line
+    rates add up and are shared by the node's devices; per GPU it is the device's own.
+    Example: InternLM's A100 cluster, "4x100Gb/s RoCE per node" = 400 Gb/s = 50 GB/s per
+    node = 6.25 GB/s per GPU, a quarter of the DGX A100's 8 x 200 Gb/s HDR that the
+    a100-80gb device file assumes - the bandwidth its gradient and parameter syncs cross
+    between nodes."""
+    m = _NIC.search(hardware or "")
+    if not m:
+        return None
+    gbps = int(m.group(1) or 1) * int(m.group(2)) / 8
+    return gbps if m.group(3).lower() == "per gpu" else gbps / devices_per_node
+
+
 #: Mixture-of-experts architectures of the CSV's MoE rows: what the row's columns cannot
 #: say (expert FFN width, shared experts, which layers are MoE, the dense layers' FFN),
 #: from each model's released config, as the rows' notes cite them. A name prefix maps to
@@ -517,8 +537,10 @@ def _case(row: dict) -> Case:
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
                 framework=runs_as(facts, row["notes"]))
-    cluster = make_cluster(HARDWARE[hw_token], n,
-                           devices_per_node=nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n))
+    per_node = nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n)
+    nic = stated_network_gbps(row["hardware"], make_cluster(HARDWARE[hw_token]).devices_per_node)
+    cluster = make_cluster(HARDWARE[hw_token], n, devices_per_node=per_node,
+                           overrides={"inter_node": {"gbps_per_direction": nic}} if nic else None)
     if not cluster.device.supports(plan.dtype):
         raise PartitaError(f"precision {plan.dtype} not supported by {cluster.device.name}")
     errs = validate(plan, model, n)
