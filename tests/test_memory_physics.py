@@ -47,7 +47,8 @@ def test_each_framework_runs_its_own_loss():
     # torchtitan compiles the loss with the model (build_cross_entropy_loss), its eager variant
     # does not, partita's train step keeps the logits referenced, Megatron-style stacks fuse
     assert LOSS_MODE == {"megatron": "fused", "mindspeed": "fused", "deepspeed": "fused",
-                         "torchtitan": "compiled", "torchtitan-eager": "eager", "partita": "eager-kept"}
+                         "torchtitan": "compiled", "torchtitan-eager": "eager", "partita": "eager-kept",
+                         "torchtitan-eager-loss": "eager"}
 
 
 @pytest.mark.parametrize("framework,per_logit", [("torchtitan-eager", 12), ("torchtitan", 4), ("megatron", 6),
@@ -90,3 +91,30 @@ def test_published_torchtitan_fp8_pairs_peak_like_bf16():
                     recompute="selective")
         peaks[dtype] = sum(estimate_rank_memory(model, device, plan, 0).parts.values()) / GIB
     assert abs(peaks["fp8"] - peaks["bf16"]) <= spread
+
+
+def test_fsdp2_all_gather_pool_is_reserved_not_allocated():
+    # Llama-3-8B under FSDP2 (zero 3 over 8): the largest unit is the untied output layer with
+    # the final norm (torchtitan's [norm, output] unit), (128256 + 1) x 4096 parameters; its bf16
+    # flat all-gather output stays in the all-gather stream's pool, reserved, not allocated
+    from partita.estimate import estimate
+    from partita.spec.hardware import make_cluster
+    model = load_model("llama3-8b")
+    cluster = make_cluster("h100-sxm", 8)
+    pool = 2 * (128256 + 1) * 4096
+    got = {}
+    for framework in ("torchtitan", "megatron"):
+        plan = Plan(dp=8, zero=3, framework=framework, seq_len=8192, mbs=1, gbs=8, recompute="selective")
+        est = estimate(model, cluster, plan)
+        parts = est.peak_rank.parts
+        allocated = sum(v for k, v in parts.items() if k not in ("allocator fragmentation",
+                                                                 "runtime (context, workspaces)"))
+        frag = cluster.device.allocator_fragmentation
+        got[framework] = parts["allocator fragmentation"] - allocated * frag
+        assert est.peak_memory_gib_as("allocated") == pytest.approx(allocated / GIB)
+        assert est.peak_memory_gib_as("reserved") == pytest.approx((allocated * (1 + frag) + got[framework]) / GIB)
+    assert got["torchtitan"] == pytest.approx(pool)
+    assert got["megatron"] == pytest.approx(0.0, abs=1.0)  # not FSDP2
+    zero1 = Plan(dp=8, zero=1, framework="torchtitan", seq_len=8192, mbs=1, gbs=8)
+    shape = memory.rank_shapes(model, zero1)[0]
+    assert memory.fsdp_stream_pool(model, zero1, shape) == 0.0

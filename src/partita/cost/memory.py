@@ -461,6 +461,10 @@ def _layer_working(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
 LOSS_MODE: dict[str, str] = {
     "megatron": "fused", "mindspeed": "fused", "deepspeed": "fused",
     "torchtitan": "compiled", "torchtitan-eager": "eager", "partita": "eager-kept",
+    # torchtitan with compiled blocks and an eager loss: every run before torchtitan commit
+    # bbb1b616e (2025-04-02; loss.py had "# compiled_cross_entropy_loss = torch.compile(...)"
+    # commented out) and ``--compile.components model`` today. Not yet a plan framework.
+    "torchtitan-eager-loss": "eager",
 }
 
 
@@ -576,6 +580,36 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
     return max(loss_phase, after_output, other_units) - max(t_layer, t_logits)
 
 
+#: Frameworks whose zero 3 is PyTorch FSDP2 ``fully_shard`` (:func:`fsdp_stream_pool`).
+FSDP2_FRAMEWORKS = frozenset({"torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "partita"})
+
+
+def fsdp_stream_pool(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | None = None) -> float:
+    """Bytes FSDP2 keeps reserved in the all-gather stream's pool of the caching allocator,
+    beyond what is allocated at the peak: ``w U_max``, the working-dtype flat all-gather
+    output of the rank's largest unit (a layer, the embedding or the output layer).
+
+    Derivation: FSDP2 allocates each unit's flat all-gather output on its
+    ``all_gather_copy_in_stream`` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
+    ``foreach_all_gather``: ``all_gather_comm.allocate`` under ``device_handle.stream(
+    all_gather_copy_in_stream)``), copies it out into the parameters' own unsharded storage
+    on the default stream (``foreach_all_gather_copy_out``: ``torch.empty_like``) and frees
+    it before the next unit's all-gather (``FSDPParamGroup.unshard``: "free the all-gather
+    result"). The CUDA caching allocator hands a freed block only to later allocations on
+    the stream it was allocated on (c10/cuda/CUDACachingAllocator.cpp, blocks and expandable
+    segments are per stream), so the largest flat buffer stays reserved for that stream
+    while the default stream reaches its peak: ``torch.cuda.max_memory_reserved`` (what
+    torchtitan logs) counts it, ``max_memory_allocated`` does not. ``w`` = 2 (bf16
+    all-gather; fp32 training 4). Known gaps: float8 all-gather (torchao tensorwise) sends 1
+    byte; two flat buffers may coexist when a prefetched all-gather is allocated before the
+    previous result is freed; the reduce-scatter stream's pool (the sharded fp32 gradients)
+    is counted as the gradients already."""
+    if (plan.zero if zero is None else zero) < 3 or plan.framework not in FSDP2_FRAMEWORKS:
+        return 0.0
+    layer, unit, out = _fsdp_units(model, param_shape(plan), shape)
+    return (4 if plan.dtype == "fp32" else 2) * max(layer, unit, out)
+
+
 @memoised
 def _fsdp_units(model: ModelSpec, split: ParamShape, shape: RankShape) -> tuple[float, float, float]:
     """(largest layer, largest unit but the output layer, output layer) parameters of a
@@ -654,6 +688,8 @@ class MemoryParts(NamedTuple):
     transient: float  # one layer's backward working set, or the logits and softmax
     zero3_gathered: float  # ZeRO-3: unsharded layers being used / prefetched
     buffers: float  # communicator buffers
+    #: reserved but not allocated at the peak: FSDP2's all-gather pool (:func:`fsdp_stream_pool`)
+    stream_pool: float = 0.0
 
     def allocated(self) -> float:
         """What the rank allocates: the sum of the parts."""
@@ -661,10 +697,12 @@ class MemoryParts(NamedTuple):
                 + self.zero3_gathered + self.buffers)
 
     def peak(self, device: Device) -> float:
-        """Peak device memory: allocated, plus the allocator's fragmentation slack on it,
-        plus the runtime's own reservation (context, workspaces)."""
+        """Peak device memory: allocated, plus the allocator's fragmentation slack on it and
+        the blocks it keeps for other streams (:attr:`stream_pool`), plus the runtime's own
+        reservation (context, workspaces)."""
         allocated = self.allocated()
-        return allocated + allocated * device.allocator_fragmentation + device.runtime_reserved_gib * GIB
+        return (allocated + allocated * device.allocator_fragmentation + self.stream_pool
+                + device.runtime_reserved_gib * GIB)
 
     def breakdown(self, device: Device) -> dict[str, float]:
         """The parts by label, as `partita estimate` prints them (their sum is :meth:`peak`)."""
@@ -674,7 +712,8 @@ class MemoryParts(NamedTuple):
             out["zero3 gathered layers"] = self.zero3_gathered
         out["communication buffers"] = self.buffers
         allocated = self.allocated()
-        out["allocator fragmentation"] = allocated * device.allocator_fragmentation
+        # reserved, not allocated: read as such by Estimate.peak_memory_gib_as("allocated")
+        out["allocator fragmentation"] = allocated * device.allocator_fragmentation + self.stream_pool
         out["runtime (context, workspaces)"] = device.runtime_reserved_gib * GIB
         return out
 
@@ -692,7 +731,7 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
     transient, buffers = _transient(model, plan, shape), _buffers(device, plan) + _knob_state(model, plan, shape)
     full, fp8_cache = full_gradients(plan), fp8_weight_cache(plan)
-    states: dict[int, tuple[float, float, float, float]] = {}
+    states: dict[int, tuple[float, float, float, float, float]] = {}
     activations: dict[str, float] = {}
     out = {}
     for recompute, zero in settings:
@@ -703,12 +742,13 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
             if expert:
                 we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
-            states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero))
+            states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
+                            fsdp_stream_pool(model, plan, shape, zero))
         if recompute not in activations:
             activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute)
-        weights, grads, optimizer, gathered = states[zero]
+        weights, grads, optimizer, gathered, pool = states[zero]
         out[(recompute, zero)] = MemoryParts(weights, grads, optimizer, activations[recompute], transient, gathered,
-                                             buffers)
+                                             buffers, pool)
     return out
 
 
