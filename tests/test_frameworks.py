@@ -99,7 +99,13 @@ def test_torchtitan_full_recompute_skips_the_last_gemm_and_its_collective():
     layers = MODEL.layers // plan.pp
     tokens = plan.mbs * plan.seq_len
     assert per_mb == pytest.approx(layers * 2 * tokens * MODEL.hidden * MODEL.ffn_hidden / plan.tp, rel=1e-12)
-    assert [m.parts for m in meg.memory] == [m.parts for m in tt.memory]
+    # memory: the same but for the last stage's loss phase (cost/memory.py LOSS_MODE: Megatron's
+    # fused cross-entropy holds 6 B per logit, torchtitan's compiled loss 4) and the allocator
+    # share on top of it
+    loss_phase = {"transient", "allocator fragmentation"}
+    assert [{k: v for k, v in m.parts.items() if k not in loss_phase} for m in meg.memory] == \
+        [{k: v for k, v in m.parts.items() if k not in loss_phase} for m in tt.memory]
+    assert meg.memory[0].parts == tt.memory[0].parts  # first stage: no loss
 
 
 def test_partita_saves_eager_activations_and_holds_autocast_states():
