@@ -32,6 +32,13 @@ residual-stream tensors) only with sequence parallel. Full recompute keeps each 
 input only; with ``plan.recompute_layers`` N only the first N layers of each stage/chunk
 do, the others keep everything (:func:`_partial_layers`, linear in N:
 :func:`least_recompute_layers` solves it for a memory limit).
+
+The last rank's loss phase holds the logits and what the framework's loss makes of them
+(:func:`loss_bytes_per_logit`: 6 bytes per logit for Megatron's fused cross-entropy, 4 for
+torchtitan's compiled loss, 12 for an eager ``F.cross_entropy(logits.float())``, measured
+with torch's allocator events). Under FSDP2 the caching allocator also keeps the largest
+flat all-gather buffer reserved on its own stream (:func:`fsdp_stream_pool`), which
+``max_memory_reserved`` counts and ``max_memory_allocated`` does not.
 """
 from __future__ import annotations
 
