@@ -30,7 +30,7 @@ AUTO_PICKS = {"tiny_unet:auto,dtype=fp32,recompute=full": "rc-full", "tiny_dit:a
 #: ranks 0,1 stage 0 and ranks 2,3 stage 1
 CASES_4 = ["tiny_vit:dp=2,pp=2,zero=0,mbs=1,dtype=fp32", "tiny_dit:dp=2,pp=2,zero=0,mbs=1,recompute=full,dtype=fp32",
            "tiny_vit:auto,dtype=fp32,pp=2,dp=2", "tiny_vit:pp=2,tp=2,mbs=1,dtype=fp32",
-           "tiny_vit:dp=2,pp=2,zero=3,mbs=1,dtype=fp32"]
+           "tiny_vit:dp=2,pp=2,zero=3,mbs=1,dtype=fp32", "tiny_dit:dp=2,pp=2,zero=3,mbs=1,recompute=full,dtype=fp32"]
 AUTO_PICKS["tiny_vit:auto,dtype=fp32,pp=2,dp=2"] = "z0"  # the one zero level pp x dp runs
 
 
