@@ -227,6 +227,9 @@ EQUIVALENT_AUTO: dict[tuple[str, str, str, int, str], str] = {
         "mats cancels: last_gemm returns mlp / mats and gemm_time(mlp, mats) / mats, both mats-free",
     ("compression.py", "powersgd_seconds", "if count.gemm_flops <= 0:", 0, "0 -> 1"):
         "gemm_flops is 0 or at least 6 (4 n m r + 2 n r^2 with n, m, r >= 1 per compressed matrix)",
+    ("compute.py", "_layer_forward", "cost.gemm_time += gemm_time(device, routed, dtype, max(1, int(local_experts * mats)))",
+     1, "1 -> 2"): "the other argument is always >= 2: validate() makes ep divide num_experts (local_experts >= 1) "
+                   "and mats is 2 or 3, so max(2, x) == max(1, x)",
 }
 
 

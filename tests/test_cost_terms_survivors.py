@@ -237,3 +237,21 @@ def test_fp8_casts_per_token_of_an_mla_layer_are_bounded_by_hand():
     per_token = (fp8_cast_elements(model, shape._replace(mbs=2), False) - fp8_cast_elements(model, shape, False)) / 4096
     rest = 128 * 128 + 2 * h + 18432
     assert (h + 1536 + h + 512) + rest <= per_token <= 4 * h + rest
+
+
+# --------------------------------------------------------------------------- eager MoE element-wise
+def test_unfused_elementwise_bytes_of_a_moe_layer_by_hand():
+    """Eager torchtitan (no compile) on tiny-moe (h 64, q 64, k/v 32, RoPE, 4 SwiGLU experts
+    of 64 with top-2, one shared SwiGLU expert of 64), bf16, tp 1, 2 x 32 tokens. Per token
+    beyond the fused count: 2 RMSNorms x 32 B x 64; RoPE 16 B x (64 + 32); repeat_kv reads
+    2 x 32 and writes 2 x 64 elements of 2 B; SwiGLU's separate silu and multiply 2 x 2 B on
+    the width the token's experts run: 2 routed copies x 64 + 1 shared x 64 (the op
+    sequences cited in frameworks.unfused_elementwise_bytes)."""
+    from partita.cost.frameworks import unfused_elementwise_bytes
+    from partita.cost.shape import LayerShape
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-moe")
+    shape = LayerShape(tp=1, cp=1, ep=1, mbs=2, seq_len=32, sp=False, dtype="bf16", framework="torchtitan-eager")
+    per_token = 2 * 32 * 64 + 16 * (64 + 32) + 2 * (32 + 64) * 2 + 2 * 2 * (2 * 64 + 1 * 64)
+    assert unfused_elementwise_bytes(model, shape, True, 2) == pytest.approx(64 * per_token, rel=1e-12)
