@@ -77,7 +77,7 @@ def loss_bytes_per_logit(mode: str, dtype: str) -> float:
 def measure() -> dict:
     cases = [{"mode": mode, "dtype": dtype, "bytes_per_logit": round(loss_bytes_per_logit(mode, dtype), 3)}
              for mode, dtype in (("eager", "bf16"), ("eager", "fp32"), ("eager-kept", "bf16"),
-                                 ("compiled", "bf16"))]
+                                 ("compiled", "bf16"), ("compiled", "fp32"))]
     return {"torch": torch.__version__, "tokens": T, "vocab": V, "hidden": H, "loss": cases}
 
 

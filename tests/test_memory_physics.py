@@ -31,7 +31,7 @@ def _measured(mode: str, dtype: str) -> float:
 
 
 @pytest.mark.parametrize("mode,dtype", [("eager", "bf16"), ("eager", "fp32"), ("eager-kept", "bf16"),
-                                        ("compiled", "bf16")])
+                                        ("compiled", "bf16"), ("compiled", "fp32")])
 def test_loss_bytes_per_logit_as_torch_measures(mode, dtype):
     # the recording includes x.grad and W.grad of its h = 8 output layer (< 0.1 %)
     assert loss_bytes_per_logit(mode, dtype) == pytest.approx(_measured(mode, dtype), rel=2e-3)
@@ -51,16 +51,16 @@ def test_each_framework_runs_its_own_loss():
                          "torchtitan-eager-loss": "eager"}
 
 
-@pytest.mark.parametrize("framework,per_logit", [("torchtitan-eager", 12), ("torchtitan", 4), ("megatron", 6),
-                                                  ("partita", 14)])
-def test_last_rank_transient_is_the_loss_phase(framework, per_logit):
+@pytest.mark.parametrize("framework,per_logit,tp", [("torchtitan-eager", 12, 1), ("torchtitan", 4, 1), ("megatron", 6, 1),
+                                                     ("partita", 14, 1), ("megatron", 6, 2)])
+def test_last_rank_transient_is_the_loss_phase(framework, per_logit, tp):
     # a vocabulary large enough that the loss phase, not a layer's backward, is the transient
     vocab = 256000
     model = dataclasses.replace(load_model("small-llama"), vocab=vocab)
-    plan = Plan(dp=1, seq_len=2048, mbs=2, gbs=2, framework=framework, recompute="full")
+    plan = Plan(dp=1, tp=tp, seq_len=2048, mbs=2, gbs=2, framework=framework, recompute="full")
     parts = estimate_rank_memory(model, load_device("h100-sxm"), plan, 0).parts
     layer = memory._layer_working(model, plan, memory.rank_shapes(model, plan)[0])
-    logits = 2 * 2048 * vocab * per_logit
+    logits = 2 * 2048 * vocab / tp * per_logit  # vocab-parallel: each tp rank its shard
     assert parts["transient"] == pytest.approx(max(layer, logits))
     assert logits > layer, "pick a model whose loss phase dominates"
 
@@ -113,6 +113,9 @@ def test_fsdp2_all_gather_pool_is_reserved_not_allocated():
         got[framework] = parts["allocator fragmentation"] - allocated * frag
         assert est.peak_memory_gib_as("allocated") == pytest.approx(allocated / GIB)
         assert est.peak_memory_gib_as("reserved") == pytest.approx((allocated * (1 + frag) + got[framework]) / GIB)
+        assert est.peak_memory_gib == pytest.approx(est.peak_memory_gib_as("reserved") + cluster.device.runtime_reserved_gib)
+        # the search's peak (MemoryParts.peak) is the breakdown's sum: the pool counted in both
+        assert memory.peak_memory(model, cluster.device, plan)[0] == pytest.approx(est.peak_memory_gib * GIB)
     assert got["torchtitan"] == pytest.approx(pool)
     assert got["megatron"] == pytest.approx(0.0, abs=1.0)  # not FSDP2
     zero1 = Plan(dp=8, zero=1, framework="torchtitan", seq_len=8192, mbs=1, gbs=8)

@@ -500,7 +500,7 @@ def loss_bytes_per_logit(mode: str, dtype: str) -> float:
 
     The last three are measured: torch.profiler's allocator events during forward + backward
     of an output layer and that loss (tests/measure_memory_physics.py, recorded in
-    tests/data/memory_physics_oracles.json: 12.0, 12.0 (fp32), 14.0, 4.0 bytes)."""
+    tests/data/memory_physics_oracles.json: 12.0, 12.0 (fp32), 14.0, 4.0 and 8.0 (fp32) bytes)."""
     e = BYTES[dtype]
     if mode == "eager":
         return max(e + 8.0, 12.0)
