@@ -3,11 +3,13 @@
     python bench/fit.py [--csv PATH] [--loso] [--write]
 
 The fitted constants are the end-to-end achievable fractions of each hardware family
-(``catalog/devices/family-*.json``): ``gemm`` (bf16/fp16 GEMMs), ``attention`` (fused
-attention), ``gemm_fp8`` (fp8 GEMMs, where the family has fp8 rows) and ``tp_overlap``
-(share of tensor-parallel communication hidden, where rows overlap it). Everything else
-in the device files is a datasheet figure, a measurement or an assumption, and is not
-touched.
+(``catalog/devices/family-*.json``, or a device's own file when it sets them:
+:func:`family_of`): ``gemm`` (bf16/fp16 GEMMs), ``attention`` (fused attention),
+``gemm_fp8`` (fp8 GEMMs, where the family has fp8 rows), ``tp_overlap`` (share of
+tensor-parallel communication hidden, where rows overlap it) and ``collective_call_us``
+(the fixed cost of one collective call, where rows make one call per group member:
+InternEvo's parameter broadcasts). Everything else in the device files is a datasheet
+figure, a measurement or an assumption, and is not touched.
 
 Fit: per family, on that family's step-time rows of the CSV (the loader,
 :func:`partita.validation.published.load_cases`, turns every row into a plan and the
