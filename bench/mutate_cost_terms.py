@@ -230,6 +230,9 @@ EQUIVALENT_AUTO: dict[tuple[str, str, str, int, str], str] = {
     ("compute.py", "_layer_forward", "cost.gemm_time += gemm_time(device, routed, dtype, max(1, int(local_experts * mats)))",
      1, "1 -> 2"): "the other argument is always >= 2: validate() makes ep divide num_experts (local_experts >= 1) "
                    "and mats is 2 or 3, so max(2, x) == max(1, x)",
+    **{("shape.py", "Zero3Shape", "replica_span: tuple[int, int] = (1, 1)  # HSDP: the groups holding the same shard",
+        nth, "1 -> 2"): "a NamedTuple default no constructor uses: zero3_shape(), the only Zero3Shape(...) in src/, "
+                        "passes replica_span" for nth in (0, 1)},
 }
 
 
