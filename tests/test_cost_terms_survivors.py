@@ -255,3 +255,33 @@ def test_unfused_elementwise_bytes_of_a_moe_layer_by_hand():
     shape = LayerShape(tp=1, cp=1, ep=1, mbs=2, seq_len=32, sp=False, dtype="bf16", framework="torchtitan-eager")
     per_token = 2 * 32 * 64 + 16 * (64 + 32) + 2 * (32 + 64) * 2 + 2 * 2 * (2 * 64 + 1 * 64)
     assert unfused_elementwise_bytes(model, shape, True, 2) == pytest.approx(64 * per_token, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- zero-2 sharded accumulation
+def test_zero2_reduce_scatter_per_micro_batch_exposure_by_hand():
+    """ZeRO-2 with sharded accumulation reduce-scatters every micro-batch's gradients into
+    the shard (Megatron's distributed optimizer / FSDP2 zero 2 without no_sync). A wide
+    2-layer model on 8 tokens per micro-batch (Llama-3-8B-like layers), dp 8 on one node, 4 micro-batches, fp32 gradients: each reduce-scatter is a ring over 8
+    of ``4 P`` bytes [Thakur et al. 2005]. Overlapped, each of the first ``m - 1 = 3`` hides
+    behind its backward and the next forward, exposing ``max(0, t_rs - bwd - fwd)``; the
+    last hides only behind its own backward, exposing ``max(t_rs / L, t_rs - bwd)`` (one
+    layer's share is never hidden); the bf16 parameter all-gather after the step (not
+    overlapped here) is a ring all-gather of ``2 P`` bytes. The model is comm-bound enough
+    that the per-micro-batch term is positive, so it counts."""
+    from partita.cost.step import estimate_step_time
+    from partita.spec.model import ModelSpec
+
+    model = ModelSpec(name="wide-hand", hidden=4096, layers=2, heads=32, kv_heads=8, ffn_hidden=14336, vocab=32000)
+    p = model.total_params()
+    plan = Plan(dp=8, zero=2, mbs=1, gbs=32, seq_len=8, dtype="bf16", overlap_grad_reduce=True,
+                overlap_param_gather=False)
+    st = estimate_step_time(model, CLUSTER, plan)
+    (stage,) = st.stages
+    b = H100.intra_gbps * 1e9 * H100.efficiency.intra_node_comm
+    alpha = H100.intra_latency_us * 1e-6
+    t_rs = 7 / 8 * 4 * p / b + 7 * alpha
+    t_ag = 7 / 8 * 2 * p / b + 7 * alpha
+    per_mb = t_rs - stage.backward - stage.forward
+    assert per_mb > 0
+    want = max(t_rs / model.layers, t_rs - stage.backward) + 3 * per_mb + t_ag
+    assert st.parts["dp gradient sync"] == pytest.approx(want, rel=1e-9)
