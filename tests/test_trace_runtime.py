@@ -124,6 +124,34 @@ def test_pipeline_stage_holds_only_its_own_parameters(results, results_4):
     assert block0 and all(n.startswith("transformer_blocks.0.norm1.emb.") for n in block0)
 
 
+#: pipeline cases without tp (torch's counter counts a DTensor op at its global shape, not a rank's share)
+FLOP_CASES = ["tiny_vit:pp=2,mbs=1,dtype=fp32", "tiny_dit:pp=2,mbs=2,recompute=full,dtype=fp32"] + \
+    [c for c in CASES_4 if "pp=2" in c and "auto" not in c and "tp=" not in c]
+
+
+@pytest.mark.timeout(650)
+def test_pipeline_stage_flops_match_torchs_count(results, results_4):
+    """The FLOPs the traced cost model puts on each pipeline stage per step (the stem trained on
+    the first and run forward again on the last, the head and the DiT's reuse of block 0's
+    ``norm1.emb`` on the last, recompute's extra forward) equal torch ``FlopCounterMode``'s
+    count of one real training step on every rank of that stage (tests/trace_runtime_worker.py)."""
+    from examples import traced_models
+    from partita.cost.traced import traced_step_time
+    from partita.plan import Plan
+    from partita.spec.hardware import make_cluster
+    from partita.tracing import trace
+    for case in FLOP_CASES:
+        name, text = case.split(":", 1)
+        model, inputs = getattr(traced_models, name)(batch=2)[:2]
+        spec = trace(model, inputs)
+        world = 4 if case in CASES_4 else 2
+        plan = Plan.parse(text + ",gbs=4", world)
+        step = traced_step_time(spec, make_cluster("h100-sxm", devices=world), plan)
+        measured = (results_4 if world == 4 else results)[case]["stages"]
+        for stage, st in enumerate(step.stages):
+            assert measured[stage]["flops"] == [pytest.approx(st.flops * plan.grad_accum, rel=1e-9)] * (world // 2), case
+
+
 @pytest.mark.timeout(60)
 def test_traced_runtime_refuses_what_it_cannot_run():
     import torch.distributed as dist

@@ -9,6 +9,7 @@ writes both loss curves and the largest parameter difference after training.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,6 +46,18 @@ def _loss(out, chunk) -> torch.Tensor:
 def _slice(inputs, lo: int, hi: int):
     from torch.utils._pytree import tree_map
     return tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() else t, inputs)
+
+
+def _flop_counter() -> FlopCounterMode:
+    """torch's FLOP counter, given torch's own fused-attention formulas for the CPU flash
+    kernel ``F.scaled_dot_product_attention`` runs here (its registry has none: it would count
+    attention as 0)."""
+    aten = torch.ops.aten
+    return FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu:
+            lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            lambda g, q, k, v, *args, out_shape=None, **kwargs: sdpa_backward_flop_count(g, q, k, v)})
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -74,9 +88,13 @@ def run_case(case: str) -> dict:
     # mesh order (pp, dp, cp, tp): tp and pp ranks of one dp replica see the same samples
     share, dp_rank = GLOBAL_BATCH // plan.dp, (rank // plan.tp) % plan.dp
     losses, ref_losses = [], []
+    flops = 0.0
     for step in range(STEPS):
         inputs = _global_inputs(name, step)
-        losses.append(pm.train_step(_slice(inputs, dp_rank * share, (dp_rank + 1) * share), _loss))
+        # the FLOPs this rank runs in one step (step 1: step 0 of a pipeline also builds its stage)
+        with _flop_counter() if step == 1 else contextlib.nullcontext() as counter:
+            losses.append(pm.train_step(_slice(inputs, dp_rank * share, (dp_rank + 1) * share), _loss))
+        flops = float(counter.get_total_flops()) if step == 1 else flops
         out = reference(**inputs) if isinstance(inputs, dict) else reference(*inputs)
         loss = _loss(out, inputs)
         loss.backward()
@@ -95,11 +113,12 @@ def run_case(case: str) -> dict:
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
     stats = torch.tensor([diff, float(held), float(compared)])
     # what each rank really holds: its parameters' names and the elements of its local tensors
-    mine = (rank // (plan.dp * plan.tp), sorted(n for n, _ in pm.module.named_parameters()), held)
+    mine = (rank // (plan.dp * plan.tp), sorted(n for n, _ in pm.module.named_parameters()), held, flops)
     every = [None] * world
     dist.all_gather_object(every, mine)
-    stages = [{"names": sorted({n for s, names, _ in every if s == stage for n in names}),
-               "numel": sum(h for s, _, h in every if s == stage)} for stage in range(plan.pp)]
+    stages = [{"names": sorted({n for s, names, _, _ in every if s == stage for n in names}),
+               "numel": sum(h for s, _, h, _ in every if s == stage),
+               "flops": [f for s, _, _, f in every if s == stage]} for stage in range(plan.pp)]
     dist.all_reduce(stats[:2], op=dist.ReduceOp.MAX)
     dist.all_reduce(stats[2:], op=dist.ReduceOp.SUM)
     return {"losses": losses, "reference": ref_losses, "param_abs_diff": float(stats[0]), "held": int(stats[1]),

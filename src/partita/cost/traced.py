@@ -32,8 +32,11 @@ with the same hardware model and the same conventions:
   the plan names (a classifier ``colwise_rep``) have their parameters split too (known gap:
   their FLOPs and the all-gather of a replicated output are not split/costed - a head is a
   small share of a block model's step);
-* pipeline: blocks split over stages (the stem on the first, everything else outside the
-  blocks too - a conservative placement), one activation send each way per micro-batch
+* pipeline: blocks split over stages; the work outside the blocks where the traced pipeline
+  runtime runs it (:func:`_outside_work`: the stem trains on the first stage and runs forward
+  on every later one, the head - what forward runs after the blocks - trains on the last);
+  the parameters outside the blocks all counted on the first stage (conservative: the
+  runtime holds the stem on every stage and the head on the last); one activation send each way per micro-batch
   (:func:`.comm.send_recv`), stages combined by :func:`.pipeline.pipeline_time`;
 * data parallel: all-reduce (zero 0), reduce-scatter + all-gather (zero 1/2), per
   micro-batch gathers and reduce-scatter (zero 3), overlapped with the backward as the
@@ -192,11 +195,14 @@ def _stage_time(spec: TracedSpec, cluster: Cluster, plan: Plan, rank: int, block
         split = b.tp_forward_flops / b.forward_flops if b.forward_flops else 0.0
         flops += (b.forward_flops + b.backward_flops) * (1 - split + split / plan.tp) * work
         ar += b.tp_allreduce_bytes
-    if rank == 0:
-        other = (spec.other_forward_flops + spec.other_backward_flops) * work
-        compute += _compute_time(device, other, 0.0, 3 * max(1, _other_matmuls(spec)), plan.dtype)
-        forward += _compute_time(device, spec.other_forward_flops * work, 0.0, max(1, _other_matmuls(spec)), plan.dtype)
-        flops += other
+        flops += b.forward_flops * (1 - split + split / plan.tp) * work if plan.recompute == "full" else 0.0
+    outside = _outside_work(spec, rank, plan.pp)
+    fwd_flops, bwd_flops = sum(f for f, _ in outside), sum(b for _, b in outside)
+    if fwd_flops + bwd_flops:
+        mm = max(1, _other_matmuls(spec))
+        compute += _compute_time(device, (fwd_flops + bwd_flops) * work, 0.0, (3 if bwd_flops else 1) * mm, plan.dtype)
+        forward += _compute_time(device, fwd_flops * work, 0.0, mm, plan.dtype)
+        flops += (fwd_flops + bwd_flops) * work
     parts = {"compute": compute, "recompute": recompute}
     if plan.tp > 1:
         g, k = group_span(plan, "tp", cluster.devices_per_node)
@@ -207,6 +213,22 @@ def _stage_time(spec: TracedSpec, cluster: Cluster, plan: Plan, rank: int, block
         crosses = group_span(plan, "pp", cluster.devices_per_node)[1] > 1
         parts["pp send/recv"] = 2 * comm.send_recv(device, out_bytes, crosses)
     return StageTime(rank, parts, flops, forward=forward, backward=compute - forward + recompute)
+
+
+def _outside_work(spec: TracedSpec, rank: int, pp: int) -> list[tuple[float, float]]:
+    """(forward, backward) FLOPs outside the blocks that pipeline rank ``rank`` runs, as the
+    traced pipeline runtime (:mod:`partita.runtime.traced_pipeline`) places them: the stem
+    (``stem_*_flops``: what forward runs before the blocks) trains on the first stage, and
+    every later stage runs its forward too (it runs the model's own forward; the stem's output
+    is replaced by the received activation, so no backward); the head (the rest of
+    ``other_*``) trains on the last stage. Without pp both on the one stage; a spec without
+    the stem figures (written before they were traced) keeps everything on the first stage."""
+    other = (spec.other_forward_flops, spec.other_backward_flops)
+    if spec.stem_forward_flops is None or spec.stem_backward_flops is None:
+        return [other] if rank == 0 else []
+    stem = (min(other[0], spec.stem_forward_flops), min(other[1], spec.stem_backward_flops))
+    out = [stem if rank == 0 else (stem[0], 0.0)]
+    return out + [(other[0] - stem[0], other[1] - stem[1])] if rank == pp - 1 else out
 
 
 def _other_matmuls(spec: TracedSpec) -> int:

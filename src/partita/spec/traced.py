@@ -73,6 +73,11 @@ class TracedSpec:
     tp_plan: tuple[tuple[str, str], ...] = ()  # (module pattern, "colwise" | "rowwise")
     tp_other_params: int = 0  # parameters outside the blocks that the TP plan splits (a stem's or head's layers)
     modules: tuple[tuple[str, int, float], ...] = ()  # (path, params, forward FLOPs) of the top modules
+    #: FLOPs of the modules outside the blocks that forward runs before the first block (the stem:
+    #: patch/time embedding); the rest of ``other_*`` is the head's (what runs after the blocks,
+    #: and calls of a block's submodule from outside it). None: a spec written before they were traced
+    stem_forward_flops: float | None = None
+    stem_backward_flops: float | None = None
     source: str = ""
     kind: str = field(default="traced", init=False)
 

@@ -73,6 +73,8 @@ class _Recorder:
     attention_flops: dict[str, float] = field(default_factory=dict)
     fake: int = 0  # keys of replayed storages (negative: never a real storage id)
     sources: dict[str, str] = field(default_factory=dict)  # replayed unit -> the unit it copies
+    before: set[str] = field(default_factory=set)  # modules outside the units first called before any unit
+    seen: set[str] = field(default_factory=set)  # modules outside the units called so far
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -121,6 +123,13 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
                 rec.outputs.setdefault(path, rec.tensors(out))
             handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
                         module.register_forward_hook(post, with_kwargs=True)]
+        elif path and not any(path.startswith(u + ".") for u in rec.units):
+            def phase(mod, args, path=path):
+                if not rec.current and path not in rec.seen:
+                    rec.seen.add(path)
+                    if not rec.order:  # no unit has run yet: the stem (patch/time embedding)
+                        rec.before.add(path)
+            handles.append(module.register_forward_pre_hook(phase))
         if path in rec.col or path in rec.row:
             def tp_pre(mod, args, path=path):
                 rec.leaf.append(path)
@@ -292,6 +301,14 @@ def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | No
     return _assemble(model, layout, rec, fwd, total, args, kwargs, tp_plan, name, batch)
 
 
+def _stem(rec: _Recorder) -> list[str]:
+    """The outermost modules outside the units that forward first called before any unit ran,
+    none holding a unit (the FLOP counter attributes a module's FLOPs to it and to every
+    module entered around it: a ViT's ``vit`` holds the layers, ``vit.embeddings`` counts)."""
+    before = {p for p in rec.before if not any(u.startswith(p + ".") for u in rec.units)}
+    return [p for p in before if not any(p.startswith(q + ".") for q in before)]
+
+
 def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     if isinstance(example_inputs, dict):
         return (), dict(example_inputs)
@@ -324,5 +341,7 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         block_container=layout.container, blocks=units, pipeline=layout.pipeline and len(units) == len(layout.run),
         tp_plan=tuple(sorted((str(k), str(v)) for k, v in (tp_plan or {}).items())), modules=tuple(top),
         tp_other_params=_split_params(model, outside, rec.row),
+        stem_forward_flops=sum(fwd.get(p, 0.0) for p in _stem(rec)),
+        stem_backward_flops=sum(total.get(p, 0.0) - fwd.get(p, 0.0) for p in _stem(rec)),
         source=f"partita.trace of {type(model).__module__}.{type(model).__qualname__}, inputs "
                f"{[tuple(t.shape) for t in tensors]}")
