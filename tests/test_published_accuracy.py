@@ -66,7 +66,7 @@ def test_eager_rows_run_as_torchtitan_eager_from_their_own_notes():
     rows stay compiled torchtitan."""
     from pathlib import Path
 
-    from partita.validation.published import runs_eager
+    from partita.validation.published import dated_before_loss_compile, runs_eager
 
     table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
     with open(table) as f:
@@ -77,8 +77,16 @@ def test_eager_rows_run_as_torchtitan_eager_from_their_own_notes():
     cases, _ = load_cases(table)
     eager = [c for c in cases if c.plan.framework == "torchtitan-eager"]
     assert len(eager) == 12 and {c.source for c in eager} == {"torchao-float8nocompile"}
-    compiled = [c for c in cases if c.source == "torchao-float8nocompile" and c.plan.framework == "torchtitan"]
+    # its compiled rows predate torchtitan's compiled loss (table dated Dec-2024; the loss joined
+    # compile in torchtitan commit bbb1b616e, 2025-04-02), as do torchao's Mar-2025 H100 rows
+    compiled = [c for c in cases if c.source == "torchao-float8nocompile" and c.plan.framework == "torchtitan-eager-loss"]
     assert len(compiled) == 6
+    assert {c.source for c in cases if c.plan.framework == "torchtitan-eager-loss"} == {
+        "torchao-float8nocompile", "torchao-float8"}
+    assert dated_before_loss_compile("torchao README (commit 02d413c00, Dec-2024; torchtitan PR #778)")
+    assert not dated_before_loss_compile("pytorch/ao ... (first in torchao/float8/README.md commit 99562f045, Aug-2025)")
+    assert not dated_before_loss_compile("no date stated")
+    assert dated_before_loss_compile("first added Mar-2025, updated Aug-2025")  # the table's first publication
     assert not runs_eager("precision=bf16; torch.compile; eager baseline in the README")  # compiled wins
     assert runs_as(SOURCE_FACTS["megatron-2021"], "eager") == "megatron"  # no eager variant: the source's own
 
@@ -102,19 +110,14 @@ def test_peak_memory_on_the_full_table():
     FSDP2, Megatron CI, NeMo and MindFormers memory rows), as each source's statistic reads
     it. Under-promising memory is the worse error (issue 12).
 
-    On the 23 rows that name their part: median 8.9 %, 11 under / 12 over - fewer under
-    than over, as issue 12 asks. On all 35 rows: median 9.1 % (11.9 % before the 6 eager
-    torchtitan rows - notes "eager", torchao's float8nocompile table - were estimated as
-    ``torchtitan-eager``: its no-AC rows -25.6/-23.1 % -> -3.6/-1.0 %, the AC-every-2nd-layer
-    rows -23.5/-21.8 % -> -9.2/-7.6 %, the full-AC rows unchanged at -19.6/-16.1 %: one layer
-    input saved, nothing eager to add), p90 24.9 % (25.6 %), 23 under / 12 over: the
-    under/over half of the target is NOT met. The 12 rows on the plain "H100" (torchao,
-    mapped to the 96 GB part, validation/published.py HARDWARE) are all under-predicted: the
-    3 full-AC rows of the float8nocompile table (eager and compiled alike, 16-20 % under), its
-    compiled no-AC and AC-every-2nd-layer rows (13.1, 14.3 %), its 4 eager rows above (1-9 %)
-    and 3 compiled torchao rows 12-14 % under while the same runs on MI300X read 7-10 % over
-    (allocator reserve differs
-    by device). These
+    All 35 rows: median 4.9 %, p90 25.5 %, 17 under / 18 over - fewer under than over, as
+    issue 12 asks (was 9.1 %, 24.9 %, 23 / 12 before the loss phase was modelled per
+    framework - cost/memory.py loss_bytes_per_logit, measured in
+    tests/data/memory_physics_oracles.json - and torchtitan rows dated before its compiled loss
+    ran as ``torchtitan-eager-loss``). The 23 rows that name their part: median 6.1 %, 12 under
+    / 11 over - NOT fewer under there: the 4 torchao-moe Llama4-Scout rows read 25 % under
+    (expert-parallel dispatch buffers and expert activations not modelled in full) and the
+    Megatron-CI MoE proxy 73 % under (unfused attention keeps its probabilities). These
     bounds guard the measured figures; they are not the issue's target."""
     from pathlib import Path
 
@@ -124,13 +127,13 @@ def test_peak_memory_on_the_full_table():
     signed = [(estimate(c.model, c.cluster, c.plan).peak_memory_gib_as(SOURCE_FACTS[c.source].memory_stat)
                - c.measured) / c.measured for c in mem]
     assert len(mem) == 35
-    assert statistics.median(abs(e) for e in signed) < 0.0915
-    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2495
-    assert sum(e < 0 for e in signed) <= 23
+    assert statistics.median(abs(e) for e in signed) < 0.0495
+    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2555
+    assert sum(e < 0 for e in signed) < sum(e > 0 for e in signed)
     stated = [e for c, e in zip(mem, signed) if c.sku_stated]
     assert len(stated) == 23
-    assert statistics.median(abs(e) for e in stated) < 0.0895
-    assert sum(e < 0 for e in stated) < sum(e > 0 for e in stated)
+    assert statistics.median(abs(e) for e in stated) < 0.0612
+    assert sum(e < 0 for e in stated) <= 12
 
 
 def test_step_time_on_the_full_table():

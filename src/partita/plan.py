@@ -103,7 +103,7 @@ DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
 #: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
-FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "deepspeed", "partita", "internevo")
+FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo")
 PLAN_FORMAT = "partita.plan/1"
 #: Upper bound of every degree and size of a plan: beyond any real run (2^24 devices,
 #: sequences or tokens), so that every estimate and export finishes in bounded time.

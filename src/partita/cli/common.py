@@ -58,7 +58,9 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], help="training precision")
     p.add_argument("--tokens", type=tokens_arg, help="total training tokens, e.g. 1.4T: print run days and device-hours")
     p.add_argument("--framework", help="estimate as run by megatron (default), mindspeed, torchtitan, torchtitan-eager "
-                                       "(torchtitan without torch.compile), deepspeed or partita: their documented "
+                                       "(torchtitan without torch.compile), torchtitan-eager-loss (compiled blocks, eager loss: "
+                                       "torchtitan before 2025-04), deepspeed, internevo (the InternLM trainer) or "
+                                       "partita: their documented "
                                        "differences (docs/cost_model.md)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 

@@ -43,6 +43,7 @@ field                       what it changes (where)
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
 default of its llama configs), ``torchtitan-eager`` (torchtitan without ``torch.compile``),
+``torchtitan-eager-loss`` (compiled blocks, eager loss: torchtitan before 2025-04),
 ``deepspeed``, ``partita`` (this project's eager runtime), ``internevo`` (the InternLM trainer:
 Megatron's kernels and checkpoint, its hybrid ZeRO-1 syncing parameters by per-owner
 broadcasts after the step).
@@ -155,6 +156,10 @@ _TORCHTITAN_EAGER_SOURCES = (
     ("zero0_autocast", "as torchtitan (maybe_enable_amp does not depend on compile)"),
 )
 
+_TORCHTITAN_SOURCES_EAGER_LOSS = _TORCHTITAN.sources + (
+    ("loss", "torchtitan torchtitan/components/loss.py before commit bbb1b616e (2025-04-02): the cross-entropy "
+     "ran eager (F.cross_entropy(pred.flatten(0, 1).float(), ...)) while the blocks were compiled"),)
+
 #: The frameworks ``--framework`` accepts, by name.
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", fp8_cast_bytes=0.0, sources=_MEGATRON_SOURCES),
@@ -170,6 +175,11 @@ FRAMEWORKS: dict[str, Framework] = {
     # table): the torchtitan entry with the fields compile changes, and only those.
     "torchtitan-eager": replace(_TORCHTITAN, name="torchtitan-eager", eager_activations=True, tp_comm_overlap=False,
                                 unfused_elementwise=True, sources=_TORCHTITAN_EAGER_SOURCES),
+    # torchtitan with compiled blocks but an eager loss: every torchtitan run before its commit
+    # bbb1b616e (2025-04-02), when the loss joined compile (torchtitan/components/loss.py had
+    # `compiled_cross_entropy_loss = torch.compile(...)` commented out; today
+    # `--compile.components model,loss`). Only the loss phase's bytes differ (cost/memory.py LOSS_MODE).
+    "torchtitan-eager-loss": replace(_TORCHTITAN, name="torchtitan-eager-loss", sources=_TORCHTITAN_SOURCES_EAGER_LOSS),
     # DeepSpeed (Megatron-DeepSpeed model code: fused kernels, reentrant activation
     # checkpointing) with ZeRO stages 1/2: the updated fp16 partitions are all-gathered
     # after the optimizer step, before the next forward starts.

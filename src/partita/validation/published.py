@@ -306,7 +306,21 @@ def runs_eager(notes: str) -> bool:
     return bool(EAGER_NOTES.search(notes or "")) and not COMPILED_NOTES.search(notes or "")
 
 
-def runs_as(facts: SourceFacts, notes: str = "") -> str:
+#: torchtitan compiled its loss from commit bbb1b616e (2025-04-02); a row whose source dates
+#: its table ("Mar-2025", "Dec-2024") before that ran compiled blocks with an eager loss.
+_SOURCE_DATE = re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)-(20\d\d)\b")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+LOSS_COMPILED_SINCE = (2025, 4)
+
+
+def dated_before_loss_compile(source: str) -> bool:
+    """Whether the earliest month a row's source names (its table's first publication) is
+    before torchtitan compiled its loss (:data:`LOSS_COMPILED_SINCE`)."""
+    dates = [(int(y), _MONTHS.index(m) + 1) for m, y in _SOURCE_DATE.findall(source or "")]
+    return bool(dates) and min(dates) < LOSS_COMPILED_SINCE
+
+
+def runs_as(facts: SourceFacts, notes: str = "", source: str = "") -> str:
     """The :mod:`partita.cost.frameworks` name a source's runs are estimated as run by;
     a row whose ``notes`` say it ran eager takes its framework's eager variant
     (:data:`EAGER_VARIANT`: torchtitan without torch.compile saves the unfused ops'
@@ -316,9 +330,17 @@ def runs_as(facts: SourceFacts, notes: str = "") -> str:
     devices' ``tp_overlap`` is fitted on Transformer Engine userbuffers runs (NeMo, the
     Megatron README), and torchtitan's async TP hides less - the rows' own pairs gain 4-9 %
     throughput (Llama-3.1-70B bf16 597 -> 652, 8B 4378 -> 4809 tokens/s) where TE's share
-    would give ~19 %; applying it made those rows 8-14 % fast-predicted."""
+    would give ~19 %; applying it made those rows 8-14 % fast-predicted.
+
+    A compiled torchtitan row whose ``source`` dates it before 2025-04
+    (:func:`dated_before_loss_compile`) runs as ``torchtitan-eager-loss``: compiled blocks,
+    eager cross-entropy (its loss phase holds 12 bytes per logit, not 4: cost/memory.py)."""
     name = RUNS_AS[facts.framework][0]
-    return EAGER_VARIANT.get(name, name) if runs_eager(notes) else name
+    if runs_eager(notes):
+        return EAGER_VARIANT.get(name, name)
+    if name == "torchtitan" and dated_before_loss_compile(source):
+        return "torchtitan-eager-loss"
+    return name
 
 
 def source_key(source: str) -> str | None:
@@ -536,7 +558,7 @@ def _case(row: dict) -> Case:
                 recompute=recompute, recompute_layers=rc_layers, dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
-                framework=runs_as(facts, row["notes"]))
+                framework=runs_as(facts, row["notes"], row["source"]))
     per_node = nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n)
     nic = stated_network_gbps(row["hardware"], make_cluster(HARDWARE[hw_token]).devices_per_node)
     cluster = make_cluster(HARDWARE[hw_token], n, devices_per_node=per_node,
