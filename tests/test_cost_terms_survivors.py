@@ -285,3 +285,23 @@ def test_zero2_reduce_scatter_per_micro_batch_exposure_by_hand():
     assert per_mb > 0
     want = max(t_rs / model.layers, t_rs - stage.backward) + 3 * per_mb + t_ag
     assert st.parts["dp gradient sync"] == pytest.approx(want, rel=1e-9)
+
+
+def test_fp8_casts_of_a_moe_layer_under_tensor_parallel_by_hand():
+    """torchao Float8Linear casts each linear's input and weight per forward. tiny-moe (h 64,
+    q 64, k/v 32, o 64; 4 SwiGLU experts of 64, top-2; 1 shared SwiGLU expert of 64), tp 2,
+    ep 1, etp 1 (Megatron-Core MoE parallel folding: experts not split by tp), 2 x 32 tokens,
+    linear by linear per token on one tp rank: wq, wk, wv read x (64 each), wo its 64 / 2
+    inputs; the rank's tokens / 2 routed copies (top-2) go through w1 and w3 (64 each) and w2
+    (64): 2 x 192 / 2; the shared expert is column/row parallel: w1, w3 read x (64 each), w2
+    its 64 / 2. Weights: (q, k, v, o) / 2, all 4 experts' 3 x 64 x 64 and half of the shared
+    expert's."""
+    from partita.cost.compute import fp8_cast_elements
+    from partita.cost.shape import LayerShape
+    from partita.spec.load import load_model
+
+    model = load_model("tiny-moe")
+    shape = LayerShape(tp=2, cp=1, ep=1, mbs=2, seq_len=32, sp=True, dtype="fp8", framework="torchtitan", etp=1)
+    per_token = (3 * 64 + 64 / 2) + 2 * (64 + 64 + 64) / 2 + (64 + 64 + 64 / 2)
+    weights = (64 * 64 + 2 * 32 * 64 + 64 * 64) / 2 + 3 * 64 * 64 * 4 + 3 * 64 * 64 / 2
+    assert fp8_cast_elements(model, shape, True) == pytest.approx(64 * per_token + weights, rel=1e-12)
