@@ -305,3 +305,22 @@ def test_fp8_casts_of_a_moe_layer_under_tensor_parallel_by_hand():
     per_token = (3 * 64 + 64 / 2) + 2 * (64 + 64 + 64) / 2 + (64 + 64 + 64 / 2)
     weights = (64 * 64 + 2 * 32 * 64 + 64 * 64) / 2 + 3 * 64 * 64 * 4 + 3 * 64 * 64 / 2
     assert fp8_cast_elements(model, shape, True) == pytest.approx(64 * per_token + weights, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- traced refusals
+@pytest.mark.parametrize("knob", [{"ep": 2}, {"ep": 4}, {"cp": 2}, {"sp": True, "tp": 2}])
+def test_traced_model_refuses_expert_context_and_sequence_parallel(knob):
+    """A traced model has no transformer layer structure to split experts, the sequence or
+    its norms over, so any ep, cp > 1 or sp is refused with the reason (and dp alone is not)."""
+    from partita.cost.traced import traced_problems
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="b", params=10, forward_flops=1e9, backward_flops=2e9, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=1)
+    spec = TracedSpec(name="hand-refuse", batch=1, dtype="bf16", inputs=((1, 8),), total_params=10,
+                      forward_flops=1e9, backward_flops=2e9, saved_bytes=1e6, block_class="B",
+                      block_container="blocks", blocks=(block,), pipeline=True)
+    reason = "context/expert/sequence parallel need a transformer spec"
+    base = dict(dp=4, mbs=1, gbs=4, seq_len=8)
+    assert not any(reason in p for p in traced_problems(spec, Plan(**base)))
+    assert any(reason in p for p in traced_problems(spec, Plan(**{**base, **knob})))
