@@ -80,6 +80,9 @@ ddp_bucket_mb
 fsdp_prefetch
            FSDP2 forward/backward all-gather prefetch depth (blocks ahead; 1: FSDP2's
            implicit one-block prefetch, the default)
+attention  fused (default: flash / fused attention, the scores never stored) | unfused
+           (the softmax probabilities of every layer are kept for backward: Megatron-Core
+           ``--attention-backend unfused``, eager attention); memory: cost/memory.py
 =========  ===================================================================
 
 The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
@@ -102,6 +105,7 @@ RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
+ATTENTIONS = ("fused", "unfused")
 #: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
 FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo")
 PLAN_FORMAT = "partita.plan/1"
@@ -112,7 +116,7 @@ MAX_PLAN_SIZE = 1 << 24
 GRAD_COMPRESSIONS = ("none", "powersgd")
 _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
-                                         "recompute_layers": 0}
+                                         "recompute_layers": 0, "attention": "fused"}
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,8 @@ class Plan:
     etp: int = 1
     #: with recompute full, layers recomputed per stage/chunk (module docstring); 0 = all
     recompute_layers: int = 0
+    #: attention kernel: fused (flash) or unfused (probabilities kept; module docstring)
+    attention: str = "fused"
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -369,6 +375,8 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"schedule must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
     if plan.framework not in FRAMEWORKS:
         errs.append(f"framework must be one of {', '.join(FRAMEWORKS)}, got {plan.framework!r}")
+    if plan.attention not in ATTENTIONS:
+        errs.append(f"attention must be one of {', '.join(ATTENTIONS)}, got {plan.attention!r}")
     if plan.grad_accum_mode not in GRAD_ACCUM_MODES:
         errs.append(f"grad_accum_mode must be sharded or unsharded, got {plan.grad_accum_mode!r}")
     if plan.dp_shard < 0 or (plan.dp_shard and plan.dp % plan.dp_shard):
