@@ -105,13 +105,6 @@ def _report(result, hardware: str) -> str:
 _TRACED_FIELDS = ("tp", "pp", "dp", "mbs", "zero", "recompute", "dtype")
 
 
-def runnable_traced(plan: Plan) -> bool:
-    """Whether the traced runtime (:mod:`.traced`) runs ``plan``: pipeline parallel runs without
-    tp, with dp only at zero 0 (:class:`.traced_pipeline.TracedPipeline`) - the search's
-    other plans all run."""
-    return plan.pp == 1 or (plan.tp == 1 and plan.zero <= (0 if plan.dp > 1 else 1))
-
-
 def choose_traced_plan(model: nn.Module, world_size: int, text: str = "auto", device_type: str = "cpu",
                        hardware: str | None = None, example_inputs: Any = None,
                        tp_plan: dict[str, str] | None = None) -> tuple[Plan, str]:
@@ -143,8 +136,8 @@ def choose_traced_plan(model: nn.Module, world_size: int, text: str = "auto", de
     hardware = hardware or default_hardware(device_type)
     cluster = make_cluster(hardware, world_size)
     result = search_traced(spec, cluster, gbs, dtype=dtype, top=1 << 30, **space)
-    plans = [e for e in result.plans if runnable_traced(e.plan)]
+    plans = result.plans  # the traced runtime runs every plan search_traced returns (pp with tp and any zero)
     if not plans:
-        raise PartitaError(f"auto plan: no plan of {spec.name} that the traced runtime runs fits {world_size} x "
+        raise PartitaError(f"auto plan: no plan of {spec.name} fits {world_size} x "
                            f"{cluster.device.name} (gbs={gbs}); try a smaller mbs or recompute=full")
     return plans[0].plan, _report(SimpleNamespace(plans=plans, cluster=cluster), hardware)
