@@ -1,6 +1,6 @@
 """Predict every published run we can express and print the error, per source and overall.
 
-    python bench/validate_published.py [--csv PATH] [--rows]
+    python bench/validate_published.py [--csv PATH] [--rows] [--features]
 
 The data: tests/data/published_runs.csv by default (the 266-row copy the tests use);
 ``--csv data/published_runs.csv`` runs on the 470-row file (see its README).
@@ -11,7 +11,9 @@ the device's reading; ``Estimate.peak_memory_gib_as``). What
 each source's runs share (framework, gradient dtype, overlap, FLOP accounting) comes
 from ``partita.validation.published.SOURCE_FACTS``, cited per source. Per source: rows,
 median and p90 of the absolute error, mean signed error; then the skipped rows, by reason
-and by source.
+and by source. ``--features`` adds the step-time error grouped by what a plan shares with
+others (few micro-batches, ZeRO stage, data-parallel size, pipeline, MoE, framework, device):
+where the residuals point at missing physics rather than at one source.
 """
 from __future__ import annotations
 
@@ -32,10 +34,34 @@ def p90(values: list[float]) -> float:
     return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
-def run(csv_path: Path, show_rows: bool = False) -> dict[str, float]:
+def plan_features(case) -> list[str]:
+    """The groups a step-time row falls in for ``--features``: its plan's shape, not its source."""
+    p = case.plan
+    m = p.grad_accum
+    return [f"micro-batches {'1' if m == 1 else '2-4' if m <= 4 else '5-32' if m <= 32 else '>32'}",
+            f"zero {p.zero}", f"dp {'>=256' if p.dp >= 256 else '32-255' if p.dp >= 32 else '<32'}",
+            "pp > 1" if p.pp > 1 else "pp 1", "moe" if case.model.moe_layers else "dense",
+            f"framework {p.framework}", f"device {case.cluster.device.name}"]
+
+
+def print_features(rows: list[tuple[list[str], float]]) -> None:
+    """Median / p90 / mean signed step-time error per plan feature (:func:`plan_features`)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for features, err in rows:
+        for f in features:
+            groups[f].append(err)
+    print("\nstep_time_s by plan feature")
+    print(f"  {'feature':32s} {'rows':>5s} {'median':>8s} {'p90':>8s} {'mean signed':>12s}")
+    for f, errs in sorted(groups.items()):
+        a = [abs(e) for e in errs]
+        print(f"  {f:32s} {len(errs):5d} {statistics.median(a):8.1%} {p90(a):8.1%} {statistics.mean(errs):+12.1%}")
+
+
+def run(csv_path: Path, show_rows: bool = False, features: bool = False) -> dict[str, float]:
     cases, skipped = load_cases(csv_path)
     errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     signed: dict[str, list[float]] = defaultdict(list)
+    by_feature: list[tuple[list[str], float]] = []
     for case in cases:
         est = estimate(case.model, case.cluster, case.plan)
         # memory rows: the peak as the source's statistic reads it (allocated / reserved / device)
@@ -44,6 +70,8 @@ def run(csv_path: Path, show_rows: bool = False) -> dict[str, float]:
         err = (predicted - case.measured) / case.measured
         errors[case.metric][case.source].append(abs(err))
         signed[case.source + " " + case.metric].append(err)
+        if case.metric == "step_time_s":
+            by_feature.append((plan_features(case), err))
         if show_rows:
             print(f"{case.source:22s} {case.name:28s} n={case.cluster.world_size:5d} {case.plan.summary():42s} "
                   f"{case.metric:15s} measured {case.measured:9.3f} predicted {predicted:9.3f} err {err:+.1%}")
@@ -64,6 +92,8 @@ def run(csv_path: Path, show_rows: bool = False) -> dict[str, float]:
             summary[metric + "_median"] = med
             summary[metric + "_p90"] = hi
             summary[metric + "_rows"] = len(everything)
+    if features:
+        print_features(by_feature)
     by_source: dict[str, int] = defaultdict(int)
     for label, _ in skipped:
         by_source[label.split(":", 1)[0]] += 1
@@ -81,11 +111,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    parser.add_argument("--features", action="store_true", help="print the step-time error by plan feature")
     args = parser.parse_args()
     if not args.csv.exists():
         print(f"published runs file {args.csv} not found; pass --csv", file=sys.stderr)
         return 2
-    run(args.csv, args.rows)
+    run(args.csv, args.rows, args.features)
     return 0
 
 
