@@ -324,3 +324,20 @@ def test_traced_model_refuses_expert_context_and_sequence_parallel(knob):
     base = dict(dp=4, mbs=1, gbs=4, seq_len=8)
     assert not any(reason in p for p in traced_problems(spec, Plan(**base)))
     assert any(reason in p for p in traced_problems(spec, Plan(**{**base, **knob})))
+
+
+@pytest.mark.parametrize("n,pp,want", [(5, 2, [3, 2]), (7, 3, [3, 2, 2]), (4, 2, [2, 2])])
+def test_traced_stage_blocks_split_unevenly_by_hand(n, pp, want):
+    """A balanced pipeline split of ``n`` traced blocks over ``pp`` stages: every block in
+    exactly one stage, in order, the first ``n mod pp`` stages one block more."""
+    from partita.cost.traced import stage_blocks
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="b", params=10, forward_flops=1e9, backward_flops=2e9, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=1)
+    spec = TracedSpec(name="hand-split", batch=1, dtype="bf16", inputs=((1, 8),), total_params=10 * n,
+                      forward_flops=1e9 * n, backward_flops=2e9 * n, saved_bytes=1e6 * n, block_class="B",
+                      block_container="blocks", blocks=(block,) * n, pipeline=True)
+    stages = stage_blocks(spec, Plan(pp=pp, mbs=1, gbs=pp, seq_len=8))
+    assert [len(s) for s in stages] == want
+    assert [i for s in stages for i in s] == list(range(n))
