@@ -341,3 +341,49 @@ def test_traced_stage_blocks_split_unevenly_by_hand(n, pp, want):
     stages = stage_blocks(spec, Plan(pp=pp, mbs=1, gbs=pp, seq_len=8))
     assert [len(s) for s in stages] == want
     assert [i for s in stages for i in s] == list(range(n))
+
+
+def test_traced_zero3_overlap_window_is_every_micro_batch_backward_by_hand():
+    """Traced ZeRO-3 (FSDP2) on dp 8, 4 micro-batches, overlapped: every micro-batch
+    all-gathers the bf16 parameters twice (forward, backward) and reduce-scatters the fp32
+    gradients once - ring collectives over 8 [Thakur et al. 2005] - and each micro-batch's
+    traffic hides behind its own backward, so the exposed part is ``m (t_mb - bwd)`` when
+    the traffic exceeds the backward (a 4e8-parameter block with little compute)."""
+    from partita.cost.traced import traced_step_time
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    p = 4e8
+    block = TracedBlock(name="b", params=p, forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=2)
+    spec = TracedSpec(name="hand-z3", batch=1, dtype="bf16", inputs=((1, 8),), total_params=p,
+                      forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6, block_class="B",
+                      block_container="blocks", blocks=(block,), pipeline=True)
+    st = traced_step_time(spec, CLUSTER, Plan(dp=8, zero=3, mbs=1, gbs=32, seq_len=8, dtype="bf16"))
+    (stage,) = st.stages
+    b = H100.intra_gbps * 1e9 * H100.efficiency.intra_node_comm
+    alpha = H100.intra_latency_us * 1e-6
+    per_mb = 2 * (7 / 8 * 2 * p / b + 7 * alpha) + (7 / 8 * 4 * p / b + 7 * alpha)
+    assert per_mb > stage.backward
+    assert st.parts["dp gradient sync (exposed)"] == pytest.approx(4 * (per_mb - stage.backward), rel=1e-9)
+
+
+def test_traced_zero1_overlap_window_is_one_backward_by_hand():
+    """Traced ZeRO-1 on dp 8, overlapped: once per step the fp32 gradients are
+    reduce-scattered and the bf16 parameters all-gathered (rings over 8), hidden behind one
+    micro-batch's backward (the last), so ``t_rs + t_ag - bwd`` is exposed."""
+    from partita.cost.traced import traced_step_time
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    p = 4e8
+    block = TracedBlock(name="b", params=p, forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=2)
+    spec = TracedSpec(name="hand-z1", batch=1, dtype="bf16", inputs=((1, 8),), total_params=p,
+                      forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6, block_class="B",
+                      block_container="blocks", blocks=(block,), pipeline=True)
+    st = traced_step_time(spec, CLUSTER, Plan(dp=8, zero=1, mbs=1, gbs=32, seq_len=8, dtype="bf16"))
+    (stage,) = st.stages
+    b = H100.intra_gbps * 1e9 * H100.efficiency.intra_node_comm
+    alpha = H100.intra_latency_us * 1e-6
+    sync = (7 / 8 * 4 * p / b + 7 * alpha) + (7 / 8 * 2 * p / b + 7 * alpha)
+    assert sync > 2 * stage.backward
+    assert st.parts["dp gradient sync (exposed)"] == pytest.approx(sync - stage.backward, rel=1e-9)
