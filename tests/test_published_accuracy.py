@@ -110,15 +110,19 @@ def test_peak_memory_on_the_full_table():
     FSDP2, Megatron CI, NeMo and MindFormers memory rows), as each source's statistic reads
     it. Under-promising memory is the worse error (issue 12).
 
-    All 35 rows: median 4.9 %, p90 25.5 %, 17 under / 18 over - fewer under than over, as
+    All 35 rows: median 4.9 %, p90 25.1 %, 17 under / 18 over - fewer under than over, as
     issue 12 asks (was 9.1 %, 24.9 %, 23 / 12 before the loss phase was modelled per
     framework - cost/memory.py loss_bytes_per_logit, measured in
     tests/data/memory_physics_oracles.json - and torchtitan rows dated before its compiled loss
-    ran as ``torchtitan-eager-loss``). The 23 rows that name their part: median 6.1 %, 12 under
-    / 11 over - NOT fewer under there: the 4 torchao-moe Llama4-Scout rows read 25 % under
-    (expert-parallel dispatch buffers and expert activations not modelled in full) and the
-    Megatron-CI MoE proxy 73 % under (unfused attention keeps its probabilities). These
-    bounds guard the measured figures; they are not the issue's target."""
+    ran as ``torchtitan-eager-loss``; p90 25.5 % before unfused attention and MindSpore's
+    optimizer parallel were read). The 23 rows that name their part: median 5.4 % (was 6.1 %),
+    12 under / 11 over - NOT fewer under there: the 4 torchao-moe Llama4-Scout rows read 25 %
+    under (torchtitan's expert-parallel MoE layer keeps more than the fused count; not yet
+    modelled). The Megatron-CI MoE proxy went from 73 % under to 1.6 % under once its notes'
+    unfused attention keeps its probabilities (cost/memory.py unfused_attention_bytes; its one
+    multi-token-prediction layer is still not modelled), and MindFormers ChatGLM2-6B from 102 %
+    to 15 % over once MindSpore optimizer parallel reads as sharded gradients
+    (validation/published.py _zero). These bounds guard the measured figures; they are not the issue's target."""
     from pathlib import Path
 
     table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
@@ -128,11 +132,11 @@ def test_peak_memory_on_the_full_table():
                - c.measured) / c.measured for c in mem]
     assert len(mem) == 35
     assert statistics.median(abs(e) for e in signed) < 0.0495
-    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2555
+    assert sorted(abs(e) for e in signed)[int(round(0.9 * (len(signed) - 1)))] < 0.2510
     assert sum(e < 0 for e in signed) < sum(e > 0 for e in signed)
     stated = [e for c, e in zip(mem, signed) if c.sku_stated]
     assert len(stated) == 23
-    assert statistics.median(abs(e) for e in stated) < 0.0612
+    assert statistics.median(abs(e) for e in stated) < 0.0550
     assert sum(e < 0 for e in stated) <= 12
 
 

@@ -429,10 +429,47 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
         per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False, mode)
                      + (shape.n_moe * activation_bytes_per_layer(model, plan, True, mode) if shape.n_moe else 0.0)
                      ) / plan.vpp
+    per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)
     if shape.first:
         tokens = plan.mbs * plan.seq_len / plan.cp
         per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output
     return per_chunk
+
+
+def unfused_attention_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of attention probabilities one layer keeps per micro-batch on one rank when
+    attention runs unfused (``plan.attention == "unfused"``; 0 with a fused/flash kernel).
+
+    Derivation (Megatron-Core ``DotProductAttention``, megatron/core/transformer/
+    dot_product_attention.py, the ``--attention-backend unfused`` path): scores =
+    ``baddbmm(Q, K^T)`` (its backward needs Q and K only, already counted), probs =
+    ``FusedScaleMaskSoftmax(scores)`` (the scaled_(upper_triang_)masked_softmax CUDA kernels
+    save their output only), dropout (p = 0 in the row that needs this: ``F.dropout`` with
+    p = 0 returns its input, no mask), context = ``bmm(probs, V)`` saves probs - the same
+    tensor the softmax saved. So one ``e``-byte tensor of ``b x a/tp x s_q x s_kv`` per
+    layer: the ``5as/h`` term of Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.1
+    (``2as^2b`` softmax output + ``as^2b`` dropout mask + ``2as^2b`` dropout output, per
+    layer) without the dropout mask and output. With cp each rank's ``s/cp`` queries see
+    all ``s`` keys. Megatron's selective recompute (``--recompute-granularity selective``)
+    recomputes exactly this core attention, and full recompute keeps the layer input only:
+    both store nothing here.
+
+    Known gaps: attention dropout > 0 would add the 1-byte mask and the dropout output
+    (``3 as^2b``); the sliding window of eager implementations is not modelled."""
+    if plan.attention != "unfused":
+        return 0.0
+    return (plan.mbs * model.heads / plan.tp * (plan.seq_len / plan.cp) * plan.seq_len
+            * BYTES[plan.dtype])
+
+
+def _kept_attention_layers(plan: Plan, shape: RankShape, mode: str) -> float:
+    """Layers of one in-flight chunk that keep :func:`unfused_attention_bytes`: all with
+    recompute none, the not-recomputed ones of a partial full recompute, none otherwise."""
+    if mode == "none":
+        return shape.n_layers / plan.vpp
+    if mode == "full" and plan.recompute_layers:
+        return (shape.n_layers - shape.rc_dense - shape.rc_moe) / plan.vpp
+    return 0.0
 
 
 def _partial_layers(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
@@ -454,12 +491,13 @@ def _partial_layers(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
 
 def _layer_working(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
     """The largest working set of one of the rank's edge layers' backward (its full
-    activations and their gradients)."""
+    activations and their gradients; unfused attention: its probabilities and their
+    gradient, :func:`unfused_attention_bytes` twice)."""
     working = 0.0
     layer = layer_shape(plan)
     for moe in shape.edge_moe:
         working = max(working, layer_working_bytes(model, layer, moe))
-    return working
+    return working + 2 * unfused_attention_bytes(model, plan)
 
 
 #: How each framework (:mod:`.frameworks`) runs the loss over the logits, which decides the

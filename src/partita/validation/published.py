@@ -370,6 +370,18 @@ def _etp(notes: str) -> int:
     return int(m.group(1)) if m else 1
 
 
+#: A row's notes stating that attention ran unfused (Megatron-Core ``--attention-backend
+#: unfused``, e.g. "UNFUSED attention backend (deterministic-mode workaround) so attention
+#: activations are materialised"): its layers keep the softmax probabilities
+#: (cost/memory.py ``unfused_attention_bytes``).
+UNFUSED_ATTENTION_NOTES = re.compile(r"\bunfused attention\b|attention[- ]backend[ =]unfused", re.I)
+
+
+def _attention(notes: str) -> str:
+    """The plan's ``attention``: ``unfused`` where the notes say so (:data:`UNFUSED_ATTENTION_NOTES`)."""
+    return "unfused" if UNFUSED_ATTENTION_NOTES.search(notes or "") else "fused"
+
+
 def _precision(notes: str) -> str:
     m = re.match(r"precision=([^;,(]+)", notes)
     text = (m.group(1) if m else "").lower()
@@ -381,14 +393,39 @@ def _precision(notes: str) -> str:
 
 
 def _zero(text: str, fsdp_hint: bool) -> int:
+    """The ZeRO stage a row's ``zero_stage/fsdp`` cell describes.
+
+    MindSpore's optimizer parallel (``enable_parallel_optimizer``) is read as zero 2 by its
+    memory: MindSpore docs, "Optimizer Parallel" (features/parallel/optimizer_parallel.md,
+    r2.2-r2.10): "the framework saves the parameters as minimal slices and updates them in
+    the optimizer"; the forward all-gathers each weight and the backward reduce-scatters its
+    gradient, so the gradients and optimizer states are 1/dp slices. The all-gathered weight
+    feeds both the forward MatMul and its input-gradient MatMul in the compiled graph, so it
+    stays live through the step unless ``parallel_optimizer_comm_recompute`` (MindFormers
+    recompute_config, off by default) re-gathers it: full weights, sharded gradients and
+    states - ZeRO-2's peak. Known gap: the 1/dp weight slice the optimizer updates is held
+    besides the gathered copy (1/dp of the weights, not counted). With gradient
+    accumulation MindFormers' configs set ``parallel_optimizer_config:
+    gradient_accumulation_shard: False`` (configs/*/*.yaml ``parallel:`` block): the
+    accumulated gradient is kept whole and reduce-scattered once per step
+    (:func:`_grad_accum_mode`: ``unsharded``)."""
     t = text.lower()
     if "zero-3" in t or "full_shard" in t or "fsdp" in t or fsdp_hint:
         return 3
+    if "optimizer parallel" in t and "mindspore" in t:
+        return 2
     if "distributed optimizer" in t or "zero-1" in t:
         return 1
     if "none" in t:
         return 0
     return 1
+
+
+def _grad_accum_mode(text: str) -> str:
+    """``unsharded`` for MindSpore optimizer parallel (:func:`_zero`: MindFormers'
+    ``gradient_accumulation_shard: False``), else the plan default ``sharded``."""
+    t = text.lower()
+    return "unsharded" if "optimizer parallel" in t and "mindspore" in t else "sharded"
 
 
 def _dp_shard(text: str, dp: int) -> int:
@@ -553,12 +590,12 @@ def _case(row: dict) -> Case:
         recompute, rc_layers = "none", 0
     plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=_etp(row["notes"]), layer_split=split,
                 sp=sp and tp > 1, zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp),
-                dp_shard=_dp_shard(row["zero_stage/fsdp"], dp),
+                dp_shard=_dp_shard(row["zero_stage/fsdp"], dp), grad_accum_mode=_grad_accum_mode(row["zero_stage/fsdp"]),
                 mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=recompute, recompute_layers=rc_layers, dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
-                framework=runs_as(facts, row["notes"], row["source"]))
+                framework=runs_as(facts, row["notes"], row["source"]), attention=_attention(row["notes"]))
     per_node = nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n)
     nic = stated_network_gbps(row["hardware"], make_cluster(HARDWARE[hw_token]).devices_per_node)
     cluster = make_cluster(HARDWARE[hw_token], n, devices_per_node=per_node,
