@@ -212,6 +212,9 @@ EQUIVALENT_AUTO: dict[tuple[str, str, str, int, str], str] = {
      0, "0.0 -> 1.0"): "a default argument no caller uses: both calls of _layer_terms pass skipped",
     ("step.py", "StageTime", "flops: float = 0.0  # hardware FLOPs per micro-batch, incl. recompute", 0, "0.0 -> 1.0"):
         "a dataclass default no constructor uses: every StageTime(...) in src/ passes flops",
+    **{("step.py", "StageTime", f"{name}: float = 0.0", 0, "0.0 -> 1.0"):
+       f"a dataclass default no constructor uses: all three StageTime(...) in src/ (step.py twice, traced.py) pass {name}"
+       for name in ("forward", "backward")},
     ("shape.py", "collective_spans", "etp: int = 1) -> CollectiveSpans:", 0, "1 -> 2"):
         "a default argument no caller uses: collective_spans is always called with plan.etp",
     ("shape.py", "collective_spans", 'group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1))', 1, "1 -> 2"):
