@@ -138,6 +138,7 @@ def test_megatron_export_parses_with_megatrons_option_table(pid, model_name, pla
     _check_megatron_namespace(ns, env, plan, model)
     assert ns.use_distributed_optimizer == (plan.zero >= 1)
     assert ns.use_megatron_fsdp == (plan.zero >= 2)
+    assert ns.attention_backend == ("unfused" if plan.attention == "unfused" else None)
     if plan.zero >= 2:  # validate_args l.690: Megatron-FSDP only supports fsdp_dtensor
         assert ns.ckpt_format == "fsdp_dtensor"
         assert ns.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
@@ -153,7 +154,7 @@ def test_mindspeed_export_parses_with_mindspeeds_flags(pid, model_name, plan):
     if plan.zero >= 2:  # validate_args l.605-621: FSDP2 needs torch_dist/torch_dcp, untied embeddings
         assert ns.use_torch_fsdp2 and ns.ckpt_format == "torch_dist" and ns.untie_embeddings_and_output_weights
         assert not ns.gradient_accumulation_fusion
-    assert ns.use_flash_attn and ns.use_fused_rmsnorm == (model.norm == "rmsnorm")
+    assert ns.use_flash_attn == (plan.attention != "unfused") and ns.use_fused_rmsnorm == (model.norm == "rmsnorm")
     assert ns.use_ascend_mc2 == (plan.tp > 1 and plan.sp)
     if plan.cp > 1:
         assert ns.context_parallel_algo == "megatron_cp_algo"  # ring attention, as the cost model assumes

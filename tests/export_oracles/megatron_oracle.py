@@ -59,6 +59,9 @@ def _add(parser: argparse.ArgumentParser, row: dict) -> None:
             kw["nargs"] = row["nargs"]
         if row["choices"] is not None and row["type"] in (None, "str", "int"):
             kw["choices"] = [kw["type"](c) for c in row["choices"]]
+        elif row["choices"] is not None and row["type"] == "enum_type_handler":
+            # Megatron maps the value to its enum by member name (AttnBackend[value]): "unfused" -> AttnBackend.unfused
+            kw["choices"] = [c.rsplit(".", 1)[-1] for c in row["choices"]]
         parser.add_argument(*opts, **kw)
 
 

@@ -54,6 +54,8 @@ MATRIX = [
                                                seq_len=4096, schedule="interleaved-1f1b")),
     # partial recompute (recompute_layers, issue 12): Megatron's block method, first N layers of each stage /
     # virtual chunk; dense pp, interleaved (4-layer chunks) and MoE
+    # unfused attention (the softmax probabilities kept for backward: Megatron CI's MoE proxy)
+    ("8b-tp2-unfused", L8, Plan(dp=4, tp=2, sp=True, zero=1, mbs=1, gbs=32, seq_len=4096, attention="unfused")),
     ("8b-tp2-pp2-full-rl4", L8, Plan(dp=2, tp=2, pp=2, sp=True, zero=1, mbs=1, gbs=16, seq_len=8192, recompute="full",
                                      recompute_layers=4)),
     ("8b-pp4-vpp2-full-rl2", L8, Plan(dp=2, pp=4, vpp=2, zero=1, mbs=1, gbs=32, recompute="full", recompute_layers=2,

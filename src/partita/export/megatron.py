@@ -111,6 +111,8 @@ def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[
         add(["--overlap-param-gather"])
     if plan.tp_comm_overlap and plan.tp > 1:
         add(["--tp-comm-overlap"])
+    if plan.attention == "unfused":  # Megatron-Core AttnBackend.unfused: softmax probabilities kept for backward
+        add(["--attention-backend", "unfused"])
     if plan.dtype == "bf16":
         add(["--bf16"])
     elif plan.dtype == "fp16":
@@ -239,7 +241,10 @@ def mindspeed_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
     if plan.dtype == "fp8":
         raise PartitaError("dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); "
                            "re-plan with --dtype bf16")
-    extra = ["--use-flash-attn"]
+    extra = [] if plan.attention == "unfused" else ["--use-flash-attn"]  # npu_fusion_attention, or MindSpeed's core attention
+    if plan.attention == "unfused":
+        args.remove("--attention-backend")
+        args.remove("unfused")
     if model is None or model.position == "rope":
         extra += ["--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings"]
     if model is None or model.norm == "rmsnorm":
