@@ -142,7 +142,10 @@ def test_peak_memory_on_the_full_table():
 
 def test_step_time_on_the_full_table():
     """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
-    prints it: 417 step-time rows, median 7.2 %, p90 23.7 %, the 63 MoE rows 7.0 % (before
+    prints it: 417 step-time rows, median 7.0 %, p90 22.3 % (7.2 %, 23.7 % before the
+    MindFormers rows ran without dp-communication overlap - MindSpore's enable_grad_comm_opt /
+    enable_opt_shard_comm_opt default off - and bench/fit.py refitted the 910 and 910B2 on
+    them), the 63 MoE rows 7.0 % (before
     bench/fit.py fitted B200, GB200, MI300X and the 910B2 on their own rows and the InternLM
     rows ran as internevo on their stated network: 10.0 %, 30.9 %, 13.1 %; p90 31.4 % before
     eager torchtitan rows
@@ -158,8 +161,8 @@ def test_step_time_on_the_full_table():
     step = [c for c in cases if c.metric == "step_time_s"]
     err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     assert len(step) == 417
-    assert statistics.median(err) < 0.0735
-    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.2385
+    assert statistics.median(err) < 0.0715
+    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.2245
     moe = [e for c, e in zip(step, err) if c.model.moe]
     assert len(moe) == 63 and statistics.median(moe) < 0.0715
 

@@ -170,6 +170,11 @@ class SourceFacts:
     mfu_peak_tflops: float = 989.0
     grad_dtype: str = "fp32"  # main-gradient buffer / reduction dtype of the framework's runs
     tp_comm_overlap: bool = False
+    #: whether the runs overlap the data-parallel gradient reduction with the backward and
+    #: the zero 1/2 weight all-gather with the next forward (Plan.overlap_grad_reduce /
+    #: Plan.overlap_param_gather)
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
     default_seq_len: int | None = None  # when the row leaves seq_len blank
     always_fsdp: bool = False  # every run shards parameters (ZeRO-3-like) whatever the cell says
     memory_stat: str = "not stated"  # what peak_mem_gib rows measure: allocated / reserved / device reading
@@ -244,8 +249,13 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         + _TORCHTITAN, "torchtitan", default_seq_len=8192, memory_stat="reserved"),
     "mindformers": SourceFacts(
         "mindspore-lab/mindformers", "mindspore-lab/mindformers model cards (tokens/s per NPU; layout from the "
-        "config at the same commit, data/README.md)", "mindformers",
-        defaults_note="grad dtype and overlap: not stated; Plan defaults"),
+        "config at the same commit, data/README.md); MindSpore graph mode overlaps neither the data-parallel "
+        "gradient reduction with the backward (parallel_speed_up_json enable_grad_comm_opt) nor the optimizer-"
+        "parallel weight all-gather with the forward (enable_opt_shard_comm_opt): both default to false "
+        "(mindspore/core/utils/ms_context.cc; mindspore.set_context docs), and MindFormers' parallel_speed_up.json "
+        "examples (llama2 model card) keep them false", "mindformers",
+        overlap_grad_reduce=False, overlap_param_gather=False,
+        defaults_note="grad dtype: not stated; Plan default"),
 }
 
 
@@ -595,6 +605,7 @@ def _case(row: dict) -> Case:
                 recompute=recompute, recompute_layers=rc_layers, dtype=_precision(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
+                overlap_grad_reduce=facts.overlap_grad_reduce, overlap_param_gather=facts.overlap_param_gather,
                 framework=runs_as(facts, row["notes"], row["source"]), attention=_attention(row["notes"]))
     per_node = nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n)
     nic = stated_network_gbps(row["hardware"], make_cluster(HARDWARE[hw_token]).devices_per_node)
