@@ -418,16 +418,18 @@ def shape_params(model: ModelSpec, rank: RankShape, split: ParamShape) -> tuple[
     return dense, expert
 
 
-def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recompute: str | None = None) -> float:
+def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recompute: str | None = None,
+                           layer: LayerShape | None = None) -> float:
     """Activation bytes one in-flight model chunk of this rank keeps (``recompute``
-    overrides the plan's mode)."""
+    overrides the plan's mode; ``layer``: ``layer_shape(plan)`` when the caller has it)."""
     n_dense = shape.n_layers - shape.n_moe
     mode = recompute or plan.recompute
     if mode == "full" and plan.recompute_layers:
         per_chunk = _partial_layers(model, plan, shape) / plan.vpp
     else:
-        per_chunk = (n_dense * activation_bytes_per_layer(model, plan, False, mode)
-                     + (shape.n_moe * activation_bytes_per_layer(model, plan, True, mode) if shape.n_moe else 0.0)
+        layer = layer_shape(plan) if layer is None else layer
+        per_chunk = (n_dense * activation_bytes(model, layer, mode, False)
+                     + (shape.n_moe * activation_bytes(model, layer, mode, True) if shape.n_moe else 0.0)
                      ) / plan.vpp
     per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)
     if shape.first:
@@ -778,6 +780,7 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     full, fp8_cache = full_gradients(plan), fp8_weight_cache(plan)
     states: dict[int, tuple[float, float, float, float, float]] = {}
     activations: dict[str, float] = {}
+    layer = layer_shape(plan)
     out = {}
     for recompute, zero in settings:
         if zero not in states:
@@ -790,7 +793,7 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
                             fsdp_stream_pool(model, plan, shape, zero))
         if recompute not in activations:
-            activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute)
+            activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute, layer)
         weights, grads, optimizer, gathered, pool = states[zero]
         out[(recompute, zero)] = MemoryParts(weights, grads, optimizer, activations[recompute], transient, gathered,
                                              buffers, pool)
@@ -802,9 +805,13 @@ def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
     """:func:`peak_memory` for several (recompute, zero) settings of one layout at once
     (the search's memory ladder): (bytes, pipeline rank) of the most loaded rank of each."""
     out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
+    fragmentation, reserved = device.allocator_fragmentation, device.runtime_reserved_gib * GIB
     for r, shape, _ in distinct_shapes(model, plan):
         for step, parts in memory_parts(model, device, plan, r, shape, steps).items():
-            total = parts.peak(device)
+            # MemoryParts.peak, unrolled (same terms, same order: the same float)
+            weights, grads, optimizer, activations, transient, gathered, buffers, pool = parts
+            allocated = weights + grads + optimizer + activations + transient + gathered + buffers
+            total = allocated + allocated * fragmentation + pool + reserved
             if total > out[step][0]:
                 out[step] = (total, r)
     return out

@@ -286,7 +286,7 @@ class _Search:
                 self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs, base.etp))
             return True
         layout.peaks = peaks
-        floor = max(layout.floor, min(self._first_bound(layout, st) for st in self._family_firsts(layout)))
+        floor = max(layout.floor, self._least_first_bound(layout))
         if floor > layout.floor:
             layout.floor = floor
             if self._rules_out(layout, floor, wanted):
@@ -295,6 +295,24 @@ class _Search:
                 return True
             layout.waiting, layout.done = True, False
         return False
+
+    def _least_first_bound(self, layout: Layout) -> float:
+        """``min`` of :meth:`_first_bound` over the family firsts, as far as the caller's
+        ``max(layout.floor, ...)`` can tell: once one bound is at or below the floor the
+        max is the floor whatever the others are, so they are not computed (each is a
+        pure memoised bound; the no-recompute zero <= 2 ones, which equal the layout's
+        bound, come first)."""
+        firsts = self._family_firsts(layout)
+        if not firsts:
+            return min(firsts)  # ValueError, as min() of no bounds
+        firsts.sort(key=lambda st: not (st[0] == "none" and st[1] < 3))  # stable
+        least = float("inf")
+        for step in firsts:
+            lb = self._first_bound(layout, step)
+            if lb <= layout.floor:
+                return lb
+            least = min(least, lb)
+        return least
 
     def _family_firsts(self, layout: Layout) -> list[tuple[str, int]]:
         """The settings :meth:`_walk` can estimate: the first that fits of each ZeRO family,
