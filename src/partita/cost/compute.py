@@ -97,7 +97,9 @@ def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
     :attr:`.frameworks.Framework.fp8_cast_bytes` bytes each).
 
     Per token the linears' inputs: wq, wk and wv each cast the normed ``x`` (``3h``; MLA:
-    its down- and up-projections' inputs), wo the attention output (``o / tp``); the MLP's
+    wq_a and wkv_a cast ``x``, wq_b and wkv_b their latents - ``2h + q_lora_rank +
+    kv_lora_rank``, or ``2h + kv_lora_rank`` without a query LoRA, DeepSeek-V3 technical
+    report sec. 2.1.1), wo the attention output (``o / tp``); the MLP's
     input projections each cast ``x`` again (``(mats - 1) h``: w1 and w3) and w2 its input
     (``f / tp``); a MoE layer's experts do the same on their ``top_k`` routed copies of each
     token (the router and shared experts as a dense MLP). Plus every local weight, cast on
@@ -106,7 +108,11 @@ def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
     the step model applies to all element-wise work (:mod:`.step`)."""
     tp, h = shape.tp, model.hidden
     mats = 3 if model.gated else 2
-    attn_in = (4 * h if model.mla else 3 * h) + model.attn_out_dim / tp
+    ml = model.mla
+    if ml:  # wq_a and wkv_a cast x, wq_b and wkv_b their latents (no q LoRA: wq casts x)
+        attn_in = 2 * h + (ml.q_lora_rank or 0) + ml.kv_lora_rank + model.attn_out_dim / tp
+    else:
+        attn_in = 3 * h + model.attn_out_dim / tp
     weights = (h * (model.q_dim + 2 * model.kv_dim) + model.attn_out_dim * h) / tp
     if moe and model.moe:
         mo = model.moe
