@@ -431,7 +431,8 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
         per_chunk = (n_dense * activation_bytes(model, layer, mode, False)
                      + (shape.n_moe * activation_bytes(model, layer, mode, True) if shape.n_moe else 0.0)
                      ) / plan.vpp
-    per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)
+    if plan.attention == "unfused":  # fused: unfused_attention_bytes is 0, adding 0.0 changes nothing
+        per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)
     if shape.first:
         tokens = plan.mbs * plan.seq_len / plan.cp
         per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output
@@ -791,7 +792,8 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
                 we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
-                            fsdp_stream_pool(model, plan, shape, zero))
+                            fsdp_stream_pool(model, plan, shape, zero)) if zero >= 3 else \
+                (weights, grads, optimizer, 0.0, 0.0)  # both are 0 below zero 3
         if recompute not in activations:
             activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute, layer)
         weights, grads, optimizer, gathered, pool = states[zero]

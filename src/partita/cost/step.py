@@ -406,7 +406,7 @@ def _working_weight_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, after: float | None = None) -> float:
     """A cheap lower bound of :func:`estimate_step_time` for ``plan``: every rank's
     per-micro-batch time through the pipeline, plus the floor of what follows it
     (:func:`_after_pipeline_bound`: the sharded optimizer step and the tied-embedding
@@ -414,17 +414,41 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     monotone in every stage's time, and more recompute or ZeRO-3 only add terms, so the
     bound at ``recompute="none"`` and zero <= 2 holds for every setting of the layout.
     The search ranks layouts by it and skips the ones that cannot beat what it has
-    already found."""
-    _, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan)
+    already found. ``after``: :func:`after_pipeline_bound` of the plan when the caller
+    has it (the same for every recompute and ZeRO setting of a layout)."""
+    kinds, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan)
     total = slowest = 0.0
+    # zero 3: only the rank's compute + recompute of _shape_terms is needed (the same sums)
+    whole = plan.zero >= 3 and not (plan.recompute == "full" and plan.recompute_layers)
     for _, shape, count in distinct_shapes(model, plan):
         t = (shape.n_layers - shape.n_moe) * dense + shape.n_moe * moe + shape.first * emb + shape.last * out + const
         if plan.zero >= 3:
-            terms = _shape_terms(model, cluster, plan, shape)
-            t += _zero3_exposed(model, cluster, plan, shape, terms.compute + terms.recompute)
+            if whole:
+                compute = _rank_sum(kinds, shape, 0) + _rank_sum(kinds, shape, 1)
+            else:
+                terms = _shape_terms(model, cluster, plan, shape)
+                compute = terms.compute + terms.recompute
+            t += _zero3_exposed(model, cluster, plan, shape, compute)
         total += count * t
         slowest = max(slowest, t)
-    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule) + _after_pipeline_bound(model, cluster, plan)
+    if after is None:
+        after = _after_pipeline_bound(model, cluster, plan)
+    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule) + after
+
+
+def _rank_sum(kinds: TermsByKind, shape: RankShape, index: int) -> float:
+    """One field (by index) of :func:`_shape_terms` (no partial recompute), alone: the same sum in
+    the same order, so the same float."""
+    n_moe = shape.n_moe
+    return ((shape.n_layers - n_moe) * kinds.dense[index] + n_moe * kinds.moe[index]
+            + shape.first * kinds.embedding[index] + shape.last * kinds.output[index] + kinds.per_stage[index])
+
+
+def after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """:func:`_after_pipeline_bound`: it reads neither ``plan.recompute`` nor ``plan.zero``
+    (the optimizer step is bounded on the sharded states, the tied-embedding sync does
+    not shard), so the search computes it once per layout."""
+    return _after_pipeline_bound(model, cluster, plan)
 
 
 def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:

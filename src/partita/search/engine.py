@@ -40,7 +40,8 @@ from typing import Callable
 from ..cost.memory import (GIB, distinct_shapes, fits, least_recompute_layers, memory_limit_gib, peak_memory,
                            peak_memory_ladder)
 from ..cost.pipeline import pipeline_time_of
-from ..cost.step import estimate_step_time, stage_terms, step_time_lower_bound, zero2_accumulation_floor
+from ..cost.step import (after_pipeline_bound, estimate_step_time, stage_terms, step_time_lower_bound,
+                         zero2_accumulation_floor)
 from ..errors import PartitaError
 from ..estimate import Estimate
 from ..plan import Plan
@@ -185,6 +186,7 @@ class _Search:
         self.tried: set[tuple[str, object]] = set()  # knob values with at least one attempt
         self.top_heap: list[float] = []  # negated step times of the best `top` rankable plans
         self._bounds: dict[tuple[int, str, int], float] = {}  # setting_bound's memo: (id(layout), recompute, zero)
+        self._firsts: dict[tuple[int, bool], list] = {}  # _family_firsts' memo: (id(layout), partial)
         self.ranking_open = True  # estimates enter the ranking (first pass), else only explain
         self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
         #: (id(layout), zero): the partial plan with the least recompute_layers and its peak, None if none fits
@@ -296,19 +298,20 @@ class _Search:
             layout.waiting, layout.done = True, False
         return False
 
-    def _least_first_bound(self, layout: Layout) -> float:
-        """``min`` of :meth:`_first_bound` over the family firsts, as far as the caller's
-        ``max(layout.floor, ...)`` can tell: once one bound is at or below the floor the
-        max is the floor whatever the others are, so they are not computed (each is a
-        pure memoised bound; the no-recompute zero <= 2 ones, which equal the layout's
-        bound, come first)."""
+    def _least_first_bound(self, layout: Layout, bound: Callable[..., float] | None = None) -> float:
+        """``min`` of :meth:`_first_bound` (or ``bound``) over the family firsts, as far as
+        the caller's ``max(layout.floor, ...)`` can tell: once one bound is at or below
+        the floor the max is the floor whatever the others are, so they are not computed
+        (each is a pure memoised bound; the no-recompute zero <= 2 ones, which equal the
+        layout's bound, come first)."""
+        bound = bound or (lambda lay, recompute, zero: self._first_bound(lay, (recompute, zero)))
         firsts = self._family_firsts(layout)
         if not firsts:
             return min(firsts)  # ValueError, as min() of no bounds
-        firsts.sort(key=lambda st: not (st[0] == "none" and st[1] < 3))  # stable
+        firsts = sorted(firsts, key=lambda st: not (st[0] == "none" and st[1] < 3))  # stable
         least = float("inf")
         for step in firsts:
-            lb = self._first_bound(layout, step)
+            lb = bound(layout, *step)
             if lb <= layout.floor:
                 return lb
             least = min(least, lb)
@@ -319,8 +322,13 @@ class _Search:
         a later family only with a lighter recompute than the earlier ones needed (at
         equal recompute ZeRO-2 and ZeRO-3 only add time). Every plan of the layout that
         fits is at least as slow as one of them."""
-        return family_firsts(layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable),
-                             (lambda zero: True) if self.partial else None)
+        key = (id(layout), self.partial)  # the peaks, once set, and the limit never change
+        firsts = self._firsts.get(key)
+        if firsts is None:
+            firsts = self._firsts[key] = family_firsts(
+                layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable),
+                (lambda zero: True) if self.partial else None)
+        return firsts
 
     def _refine_floor(self, layout: Layout, wanted) -> bool:
         """A waiting layout's floor came from partial plans bounded at N >= 1 (cheap, as
@@ -408,7 +416,12 @@ class _Search:
             if recompute == "none" and zero < 3:
                 lb = layout.bound  # the layout's bound is this plan's
             else:
-                lb = step_time_lower_bound(self.model, self.cluster, layout.plan.with_(recompute=recompute, zero=zero))
+                after = self._bounds.get((id(layout), "after"))
+                if after is None:  # the same for every setting of the layout (recompute_layers 0)
+                    after = self._bounds[(id(layout), "after")] = after_pipeline_bound(self.model, self.cluster,
+                                                                                        layout.plan)
+                lb = step_time_lower_bound(self.model, self.cluster, layout.plan.with_(recompute=recompute, zero=zero),
+                                           after)
             if zero == 2:
                 # ZeRO-2's floor does not depend on the recompute mode (widest window)
                 floor_key = (id(layout), "", 2)
@@ -622,9 +635,8 @@ def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,
     search.partial = False
     for lay in layouts.layouts:  # the floors without partial plans: what this pass can find
         if lay.peaks is not None and not lay.done:
-            firsts = search._family_firsts(lay)
-            if firsts:
-                lay.floor = max(lay.floor, min(search.setting_bound(lay, *st) for st in firsts))
+            if search._family_firsts(lay):
+                lay.floor = max(lay.floor, search._least_first_bound(lay, search.setting_bound))
     rest = layouts.with_cross_node(any(v > per_node for v in alternatives["tp"]))
     best_by_knob = search.best_by_knob
     for layout in rest:

@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ..cost.compute import layer_forward, output_forward
 from ..cost.pipeline import pipeline_time_of
-from ..cost.shape import layer_shape
+from ..cost.shape import collective_spans, layer_shape
 from ..cost.step import stage_terms, step_time_lower_bound
 from ..plan import Plan, automatic_split, balanced_split, validate
 from ..spec.hardware import Cluster
@@ -215,11 +215,11 @@ def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan, total: float | N
     return pipeline_time_of(total, total / plan.pp, plan.grad_accum, plan.vpp, plan.schedule) * (1 - _CHEAP_SLACK)
 
 
-def cheap_total(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+def cheap_total(model: ModelSpec, cluster: Cluster, plan: Plan, times: tuple | None = None) -> float:
     """``T`` of :func:`cheap_bound`: the same for every vpp and layer split of a structure
     (the stage terms depend on its stage shape only), so the search computes it once per
-    (tp, cp, pp, dp, ep, mbs)."""
-    times = stage_terms(model, cluster, plan)[1]
+    (tp, cp, pp, dp, ep, mbs). ``times``: ``stage_terms(...)[1]`` when the caller has it."""
+    times = stage_terms(model, cluster, plan)[1] if times is None else times
     moe = model.moe_layers
     return ((model.layers - moe) * times.dense + moe * times.moe + times.embedding + times.output
             + plan.pp * times.per_stage)
@@ -342,6 +342,8 @@ class _LayoutBuilder:
                               for replicated, ladder in ladders.items()}
         self.output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
         self.totals: dict[tuple, float] = {}  # cheap_total per (tp, cp, pp, dp, ep, mbs, etp)
+        self.stage_times: dict[tuple, tuple] = {}  # stage_terms(...)[1] per stage shape (_stage_times)
+        self.explained = tuple(k in EXPLAINED_KNOBS for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"))
         self._etps: dict[tuple[int, int, int, int], list[int]] = {}  # etps() per (tp, cp, dp, ep)
         # every field the structure does not set, once (Plan.with_ is a dict update)
         self.proto = Plan(gbs=global_batch, seq_len=seq_len, dtype=space.dtype, **space.options)
@@ -396,10 +398,10 @@ class _LayoutBuilder:
         key = structure[:6] + (etp,)
         total = self.totals.get(key)
         if total is None:
-            total = self.totals[key] = cheap_total(model, cluster, base)
+            total = self.totals[key] = cheap_total(model, cluster, base, self._stage_times(base))
         # no setting of the layout is faster than its terms with no recompute (base has none)
-        knobs = tuple(kv for kv in (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp),
-                                    ("mbs", mbs)) if kv[0] in EXPLAINED_KNOBS) + self.ladder_values[replicated]
+        pairs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs))
+        knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + self.ladder_values[replicated]
         for i, plan in enumerate(plans):
             errs = validate(plan, model, cluster.world_size)
             if errs:
@@ -408,6 +410,18 @@ class _LayoutBuilder:
             out.append(Layout(plan, ladder, None, bool(self.space.tp) or tp <= cluster.devices_per_node, knobs,
                               key=cheap_bound(model, cluster, plan, total), primary=i == 0))
         return out
+
+    def _stage_times(self, base: Plan) -> tuple:
+        """``stage_terms(model, cluster, base)[1]``, memoised on what the structure's stage
+        shape (:func:`.cost.shape.stage_shape`) takes from it: every other field it reads
+        (seq_len, dtype, framework, recompute none, tp_comm_overlap) is the builder's
+        ``proto``'s, and sp is tp > 1. Saves building and hashing the shape per structure."""
+        spans = collective_spans(base.pp, base.dp, base.cp, base.tp, base.ep, self.cluster.devices_per_node, base.etp)
+        key = (base.tp, base.cp, base.ep, base.mbs, base.etp, base.sp, base.pp > 1, spans)
+        times = self.stage_times.get(key)
+        if times is None:
+            times = self.stage_times[key] = stage_terms(self.model, self.cluster, base)[1]
+        return times
 
     def _primary(self, base: Plan) -> Plan:
         """The structure's own layout (``primary``): its even or min-max split."""
