@@ -766,26 +766,33 @@ class MemoryParts(NamedTuple):
         return out
 
 
+def _plan_terms(device: Device, plan: Plan) -> tuple:
+    """What :func:`memory_parts` takes from the plan alone (the same for every rank shape):
+    gradient bytes, the dense and expert state shards, the communicator buffers, full
+    gradients, the fp8 weight cache, the layer shape and the framework's zero-0 autocast."""
+    return (_grad_bytes(plan), state_shard(plan), expert_state_shard(plan), _buffers(device, plan),
+            full_gradients(plan), fp8_weight_cache(plan), layer_shape(plan), FRAMEWORKS[plan.framework].zero0_autocast)
+
+
 def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape: RankShape,
-                 settings: list[tuple[str, int]]) -> dict[tuple[str, int], MemoryParts]:
+                 settings: list[tuple[str, int]], common: tuple | None = None) -> dict[tuple[str, int], MemoryParts]:
     """The memory parts of pipeline rank ``rank`` (of shape ``shape``) under each
     (recompute, zero) setting of ``plan``'s layout - the one place the parts are made.
     The ZeRO stage only changes the model states and the recompute mode only the
-    activations, so each is computed once and combined."""
+    activations, so each is computed once and combined. ``common``: :func:`_plan_terms`
+    of the plan, when the caller walks several rank shapes."""
     dense, expert = _shape_params(model, plan, shape)
-    grad_b = _grad_bytes(plan)
-    dense_shard = state_shard(plan)  # HSDP: the shard group only
-    expert_shard = expert_state_shard(plan)  # the expert data-parallel group
+    # dense_shard: HSDP's shard group only; expert_shard: the expert data-parallel group
+    grad_b, dense_shard, expert_shard, plan_buffers, full, fp8_cache, layer, zero0_autocast = \
+        _plan_terms(device, plan) if common is None else common
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
-    transient, buffers = _transient(model, plan, shape), _buffers(device, plan) + _knob_state(model, plan, shape)
-    full, fp8_cache = full_gradients(plan), fp8_weight_cache(plan)
+    transient, buffers = _transient(model, plan, shape), plan_buffers + _knob_state(model, plan, shape)
     states: dict[int, tuple[float, float, float, float, float]] = {}
     activations: dict[str, float] = {}
-    layer = layer_shape(plan)
     out = {}
     for recompute, zero in settings:
         if zero not in states:
-            autocast = zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast
+            autocast = zero == 0 and zero0_autocast
             weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast,
                                                      fp8_cache)
             if expert:
@@ -808,8 +815,9 @@ def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
     (the search's memory ladder): (bytes, pipeline rank) of the most loaded rank of each."""
     out: dict[tuple[str, int], tuple[float, int]] = {step: (-1.0, 0) for step in steps}
     fragmentation, reserved = device.allocator_fragmentation, device.runtime_reserved_gib * GIB
+    common = _plan_terms(device, plan)
     for r, shape, _ in distinct_shapes(model, plan):
-        for step, parts in memory_parts(model, device, plan, r, shape, steps).items():
+        for step, parts in memory_parts(model, device, plan, r, shape, steps, common).items():
             # MemoryParts.peak, unrolled (same terms, same order: the same float)
             weights, grads, optimizer, activations, transient, gathered, buffers, pool = parts
             allocated = weights + grads + optimizer + activations + transient + gathered + buffers

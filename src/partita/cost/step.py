@@ -406,7 +406,8 @@ def _working_weight_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, after: float | None = None) -> float:
+def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, after: float | None = None,
+                          terms: tuple[TermsByKind, TimesByKind] | None = None) -> float:
     """A cheap lower bound of :func:`estimate_step_time` for ``plan``: every rank's
     per-micro-batch time through the pipeline, plus the floor of what follows it
     (:func:`_after_pipeline_bound`: the sharded optimizer step and the tied-embedding
@@ -415,8 +416,9 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, after:
     bound at ``recompute="none"`` and zero <= 2 holds for every setting of the layout.
     The search ranks layouts by it and skips the ones that cannot beat what it has
     already found. ``after``: :func:`after_pipeline_bound` of the plan when the caller
-    has it (the same for every recompute and ZeRO setting of a layout)."""
-    kinds, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan)
+    has it (the same for every recompute and ZeRO setting of a layout); ``terms``:
+    :func:`stage_terms` of the plan when the caller has it."""
+    kinds, (dense, moe, emb, out, const) = stage_terms(model, cluster, plan) if terms is None else terms
     total = slowest = 0.0
     # zero 3: only the rank's compute + recompute of _shape_terms is needed (the same sums)
     whole = plan.zero >= 3 and not (plan.recompute == "full" and plan.recompute_layers)

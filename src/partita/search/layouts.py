@@ -196,6 +196,8 @@ class Layout:
     #: the structure's own split (even or min-max); False for the other splits tried when
     #: there are few (memory dominance reasons about the former only)
     primary: bool = True
+    #: ``stage_terms`` of its plan (the same for every split and setting without recompute), when built with it
+    terms: tuple | None = None
 
 
 #: Relative slack taken off the cheap bound, so that rounding (the exact bound sums the
@@ -270,7 +272,7 @@ class LayoutQueue:
         while heap:
             key, i, lay = heapq.heappop(heap)
             if lay.bound is None:
-                lay.bound = lay.floor = step_time_lower_bound(self.model, self.cluster, lay.plan)
+                lay.bound = lay.floor = step_time_lower_bound(self.model, self.cluster, lay.plan, terms=lay.terms)
                 heapq.heappush(heap, (lay.bound, i, lay))
             else:
                 self._ordered.append(lay)
@@ -342,7 +344,7 @@ class _LayoutBuilder:
                               for replicated, ladder in ladders.items()}
         self.output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
         self.totals: dict[tuple, float] = {}  # cheap_total per (tp, cp, pp, dp, ep, mbs, etp)
-        self.stage_times: dict[tuple, tuple] = {}  # stage_terms(...)[1] per stage shape (_stage_times)
+        self.stage_terms: dict[tuple, tuple] = {}  # stage_terms(...) per stage shape (_stage_terms)
         self.explained = tuple(k in EXPLAINED_KNOBS for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"))
         self._etps: dict[tuple[int, int, int, int], list[int]] = {}  # etps() per (tp, cp, dp, ep)
         # every field the structure does not set, once (Plan.with_ is a dict update)
@@ -396,9 +398,10 @@ class _LayoutBuilder:
                 plans += [base.with_(layer_split=s) for s in all_splits(model.layers, pp * vpp) if s != first]
         out = []
         key = structure[:6] + (etp,)
+        terms = self._stage_terms(base)
         total = self.totals.get(key)
         if total is None:
-            total = self.totals[key] = cheap_total(model, cluster, base, self._stage_times(base))
+            total = self.totals[key] = cheap_total(model, cluster, base, terms[1])
         # no setting of the layout is faster than its terms with no recompute (base has none)
         pairs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs))
         knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + self.ladder_values[replicated]
@@ -408,20 +411,20 @@ class _LayoutBuilder:
                 self.invalid.append(f"{plan.summary()}: {errs[0]}")
                 continue
             out.append(Layout(plan, ladder, None, bool(self.space.tp) or tp <= cluster.devices_per_node, knobs,
-                              key=cheap_bound(model, cluster, plan, total), primary=i == 0))
+                              key=cheap_bound(model, cluster, plan, total), primary=i == 0, terms=terms))
         return out
 
-    def _stage_times(self, base: Plan) -> tuple:
-        """``stage_terms(model, cluster, base)[1]``, memoised on what the structure's stage
+    def _stage_terms(self, base: Plan) -> tuple:
+        """``stage_terms(model, cluster, base)``, memoised on what the structure's stage
         shape (:func:`.cost.shape.stage_shape`) takes from it: every other field it reads
         (seq_len, dtype, framework, recompute none, tp_comm_overlap) is the builder's
         ``proto``'s, and sp is tp > 1. Saves building and hashing the shape per structure."""
         spans = collective_spans(base.pp, base.dp, base.cp, base.tp, base.ep, self.cluster.devices_per_node, base.etp)
         key = (base.tp, base.cp, base.ep, base.mbs, base.etp, base.sp, base.pp > 1, spans)
-        times = self.stage_times.get(key)
-        if times is None:
-            times = self.stage_times[key] = stage_terms(self.model, self.cluster, base)[1]
-        return times
+        terms = self.stage_terms.get(key)
+        if terms is None:
+            terms = self.stage_terms[key] = stage_terms(self.model, self.cluster, base)
+        return terms
 
     def _primary(self, base: Plan) -> Plan:
         """The structure's own layout (``primary``): its even or min-max split."""
