@@ -238,3 +238,39 @@ def test_traced_step_time_counts_the_whole_models_flops(name):
             first, last = step.stages
             assert first.flops != last.flops
             assert (first.parts["compute"] > last.parts["compute"]) == (first.flops > last.flops)
+
+
+#: per-stage parameters the traced pipeline runtime really held for the tiny ViT and DiT of
+#: examples/traced_models.py at pp=2 (elements gathered from every gloo rank by
+#: tests/trace_runtime_worker.py, zero 3 x dp 2: summed over a stage's two shards), and the
+#: figures their traces record (stem, head, block-0 norm1.emb the DiT head calls, blocks)
+RECORDED = {"tiny_vit": dict(held=(10688, 11082), total=19626, stem=2144, head=394, shared=(), block=8544),
+            "tiny_dit": dict(held=(25520, 46736), total=51584, stem=272, head=816, shared=((0, 20400, 1),),
+                             block=25248)}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_pipeline_stage_parameters_follow_the_runtime_from_recorded_figures(name):
+    """Without torch: a spec with the recorded stem/head/shared figures puts on each pp=2 stage
+    the parameters the runtime held there (weights = 4 bytes x params / 2 shards at fp32 zero 3;
+    gradients and Adam states in proportion); a spec written before those figures existed (no
+    such keys in its JSON) still loads and keeps everything outside the blocks on stage 0."""
+    from partita.cost.traced import traced_memory
+    from partita.spec.traced import TRACED_FORMAT, TracedSpec
+    r = RECORDED[name]
+    block = dict(params=r["block"], forward_flops=1e6, backward_flops=2e6, saved_bytes=1e3, recompute_bytes=1e2,
+                 output_bytes=1e2)
+    old = dict(format=TRACED_FORMAT, name=name, batch=2, dtype="fp32", inputs=[[2, 3]], total_params=r["total"],
+               forward_flops=3e6, backward_flops=6e6, saved_bytes=3e3, pipeline=True,
+               blocks=[dict(block, name=f"b.{i}") for i in range(2)])
+    new = dict(old, stem_params=r["stem"], head_params=r["head"], shared_block_params=[list(s) for s in r["shared"]])
+    device = make_cluster("h100-sxm", devices=4).device
+    plan = Plan(dp=2, pp=2, zero=3, mbs=1, gbs=4, seq_len=1, dtype="fp32")
+    mem = traced_memory(TracedSpec.from_dict(json.loads(json.dumps(new))), device, plan)
+    assert [m.parts["weights"] for m in mem] == [pytest.approx(4 * h / 2, rel=1e-12) for h in r["held"]]
+    for m, h in zip(mem, r["held"]):
+        assert m.parts["optimizer"] == pytest.approx(2 * m.parts["weights"], rel=1e-12)
+    before = traced_memory(TracedSpec.from_dict(old), device, plan)
+    other = r["total"] - 2 * r["block"]
+    assert [m.parts["weights"] for m in before] == [pytest.approx(4 * (r["block"] + other) / 2),
+                                                    pytest.approx(4 * r["block"] / 2)]

@@ -126,6 +126,40 @@ def test_pipeline_stage_holds_only_its_own_parameters(results, results_4):
     assert block0 and all(n.startswith("transformer_blocks.0.norm1.emb.") for n in block0)
 
 
+#: pipeline x data parallel cases whose stages' held elements the cost model must match
+HELD_CASES = ["tiny_vit:dp=2,pp=2,zero=0,mbs=1,dtype=fp32", "tiny_vit:dp=2,pp=2,zero=3,mbs=1,dtype=fp32",
+              "tiny_dit:dp=2,pp=2,zero=0,mbs=1,recompute=full,dtype=fp32",
+              "tiny_dit:dp=2,pp=2,zero=3,mbs=1,recompute=full,dtype=fp32"]
+
+
+@pytest.mark.timeout(650)
+def test_pipeline_stage_parameters_match_the_cost_model(results_4):
+    """The parameters the traced cost model puts on each pipeline stage (weights, gradients and
+    Adam states each in proportion to them: cost/traced.py ``_outside_params``) equal the
+    elements that stage's ranks really hold on gloo (tests/trace_runtime_worker.py gathers every
+    rank's local tensors): the stage's size once per replica at zero 0, once in all at zero 3 -
+    the stem on both stages, the head (and the DiT head's block-0 ``norm1.emb``) on the last."""
+    from examples import traced_models
+    from partita.cost.memory import model_state_bytes, state_shard
+    from partita.cost.traced import traced_memory
+    from partita.plan import Plan
+    from partita.spec.hardware import make_cluster
+    from partita.tracing import trace
+    for case in HELD_CASES:
+        name, text = case.split(":", 1)
+        model, inputs = getattr(traced_models, name)(batch=2)[:2]
+        spec = trace(model, inputs)
+        plan = Plan.parse(text + ",gbs=4", 4)
+        device = make_cluster("h100-sxm", devices=4).device
+        per_param = model_state_bytes(plan, 1.0, state_shard(plan))
+        measured = results_4[case]["stages"]
+        for stage, mem in enumerate(traced_memory(spec, device, plan)):
+            held = measured[stage]["numel"] / (plan.dp if plan.zero == 0 else 1)
+            for part in ("weights", "gradients", "optimizer"):
+                assert mem.parts[part] / per_param[part] == pytest.approx(held, rel=1e-9), (case, stage, part)
+        assert measured[0]["numel"] != measured[1]["numel"], case  # the head is on the last stage only
+
+
 #: pipeline cases without tp (torch's counter counts a DTensor op at its global shape, not a rank's share)
 FLOP_CASES = ["tiny_vit:pp=2,mbs=1,dtype=fp32", "tiny_dit:pp=2,mbs=2,recompute=full,dtype=fp32"] + \
     [c for c in CASES_4 if "pp=2" in c and "auto" not in c and "tp=" not in c]

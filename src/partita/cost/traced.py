@@ -35,8 +35,8 @@ with the same hardware model and the same conventions:
 * pipeline: blocks split over stages; the work outside the blocks where the traced pipeline
   runtime runs it (:func:`_outside_work`: the stem trains on the first stage and runs forward
   on every later one, the head - what forward runs after the blocks - trains on the last);
-  the parameters outside the blocks all counted on the first stage (conservative: the
-  runtime holds the stem on every stage and the head on the last); one activation send each way per micro-batch
+  the parameters outside the blocks where the runtime holds them (:func:`_outside_params`: the
+  stem on every stage, the head on the last); one activation send each way per micro-batch
   (:func:`.comm.send_recv`), stages combined by :func:`.pipeline.pipeline_time`;
 * data parallel: all-reduce (zero 0), reduce-scatter + all-gather (zero 1/2), per
   micro-batch gathers and reduce-scatter (zero 3), overlapped with the backward as the
@@ -97,14 +97,34 @@ def _scale(spec: TracedSpec, plan: Plan) -> tuple[float, float]:
     return plan.mbs / spec.batch, BYTES[plan.dtype] / _TRACE_BYTES.get(spec.dtype, 4)
 
 
-def _stage_params(spec: TracedSpec, plan: Plan, blocks: range, first: bool) -> tuple[float, float]:
-    """(parameters on one rank of the stage, largest unit's parameters on it)."""
+def _stage_params(spec: TracedSpec, plan: Plan, blocks: range, rank: int) -> tuple[float, float]:
+    """(parameters on one rank of the stage, largest unit's parameters on it): its blocks
+    (their TP plan's layers split ``tp`` ways) and what it holds outside them (:func:`_outside_params`)."""
     params = sum(b.params - b.tp_params + b.tp_params / plan.tp for b in (spec.blocks[i] for i in blocks))
-    if first:  # the stem and head; the TP plan's layers among them are split like the blocks'
-        params += spec.other_params - spec.tp_other_params + spec.tp_other_params / plan.tp
+    params += _outside_params(spec, plan, blocks, rank)
     # the unit FSDP all-gathers on this rank is its own tp shard of the block (gathered over dp)
     unit = max((b.params - b.tp_params + b.tp_params / plan.tp for b in (spec.blocks[i] for i in blocks)), default=0)
     return params, unit
+
+
+def _outside_params(spec: TracedSpec, plan: Plan, blocks: range, rank: int) -> float:
+    """Parameters pipeline rank ``rank`` holds outside its blocks, as the traced pipeline
+    runtime keeps them (:mod:`partita.runtime.traced_pipeline`: a stage holds its blocks, the
+    modules its forward calls and the owners of the parameters its output depends on; the
+    tracer records which those are, :func:`partita.tracing.tracer._held_outside`): the stem on
+    every stage, the head on the last, and a block's submodules that the stem (every stage) or
+    the head (the last) calls from outside it, on stages that do not hold that block already.
+    The TP plan's layers among them are split ``tp`` ways. Without pp, or for a spec written
+    before the stem's parameters were traced, all of them on the first stage."""
+    if plan.pp == 1 or spec.stem_params is None or spec.head_params is None:
+        if rank:
+            return 0.0
+        return spec.other_params - spec.tp_other_params + spec.tp_other_params / plan.tp
+    last = rank == plan.pp - 1
+    head_tp = spec.tp_other_params - spec.stem_tp_params
+    params = spec.stem_params - spec.stem_tp_params + spec.stem_tp_params / plan.tp
+    params += spec.head_params - head_tp + head_tp / plan.tp if last else 0.0
+    return params + sum(n for i, n, where in spec.shared_block_params if i not in blocks and (where == 0 or last))
 
 
 def traced_memory(spec: TracedSpec, device: Device, plan: Plan) -> list[RankMemory]:
@@ -114,7 +134,7 @@ def traced_memory(spec: TracedSpec, device: Device, plan: Plan) -> list[RankMemo
     out = []
     for rank, blocks in enumerate(stage_blocks(spec, plan)):
         first = rank == 0
-        params, unit = _stage_params(spec, plan, blocks, first)
+        params, unit = _stage_params(spec, plan, blocks, rank)
         parts = model_state_bytes(plan, params, state_shard(plan))
         if plan.zero >= 3:
             parts["zero3 gathered units"] = 2 * unit * BYTES[plan.dtype]
@@ -262,7 +282,7 @@ def traced_step_time(spec: TracedSpec, cluster: Cluster, plan: Plan) -> StepTime
     m = plan.grad_accum
     pipe = pipeline_time([s.total for s in stages], m, plan.vpp, plan.schedule)
     worst = max(range(len(stages)), key=lambda r: stages[r].total)
-    params, _ = _stage_params(spec, plan, stage_blocks(spec, plan)[worst], worst == 0)
+    params, _ = _stage_params(spec, plan, stage_blocks(spec, plan)[worst], worst)
     sync = _dp_sync(spec, cluster, plan, params, stages[worst].backward)
     parts: dict[str, float] = {}
     for name in stages[worst].parts:

@@ -78,6 +78,16 @@ class TracedSpec:
     #: and calls of a block's submodule from outside it). None: a spec written before they were traced
     stem_forward_flops: float | None = None
     stem_backward_flops: float | None = None
+    #: parameters outside the blocks a pipeline stage holds (:mod:`partita.runtime.traced_pipeline`):
+    #: the stem's (with the root's and the blocks' ancestors' own) on every stage, the head's on the
+    #: last; ``stem_tp_params`` of the stem's are split by the TP plan (the rest of ``tp_other_params``
+    #: is the head's); ``shared_block_params``: (block index, parameters, 0 stem | 1 head) of a
+    #: block's submodules called from outside it (diffusers' DiT head calls block 0's ``norm1.emb``),
+    #: which those stages hold too. None: a spec written before they were traced
+    stem_params: int | None = None
+    head_params: int | None = None
+    stem_tp_params: int = 0
+    shared_block_params: tuple[tuple[int, int, int], ...] = ()
     source: str = ""
     kind: str = field(default="traced", init=False)
 
@@ -151,6 +161,7 @@ class TracedSpec:
             data["inputs"] = tuple(tuple(s) for s in data.get("inputs", ()))
             data["tp_plan"] = tuple(tuple(p) for p in data.get("tp_plan", ()))
             data["modules"] = tuple(tuple(m) for m in data.get("modules", ()))
+            data["shared_block_params"] = tuple(tuple(m) for m in data.get("shared_block_params", ()))
             spec = cls(**data)
         except TypeError as e:
             raise PartitaError(f"{where}: {e}") from None

@@ -75,6 +75,8 @@ class _Recorder:
     sources: dict[str, str] = field(default_factory=dict)  # replayed unit -> the unit it copies
     before: set[str] = field(default_factory=set)  # modules outside the units first called before any unit
     seen: set[str] = field(default_factory=set)  # modules outside the units called so far
+    stem_calls: set[str] = field(default_factory=set)  # any module called outside a unit before any unit ran
+    head_calls: set[str] = field(default_factory=set)  # ... and after (a block's submodule the head calls too)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -123,9 +125,14 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
                 rec.outputs.setdefault(path, rec.tensors(out))
             handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
                         module.register_forward_hook(post, with_kwargs=True)]
-        elif path and not any(path.startswith(u + ".") for u in rec.units):
-            def phase(mod, args, path=path):
-                if not rec.current and path not in rec.seen:
+        elif path:
+            inside = any(path.startswith(u + ".") for u in rec.units)
+
+            def phase(mod, args, path=path, inside=inside):
+                if rec.current:
+                    return
+                (rec.head_calls if rec.order else rec.stem_calls).add(path)
+                if not inside and path not in rec.seen:
                     rec.seen.add(path)
                     if not rec.order:  # no unit has run yet: the stem (patch/time embedding)
                         rec.before.add(path)
@@ -309,6 +316,40 @@ def _stem(rec: _Recorder) -> list[str]:
     return [p for p in before if not any(p.startswith(q + ".") for q in before)]
 
 
+def _held_outside(model: nn.Module, rec: _Recorder, tp_layers: list[str]) -> dict[str, Any]:
+    """What a pipeline stage holds besides its blocks, as the traced pipeline runtime
+    (:mod:`partita.runtime.traced_pipeline`) keeps it: the direct parameters of the modules
+    called outside any block before the first block ran (the stem - every stage runs it), of
+    the root and of every ancestor of those modules or of a block (never dropped); the head's
+    (called outside any block after one ran) on the last stage only. A block's own submodule
+    called from outside it (diffusers' DiT head calls block 0's ``norm1.emb``) is listed as
+    ``(block index, parameters, 0 stem | 1 head)``. Each parameter tensor is counted once."""
+    units = {u: i for i, u in enumerate(rec.order)}
+    ancestors = lambda paths: {".".join(p.split(".")[:i]) for p in paths for i in range(p.count(".") + 1)}
+    every = {""} | rec.stem_calls | ancestors(rec.stem_calls | set(units))
+    head = (rec.head_calls | ancestors(rec.head_calls)) - every
+    stem = last = 0
+    shared: dict[tuple[int, int], int] = {}
+    seen: set[int] = set()
+    for path, module in model.named_modules():
+        where = 0 if path in every else 1 if path in head else None
+        block = next((i for u, i in units.items() if path == u or path.startswith(u + ".")), None)
+        if where is None:
+            continue
+        for t in module.parameters(recurse=False):
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if block is not None:
+                shared[block, where] = shared.get((block, where), 0) + t.numel()
+            elif where == 0:
+                stem += t.numel()
+            else:
+                last += t.numel()
+    return {"stem_params": stem, "head_params": last, "stem_tp_params": _split_params(model, [p for p in tp_layers if p in every], rec.row),
+            "shared_block_params": tuple((i, n, w) for (i, w), n in sorted(shared.items()))}
+
+
 def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     if isinstance(example_inputs, dict):
         return (), dict(example_inputs)
@@ -343,5 +384,6 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         tp_other_params=_split_params(model, outside, rec.row),
         stem_forward_flops=sum(fwd.get(p, 0.0) for p in _stem(rec)),
         stem_backward_flops=sum(total.get(p, 0.0) - fwd.get(p, 0.0) for p in _stem(rec)),
+        **_held_outside(model, rec, outside),
         source=f"partita.trace of {type(model).__module__}.{type(model).__qualname__}, inputs "
                f"{[tuple(t.shape) for t in tensors]}")
