@@ -53,6 +53,32 @@ HARDWARE = {
     # peaks, <= 53 GB, fit both), so the team's documented part is taken: h100-96gb-hbm2e.
     "H100": "h100-96gb-hbm2e",
 }
+#: A power-capped part is its own device (its efficiencies are fitted on its own rows, not the
+#: datasheet part's): "B200 (power-limited, ...)" -> b200-power-limited.
+HARDWARE["B200-power-limited"] = "b200-power-limited"
+#: Sources whose team benchmarks on power-capped parts without every table saying so: the
+#: PyTorch team's torchao B200 machines are "power-limited" in its mx_formats table; its
+#: moe_training table (same team and repository) names only "B200". Such a row is mapped on that
+#: documented practice and flagged as not naming its part (like plain "H100" above).
+POWER_CAPPED_BY_PRACTICE = {"torchao-moe": frozenset({"B200"})}
+
+
+def hardware_token(cell: str, source: str = "") -> str:
+    """The :data:`HARDWARE` key of a row's hardware cell: its first word, with
+    ``-power-limited`` appended when the cell says the part ran under a power cap, or when
+    its ``source`` benchmarks that part power-capped (:data:`POWER_CAPPED_BY_PRACTICE`)."""
+    token = cell.split()[0]
+    capped = "power-limited" in cell or token in POWER_CAPPED_BY_PRACTICE.get(source, ())
+    return f"{token}-power-limited" if capped and f"{token}-power-limited" in HARDWARE else token
+
+
+def sku_stated(cell: str, source: str = "") -> bool:
+    """Whether the row's hardware cell names the part it ran on (False: mapped on the source's
+    documented practice, :data:`SKU_NOT_STATED`, :data:`POWER_CAPPED_BY_PRACTICE`)."""
+    token = cell.split()[0]
+    return token not in SKU_NOT_STATED and token not in POWER_CAPPED_BY_PRACTICE.get(source, ())
+
+
 #: Hardware cells whose part (SKU) the row does not state: mapped above on the source's
 #: documented practice, flagged on the case (:attr:`Case.sku_stated`) so a check can leave them out.
 SKU_NOT_STATED = frozenset({"H100"})
@@ -570,7 +596,7 @@ def _case(row: dict) -> Case:
         raise PartitaError("source not in SOURCE_FACTS (add its facts with a citation)")
     facts = SOURCE_FACTS[key]
     row = with_errata(row, key)
-    hw_token = row["hardware"].split()[0]
+    hw_token = hardware_token(row["hardware"], key)
     if hw_token not in HARDWARE:
         raise PartitaError(f"hardware {hw_token} not in the catalog")
     if "LAYOUT INCONSISTENT" in row["notes"]:
@@ -619,7 +645,7 @@ def _case(row: dict) -> Case:
     metric, value = row["measured_metric"], float(row["measured_value"])
     measured, kind = _measured(metric, value, facts, model, gbs, seq, n)
     return Case(source=key, name=row["model_name"], model=model, cluster=cluster, plan=plan, metric=kind,
-                measured=measured, raw_metric=metric, raw_value=value, sku_stated=hw_token not in SKU_NOT_STATED)
+                measured=measured, raw_metric=metric, raw_value=value, sku_stated=sku_stated(row["hardware"], key))
 
 
 def _measured(metric: str, value: float, facts: SourceFacts, model: ModelSpec, gbs: int, seq: int,
