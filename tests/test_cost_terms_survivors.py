@@ -341,6 +341,17 @@ def test_traced_stage_blocks_split_unevenly_by_hand(n, pp, want):
     assert [i for s in stages for i in s] == list(range(n))
 
 
+def _one_heavy_block(p: float, name: str):
+    """A traced model of one ``p``-parameter block with little compute (traffic > backward)."""
+    from partita.spec.traced import TracedBlock, TracedSpec
+
+    block = TracedBlock(name="b", params=p, forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6,
+                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=2)
+    return TracedSpec(name=name, batch=1, dtype="bf16", inputs=((1, 8),), total_params=p,
+                      forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6, block_class="B",
+                      block_container="blocks", blocks=(block,), pipeline=True)
+
+
 def test_traced_zero3_overlap_window_is_every_micro_batch_backward_by_hand():
     """Traced ZeRO-3 (FSDP2) on dp 8, 4 micro-batches, overlapped: every micro-batch
     all-gathers the bf16 parameters twice (forward, backward) and reduce-scatters the fp32
@@ -348,14 +359,9 @@ def test_traced_zero3_overlap_window_is_every_micro_batch_backward_by_hand():
     traffic hides behind its own backward, so the exposed part is ``m (t_mb - bwd)`` when
     the traffic exceeds the backward (a 4e8-parameter block with little compute)."""
     from partita.cost.traced import traced_step_time
-    from partita.spec.traced import TracedBlock, TracedSpec
 
     p = 4e8
-    block = TracedBlock(name="b", params=p, forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6,
-                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=2)
-    spec = TracedSpec(name="hand-z3", batch=1, dtype="bf16", inputs=((1, 8),), total_params=p,
-                      forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6, block_class="B",
-                      block_container="blocks", blocks=(block,), pipeline=True)
+    spec = _one_heavy_block(p, "hand-z3")
     st = traced_step_time(spec, CLUSTER, Plan(dp=8, zero=3, mbs=1, gbs=32, seq_len=8, dtype="bf16"))
     (stage,) = st.stages
     b = H100.intra_gbps * 1e9 * H100.efficiency.intra_node_comm
@@ -370,14 +376,9 @@ def test_traced_zero1_overlap_window_is_one_backward_by_hand():
     reduce-scattered and the bf16 parameters all-gathered (rings over 8), hidden behind one
     micro-batch's backward (the last), so ``t_rs + t_ag - bwd`` is exposed."""
     from partita.cost.traced import traced_step_time
-    from partita.spec.traced import TracedBlock, TracedSpec
 
     p = 4e8
-    block = TracedBlock(name="b", params=p, forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6,
-                        recompute_bytes=1e5, output_bytes=1e4, attention_forward_flops=0.0, matmuls=2)
-    spec = TracedSpec(name="hand-z1", batch=1, dtype="bf16", inputs=((1, 8),), total_params=p,
-                      forward_flops=1e10, backward_flops=2e10, saved_bytes=1e6, block_class="B",
-                      block_container="blocks", blocks=(block,), pipeline=True)
+    spec = _one_heavy_block(p, "hand-z1")
     st = traced_step_time(spec, CLUSTER, Plan(dp=8, zero=1, mbs=1, gbs=32, seq_len=8, dtype="bf16"))
     (stage,) = st.stages
     b = H100.intra_gbps * 1e9 * H100.efficiency.intra_node_comm
