@@ -241,10 +241,8 @@ def mindspeed_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
     if plan.dtype == "fp8":
         raise PartitaError("dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); "
                            "re-plan with --dtype bf16")
-    extra = [] if plan.attention == "unfused" else ["--use-flash-attn"]  # npu_fusion_attention, or MindSpeed's core attention
-    if plan.attention == "unfused":
-        args.remove("--attention-backend")
-        args.remove("unfused")
+    # npu_fusion_attention, or (unfused) the core attention Megatron's --attention-backend selects
+    extra = [] if plan.attention == "unfused" else ["--use-flash-attn"]
     if model is None or model.position == "rope":
         extra += ["--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings"]
     if model is None or model.norm == "rmsnorm":

@@ -52,10 +52,10 @@ HARDWARE = {
     # torchtitan-h100 rows' hardware cell). The rows' own figures cannot tell the two apart (their
     # peaks, <= 53 GB, fit both), so the team's documented part is taken: h100-96gb-hbm2e.
     "H100": "h100-96gb-hbm2e",
+    # a power-capped part is its own device (its efficiencies are fitted on its own rows, not
+    # the datasheet part's): "B200 (power-limited, ...)" -> b200-power-limited (hardware_token)
+    "B200-power-limited": "b200-power-limited",
 }
-#: A power-capped part is its own device (its efficiencies are fitted on its own rows, not the
-#: datasheet part's): "B200 (power-limited, ...)" -> b200-power-limited.
-HARDWARE["B200-power-limited"] = "b200-power-limited"
 #: Sources whose team benchmarks on power-capped parts without every table saying so: the
 #: PyTorch team's torchao B200 machines are "power-limited" in its mx_formats table; its
 #: moe_training table (same team and repository) names only "B200". Such a row is mapped on that
@@ -344,8 +344,8 @@ def runs_eager(notes: str) -> bool:
 
 #: torchtitan compiled its loss from commit bbb1b616e (2025-04-02); a row whose source dates
 #: its table ("Mar-2025", "Dec-2024") before that ran compiled blocks with an eager loss.
-_SOURCE_DATE = re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)-(20\d\d)\b")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_SOURCE_DATE = re.compile(rf"\b({'|'.join(_MONTHS)})-(20\d\d)\b")
 LOSS_COMPILED_SINCE = (2025, 4)
 
 
@@ -633,8 +633,9 @@ def _case(row: dict) -> Case:
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
                 overlap_grad_reduce=facts.overlap_grad_reduce, overlap_param_gather=facts.overlap_param_gather,
                 framework=runs_as(facts, row["notes"], row["source"]), attention=_attention(row["notes"]))
-    per_node = nodes_of(make_cluster(HARDWARE[hw_token]).devices_per_node, n)
-    nic = stated_network_gbps(row["hardware"], make_cluster(HARDWARE[hw_token]).devices_per_node)
+    node_size = make_cluster(HARDWARE[hw_token]).devices_per_node
+    per_node = nodes_of(node_size, n)
+    nic = stated_network_gbps(row["hardware"], node_size)
     cluster = make_cluster(HARDWARE[hw_token], n, devices_per_node=per_node,
                            overrides={"inter_node": {"gbps_per_direction": nic}} if nic else None)
     if not cluster.device.supports(plan.dtype):
