@@ -487,6 +487,26 @@ def test_published_moe_rows_load_with_their_experts_and_ep():
         _case(dict(row, model_name="Unknown-MoE"))
 
 
+@pytest.mark.parametrize("overlap", [0.0, 0.4])
+def test_hand_zero3_traffic_only_its_overlapping_share_hides(overlap):
+    """A device whose FSDP gathers and reduce-scatters run on the compute's own cores (gloo
+    on a CPU, ``zero3_overlap`` f < 1): per micro-batch the serial share ``(1 - f) t``
+    adds in full and only ``f t`` hides behind compute, the first layer's ``f t / n`` still
+    exposed. By hand on one node of 2 (dp 2, no pp): t = two bf16 all-gathers + one fp32
+    reduce-scatter of the 4 layers + ends, each moving half the bytes at 50 GB/s."""
+    from dataclasses import replace
+    cluster = hand_cluster(2, 2)
+    dev = replace(cluster.device, efficiency=replace(HAND_EFF, zero3_overlap=overlap))
+    plan = Plan(dp=2, zero=3, gbs=2, seq_len=1024)
+    params = HAND.total_params()
+    traffic = 2 * 0.5 * params * 2 / INTRA + 0.5 * params * 4 / INTRA
+    stage = estimate_step_time(HAND, Cluster(device=dev, devices_per_node=2, nodes=1), plan).stages[0]
+    compute = stage.parts["compute"] + stage.parts["recompute"]
+    assert traffic < compute  # the hidden share fits under compute: only the serial share and the first layer's show
+    exposed = (1 - overlap) * traffic + overlap * traffic / 4 + 4 * 50e-6
+    assert stage.parts["zero3 gather/scatter"] == pytest.approx(exposed, rel=1e-12)
+
+
 def test_hand_hsdp_states_and_traffic():
     """HSDP (dp 4 = 2 replica groups x dp_shard 2): the states are sharded over the 2 ranks
     of a shard group only, the gradients reduce-scattered inside it and the shard

@@ -75,12 +75,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def print_terms(data: dict) -> None:
     """Every measured term: value +- spread (half the inter-quartile range of the repeats),
-    repeats, and a note where the measured value was negative (written as 0)."""
+    repeats, and a note where the measured value was outside its range (a negative time is
+    written as 0, an overlap share is written clamped to [0, 1])."""
     terms = data.get("calibration", {}).get("terms", {})
     print(f"{'term':44s} {'value':>12s} {'spread':>10s}  unit        repeats")
     for name, t in terms.items():
         if "value" in t:
-            note = "  (negative: written as 0)" if t["value"] < 0 and name.startswith("efficiency.") else ""
+            note = ("  (negative: written as 0)" if t["value"] < 0 and name.startswith("efficiency.") and
+                    t.get("clamped_to", 0.0) == 0.0 else f"  ({t['note']})" if "clamped_to" in t else "")
             print(f"{name:44s} {t['value']:12.4g} {t['spread']:10.3g}  {t['unit'][:11]:11s} {t['repeats']:4d}{note}")
         elif "latency_us" in t:  # a collective's own fit (or the joint one) beside the pair the file holds
             gbps = "inf" if t.get("gbps") is None else f"{t['gbps']:.3g}"

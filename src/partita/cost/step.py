@@ -32,7 +32,8 @@ do and its other layers what layers without recompute do (:func:`_partial_terms`
 * pipeline: one activation send per direction per micro-batch on the critical path
   (with interleaving the other vpp - 1 are overlapped, Megatron's overlap_p2p_comm).
 * ZeRO-3: per micro-batch all-gather (forward and backward) and reduce-scatter of the
-  rank's parameters, overlapped with that micro-batch's compute; plus the device's
+  rank's parameters, the device's ``zero3_overlap`` share of it overlapped with that
+  micro-batch's compute (all of it on accelerators, :func:`_zero3_exposed`); plus the device's
   ``zero3_framework_us_per_layer`` (FSDP hooks and launches, as for tp above).
 * Gradient accumulation under ZeRO-2/3 (``plan.grad_accum_mode``): ``sharded`` (the
   default) reduce-scatters every micro-batch - ZeRO-3 inside the per-micro-batch traffic,
@@ -333,13 +334,23 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape
 
 def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape, compute: float) -> float:
     """ZeRO-3 per micro-batch: all-gather of the rank's parameters forward and backward
-    and reduce-scatter of its gradients, overlapped with the micro-batch's compute (incl.
-    recompute) except for the first layer's, plus the host-side framework time per layer."""
+    and reduce-scatter of its gradients (``t``), the overlappable share ``f`` of it
+    (``efficiency.zero3_overlap``) hidden behind the micro-batch's compute ``C`` (incl.
+    recompute) except for the first layer's, plus the host-side framework time per layer.
+
+    Derivation: FSDP prefetches unit ``i + 1``'s gather while unit ``i`` computes (Zhao et
+    al. 2023, PyTorch FSDP, sec. 3.4), so of the ``f t`` that can run beside compute only
+    the first unit's ``f t / n`` and whatever exceeds the compute, ``max(0, f t - C)``,
+    are exposed; the other ``(1 - f) t`` runs on the compute's own cores (gloo on a CPU)
+    and adds in full: ``(1 - f) t + max(0, f t - C) + f t / n``. ``f = 1`` (accelerators)
+    is the fully overlapped form, ``f = 0`` the serial sum ``t``."""
     t = _zero3_traffic(model, cluster.device, shape, zero3_shape(plan, cluster.devices_per_node),
                        not full_gradients(plan))
+    eff = cluster.device.efficiency
+    f = eff.zero3_overlap
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
-    framework = shape.n_layers * cluster.device.efficiency.zero3_framework_us_per_layer * 1e-6
-    return max(0.0, t - compute) + t / max(shape.n_layers, 1) + framework
+    framework = shape.n_layers * eff.zero3_framework_us_per_layer * 1e-6
+    return (1.0 - f) * t + max(0.0, f * t - compute) + f * t / max(shape.n_layers, 1) + framework
 
 
 @memoised

@@ -21,7 +21,10 @@ by pure functions (:mod:`.calibrate_fit`):
   costs do not inflate them; the pipeline runs a compute-free probe model
   (:data:`.calibrate_fit.PP_PROBE_MODEL`), so its schedule time is not the remainder of a
   compute estimate. Never clamped silently: a negative measured value is written as 0 and
-  reported with its spread.
+  reported with its spread;
+* the share of FSDP's gathers and reduce-scatters that hides behind compute: a zero-3
+  micro-run of a wider probe (:data:`.calibrate_fit.ZERO3_PROBE_MODEL`), fitted in turn
+  with the FSDP framework term (:mod:`.calibrate_overlap`) -> ``efficiency.zero3_overlap``.
 
 Each term lands in the file with its value, spread, repeats and method
 (``calibration.terms``) and a provenance line (``efficiency_provenance``). The file
@@ -36,6 +39,7 @@ from datetime import timedelta
 
 from .calibrate_fit import (fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, fit_per_collective,
                             gemm_classes, run_model, summarize)
+from .calibrate_overlap import fit_with_overlap
 
 __all__ = ["fit_all_reduce", "fit_collectives", "fit_gemm", "fit_overheads", "hardware_file", "measure", "summarize"]
 
@@ -125,9 +129,9 @@ def hardware_file(m: dict, base: str, name: str) -> dict:
     """Turn measurements into a device file that extends ``base`` (no measuring here:
     tests feed synthetic measurements to it)."""
     fields, terms = _base_fields(m, base)
-    overheads = fit_overheads(m.get("runtime", {}), predictor(base, fields))
-    for field, term in overheads.items():
-        fields["efficiency"][field] = max(term["value"], 0.0) if term["read_by_cost_model"] else 0.0
+    overheads = fit_with_overlap(m.get("runtime", {}), predictor(base, fields))
+    for field, term in overheads.items():  # a value outside its range is written clamped (the record says so)
+        fields["efficiency"][field] = term.get("clamped_to", term["value"]) if term["read_by_cost_model"] else 0.0
     terms.update({f"efficiency.{k}": v for k, v in overheads.items()})
     n = m["world"]
     provenance = {k: _provenance(terms.get(f"efficiency.{k}"), m) for k in fields["efficiency"]}
@@ -145,7 +149,8 @@ def hardware_file(m: dict, base: str, name: str) -> dict:
 def _provenance(term: dict | None, m: dict) -> str:
     if term is None:
         return f"measured: partita calibrate ({m['world']} processes)"
-    note = "" if term["value"] >= 0 else " (negative: written as 0)"
+    note = (" (negative: written as 0)" if term["value"] < 0 and term.get("clamped_to", 0.0) == 0.0
+            else f" ({term['note']})" if "note" in term else "")
     return (f"measured: partita calibrate, {term['value']:.4g} +- {term['spread']:.2g} {term['unit']}{note} "
             f"over {term['repeats']} repeats; {term['method']}")
 

@@ -159,12 +159,22 @@ PP_PROBE_MODEL = {"name": "pp-probe", "hidden": 16, "layers": 2, "heads": 2, "kv
                   "vocab": 32}
 
 
+#: The ZeRO-3 overlap micro-run's model: wide enough that FSDP's gathers and
+#: reduce-scatters (12 MB of fp32 weights) are a large share of the step, with more compute
+#: than traffic per micro-batch (so the step is linear in ``zero3_overlap``,
+#: :mod:`.calibrate_overlap`); not a preset, so the plans it predicts are not its own shape.
+ZERO3_PROBE_MODEL = {"name": "zero3-probe", "hidden": 288, "layers": 3, "heads": 4, "kv_heads": 4,
+                     "ffn_hidden": 768, "vocab": 512}
+#: Calibrate's own probe models by name.
+PROBE_MODELS = {m["name"]: m for m in (PP_PROBE_MODEL, ZERO3_PROBE_MODEL)}
+
+
 def run_model(name: str):
-    """The model spec of a micro-run: the pipeline probe or a preset/file."""
+    """The model spec of a micro-run: one of calibrate's probes or a preset/file."""
     from ..spec.load import load_model
     from ..spec.model import ModelSpec
-    if name == PP_PROBE_MODEL["name"]:
-        return ModelSpec.from_dict(dict(PP_PROBE_MODEL), "calibrate's pipeline probe")
+    if name in PROBE_MODELS:
+        return ModelSpec.from_dict(dict(PROBE_MODELS[name]), f"calibrate's {name} model")
     return load_model(name)
 
 

@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from .calibrate_fit import PP_PROBE_MODEL, run_model
+from .calibrate_fit import PP_PROBE_MODEL, PROBE_MODELS, ZERO3_PROBE_MODEL, run_model
 
 #: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
 GEMM_SHAPES = {
@@ -125,6 +125,8 @@ def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str
         plans.update({"tp": (model, f"dp={half},tp=2,gbs={half}"),
                       "tp_nosp": (model, f"dp={half},tp=2,sp=false,gbs={half}"),
                       "zero3": (model, f"dp={world},zero=3,gbs={world}"),
+                      # how much of FSDP's traffic hides behind compute (calibrate_overlap.py)
+                      "zero3_overlap": (ZERO3_PROBE_MODEL["name"], f"dp={world},zero=3,gbs={world}"),
                       "pp": (PP_PROBE_MODEL["name"], f"dp={half},pp=2,gbs={2 * half}"),
                       "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),
                       "recompute": (model, f"dp={world},recompute=full,gbs={world}"),
@@ -160,7 +162,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
     longer = {f"{mech}@long": (plans[mech][0], text) for mech, text in increment_plans(world).items()}
     for mech, (model_name, text) in {**plans, **longer}.items():
         plan = Plan.parse(text, world_size=world, defaults={"mbs": 1, "seq_len": RUNTIME_SEQ, "dtype": dtype})
-        probe = model_name == PP_PROBE_MODEL["name"]
+        probe = model_name in PROBE_MODELS
         model = build_model(TransformerConfig.from_spec(run_model(model_name)) if probe else model_name)
         pm = parallelize(model, plan, lambda p: torch.optim.SGD(p, lr=0.01), device_type=device_type)
         x, y = synthetic_batch(0, plan.gbs, plan.seq_len, model.cfg.vocab, 0)

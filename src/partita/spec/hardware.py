@@ -65,8 +65,19 @@ OPTIONAL_EFFICIENCY_FIELDS = {
     # issues one call per group member (InternEvo's per-owner parameter broadcast, cost/step.py)
     "collective_call_us": 0.0,
 }
+#: Optional efficiency fields that are fractions in [0, 1], with their defaults.
+#: ``zero3_overlap``: the share of ZeRO-3/FSDP parameter all-gathers and gradient
+#: reduce-scatters that can run while the rank computes. On an accelerator FSDP issues them
+#: on their own streams and prefetches the next unit's gather (Zhao et al. 2023, PyTorch
+#: FSDP, sec. 3.3-3.4), so all of it can hide (1, the default). On a CPU with gloo the
+#: collectives run on the same cores as the compute (a gloo worker thread copying through
+#: loopback TCP) and the share is near 0; `partita calibrate` measures it.
+OPTIONAL_FRACTION_FIELDS = {"zero3_overlap": 1.0}
 
 
+#: Provenance of an optional fraction no file sets.
+DEFAULT_FRACTION_PROVENANCE = ("default: 1 - on an accelerator FSDP's gathers and reduce-scatters run on their own "
+                               "streams beside compute (Zhao et al. 2023 sec. 3.3); `partita calibrate` measures it")
 #: Provenance of an optional field no file sets.
 DEFAULT_PROVENANCE = ("default: 0 - on an accelerator the host-side framework work runs ahead of the "
                       "device and hides behind kernels; `partita calibrate` measures it where it does not")
@@ -104,6 +115,7 @@ class Efficiency(Mapping):
     recompute_framework_us_per_layer: float = 0.0
     cp_framework_us_per_layer: float = 0.0
     collective_call_us: float = 0.0
+    zero3_overlap: float = 1.0
     provenance: tuple[tuple[str, str], ...] = ()  # (field, "kind: source"), in field order
 
     def __getitem__(self, key: str) -> float:
@@ -348,7 +360,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "intra_node": ("link", "topology", "gbps_per_direction", "peer_gbps_per_direction", "devices_per_node",
                    "latency_us"),
     "inter_node": ("link", "gbps_per_direction", "latency_us"),
-    "efficiency": tuple(EFFICIENCY_FIELDS) + tuple(OPTIONAL_EFFICIENCY_FIELDS),
+    "efficiency": tuple(EFFICIENCY_FIELDS) + tuple(OPTIONAL_EFFICIENCY_FIELDS) + tuple(OPTIONAL_FRACTION_FIELDS),
     "peak_tflops": ("bf16", "fp16", "fp8", "fp32", "tf32", "int8", "fp4"),
     "cluster": ("nodes", "devices_per_node"),
 }
@@ -477,6 +489,9 @@ def _efficiency(raw: dict, source: str) -> Efficiency:
     for key, default in OPTIONAL_EFFICIENCY_FIELDS.items():
         values[key] = _number(eff.get(key, default), f"efficiency.{key}", source)
         provenance[key] = given.get(key, DEFAULT_PROVENANCE) if key in eff else DEFAULT_PROVENANCE
+    for key, default in OPTIONAL_FRACTION_FIELDS.items():
+        values[key] = _number(eff.get(key, default), f"efficiency.{key}", source, high=1.0)
+        provenance[key] = given.get(key, DEFAULT_FRACTION_PROVENANCE) if key in eff else DEFAULT_FRACTION_PROVENANCE
     return Efficiency(**values, provenance=tuple((k, provenance[k]) for k in _EFFICIENCY_NAMES))
 
 
