@@ -114,7 +114,7 @@ def load_traced(args: argparse.Namespace):
             spec = None
     if spec is None:
         spec = _trace_factory(args)
-        cache.store(key, spec.to_json())
+        cache.store(key, spec.to_json(), cache.loaded_sources())  # the files the factory imported
     if getattr(args, "save_trace", None):
         spec.to_json(args.save_trace)
     return spec
