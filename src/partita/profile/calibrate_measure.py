@@ -22,6 +22,10 @@ GEMM_SHAPES = {
 COLLECTIVE_BYTES = (4096, 65536, 1 << 20, 8 << 20)
 #: Micro-run model, tokens per sequence and the steps each repeat times.
 RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "tiny-moe", 128, 2
+#: Mechanisms timed over more steps per repeat: the ZeRO-3 pair is fitted in turn
+#: (:mod:`.calibrate_overlap`), where the overlap's weight is ~15 % of the probe's step, so a
+#: 2-step repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
+RUNTIME_STEPS_OF = {"zero3": 6, "zero3_overlap": 6}
 
 
 def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
@@ -174,11 +178,12 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
                       "dtype": dtype, "world": world, "samples": []}
     for _ in range(repeats):
         for mech, step in steps.items():
+            n = RUNTIME_STEPS_OF.get(mech, RUNTIME_STEPS)
             dist.barrier()
             t0 = time.perf_counter()
-            for _ in range(RUNTIME_STEPS):
+            for _ in range(n):
                 step()
-            runs[mech]["samples"].append((time.perf_counter() - t0) / RUNTIME_STEPS)
+            runs[mech]["samples"].append((time.perf_counter() - t0) / n)
     for run in runs.values():
         run["samples"] = _slowest(run["samples"], None)
     for name in longer:  # the longer run travels with its mechanism's run

@@ -7,7 +7,7 @@ Why a micro-run of its own: the cost model charges a ZeRO-3 micro-batch
 compute ``C`` (:func:`partita.cost.step._zero3_exposed`). On the tiny model that measures
 ``zero3_framework_us_per_layer`` the traffic is a few percent of the step, so ``f`` cannot
 be read there; the probe (:data:`.calibrate_fit.ZERO3_PROBE_MODEL`) moves 12 MB of weights
-per micro-batch, a third of its step. With ``t <= C`` on the probe the predicted step is
+per micro-batch, about a fifth of its step on a 2-core CPU. With ``t <= C`` on the probe the predicted step is
 linear in ``f`` (slope ``-(1 - 1/n) t`` per micro-batch), so per repeat
 
     f = (P(f = 0) - T) / (P(f = 0) - P(f = 1))
