@@ -72,8 +72,9 @@ def traced_problems(spec: TracedSpec, plan: Plan, world_size: int | None = None)
                     "'colwise'|'rowwise', ...}")
     if plan.pp > 1:
         if not spec.pipeline:
-            errs.append(f"pp={plan.pp} needs one sequence of repeated blocks; {spec.name}'s "
-                        f"{spec.block_class or 'blocks'} are not one run in one container")
+            errs.append(f"pp={plan.pp} needs a forward that is one sequence of repeated blocks; {spec.name}'s "
+                        f"{spec.block_class or 'blocks'} are not one run in one container, or its forward calls "
+                        "a module between two of them; use pp=1 (dp, zero and tp still apply)")
         elif plan.pp * plan.vpp > spec.layers:
             errs.append(f"pp*vpp={plan.pp * plan.vpp} exceeds the {spec.layers} blocks of {spec.name}")
     if plan.vpp > 1:

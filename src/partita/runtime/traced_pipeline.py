@@ -26,6 +26,14 @@ ordered (pp, dp, tp) as :mod:`partita.runtime.mesh`. Parameters used on more tha
 (diffusers' DiT head reuses block 0's ``norm1.emb``) are held by each of those stages and
 have their gradients summed over them. Known gap: the stem runs on every stage (its output
 is replaced on all but the first).
+
+A module that forward calls between two blocks (a norm or projection between groups of
+blocks) would be skipped by the stage that stops after the block before it and run on a
+discarded pass-through by the next: the stages refuse such a model in one line, all of them
+(:func:`_between_hooks` sees it while probing; the last stage, which runs every block call,
+always does), as the cost model refuses pp for a trace that saw one
+(:func:`partita.tracing.tracer.between_blocks`). Plain tensor code between blocks is not
+seen by hooks: the model's forward must be the block sequence (module docstring).
 """
 from __future__ import annotations
 
@@ -96,6 +104,28 @@ def _recv(src: int, device: torch.device) -> torch.Tensor:
     t = torch.empty(shape, dtype=_DTYPES[int(header[-1])], device=device)
     dist.recv(t, src)
     return t
+
+
+def _between_hooks(model: nn.Module, blocks: list[str]) -> tuple[list, list[tuple[int, str]], list[int]]:
+    """Hooks that record each module called outside the blocks after a block was entered, with
+    the number of block calls before it: ``(handles, [(calls, path), ...], counter)``; a call
+    recorded with fewer calls than the forward made in all lies between two blocks."""
+    calls, depth, seen = [0], [0], []
+
+    def enter(mod, args):
+        calls[0] += 1
+        depth[0] += 1
+
+    def leave(mod, args, out):
+        depth[0] -= 1
+    handles = []
+    for path, m in model.named_modules():
+        if path in blocks:
+            handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+        elif path and not any(path.startswith(b + ".") for b in blocks):
+            handles.append(m.register_forward_pre_hook(
+                lambda mod, args, path=path: seen.append((calls[0], path)) if calls[0] and not depth[0] else None))
+    return handles, seen, calls
 
 
 def _prune(module: nn.Module, prefix: str, used: set[str], keep: set[str], blocks: set[str]) -> None:
@@ -204,6 +234,8 @@ class TracedPipeline:
         skip = {id(b) for b in (model.get_submodule(p) for p in self.paths[:self.lo])}
         handles = [m.register_forward_pre_hook(lambda mod, args, path=path: called.add(path))
                    for path, m in model.named_modules() if path and id(m) not in skip]
+        between, seen, calls = _between_hooks(model, list(self.paths))
+        handles += between
         if self.stage < self.stages - 1:
             handles.append(self.units[-1].register_forward_hook(self._stop))
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
@@ -221,6 +253,7 @@ class TracedPipeline:
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(buffers[name])
+        self._refuse_between(sorted({path for n, path in seen if n < calls[0]}))
         out = out.to_tuple() if hasattr(out, "to_tuple") else out
         leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -228,6 +261,18 @@ class TracedPipeline:
             return called
         grads = torch.autograd.grad(sum(t.float().sum() for t in leaves), [p for _, p in named], allow_unused=True)
         return called | {name.rpartition(".")[0] for (name, _), g in zip(named, grads) if g is not None}
+
+    def _refuse_between(self, paths: list[str]) -> None:
+        """Raise on every stage of the replica when any saw a module called between two blocks
+        (the last stage always sees them; one all-reduce, so no stage waits on a refused one)."""
+        flag = torch.tensor([float(bool(paths))], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.pp_group)
+        if flag.item():
+            outer = [p for p in paths if not any(p.startswith(q + ".") for q in paths)]
+            where = ", ".join(outer) if outer else "a module (seen by another stage)"
+            raise PartitaError(f"pp={self.plan.pp}: {type(self.module).__name__}'s forward calls {where} between two "
+                               "of its blocks; the traced pipeline needs a forward that is only the block sequence: "
+                               "use pp=1 (dp, zero and tp still apply)")
 
     def _forward(self, chunk: Any, loss_fn: Callable) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(received activation or None, the stage's output or the last stage's loss)."""

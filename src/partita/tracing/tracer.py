@@ -77,6 +77,8 @@ class _Recorder:
     seen: set[str] = field(default_factory=set)  # modules outside the units called so far
     stem_calls: set[str] = field(default_factory=set)  # any module called outside a unit before any unit ran
     head_calls: set[str] = field(default_factory=set)  # ... and after (a block's submodule the head calls too)
+    entered: int = 0  # unit calls so far
+    after: dict[str, int] = field(default_factory=dict)  # module called outside the units -> units entered before its last call
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -116,6 +118,7 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
         if path in rec.units:
             def pre(mod, args, kwargs, path=path):
                 rec.current.append(path)
+                rec.entered += 1
                 if path not in rec.inputs:
                     rec.order.append(path)
                     rec.inputs[path] = rec.tensors((args, kwargs))
@@ -132,6 +135,7 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
                 if rec.current:
                     return
                 (rec.head_calls if rec.order else rec.stem_calls).add(path)
+                rec.after[path] = rec.entered
                 if not inside and path not in rec.seen:
                     rec.seen.add(path)
                     if not rec.order:  # no unit has run yet: the stem (patch/time embedding)
@@ -316,6 +320,14 @@ def _stem(rec: _Recorder) -> list[str]:
     return [p for p in before if not any(p.startswith(q + ".") for q in before)]
 
 
+def between_blocks(rec: _Recorder) -> list[str]:
+    """The outermost modules outside the units that forward called after a unit and before
+    another (a norm or projection between two groups of blocks): the traced pipeline runs a
+    stage's blocks as one unbroken run, so a model with any is not pipeline-able."""
+    inside = [p for p, n in rec.after.items() if 0 < n < rec.entered]
+    return sorted(p for p in inside if not any(p.startswith(q + ".") for q in inside))
+
+
 def _held_outside(model: nn.Module, rec: _Recorder, tp_layers: list[str]) -> dict[str, Any]:
     """What a pipeline stage holds besides its blocks, as the traced pipeline runtime
     (:mod:`partita.runtime.traced_pipeline`) keeps it: the direct parameters of the modules
@@ -379,7 +391,8 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         total_params=sum(p.numel() for p in model.parameters()),
         forward_flops=fwd.get("<global>", 0.0), backward_flops=total.get("<global>", 0.0) - fwd.get("<global>", 0.0),
         saved_bytes=float(sum(b for _, b, _ in rec.saved.values())), block_class=block_cls,
-        block_container=layout.container, blocks=units, pipeline=layout.pipeline and len(units) == len(layout.run),
+        block_container=layout.container, blocks=units,
+        pipeline=layout.pipeline and len(units) == len(layout.run) and not between_blocks(rec),
         tp_plan=tuple(sorted((str(k), str(v)) for k, v in (tp_plan or {}).items())), modules=tuple(top),
         tp_other_params=_split_params(model, outside, rec.row),
         stem_forward_flops=sum(fwd.get(p, 0.0) for p in _stem(rec)),
