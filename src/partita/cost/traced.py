@@ -38,6 +38,9 @@ with the same hardware model and the same conventions:
   the parameters outside the blocks where the runtime holds them (:func:`_outside_params`: the
   stem on every stage, the head on the last); one activation send each way per micro-batch
   (:func:`.comm.send_recv`), stages combined by :func:`.pipeline.pipeline_time`;
+  a trace that saw a module called between two blocks (a norm between block groups) is not
+  pipeline-able - the runtime would skip it at a stage boundary - and :func:`traced_problems`
+  refuses pp for it as the runtime does (:mod:`partita.runtime.traced_pipeline`);
 * data parallel: all-reduce (zero 0), reduce-scatter + all-gather (zero 1/2), per
   micro-batch gathers and reduce-scatter (zero 3), overlapped with the backward as the
   decoder model does (:mod:`.step`); Adam's HBM traffic
