@@ -490,9 +490,9 @@ def test_published_moe_rows_load_with_their_experts_and_ep():
 @pytest.mark.parametrize("overlap", [0.0, 0.4])
 def test_hand_zero3_traffic_only_its_overlapping_share_hides(overlap):
     """A device whose FSDP gathers and reduce-scatters run on the compute's own cores (gloo
-    on a CPU, ``zero3_overlap`` f < 1): per micro-batch the serial share ``(1 - f) t``
-    adds in full and only ``f t`` hides behind compute, the first layer's ``f t / n`` still
-    exposed. By hand on one node of 2 (dp 2, no pp): t = two bf16 all-gathers + one fp32
+    on a CPU, ``zero3_overlap`` f < 1): per micro-batch the serial share ``(1 - f) t`` and
+    FSDP's copies around it add in full and only ``f t`` hides behind compute, the first
+    layer's ``f t / n`` still exposed. By hand on one node of 2 (dp 2, no pp): t = two bf16 all-gathers + one fp32
     reduce-scatter of the 4 layers + ends, each moving half the bytes at 50 GB/s."""
     from dataclasses import replace
     cluster = hand_cluster(2, 2)
@@ -503,7 +503,12 @@ def test_hand_zero3_traffic_only_its_overlapping_share_hides(overlap):
     stage = estimate_step_time(HAND, Cluster(device=dev, devices_per_node=2, nodes=1), plan).stages[0]
     compute = stage.parts["compute"] + stage.parts["recompute"]
     assert traffic < compute  # the hidden share fits under compute: only the serial share and the first layer's show
-    exposed = (1 - overlap) * traffic + overlap * traffic / 4 + 4 * 50e-6
+    # FSDP2's copies at HBM 1 TB/s x 0.5: per all-gather the shard into the send buffer (S/2
+    # read + written) and the gathered buffer out to the parameters (S read + written), twice;
+    # the fp32 gradients into the reduce-scatter input (G) and the received shard (G/2):
+    # S = 2 P (bf16), G = 4 P -> 2 (2 P + 4 P) + 8 P + 4 P = 24 P bytes
+    copies = 24 * params / HBM
+    exposed = (1 - overlap) * (traffic + copies) + overlap * traffic / 4 + 4 * 50e-6
     assert stage.parts["zero3 gather/scatter"] == pytest.approx(exposed, rel=1e-12)
 
 

@@ -25,7 +25,7 @@ RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "ti
 #: Mechanisms timed over more steps per repeat: the ZeRO-3 pair is fitted in turn
 #: (:mod:`.calibrate_overlap`), where the overlap's weight is ~15 % of the probe's step, so a
 #: 2-step repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
-RUNTIME_STEPS_OF = {"zero3": 6, "zero3_overlap": 6}
+RUNTIME_STEPS_OF = {"zero3": 4, "zero3_overlap": 4}
 
 
 def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
@@ -140,13 +140,18 @@ def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str
 
 def increment_plans(world: int) -> dict[str, str]:
     """The second micro-run of the mechanisms measured by their per-micro-batch increment:
-    the same plan with more micro-batches (base, moe and ep 1 -> 4, pp 2 -> 6 per step). The step-time
+    the same plan with more micro-batches (1 -> 4 per step; pp 2 -> 6, the ZeRO-3 overlap probe 1 -> 3). The step-time
     difference holds no per-step cost (optimizer, gradient sync, the pipeline's fill and
     drain), only what every further micro-batch adds."""
     out = {"base": f"dp={world},gbs={4 * world}", "moe": f"dp={world},gbs={4 * world}"}
     if world % 2 == 0:
-        out["pp"] = f"dp={world // 2},pp=2,gbs={6 * (world // 2)}"
-        out["ep"] = f"dp={world},ep=2,gbs={4 * world}"
+        half = world // 2
+        out.update({"pp": f"dp={half},pp=2,gbs={6 * half}", "ep": f"dp={world},ep=2,gbs={4 * world}",
+                    # per-step host work (DTensor / FSDP optimizer step over sharded parameters, the
+                    # vocab-parallel loss) must not be read as per-layer, per-micro-batch time
+                    "tp": f"dp={half},tp=2,gbs={4 * half}", "tp_nosp": f"dp={half},tp=2,sp=false,gbs={4 * half}",
+                    "zero3": f"dp={world},zero=3,gbs={4 * world}", "zero3_overlap": f"dp={world},zero=3,gbs={3 * world}",
+                    "recompute": f"dp={world},recompute=full,gbs={4 * world}", "cp": f"dp={half},cp=2,gbs={4 * half}"})
     return out
 
 
@@ -178,7 +183,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
                       "dtype": dtype, "world": world, "samples": []}
     for _ in range(repeats):
         for mech, step in steps.items():
-            n = RUNTIME_STEPS_OF.get(mech, RUNTIME_STEPS)
+            n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(n):

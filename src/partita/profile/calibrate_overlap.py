@@ -34,21 +34,38 @@ def fit_zero3_overlap(run: dict, predict: Callable[[dict, dict[str, float]], flo
     terms) held in the prediction. The record keeps the signed median (below 0: the
     traffic cost more than running it serially; above 1: less than hiding all of it) and
     says what the file gets, the nearest value in [0, 1]."""
-    p0 = predict(run, dict(fields, **{OVERLAP_FIELD: 0.0}))
-    p1 = predict(run, dict(fields, **{OVERLAP_FIELD: 1.0}))
-    slope = p0 - p1
-    if slope <= 1e-12:
-        raise ValueError(f"the {OVERLAP_RUN} micro-run's prediction does not fall with the overlap "
-                         f"(P(0) = {p0:.6g} s, P(1) = {p1:.6g} s): it moves no ZeRO-3 traffic")
-    per = [(p0 - s) / slope for s in run["samples"]]
-    how = (f"micro-run `{run.get('plan', OVERLAP_RUN)}` of {run.get('model', '?')} through partita.parallelize: "
-           f"(P(f=0) - measured step) / (P(f=0) - P(f=1)), P(0) = {p0 * 1e3:.4g} ms, P(1) = {p1 * 1e3:.4g} ms")
+    p0, slope = _serial_and_slope(run, predict, fields)
+    how = f"micro-run `{run.get('plan', OVERLAP_RUN)}` of {run.get('model', '?')} through partita.parallelize: "
+    long = run.get("long")
+    if long and len(long["samples"]) == len(run["samples"]):
+        # by the increment to the longer run: per-step costs the model does not hold cancel
+        p0_long, slope_long = _serial_and_slope(long, predict, fields)
+        p0, slope = p0_long - p0, slope_long - slope
+        per = [(p0 - (tl - ts)) / slope for ts, tl in zip(run["samples"], long["samples"])]
+        how += (f"per-micro-batch increment against `{long.get('plan', long.get('plan_text'))}`: "
+                f"(P(f=0) - measured) / (P(f=0) - P(f=1)) of the step differences, {p0 * 1e3:.4g} and "
+                f"{(p0 - slope) * 1e3:.4g} ms")
+    else:
+        per = [(p0 - s) / slope for s in run["samples"]]
+        how += (f"(P(f=0) - measured step) / (P(f=0) - P(f=1)), P(0) = {p0 * 1e3:.4g} ms, "
+                f"P(1) = {(p0 - slope) * 1e3:.4g} ms")
     record = summarize(per, "fraction", how)
     record.update(predicted_step_s=p0, weight=slope, read_by_cost_model=True)
     written = min(max(record["value"], 0.0), 1.0)
     if written != record["value"]:
         record.update(clamped_to=written, note=f"outside [0, 1] ({record['value']:.4g}): written as {written:g}")
     return record
+
+
+def _serial_and_slope(run: dict, predict: Callable[[dict, dict[str, float]], float],
+                      fields: dict[str, float]) -> tuple[float, float]:
+    """The run's predicted step with no overlap, and how much full overlap takes off it."""
+    p0 = predict(run, dict(fields, **{OVERLAP_FIELD: 0.0}))
+    slope = p0 - predict(run, dict(fields, **{OVERLAP_FIELD: 1.0}))
+    if slope <= 1e-12:
+        raise ValueError(f"the {OVERLAP_RUN} micro-run's prediction does not fall with the overlap "
+                         f"(P(0) = {p0:.6g} s, slope {slope:.3g} s): it moves no ZeRO-3 traffic")
+    return p0, slope
 
 
 def fit_with_overlap(runs: dict[str, dict], predict: Callable[[dict, dict[str, float]], float]
