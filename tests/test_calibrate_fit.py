@@ -350,36 +350,36 @@ def test_from_profile_recovers_the_framework_field_of_a_run_dir(tmp_path):
     assert out["calibration"]["terms"]["efficiency.tp_framework_us_per_layer"]["repeats"] == 3
 
 
-def test_zero3_overlap_is_recovered_in_turn_with_the_fsdp_framework_term(monkeypatch):
+def test_comm_overlap_is_recovered_in_turn_with_the_fsdp_framework_term(monkeypatch):
     """Synthetic steps from the estimate with 35 % of FSDP's traffic hidden behind compute:
     the probe run and the tiny zero-3 run each hold the other's field, so neither can be
     read alone; fitted in turn, both come back (the framework term to the alternating fit's
     tolerance), and the file carries them with their provenance."""
     from partita.profile.calibrate_overlap import fit_with_overlap
-    monkeypatch.setitem(TRUTH, "zero3_overlap", 0.35)
+    monkeypatch.setitem(TRUTH, "comm_overlap", 0.35)
     m = _measurements(2)
-    assert m["runtime"]["zero3_overlap"]["model"] == "zero3-probe"
+    assert m["runtime"]["comm_overlap"]["model"] == "zero3-probe"
     out = hardware_file(m, "cpu", "synthetic")
-    assert out["efficiency"]["zero3_overlap"] == pytest.approx(0.35, rel=1e-8)
+    assert out["efficiency"]["comm_overlap"] == pytest.approx(0.35, rel=1e-8)
     assert out["efficiency"]["zero3_framework_us_per_layer"] == pytest.approx(800.0, rel=1e-6)
-    term = out["calibration"]["terms"]["efficiency.zero3_overlap"]
+    term = out["calibration"]["terms"]["efficiency.comm_overlap"]
     assert term["unit"] == "fraction" and "rounds" in term["method"]
-    assert out["efficiency_provenance"]["zero3_overlap"].startswith("measured: partita calibrate")
+    assert out["efficiency_provenance"]["comm_overlap"].startswith("measured: partita calibrate")
     # read with the device's default (all traffic hidden) the framework term absorbs the serial share
-    alone = fit_overheads({k: v for k, v in m["runtime"].items() if k != "zero3_overlap"},
+    alone = fit_overheads({k: v for k, v in m["runtime"].items() if k != "comm_overlap"},
                           predictor("cpu", _base_fields()))
     assert alone["zero3_framework_us_per_layer"]["value"] > 800.0 * 1.02
-    assert fit_with_overlap(m["runtime"], predictor("cpu", _base_fields()))["zero3_overlap"]["value"] == \
+    assert fit_with_overlap(m["runtime"], predictor("cpu", _base_fields()))["comm_overlap"]["value"] == \
         pytest.approx(0.35, rel=1e-8)
 
 
 def test_the_overlap_probe_is_compute_bound_so_its_step_is_linear_in_the_overlap():
     """The exact recovery rests on the probe's traffic fitting under its compute: then the
     predicted step at f = 0.5 is the mean of f = 0 and f = 1 (a comm-bound probe bends)."""
-    run = _runs(2)["zero3_overlap"]
+    run = _runs(2)["comm_overlap"]
     predict = predictor("cpu", _base_fields())
     truth = {k: max(v, 0.0) for k, v in TRUTH.items()}
-    p0, p_half, p1 = (predict(run, dict(truth, zero3_overlap=f)) for f in (0.0, 0.5, 1.0))
+    p0, p_half, p1 = (predict(run, dict(truth, comm_overlap=f)) for f in (0.0, 0.5, 1.0))
     # the overlap moves the probe's step by 2 % on this synthetic machine (5 GB/s links; 14 %
     # on the development CPU's calibrated file), the tiny zero-3 run's by under 1 %
     assert p0 - p1 > 0.015 * p0
@@ -392,12 +392,12 @@ def test_a_probe_slower_than_serial_traffic_is_written_as_0_and_says_so():
     and its provenance says so."""
     m = _measurements(2)
     predict = predictor("cpu", _base_fields())
-    serial = {k: max(v, 0.0) for k, v in TRUTH.items()} | {"zero3_overlap": 0}
-    probe = m["runtime"]["zero3_overlap"]
+    serial = {k: max(v, 0.0) for k, v in TRUTH.items()} | {"comm_overlap": 0}
+    probe = m["runtime"]["comm_overlap"]
     probe["samples"] = [predict(probe, serial) + 0.010] * 3
     probe["long"]["samples"] = [predict(probe["long"], serial) + 0.030] * 3
     out = hardware_file(m, "cpu", "synthetic")
-    term = out["calibration"]["terms"]["efficiency.zero3_overlap"]
+    term = out["calibration"]["terms"]["efficiency.comm_overlap"]
     assert term["value"] < 0 and term["clamped_to"] == 0.0
-    assert out["efficiency"]["zero3_overlap"] == 0.0
-    assert "negative: written as 0" in out["efficiency_provenance"]["zero3_overlap"]
+    assert out["efficiency"]["comm_overlap"] == 0.0
+    assert "negative: written as 0" in out["efficiency_provenance"]["comm_overlap"]

@@ -253,6 +253,14 @@ def test_hand_overlapped_tp_and_context_parallel():
     assert kinds.dense.cp_comm == pytest.approx(3 * (hop - attn), rel=1e-12) and hop > attn
     t, _, _, _ = dense_layer(tokens, 2, 1024)
     assert kinds.dense.compute == pytest.approx(3 * t + flash_extra(tokens, 2, 1024)[0], rel=1e-12)
+    # a device whose ring exchange shares the compute's cores (comm_overlap 0.3): 70 % of the
+    # hop adds in full, 30 % hides behind the attention kernel (here it fits under it)
+    from dataclasses import replace
+    slow = Cluster(device=replace(cluster.device, efficiency=replace(HAND_EFF, comm_overlap=0.3)),
+                   devices_per_node=2, nodes=2)
+    part, _ = stage_terms(HAND, slow, plan)
+    assert part.dense.cp_comm == pytest.approx(3 * (0.7 * hop + max(0.0, 0.3 * hop - attn)), rel=1e-12)
+    assert 0.3 * hop < attn < hop
 
 
 def test_hand_moe_terms_and_expert_memory():
@@ -490,13 +498,13 @@ def test_published_moe_rows_load_with_their_experts_and_ep():
 @pytest.mark.parametrize("overlap", [0.0, 0.4])
 def test_hand_zero3_traffic_only_its_overlapping_share_hides(overlap):
     """A device whose FSDP gathers and reduce-scatters run on the compute's own cores (gloo
-    on a CPU, ``zero3_overlap`` f < 1): per micro-batch the serial share ``(1 - f) t`` and
+    on a CPU, ``comm_overlap`` f < 1): per micro-batch the serial share ``(1 - f) t`` and
     FSDP's copies around it add in full and only ``f t`` hides behind compute, the first
     layer's ``f t / n`` still exposed. By hand on one node of 2 (dp 2, no pp): t = two bf16 all-gathers + one fp32
     reduce-scatter of the 4 layers + ends, each moving half the bytes at 50 GB/s."""
     from dataclasses import replace
     cluster = hand_cluster(2, 2)
-    dev = replace(cluster.device, efficiency=replace(HAND_EFF, zero3_overlap=overlap))
+    dev = replace(cluster.device, efficiency=replace(HAND_EFF, comm_overlap=overlap))
     plan = Plan(dp=2, zero=3, gbs=2, seq_len=1024)
     params = HAND.total_params()
     traffic = 2 * 0.5 * params * 2 / INTRA + 0.5 * params * 4 / INTRA

@@ -178,9 +178,9 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     assert len(raw["gemm"]) == 12 and {r["kind"] for r in raw["collectives"]} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     # one micro-run of Partita's runtime per mechanism, every repeat timed
-    assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "zero3_overlap", "pp", "moe", "ep", "recompute",
+    assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "comm_overlap", "pp", "moe", "ep", "recompute",
                                    "cp"}
-    assert raw["runtime"]["tp"]["model"] == "tiny-llama" and raw["runtime"]["zero3_overlap"]["model"] == "zero3-probe"
+    assert raw["runtime"]["tp"]["model"] == "tiny-llama" and raw["runtime"]["comm_overlap"]["model"] == "zero3-probe"
     assert all(len(r["samples"]) == 5 and all(math.isfinite(s) and s > 0 for s in r["samples"])
                for r in raw["runtime"].values())
     # every runtime term has a value (signed), a spread and its repeats
@@ -198,7 +198,7 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
                 "ep_framework_us_per_layer"):
         assert math.isfinite(device.efficiency[key]) and device.efficiency[key] >= 0, key
     assert math.isfinite(device.intra_latency_us) and device.intra_latency_us >= 0
-    assert 0 <= device.efficiency.zero3_overlap <= 1  # a share, written clamped (the term keeps its sign)
+    assert 0 <= device.efficiency.comm_overlap <= 1  # a share, written clamped (the term keeps its sign)
     plan = Plan(tp=2, sp=True, gbs=4, mbs=1, seq_len=64, dtype="fp32")
     est = estimate(load_model("tiny-llama"), make_cluster(str(out), 2), plan)
     assert math.isfinite(est.step_time_s) and est.step_time_s > 0 and est.time.parts["tp communication"] > 0

@@ -18,7 +18,8 @@ do and its other layers what layers without recompute do (:func:`_partial_terms`
   path where the host does not run ahead of the device (CPU; `partita calibrate`
   measures it, accelerators default to 0).
 * context parallel (ring attention): ``cp - 1`` K/V hops per layer forward, twice in
-  backward, overlapped with the attention kernel; only the excess is exposed.
+  backward, the device's ``comm_overlap`` share of them overlapped with the attention
+  kernel (only the excess exposed), the rest serial (all of it hides on accelerators).
 * expert parallel: dispatch + combine all-to-all forward, the same backward, of
   ``top_k b s h / tp`` elements per rank [Megatron-Core MoE; hardware.md sec. 3.4].
   With expert tensor parallel (etp > 1) Megatron's alltoall dispatcher also all-gathers
@@ -32,7 +33,7 @@ do and its other layers what layers without recompute do (:func:`_partial_terms`
 * pipeline: one activation send per direction per micro-batch on the critical path
   (with interleaving the other vpp - 1 are overlapped, Megatron's overlap_p2p_comm).
 * ZeRO-3: per micro-batch all-gather (forward and backward) and reduce-scatter of the
-  rank's parameters, the device's ``zero3_overlap`` share of it overlapped with that
+  rank's parameters, the device's ``comm_overlap`` share of it overlapped with that
   micro-batch's compute (all of it on accelerators, :func:`_zero3_exposed`); plus the device's
   ``zero3_framework_us_per_layer`` (FSDP hooks and launches, as for tp above).
 * Gradient accumulation under ZeRO-2/3 (``plan.grad_accum_mode``): ``sharded`` (the
@@ -236,8 +237,10 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
         hop = comm.send_recv(dev, tokens * kv_width * e / layer.tp, spans.cp_crosses)
         attn = (dense or moe).attn_time  # type: ignore[union-attr]
-        # forward once, backward twice (dK and dV travel back), full recompute once more
-        cp_pass = (1 + BACKWARD_PER_FORWARD + rc_full) * max(0.0, (layer.cp - 1) * hop - attn)
+        # forward once, backward twice (dK and dV travel back), full recompute once more; the
+        # device's comm_overlap share of the ring hides behind attention, the rest is serial
+        ring, f = (layer.cp - 1) * hop, dev.efficiency.comm_overlap
+        cp_pass = (1 + BACKWARD_PER_FORWARD + rc_full) * ((1.0 - f) * ring + max(0.0, f * ring - attn))
     # expert parallel all-to-all: dispatch + combine, forward and backward (+ recompute)
     a2a = 0.0
     if layer.ep > 1 and model.moe:
@@ -335,7 +338,7 @@ def _stage_time(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, shape
 def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape, compute: float) -> float:
     """ZeRO-3 per micro-batch: all-gather of the rank's parameters forward and backward
     and reduce-scatter of its gradients (``t``), the overlappable share ``f`` of it
-    (``efficiency.zero3_overlap``) hidden behind the micro-batch's compute ``C`` (incl.
+    (``efficiency.comm_overlap``) hidden behind the micro-batch's compute ``C`` (incl.
     recompute) except for the first layer's, plus the host-side framework time per layer.
 
     Derivation: FSDP prefetches unit ``i + 1``'s gather while unit ``i`` computes (Zhao et
@@ -351,7 +354,7 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     reduce = not full_gradients(plan)
     t = _zero3_traffic(model, cluster.device, shape, z3, reduce)
     eff = cluster.device.efficiency
-    f = eff.zero3_overlap
+    f = eff.comm_overlap
     serial = (1.0 - f) * (t + _zero3_copy_time(model, cluster.device, shape, z3, reduce)) if f < 1.0 else 0.0
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
     framework = shape.n_layers * eff.zero3_framework_us_per_layer * 1e-6

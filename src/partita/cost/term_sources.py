@@ -28,11 +28,11 @@ PART_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "recompute": ((), ("gemm", "recompute_framework_us_per_layer")),
     "optimizer step": ((), ("memory_bandwidth",)),
     "tp communication": (("all_reduce",), ("intra_node_comm", "tp_framework_us_per_layer")),
-    "cp communication": (("send_recv",), ("intra_node_comm", "cp_framework_us_per_layer")),
+    "cp communication": (("send_recv",), ("intra_node_comm", "cp_framework_us_per_layer", "comm_overlap")),
     "ep all-to-all": (("all_to_all",), ("intra_node_comm", "ep_framework_us_per_layer")),
     "pp send/recv": (("send_recv",), ("intra_node_comm", "pp_framework_us_per_microbatch")),
     "zero3 gather/scatter": (("all_gather", "reduce_scatter"), ("intra_node_comm", "zero3_framework_us_per_layer",
-                                                               "zero3_overlap")),
+                                                               "comm_overlap")),
     "dp gradient sync": (("all_reduce", "reduce_scatter"), ("intra_node_comm",)),
     "tied embedding sync": (("all_reduce",), ("intra_node_comm",)),
 }

@@ -16,15 +16,15 @@ by pure functions (:mod:`.calibrate_fit`):
   mechanism (plain data parallel, tp with and without sp, FSDP zero 3, pp, ep, full
   recompute, cp), the step time predicted from the terms above subtracted, divided by the
   field's weight in that step -> ``kernel_overhead_us_per_layer`` and the
-  ``*_framework_*`` fields. The base overhead and the pipeline field are measured by the
-  per-micro-batch increment of two runs (1 -> 4 and 2 -> 6 micro-batches), so per-step
-  costs do not inflate them; the pipeline runs a compute-free probe model
-  (:data:`.calibrate_fit.PP_PROBE_MODEL`), so its schedule time is not the remainder of a
-  compute estimate. Never clamped silently: a negative measured value is written as 0 and
+  ``*_framework_*`` fields. With 2+ processes every field is measured by the
+  per-micro-batch increment of two runs (1 -> 4 micro-batches; pp 2 -> 6), so per-step
+  costs (optimizer step over DTensor/FSDP parameters, gradient sync) do not inflate
+  them; the pipeline runs a compute-free probe model (:data:`.calibrate_fit.PP_PROBE_MODEL`),
+  so its schedule time is not the remainder of a compute estimate. Never clamped silently: a negative measured value is written as 0 and
   reported with its spread;
 * the share of FSDP's gathers and reduce-scatters that hides behind compute: a zero-3
   micro-run of a wider probe (:data:`.calibrate_fit.ZERO3_PROBE_MODEL`), fitted in turn
-  with the FSDP framework term (:mod:`.calibrate_overlap`) -> ``efficiency.zero3_overlap``.
+  with the FSDP framework term (:mod:`.calibrate_overlap`) -> ``efficiency.comm_overlap``.
 
 Each term lands in the file with its value, spread, repeats and method
 (``calibration.terms``) and a provenance line (``efficiency_provenance``). The file

@@ -161,7 +161,7 @@ PP_PROBE_MODEL = {"name": "pp-probe", "hidden": 16, "layers": 2, "heads": 2, "kv
 
 #: The ZeRO-3 overlap micro-run's model: wide enough that FSDP's gathers and
 #: reduce-scatters (12 MB of fp32 weights) are a large share of the step, with more compute
-#: than traffic per micro-batch (so the step is linear in ``zero3_overlap``,
+#: than traffic per micro-batch (so the step is linear in ``comm_overlap``,
 #: :mod:`.calibrate_overlap`); not a preset, so the plans it predicts are not its own shape.
 ZERO3_PROBE_MODEL = {"name": "zero3-probe", "hidden": 288, "layers": 3, "heads": 4, "kv_heads": 4,
                      "ffn_hidden": 768, "vocab": 512}

@@ -25,7 +25,7 @@ RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "ti
 #: Mechanisms timed over more steps per repeat: the ZeRO-3 pair is fitted in turn
 #: (:mod:`.calibrate_overlap`), where the overlap's weight is ~15 % of the probe's step, so a
 #: 2-step repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
-RUNTIME_STEPS_OF = {"zero3": 4, "zero3_overlap": 4}
+RUNTIME_STEPS_OF = {"zero3": 4, "comm_overlap": 4}
 
 
 def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
@@ -130,7 +130,7 @@ def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str
                       "tp_nosp": (model, f"dp={half},tp=2,sp=false,gbs={half}"),
                       "zero3": (model, f"dp={world},zero=3,gbs={world}"),
                       # how much of FSDP's traffic hides behind compute (calibrate_overlap.py)
-                      "zero3_overlap": (ZERO3_PROBE_MODEL["name"], f"dp={world},zero=3,gbs={world}"),
+                      "comm_overlap": (ZERO3_PROBE_MODEL["name"], f"dp={world},zero=3,gbs={world}"),
                       "pp": (PP_PROBE_MODEL["name"], f"dp={half},pp=2,gbs={2 * half}"),
                       "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),
                       "recompute": (model, f"dp={world},recompute=full,gbs={world}"),
@@ -150,7 +150,7 @@ def increment_plans(world: int) -> dict[str, str]:
                     # per-step host work (DTensor / FSDP optimizer step over sharded parameters, the
                     # vocab-parallel loss) must not be read as per-layer, per-micro-batch time
                     "tp": f"dp={half},tp=2,gbs={4 * half}", "tp_nosp": f"dp={half},tp=2,sp=false,gbs={4 * half}",
-                    "zero3": f"dp={world},zero=3,gbs={4 * world}", "zero3_overlap": f"dp={world},zero=3,gbs={3 * world}",
+                    "zero3": f"dp={world},zero=3,gbs={4 * world}", "comm_overlap": f"dp={world},zero=3,gbs={3 * world}",
                     "recompute": f"dp={world},recompute=full,gbs={4 * world}", "cp": f"dp={half},cp=2,gbs={4 * half}"})
     return out
 

@@ -1,4 +1,4 @@
-"""The fit of ``efficiency.zero3_overlap``: how much of FSDP's traffic hides behind compute.
+"""The fit of ``efficiency.comm_overlap``: how much of FSDP's traffic hides behind compute.
 
 A pure function of measurements (no torch, no timing), like :mod:`.calibrate_fit`.
 
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from .calibrate_fit import MECHANISMS, fit_overheads, summarize
 
 #: The runtime micro-run that measures the overlap, and the field it writes.
-OVERLAP_RUN, OVERLAP_FIELD = "zero3_overlap", "zero3_overlap"
+OVERLAP_RUN, OVERLAP_FIELD = "comm_overlap", "comm_overlap"
 #: Rounds of the alternating fit at most, and the change in ``f`` that ends it.
 _ROUNDS, _TOLERANCE = 50, 1e-9
 
 
-def fit_zero3_overlap(run: dict, predict: Callable[[dict, dict[str, float]], float],
+def fit_comm_overlap(run: dict, predict: Callable[[dict, dict[str, float]], float],
                       fields: dict[str, float]) -> dict:
     """``f`` per repeat from the probe run's measured steps, ``fields`` (the fitted time
     terms) held in the prediction. The record keeps the signed median (below 0: the
@@ -71,7 +71,7 @@ def _serial_and_slope(run: dict, predict: Callable[[dict, dict[str, float]], flo
 def fit_with_overlap(runs: dict[str, dict], predict: Callable[[dict, dict[str, float]], float]
                      ) -> dict[str, dict]:
     """Every runtime term (:func:`.calibrate_fit.fit_overheads`) and, when the probe ran,
-    ``zero3_overlap``: the two fitted in turn (the framework fields with the latest ``f``
+    ``comm_overlap``: the two fitted in turn (the framework fields with the latest ``f``
     held, then ``f`` with those fields held) until ``f`` settles. Without the probe run the
     overheads are fitted once with the device's own overlap."""
     timed = {k: v for k, v in runs.items() if k != OVERLAP_RUN}
@@ -83,7 +83,7 @@ def fit_with_overlap(runs: dict[str, dict], predict: Callable[[dict, dict[str, f
     for rounds in range(1, _ROUNDS + 1):
         held = {f: (max(t["value"], 0.0) if t["read_by_cost_model"] else 0.0) for f, t in terms.items()
                 if f in MECHANISMS.values()}
-        overlap = fit_zero3_overlap(runs[OVERLAP_RUN], predict, held)
+        overlap = fit_comm_overlap(runs[OVERLAP_RUN], predict, held)
         f = overlap.get("clamped_to", overlap["value"])
         if previous is not None and abs(f - previous) < _TOLERANCE:
             break

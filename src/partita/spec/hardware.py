@@ -66,18 +66,22 @@ OPTIONAL_EFFICIENCY_FIELDS = {
     "collective_call_us": 0.0,
 }
 #: Optional efficiency fields that are fractions in [0, 1], with their defaults.
-#: ``zero3_overlap``: the share of ZeRO-3/FSDP parameter all-gathers and gradient
-#: reduce-scatters that can run while the rank computes. On an accelerator FSDP issues them
-#: on their own streams and prefetches the next unit's gather (Zhao et al. 2023, PyTorch
-#: FSDP, sec. 3.3-3.4), so all of it can hide (1, the default). On a CPU with gloo the
-#: collectives run on the same cores as the compute (a gloo worker thread copying through
-#: loopback TCP) and the share is near 0; `partita calibrate` measures it.
-OPTIONAL_FRACTION_FIELDS = {"zero3_overlap": 1.0}
+#: ``comm_overlap``: the share of the communication the cost model overlaps with compute -
+#: ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters, and context parallel's
+#: ring K/V exchange - that can really run while the rank computes. On an accelerator they
+#: run on their own streams (FSDP prefetches the next unit's gather, Zhao et al. 2023,
+#: PyTorch FSDP, sec. 3.3-3.4; ring attention sends the next K/V block during the current
+#: one's kernel, Liu et al. 2023, Ring Attention, sec. 3), so all of it can hide (1, the
+#: default). On a CPU with gloo the collectives run on the same cores as the compute (a
+#: gloo worker thread copying through loopback TCP) and the share is near 0; `partita
+#: calibrate` measures it on a zero-3 probe.
+OPTIONAL_FRACTION_FIELDS = {"comm_overlap": 1.0}
 
 
 #: Provenance of an optional fraction no file sets.
-DEFAULT_FRACTION_PROVENANCE = ("default: 1 - on an accelerator FSDP's gathers and reduce-scatters run on their own "
-                               "streams beside compute (Zhao et al. 2023 sec. 3.3); `partita calibrate` measures it")
+DEFAULT_FRACTION_PROVENANCE = ("default: 1 - on an accelerator FSDP's gathers and reduce-scatters and the ring K/V "
+                               "exchange run on their own streams beside compute (Zhao et al. 2023 sec. 3.3); "
+                               "`partita calibrate` measures it")
 #: Provenance of an optional field no file sets.
 DEFAULT_PROVENANCE = ("default: 0 - on an accelerator the host-side framework work runs ahead of the "
                       "device and hides behind kernels; `partita calibrate` measures it where it does not")
@@ -115,7 +119,7 @@ class Efficiency(Mapping):
     recompute_framework_us_per_layer: float = 0.0
     cp_framework_us_per_layer: float = 0.0
     collective_call_us: float = 0.0
-    zero3_overlap: float = 1.0
+    comm_overlap: float = 1.0
     provenance: tuple[tuple[str, str], ...] = ()  # (field, "kind: source"), in field order
 
     def __getitem__(self, key: str) -> float:
