@@ -33,7 +33,8 @@ PLANS = [("small-llama", p) for p in ("dp=2", "tp=2", "tp=2,sp=false", "pp=2", "
                                        "dp=2,recompute=full", "dp=2,mbs=2", "dp=2,mbs=4", "cp=2")] + \
         [("tiny-moe", "ep=2"), ("tiny-moe", "dp=2")]
 NPROC = 2
-COMMON = dict(gbs=8, seq_len=128, mbs=1, dtype="fp32")
+#: the plans run on Partita's runtime: predicted with its framework entry, as calibrate's micro-runs are
+COMMON = dict(gbs=8, seq_len=128, mbs=1, dtype="fp32", framework="partita")
 
 
 def spearman(a: list[float], b: list[float]) -> float:

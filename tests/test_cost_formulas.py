@@ -261,6 +261,13 @@ def test_hand_overlapped_tp_and_context_parallel():
     part, _ = stage_terms(HAND, slow, plan)
     assert part.dense.cp_comm == pytest.approx(3 * (0.7 * hop + max(0.0, 0.3 * hop - attn)), rel=1e-12)
     assert 0.3 * hop < attn < hop
+    # Partita's runtime all-gathers K and V over the cp group instead (cost/frameworks.py
+    # cp_kv_all_gather): per layer an all-gather each of K and V forward, a reduce-scatter each
+    # backward, nothing hidden; each buffer is the whole sequence's K (or V): 1024 tokens x
+    # 256 / tp 2 x 2 bytes = 256 KiB, and a 2-rank ring across the nodes moves half of it at 5 GB/s
+    gathered, _ = stage_terms(HAND, cluster, plan.with_(framework="partita"))
+    each = 1024 * 256 / 2 * 2
+    assert gathered.dense.cp_comm == pytest.approx(2 * (each / 2 / INTER + each / 2 / INTER), rel=1e-12)
 
 
 def test_hand_moe_terms_and_expert_memory():

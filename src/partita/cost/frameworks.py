@@ -39,6 +39,9 @@ field                       what it changes (where)
                             shard, one collective call per member of the shard group, instead
                             of one all-gather: the all-gather's bytes plus ``n`` times the
                             device's ``collective_call_us`` (:mod:`.step`)
+``cp_kv_all_gather``        context parallel all-gathers K and V over the cp group (backward:
+                            reduce-scatter of their gradients), synchronous, instead of the ring
+                            of ``cp - 1`` K/V hops that overlaps attention (:mod:`.step`)
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
@@ -93,6 +96,8 @@ class Framework:
     #: member of the shard group broadcasts its shard), not one all-gather - the same bytes
     #: per rank, but as many collective calls as the group has members (:mod:`.step`)
     param_broadcast_per_owner: bool = False
+    #: cp: K/V all-gathered (Llama 3's context parallel) rather than passed round a ring
+    cp_kv_all_gather: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -193,7 +198,7 @@ FRAMEWORKS: dict[str, Framework] = {
          "all-reduces are synchronous)"),
     )),
     "partita": Framework("partita", eager_activations=True, checkpoint_early_stop=True, zero0_autocast=True,
-                         tp_comm_overlap=False, fp8_cast_bytes=0.0, sources=(
+                         tp_comm_overlap=False, fp8_cast_bytes=0.0, cp_kv_all_gather=True, sources=(
         ("eager_activations", "partita.models: nn.RMSNorm, repeat_interleave before SDPA, F.silu(w1 x) * w3 x, "
          "eager MoE routing (tests/data/cost_oracles.json: saved-tensor hooks)"),
         ("checkpoint_early_stop", "partita.runtime.recompute: torch.utils.checkpoint(use_reentrant=False), early "
@@ -201,6 +206,9 @@ FRAMEWORKS: dict[str, Framework] = {
         ("zero0_autocast", "partita.runtime.parallelize: zero 0 trains fp32 parameters under torch.autocast "
          "(tests/data/cost_oracles.json: the tensors each rank holds)"),
         ("tp_comm_overlap", "partita.runtime.tensor_parallel: DTensor collectives, no async TP"),
+        ("cp_kv_all_gather", "partita.runtime.context_parallel: K and V all-gathered over the cp group in an "
+         "autograd function (reduce-scatter of dK, dV backward), the all-gather form of Llama 3's context "
+         "parallelism (Llama 3 paper, sec. 3.3.2)"),
     )),
     # InternEvo (the InternLM trainer): Megatron-style fused kernels and reentrant checkpoint,
     # with its own hybrid ZeRO-1 optimizer.

@@ -60,6 +60,7 @@ class CollectiveSpans(NamedTuple):
     ep: tuple[int, int]
     pp_crosses: bool
     etp: tuple[int, int] = (1, 1)  # the expert tensor-parallel group: etp consecutive ranks
+    cp: tuple[int, int] = (1, 1)  # the cp group (its all-gather form, cost/frameworks.py)
 
 
 @lru_cache(maxsize=65536)
@@ -71,7 +72,8 @@ def collective_spans(pp: int, dp: int, cp: int, tp: int, ep: int, devices_per_no
     plan = Plan(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp)
     return CollectiveSpans(group_span(plan, "tp", devices_per_node), group_span(plan, "cp", devices_per_node)[1] > 1,
                            group_span(plan, "ep", devices_per_node), group_span(plan, "pp", devices_per_node)[1] > 1,
-                           group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1))
+                           group_span(plan, "etp", devices_per_node) if etp > 1 else (1, 1),
+                           group_span(plan, "cp", devices_per_node) if cp > 1 else (1, 1))
 
 
 class StageShape(NamedTuple):

@@ -233,7 +233,9 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
     # dense and MoE layers)
     cp_pass = 0.0
-    if layer.cp > 1:
+    if layer.cp > 1 and FRAMEWORKS[layer.framework].cp_kv_all_gather:
+        cp_pass = _cp_all_gather_time(model, dev, layer, spans.cp, rc_full)
+    elif layer.cp > 1:
         kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
         hop = comm.send_recv(dev, tokens * kv_width * e / layer.tp, spans.cp_crosses)
         attn = (dense or moe).attn_time  # type: ignore[union-attr]
@@ -289,6 +291,20 @@ def etp_dispatch_time(model: ModelSpec, dev: Device, layer: LayerShape, span: tu
     size = layer.etp * layer.tokens / layer.tp * model.moe.top_k * model.hidden * BYTES[layer.dtype]  # type: ignore[union-attr]
     g, k = span
     return (2 + rc_full) * (comm.all_gather(dev, size, g, k) + comm.reduce_scatter(dev, size, g, k))
+
+
+def _cp_all_gather_time(model: ModelSpec, dev: Device, layer: LayerShape, span: tuple[int, int],
+                        rc_full: int) -> float:
+    """Seconds of one layer's K/V exchange per micro-batch where the framework all-gathers K
+    and V over the cp group (:attr:`.frameworks.Framework.cp_kv_all_gather`): one all-gather
+    each of K and V forward (again under full recompute) and one reduce-scatter each of their
+    gradients backward, each buffer the gathered ``b s kv_dim / tp`` elements (the whole
+    sequence; :mod:`.comm`'s convention), synchronous: nothing overlaps attention [Llama 3
+    paper, Dubey et al. 2024, sec. 3.3.2; partita.runtime.context_parallel]."""
+    kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
+    each = layer.tokens * layer.cp * kv_width / 2 * BYTES[layer.dtype] / layer.tp
+    g, k = span
+    return 2 * ((1 + rc_full) * comm.all_gather(dev, each, g, k) + comm.reduce_scatter(dev, each, g, k))
 
 
 def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> StageTerms:

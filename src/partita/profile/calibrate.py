@@ -37,8 +37,8 @@ import os
 import sys
 from datetime import timedelta
 
-from .calibrate_fit import (fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, fit_per_collective,
-                            gemm_classes, run_model, summarize)
+from .calibrate_fit import (RUNTIME_FRAMEWORK, fit_all_reduce, fit_collectives, fit_gemm, fit_overheads,
+                            fit_per_collective, gemm_classes, run_model, summarize)
 from .calibrate_overlap import fit_with_overlap
 
 __all__ = ["fit_all_reduce", "fit_collectives", "fit_gemm", "fit_overheads", "hardware_file", "measure", "summarize"]
@@ -120,7 +120,8 @@ def predictor(base: str, fields: dict):
         device = load_device(base, overrides=over)
         cluster = Cluster(device=device, nodes=1, devices_per_node=run["world"])
         plan = Plan.parse(run["plan_text"], world_size=run["world"],
-                          defaults={"mbs": 1, "seq_len": run["seq_len"], "dtype": run["dtype"]})
+                          defaults={"mbs": 1, "seq_len": run["seq_len"], "dtype": run["dtype"],
+                                    "framework": RUNTIME_FRAMEWORK})
         return estimate(run_model(run["model"]), cluster, plan).step_time_s
     return predict
 

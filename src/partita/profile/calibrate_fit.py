@@ -150,6 +150,9 @@ def fit_all_reduce(coll: list[dict], world: int) -> tuple[float, float]:
     return alpha, bw
 
 
+#: The micro-runs (and a profiled run dir) are Partita's own runtime, so their predictions use
+#: its framework entry (cost/frameworks.py: what it saves and recomputes, how its cp exchanges K/V).
+RUNTIME_FRAMEWORK = "partita"
 #: The pipeline micro-run's model: LLaMA blocks with negligible compute (hidden 16, 2
 #: layers, 32-token vocabulary), so the per-micro-batch increment of its step time is
 #: the pipeline schedule's own host time (stage bookkeeping, p2p posting, autograd

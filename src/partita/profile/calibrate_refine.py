@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from ..errors import PartitaError
-from .calibrate_fit import MECHANISMS, fit_overheads
+from .calibrate_fit import MECHANISMS, RUNTIME_FRAMEWORK, fit_overheads
 
 #: A run dir's plan and configuration (partita.train.config's PLAN_FILE / TRAIN_FILE: named
 #: here, since train imports profile and the reverse would be a package cycle).
@@ -63,7 +63,7 @@ def refine_from_runs(base: str, run_dirs: list[str], name: str | None) -> dict:
 
     def predict(run: dict, efficiency: dict[str, float]) -> float:
         dev = load_device(base, overrides={"efficiency": efficiency})
-        plan = run["plan_obj"]
+        plan = run["plan_obj"].with_(framework=RUNTIME_FRAMEWORK)  # the run dir is Partita's runtime
         return estimate(load_model(run["model"]), Cluster(device=dev, nodes=1, devices_per_node=plan.world_size),
                         plan).step_time_s
     out = {"name": name or f"{device.name}-refined", "extends": base, "efficiency": {}, "efficiency_provenance": {},
