@@ -202,3 +202,21 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     plan = Plan(tp=2, sp=True, gbs=4, mbs=1, seq_len=64, dtype="fp32")
     est = estimate(load_model("tiny-llama"), make_cluster(str(out), 2), plan)
     assert math.isfinite(est.step_time_s) and est.step_time_s > 0 and est.time.parts["tp communication"] > 0
+
+
+def test_profile_predicts_a_run_dir_as_partitas_runtime_ran_it(tmp_path):
+    """A run dir's plan planned for Megatron is predicted with Partita's runtime entry: for
+    cp that is K/V all-gathered (not Megatron's ring), a different step time."""
+    from partita.estimate import estimate
+    from partita.plan import Plan
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    from partita.train.profile_report import runtime_plan
+    planned = Plan.parse("cp=2", world_size=2, defaults={"gbs": 2, "seq_len": 256, "mbs": 1, "dtype": "fp32",
+                                                         "framework": "megatron"})
+    planned.to_json(tmp_path / "plan.json")
+    ran = runtime_plan(tmp_path)
+    assert ran.framework == "partita" and ran.cp == 2 and ran.seq_len == 256
+    model, cluster = load_model("tiny-llama"), make_cluster("cpu", 2)
+    assert estimate(model, cluster, ran).step_time_s != pytest.approx(estimate(model, cluster, planned).step_time_s,
+                                                                      rel=1e-4)

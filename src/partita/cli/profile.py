@@ -65,11 +65,10 @@ def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
                      dataclasses.replace(launch, run_dir=run_dir, hardware=None), worker_stdout=subprocess.DEVNULL)
     if code:
         return code
-    from ..train.profile_report import analyze_run
+    from ..train.profile_report import analyze_run, runtime_plan
     report, timelines = analyze_run(Path(profile_dir), Path(run_dir), config.model, hardware)
-    from ..plan import Plan
     from ..profile.compare_terms import compare_run, print_terms
-    plan = Plan.load(Path(run_dir) / "plan.json")
+    plan = runtime_plan(run_dir)
     report["terms"] = compare_run(report, plan, config.model, hardware)
     report["dp_bytes"] = _dp_bytes(Path(profile_dir), plan, config.model)
     if report_path:

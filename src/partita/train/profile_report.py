@@ -23,15 +23,24 @@ from ..errors import PartitaError
 from .config import PLAN_FILE
 
 
+def runtime_plan(run_dir: Path):
+    """The plan of a run dir as Partita's runtime ran it: predicted with the runtime's own
+    framework entry (``framework=partita``), whatever framework the plan was planned for -
+    the run dir's steps are Partita's, so Megatron's overlap or fused kernels would not fit."""
+    from ..plan import Plan
+    from ..profile.calibrate_fit import RUNTIME_FRAMEWORK
+    return Plan.load(Path(run_dir) / PLAN_FILE).with_(framework=RUNTIME_FRAMEWORK)
+
+
 def analyze_run(profile_dir: Path, run_dir: Path, model_name: str, hardware: str) -> tuple[dict, dict]:
     """The report (per rank, overall, predicted, ratios) and each rank's timeline intervals,
-    from the traces in ``profile_dir`` and the plan in ``run_dir``."""
+    from the traces in ``profile_dir`` and the plan in ``run_dir`` (predicted as Partita's
+    runtime runs it: :func:`runtime_plan`)."""
     from ..estimate import estimate
-    from ..plan import Plan
     from ..profile.trace import analyze_trace
     from ..spec.hardware import OPTIONAL_EFFICIENCY_FIELDS, make_cluster
     from ..spec.load import load_model
-    plan = Plan.load(Path(run_dir) / PLAN_FILE)
+    plan = runtime_plan(run_dir)
     ranks = []
     timelines: dict[int, dict] = {}
     for trace in sorted(profile_dir.glob("rank*.json")):
