@@ -8,7 +8,8 @@ them, and compare.
    --hardware gives one);
 2. each of 12 two-process plans (dp, tp with and without sp, pp, interleaved pp, zero 3,
    full recompute, mbs 2 and 4, cp; tiny-moe with ep and dp) is estimated on it and
-   trained with `partita train` (gloo, SGD), its step time the median over steps 2.. of
+   trained with `partita train` (gloo, AdamW: the optimizer a user trains with and the
+   cost model's optimizer step), its step time the median over steps 2.. of
    each run and the median over repeats;
 3. the benchmark prints predicted and measured side by side, the median and worst
    absolute error, the Spearman rank correlation, how many plans are predicted under /
@@ -53,7 +54,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def measure(model: str, plan: str, nproc: int, steps: int) -> float:
     cmd = [sys.executable, "-m", "partita", "train", "--model", model, "--plan", plan + ",gbs=8,seq_len=128",
-           "--nproc", str(nproc), "--steps", str(steps), "--json", "--optimizer", "sgd", "--lr", "0.01"]
+           "--nproc", str(nproc), "--steps", str(steps), "--json", "--optimizer", "adamw", "--lr", "1e-3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise SystemExit(proc.stderr[-2000:])

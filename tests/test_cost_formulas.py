@@ -563,3 +563,49 @@ def test_expert_dp_span_of_folded_ep_follows_megatrons_rank_order():
     from partita.cost.shape import expert_dp_span
     assert expert_dp_span(Plan(dp=4, tp=2, ep=4, mbs=1, gbs=8, seq_len=128), 8) == (1, 2)
     assert expert_dp_span(Plan(dp=2, tp=4, ep=4, mbs=1, gbs=8, seq_len=128), 8) == (2, 1)
+
+
+def test_partita_zero1_all_reduces_then_broadcasts_tensor_by_tensor():
+    """Partita's runtime runs zero 1 as an all-reduce of the full fp32 gradients after the
+    last micro-batch, then one broadcast per parameter tensor from its owner (cost/frameworks.py
+    zero1_grad_all_reduce, param_broadcast_per_tensor); a device whose collectives share the
+    compute's cores (comm_overlap 0) hides none of a DDP all-reduce behind the backward."""
+    from dataclasses import replace
+    base = hand_cluster(2, 2)
+    dev = replace(base.device, intra_latency_us=30.0)
+    cluster = Cluster(device=dev, devices_per_node=2, nodes=1)
+    plan = Plan(dp=2, gbs=2, seq_len=1024, zero=1, framework="partita")
+    dense = 4 * HAND.layer_kind_params(False) + 2 * 32000 * 1024 + 1024
+    lat = 30e-6
+    all_reduce = 2 * 0.5 * dense * 4 / INTRA + 2 * lat      # ring: 2 (n-1)/n S, 2 (n-1) latency steps
+    gather = 0.5 * dense * 2 / INTRA + lat                   # bf16 weights, (n-1)/n S
+    tensors = 4 * 9 + 3                                      # 9 per layer, embedding, final norm, output
+    step = estimate_step_time(HAND, cluster, plan)
+    assert step.parts["dp gradient sync"] == pytest.approx(all_reduce + gather + (tensors - 1) * lat, rel=1e-12)
+    # zero 0 under DDP overlaps the backward; with comm_overlap 0 all of it adds
+    ddp = plan.with_(zero=0)
+    hidden = estimate_step_time(HAND, cluster, ddp).parts.get("dp gradient sync", 0.0)
+    serial = Cluster(device=replace(dev, efficiency=replace(HAND_EFF, comm_overlap=0.0)), devices_per_node=2, nodes=1)
+    exposed = estimate_step_time(HAND, serial, ddp).parts["dp gradient sync"]
+    assert exposed == pytest.approx(all_reduce, rel=1e-12) and hidden < 0.5 * all_reduce
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "small-llama", "tiny-moe"])
+def test_parameter_tensor_count_matches_the_reference_models(name):
+    """The broadcast calls of zero 1 are the model's parameter tensors: the count per stage
+    equals what ``named_parameters()`` of Partita's reference model holds."""
+    from partita.cost.memory import rank_shapes
+    from partita.cost.step import param_tensors
+    from partita.models.llama import build_model
+    from partita.spec.load import load_model
+    model = build_model(name)
+    names = [n for n, _ in model.named_parameters()]
+    spec = load_model(name)
+    whole = Plan(dp=1, gbs=1, seq_len=16)
+    assert param_tensors(spec, whole, rank_shapes(spec, whole)[0]) == len(names)
+    pp = Plan(pp=2, gbs=2, seq_len=16)
+    first, last = rank_shapes(spec, pp)
+    in_first = [n for n in names if n.startswith("tok_embeddings") or any(n.startswith(f"layers.{i}.")
+                                                                          for i in range(spec.layers // 2))]
+    assert param_tensors(spec, pp, first) == len(in_first)
+    assert param_tensors(spec, pp, last) == len(names) - len(in_first)

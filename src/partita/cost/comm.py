@@ -125,6 +125,18 @@ def all_gather(device: Device, size: float, g: int, k: int, kind: str = "all_gat
     return t + _latency(device, g, k, 1)
 
 
+def all_gather_call_latency(device: Device, g: int, k: int) -> float:
+    """Seconds one all-gather-shaped call (an all-gather, or a broadcast from one owner: ring
+    pipelined, ``n - 1`` latency steps) pays before any byte moves: what every further call
+    adds when the same bytes are moved in many calls (a broadcast per parameter tensor)."""
+    if g * k <= 1:
+        return 0.0
+    fit = collective_fit(device, "all_gather", g) if g > 1 else None
+    if fit is not None:
+        return ALGORITHM_FACTORS["all_gather"](g)[0] * fit.latency_s + _latency(device, 1, k, 1)
+    return _latency(device, g, k, 1)
+
+
 def reduce_scatter(device: Device, size: float, g: int, k: int) -> float:
     """Reduce-scatter of a ``size``-byte full buffer: the all-gather's traffic, its own fit."""
     return all_gather(device, size, g, k, "reduce_scatter")

@@ -42,6 +42,15 @@ field                       what it changes (where)
 ``cp_kv_all_gather``        context parallel all-gathers K and V over the cp group (backward:
                             reduce-scatter of their gradients), synchronous, instead of the ring
                             of ``cp - 1`` K/V hops that overlaps attention (:mod:`.step`)
+``zero1_grad_all_reduce``   zero 1: gradients are all-reduced in full (DDP) and each owner
+                            updates its parameters, instead of reduce-scattered into the
+                            owners' shards: twice the reduce-scatter's bytes (:mod:`.step`)
+``param_broadcast_per_tensor`` zero 1: the updated weights are broadcast tensor by tensor from
+                            their owners: the all-gather's bytes in as many collective calls as
+                            the stage has parameter tensors, each paying a call's latency
+``grad_overlap_needs_ddp``  zero 0/1: the gradient all-reduce overlaps the backward only at zero
+                            0 on a model DDP can wrap (no tp, pp, ep); otherwise one bucketed
+                            all-reduce runs after the last micro-batch (:mod:`.step`)
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
@@ -98,6 +107,12 @@ class Framework:
     param_broadcast_per_owner: bool = False
     #: cp: K/V all-gathered (Llama 3's context parallel) rather than passed round a ring
     cp_kv_all_gather: bool = False
+    #: zero 1: the gradients all-reduced in full (DDP), not reduce-scattered to the owners
+    zero1_grad_all_reduce: bool = False
+    #: zero 1: the updated weights broadcast one parameter tensor per collective call
+    param_broadcast_per_tensor: bool = False
+    #: zero 0/1: the gradient reduction overlaps the backward only where DDP wraps the model (zero 0, no tp/pp/ep)
+    grad_overlap_needs_ddp: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -198,7 +213,9 @@ FRAMEWORKS: dict[str, Framework] = {
          "all-reduces are synchronous)"),
     )),
     "partita": Framework("partita", eager_activations=True, checkpoint_early_stop=True, zero0_autocast=True,
-                         tp_comm_overlap=False, fp8_cast_bytes=0.0, cp_kv_all_gather=True, sources=(
+                         tp_comm_overlap=False, fp8_cast_bytes=0.0, cp_kv_all_gather=True,
+                         param_gather_overlap=False, zero1_grad_all_reduce=True, param_broadcast_per_tensor=True,
+                         grad_overlap_needs_ddp=True, sources=(
         ("eager_activations", "partita.models: nn.RMSNorm, repeat_interleave before SDPA, F.silu(w1 x) * w3 x, "
          "eager MoE routing (tests/data/cost_oracles.json: saved-tensor hooks)"),
         ("checkpoint_early_stop", "partita.runtime.recompute: torch.utils.checkpoint(use_reentrant=False), early "
@@ -209,6 +226,15 @@ FRAMEWORKS: dict[str, Framework] = {
         ("cp_kv_all_gather", "partita.runtime.context_parallel: K and V all-gathered over the cp group in an "
          "autograd function (reduce-scatter of dK, dV backward), the all-gather form of Llama 3's context "
          "parallelism (Llama 3 paper, sec. 3.3.2)"),
+        ("param_gather_overlap", "partita.runtime.data_parallel.ShardedOptimizer.step: the owners' broadcasts "
+         "run inside the optimizer step, before the next forward starts"),
+        ("zero1_grad_all_reduce", "partita.runtime.data_parallel: zero 1 is zero 0's gradient all-reduce (DDP or "
+         "one bucketed all-reduce) plus ShardedOptimizer (the ZeroRedundancyOptimizer algorithm)"),
+        ("param_broadcast_per_tensor", "partita.runtime.data_parallel.ShardedOptimizer.step: dist.broadcast of "
+         "every parameter from its owner, one call per tensor (profile: 39 broadcasts per step for small-llama)"),
+        ("grad_overlap_needs_ddp", "partita.runtime.parallelize._apply_data_parallel: DistributedDataParallel "
+         "wraps plain models at zero 0; zero 1 and DTensor (tp), pipeline stages and expert shards use "
+         "GradientSync's one bucketed all-reduce per step after the last micro-batch"),
     )),
     # InternEvo (the InternLM trainer): Megatron-style fused kernels and reentrant checkpoint,
     # with its own hybrid ZeRO-1 optimizer.

@@ -453,6 +453,46 @@ def param_broadcast_calls(plan: Plan, members: int) -> int:
     return members - 1 if members > 1 and FRAMEWORKS[plan.framework].param_broadcast_per_owner else 0
 
 
+def _exposed_behind(t: float, window: float, n_layers: int, overlap: float) -> float:
+    """Exposed seconds of ``t`` of data-parallel traffic issued layer by layer behind a
+    ``window`` of compute: the share ``1 - overlap`` the device cannot run beside compute
+    (``efficiency.comm_overlap``; gloo on the compute's own cores hides none) is serial; of the
+    rest, the last layer's share is always exposed and what outlasts the window too (PyTorch
+    DDP / Megatron's bucketed overlap: Li et al. 2020, PyTorch Distributed, sec. 3.2.3)."""
+    hidden = overlap * t
+    return (t - hidden) + max(hidden / n_layers, hidden - window)
+
+
+def _ddp_wraps(plan: Plan) -> bool:
+    """Whether Partita's runtime wraps the model in DDP (zero 0, no tp / pp / ep), the only
+    case its gradient reduction overlaps the backward (:mod:`partita.runtime.data_parallel`)."""
+    return plan.zero == 0 and plan.tp == 1 and plan.pp == 1 and plan.ep == 1
+
+
+def param_tensors(model: ModelSpec, plan: Plan, shape) -> int:
+    """Parameter tensors a pipeline stage holds as Partita's reference models define them
+    (:mod:`partita.models.llama`): per layer two norms (LayerNorm: weight and bias), the
+    four attention projections (+3 q/k/v biases, +2 q/k norms), the MLP's two or three
+    projections (+ biases) or, in a MoE layer, the router, the stacked experts' two or
+    three tensors and the shared expert's; the first stage adds the embedding (and learned
+    positions), the last the final norm and (untied) output projection. Checked against
+    ``named_parameters()`` of the reference models (tests/test_cost_formulas.py)."""
+    norm = 2 if model.norm == "layernorm" else 1
+    mats = 3 if model.gated else 2
+    mlp = mats * (2 if model.mlp_bias else 1)
+    attn = 4 + (3 if model.qkv_bias else 0) + (1 if model.out_bias else 0) + (2 * norm if model.qk_norm else 0)
+    moe_layer = 0
+    if model.moe:
+        moe_layer = 1 + mats + (mlp if model.moe.shared_experts else 0)
+    dense_layers = shape.n_layers - shape.n_moe
+    n = dense_layers * (2 * norm + attn + mlp) + shape.n_moe * (2 * norm + attn + moe_layer)
+    if shape.first:
+        n += 1 + (1 if model.position == "learned" else 0) + (norm if model.embedding_norm else 0)
+    if shape.last:
+        n += norm + (0 if model.tied_embeddings and plan.pp == 1 else 1)
+    return max(n, 1)
+
+
 def _param_gather_overlaps(plan: Plan) -> bool:
     """Whether zero 1/2's all-gather of the updated weights overlaps the next forward: the
     plan asks for it and its framework can (DeepSpeed ZeRO-1/2 gathers at the end of the
@@ -573,6 +613,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
 
     # data-parallel gradient sync and optimizer, on the rank holding the most parameters
     worst_dp, worst_opt = 0.0, 0.0
+    fw = FRAMEWORKS[plan.framework]
     g, k = shard_span(plan, dpn)  # HSDP: the shard group (zero 0/1 never run HSDP)
     eg, ek = expert_dp_span(plan, dpn)
     rspan = replica_span(plan, dpn)
@@ -587,20 +628,26 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         dense, expert = _shape_params(model, plan, shape)
         t_rs = t_ag = t_psgd = 0.0
         rs = grad_reduce(dev, dense * _grad_bytes(plan), (g, k), rspan) + grad_reduce(dev, expert * _grad_bytes(plan), (eg, ek), rspan)
-        if plan.zero == 0:  # grad_compression (PowerSGD) shrinks the bytes and adds its own work
-            f, t_psgd = compression.reduce_terms(model, dev, plan, dense + expert, shape)
+        if plan.zero == 0 or (plan.zero == 1 and fw.zero1_grad_all_reduce):
+            # grad_compression (PowerSGD, zero 0 only) shrinks the bytes and adds its own work
+            f, t_psgd = compression.reduce_terms(model, dev, plan, dense + expert, shape) if plan.zero == 0 else (1.0, 0.0)
             t_rs = comm.all_reduce(dev, f * dense * _grad_bytes(plan), g, k) + comm.all_reduce(
                 dev, f * expert * _grad_bytes(plan), eg, ek)
         elif plan.zero in (1, 2):
             t_rs = rs
-            t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)
-            t_ag += param_broadcast_calls(plan, g * k) * dev.efficiency.collective_call_us * 1e-6
         elif full_gradients(plan):
             t_rs = rs  # zero 3, unsharded accumulation: one reduce-scatter per step
+        if plan.zero in (1, 2):
+            t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)
+            t_ag += param_broadcast_calls(plan, g * k) * dev.efficiency.collective_call_us * 1e-6
+            if plan.zero == 1 and fw.param_broadcast_per_tensor and g * k > 1:
+                # one broadcast per parameter tensor: the all-gather's bytes, one call's latency each
+                t_ag += (param_tensors(model, plan, shape) - 1) * comm.all_gather_call_latency(dev, g, k)
         n_layers = max(shape.n_layers, 1)
         bwd_window = st.backward / plan.vpp
         fwd_window = st.forward / plan.vpp
-        exp_rs = max(t_rs / n_layers, t_rs - bwd_window) if plan.overlap_grad_reduce else t_rs
+        overlaps = plan.overlap_grad_reduce and not (fw.grad_overlap_needs_ddp and not _ddp_wraps(plan))
+        exp_rs = _exposed_behind(t_rs, bwd_window, n_layers, dev.efficiency.comm_overlap) if overlaps else t_rs
         if plan.zero == 2 and not full_gradients(plan) and plan.overlap_grad_reduce:
             # sharded accumulation: every micro-batch reduce-scatters into the shard (m times
             # the traffic); each of the first m - 1 runs behind its own backward and the next
@@ -609,7 +656,8 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
             exp_rs += (plan.grad_accum - 1) * max(0.0, t_rs - bwd_window - fwd_window)
         elif plan.zero == 2 and not full_gradients(plan):
             exp_rs *= plan.grad_accum  # not overlapped: every micro-batch's reduce-scatter waits
-        exp_ag = max(t_ag / n_layers, t_ag - fwd_window) if _param_gather_overlaps(plan) else t_ag
+        exp_ag = (_exposed_behind(t_ag, fwd_window, n_layers, dev.efficiency.comm_overlap)
+                  if _param_gather_overlaps(plan) else t_ag)
         worst_dp = max(worst_dp, exp_rs + exp_ag + t_psgd)  # PowerSGD's GEMMs share the compute stream
         shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense
         shard_expert = expert / expert_state_shard(plan) if plan.zero >= 1 else expert

@@ -21,11 +21,14 @@ GEMM_SHAPES = {
 }
 COLLECTIVE_BYTES = (4096, 65536, 1 << 20, 8 << 20)
 #: Micro-run model, tokens per sequence and the steps each repeat times.
-RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "tiny-moe", 128, 2
+#: A repeat's figure is the median of its steps, each timed on its own: one step that a
+#: scheduler hiccup doubles (two processes on two shared cores) moves a mean of 2 steps by
+#: half, a median of 3 not at all.
+RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "tiny-moe", 128, 3
 #: Mechanisms timed over more steps per repeat: the ZeRO-3 pair is fitted in turn
 #: (:mod:`.calibrate_overlap`), where the overlap's weight is ~15 % of the probe's step, so a
-#: 2-step repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
-RUNTIME_STEPS_OF = {"zero3": 4, "comm_overlap": 4}
+#: repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
+RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5}
 
 
 def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
@@ -185,10 +188,12 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
         for mech, step in steps.items():
             n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
             dist.barrier()
-            t0 = time.perf_counter()
+            times = []
             for _ in range(n):
+                t0 = time.perf_counter()
                 step()
-            runs[mech]["samples"].append((time.perf_counter() - t0) / n)
+                times.append(time.perf_counter() - t0)
+            runs[mech]["samples"].append(statistics.median(times))
     for run in runs.values():
         run["samples"] = _slowest(run["samples"], None)
     for name in longer:  # the longer run travels with its mechanism's run
