@@ -609,3 +609,18 @@ def test_parameter_tensor_count_matches_the_reference_models(name):
                                                                           for i in range(spec.layers // 2))]
     assert param_tensors(spec, pp, first) == len(in_first)
     assert param_tensors(spec, pp, last) == len(names) - len(in_first)
+
+
+def test_optimizer_step_runs_at_the_measured_optimizer_rate():
+    """A device file with ``memory.optimizer_tbps`` (written by calibrate) times the
+    optimizer step at that rate, in the cost model's 34 bytes per local parameter; without
+    it, at the element-wise bandwidth (every built-in device)."""
+    from dataclasses import replace
+    cluster = hand_cluster(2, 2)
+    plan = Plan(dp=2, gbs=2, seq_len=1024, zero=1)
+    dense = 4 * HAND.layer_kind_params(False) + 2 * 32000 * 1024 + 1024
+    assert estimate_step_time(HAND, cluster, plan).parts["optimizer step"] == pytest.approx(34 * dense / 2 / HBM,
+                                                                                           rel=1e-12)
+    fast = Cluster(device=replace(cluster.device, optimizer_tbps=2.0), devices_per_node=2, nodes=1)
+    assert estimate_step_time(HAND, fast, plan).parts["optimizer step"] == pytest.approx(34 * dense / 2 / 2e12,
+                                                                                        rel=1e-12)

@@ -192,6 +192,9 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     device = load_device(str(out))
     assert 0 < device.efficiency["gemm"] <= 1
     assert all(math.isfinite(v) and v > 0 for v in (device.intra_gbps, device.hbm_tbps))
+    # the optimizer step measured on its own (in place: faster than the allocating copy)
+    assert device.optimizer_tbps == terms["memory.optimizer_tbps"]["value"] > 0
+    assert terms["memory.optimizer_tbps"]["repeats"] == 5
     # written as 0 when a measurement is below the model's prediction (the term keeps the sign)
     for key in ("gemm_half_gflop", "tp_framework_us_per_layer", "zero3_framework_us_per_layer",
                 "kernel_overhead_us_per_layer", "pp_framework_us_per_microbatch", "moe_framework_us_per_layer",

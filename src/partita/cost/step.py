@@ -563,7 +563,7 @@ def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     for _, shape, _ in distinct_shapes(model, plan):
         dense, expert = _shape_params(model, plan, shape)
         worst = max(worst, ADAM_STEP_BYTES_PER_PARAM * (dense / dense_shard + expert / expert_shard))
-    t = worst / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth)
+    t = worst / dev.optimizer_bytes_per_s()
     if model.tied_embeddings and plan.pp > 1:
         size = model.vocab * model.hidden / plan.tp * _grad_bytes(plan)
         same_node = group_span(plan, "pp", cluster.devices_per_node)[1] == 1
@@ -662,7 +662,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense
         shard_expert = expert / expert_state_shard(plan) if plan.zero >= 1 else expert
         opt_bytes = ADAM_STEP_BYTES_PER_PARAM * (shard_dense + shard_expert)
-        worst_opt = max(worst_opt, opt_bytes / (dev.hbm_tbps * 1e12 * dev.efficiency.memory_bandwidth))
+        worst_opt = max(worst_opt, opt_bytes / dev.optimizer_bytes_per_s())
     parts["dp gradient sync"] = worst_dp
     parts["optimizer step"] = worst_opt
     if model.tied_embeddings and plan.pp > 1:

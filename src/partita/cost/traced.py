@@ -276,7 +276,7 @@ def _dp_sync(spec: TracedSpec, cluster: Cluster, plan: Plan, params: float, unit
         sync = m * per_mb
     overlap = unit_compute * (m if plan.zero >= 3 else 1) if plan.overlap_grad_reduce else 0.0
     local = params / (state_shard(plan) if plan.zero >= 1 else 1)
-    optimizer = local * ADAM_STEP_BYTES_PER_PARAM / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
+    optimizer = local * ADAM_STEP_BYTES_PER_PARAM / device.optimizer_bytes_per_s()
     return {"dp gradient sync (exposed)": max(0.0, sync - overlap), "optimizer step": optimizer}
 
 

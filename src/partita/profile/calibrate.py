@@ -8,6 +8,7 @@ by pure functions (:mod:`.calibrate_fit`):
   skinny) -> the curve ``rate(G) = peak eff G / (G + G_half)``: ``efficiency.gemm``,
   ``gemm_half_gflop``;
 * element-wise bandwidth (a large copy) -> ``memory.hbm_tbps`` at efficiency 1;
+* the optimizer step (an AdamW step over 4 M parameters, in place) -> ``memory.optimizer_tbps``;
 * every collective (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) at
   4 KiB ... 8 MiB over the world (and pairs for a world of 4+), fitted jointly to the
   cost model's formulas -> ``intra_node.latency_us``, ``gbps_per_direction``; each
@@ -53,7 +54,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     import torch
     import torch.distributed as dist
     from ..runtime.device import local_device
-    from .calibrate_measure import _time_calls, measure_collectives, measure_gemm, measure_runtime
+    from .calibrate_measure import _time_calls, measure_collectives, measure_gemm, measure_optimizer, measure_runtime
     device = local_device(device_type)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     sync = (lambda: getattr(torch, device.type).synchronize()) if device.type != "cpu" else (lambda: None)
@@ -62,6 +63,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     x = torch.randn(16_000_000 // (1 if dtype_name == "fp32" else 2), device=device, dtype=dtype)
     copy = _time_calls(lambda: (x.clone(), sync()), repeats, min_time=0.1)
     out["copy"] = [2 * x.numel() * x.element_size() / t for t in copy]
+    out["optimizer"] = measure_optimizer(device, sync, repeats)
     if out["world"] > 1:
         out["collectives"] = measure_collectives(device, sync, repeats)
     out["runtime"] = measure_runtime(device_type, dtype_name, repeats, model)
@@ -106,7 +108,13 @@ def _base_fields(m: dict, base: str) -> tuple[dict, dict]:
     else:
         collectives = {}
         alpha, bw = dev.intra_latency_us * 1e-6, dev.intra_gbps * 1e9
-    fields = {"peak_tflops": {dtype: peak / 1e12}, "memory": {"hbm_tbps": terms["memory.hbm_tbps"]["value"]},
+    memory = {"hbm_tbps": terms["memory.hbm_tbps"]["value"]}
+    if m.get("optimizer"):
+        terms["memory.optimizer_tbps"] = summarize([b / 1e12 for b in m["optimizer"]], "TB/s",
+                                                   "torch.optim.AdamW step over 4 M fp32 parameters in 40 tensors, "
+                                                   "in the cost model's bytes (34 per parameter)")
+        memory["optimizer_tbps"] = terms["memory.optimizer_tbps"]["value"]
+    fields = {"peak_tflops": {dtype: peak / 1e12}, "memory": memory,
               "intra_node": {"gbps_per_direction": bw / 1e9, "peer_gbps_per_direction": bw / 1e9,
                              "latency_us": alpha * 1e6},
               "efficiency": {"gemm": eff, "gemm_half_gflop": g_half, "memory_bandwidth": 1.0, "intra_node_comm": 1.0}}

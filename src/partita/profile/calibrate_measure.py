@@ -68,6 +68,20 @@ def measure_gemm(device, dtype, sync, repeats: int) -> list[dict]:
     return rows
 
 
+def measure_optimizer(device, sync, repeats: int) -> list[float]:
+    """The AdamW step's rate, per repeat, in the cost model's bytes
+    (:data:`partita.cost.step.ADAM_STEP_BYTES_PER_PARAM` per parameter): 4 M fp32 parameters in
+    40 tensors (small-llama's size), the optimizer's state created by a first step."""
+    import torch
+    from ..cost.step import ADAM_STEP_BYTES_PER_PARAM
+    params = [torch.zeros(100_000, device=device, requires_grad=True) for _ in range(40)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    seconds = _time_calls(lambda: (opt.step(), sync()), repeats, min_time=0.1)
+    return [ADAM_STEP_BYTES_PER_PARAM * 4_000_000 / t for t in seconds]
+
+
 def _collective_ops(group, size: int, device):
     """``kind -> (callable, bytes in the cost model's convention)`` for one group."""
     import torch
