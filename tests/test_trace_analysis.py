@@ -176,7 +176,7 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     raw, terms = data["calibration"]["raw"], data["calibration"]["terms"]
     assert data["extends"] == "cpu" and raw["world"] == 2 and raw["repeats"] == 5
     assert len(raw["gemm"]) == 12 and {r["kind"] for r in raw["collectives"]} == {
-        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
     # one micro-run of Partita's runtime per mechanism, every repeat timed
     assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "comm_overlap", "pp", "moe", "ep", "recompute",
                                    "cp"}
@@ -185,7 +185,8 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
                for r in raw["runtime"].values())
     # every runtime term has a value (signed), a spread and its repeats
     overheads = {k: t for k, t in terms.items() if k.startswith("efficiency.")}
-    assert set(data["collectives"]) <= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    assert set(data["collectives"]) <= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
+                                        "broadcast"}
     assert len(overheads) == 10 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == 5
                                        for t in overheads.values())
     assert "spread" in proc.stdout and "repeats" in proc.stdout

@@ -59,6 +59,8 @@ ALGORITHM_FACTORS = {
     "reduce_scatter": lambda n: (n - 1, (n - 1) / n),
     "all_to_all": lambda n: (1, (n - 1) / n),
     "send_recv": lambda n: (1, 1.0),
+    # binomial tree (Thakur et al. 2005 sec. 4, short messages): ceil(log2 n) steps, S each
+    "broadcast": lambda n: (math.ceil(math.log2(n)) if n > 1 else 0, 1.0),
 }
 
 
@@ -125,15 +127,17 @@ def all_gather(device: Device, size: float, g: int, k: int, kind: str = "all_gat
     return t + _latency(device, g, k, 1)
 
 
-def all_gather_call_latency(device: Device, g: int, k: int) -> float:
-    """Seconds one all-gather-shaped call (an all-gather, or a broadcast from one owner: ring
-    pipelined, ``n - 1`` latency steps) pays before any byte moves: what every further call
-    adds when the same bytes are moved in many calls (a broadcast per parameter tensor)."""
+def broadcast_call_latency(device: Device, g: int, k: int) -> float:
+    """Seconds one broadcast call pays before any byte moves: what every further call adds
+    when the same bytes are moved in many calls (a broadcast per parameter tensor). From the
+    device's broadcast fit (``partita calibrate`` measures it), else its all-gather fit, else
+    the datasheet latency of an all-gather-shaped call (``n - 1`` steps)."""
     if g * k <= 1:
         return 0.0
-    fit = collective_fit(device, "all_gather", g) if g > 1 else None
-    if fit is not None:
-        return ALGORITHM_FACTORS["all_gather"](g)[0] * fit.latency_s + _latency(device, 1, k, 1)
+    for kind in ("broadcast", "all_gather"):
+        fit = collective_fit(device, kind, g) if g > 1 else None
+        if fit is not None:
+            return ALGORITHM_FACTORS[kind](g)[0] * fit.latency_s + _latency(device, 1, k, 1)
     return _latency(device, g, k, 1)
 
 

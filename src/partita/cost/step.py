@@ -642,7 +642,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
             t_ag += param_broadcast_calls(plan, g * k) * dev.efficiency.collective_call_us * 1e-6
             if plan.zero == 1 and fw.param_broadcast_per_tensor and g * k > 1:
                 # one broadcast per parameter tensor: the all-gather's bytes, one call's latency each
-                t_ag += (param_tensors(model, plan, shape) - 1) * comm.all_gather_call_latency(dev, g, k)
+                t_ag += (param_tensors(model, plan, shape) - 1) * comm.broadcast_call_latency(dev, g, k)
         n_layers = max(shape.n_layers, 1)
         bwd_window = st.backward / plan.vpp
         fwd_window = st.forward / plan.vpp

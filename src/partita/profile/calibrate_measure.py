@@ -102,7 +102,9 @@ def _collective_ops(group, size: int, device):
             "all_gather": lambda: dist.all_gather_into_tensor(out[:shard.numel() * g], shard, group=group),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full[:shard.numel() * g], group=group),
             "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
-            "send_recv": send_recv}
+            "send_recv": send_recv,
+            # ZeRO-1's per-tensor parameter sync (runtime/data_parallel.py ShardedOptimizer)
+            "broadcast": lambda: dist.broadcast(full, src=dist.get_global_rank(group, 0), group=group)}
 
 
 def measure_collectives(device, sync, repeats: int) -> list[dict]:

@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import PartitaError
 
 #: The collectives a fit may be given for (the names :mod:`partita.cost.comm` uses).
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
 
 
 @dataclass(frozen=True)
