@@ -453,6 +453,20 @@ def param_broadcast_calls(plan: Plan, members: int) -> int:
     return members - 1 if members > 1 and FRAMEWORKS[plan.framework].param_broadcast_per_owner else 0
 
 
+def _param_sync_time(model: ModelSpec, dev: Device, plan: Plan, shape, sizes: tuple[float, float],
+                     span: tuple[int, int], expert_span: tuple[int, int]) -> float:
+    """Zero 1/2's sync of the updated weights (``sizes``: dense and expert bytes): an
+    all-gather over each shard group, plus the extra calls of a framework that broadcasts per
+    owner (:func:`param_broadcast_calls`) or per parameter tensor (Partita's ZeRO-1: the same
+    bytes, one broadcast call's latency per further tensor)."""
+    g, k = span
+    t = comm.all_gather(dev, sizes[0], g, k) + comm.all_gather(dev, sizes[1], *expert_span)
+    t += param_broadcast_calls(plan, g * k) * dev.efficiency.collective_call_us * 1e-6
+    if plan.zero == 1 and FRAMEWORKS[plan.framework].param_broadcast_per_tensor and g * k > 1:
+        t += (param_tensors(model, plan, shape) - 1) * comm.broadcast_call_latency(dev, g, k)
+    return t
+
+
 def _exposed_behind(t: float, window: float, n_layers: int, overlap: float) -> float:
     """Exposed seconds of ``t`` of data-parallel traffic issued layer by layer behind a
     ``window`` of compute: the share ``1 - overlap`` the device cannot run beside compute
@@ -638,11 +652,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         elif full_gradients(plan):
             t_rs = rs  # zero 3, unsharded accumulation: one reduce-scatter per step
         if plan.zero in (1, 2):
-            t_ag = comm.all_gather(dev, dense * w_bytes, g, k) + comm.all_gather(dev, expert * w_bytes, eg, ek)
-            t_ag += param_broadcast_calls(plan, g * k) * dev.efficiency.collective_call_us * 1e-6
-            if plan.zero == 1 and fw.param_broadcast_per_tensor and g * k > 1:
-                # one broadcast per parameter tensor: the all-gather's bytes, one call's latency each
-                t_ag += (param_tensors(model, plan, shape) - 1) * comm.broadcast_call_latency(dev, g, k)
+            t_ag = _param_sync_time(model, dev, plan, shape, (dense * w_bytes, expert * w_bytes), (g, k), (eg, ek))
         n_layers = max(shape.n_layers, 1)
         bwd_window = st.backward / plan.vpp
         fwd_window = st.forward / plan.vpp
