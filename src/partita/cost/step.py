@@ -479,7 +479,8 @@ def _exposed_behind(t: float, window: float, n_layers: int, overlap: float) -> f
 
 def _ddp_wraps(plan: Plan) -> bool:
     """Whether Partita's runtime wraps the model in DDP (zero 0, no tp / pp / ep), the only
-    case its gradient reduction overlaps the backward (:mod:`partita.runtime.data_parallel`)."""
+    case its gradient reduction overlaps the backward: the condition of
+    ``partita.runtime.parallelize._apply_data_parallel`` (kept here, torch-free, for the planner)."""
     return plan.zero == 0 and plan.tp == 1 and plan.pp == 1 and plan.ep == 1
 
 

@@ -79,7 +79,8 @@ def measure_optimizer(device, sync, repeats: int) -> list[float]:
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-3)
     seconds = _time_calls(lambda: (opt.step(), sync()), repeats, min_time=0.1)
-    return [ADAM_STEP_BYTES_PER_PARAM * 4_000_000 / t for t in seconds]
+    count = sum(p.numel() for p in params)
+    return [ADAM_STEP_BYTES_PER_PARAM * count / t for t in seconds]
 
 
 def _collective_ops(group, size: int, device):
