@@ -81,3 +81,36 @@ def test_cache_sees_edits_in_imported_modules(tmp_path, monkeypatch):
 
     (pkg / "widths.py").unlink()  # a recorded file gone: a miss (the factory's import then fails)
     assert cache.cached_path(key) is None
+
+
+@pytest.mark.timeout(120)
+def test_tracing_pauses_the_collector_and_gives_it_back(tmp_path, monkeypatch):
+    """The cyclic collector is off while the factory imports and builds (``_collector_paused``:
+    the first-run time of issue 19) and on again afterwards, after a trace and after a factory
+    that raises; ``python -m partita`` (the console entry, ``gc.freeze`` before exit) keeps the
+    command's exit code and its one-line error."""
+    import gc
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARTITA_TRACE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "gcprobe.py").write_text(
+        "import gc\nSEEN = []\n"
+        "from partita.models.llama import Transformer, TransformerConfig\n"
+        "def tiny():\n    SEEN.append(gc.isenabled())\n"
+        "    return Transformer(TransformerConfig(layers=2, hidden=64, heads=4, kv_heads=4))\n"
+        "def broken():\n    SEEN.append(gc.isenabled())\n    raise ValueError('bad config')\n")
+    argv = ["plan", "--example-input", "1,32:int64", "--hardware", "h100-sxm", "--devices", "8",
+            "--global-batch", "16", "--no-trace-cache"]
+    sys.modules.pop("gcprobe", None)
+    assert gc.isenabled()
+    rc, out, err = _plan([*argv, "--model", "gcprobe:tiny"])
+    assert rc == 0 and "(traced in" in out, out + err
+    rc, out, err = _plan([*argv, "--model", "gcprobe:broken"])
+    assert rc == 2 and err.count("\n") == 1 and "the factory raised ValueError: bad config at gcprobe.py:9" in err, \
+        out + err
+    assert sys.modules["gcprobe"].SEEN == [False, False] and gc.isenabled()
+    sys.modules.pop("gcprobe", None)
+
+    proc = subprocess.run([sys.executable, "-m", "partita", *argv, "--model", "gcprobe:nosuch"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "has no function nosuch" in proc.stderr, \
+        proc.stdout + proc.stderr

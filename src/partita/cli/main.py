@@ -8,6 +8,7 @@ and exit code 1 (the traceback only with ``--debug`` or ``PARTITA_DEBUG=1``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from typing import Callable, NoReturn, Sequence
@@ -100,5 +101,17 @@ def _silence_stdout() -> None:
         pass
 
 
+def console() -> None:
+    """The ``partita`` command: :func:`main`, then the exit code. Before the interpreter shuts
+    down, ``gc.freeze()`` moves every object alive into the collector's permanent generation:
+    its final collection then skips what torch and a traced model's library created (0.6-0.9 s
+    of a first ``partita plan --model examples.traced_models:sdxl_unet`` on the 2-core VM).
+    atexit handlers and file flushes still run; only the search for cycles is skipped, as the
+    process is about to free everything anyway. Not in :func:`main`: tests call it in-process."""
+    rc = main()
+    gc.freeze()
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
