@@ -1,13 +1,18 @@
-"""A model whose forward calls a module between two of its repeated blocks (issue 19).
+"""Pipeline cuts of a model whose forward does more than call its blocks (issue 19).
 
-The traced pipeline runs each stage's blocks as one unbroken run: the stage holding the
-block before such a module stops after that block, and the next stage runs the module on
-a pass-through it then discards - the module would never train. The runtime refuses it on
-every stage in one line and the cost model refuses pp for its trace; pp=1 plans still work.
+Between two of its blocks the toy's forward calls a module (``mid``, a linear layer) and
+runs plain tensor code, and its head reuses the stem's output. The traced pipeline stops a
+stage at the call of the next stage's first block, so both run on the stage of the block
+before them; the cost model places them there too (trained) and on later stages (forward
+only, on a pass-through). A model that uses a tensor across a block - a long skip
+connection, a residual taken around a block from outside it - cannot be cut: the tracer
+names it, the cost model refuses pp for it, and every pipeline rank refuses it in one line.
 
-Oracles: the loss of the same toy trained in one process (the runtime's refusal is guarded
-by showing that, with the refusal switched off, the pipelined loss is not the true loss),
-and the hand-written toy's structure (which module sits between which blocks).
+Oracles, all from outside the code under test: the toy trained in one process with SGD
+(losses over three steps, 1e-5), torch ``FlopCounterMode``'s count of each rank's real
+training step, the parameters each rank really holds, ``mid``'s parameter count summed
+from its tensors and its FLOPs counted by ``FlopCounterMode`` on one call, and - for the
+refusal - the pipelined loss with the refusal switched off, which is not the true loss.
 """
 from __future__ import annotations
 
@@ -20,12 +25,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from partita.errors import PartitaError
 from partita.estimate import estimate
 from partita.plan import Plan
 from partita.spec.hardware import make_cluster
 from partita.tracing import trace
+
+STEPS = 3
+CASES = {  # name -> (model, plan over 4 ranks)
+    "pp4": ("Between", Plan(pp=4, mbs=1, gbs=4, zero=0, dtype="fp32")),
+    "pp2xdp2": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=0, dtype="fp32")),
+    "pp2xdp2-zero1": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=1, dtype="fp32")),
+    "pp2xdp2-zero3": ("Between", Plan(pp=2, dp=2, zero=3, mbs=1, gbs=4, dtype="fp32")),
+    "skip": ("Skip", Plan(pp=4, mbs=2, gbs=4, dtype="fp32")),
+    "skip-unguarded": ("Skip", Plan(pp=4, mbs=2, gbs=4, dtype="fp32")),
+}
 
 
 class Block(nn.Module):
@@ -37,12 +53,11 @@ class Block(nn.Module):
         return x + torch.tanh(self.lin(x))
 
 
-class Toy(nn.Module):
-    """embed, blocks 0-1, ``mid`` (a linear layer) when ``between``, blocks 2-3, head."""
+class Between(nn.Module):
+    """embed, blocks 0-1, ``mid``, block 2, plain tensor code, block 3, head."""
 
-    def __init__(self, between: bool, d: int = 16):
+    def __init__(self, d: int = 16):
         super().__init__()
-        self.between = between
         self.embed, self.head = nn.Linear(8, d), nn.Linear(d, 4)
         self.blocks = nn.ModuleList(Block(d) for _ in range(4))
         self.mid = nn.Linear(d, d)
@@ -51,75 +66,157 @@ class Toy(nn.Module):
         x = self.embed(x)
         for i, block in enumerate(self.blocks):
             x = block(x)
-            if i == 1 and self.between:
+            if i == 1:
                 x = self.mid(x)
-        return self.head(x if self.between else self.mid(x))
+            if i == 2:
+                x = 0.5 * x + torch.sin(x)
+        return self.head(x)
+
+
+class Skip(Between):
+    """The output of block 0 added again before the head: a skip connection around blocks 1-3."""
+
+    def forward(self, x):
+        x = self.embed(x)
+        first = None
+        for block in self.blocks:
+            x = block(x)
+            first = x if first is None else first
+        return self.head(x + first)
+
+
+class Around(Between):
+    """A residual around block 2, taken outside it."""
+
+    def forward(self, x):
+        x = self.embed(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x) + x if i == 2 else block(x)
+        return self.head(x)
 
 
 def _loss(out, chunk):
     return (out.float() ** 2).mean()
 
 
-def test_trace_and_cost_model_refuse_pp_for_a_module_between_blocks():
-    cluster = make_cluster("h100-sxm", devices=8)
-    between = trace(Toy(True), torch.zeros(2, 8))
-    after = trace(Toy(False), torch.zeros(2, 8))  # same modules, mid after the last block: the head
-    assert not between.pipeline and after.pipeline and between.layers == after.layers == 4
-    assert between.total_params == after.total_params == sum(p.numel() for p in Toy(True).parameters())
-    with pytest.raises(PartitaError, match="calls a module between two of them") as e:
-        estimate(between, cluster, Plan(dp=4, pp=2, gbs=8))
-    assert "\n" not in str(e.value)
-    assert estimate(after, cluster, Plan(dp=4, pp=2, gbs=8)).step_time_s > 0
-    assert estimate(between, cluster, Plan(dp=8, zero=3, gbs=8)).step_time_s > 0
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(100 + step))
 
 
-def _worker(rank: int, port: int, refuse: bool, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    torch.set_num_threads(1)
-    from partita.runtime import traced_pipeline
-    from partita.runtime.traced import parallelize_traced
-    if not refuse:
-        traced_pipeline.TracedPipeline._refuse_between = lambda self, paths: None
+def _reference(name: str) -> list[float]:
     torch.manual_seed(0)
-    model, inputs = Toy(True), torch.randn(4, 8)
+    model = globals()[name]()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        loss = _loss(model(_batch(step)), None)
+        loss.backward()
+        sgd.step()
+        sgd.zero_grad()
+        losses.append(float(loss))
+    return losses
+
+
+def test_trace_places_the_module_between_blocks_and_names_what_cannot_be_cut():
+    spec = trace(Between(), torch.zeros(2, 8))
+    mid = Between().mid
+    with FlopCounterMode(display=False) as counter:
+        mid(torch.zeros(2, 16))
+    assert spec.pipeline and spec.pipeline_blocker == ""
+    assert spec.between == (("mid", sum(p.numel() for p in mid.parameters()), counter.get_total_flops(),
+                             2.0 * counter.get_total_flops(), (2,)),)  # called after 2 blocks entered
+    assert spec.head_params == sum(p.numel() for p in Between().head.parameters())  # mid is not the head's
+    cluster = make_cluster("h100-sxm", devices=8)
+    assert estimate(spec, cluster, Plan(dp=2, pp=4, gbs=8)).step_time_s > 0
+    for model, where in ((Skip(), "made by or fed to block blocks.0"), (Around(), "made by or fed to block blocks.1")):
+        cut = trace(model, torch.zeros(2, 8))
+        assert not cut.pipeline and where in cut.pipeline_blocker, cut.pipeline_blocker
+        with pytest.raises(PartitaError, match="cannot cut .* skip connection") as e:
+            estimate(cut, cluster, Plan(dp=4, pp=2, gbs=8))
+        assert "\n" not in str(e.value) and "use pp=1" in str(e.value)
+        assert estimate(cut, cluster, Plan(dp=8, zero=3, gbs=8)).step_time_s > 0
+
+
+def _worker(rank: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    from partita.runtime.traced_pipeline import TracedPipeline
+    from partita.runtime.traced import parallelize_traced
+    check = TracedPipeline._check_cuts
     sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
-    try:
-        pm = parallelize_traced(model, Plan(pp=2, mbs=2, gbs=4, dtype="fp32"), make_optimizer=sgd,
-                                device_type="cpu", example_inputs=(inputs[:2],))
-        queue.put((rank, "loss", pm.train_step((inputs,), _loss)))
-    except PartitaError as e:
-        queue.put((rank, "error", str(e)))
-    except Exception as e:  # reported, not waited for
-        queue.put((rank, "crash", repr(e)))
-    finally:
-        dist.destroy_process_group()
+    for case, (name, plan) in CASES.items():
+        TracedPipeline._check_cuts = (lambda self, chunk: None) if case == "skip-unguarded" else check
+        torch.manual_seed(0)
+        model = globals()[name]()
+        replica = (rank // plan.tp) % plan.dp
+        share = 4 // plan.dp
+        try:
+            pm = parallelize_traced(model, plan, make_optimizer=sgd, device_type="cpu",
+                                    example_inputs=(_batch(0)[:plan.mbs],))
+            losses, flops = [], []
+            for step in range(STEPS):
+                with FlopCounterMode(display=False) as counter:
+                    losses.append(pm.train_step((_batch(step)[replica * share:(replica + 1) * share],), _loss))
+                flops.append(counter.get_total_flops())
+            held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
+            queue.put((case, rank, "ok", (losses, flops, held, pm.stage)))
+        except PartitaError as e:
+            queue.put((case, rank, "error", str(e)))
+        except Exception as e:  # reported, not waited for
+            import traceback
+            queue.put((case, rank, "crash", f"{e!r}\n{traceback.format_exc()}"))
+        dist.barrier()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
-def _run(refuse: bool) -> dict:
+@pytest.fixture(scope="module")
+def runs() -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, refuse, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(4)]
     for p in procs:
         p.start()
-    out = dict((r, (kind, value)) for r, kind, value in (queue.get(timeout=120) for _ in procs))
+    out: dict = {}
+    for _ in range(4 * len(CASES)):
+        case, rank, kind, value = queue.get(timeout=240)
+        out.setdefault(case, {})[rank] = (kind, value)
     for p in procs:
         p.join(60)
     return out
 
 
-@pytest.mark.timeout(240)
-def test_runtime_refuses_a_module_between_blocks_on_every_stage():
-    torch.manual_seed(0)
-    model, inputs = Toy(True), torch.randn(4, 8)
-    true_loss = float(_loss(model(inputs), inputs).detach())
-    unguarded = _run(refuse=False)  # what the refusal prevents: mid trained nowhere, a wrong loss
-    assert {kind for kind, _ in unguarded.values()} == {"loss"}, unguarded
-    assert abs(unguarded[0][1] - true_loss) > 1e-3 * abs(true_loss), (unguarded, true_loss)
-    refused = _run(refuse=True)
-    assert [refused[r][0] for r in (0, 1)] == ["error", "error"], refused
-    assert "calls mid between two of its blocks" in refused[1][1] and "use pp=1" in refused[0][1]
-    assert all("\n" not in text for _, text in refused.values())
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("case", ["pp4", "pp2xdp2", "pp2xdp2-zero1", "pp2xdp2-zero3"])
+def test_pipeline_cut_after_between_work_trains_like_one_process(runs, case):
+    from partita.cost.traced import _stage_params, stage_blocks, traced_step_time
+    name, plan = CASES[case]
+    result = runs[case]
+    assert {kind for kind, _ in result.values()} == {"ok"}, result
+    true = _reference(name)
+    for rank, (_, (losses, _, _, _)) in result.items():
+        assert losses == pytest.approx(true, rel=1e-5, abs=1e-7), (case, rank, losses, true)
+    spec = trace(Between(), torch.zeros(2, 8))
+    step = traced_step_time(spec, make_cluster("h100-sxm", devices=4), plan)
+    ranges = stage_blocks(spec, plan)
+    for rank, (_, (_, flops, held, stage)) in result.items():
+        assert flops == [pytest.approx(step.stages[stage].flops * plan.grad_accum, rel=1e-9)] * STEPS, (case, rank)
+        if plan.zero == 0:  # the parameters this rank holds, as the cost model counts them
+            assert held == _stage_params(spec, plan, ranges[stage], stage)[0], (case, rank)
+
+
+@pytest.mark.timeout(400)
+def test_runtime_refuses_a_skip_connection_on_every_stage(runs):
+    refused, unguarded = runs["skip"], runs["skip-unguarded"]
+    assert [refused[r][0] for r in range(4)] == ["error"] * 4, refused
+    assert all("cannot cut Skip between its blocks" in text and "skip connection" in text and "use pp=1" in text
+               and "\n" not in text for _, text in refused.values()), refused
+    # what the refusal prevents: the pass-through's garbage added before the head, a wrong loss
+    assert {kind for kind, _ in unguarded.values()} == {"ok"}, unguarded
+    true = _reference("Skip")
+    assert abs(unguarded[0][1][0][0] - true[0]) > 1e-3 * abs(true[0]), (unguarded[0], true)
+

@@ -38,9 +38,11 @@ with the same hardware model and the same conventions:
   the parameters outside the blocks where the runtime holds them (:func:`_outside_params`: the
   stem on every stage, the head on the last); one activation send each way per micro-batch
   (:func:`.comm.send_recv`), stages combined by :func:`.pipeline.pipeline_time`;
-  a trace that saw a module called between two blocks (a norm between block groups) is not
-  pipeline-able - the runtime would skip it at a stage boundary - and :func:`traced_problems`
-  refuses pp for it as the runtime does (:mod:`partita.runtime.traced_pipeline`);
+  a module called between two blocks (a norm between block groups) trains on the stage of the
+  block before it and runs forward on later ones, and that stage holds it (``spec.between``);
+  a trace whose blocks cannot be cut (called out of order, a tensor used across a block - a
+  skip connection) has ``pipeline_blocker`` and :func:`traced_problems` refuses pp for it,
+  naming it, as the runtime does (:mod:`partita.runtime.traced_pipeline`);
 * data parallel: all-reduce (zero 0), reduce-scatter + all-gather (zero 1/2), per
   micro-batch gathers and reduce-scatter (zero 3), overlapped with the backward as the
   decoder model does (:mod:`.step`); Adam's HBM traffic
@@ -74,10 +76,13 @@ def traced_problems(spec: TracedSpec, plan: Plan, world_size: int | None = None)
         errs.append(f"tp={plan.tp} needs a tensor-parallel plan: trace {spec.name} with tp_plan={{'<module>': "
                     "'colwise'|'rowwise', ...}")
     if plan.pp > 1:
-        if not spec.pipeline:
+        if not spec.pipeline and spec.pipeline_blocker:
+            errs.append(f"pp={plan.pp} cannot cut {spec.name} between its blocks: {spec.pipeline_blocker}; "
+                        "use pp=1 (dp, zero and tp still apply)")
+        elif not spec.pipeline:
             errs.append(f"pp={plan.pp} needs a forward that is one sequence of repeated blocks; {spec.name}'s "
-                        f"{spec.block_class or 'blocks'} are not one run in one container, or its forward calls "
-                        "a module between two of them; use pp=1 (dp, zero and tp still apply)")
+                        f"{spec.block_class or 'blocks'} are not one run in one container; use pp=1 (dp, zero "
+                        "and tp still apply)")
         elif plan.pp * plan.vpp > spec.layers:
             errs.append(f"pp*vpp={plan.pp * plan.vpp} exceeds the {spec.layers} blocks of {spec.name}")
     if plan.vpp > 1:
@@ -128,6 +133,7 @@ def _outside_params(spec: TracedSpec, plan: Plan, blocks: range, rank: int) -> f
     head_tp = spec.tp_other_params - spec.stem_tp_params
     params = spec.stem_params - spec.stem_tp_params + spec.stem_tp_params / plan.tp
     params += spec.head_params - head_tp + head_tp / plan.tp if last else 0.0
+    params += sum(n for _, n, _, _, calls in spec.between if calls and min(calls) <= blocks.stop)
     return params + sum(n for i, n, where in spec.shared_block_params if i not in blocks and (where == 0 or last))
 
 
@@ -220,7 +226,7 @@ def _stage_time(spec: TracedSpec, cluster: Cluster, plan: Plan, rank: int, block
         flops += (b.forward_flops + b.backward_flops) * (1 - split + split / plan.tp) * work
         ar += b.tp_allreduce_bytes
         flops += b.forward_flops * (1 - split + split / plan.tp) * work if plan.recompute == "full" else 0.0
-    outside = _outside_work(spec, rank, plan.pp)
+    outside = _outside_work(spec, rank, plan.pp, blocks)
     fwd_flops, bwd_flops = sum(f for f, _ in outside), sum(b for _, b in outside)
     if fwd_flops + bwd_flops:
         mm = max(1, _other_matmuls(spec))
@@ -239,20 +245,31 @@ def _stage_time(spec: TracedSpec, cluster: Cluster, plan: Plan, rank: int, block
     return StageTime(rank, parts, flops, forward=forward, backward=compute - forward + recompute)
 
 
-def _outside_work(spec: TracedSpec, rank: int, pp: int) -> list[tuple[float, float]]:
-    """(forward, backward) FLOPs outside the blocks that pipeline rank ``rank`` runs, as the
-    traced pipeline runtime (:mod:`partita.runtime.traced_pipeline`) places them: the stem
-    (``stem_*_flops``: what forward runs before the blocks) trains on the first stage, and
-    every later stage runs its forward too (it runs the model's own forward; the stem's output
-    is replaced by the received activation, so no backward); the head (the rest of
-    ``other_*``) trains on the last stage. Without pp both on the one stage; a spec without
-    the stem figures (written before they were traced) keeps everything on the first stage."""
+def _outside_work(spec: TracedSpec, rank: int, pp: int, blocks: range) -> list[tuple[float, float]]:
+    """(forward, backward) FLOPs outside the blocks that pipeline rank ``rank`` (holding
+    ``blocks``) runs, as the traced pipeline runtime (:mod:`partita.runtime.traced_pipeline`)
+    places them: the stem (``stem_*_flops``: what forward runs before the blocks) trains on the
+    first stage, and every later stage runs its forward too (it runs the model's own forward;
+    the stem's output is replaced by the received activation, so no backward); a module called
+    between blocks ``k - 1`` and ``k`` (``spec.between``) trains on the stage holding block
+    ``k - 1`` (it runs before that stage stops at block ``k``) and runs forward only on every
+    later stage; the head (the rest of ``other_*``) trains on the last stage. Without pp all on
+    the one stage; a spec without the stem figures (written before they were traced) keeps
+    everything on the first stage."""
     other = (spec.other_forward_flops, spec.other_backward_flops)
     if spec.stem_forward_flops is None or spec.stem_backward_flops is None:
         return [other] if rank == 0 else []
     stem = (min(other[0], spec.stem_forward_flops), min(other[1], spec.stem_backward_flops))
     out = [stem if rank == 0 else (stem[0], 0.0)]
-    return out + [(other[0] - stem[0], other[1] - stem[1])] if rank == pp - 1 else out
+    head = [other[0] - stem[0], other[1] - stem[1]]
+    for _, _, fwd, bwd, calls in spec.between:
+        for k in calls:
+            head[0], head[1] = head[0] - fwd, head[1] - bwd
+            if blocks.start < k <= blocks.stop:
+                out.append((fwd, bwd))
+            elif k <= blocks.start:
+                out.append((fwd, 0.0))
+    return out + [(max(0.0, head[0]), max(0.0, head[1]))] if rank == pp - 1 else out
 
 
 def _other_matmuls(spec: TracedSpec) -> int:

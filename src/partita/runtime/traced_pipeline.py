@@ -7,15 +7,18 @@ knowing its forward: every stage runs the model's own forward with hooks -
 
 * the blocks before the stage's first return their input unchanged (no work), and the
   stage's first block gets the activation received from the previous stage instead;
-* after the stage's last block the output is sent on and the forward stops (an exception
-  the stage catches), so the layers after it never run;
+* at the call of the next stage's first block the forward stops (an exception the stage
+  catches) and that block's input is sent on: whatever forward does after the stage's last
+  block and before that call - a norm or projection between groups of blocks, plain tensor
+  code - runs here, where its input is real (later stages run it on a pass-through whose
+  result the received activation replaces: forward work they waste, no backward);
 * the last stage runs to the model's output and the loss.
 
 Schedule: GPipe [Huang et al. 2019] - every micro-batch forward, then every backward in
 reverse, activation gradients sent back stage to stage (their dtype travels with them).
 
-Each stage holds only what it runs: built from one micro-batch (a forward stopped after its
-last block and one ``autograd.grad`` of that output), it keeps its blocks, the modules its
+Each stage holds only what it runs: built from one micro-batch (a forward stopped at the next
+stage's first block and one ``autograd.grad`` of the tensor sent there), it keeps its blocks, the modules its
 forward calls (the stem, on every stage; the head, on the last) and the owners of the
 parameters its output depends on; every other module with parameters is replaced by an
 empty :class:`_Dropped` (a block: pass-through). Then, as without pp
@@ -27,13 +30,12 @@ ordered (pp, dp, tp) as :mod:`partita.runtime.mesh`. Parameters used on more tha
 have their gradients summed over them. Known gap: the stem runs on every stage (its output
 is replaced on all but the first).
 
-A module that forward calls between two blocks (a norm or projection between groups of
-blocks) would be skipped by the stage that stops after the block before it and run on a
-discarded pass-through by the next: the stages refuse such a model in one line, all of them
-(:func:`_between_hooks` sees it while probing; the last stage, which runs every block call,
-always does), as the cost model refuses pp for a trace that saw one
-(:func:`partita.tracing.tracer.between_blocks`). Plain tensor code between blocks is not
-seen by hooks: the model's forward must be the block sequence (module docstring).
+A cut is exact only if nothing computed before it is used after it except the block input
+that crosses it. Before the first step each stage traces the model on the example micro-batch
+(:func:`partita.tracing.trace` on meta tensors, :mod:`partita.tracing.boundaries`) and every
+stage refuses, in the same one line, a model whose blocks are called out of order or that
+uses a tensor across a block (a skip connection) - the cost model refuses pp for the same
+trace.
 """
 from __future__ import annotations
 
@@ -106,28 +108,6 @@ def _recv(src: int, device: torch.device) -> torch.Tensor:
     return t
 
 
-def _between_hooks(model: nn.Module, blocks: list[str]) -> tuple[list, list[tuple[int, str]], list[int]]:
-    """Hooks that record each module called outside the blocks after a block was entered, with
-    the number of block calls before it: ``(handles, [(calls, path), ...], counter)``; a call
-    recorded with fewer calls than the forward made in all lies between two blocks."""
-    calls, depth, seen = [0], [0], []
-
-    def enter(mod, args):
-        calls[0] += 1
-        depth[0] += 1
-
-    def leave(mod, args, out):
-        depth[0] -= 1
-    handles = []
-    for path, m in model.named_modules():
-        if path in blocks:
-            handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
-        elif path and not any(path.startswith(b + ".") for b in blocks):
-            handles.append(m.register_forward_pre_hook(
-                lambda mod, args, path=path: seen.append((calls[0], path)) if calls[0] and not depth[0] else None))
-    return handles, seen, calls
-
-
 def _prune(module: nn.Module, prefix: str, used: set[str], keep: set[str], blocks: set[str]) -> None:
     """Replace every child of ``module`` that holds parameters and that nothing in ``used``
     lies in (a path in ``used`` or below it) by a :class:`_Dropped`; recurse into the rest."""
@@ -171,10 +151,6 @@ class TracedPipeline:
         self._incoming: torch.Tensor | None = None
         self._outgoing: torch.Tensor | None = None
         self._probing = False
-        for block in blocks[:self.lo]:
-            block.forward = lambda *args, **kwargs: args[0] if args else kwargs["hidden_states"]
-        if self.stage > 0:
-            blocks[self.lo].register_forward_pre_hook(self._replace_input, with_kwargs=True)
         if example_inputs is not None:
             self._build(self._to_device(split_micro_batches(example_inputs, 1)[0]))
 
@@ -204,40 +180,71 @@ class TracedPipeline:
             return (self._incoming, *args[1:]), kwargs
         return args, dict(kwargs, hidden_states=self._incoming)
 
-    def _stop(self, module, args, out):
-        self._outgoing = out[0] if isinstance(out, tuple) else out
+    def _stop(self, module, args, kwargs):
+        """Before the next stage's first block: its first input is what this stage sends."""
+        self._outgoing = args[0] if args else kwargs["hidden_states"]
         raise _Stop
+
+    def _check_cuts(self, chunk: Any) -> None:
+        """Refuse, on every stage alike, a model whose blocks cannot be cut: traced on ``chunk``
+        (:func:`partita.tracing.trace`, meta tensors), its blocks must be called once each in
+        order and no tensor may be used across a block (a skip connection)."""
+        from ..tracing import trace
+
+        def loss(out):
+            out = out.to_tuple() if hasattr(out, "to_tuple") else out
+            leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            return sum(t.float().sum() for t in leaves)
+        spec = trace(self.module, chunk, loss_fn=loss)
+        if spec.pipeline_blocker:
+            raise PartitaError(f"pp={self.plan.pp} cannot cut {type(self.module).__name__} between its blocks: "
+                               f"{spec.pipeline_blocker}; use pp=1 (dp, zero and tp still apply)")
+
+    def _pass_earlier_blocks(self) -> None:
+        """The blocks of earlier stages return their input; this stage's first block takes the
+        received activation in place of its own input (after the first stage)."""
+        blocks = [self.module.get_submodule(p) for p in self.paths]
+        for block in blocks[:self.lo]:
+            block.forward = lambda *args, **kwargs: args[0] if args else kwargs["hidden_states"]
+        if self.stage > 0:
+            blocks[self.lo].register_forward_pre_hook(self._replace_input, with_kwargs=True)
+
+    def _stop_hook(self):
+        """Stop this stage's forward at the call of the next stage's first block (non-last stages)."""
+        if self.stage < self.stages - 1:
+            return self.module.get_submodule(self.paths[self.hi]).register_forward_pre_hook(self._stop,
+                                                                                            with_kwargs=True)
+        return None
 
     def _build(self, chunk: Any) -> None:
         """Keep only what this stage runs (:meth:`_probe`, :func:`_prune`: its blocks, the
         modules its forward calls - the stem, the last stage's head, a block's submodule the
         model calls outside the block - and the modules whose parameters its output depends
         on), then apply tp, recompute and data parallel to it and build the optimizer."""
+        self._check_cuts(chunk)
+        self._pass_earlier_blocks()
         used = self._probe(chunk)
         _prune(self.module, "", used, set(self.paths[self.lo:self.hi]), set(self.paths))
         self.module, self.optimizer = self._setup(self.module, self.units, self.mesh["tp"], self.mesh["dp"],
                                                   self.paths)
-        if self.stage < self.stages - 1:
-            self.units[-1].register_forward_hook(self._stop)
+        self._stop_hook()
         held = {name: _local(p).numel() for name, p in self.module.named_parameters()}
         self._sizes = torch.tensor([float(held.get(name, 0)) for name in self._names])
         dist.all_reduce(self._sizes, op=dist.ReduceOp.MAX, group=self.pp_group)
 
     def _probe(self, chunk: Any) -> set[str]:
         """Paths of the modules this stage's forward uses, from one forward of ``chunk`` (the
-        stage's first block fed the stem's output, stopped after its last block) and one
+        stage's first block fed the stem's output, stopped at the next stage's first block) and one
         ``autograd.grad`` of its output: the modules it calls (blocks of earlier stages, which
         pass through, do not count; their submodules do) and the owners of the parameters the
         output depends on. Random state and buffers are restored afterwards."""
         model = self.module
         called: set[str] = set()
         skip = {id(b) for b in (model.get_submodule(p) for p in self.paths[:self.lo])}
-        handles = [m.register_forward_pre_hook(lambda mod, args, path=path: called.add(path))
-                   for path, m in model.named_modules() if path and id(m) not in skip]
-        between, seen, calls = _between_hooks(model, list(self.paths))
-        handles += between
-        if self.stage < self.stages - 1:
-            handles.append(self.units[-1].register_forward_hook(self._stop))
+        stop = self._stop_hook()  # first: the next stage's block stops the forward before it counts as called
+        handles = [stop] if stop is not None else []
+        handles += [m.register_forward_pre_hook(lambda mod, args, path=path: called.add(path))
+                    for path, m in model.named_modules() if path and id(m) not in skip]
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         self._probing = True
         try:
@@ -253,7 +260,6 @@ class TracedPipeline:
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(buffers[name])
-        self._refuse_between(sorted({path for n, path in seen if n < calls[0]}))
         out = out.to_tuple() if hasattr(out, "to_tuple") else out
         leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -261,18 +267,6 @@ class TracedPipeline:
             return called
         grads = torch.autograd.grad(sum(t.float().sum() for t in leaves), [p for _, p in named], allow_unused=True)
         return called | {name.rpartition(".")[0] for (name, _), g in zip(named, grads) if g is not None}
-
-    def _refuse_between(self, paths: list[str]) -> None:
-        """Raise on every stage of the replica when any saw a module called between two blocks
-        (the last stage always sees them; one all-reduce, so no stage waits on a refused one)."""
-        flag = torch.tensor([float(bool(paths))], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.pp_group)
-        if flag.item():
-            outer = [p for p in paths if not any(p.startswith(q + ".") for q in paths)]
-            where = ", ".join(outer) if outer else "a module (seen by another stage)"
-            raise PartitaError(f"pp={self.plan.pp}: {type(self.module).__name__}'s forward calls {where} between two "
-                               "of its blocks; the traced pipeline needs a forward that is only the block sequence: "
-                               "use pp=1 (dp, zero and tp still apply)")
 
     def _forward(self, chunk: Any, loss_fn: Callable) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(received activation or None, the stage's output or the last stage's loss)."""
@@ -316,6 +310,18 @@ class TracedPipeline:
                     dist.all_reduce(grad, group=self.dp_group)
                     grad /= self.plan.dp
 
+    def _sync_in_backward(self, final: bool) -> None:
+        """FSDP2 (zero >= 1) reduce-scatters and reshards only after the step's final backward:
+        a stage that is not the last stops inside its root module's forward, so FSDP never
+        hooks the root's re-gather for backward, and a parameter of the root that an earlier
+        micro-batch's backward still needs (a module between blocks: its weight gives the
+        input's gradient) would be freed by the reshard after a later one. The gradients
+        accumulate unsharded until then (torch.distributed.pipelining does the same around
+        its micro-batch backwards)."""
+        if hasattr(self.module, "set_requires_gradient_sync"):
+            self.module.set_requires_gradient_sync(final)
+            self.module.set_reshard_after_backward(final)
+
     def train_step(self, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> float:
         """One GPipe step on ``inputs`` (every stage of a replica gets the replica's samples);
         returns the mean loss over the global batch."""
@@ -326,7 +332,8 @@ class TracedPipeline:
             self._build(chunks[0])
         saved = [self._forward(c, loss_fn) for c in chunks]
         total = torch.zeros((), device=self.device)
-        for received, out in reversed(saved):
+        for i, (received, out) in enumerate(reversed(saved)):
+            self._sync_in_backward(i == len(saved) - 1)
             if last:
                 out.backward()
                 total += out.detach()

@@ -88,6 +88,14 @@ class TracedSpec:
     head_params: int | None = None
     stem_tp_params: int = 0
     shared_block_params: tuple[tuple[int, int, int], ...] = ()
+    #: modules forward calls between two blocks (a norm between block groups): (path, parameters,
+    #: forward and backward FLOPs per call, blocks entered before each call). The traced pipeline
+    #: runs each call on the stage of the block before it (that stage sends the next block's input)
+    #: and, forward only, on every later stage; their FLOPs and parameters are in ``other_*``
+    between: tuple[tuple[str, int, float, float, tuple[int, ...]], ...] = ()
+    #: why the blocks cannot be cut into pipeline stages although they are one run ("" when
+    #: ``pipeline`` or when they are not one run): blocks called out of order, a skip connection
+    pipeline_blocker: str = ""
     source: str = ""
     kind: str = field(default="traced", init=False)
 
@@ -162,8 +170,10 @@ class TracedSpec:
             data["tp_plan"] = tuple(tuple(p) for p in data.get("tp_plan", ()))
             data["modules"] = tuple(tuple(m) for m in data.get("modules", ()))
             data["shared_block_params"] = tuple(tuple(m) for m in data.get("shared_block_params", ()))
+            data["between"] = tuple((str(m[0]), int(m[1]), float(m[2]), float(m[3]), tuple(int(k) for k in m[4]))
+                                    for m in data.get("between", ()))
             spec = cls(**data)
-        except TypeError as e:
+        except (TypeError, ValueError, IndexError) as e:
             raise PartitaError(f"{where}: {e}") from None
         if spec.batch < 1 or spec.total_params < 1:
             raise PartitaError(f"{where}: batch and total_params must be at least 1, got {spec.batch}, {spec.total_params}")

@@ -37,6 +37,7 @@ from ..errors import PartitaError
 from ..spec.traced import TracedBlock, TracedSpec
 from .attention import FusedAttentionMode
 from .blocks import BlockLayout, find_blocks
+from .boundaries import BoundaryWatch
 from .fastmeta import FastMetaBackward
 from .replay import Replays
 
@@ -79,6 +80,8 @@ class _Recorder:
     head_calls: set[str] = field(default_factory=set)  # ... and after (a block's submodule the head calls too)
     entered: int = 0  # unit calls so far
     after: dict[str, int] = field(default_factory=dict)  # module called outside the units -> units entered before its last call
+    calls: dict[str, list[int]] = field(default_factory=dict)  # ... -> units entered before each of its calls
+    watch: BoundaryWatch | None = None  # tensors read across a block boundary (forward only)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -119,12 +122,16 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
             def pre(mod, args, kwargs, path=path):
                 rec.current.append(path)
                 rec.entered += 1
+                if rec.watch is not None:
+                    rec.watch.enter_block(path, args, kwargs)
                 if path not in rec.inputs:
                     rec.order.append(path)
                     rec.inputs[path] = rec.tensors((args, kwargs))
 
             def post(mod, args, kwargs, out, path=path):
                 rec.current.pop()
+                if rec.watch is not None:
+                    rec.watch.leave_block()
                 rec.outputs.setdefault(path, rec.tensors(out))
             handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
                         module.register_forward_hook(post, with_kwargs=True)]
@@ -136,6 +143,7 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
                     return
                 (rec.head_calls if rec.order else rec.stem_calls).add(path)
                 rec.after[path] = rec.entered
+                rec.calls.setdefault(path, []).append(rec.entered)
                 if not inside and path not in rec.seen:
                     rec.seen.add(path)
                     if not rec.order:  # no unit has run yet: the stem (patch/time embedding)
@@ -204,7 +212,8 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
     replays = Replays(model, rec.units, rec) if on_meta and replay else None
     try:
         with (FastMetaBackward() if on_meta else nullcontext()), FlopCounterMode(display=False) as counter, attention:
-            with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+            rec.watch = BoundaryWatch()
+            with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), rec.watch:
                 out = functional_call(model, state, args, kwargs)
             counts = counter.get_flop_counts()
             forward = {k: float(sum(v.values())) for k, v in counts.items()}
@@ -320,26 +329,57 @@ def _stem(rec: _Recorder) -> list[str]:
     return [p for p in before if not any(p.startswith(q + ".") for q in before)]
 
 
-def between_blocks(rec: _Recorder) -> list[str]:
-    """The outermost modules outside the units that forward called after a unit and before
-    another (a norm or projection between two groups of blocks): the traced pipeline runs a
-    stage's blocks as one unbroken run, so a model with any is not pipeline-able."""
-    inside = [p for p, n in rec.after.items() if 0 < n < rec.entered]
-    return sorted(p for p in inside if not any(p.startswith(q + ".") for q in inside))
+def _between(rec: _Recorder, run: tuple[str, ...]) -> tuple[list[str], str]:
+    """(the outermost modules outside the units that forward calls after a unit and before
+    another - a norm or projection between two groups of blocks, which the traced pipeline
+    runs on the stage of the block before them -, the reason a pipeline cannot cut between
+    the blocks or "").
+
+    Cuts need the blocks called once each in container order, no block's own submodule
+    called from outside it between two blocks (its stage would not be the block's), and no
+    tensor used across a block boundary (:class:`.boundaries.BoundaryWatch`)."""
+    inside = [p for p, n in rec.after.items() if any(0 < k < rec.entered for k in rec.calls.get(p, [n]))]
+    outer = sorted(p for p in inside if not any(p.startswith(q + ".") for q in inside))
+    in_unit = [p for p in outer if any(p.startswith(u + ".") for u in rec.units)]
+    if rec.order != list(run) or rec.entered != len(run):
+        return outer, (f"its forward calls its {len(run)} blocks {rec.entered} times or not in the order of their "
+                       "container")
+    if in_unit:
+        return outer, f"its forward calls {in_unit[0]}, part of a block, between two blocks"
+    if rec.watch is not None and rec.watch.crossing:
+        return outer, rec.watch.crossing
+    return outer, ""
 
 
-def _held_outside(model: nn.Module, rec: _Recorder, tp_layers: list[str]) -> dict[str, Any]:
+def _between_work(model: nn.Module, rec: _Recorder, paths: list[str], fwd: dict,
+                  total: dict) -> tuple[tuple[str, int, float, float, tuple[int, ...]], ...]:
+    """(path, parameters, forward and backward FLOPs per call, blocks entered before each
+    call) of each module forward calls between two blocks."""
+    out = []
+    for p in paths:
+        calls = rec.calls.get(p, [])
+        n = max(1, len(calls))
+        f = fwd.get(p, 0.0)
+        out.append((p, sum(t.numel() for t in model.get_submodule(p).parameters()), f / n,
+                    (total.get(p, 0.0) - f) / n, tuple(k for k in calls if 0 < k < rec.entered)))
+    return tuple(out)
+
+
+def _held_outside(model: nn.Module, rec: _Recorder, tp_layers: list[str], between: list[str]) -> dict[str, Any]:
     """What a pipeline stage holds besides its blocks, as the traced pipeline runtime
     (:mod:`partita.runtime.traced_pipeline`) keeps it: the direct parameters of the modules
     called outside any block before the first block ran (the stem - every stage runs it), of
     the root and of every ancestor of those modules or of a block (never dropped); the head's
     (called outside any block after one ran) on the last stage only. A block's own submodule
     called from outside it (diffusers' DiT head calls block 0's ``norm1.emb``) is listed as
-    ``(block index, parameters, 0 stem | 1 head)``. Each parameter tensor is counted once."""
+    ``(block index, parameters, 0 stem | 1 head)``. Each parameter tensor is counted once.
+    Modules called between two blocks (``between``) are not the head's: the spec lists them
+    apart (:func:`_between_work`), held by the stages that reach them."""
     units = {u: i for i, u in enumerate(rec.order)}
     ancestors = lambda paths: {".".join(p.split(".")[:i]) for p in paths for i in range(p.count(".") + 1)}
     every = {""} | rec.stem_calls | ancestors(rec.stem_calls | set(units))
-    head = (rec.head_calls | ancestors(rec.head_calls)) - every
+    head = {p for p in (rec.head_calls | ancestors(rec.head_calls)) - every
+            if not any(p == b or p.startswith(b + ".") for b in between)}
     stem = last = 0
     shared: dict[tuple[int, int], int] = {}
     seen: set[int] = set()
@@ -385,6 +425,7 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
            if p and p.count(".") < 2]
     block_cls = type(model.get_submodule(layout.run[0])).__name__ if layout.run else ""
     outside = [p for p in rec.col | rec.row if not any(p == u or p.startswith(u + ".") for u in layout.units)]
+    between, blocker = _between(rec, layout.run)
     return TracedSpec(
         name=name or type(model).__name__, batch=batch, dtype=dtype,
         inputs=tuple(tuple(int(d) for d in t.shape) for t in tensors),
@@ -392,11 +433,13 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         forward_flops=fwd.get("<global>", 0.0), backward_flops=total.get("<global>", 0.0) - fwd.get("<global>", 0.0),
         saved_bytes=float(sum(b for _, b, _ in rec.saved.values())), block_class=block_cls,
         block_container=layout.container, blocks=units,
-        pipeline=layout.pipeline and len(units) == len(layout.run) and not between_blocks(rec),
+        pipeline=layout.pipeline and len(units) == len(layout.run) and not blocker,
+        pipeline_blocker=blocker if layout.pipeline and len(units) == len(layout.run) else "",
+        between=_between_work(model, rec, between, fwd, total) if layout.pipeline and not blocker else (),
         tp_plan=tuple(sorted((str(k), str(v)) for k, v in (tp_plan or {}).items())), modules=tuple(top),
         tp_other_params=_split_params(model, outside, rec.row),
         stem_forward_flops=sum(fwd.get(p, 0.0) for p in _stem(rec)),
         stem_backward_flops=sum(total.get(p, 0.0) - fwd.get(p, 0.0) for p in _stem(rec)),
-        **_held_outside(model, rec, outside),
+        **_held_outside(model, rec, outside, between),
         source=f"partita.trace of {type(model).__module__}.{type(model).__qualname__}, inputs "
                f"{[tuple(t.shape) for t in tensors]}")
