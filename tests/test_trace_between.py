@@ -39,6 +39,7 @@ CASES = {  # name -> (model, plan over 4 ranks)
     "pp2xdp2": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=0, dtype="fp32")),
     "pp2xdp2-zero1": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=1, dtype="fp32")),
     "pp2xdp2-zero3": ("Between", Plan(pp=2, dp=2, zero=3, mbs=1, gbs=4, dtype="fp32")),
+    "stem-again": ("StemAgain", Plan(pp=4, mbs=2, gbs=4, zero=0, dtype="fp32")),
     "skip": ("Skip", Plan(pp=4, mbs=2, gbs=4, dtype="fp32")),
     "skip-unguarded": ("Skip", Plan(pp=4, mbs=2, gbs=4, dtype="fp32")),
 }
@@ -71,6 +72,16 @@ class Between(nn.Module):
             if i == 2:
                 x = 0.5 * x + torch.sin(x)
         return self.head(x)
+
+
+class StemAgain(Between):
+    """The head reads the stem's output again: recomputed on every stage, so not a crossing."""
+
+    def forward(self, x):
+        h0 = x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x + h0)
 
 
 class Skip(Between):
@@ -207,6 +218,19 @@ def test_pipeline_cut_after_between_work_trains_like_one_process(runs, case):
         assert flops == [pytest.approx(step.stages[stage].flops * plan.grad_accum, rel=1e-9)] * STEPS, (case, rank)
         if plan.zero == 0:  # the parameters this rank holds, as the cost model counts them
             assert held == _stage_params(spec, plan, ranges[stage], stage)[0], (case, rank)
+
+
+@pytest.mark.timeout(400)
+def test_the_stems_output_read_again_by_the_head_is_no_crossing(runs):
+    """The last stage recomputes the stem, so its head reads the real value; the stem's
+    gradient from that path is computed there and summed with the first stage's over the
+    stages (``_sum_shared_gradients``): one process's losses."""
+    assert trace(StemAgain(), torch.zeros(2, 8)).pipeline
+    result = runs["stem-again"]
+    assert {kind for kind, _ in result.values()} == {"ok"}, result
+    true = _reference("StemAgain")
+    for rank, (_, (losses, _, _, _)) in result.items():
+        assert losses == pytest.approx(true, rel=1e-5, abs=1e-7), (rank, losses, true)
 
 
 @pytest.mark.timeout(400)

@@ -310,17 +310,16 @@ class TracedPipeline:
                     dist.all_reduce(grad, group=self.dp_group)
                     grad /= self.plan.dp
 
-    def _sync_in_backward(self, final: bool) -> None:
-        """FSDP2 (zero >= 1) reduce-scatters and reshards only after the step's final backward:
-        a stage that is not the last stops inside its root module's forward, so FSDP never
-        hooks the root's re-gather for backward, and a parameter of the root that an earlier
-        micro-batch's backward still needs (a module between blocks: its weight gives the
-        input's gradient) would be freed by the reshard after a later one. The gradients
-        accumulate unsharded until then (torch.distributed.pipelining does the same around
-        its micro-batch backwards)."""
-        if hasattr(self.module, "set_requires_gradient_sync"):
-            self.module.set_requires_gradient_sync(final)
-            self.module.set_reshard_after_backward(final)
+    def _regather_root(self) -> None:
+        """Before each backward of a stage that is not the last, FSDP2 (zero >= 1) all-gathers
+        the root module's own parameters (the stem, modules between blocks) again. The stage
+        stops inside the root's forward, so FSDP never hooks the root's re-gather for backward,
+        and the reshard after one micro-batch's backward would free a root parameter an earlier
+        micro-batch's backward still needs (a module between blocks: its weight gives its
+        input's gradient). ``unshard`` is not recursive: only the root's group, usually small;
+        the blocks re-gather themselves."""
+        if self.stage < self.stages - 1 and hasattr(self.module, "unshard"):
+            self.module.unshard()
 
     def train_step(self, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> float:
         """One GPipe step on ``inputs`` (every stage of a replica gets the replica's samples);
@@ -332,8 +331,8 @@ class TracedPipeline:
             self._build(chunks[0])
         saved = [self._forward(c, loss_fn) for c in chunks]
         total = torch.zeros((), device=self.device)
-        for i, (received, out) in enumerate(reversed(saved)):
-            self._sync_in_backward(i == len(saved) - 1)
+        for received, out in reversed(saved):
+            self._regather_root()
             if last:
                 out.backward()
                 total += out.detach()
