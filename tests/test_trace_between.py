@@ -16,6 +16,7 @@ refusal - the pipelined loss with the refusal switched off, which is not the tru
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from datetime import timedelta
@@ -35,7 +36,8 @@ from partita.tracing import trace
 
 STEPS = 3
 CASES = {  # name -> (model, plan over 4 ranks)
-    "pp4": ("Between", Plan(pp=4, mbs=1, gbs=4, zero=0, dtype="fp32")),
+    "pp4": ("Between", Plan(pp=4, mbs=1, gbs=4, zero=0, dtype="fp32")),  # 1f1b, the default
+    "pp4-gpipe": ("Between", Plan(pp=4, mbs=1, gbs=4, zero=0, schedule="gpipe", dtype="fp32")),
     "pp2xdp2": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=0, dtype="fp32")),
     "pp2xdp2-zero1": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=1, dtype="fp32")),
     "pp2xdp2-zero3": ("Between", Plan(pp=2, dp=2, zero=3, mbs=1, gbs=4, dtype="fp32")),
@@ -148,6 +150,34 @@ def test_trace_places_the_module_between_blocks_and_names_what_cannot_be_cut():
         assert estimate(cut, cluster, Plan(dp=8, zero=3, gbs=8)).step_time_s > 0
 
 
+class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
+    """How many micro-batches' activations autograd holds at once (``peak``): each forward of
+    the stage's module starts a new pass (a forward pre-hook); each tensor saved for backward
+    (parameters excluded) is counted for its pass when packed and uncounted when autograd frees
+    it (the packed holder is deleted with its graph, after that micro-batch's backward)."""
+
+    def __init__(self, module: nn.Module):
+        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.live: dict[int, int] = {}  # pass -> saved tensors alive
+        self.passes = self.peak = 0
+        module.register_forward_pre_hook(lambda mod, args: setattr(self, "passes", self.passes + 1))
+        owner = self
+
+        class Held:
+            def __init__(self, t: torch.Tensor):
+                self.t, self.which = t, owner.passes
+                owner.live[self.which] = owner.live.get(self.which, 0) + 1
+                owner.peak = max(owner.peak, sum(1 for n in owner.live.values() if n))
+
+            def __del__(self):
+                owner.live[self.which] -= 1
+
+        def pack(t: torch.Tensor):
+            return t if t.untyped_storage().data_ptr() in self.params else Held(t)
+
+        super().__init__(pack, lambda h: h.t if isinstance(h, Held) else h)
+
+
 def _worker(rank: int, port: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=60))
@@ -166,12 +196,18 @@ def _worker(rank: int, port: int, queue) -> None:
             pm = parallelize_traced(model, plan, make_optimizer=sgd, device_type="cpu",
                                     example_inputs=(_batch(0)[:plan.mbs],))
             losses, flops = [], []
-            for step in range(STEPS):
+            saved = _SavedBytes(pm.module) if plan.zero == 0 else contextlib.nullcontext()  # FSDP: DTensors
+            for step in range(STEPS + 1):
+                batch = (_batch(step)[replica * share:(replica + 1) * share],)
+                if step == STEPS:  # apart: FlopCounterMode keeps the step's graphs alive until it exits
+                    with saved:
+                        pm.train_step(batch, _loss)
+                    continue
                 with FlopCounterMode(display=False) as counter:
-                    losses.append(pm.train_step((_batch(step)[replica * share:(replica + 1) * share],), _loss))
+                    losses.append(pm.train_step(batch, _loss))
                 flops.append(counter.get_total_flops())
             held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
-            queue.put((case, rank, "ok", (losses, flops, held, pm.stage)))
+            queue.put((case, rank, "ok", (losses, flops, held, pm.stage, getattr(saved, "peak", None))))
         except PartitaError as e:
             queue.put((case, rank, "error", str(e)))
         except Exception as e:  # reported, not waited for
@@ -202,22 +238,36 @@ def runs() -> dict:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("case", ["pp4", "pp2xdp2", "pp2xdp2-zero1", "pp2xdp2-zero3"])
+@pytest.mark.parametrize("case", ["pp4", "pp4-gpipe", "pp2xdp2", "pp2xdp2-zero1", "pp2xdp2-zero3"])
 def test_pipeline_cut_after_between_work_trains_like_one_process(runs, case):
     from partita.cost.traced import _stage_params, stage_blocks, traced_step_time
     name, plan = CASES[case]
     result = runs[case]
     assert {kind for kind, _ in result.values()} == {"ok"}, result
     true = _reference(name)
-    for rank, (_, (losses, _, _, _)) in result.items():
+    for rank, (_, (losses, *_)) in result.items():
         assert losses == pytest.approx(true, rel=1e-5, abs=1e-7), (case, rank, losses, true)
     spec = trace(Between(), torch.zeros(2, 8))
     step = traced_step_time(spec, make_cluster("h100-sxm", devices=4), plan)
     ranges = stage_blocks(spec, plan)
-    for rank, (_, (_, flops, held, stage)) in result.items():
+    for rank, (_, (_, flops, held, stage, _)) in result.items():
         assert flops == [pytest.approx(step.stages[stage].flops * plan.grad_accum, rel=1e-9)] * STEPS, (case, rank)
         if plan.zero == 0:  # the parameters this rank holds, as the cost model counts them
             assert held == _stage_params(spec, plan, ranges[stage], stage)[0], (case, rank)
+
+
+@pytest.mark.timeout(400)
+def test_1f1b_holds_the_micro_batches_the_cost_model_says(runs):
+    """Micro-batches whose activations a stage holds at once, counted with saved-tensor hooks
+    over real steps: 1F1B ``min(m, pp - stage)``, GPipe all ``m`` - the in-flight counts the
+    traced cost model multiplies its per-micro-batch bytes by
+    (:func:`partita.cost.pipeline.in_flight_chunks`)."""
+    from partita.cost.pipeline import in_flight_chunks
+    plan = CASES["pp4"][1]
+    for case, schedule in (("pp4", "1f1b"), ("pp4-gpipe", "gpipe")):
+        for rank, (_, (*_, stage, held)) in runs[case].items():
+            assert held == in_flight_chunks(schedule, plan.pp, 1, plan.grad_accum, stage), (case, rank, held)
+    assert [runs["pp4"][r][1][-1] for r in range(4)] == [4, 3, 2, 1]
 
 
 @pytest.mark.timeout(400)
@@ -229,7 +279,7 @@ def test_the_stems_output_read_again_by_the_head_is_no_crossing(runs):
     result = runs["stem-again"]
     assert {kind for kind, _ in result.values()} == {"ok"}, result
     true = _reference("StemAgain")
-    for rank, (_, (losses, _, _, _)) in result.items():
+    for rank, (_, (losses, *_)) in result.items():
         assert losses == pytest.approx(true, rel=1e-5, abs=1e-7), (rank, losses, true)
 
 

@@ -41,8 +41,11 @@ def _torchrun(tmp_path_factory, ranks: int, cases: list[str]) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            f"--log-dir={out.parent / 'logs'}", str(WORKER), str(out), *cases]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
-    assert proc.returncode == 0, proc.stderr[-6000:]
+                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                                   PYTHONFAULTHANDLER="1"))  # a crashed rank prints its Python stack
+    crash = proc.stderr.find("Fatal Python error")  # a rank's own stack first, then the end
+    assert proc.returncode == 0, (proc.stderr[crash:crash + 4000] + "\n...\n" if crash >= 0 else "") + \
+        proc.stderr[-6000:]
     return json.loads(out.read_text())
 
 

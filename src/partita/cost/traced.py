@@ -87,6 +87,8 @@ def traced_problems(spec: TracedSpec, plan: Plan, world_size: int | None = None)
             errs.append(f"pp*vpp={plan.pp * plan.vpp} exceeds the {spec.layers} blocks of {spec.name}")
     if plan.vpp > 1:
         errs.append("vpp > 1 is not modelled for traced models; use vpp=1")
+    elif plan.pp > 1 and plan.schedule not in ("1f1b", "gpipe"):
+        errs.append(f"schedule={plan.schedule}: the traced pipeline runs 1f1b or gpipe")
     return errs
 
 

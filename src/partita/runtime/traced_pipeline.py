@@ -14,8 +14,9 @@ knowing its forward: every stage runs the model's own forward with hooks -
   result the received activation replaces: forward work they waste, no backward);
 * the last stage runs to the model's output and the loss.
 
-Schedule: GPipe [Huang et al. 2019] - every micro-batch forward, then every backward in
-reverse, activation gradients sent back stage to stage (their dtype travels with them).
+Schedule: 1F1B (the plan's default) or GPipe (:func:`schedule_order`); activations and their
+gradients go stage to stage with posted sends (their dtype travels with them), waited on at
+the end of the step.
 
 Each stage holds only what it runs: built from one micro-batch (a forward stopped at the next
 stage's first block and one ``autograd.grad`` of the tensor sent there), it keeps its blocks, the modules its
@@ -65,6 +66,25 @@ def split_micro_batches(inputs: Any, m: int) -> list[Any]:
                      and t.shape[0] == batch else t, inputs) for i in range(m)]
 
 
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def schedule_order(schedule: str, stages: int, stage: int, m: int) -> list[tuple[str, int]]:
+    """The forward (``"F"``) and backward (``"B"``) passes of micro-batches ``0..m-1`` in the
+    order ``stage`` runs them. GPipe [Huang et al. 2019]: every forward, then every backward
+    in reverse - all ``m`` micro-batches' activations held at once. 1F1B [Narayanan et al.
+    SC'21 sec. 2.2, PipeDream-Flush]: ``stages - stage - 1`` warm-up forwards, then one
+    forward and one backward in turn, then the remaining backwards - at most
+    ``stages - stage`` micro-batches held (:func:`partita.cost.pipeline.in_flight_chunks`)."""
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+    warm = min(stages - stage - 1, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
 class _Stop(Exception):
     """Raised after a non-last stage's last block: the rest of the forward is another stage's."""
 
@@ -90,13 +110,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _send(t: torch.Tensor, dst: int) -> None:
+def _send(t: torch.Tensor, dst: int) -> list[tuple[Any, torch.Tensor]]:
+    """Post ``t`` (a header with its shape and dtype, then its data) to ``dst`` without
+    waiting: (work, tensor) pairs to wait on before the step ends - a blocking send could
+    deadlock 1F1B, where two neighbours each send before they receive."""
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0] = t.dim()
     header[1:1 + t.dim()] = torch.tensor(t.shape)
     header[-1] = _DTYPES.index(t.dtype)
-    dist.send(header, dst)
-    dist.send(t.detach().contiguous(), dst)
+    data = t.detach().contiguous()
+    return [(dist.isend(header, dst), header), (dist.isend(data, dst), data)]
 
 
 def _recv(src: int, device: torch.device) -> torch.Tensor:
@@ -122,7 +145,7 @@ def _prune(module: nn.Module, prefix: str, used: set[str], keep: set[str], block
 
 
 class TracedPipeline:
-    """One pipeline stage of a traced model; :meth:`train_step` runs one GPipe step.
+    """One pipeline stage of a traced model; :meth:`train_step` runs one pipeline step.
 
     ``setup(module, units, tp_mesh, dp_mesh, unit_paths)`` applies tp, recompute and data
     parallel to the stage (:func:`.traced.shard_blocks` with ``ddp=False``) and returns
@@ -136,6 +159,8 @@ class TracedPipeline:
             raise PartitaError(f"pp={plan.pp} needs one sequence of repeated blocks; {type(model).__name__}'s "
                                "blocks are not one run in one container")
         blocks = [model.get_submodule(p) for p in layout.run]
+        if plan.schedule not in SCHEDULES:
+            raise PartitaError(f"schedule={plan.schedule}: the traced pipeline runs {' or '.join(SCHEDULES)}")
         if plan.pp > len(blocks):
             raise PartitaError(f"pp={plan.pp} exceeds the {len(blocks)} blocks of {type(model).__name__}")
         self.module, self.plan, self.device, self._setup = model, plan, device, setup
@@ -151,6 +176,7 @@ class TracedPipeline:
         self._incoming: torch.Tensor | None = None
         self._outgoing: torch.Tensor | None = None
         self._probing = False
+        self._pending: list[tuple[Any, torch.Tensor]] = []  # posted sends not yet waited on
         if example_inputs is not None:
             self._build(self._to_device(split_micro_batches(example_inputs, 1)[0]))
 
@@ -277,9 +303,20 @@ class TracedPipeline:
         try:
             out = self.module(**chunk) if isinstance(chunk, dict) else self.module(*chunk)
         except _Stop:
-            _send(self._outgoing, self.peer(self.stage + 1))
+            self._pending += _send(self._outgoing, self.peer(self.stage + 1))
             return received, self._outgoing
         return received, loss_fn(out, chunk) / self.plan.grad_accum
+
+    def _backward(self, received: torch.Tensor | None, out: torch.Tensor) -> None:
+        """Backward of one micro-batch: from the loss (last stage) or from the gradient the next
+        stage sends; the input's gradient goes to the previous stage."""
+        self._regather_root()
+        if self.stage == self.stages - 1:
+            out.backward()
+        else:
+            out.backward(_recv(self.peer(self.stage + 1), self.device))
+        if received is not None:
+            self._pending += _send(received.grad, self.peer(self.stage - 1))
 
     def _sum_shared_gradients(self) -> None:
         """Sum the gradients of parameters that more than one stage used (a model that calls a
@@ -322,24 +359,26 @@ class TracedPipeline:
             self.module.unshard()
 
     def train_step(self, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> float:
-        """One GPipe step on ``inputs`` (every stage of a replica gets the replica's samples);
-        returns the mean loss over the global batch."""
+        """One pipeline step on ``inputs`` (every stage of a replica gets the replica's
+        samples) in the plan's schedule (:func:`schedule_order`); returns the mean loss over
+        the global batch."""
         m = self.plan.grad_accum
         last = self.stage == self.stages - 1
         chunks = [self._to_device(c) for c in split_micro_batches(inputs, m)]
         if self.optimizer is None:
             self._build(chunks[0])
-        saved = [self._forward(c, loss_fn) for c in chunks]
+        in_flight: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         total = torch.zeros((), device=self.device)
-        for received, out in reversed(saved):
-            self._regather_root()
-            if last:
-                out.backward()
-                total += out.detach()
-            else:
-                out.backward(_recv(self.peer(self.stage + 1), self.device))
-            if received is not None:
-                _send(received.grad, self.peer(self.stage - 1))
+        for kind, i in schedule_order(self.plan.schedule, self.stages, self.stage, m):
+            if kind == "F":
+                in_flight[i] = self._forward(chunks[i], loss_fn)
+                continue
+            received, out = in_flight.pop(i)  # its activations are freed by this backward
+            total += out.detach() if last else 0.0
+            self._backward(received, out)
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
         self._sum_shared_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
