@@ -426,6 +426,7 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
     block_cls = type(model.get_submodule(layout.run[0])).__name__ if layout.run else ""
     outside = [p for p in rec.col | rec.row if not any(p == u or p.startswith(u + ".") for u in layout.units)]
     between, blocker = _between(rec, layout.run)
+    between = between if layout.pipeline and not blocker else []  # only a pipeline places them apart
     return TracedSpec(
         name=name or type(model).__name__, batch=batch, dtype=dtype,
         inputs=tuple(tuple(int(d) for d in t.shape) for t in tensors),
@@ -435,7 +436,7 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         block_container=layout.container, blocks=units,
         pipeline=layout.pipeline and len(units) == len(layout.run) and not blocker,
         pipeline_blocker=blocker if layout.pipeline and len(units) == len(layout.run) else "",
-        between=_between_work(model, rec, between, fwd, total) if layout.pipeline and not blocker else (),
+        between=_between_work(model, rec, between, fwd, total),
         tp_plan=tuple(sorted((str(k), str(v)) for k, v in (tp_plan or {}).items())), modules=tuple(top),
         tp_other_params=_split_params(model, outside, rec.row),
         stem_forward_flops=sum(fwd.get(p, 0.0) for p in _stem(rec)),
