@@ -53,7 +53,8 @@ class Block(nn.Module):
         self.lin = nn.Linear(d, d)
 
     def forward(self, x):
-        return x + torch.tanh(self.lin(x))
+        out = x + torch.tanh(self.lin(x))
+        return out * self.gate if hasattr(self, "gate") else out
 
 
 class Between(nn.Module):
@@ -106,6 +107,45 @@ class Around(Between):
         for i, block in enumerate(self.blocks):
             x = block(x) + x if i == 2 else block(x)
         return self.head(x)
+
+
+class LastDiffers(Between):
+    """The last block has one more parameter (SD3's last joint block drops its context branch:
+    the same class, other parameter shapes)."""
+
+    def __init__(self, d: int = 16):
+        super().__init__(d)
+        self.blocks[3].gate = nn.Parameter(torch.ones(d))
+
+
+class TwoLists(Between):
+    """Blocks in two containers, as a UNet's transformer blocks sit in one list per resolution."""
+
+    def __init__(self, d: int = 16):
+        super().__init__(d)
+        self.down, self.up = nn.ModuleList(Block(d) for _ in range(2)), nn.ModuleList(Block(d) for _ in range(2))
+        del self.blocks
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in [*self.down, *self.up]:
+            x = block(x)
+        return self.head(x)
+
+
+def test_blocks_that_are_not_one_run_are_refused_naming_why():
+    from partita.runtime.traced_pipeline import TracedPipeline
+    cluster = make_cluster("h100-sxm", devices=8)
+    for model, why in ((LastDiffers(), "blocks.3 has other parameter shapes than blocks.0"),
+                       (TwoLists(), "its 4 blocks lie in 2 containers (down, up)")):
+        spec = trace(model, torch.zeros(2, 8))
+        assert not spec.pipeline and why in spec.pipeline_blocker, spec.pipeline_blocker
+        with pytest.raises(PartitaError, match="use pp=1") as e:
+            estimate(spec, cluster, Plan(dp=4, pp=2, gbs=8))
+        assert why in str(e.value) and "\n" not in str(e.value)
+        with pytest.raises(PartitaError, match="use pp=1") as e:  # the runtime, before any process group
+            TracedPipeline(model, Plan(pp=2), None, None)
+        assert why in str(e.value)
 
 
 def _loss(out, chunk):

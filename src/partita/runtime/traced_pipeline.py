@@ -156,8 +156,8 @@ class TracedPipeline:
                  device_type: str = "cpu", example_inputs: Any = None):
         layout = find_blocks(model)
         if not layout.pipeline:
-            raise PartitaError(f"pp={plan.pp} needs one sequence of repeated blocks; {type(model).__name__}'s "
-                               "blocks are not one run in one container")
+            raise PartitaError(f"pp={plan.pp} needs one sequence of repeated blocks; {type(model).__name__}: "
+                               f"{layout.pipeline_problem() or 'no repeated blocks'}; use pp=1")
         blocks = [model.get_submodule(p) for p in layout.run]
         if plan.schedule not in SCHEDULES:
             raise PartitaError(f"schedule={plan.schedule}: the traced pipeline runs {' or '.join(SCHEDULES)}")

@@ -93,8 +93,8 @@ class TracedSpec:
     #: runs each call on the stage of the block before it (that stage sends the next block's input)
     #: and, forward only, on every later stage; their FLOPs and parameters are in ``other_*``
     between: tuple[tuple[str, int, float, float, tuple[int, ...]], ...] = ()
-    #: why the blocks cannot be cut into pipeline stages although they are one run ("" when
-    #: ``pipeline`` or when they are not one run): blocks called out of order, a skip connection
+    #: why the blocks cannot be cut into pipeline stages ("" when ``pipeline``): not one run of
+    #: identical blocks in one container, blocks called out of order, a skip connection
     pipeline_blocker: str = ""
     source: str = ""
     kind: str = field(default="traced", init=False)

@@ -39,6 +39,21 @@ class BlockLayout:
         """Whether pipeline stages can cut along the units: they are the one run."""
         return bool(self.run) and self.units == self.run
 
+    def pipeline_problem(self) -> str:
+        """Why the units are not one run, in words ("" when they are, or when there are none):
+        a unit beside the run in its container with other parameter shapes (SD3's last joint
+        block, which drops the context branch), or units in other containers (a UNet's
+        transformer blocks, one list per resolution)."""
+        if not self.run or self.pipeline:
+            return ""
+        beside = [u for u in self.units if u not in self.run and u.rpartition(".")[0] == self.container]
+        if beside:
+            return (f"{', '.join(beside[:3])} {'has' if len(beside) == 1 else 'have'} other parameter shapes than "
+                    f"{self.run[0]}, so its {len(self.units)} blocks are not one run of identical blocks")
+        containers = sorted({u.rpartition(".")[0] for u in self.units})
+        return (f"its {len(self.units)} blocks lie in {len(containers)} containers ({', '.join(containers[:2])}"
+                f"{', ...' if len(containers) > 2 else ''}), not one run in one container")
+
 
 def _runs(container: nn.Module, prefix: str) -> list[tuple[str, ...]]:
     """Maximal runs (length >= 2) of structurally identical children of ``container``."""
