@@ -140,9 +140,10 @@ def test_replay_traces_each_distinct_block_once():
 
 @pytest.mark.timeout(120)
 def test_fast_norm_backward_changes_no_figure(monkeypatch):
-    """The shape-only GroupNorm/LayerNorm backward (tracing/fastmeta.py) against torch's own
-    meta decomposition: the same gradient shapes and dtypes, and the same traced spec of a
-    diffusers UNet (GroupNorm and LayerNorm) with and without it."""
+    """The shape-only GroupNorm forward and GroupNorm/LayerNorm backward (tracing/fastmeta.py)
+    against torch's own meta decomposition: the same output and gradient shapes, dtypes (and
+    forward strides, fp32 and bf16), and the same traced spec of a diffusers UNet (GroupNorm
+    and LayerNorm) with and without it."""
     import sys
     from contextlib import nullcontext
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -157,9 +158,18 @@ def test_fast_norm_backward_changes_no_figure(monkeypatch):
             got = torch.autograd.grad(out, [x] + [p for n in norms for p in n.parameters()])
         return [(tuple(g.shape), g.dtype, g.device.type) for g in got]
 
+    def forward(mode, dtype) -> list:  # GroupNorm forward: out, mean, rstd
+        x = torch.empty(2, 8, 4, 4, device="meta", dtype=dtype)
+        w, b = torch.empty(8, device="meta", dtype=dtype), torch.empty(8, device="meta", dtype=dtype)
+        with mode:
+            outs = torch.ops.aten.native_group_norm(x, w, b, 2, 8, 16, 4, 1e-5)
+        return [(tuple(t.shape), t.dtype, t.stride()) for t in outs]
+
     fast = fastmeta.FastMetaBackward()
     assert grads(fast) == grads(nullcontext())
-    assert fast.hits == 2  # both backward ops took the shortcut
+    assert fast.hits == 3  # the GroupNorm forward and both backward ops took the shortcut
+    for dtype in (torch.float32, torch.bfloat16):
+        assert forward(fastmeta.FastMetaBackward(), dtype) == forward(nullcontext(), dtype), dtype
     with torch.device("meta"):
         model, inputs = tiny_unet()
     with_shortcut = trace(model, inputs, on="meta")
