@@ -38,6 +38,7 @@ STEPS = 3
 CASES = {  # name -> (model, plan over 4 ranks)
     "pp4": ("Between", Plan(pp=4, mbs=1, gbs=4, zero=0, dtype="fp32")),  # 1f1b, the default
     "pp4-gpipe": ("Between", Plan(pp=4, mbs=1, gbs=4, zero=0, schedule="gpipe", dtype="fp32")),
+    "pp4-m1": ("Between", Plan(pp=4, mbs=4, gbs=4, zero=0, dtype="fp32")),  # saved bytes of one micro-batch
     "pp2xdp2": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=0, dtype="fp32")),
     "pp2xdp2-zero1": ("Between", Plan(pp=2, dp=2, mbs=1, gbs=4, zero=1, dtype="fp32")),
     "pp2xdp2-zero3": ("Between", Plan(pp=2, dp=2, zero=3, mbs=1, gbs=4, dtype="fp32")),
@@ -152,6 +153,10 @@ def _loss(out, chunk):
     return (out.float() ** 2).mean()
 
 
+def _sum_loss(out, chunk):  # saves nothing itself: the stage's saved bytes are its model's alone
+    return out.float().sum()
+
+
 def _batch(step: int) -> torch.Tensor:
     return torch.randn(4, 8, generator=torch.Generator().manual_seed(100 + step))
 
@@ -200,17 +205,25 @@ class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
         self.live: dict[int, int] = {}  # pass -> saved tensors alive
         self.passes = self.peak = 0
+        self.storages: dict[int, list[int]] = {}  # storage -> [saved tensors alive on it, its bytes]
+        self.bytes = 0  # bytes of the distinct storages saved tensors hold now
         module.register_forward_pre_hook(lambda mod, args: setattr(self, "passes", self.passes + 1))
         owner = self
 
         class Held:
             def __init__(self, t: torch.Tensor):
-                self.t, self.which = t, owner.passes
+                self.t, self.which, self.key = t, owner.passes, t.untyped_storage().data_ptr()
                 owner.live[self.which] = owner.live.get(self.which, 0) + 1
                 owner.peak = max(owner.peak, sum(1 for n in owner.live.values() if n))
+                entry = owner.storages.setdefault(self.key, [0, t.untyped_storage().nbytes()])
+                owner.bytes += entry[1] if entry[0] == 0 else 0
+                entry[0] += 1
 
             def __del__(self):
                 owner.live[self.which] -= 1
+                entry = owner.storages[self.key]
+                entry[0] -= 1
+                owner.bytes -= entry[1] if entry[0] == 0 else 0
 
         def pack(t: torch.Tensor):
             return t if t.untyped_storage().data_ptr() in self.params else Held(t)
@@ -237,17 +250,21 @@ def _worker(rank: int, port: int, queue) -> None:
                                     example_inputs=(_batch(0)[:plan.mbs],))
             losses, flops = [], []
             saved = _SavedBytes(pm.module) if plan.zero == 0 else contextlib.nullcontext()  # FSDP: DTensors
+            forwarded = []  # saved bytes once every forward of the measured step is done
+            first_backward = pm._backward
+            pm._backward = lambda *a: (forwarded.append(getattr(saved, "bytes", None)), first_backward(*a))[1]
             for step in range(STEPS + 1):
                 batch = (_batch(step)[replica * share:(replica + 1) * share],)
                 if step == STEPS:  # apart: FlopCounterMode keeps the step's graphs alive until it exits
+                    forwarded.clear()
                     with saved:
-                        pm.train_step(batch, _loss)
+                        pm.train_step(batch, _sum_loss if case == "pp4-m1" else _loss)
                     continue
                 with FlopCounterMode(display=False) as counter:
                     losses.append(pm.train_step(batch, _loss))
                 flops.append(counter.get_total_flops())
             held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
-            queue.put((case, rank, "ok", (losses, flops, held, pm.stage, getattr(saved, "peak", None))))
+            queue.put((case, rank, "ok", (losses, flops, held, forwarded[0], pm.stage, getattr(saved, "peak", None))))
         except PartitaError as e:
             queue.put((case, rank, "error", str(e)))
         except Exception as e:  # reported, not waited for
@@ -290,7 +307,7 @@ def test_pipeline_cut_after_between_work_trains_like_one_process(runs, case):
     spec = trace(Between(), torch.zeros(2, 8))
     step = traced_step_time(spec, make_cluster("h100-sxm", devices=4), plan)
     ranges = stage_blocks(spec, plan)
-    for rank, (_, (_, flops, held, stage, _)) in result.items():
+    for rank, (_, (_, flops, held, _, stage, _)) in result.items():
         assert flops == [pytest.approx(step.stages[stage].flops * plan.grad_accum, rel=1e-9)] * STEPS, (case, rank)
         if plan.zero == 0:  # the parameters this rank holds, as the cost model counts them
             assert held == _stage_params(spec, plan, ranges[stage], stage)[0], (case, rank)
@@ -308,6 +325,22 @@ def test_1f1b_holds_the_micro_batches_the_cost_model_says(runs):
         for rank, (_, (*_, stage, held)) in runs[case].items():
             assert held == in_flight_chunks(schedule, plan.pp, 1, plan.grad_accum, stage), (case, rank, held)
     assert [runs["pp4"][r][1][-1] for r in range(4)] == [4, 3, 2, 1]
+
+
+@pytest.mark.timeout(400)
+def test_each_stage_keeps_the_activations_the_cost_model_places_on_it(runs):
+    """Bytes of the distinct storages autograd holds for backward on each stage once the
+    forward of one micro-batch is done (saved-tensor hooks over a real step, pp=4, m=1): the
+    stem's saved input on the first stage, ``mid``'s and the tensor code's on the stages of
+    the blocks before them, the head's on the last - the traced cost model's activation term of
+    each stage, to the byte."""
+    from partita.cost.traced import traced_memory
+    plan = CASES["pp4-m1"][1]
+    spec = trace(Between(), torch.zeros(plan.mbs, 8))  # the micro-batch's shape: no scaling
+    predicted = [r.parts["activations"] for r in traced_memory(spec, make_cluster("h100-sxm", devices=4).device, plan)]
+    measured = {stage: saved for _, (_, (_, _, _, saved, stage, _)) in runs["pp4-m1"].items()}
+    assert [measured[s] for s in range(4)] == predicted, (measured, predicted)
+    assert len(set(predicted)) > 1  # the stages differ: the placement matters
 
 
 @pytest.mark.timeout(400)

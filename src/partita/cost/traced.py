@@ -15,7 +15,8 @@ with the same hardware model and the same conventions:
   :func:`.memory.model_state_bytes` [Rajbhandari et al. 2020]; FSDP2 (zero 3) also holds
   the gathered 16-bit copy of the unit it runs and the one it prefetches
   [Zhao et al. 2023, PyTorch FSDP, sec. 3.2; FSDP2 prefetches one unit];
-* activations: each in-flight micro-batch keeps every block's saved bytes, or with
+* activations: each in-flight micro-batch keeps every block's saved bytes (and what is saved
+  outside the blocks where the pipeline keeps it, :func:`_outside_saved`), or with
   recompute only the block inputs (non-reentrant checkpointing keeps the inputs), plus
   one block's full set while it is recomputed [Chen et al. 2016, "Training deep nets with
   sublinear memory cost"]; in-flight micro-batches per schedule from
@@ -145,7 +146,6 @@ def traced_memory(spec: TracedSpec, device: Device, plan: Plan) -> list[RankMemo
     m = plan.grad_accum
     out = []
     for rank, blocks in enumerate(stage_blocks(spec, plan)):
-        first = rank == 0
         params, unit = _stage_params(spec, plan, blocks, rank)
         parts = model_state_bytes(plan, params, state_shard(plan))
         if plan.zero >= 3:
@@ -157,8 +157,7 @@ def traced_memory(spec: TracedSpec, device: Device, plan: Plan) -> list[RankMemo
             saved = b.saved_bytes - b.tp_saved_bytes + b.tp_saved_bytes / plan.tp
             per_mb += b.recompute_bytes if plan.recompute == "full" else saved
             working = max(working, saved)
-        if first:
-            per_mb += spec.other_saved_bytes
+        per_mb += _outside_saved(spec, plan, blocks, rank)
         chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, m, rank)
         parts["activations"] = per_mb * work * act_scale * chunks
         if plan.recompute == "full":
@@ -168,6 +167,19 @@ def traced_memory(spec: TracedSpec, device: Device, plan: Plan) -> list[RankMemo
         parts["runtime (context, workspaces)"] = device.runtime_reserved_gib * GIB
         out.append(RankMemory(rank, parts))
     return out
+
+
+def _outside_saved(spec: TracedSpec, plan: Plan, blocks: range, rank: int) -> float:
+    """Activation bytes saved outside the blocks that pipeline rank ``rank`` keeps per
+    micro-batch, as the traced pipeline runs them: the stem's on the first stage, the head's on
+    the last, what forward saves between blocks ``k - 1`` and ``k`` on the stage holding block
+    ``k - 1`` (later stages run that forward on a pass-through and drop it). A spec without the
+    placement (not pipeline-able, or written before it was traced): all on the first stage."""
+    if spec.stem_saved_bytes is None or spec.head_saved_bytes is None:
+        return spec.other_saved_bytes if rank == 0 else 0.0
+    saved = spec.stem_saved_bytes if rank == 0 else 0.0
+    saved += spec.head_saved_bytes if rank == plan.pp - 1 else 0.0
+    return saved + sum(b for k, b in spec.between_saved if blocks.start < k <= blocks.stop)
 
 
 def _compute_time(device: Device, flops: float, attention: float, matmuls: int, dtype: str) -> float:

@@ -96,6 +96,13 @@ class TracedSpec:
     #: why the blocks cannot be cut into pipeline stages ("" when ``pipeline``): not one run of
     #: identical blocks in one container, blocks called out of order, a skip connection
     pipeline_blocker: str = ""
+    #: activation bytes saved outside the blocks, where a pipeline stage keeps them (pipeline-able
+    #: traces only): the stem's (first stage), the head's (last stage), and (blocks entered
+    #: before, bytes) of what forward saves between two blocks (the stage of the block before).
+    #: None: not placed - all of ``other_saved_bytes`` on the first stage
+    stem_saved_bytes: float | None = None
+    head_saved_bytes: float | None = None
+    between_saved: tuple[tuple[int, float], ...] = ()
     source: str = ""
     kind: str = field(default="traced", init=False)
 
@@ -170,6 +177,7 @@ class TracedSpec:
             data["tp_plan"] = tuple(tuple(p) for p in data.get("tp_plan", ()))
             data["modules"] = tuple(tuple(m) for m in data.get("modules", ()))
             data["shared_block_params"] = tuple(tuple(m) for m in data.get("shared_block_params", ()))
+            data["between_saved"] = tuple((int(m[0]), float(m[1])) for m in data.get("between_saved", ()))
             data["between"] = tuple((str(m[0]), int(m[1]), float(m[2]), float(m[3]), tuple(int(k) for k in m[4]))
                                     for m in data.get("between", ()))
             spec = cls(**data)

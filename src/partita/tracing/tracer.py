@@ -82,6 +82,7 @@ class _Recorder:
     after: dict[str, int] = field(default_factory=dict)  # module called outside the units -> units entered before its last call
     calls: dict[str, list[int]] = field(default_factory=dict)  # ... -> units entered before each of its calls
     watch: BoundaryWatch | None = None  # tensors read across a block boundary (forward only)
+    outside_at: dict[int, int] = field(default_factory=dict)  # storage saved outside the units -> units entered
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -94,6 +95,8 @@ class _Recorder:
         split = bool(self.attention and self.attention.active) or k in self.col_outputs or \
             bool(self.leaf and self.leaf[-1] in self.row)
         self.saved[k] = (owner, _nbytes(t), split)
+        if not owner:  # outside the units: where, by the blocks entered so far (0 stem, all: head)
+            self.outside_at[k] = self.entered
         return t
 
     def replay(self, path: str, source: str) -> None:
@@ -365,6 +368,20 @@ def _between_work(model: nn.Module, rec: _Recorder, paths: list[str], fwd: dict,
     return tuple(out)
 
 
+def _saved_outside(rec: _Recorder, pipeline: bool) -> dict[str, Any]:
+    """Bytes saved outside the units where a pipeline stage keeps them: before the first unit
+    (the stem's: the first stage), after the last (the head's: the last stage) and, by the
+    units entered before, between two (the stage of the unit before them). Without a
+    pipeline, no placement (the cost model keeps them all on the one stage)."""
+    if not pipeline:
+        return {}
+    at: dict[int, float] = {}
+    for k, n in rec.outside_at.items():
+        at[n] = at.get(n, 0.0) + rec.saved[k][1]
+    return {"stem_saved_bytes": at.pop(0, 0.0), "head_saved_bytes": at.pop(rec.entered, 0.0),
+            "between_saved": tuple(sorted(at.items()))}
+
+
 def _held_outside(model: nn.Module, rec: _Recorder, tp_layers: list[str], between: list[str]) -> dict[str, Any]:
     """What a pipeline stage holds besides its blocks, as the traced pipeline runtime
     (:mod:`partita.runtime.traced_pipeline`) keeps it: the direct parameters of the modules
@@ -442,5 +459,6 @@ def _assemble(model: nn.Module, layout: BlockLayout, rec: _Recorder, fwd: dict, 
         stem_forward_flops=sum(fwd.get(p, 0.0) for p in _stem(rec)),
         stem_backward_flops=sum(total.get(p, 0.0) - fwd.get(p, 0.0) for p in _stem(rec)),
         **_held_outside(model, rec, outside, between),
+        **_saved_outside(rec, layout.pipeline and len(units) == len(layout.run) and not blocker),
         source=f"partita.trace of {type(model).__module__}.{type(model).__qualname__}, inputs "
                f"{[tuple(t.shape) for t in tensors]}")
