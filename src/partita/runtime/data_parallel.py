@@ -77,31 +77,18 @@ class GradientSync:
         self.dp_group, self.edp_group = dp_group, edp_group
         #: dtype of the all-reduced buffer (plan grad_dtype bf16: half the bytes)
         self.reduce_dtype = torch.float32
-        self._flat: dict[bool, torch.Tensor] = {}  # dense / expert: the buffer reused every step
-
-    def _buffer(self, expert: bool, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The fp32 buffer the gradients are flattened into, kept between steps: a fresh
-        one each step cost its allocation and first-touch page faults on every step (profile
-        of small-llama at dp=2 on the CPU: 36-44 ms per step in ``aten::cat``,
-        ``bench/gradient_sync.py``)."""
-        numel = sum(g.numel() for g in grads)
-        flat = self._flat.get(expert)
-        if flat is None or flat.numel() != numel or flat.device != grads[0].device:
-            flat = self._flat[expert] = torch.empty(numel, dtype=torch.float32, device=grads[0].device)
-        return flat
 
     def __call__(self) -> None:
         dp = dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
         # Dense gradients: average over dp. Expert gradients already hold the sum over the
         # ep ranks whose tokens they processed (the all-to-all backward adds them), so they
         # are summed over the expert-data-parallel replicas and divided by dp as well.
-        for expert, group in ((False, self.dp_group), (True, self.edp_group)):
-            params = [p for p in self.params if getattr(p, "_partita_expert", False) == expert]
+        for group, params in ((self.dp_group, [p for p in self.params if not getattr(p, "_partita_expert", False)]),
+                              (self.edp_group, [p for p in self.params if getattr(p, "_partita_expert", False)])):
             grads = [_local(p.grad) for p in params if p.grad is not None]
             if not grads or dp == 1:
                 continue
-            flat = self._buffer(expert, grads)
-            torch.cat([g.reshape(-1) for g in grads], out=flat)  # casts to fp32 as it copies
+            flat = torch.cat([g.reshape(-1).float() for g in grads])
             if group is not None and dist.get_world_size(group) > 1:
                 if self.reduce_dtype != torch.float32:  # divide first, as DDP's bf16 hook does
                     wire = (flat / dp).to(self.reduce_dtype)
