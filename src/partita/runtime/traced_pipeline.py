@@ -19,8 +19,8 @@ gradients go stage to stage with posted sends (their dtype travels with them), w
 the end of the step.
 
 Each stage holds only what it runs: built from one micro-batch (a forward stopped at the next
-stage's first block and one ``autograd.grad`` of the tensor sent there), it keeps its blocks, the modules its
-forward calls (the stem, on every stage; the head, on the last) and the owners of the
+stage's first block and one ``autograd.grad`` of the tensor sent there), it keeps its blocks,
+the modules its forward calls (the stem, on every stage; the head, on the last) and the owners of the
 parameters its output depends on; every other module with parameters is replaced by an
 empty :class:`_Dropped` (a block: pass-through). Then, as without pp
 (:func:`.traced.shard_blocks`), the TP plan splits the stage's layers over its ``tp`` group,
@@ -86,7 +86,7 @@ def schedule_order(schedule: str, stages: int, stage: int, m: int) -> list[tuple
 
 
 class _Stop(Exception):
-    """Raised after a non-last stage's last block: the rest of the forward is another stage's."""
+    """Raised at the call of the next stage's first block: the rest of the forward is another stage's."""
 
 
 class _Dropped(nn.Module):
