@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from partita.profile.analyze import analyze_traces
+from partita.analyze.ranks import analyze_traces
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 RUNS = {"ddp": ["ddp_2gpu_rank0"], "a2a": ["a2a_128gpu_rank0", "a2a_128gpu_rank1"]}

@@ -1,7 +1,7 @@
 """Gradient communication knobs on real text (issue 17): tiny-llama, 2 gloo processes,
 the same initialisation and data for every knob; prints final loss vs uncompressed, the
 data-parallel bytes per step (counted at each collective call from step 2 on, as
-``partita profile`` does - partita.profile.wire - beside the cost model's prediction) and
+``partita profile`` does - partita.profile.collective_counter - beside the cost model's prediction) and
 the step time side by side, and writes a plotly HTML plot of the loss curves.
 
     python bench/compression.py [--steps 200] [--out bench/compression.html]
@@ -62,7 +62,7 @@ def _worker(tokens: str, steps: int, out: str, knobs: dict, seed: int = 0) -> No
 
     from partita.models.builder import build_named_model
     from partita.plan import Plan
-    from partita.profile.wire import CollectiveCounter, route_builtin_ddp_reduction
+    from partita.profile.collective_counter import CollectiveCounter, route_builtin_ddp_reduction
     from partita.runtime.compression import START_ITER
     from partita.runtime.parallelize import parallelize
     from partita.train.data import PackedTokens
@@ -75,7 +75,7 @@ def _worker(tokens: str, steps: int, out: str, knobs: dict, seed: int = 0) -> No
         data = PackedTokens(tokens, plan.seq_len, seed=0, vocab=256)
         pm = parallelize(build_named_model("tiny-llama", seed), plan,
                          make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, foreach=False))
-        route_builtin_ddp_reduction(pm.modules)  # as partita profile does (profile/wire.py)
+        route_builtin_ddp_reduction(pm.modules)  # as partita profile does (profile/collective_counter.py)
         counter = CollectiveCounter().start()
         losses, times = [], []
         for step in range(steps):

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from partita.plan import Plan
 from partita.runtime.batches import dp_shard, synthetic_batch
 from partita.runtime.checkpoint import load_checkpoint, save_checkpoint
-from partita.profile.wire import CollectiveCounter, route_builtin_ddp_reduction
+from partita.profile.collective_counter import CollectiveCounter, route_builtin_ddp_reduction
 from partita.runtime.compression import START_ITER, powersgd_state_numel, trace_collective_bytes
 from partita.runtime.equivalence import OPTIMIZERS, make_model, run_case
 from partita.runtime.modules import vocab_size

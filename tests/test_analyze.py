@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from partita.cli.main import main
-from partita.profile.analyze import analyze_traces
-from partita.profile.analyze_files import normalise_npu_trace
+from partita.analyze.ranks import analyze_traces
+from partita.analyze.files import normalise_npu_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 RUNS = {"ddp": ["ddp_2gpu_rank0"], "a2a": ["a2a_128gpu_rank0", "a2a_128gpu_rank1"]}
@@ -112,7 +112,7 @@ def test_hand_computed_hta_rules():
 
 
 def _loaded(*traces):
-    from partita.profile.analyze_files import RankTrace
+    from partita.analyze.files import RankTrace
     return [RankTrace(f"rank{i}.json", i, t) for i, t in enumerate(traces)]
 
 

@@ -17,7 +17,7 @@ from partita.cost import comm
 from partita.errors import PartitaError
 from partita.estimate import estimate
 from partita.plan import Plan
-from partita.profile.calibrate_fit import fit_per_collective
+from partita.calibrate.fit import fit_per_collective
 from partita.spec.hardware import Cluster, load_device
 from partita.spec.load import load_model
 

@@ -16,10 +16,10 @@ inside rel 1e-9; the overhead fields divide a difference of two step predictions
 import pytest
 
 from partita.cost import comm
-from partita.profile.calibrate import hardware_file, predictor
-from partita.profile.calibrate_fit import fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, summarize
-from partita.profile.calibrate_measure import RUNTIME_SEQ, increment_plans, runtime_plans
-from partita.profile.calibrate_refine import mechanism_of
+from partita.calibrate.hardware_file import hardware_file, predictor
+from partita.calibrate.fit import fit_all_reduce, fit_collectives, fit_gemm, fit_overheads, summarize
+from partita.calibrate.measure import RUNTIME_SEQ, increment_plans, runtime_plans
+from partita.calibrate.refine import mechanism_of
 from partita.plan import Plan
 from partita.spec.hardware import load_device
 
@@ -330,7 +330,7 @@ def test_from_profile_recovers_the_framework_field_of_a_run_dir(tmp_path):
     import json
 
     from partita.estimate import estimate
-    from partita.profile.calibrate_refine import refine_from_runs
+    from partita.calibrate.refine import refine_from_runs
     from partita.spec.hardware import Cluster
     from partita.spec.load import load_model
     base = tmp_path / "base.json"
@@ -355,7 +355,7 @@ def test_comm_overlap_is_recovered_in_turn_with_the_fsdp_framework_term(monkeypa
     the probe run and the tiny zero-3 run each hold the other's field, so neither can be
     read alone; fitted in turn, both come back (the framework term to the alternating fit's
     tolerance), and the file carries them with their provenance."""
-    from partita.profile.calibrate_overlap import fit_with_overlap
+    from partita.calibrate.overlap import fit_with_overlap
     monkeypatch.setitem(TRUTH, "comm_overlap", 0.35)
     m = _measurements(2)
     assert m["runtime"]["comm_overlap"]["model"] == "zero3-probe"

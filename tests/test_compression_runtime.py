@@ -87,7 +87,7 @@ def test_powersgd_refused_where_no_comm_hook_exists():
 
 
 def test_profile_counter_measures_the_predicted_dp_bytes_per_knob(results):
-    """partita profile's collective counter (partita.profile.wire), run on the same processes for
+    """partita profile's collective counter (partita.profile.collective_counter), run on the same processes for
     every knob: the gradient bytes it counts agree with the cost model's prediction within 10%
     (issue 17's done-when), and where the profiler trace sees every call (all knobs but
     PowerSGD, whose P/Q all-reduces run in callbacks the trace misses) the counter equals the

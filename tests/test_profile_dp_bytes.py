@@ -1,5 +1,5 @@
 """Issue 17: `partita profile` reports the data-parallel bytes per step that really went over
-gloo (counted at each collective call, partita.profile.wire) beside the cost model's
+gloo (counted at each collective call, partita.profile.collective_counter) beside the cost model's
 prediction. PowerSGD is the knob the profiler trace cannot see (its P and Q all-reduces run
 in future callbacks), so it is the one run end to end here; every knob is checked on shared
 processes in tests/test_compression_runtime.py."""
@@ -40,7 +40,7 @@ def test_counter_counts_bytes_group_and_async_calls(tmp_path):
     code = f"""
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
-from partita.profile.wire import CollectiveCounter
+from partita.profile.collective_counter import CollectiveCounter
 original = dist.all_reduce
 sub = dist.new_group([0])
 c = CollectiveCounter().start()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from partita.profile.trace import DEVICE_COMM, analyze_trace, load_trace
+from partita.analyze.breakdown import DEVICE_COMM, analyze_trace, load_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 

@@ -1,13 +1,13 @@
 """``partita analyze TRACE...``: the breakdown of profiler traces Partita did not record
 (torch.profiler / Kineto / torch_npu Chrome traces from Megatron, torchtitan, DeepSpeed...;
-issue 14 item 3). The analysis is :mod:`partita.profile.analyze`; this module parses the
+issue 14 item 3). The analysis is :mod:`partita.analyze.ranks`; this module parses the
 command line and prints (rich tables, ``--json``, ``--report page.html``)."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from ..profile.analyze_files import DEFAULT_MAX_MB
+from ..analyze.files import DEFAULT_MAX_MB
 from .types import positive_int
 
 
@@ -29,13 +29,13 @@ def add_parser(sub) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from ..profile.analyze import analyze_traces
+    from ..analyze.ranks import analyze_traces
     if args.report:
-        from ..profile.html_report import require_plotly
+        from ..report.html_page import require_plotly
         require_plotly()
     report, timelines = analyze_traces(args.traces, args.conventions, args.max_mb)
     if args.report:
-        from ..profile.analyze_report import write_analyze_report
+        from ..analyze.report import write_analyze_report
         report["html_report"] = str(write_analyze_report(report, timelines, args.report))
     if args.json:
         print(json.dumps(report, indent=2))

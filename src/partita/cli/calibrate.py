@@ -43,7 +43,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
         raise PartitaError(f"--name {args.name!r} must be a printable, non-empty device name")
     if args.from_profile:
-        from ..profile.calibrate_refine import refine_from_runs
+        from ..calibrate.refine import refine_from_runs
         data = refine_from_runs(args.base, args.from_profile, args.name)
         with open(args.output, "w") as f:
             json.dump(data, f, indent=2)
@@ -58,7 +58,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..spec.load import load_model
     load_model(args.model)  # an unknown model is one line before torchrun
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "partita.profile.calibrate", args.output, args.base, args.name or f"{args.base}-calibrated",
+           "-m", "partita.calibrate.hardware_file", args.output, args.base, args.name or f"{args.base}-calibrated",
            args.device or "auto", args.dtype, str(args.repeats), args.model]
     returncode, stderr = _run_group(cmd, args.timeout_s)
     if returncode:

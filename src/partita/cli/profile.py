@@ -43,7 +43,7 @@ def check_profile_args(config, launch, report: str | None) -> None:
     if config.steps < 3:
         raise PartitaError("partita profile needs --steps >= 3 (the first step is a warm-up)")
     if report is not None:
-        from ..profile.html_report import require_plotly
+        from ..report.html_page import require_plotly
         check_output_path(report, "--report")
         require_plotly()
     from .types import check_device_type
@@ -72,7 +72,7 @@ def _profile(config, launch, run_dir: str, report_path: str | None) -> int:
     report["terms"] = compare_run(report, plan, config.model, hardware)
     report["dp_bytes"] = _dp_bytes(Path(profile_dir), plan, config.model)
     if report_path:
-        from ..profile.html_report import write_html_report
+        from ..profile.report import write_html_report
         report["html_report"] = str(write_html_report(report, timelines, report_path))
     if config.json:
         print(json.dumps(report, indent=2))

@@ -52,7 +52,7 @@ from ..spec.hardware import Device
 
 #: (latency steps, fraction of ``S`` each rank moves) of each collective on ``n`` ranks
 #: [Thakur et al. 2005 sec. 4: ring all-reduce = reduce-scatter + all-gather; nccl-tests
-#: PERFORMANCE.md]; :func:`partita.profile.calibrate_fit.fit_collective` fits against the same.
+#: PERFORMANCE.md]; :func:`partita.calibrate.fit.fit_collective` fits against the same.
 ALGORITHM_FACTORS = {
     "all_reduce": lambda n: (2 * (n - 1), 2 * (n - 1) / n),
     "all_gather": lambda n: (n - 1, (n - 1) / n),

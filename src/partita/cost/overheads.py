@@ -7,7 +7,7 @@ Like ``tp_framework_us_per_layer`` and ``zero3_framework_us_per_layer``
 (:mod:`.step`), each is a device field (default 0: on an accelerator the host runs ahead
 of the device and this time hides behind kernels); on a CPU it is on the critical path
 and ``partita calibrate`` measures each one directly on a micro-run of Partita's runtime
-(:mod:`partita.profile.calibrate_fit`). Booked under the part its mechanism already has
+(:mod:`partita.calibrate.fit`). Booked under the part its mechanism already has
 (recompute, cp communication, ep all-to-all, pp send/recv), per micro-batch.
 """
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Profiling: analyse torch.profiler traces (GPU, NPU or CPU/gloo) - where a step's time goes."""
-from .trace import TraceBreakdown, analyze_trace, load_trace
+"""``partita profile``: run a plan under the profiler and compare what it measured with the
+prediction.
 
-__all__ = ["TraceBreakdown", "analyze_trace", "load_trace"]
+* :mod:`.collective_counter` counts the bytes each collective call hands the backend during
+  the run (what the trace cannot show on gloo);
+* :mod:`.compare_terms` sets each term of the prediction beside the measured one;
+  :mod:`.dp_bytes` does the same for data-parallel gradient bytes;
+* :mod:`.report` writes the HTML page.
+
+Reading the traces themselves is :mod:`partita.analyze`; calibrating the cost model from
+measurements is :mod:`partita.calibrate`.
+"""

@@ -1,6 +1,6 @@
 """Measured vs predicted data-parallel gradient bytes per step (``partita profile``, issue 17).
 
-Measured: what each rank's :class:`partita.profile.wire.CollectiveCounter` saw on its
+Measured: what each rank's :class:`partita.profile.collective_counter.CollectiveCounter` saw on its
 data-parallel group, per step, by collective (``rank<N>.summary.json``'s ``dp_wire``).
 Predicted: :func:`partita.cost.memory.dp_gradient_bytes`' ``wire`` - the reduction buffer
 the plan's knobs send (fp32, bf16: half, PowerSGD: the rank-1 tensors plus P and Q) - times

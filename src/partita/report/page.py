@@ -1,6 +1,7 @@
 """The plan report page: the figures of :mod:`partita.report.figures` in one HTML file with
 plotly.js inline (it opens offline), the notes the terminal prints, and every number of
-the charts as JSON in ``<script type="application/json" id="partita-report-data">``."""
+the charts as JSON in ``<script type="application/json" id="partita-report-data">``, in the
+page shell every report shares (:mod:`partita.report.html_page`)."""
 from __future__ import annotations
 
 import html
@@ -12,6 +13,7 @@ from typing import Any, Callable
 from ..errors import PartitaError
 from . import figures
 from .data import REFERENCE_TOKENS, plan_row, scaling_points, why_not_rows
+from .html_page import figure_div, html_page, require_plotly, write_page
 from .schedule import step_schedule
 
 #: the id prefix of every chart's <div> (tests and bench/report_in_browser.py look for them)
@@ -31,10 +33,7 @@ def check_report_path(path: str) -> Path:
         raise PartitaError(f"--report {path}: directory {parent} does not exist; create it or choose another path")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise PartitaError(f"--report {path}: cannot write there (permission denied); choose a writable path")
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        raise PartitaError("--report needs plotly: pip install 'partita[report]'") from None
+    require_plotly()
     return p
 
 
@@ -103,14 +102,13 @@ def _page(title: str, notes: list[str], sections: list, data: dict[str, Any]) ->
             name = _figure_name(heading, fig)
             counts[name] = counts.get(name, 0) + 1
             div = f"partita-{name}" + (f"-{counts[name]}" if counts[name] > 1 else "")
-            body.append(fig.to_html(full_html=False, include_plotlyjs=first, div_id=div))
+            body.append(figure_div(fig, div, first))
             first = False
     blob = json.dumps(data, sort_keys=True).replace("</", "<\\/")
     head = "".join(f"<p>{html.escape(n)}</p>" for n in notes)
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>\n"
-            f"<body style='font-family:sans-serif;max-width:1400px'>\n<h1>{html.escape(title)}</h1>\n{head}\n"
-            + "\n".join(body)
-            + f"\n<script type=\"application/json\" id=\"partita-report-data\">{blob}</script>\n</body></html>\n")
+    content = (f"{head}\n" + "\n".join(body)
+               + f"\n<script type=\"application/json\" id=\"partita-report-data\">{blob}</script>")
+    return html_page(title, content, heading="h1", style="font-family:sans-serif;max-width:1400px")
 
 
 def _figure_name(heading: str, fig) -> str:
@@ -126,9 +124,4 @@ def _figure_name(heading: str, fig) -> str:
 
 def write_report(path: str | Path, page: str) -> Path:
     """Write the page (one line on failure)."""
-    p = Path(path)
-    try:
-        p.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise PartitaError(f"--report {path}: cannot write ({e.strerror or e})") from None
-    return p
+    return write_page(path, page)

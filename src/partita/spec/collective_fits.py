@@ -3,7 +3,7 @@
 ``partita calibrate`` times every collective (all-reduce, all-gather, reduce-scatter,
 all-to-all, send/recv) at several message sizes and group sizes and fits, per
 collective and group size, the alpha-beta model ``t = c_lat(n) alpha + c_bw(n) S / B``
-(:mod:`partita.profile.calibrate_fit`). The device file holds them under a top-level
+(:mod:`partita.calibrate.fit`). The device file holds them under a top-level
 ``collectives`` object::
 
     "collectives": {"all_reduce": [{"group": 2, "latency_us": 980, "gbps": 0.9,

@@ -2,7 +2,7 @@
 every rank (:mod:`partita.cli.profile` starts it), its measured breakdown beside the
 planner's prediction.
 
-Measured (per rank, from its trace; :mod:`partita.profile.trace`): step time, compute,
+Measured (per rank, from its trace; :mod:`partita.analyze.breakdown`): step time, compute,
 communication by collective, overlapped and exposed communication, idle time (pipeline
 bubbles and waits show up here), and memory (allocated vs reserved and the
 fragmentation ratio on CUDA/NPU; peak RSS on CPU). Predicted: the estimate of the same
@@ -28,7 +28,7 @@ def runtime_plan(run_dir: Path):
     framework entry (``framework=partita``), whatever framework the plan was planned for -
     the run dir's steps are Partita's, so Megatron's overlap or fused kernels would not fit."""
     from ..plan import Plan
-    from ..profile.calibrate_fit import RUNTIME_FRAMEWORK
+    from ..calibrate.fit import RUNTIME_FRAMEWORK
     return Plan.load(Path(run_dir) / PLAN_FILE).with_(framework=RUNTIME_FRAMEWORK)
 
 
@@ -37,7 +37,7 @@ def analyze_run(profile_dir: Path, run_dir: Path, model_name: str, hardware: str
     from the traces in ``profile_dir`` and the plan in ``run_dir`` (predicted as Partita's
     runtime runs it: :func:`runtime_plan`)."""
     from ..estimate import estimate
-    from ..profile.trace import analyze_trace
+    from ..analyze.breakdown import analyze_trace
     from ..spec.hardware import OPTIONAL_EFFICIENCY_FIELDS, make_cluster
     from ..spec.load import load_model
     plan = runtime_plan(run_dir)

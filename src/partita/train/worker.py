@@ -85,7 +85,7 @@ def _mark_process_groups(pm) -> None:
     """Name the process groups' worker threads in the trace: gloo runs each group's
     collectives on the group's own threads and records no group, so a few tiny
     all-reduces per group inside a ``partita:group:<axis>`` annotation tie those threads
-    to the mesh axis (:func:`partita.profile.trace.analyze_trace` leaves the annotation's
+    to the mesh axis (:func:`partita.analyze.breakdown.analyze_trace` leaves the annotation's
     time out of the step)."""
     groups = [("world", dist.group.WORLD)]
     for axis in ("pp", "dp", "cp", "tp"):
@@ -102,10 +102,10 @@ def _mark_process_groups(pm) -> None:
 
 def _start_counter(pm, profile_dir: str | None):
     """Under ``partita profile``: count every collective's bytes (the traces miss PowerSGD's,
-    :mod:`partita.profile.wire`), with DDP's built-in reduction routed where it is counted."""
+    :mod:`partita.profile.collective_counter`), with DDP's built-in reduction routed where it is counted."""
     if not profile_dir:
         return None
-    from ..profile.wire import CollectiveCounter, route_builtin_ddp_reduction
+    from ..profile.collective_counter import CollectiveCounter, route_builtin_ddp_reduction
     route_builtin_ddp_reduction(pm.modules)
     return CollectiveCounter().start()
 

@@ -165,7 +165,7 @@ PP_PROBE_MODEL = {"name": "pp-probe", "hidden": 16, "layers": 2, "heads": 2, "kv
 #: The ZeRO-3 overlap micro-run's model: wide enough that FSDP's gathers and
 #: reduce-scatters (12 MB of fp32 weights) are a large share of the step, with more compute
 #: than traffic per micro-batch (so the step is linear in ``comm_overlap``,
-#: :mod:`.calibrate_overlap`); not a preset, so the plans it predicts are not its own shape.
+#: :mod:`.overlap`); not a preset, so the plans it predicts are not its own shape.
 ZERO3_PROBE_MODEL = {"name": "zero3-probe", "hidden": 288, "layers": 3, "heads": 4, "kv_heads": 4,
                      "ffn_hidden": 768, "vocab": 512}
 #: Calibrate's own probe models by name.
@@ -214,7 +214,7 @@ def fit_overheads(runs: dict[str, dict], predict: Callable[[dict, dict[str, floa
     per-step difference and says so.
 
     A run with a ``long`` run beside it (the same plan with more micro-batches,
-    :func:`partita.profile.calibrate_measure.increment_plans`) is measured by its
+    :func:`partita.calibrate.measure.increment_plans`) is measured by its
     increment instead: ``((T_long - T) - (P_long - P)) / (k_long - k)`` per repeat, the
     time each further micro-batch adds beyond what the model already predicts for it. Per-step
     costs (optimizer, gradient sync, the pipeline's fill and drain) cancel, so the base

@@ -37,7 +37,7 @@ import re
 from collections import Counter
 
 from ..errors import PartitaError
-from .trace import _group_of
+from .breakdown import _group_of
 
 COMM_RE = re.compile(r"^nccl.*Kernel")
 MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")

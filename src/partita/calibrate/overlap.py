@@ -1,18 +1,18 @@
 """The fit of ``efficiency.comm_overlap``: how much of FSDP's traffic hides behind compute.
 
-A pure function of measurements (no torch, no timing), like :mod:`.calibrate_fit`.
+A pure function of measurements (no torch, no timing), like :mod:`.fit`.
 
 Why a micro-run of its own: the cost model charges a ZeRO-3 micro-batch
 ``(1 - f) t + max(0, f t - C) + f t / n`` for its gathers and reduce-scatters ``t`` beside
 compute ``C`` (:func:`partita.cost.step._zero3_exposed`). On the tiny model that measures
 ``zero3_framework_us_per_layer`` the traffic is a few percent of the step, so ``f`` cannot
-be read there; the probe (:data:`.calibrate_fit.ZERO3_PROBE_MODEL`) moves 12 MB of weights
+be read there; the probe (:data:`.fit.ZERO3_PROBE_MODEL`) moves 12 MB of weights
 per micro-batch, about a fifth of its step on a 2-core CPU. With ``t <= C`` on the probe the predicted step is
 linear in ``f`` (slope ``-(1 - 1/n) t`` per micro-batch), so per repeat
 
     f = (P(f = 0) - T) / (P(f = 0) - P(f = 1))
 
-recovers it exactly, as :func:`.calibrate_fit.fit_overheads` does for the time fields.
+recovers it exactly, as :func:`.fit.fit_overheads` does for the time fields.
 The framework term and ``f`` each appear in the other's run, so the two are fitted in
 turn until ``f`` moves by less than 1e-9 (:func:`fit_with_overlap`).
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .calibrate_fit import MECHANISMS, fit_overheads, summarize
+from .fit import MECHANISMS, fit_overheads, summarize
 
 #: The runtime micro-run that measures the overlap, and the field it writes.
 OVERLAP_RUN, OVERLAP_FIELD = "comm_overlap", "comm_overlap"
@@ -70,7 +70,7 @@ def _serial_and_slope(run: dict, predict: Callable[[dict, dict[str, float]], flo
 
 def fit_with_overlap(runs: dict[str, dict], predict: Callable[[dict, dict[str, float]], float]
                      ) -> dict[str, dict]:
-    """Every runtime term (:func:`.calibrate_fit.fit_overheads`) and, when the probe ran,
+    """Every runtime term (:func:`.fit.fit_overheads`) and, when the probe ran,
     ``comm_overlap``: the two fitted in turn (the framework fields with the latest ``f``
     held, then ``f`` with those fields held) until ``f`` settles. Without the probe run the
     overheads are fitted once with the device's own overlap."""

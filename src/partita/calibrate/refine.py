@@ -6,7 +6,7 @@ plan uses exactly one parallel mechanism beyond data parallelism (tp, zero 3, pp
 cp, full recompute; none: the base per-layer overhead, or on a MoE model the local expert
 dispatch) measures that mechanism's
 framework field exactly as the calibration micro-runs do
-(:func:`.calibrate_fit.fit_overheads`), on the run's own model and shapes: the steps
+(:func:`.fit.fit_overheads`), on the run's own model and shapes: the steps
 after the first are the repeats. A run mixing mechanisms cannot separate them and is
 reported, not used. (Profiled steps carry the profiler's own overhead: prefer plain
 `partita train` runs where the run dir is kept.)
@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 
 from ..errors import PartitaError
-from .calibrate_fit import MECHANISMS, RUNTIME_FRAMEWORK, fit_overheads
+from .fit import MECHANISMS, RUNTIME_FRAMEWORK, fit_overheads
 
 #: A run dir's plan and configuration (partita.train.config's PLAN_FILE / TRAIN_FILE: named
-#: here, since train imports profile and the reverse would be a package cycle).
+#: here, since train imports calibrate and the reverse would be a package cycle).
 PLAN_FILE, TRAIN_FILE = "plan.json", "train.json"
 
 

@@ -1,6 +1,6 @@
 """The measurements behind ``partita calibrate`` (torch, timing; run under torchrun).
 
-Every term is timed in ``repeats`` separate repeats so the fits (:mod:`.calibrate_fit`)
+Every term is timed in ``repeats`` separate repeats so the fits (:mod:`.fit`)
 get a spread, not just a number. Anything that communicates runs a fixed number of
 iterations on every rank (a time-based loop around a collective deadlocks when ranks
 disagree on when to stop), and each repeat's time is the slowest rank's.
@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from .calibrate_fit import PP_PROBE_MODEL, PROBE_MODELS, ZERO3_PROBE_MODEL, run_model
+from .fit import PP_PROBE_MODEL, PROBE_MODELS, ZERO3_PROBE_MODEL, run_model
 
 #: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
 GEMM_SHAPES = {
@@ -26,7 +26,7 @@ COLLECTIVE_BYTES = (4096, 65536, 1 << 20, 8 << 20)
 #: half, a median of 3 not at all.
 RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "tiny-moe", 128, 3
 #: Mechanisms timed over more steps per repeat: the ZeRO-3 pair is fitted in turn
-#: (:mod:`.calibrate_overlap`), where the overlap's weight is ~15 % of the probe's step, so a
+#: (:mod:`.overlap`), where the overlap's weight is ~15 % of the probe's step, so a
 #: repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
 RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5}
 
@@ -149,7 +149,7 @@ def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str
         plans.update({"tp": (model, f"dp={half},tp=2,gbs={half}"),
                       "tp_nosp": (model, f"dp={half},tp=2,sp=false,gbs={half}"),
                       "zero3": (model, f"dp={world},zero=3,gbs={world}"),
-                      # how much of FSDP's traffic hides behind compute (calibrate_overlap.py)
+                      # how much of FSDP's traffic hides behind compute (calibrate/overlap.py)
                       "comm_overlap": (ZERO3_PROBE_MODEL["name"], f"dp={world},zero=3,gbs={world}"),
                       "pp": (PP_PROBE_MODEL["name"], f"dp={half},pp=2,gbs={2 * half}"),
                       "ep": (RUNTIME_MOE_MODEL, f"dp={world},ep=2,gbs={world}"),

@@ -2,20 +2,20 @@
 
 Input: torch.profiler / Kineto Chrome traces (``torch_npu.profiler`` writes the same
 format) from Megatron-LM, torchtitan, DeepSpeed or a plain training loop - one file per
-rank, or a directory (:mod:`partita.profile.analyze_files` reads them, with one-line errors
+rank, or a directory (:mod:`partita.analyze.files` reads them, with one-line errors
 and a size limit). Output, per rank: compute / non-compute / idle and the share of
 communication overlapped with compute; communication by collective, by process group and
-by the parallel axis the group serves (:mod:`partita.profile.analyze_groups`); idle time per
+by the parallel axis the group serves (:mod:`partita.analyze.groups`); idle time per
 stream; memory peaks and fragmentation where ``[memory]`` events were recorded
-(:mod:`partita.profile.analyze_memory`); and across ranks, the stragglers.
+(:mod:`partita.analyze.memory`); and across ranks, the stragglers.
 
 Two sets of definitions (docs/profile.md compares them):
 
-* ``partita`` (default): :func:`partita.profile.trace.analyze_trace`, the analysis
+* ``partita`` (default): :func:`partita.analyze.breakdown.analyze_trace`, the analysis
   ``partita profile`` uses - every profiled step is kept, the window runs from the first
   step's start to the last device event, timestamps are not rounded, Ascend's HCCL
   kernels count as communication, memcpy/memset apart;
-* ``hta``: Holistic Trace Analysis 0.5.0's (:mod:`partita.profile.analyze_hta`) - the last
+* ``hta``: Holistic Trace Analysis 0.5.0's (:mod:`partita.analyze.hta`) - the last
   profiler step is dropped, the window is the first to the last kernel, fractional
   timestamps are rounded inward to whole microseconds, kernels classified by HTA's name
   patterns. ``tests/test_analyze.py`` checks these against the HTA package itself.
@@ -26,11 +26,11 @@ import statistics
 from typing import Iterable
 
 from ..errors import PartitaError
-from .analyze_files import DEFAULT_MAX_MB, RankTrace, load_rank_traces
-from .analyze_groups import communication_by_axis, process_groups
-from .analyze_hta import analyze_hta, idle_by_stream, normalise_events
-from .analyze_memory import memory_timeline
-from .trace import TraceBreakdown, _collective_launchers, analyze_trace, collective_kind, length, union
+from .files import DEFAULT_MAX_MB, RankTrace, load_rank_traces
+from .groups import communication_by_axis, process_groups
+from .hta import analyze_hta, idle_by_stream, normalise_events
+from .memory import memory_timeline
+from .breakdown import TraceBreakdown, _collective_launchers, analyze_trace, collective_kind, length, union
 
 CONVENTIONS = ("partita", "hta")
 
@@ -59,7 +59,7 @@ def _partita_rank(rt: RankTrace, b: TraceBreakdown) -> dict:
 def _hta_communication(kernels: list[dict], launchers: dict) -> dict:
     """By collective and by process group, over the communication kernels HTA counted
     (NCCL's SendRecv kernels named after the c10d op that launched them, as in
-    :func:`partita.profile.trace.analyze_trace`)."""
+    :func:`partita.analyze.breakdown.analyze_trace`)."""
     by_kind: dict[str, list] = {}
     by_group: dict[str, list] = {}
     for k in kernels:

@@ -30,7 +30,7 @@ def _ranks(value) -> tuple[int, ...]:
 
 
 def process_groups(trace: dict) -> dict[str, dict]:
-    """Groups the trace names, keyed by their ranks ("0,1" as :mod:`partita.profile.trace`
+    """Groups the trace names, keyed by their ranks ("0,1" as :mod:`partita.analyze.breakdown`
     keys ``by_group_us``): ``{name, description, size}``."""
     groups: dict[str, dict] = {}
     info = trace.get("distributedInfo")

@@ -1,8 +1,8 @@
 """``partita calibrate``: measure this machine and write a hardware file the planner reads.
 
 Run under torchrun with the process count a plan will use. Each term the cost model
-uses is measured directly, in several repeats (:mod:`.calibrate_measure`), and fitted
-by pure functions (:mod:`.calibrate_fit`):
+uses is measured directly, in several repeats (:mod:`.measure`), and fitted
+by pure functions (:mod:`.fit`):
 
 * GEMM time by shape class (square, the MLP's wide ``tokens x h -> 4h``, few-token
   skinny) -> the curve ``rate(G) = peak eff G / (G + G_half)``: ``efficiency.gemm``,
@@ -20,12 +20,12 @@ by pure functions (:mod:`.calibrate_fit`):
   ``*_framework_*`` fields. With 2+ processes every field is measured by the
   per-micro-batch increment of two runs (1 -> 4 micro-batches; pp 2 -> 6), so per-step
   costs (optimizer step over DTensor/FSDP parameters, gradient sync) do not inflate
-  them; the pipeline runs a compute-free probe model (:data:`.calibrate_fit.PP_PROBE_MODEL`),
+  them; the pipeline runs a compute-free probe model (:data:`.fit.PP_PROBE_MODEL`),
   so its schedule time is not the remainder of a compute estimate. Never clamped silently: a negative measured value is written as 0 and
   reported with its spread;
 * the share of FSDP's gathers and reduce-scatters that hides behind compute: a zero-3
-  micro-run of a wider probe (:data:`.calibrate_fit.ZERO3_PROBE_MODEL`), fitted in turn
-  with the FSDP framework term (:mod:`.calibrate_overlap`) -> ``efficiency.comm_overlap``.
+  micro-run of a wider probe (:data:`.fit.ZERO3_PROBE_MODEL`), fitted in turn
+  with the FSDP framework term (:mod:`.overlap`) -> ``efficiency.comm_overlap``.
 
 Each term lands in the file with its value, spread, repeats and method
 (``calibration.terms``) and a provenance line (``efficiency_provenance``). The file
@@ -39,9 +39,9 @@ import statistics
 import sys
 from datetime import timedelta
 
-from .calibrate_fit import (RUNTIME_FRAMEWORK, fit_all_reduce, fit_collectives, fit_gemm, fit_overheads,
+from .fit import (RUNTIME_FRAMEWORK, fit_all_reduce, fit_collectives, fit_gemm, fit_overheads,
                             fit_per_collective, gemm_classes, run_model, summarize)
-from .calibrate_overlap import fit_with_overlap
+from .overlap import fit_with_overlap
 
 __all__ = ["fit_all_reduce", "fit_collectives", "fit_gemm", "fit_overheads", "hardware_file", "measure", "summarize"]
 
@@ -54,7 +54,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     import torch
     import torch.distributed as dist
     from ..runtime.device import local_device
-    from .calibrate_measure import _time_calls, measure_collectives, measure_gemm, measure_optimizer, measure_runtime
+    from .measure import _time_calls, measure_collectives, measure_gemm, measure_optimizer, measure_runtime
     device = local_device(device_type)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     sync = (lambda: getattr(torch, device.type).synchronize()) if device.type != "cpu" else (lambda: None)
@@ -172,7 +172,7 @@ def _provenance(term: dict | None, m: dict) -> str:
 
 
 def main() -> None:
-    """``torchrun ... -m partita.profile.calibrate OUT.json BASE NAME DEVICE DTYPE [REPEATS [MODEL]]``"""
+    """``torchrun ... -m partita.calibrate.hardware_file OUT.json BASE NAME DEVICE DTYPE [REPEATS [MODEL]]``"""
     import torch.distributed as dist
     from ..runtime.device import backend_for, detect_device_type
     out_path, base, name, device, dtype = sys.argv[1:6]

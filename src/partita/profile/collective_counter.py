@@ -32,7 +32,7 @@ import torch.distributed as dist
 #: the Python collectives wrapped while counting (those that exist in this torch)
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce_scatter", "all_gather",
                "broadcast", "all_to_all_single", "all_gather_single", "reduce_scatter_single")
-#: the name a report uses for each wrapped function (as :mod:`partita.profile.trace` names kinds)
+#: the name a report uses for each wrapped function (as :mod:`partita.analyze.breakdown` names kinds)
 KIND = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter": "reduce_scatter",
         "reduce_scatter_single": "reduce_scatter", "all_gather_into_tensor": "all_gather",
         "all_gather": "all_gather", "all_gather_single": "all_gather", "broadcast": "broadcast",
