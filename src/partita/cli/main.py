@@ -29,6 +29,15 @@ class _Parser(argparse.ArgumentParser):
         raise PartitaError(f"{command + ': ' if command else ''}{message} (see partita {command} --help)"
                            .replace("partita  --help", "partita --help"))
 
+    def _print_message(self, message: str, file=None) -> None:  # type: ignore[override]
+        """argparse's one writer (``--help``, ``--version``, usage), less its ``except OSError:
+        pass``: help into a full disk must fail like every other output. With an unbuffered
+        stdout (``PYTHONUNBUFFERED=1``, ``python -u``) the write itself fails, argparse dropped
+        the error and the flush in :func:`main` found nothing left to fail on: exit 0."""
+        file = file or sys.stderr
+        if message and file is not None:
+            file.write(message)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="partita", description="Plan, run and check parallel LLM training.")

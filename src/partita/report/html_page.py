@@ -13,6 +13,7 @@ import html
 from pathlib import Path
 
 from ..errors import PartitaError
+from ..outputs import write_output
 
 
 def require_plotly() -> None:
@@ -43,10 +44,6 @@ def html_page(title: str, body: str, heading: str = "h2", style: str = "font-fam
 
 
 def write_page(path: str | Path, page: str) -> Path:
-    """Write the page (UTF-8); any failure to write is one line naming the path."""
-    p = Path(path)
-    try:
-        p.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise PartitaError(f"--report {path}: cannot write ({e.strerror or e})") from None
-    return p
+    """Write the page (UTF-8), whole or not at all; any failure to write is one line naming
+    the path (:func:`partita.outputs.write_output`)."""
+    return write_output(path, page, "--report")

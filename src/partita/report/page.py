@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PartitaError
+from ..outputs import cannot_write
 from . import figures
 from .data import REFERENCE_TOKENS, plan_row, scaling_points, why_not_rows
 from .html_page import figure_div, html_page, require_plotly, write_page
@@ -26,10 +27,14 @@ def check_report_path(path: str) -> Path:
     p = Path(path)
     if not path or not path.strip():
         raise PartitaError("--report needs a file name, e.g. --report plan.html")
-    if p.is_dir():
+    try:  # a name the OS refuses (too long, a loop of links): one line, not an OSError
+        is_dir, parent = p.is_dir(), (p.parent if str(p.parent) else Path("."))
+        parent_ok = parent.is_dir()
+    except (OSError, ValueError) as e:
+        raise cannot_write("--report", path, e) from None
+    if is_dir:
         raise PartitaError(f"--report {path} is a directory; give a file name such as {p / 'plan.html'}")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
+    if not parent_ok:
         raise PartitaError(f"--report {path}: directory {parent} does not exist; create it or choose another path")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise PartitaError(f"--report {path}: cannot write there (permission denied); choose a writable path")

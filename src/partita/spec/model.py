@@ -269,6 +269,10 @@ class ModelSpec:
         return spec.validated(where)
 
     def validated(self, where: str = "model spec") -> "ModelSpec":
+        """This spec, if it can be a model; else a one-line :class:`PartitaError` naming the
+        field and what would be valid. Every structural check of a model is here: each field's
+        type and range (:func:`_check_fields`), then how the fields fit together
+        (:func:`_check_structure`)."""
         _check_fields(self, where)
         for sub, kind in ((self.moe, MoESpec), (self.mla, MLASpec)):
             if sub is not None and not isinstance(sub, kind):
@@ -284,15 +288,7 @@ class ModelSpec:
             raise PartitaError(f"{where}: norm must be rmsnorm or layernorm, got {self.norm!r}")
         if self.position not in POSITIONS:
             raise PartitaError(f"{where}: position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
-        if self.moe and self.moe.first_dense_layers > self.layers:
-            raise PartitaError(f"{where}: moe.first_dense_layers ({self.moe.first_dense_layers}) must not exceed "
-                               f"layers ({self.layers})")
-        if self.heads % self.kv_heads:
-            raise PartitaError(f"{where}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if not self.head_dim and self.hidden % self.heads and not self.mla:
-            raise PartitaError(f"{where}: hidden ({self.hidden}) is not divisible by heads ({self.heads}); set head_dim")
-        if self.moe and not (0 < self.moe.top_k <= self.moe.num_experts):
-            raise PartitaError(f"{where}: moe.top_k must be in 1..num_experts ({self.moe.num_experts}), got {self.moe.top_k}")
+        _check_structure(self, where)
         return self
 
 
@@ -302,8 +298,8 @@ _MAX_FIELD = {"layers": 10_000, "vocab": 1 << 24, "num_experts": 1 << 16, "top_k
               "shared_experts": 1 << 16, "heads": 1 << 16, "kv_heads": 1 << 16}
 _MAX_WIDTH = 1 << 22  # hidden, ffn and head sizes
 #: Integer fields that must be at least 1 (the others may be 0).
-_POSITIVE = ("hidden", "layers", "heads", "kv_heads", "vocab", "num_experts", "top_k", "expert_ffn_hidden",
-             "layer_freq")
+_POSITIVE = ("hidden", "layers", "heads", "kv_heads", "vocab", "ffn_hidden", "num_experts", "top_k",
+             "expert_ffn_hidden", "layer_freq", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
 def _check_fields(spec: Any, where: str) -> None:
@@ -321,3 +317,25 @@ def _check_fields(spec: Any, where: str) -> None:
             raise PartitaError(f"{where}: {f.name} must be true or false, got {value!r}")
         elif kind == "str" and not isinstance(value, str):
             raise PartitaError(f"{where}: {f.name} must be a string, got {value!r}")
+
+
+def _check_structure(spec: ModelSpec, where: str) -> None:
+    """How the fields of a spec whose every field is in range (:func:`_check_fields`) fit
+    together: the heads share out the hidden size and the kv heads, the MoE layout fits the
+    layers and its experts, and every width a part of the model has is at least 1."""
+    moe = spec.moe
+    if moe and moe.first_dense_layers > spec.layers:
+        raise PartitaError(f"{where}: moe.first_dense_layers ({moe.first_dense_layers}) must not exceed "
+                           f"layers ({spec.layers})")
+    if spec.heads % spec.kv_heads:
+        raise PartitaError(f"{where}: heads ({spec.heads}) must be a multiple of kv_heads ({spec.kv_heads})")
+    if not spec.head_dim and spec.hidden % spec.heads and not spec.mla:
+        raise PartitaError(f"{where}: hidden ({spec.hidden}) is not divisible by heads ({spec.heads}); set head_dim")
+    if moe and not (0 < moe.top_k <= moe.num_experts):
+        raise PartitaError(f"{where}: moe.top_k must be in 1..num_experts ({moe.num_experts}), got {moe.top_k}")
+    if moe and moe.shared_experts and not moe.shared_ffn_hidden:  # cost/ would count them as 0, models/ as routed
+        raise PartitaError(f"{where}: moe.shared_ffn_hidden must be a whole number from 1 to {_MAX_WIDTH:,} with "
+                           f"moe.shared_experts {moe.shared_experts} (each shared expert's MLP width), got 0")
+    if spec.position == "learned" and not spec.max_positions:
+        raise PartitaError(f"{where}: max_positions must be a whole number from 1 to {_MAX_WIDTH:,} with position "
+                           "'learned' (the learned position table's length), got 0")
