@@ -1,27 +1,31 @@
-"""Plan exporters: one module per target framework. Each returns an :class:`Export`
-(the config text plus warnings for anything emitted as a closest equivalent) or raises
+"""Plan exporters: one module per target framework, listed once in :mod:`.registry`. Each
+exporter takes an :class:`ExportContext` (plan, model, cluster) and returns an :class:`Export`
+(the config text plus warnings for anything emitted as a closest equivalent), or raises
 :class:`partita.errors.PartitaError` when the target cannot express the plan at all."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .context import ExportContext
 from .result import Export
 
-__all__ = ["Export", "export"]
+if TYPE_CHECKING:
+    from ..plan import Plan
+    from ..spec.hardware import Cluster
+    from ..spec.model import ModelSpec
+
+__all__ = ["Export", "ExportContext", "export"]
 
 
-def export(target: str, plan, model=None, hardware=None) -> Export:
-    from .deepspeed import export_deepspeed
-    from .megatron import export_megatron, export_mindspeed
-    from .torchtitan import export_torchtitan
-    from ..errors import PartitaError
-    targets = {"megatron": export_megatron, "mindspeed": export_mindspeed, "deepspeed": export_deepspeed,
-               "torchtitan": export_torchtitan}
-    if target not in targets:
-        raise PartitaError(f"unknown export target {target!r}; choose one of {', '.join(targets)}")
+def export(target: str, plan: Plan, model: ModelSpec | None = None, cluster: Cluster | None = None) -> Export:
+    """``plan`` as ``target``'s configuration. Layers that do not divide into pp*vpp stages are
+    written with the automatic split the estimate used (Megatron layout, torchtitan first/last),
+    so every target runs the stages that were estimated."""
+    from .registry import get_target
+    exporter = get_target(target).exporter  # an unknown name fails before any work
     if model is not None and not plan.layer_split:
-        # layers that do not divide into pp*vpp stages: the automatic split the estimate
-        # used, written out as the plan's own split (Megatron layout, torchtitan first/last)
         from ..plan import automatic_split
         split = automatic_split(model.layers, plan.pp * plan.vpp)
         if split:
             plan = plan.with_(layer_split=split)
-    return targets[target](plan, model)
+    return exporter(ExportContext(plan, model, cluster))

@@ -19,6 +19,7 @@ import json
 
 from ..errors import PartitaError
 from ..plan import Plan
+from .context import ExportContext
 from .result import Export
 
 TOP_LEVEL_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -105,6 +106,7 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     return cfg, warn
 
 
-def export_deepspeed(plan: Plan, model=None) -> Export:
-    cfg, warn = ds_config(plan)
+def export_deepspeed(ctx: ExportContext) -> Export:
+    """A DeepSpeed ``ds_config.json`` (the model shape is in the user's model code, not the config)."""
+    cfg, warn = ds_config(ctx.plan)
     return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", warn, cfg)

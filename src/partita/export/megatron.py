@@ -7,17 +7,63 @@ Flag names are the current ones of Megatron-LM core_v0.16 (verified against its 
 Tests parse every export with Megatron's own option table (tests/export_oracles/megatron_flags.json,
 dumped from core_v0.16.1's parser) and tests/export_oracles/megatron_real_check.py runs the real
 ``parse_args`` + ``validate_args`` where a Megatron-LM checkout is at hand.
+
+The arguments are built as a mapping, flag -> values (:class:`MegatronArgs`), and MindSpeed-LLM's
+are Megatron's with an :class:`Overlay` applied by flag name (flags added, replaced, removed),
+so a variant never edits another target's argument list by position.
 """
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from ..errors import PartitaError
 from ..plan import Plan
+from .context import ExportContext
 from .result import Export
 
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+class MegatronArgs(dict[str, tuple[str, ...]]):
+    """Megatron-LM arguments: flag -> its values (an empty tuple for a switch), in the order
+    they are written. A mapping rather than an argv list so that a variant changes a flag by
+    its name (:class:`Overlay`), and so that writing one flag twice is caught here instead of
+    being left to whichever value Megatron's argparse happens to keep (the last)."""
+
+    def set(self, flag: str, *values: object) -> None:
+        """Add ``flag`` with ``values``; a flag already present is an exporter bug."""
+        if flag in self:
+            raise ValueError(f"{flag} is written twice")
+        self[flag] = tuple(str(v) for v in values)
+
+    def merge(self, other: Mapping[str, tuple[str, ...]]) -> None:
+        """Add every flag of ``other`` (none of which may be present yet), in its order."""
+        for flag, values in other.items():
+            self.set(flag, *values)
+
+    def argv(self) -> list[str]:
+        """The arguments as ``pretrain_gpt.py`` receives them."""
+        return [token for flag, values in self.items() for token in (flag, *values)]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """A variant of Megatron-LM's arguments, by flag name: ``remove`` drops flags, ``add`` sets
+    flags (replacing Megatron's value where the flag is already there). The added flags are
+    written after Megatron's own, in ``add``'s order, so the variant's flags read as one block
+    at the end of the command (and a replaced flag sits with the flags it goes with)."""
+
+    add: MegatronArgs = field(default_factory=MegatronArgs)
+    remove: frozenset[str] = frozenset()
+
+    def apply(self, base: Mapping[str, tuple[str, ...]]) -> MegatronArgs:
+        """``base`` with this overlay applied (``base`` itself is left as it was)."""
+        out = MegatronArgs((k, v) for k, v in base.items() if k not in self.remove and k not in self.add)
+        out.update(self.add)
+        return out
 
 
 def env_vars(plan: Plan) -> dict[str, str]:
@@ -40,97 +86,123 @@ def _layout(plan: Plan, layers: int) -> str:
     return "|".join(stages)
 
 
-def _recompute_args(plan: Plan, model, warn: list[str]) -> list[str]:
+def _recompute_args(plan: Plan, model, warn: list[str]) -> MegatronArgs:
     """Megatron's recompute flags for the plan: full (every layer: uniform with 1 layer per
     group; the first N of each stage/chunk: the block method, transformer_block.py
     ``_checkpointed_forward``: ``layer_idx < recompute_num_layers``) or selective modules."""
-    if plan.recompute == "full" and plan.recompute_layers:
-        return ["--recompute-granularity", "full", "--recompute-method", "block",
-                "--recompute-num-layers", str(plan.recompute_layers)]
+    a = MegatronArgs()
     if plan.recompute == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    if plan.recompute == "selective":
+        a.set("--recompute-granularity", "full")
+        a.set("--recompute-method", "block" if plan.recompute_layers else "uniform")
+        a.set("--recompute-num-layers", plan.recompute_layers or 1)
+    elif plan.recompute == "selective":
         modules = ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])
         warn.append(f"recompute=selective: Megatron recomputes whole modules ({', '.join(modules)}); "
                     "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
-        return ["--recompute-granularity", "selective", "--recompute-modules", *modules]
-    return []
+        a.set("--recompute-granularity", "selective")
+        a.set("--recompute-modules", *modules)
+    return a
 
 
-def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[list[str], list[str]]:
-    """(arguments, warnings) for ``pretrain_gpt.py``; ``fsdp`` picks Megatron-FSDP or torch FSDP2
-    for zero 2/3 (MindSpeed-LLM runs the latter)."""
-    args: list[str] = []
-    warn: list[str] = []
-    add = args.extend
-    add(["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)])
+def _layout_args(plan: Plan, model) -> MegatronArgs:
+    """The parallel degrees and the pipeline's layer layout."""
+    a = MegatronArgs()
+    a.set("--tensor-model-parallel-size", plan.tp)
+    a.set("--pipeline-model-parallel-size", plan.pp)
     if plan.pp > 1:
         layers = model.layers if model else None
         if plan.layer_split:
-            if layers is None:
-                layers = sum(plan.layer_split)
-            add(["--pipeline-model-parallel-layout", _layout(plan, layers)])
+            a.set("--pipeline-model-parallel-layout", _layout(plan, sum(plan.layer_split) if layers is None else layers))
         elif plan.vpp > 1:
             if layers is None:
                 raise PartitaError("exporting vpp > 1 to Megatron needs --model (layers per virtual stage)")
-            add(["--num-layers-per-virtual-pipeline-stage", str(layers // (plan.pp * plan.vpp))])
+            a.set("--num-layers-per-virtual-pipeline-stage", layers // (plan.pp * plan.vpp))
     if plan.cp > 1:
-        add(["--context-parallel-size", str(plan.cp), "--cp-comm-type", "p2p"])
+        a.set("--context-parallel-size", plan.cp)
+        a.set("--cp-comm-type", "p2p")
     if plan.ep > 1 or plan.etp > 1:
         # always written: Megatron's default (None) means etp = tp, not the plan's etp
         # (arguments.py core_v0.16.1, --expert-tensor-parallel-size; parallel_state.py folds
         # the expert grid etp x ep x edp out of tp x cp x dp)
-        add(["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)])
+        a.set("--expert-model-parallel-size", plan.ep)
+        a.set("--expert-tensor-parallel-size", plan.etp)
     if plan.sp and plan.tp > 1:
-        add(["--sequence-parallel"])
-    add(["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.gbs), "--seq-length", str(plan.seq_len)])
-    add(_recompute_args(plan, model, warn))
+        a.set("--sequence-parallel")
+    return a
+
+
+def _sharding_args(plan: Plan, model, fsdp: str, warn: list[str]) -> MegatronArgs:
+    """ZeRO as Megatron runs it: the distributed optimizer (zero 1, HSDP of it with dp_shard),
+    Megatron-FSDP or torch FSDP2 (zero 2/3, ``fsdp`` picks)."""
+    a = MegatronArgs()
     if plan.zero == 1:
-        add(["--use-distributed-optimizer"])
+        a.set("--use-distributed-optimizer")
         if 0 < plan.dp_shard < plan.dp:
             # HSDP of the optimizer (ZeRO-1 within groups of dp_shard, replicated across): Megatron-Core's
             # DDP shards within each of num_distributed_optimizer_instances groups and all-reduces
             # across them (distributed/param_and_grad_buffer.py; it needs the distributed optimizer)
-            add(["--num-distributed-optimizer-instances", str(plan.dp // plan.dp_shard)])
+            a.set("--num-distributed-optimizer-instances", plan.dp // plan.dp_shard)
     elif plan.zero >= 2 and 0 < plan.dp_shard < plan.dp:
         warn.append(f"dp_shard={plan.dp_shard}: HSDP under FSDP is not emitted; {target_fsdp(fsdp)} shards over all "
                     f"dp={plan.dp} ranks (less memory, more all-gather traffic than planned)")
     if plan.zero >= 2 and fsdp == "torch":
-        add(_torch_fsdp2_args(plan, model, warn))
+        a.merge(_torch_fsdp2_args(plan, model, warn))
     elif plan.zero >= 2:
         if plan.pp > 1:
             raise PartitaError(f"zero={plan.zero} with pp={plan.pp}: Megatron-FSDP with pipeline parallelism is not a "
                                "standard Megatron-LM path; re-plan with --zero 1 (distributed optimizer) or --pp 1")
         # Megatron-FSDP (docs/user-guide/features/megatron_fsdp.md): validate_args asserts
         # ckpt_format == "fsdp_dtensor" (arguments.py core_v0.16.1 l.690)
-        add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero],
-             "--ckpt-format", "fsdp_dtensor", "--use-distributed-optimizer"])
+        a.set("--use-megatron-fsdp")
+        a.set("--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero])
+        a.set("--ckpt-format", "fsdp_dtensor")
+        a.set("--use-distributed-optimizer")
+    return a
+
+
+def _overlap_and_precision_args(plan: Plan, sharded_optimizer: bool) -> MegatronArgs:
+    """Communication overlap, attention backend and precision flags."""
+    a = MegatronArgs()
     if plan.overlap_grad_reduce and plan.dp * plan.cp > 1:
-        add(["--overlap-grad-reduce"])
-    if plan.overlap_param_gather and "--use-distributed-optimizer" in args and plan.dp * plan.cp > 1:
-        add(["--overlap-param-gather"])
+        a.set("--overlap-grad-reduce")
+    if plan.overlap_param_gather and sharded_optimizer and plan.dp * plan.cp > 1:
+        a.set("--overlap-param-gather")
     if plan.tp_comm_overlap and plan.tp > 1:
-        add(["--tp-comm-overlap"])
+        a.set("--tp-comm-overlap")
     if plan.attention == "unfused":  # Megatron-Core AttnBackend.unfused: softmax probabilities kept for backward
-        add(["--attention-backend", "unfused"])
-    if plan.dtype == "bf16":
-        add(["--bf16"])
+        a.set("--attention-backend", "unfused")
+    if plan.dtype in ("bf16", "fp8"):
+        a.set("--bf16")
     elif plan.dtype == "fp16":
-        add(["--fp16"])
-    elif plan.dtype == "fp8":
-        add(["--bf16", "--fp8-format", "hybrid"])
+        a.set("--fp16")
+    if plan.dtype == "fp8":
+        a.set("--fp8-format", "hybrid")
     if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
-        add(["--grad-reduce-in-bf16"])  # Megatron-Core DDP: gradient buffers and reduction in bf16
+        a.set("--grad-reduce-in-bf16")  # Megatron-Core DDP: gradient buffers and reduction in bf16
+    return a
+
+
+def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[MegatronArgs, list[str]]:
+    """(arguments, warnings) for ``pretrain_gpt.py``; ``fsdp`` picks Megatron-FSDP or torch FSDP2
+    for zero 2/3 (MindSpeed-LLM runs the latter)."""
+    warn: list[str] = []
+    args = _layout_args(plan, model)
+    args.set("--micro-batch-size", plan.mbs)
+    args.set("--global-batch-size", plan.gbs)
+    args.set("--seq-length", plan.seq_len)
+    args.merge(_recompute_args(plan, model, warn))
+    args.merge(_sharding_args(plan, model, fsdp, warn))
+    args.merge(_overlap_and_precision_args(plan, "--use-distributed-optimizer" in args))
     warn += comm_knob_warnings(plan)
     if plan.ddp_bucket_mb and plan.dp * plan.cp > 1:  # --ddp-bucket-size counts elements, not bytes
-        add(["--ddp-bucket-size", str(plan.ddp_bucket_mb * 2**20 // (2 if plan.grad_dtype == "bf16" else 4))])
+        args.set("--ddp-bucket-size", plan.ddp_bucket_mb * 2**20 // (2 if plan.grad_dtype == "bf16" else 4))
     if plan.schedule == "gpipe":
         warn.append("schedule=gpipe: Megatron-LM always runs 1F1B (interleaved with vpp); emitted 1F1B, "
                     "which holds fewer micro-batches in flight")
     elif plan.schedule == "zero-bubble":
         warn.append("schedule=zero-bubble: not a Megatron-LM option; emitted interleaved 1F1B (the closest)")
     if model is not None:
-        args += model_args(model, plan.seq_len)
+        args.merge(model_args(model, plan.seq_len))
     return args, warn
 
 
@@ -139,7 +211,7 @@ def target_fsdp(fsdp: str) -> str:
     return "torch FSDP2" if fsdp == "torch" else "Megatron-FSDP"
 
 
-def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> list[str]:
+def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> MegatronArgs:
     """``--use-torch-fsdp2`` and the rules Megatron's validate_args asserts for it (arguments.py
     core_v0.16.1 l.605-621: pp 1, ep 1, no distributed optimizer, ckpt torch_dist/torch_dcp,
     untied embeddings, no fp16)."""
@@ -151,66 +223,92 @@ def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> list[str]:
     if plan.zero == 2:
         warn.append("zero=2: torch FSDP2 also shards parameters (ZeRO-3-like): less memory than planned, "
                     "one more all-gather per micro-batch")
-    return ["--use-torch-fsdp2", "--ckpt-format", "torch_dist", "--no-gradient-accumulation-fusion"]
-
-
-def model_args(model, seq_len: int) -> list[str]:
-    """The model shape as Megatron arguments (GPT / LLaMA / MoE / MLA)."""
-    a = ["--num-layers", str(model.layers), "--hidden-size", str(model.hidden),
-         "--ffn-hidden-size", str(model.ffn_hidden), "--num-attention-heads", str(model.heads)]
-    if model.kv_heads != model.heads and not model.mla:
-        a += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
-    if model.head_dim and model.head_dim * model.heads != model.hidden:
-        a += ["--kv-channels", str(model.head_dim)]
-    a += ["--max-position-embeddings", str(max(model.max_positions or 0, seq_len)),
-          "--vocab-size", str(model.vocab)]
-    if model.gated:
-        a += ["--swiglu"]
-    if model.norm == "rmsnorm":
-        a += ["--normalization", "RMSNorm"]
-    a += ["--position-embedding-type", "rope" if model.position == "rope" else "learned_absolute"]
-    if not model.tied_embeddings:
-        a += ["--untie-embeddings-and-output-weights"]
-    if not (model.qkv_bias or model.mlp_bias or model.out_bias):
-        a += ["--disable-bias-linear"]
-    elif model.qkv_bias and not model.mlp_bias:
-        a += ["--disable-bias-linear", "--add-qkv-bias"]
-    if model.qk_norm:
-        a += ["--qk-layernorm"]
-    if model.moe:
-        m = model.moe
-        a += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.top_k),
-              "--moe-ffn-hidden-size", str(m.expert_ffn_hidden), "--moe-token-dispatcher-type", "alltoall",
-              "--moe-grouped-gemm"]
-        if m.shared_experts:
-            a += ["--moe-shared-expert-intermediate-size", str(m.shared_experts * m.shared_ffn_hidden)]
-        if m.first_dense_layers or m.layer_freq > 1:
-            pattern = [0] * m.first_dense_layers + [1 if (i % m.layer_freq == 0) else 0
-                                                    for i in range(model.layers - m.first_dense_layers)]
-            a += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
-    if model.mla:
-        ml = model.mla
-        a += ["--multi-latent-attention", "--kv-lora-rank", str(ml.kv_lora_rank),
-              "--qk-head-dim", str(ml.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(ml.qk_rope_head_dim),
-              "--v-head-dim", str(ml.v_head_dim)]
-        if ml.q_lora_rank:
-            a += ["--q-lora-rank", str(ml.q_lora_rank)]
+    a = MegatronArgs()
+    a.set("--use-torch-fsdp2")
+    a.set("--ckpt-format", "torch_dist")
+    a.set("--no-gradient-accumulation-fusion")
     return a
 
 
-def _render(args: list[str], warnings: list[str], target: str, env: dict[str, str] | None = None) -> str:
-    lines = [f"# partita export --to {target}: arguments for pretrain_gpt.py"]
+def has_moe_layer_pattern(model) -> bool:
+    """Whether the MoE layers are not every layer (dense first layers or a frequency above 1),
+    which Megatron writes as a ``--moe-layer-freq`` pattern and MindSpeed-LLM as its own pair."""
+    m = model.moe
+    return bool(m and (m.first_dense_layers or m.layer_freq > 1))
+
+
+def _moe_args(model) -> MegatronArgs:
+    """The mixture-of-experts shape (router, expert widths, which layers are MoE)."""
+    m, a = model.moe, MegatronArgs()
+    a.set("--num-experts", m.num_experts)
+    a.set("--moe-router-topk", m.top_k)
+    a.set("--moe-ffn-hidden-size", m.expert_ffn_hidden)
+    a.set("--moe-token-dispatcher-type", "alltoall")
+    a.set("--moe-grouped-gemm")
+    if m.shared_experts:
+        a.set("--moe-shared-expert-intermediate-size", m.shared_experts * m.shared_ffn_hidden)
+    if has_moe_layer_pattern(model):
+        pattern = [0] * m.first_dense_layers + [1 if (i % m.layer_freq == 0) else 0
+                                                for i in range(model.layers - m.first_dense_layers)]
+        a.set("--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]")
+    return a
+
+
+def _mla_args(mla) -> MegatronArgs:
+    """Multi-latent attention's low-rank widths (DeepSeek-V2/V3)."""
+    a = MegatronArgs()
+    a.set("--multi-latent-attention")
+    a.set("--kv-lora-rank", mla.kv_lora_rank)
+    a.set("--qk-head-dim", mla.qk_nope_head_dim)
+    a.set("--qk-pos-emb-head-dim", mla.qk_rope_head_dim)
+    a.set("--v-head-dim", mla.v_head_dim)
+    if mla.q_lora_rank:
+        a.set("--q-lora-rank", mla.q_lora_rank)
+    return a
+
+
+def model_args(model, seq_len: int) -> MegatronArgs:
+    """The model shape as Megatron arguments (GPT / LLaMA / MoE / MLA)."""
+    a = MegatronArgs()
+    a.set("--num-layers", model.layers)
+    a.set("--hidden-size", model.hidden)
+    a.set("--ffn-hidden-size", model.ffn_hidden)
+    a.set("--num-attention-heads", model.heads)
+    if model.kv_heads != model.heads and not model.mla:
+        a.set("--group-query-attention")
+        a.set("--num-query-groups", model.kv_heads)
+    if model.head_dim and model.head_dim * model.heads != model.hidden:
+        a.set("--kv-channels", model.head_dim)
+    a.set("--max-position-embeddings", max(model.max_positions or 0, seq_len))
+    a.set("--vocab-size", model.vocab)
+    if model.gated:
+        a.set("--swiglu")
+    if model.norm == "rmsnorm":
+        a.set("--normalization", "RMSNorm")
+    a.set("--position-embedding-type", "rope" if model.position == "rope" else "learned_absolute")
+    if not model.tied_embeddings:
+        a.set("--untie-embeddings-and-output-weights")
+    if not (model.qkv_bias or model.mlp_bias or model.out_bias):
+        a.set("--disable-bias-linear")
+    elif model.qkv_bias and not model.mlp_bias:
+        a.set("--disable-bias-linear")
+        a.set("--add-qkv-bias")
+    if model.qk_norm:
+        a.set("--qk-layernorm")
+    if model.moe:
+        a.merge(_moe_args(model))
+    if model.mla:
+        a.merge(_mla_args(model.mla))
+    return a
+
+
+def _render(args: MegatronArgs, warnings: list[str], target: str, env: dict[str, str] | None = None,
+            script: str = "pretrain_gpt.py") -> str:
+    """The export's text: a comment header (environment, warnings), then one flag per line."""
+    lines = [f"# partita export --to {target}: arguments for {script}"]
     lines += [f"# export {k}={v}" for k, v in (env or {}).items()]
     lines += [f"# WARNING: {w}" for w in warnings]
-    pairs: list[str] = []
-    i = 0
-    while i < len(args):
-        j = i + 1
-        while j < len(args) and not args[j].startswith("--"):
-            j += 1
-        pairs.append(" ".join(shlex.quote(a) for a in args[i:j]))
-        i = j
-    lines.append(" \\\n".join(pairs))
+    lines.append(" \\\n".join(" ".join(shlex.quote(t) for t in (flag, *values)) for flag, values in args.items()))
     return "\n".join(lines) + "\n"
 
 
@@ -228,46 +326,54 @@ def comm_knob_warnings(plan: Plan) -> list[str]:
     return warn
 
 
-def export_megatron(plan: Plan, model=None) -> Export:
-    args, warn = megatron_args(plan, model)
-    return Export("megatron", _render(args, warn, "megatron", env_vars(plan)), warn, args)
+def export_megatron(ctx: ExportContext) -> Export:
+    """Megatron-LM ``pretrain_gpt.py`` arguments (the model shape too when a model is given)."""
+    args, warn = megatron_args(ctx.plan, ctx.model)
+    return Export("megatron", _render(args, warn, "megatron", env_vars(ctx.plan)), warn, args.argv())
 
 
-#: MindSpeed-LLM adds Ascend fused kernels and algorithms on top of Megatron's arguments
-#: (MindSpeed / MindSpeed-LLM docs: flash attention, fused RMSNorm/SwiGLU/RoPE, MC2 for
-#: TP+SP, ring-attention CP "megatron_cp_algo", MoE all-to-all overlap).
-def mindspeed_args(plan: Plan, model=None) -> tuple[list[str], list[str]]:
+def mindspeed_overlay(plan: Plan, model=None) -> Overlay:
+    """What MindSpeed-LLM changes in Megatron's arguments: Ascend fused kernels and algorithms
+    (MindSpeed / MindSpeed-LLM docs: flash attention, fused RMSNorm/SwiGLU/RoPE, MC2 for TP+SP,
+    ring-attention CP "megatron_cp_algo", MoE all-to-all overlap) and its own MoE layer pattern."""
+    add, remove = MegatronArgs(), set()
+    if plan.attention != "unfused":  # else the core attention Megatron's --attention-backend selects
+        add.set("--use-flash-attn")  # npu_fusion_attention
+    if model is None or model.position == "rope":
+        add.set("--use-fused-rotary-pos-emb")
+        add.set("--use-rotary-position-embeddings")
+    if model is None or model.norm == "rmsnorm":
+        add.set("--use-fused-rmsnorm")
+    if model is None or model.gated:
+        add.set("--use-fused-swiglu")
+    if plan.tp > 1 and plan.sp:
+        add.set("--use-ascend-mc2")
+        remove.add("--tp-comm-overlap")  # MC2 is Ascend's TP compute/communication fusion
+    if plan.cp > 1:
+        remove.add("--cp-comm-type")
+        add.set("--context-parallel-algo", "megatron_cp_algo")
+        add.set("--use-cp-send-recv-overlap")
+    if plan.ep > 1:
+        add.set("--moe-alltoall-overlap-comm")
+    if model is not None and has_moe_layer_pattern(model):
+        # MindSpeed-LLM declares --moe-layer-freq as an int, plus --first-k-dense-replace
+        add.set("--first-k-dense-replace", model.moe.first_dense_layers)
+        add.set("--moe-layer-freq", model.moe.layer_freq)
+    return Overlay(add, frozenset(remove))
+
+
+def mindspeed_args(plan: Plan, model=None) -> tuple[MegatronArgs, list[str]]:
+    """(arguments, warnings) for MindSpeed-LLM: Megatron's, with ZeRO 2/3 as torch FSDP2 (what
+    MindSpeed-LLM runs), and :func:`mindspeed_overlay` applied."""
     args, warn = megatron_args(plan, model, fsdp="torch")
     if plan.dtype == "fp8":
         raise PartitaError("dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); "
                            "re-plan with --dtype bf16")
-    # npu_fusion_attention, or (unfused) the core attention Megatron's --attention-backend selects
-    extra = [] if plan.attention == "unfused" else ["--use-flash-attn"]
-    if model is None or model.position == "rope":
-        extra += ["--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings"]
-    if model is None or model.norm == "rmsnorm":
-        extra += ["--use-fused-rmsnorm"]
-    if model is None or model.gated:
-        extra += ["--use-fused-swiglu"]
-    if plan.tp > 1 and plan.sp:
-        extra += ["--use-ascend-mc2"]
-        if "--tp-comm-overlap" in args:
-            args.remove("--tp-comm-overlap")  # MC2 is Ascend's TP compute/communication fusion
-    if plan.cp > 1:
-        i = args.index("--cp-comm-type")
-        del args[i:i + 2]
-        extra += ["--context-parallel-algo", "megatron_cp_algo", "--use-cp-send-recv-overlap"]
-    if plan.ep > 1:
-        extra += ["--moe-alltoall-overlap-comm"]
-    if "--moe-layer-freq" in args:  # MindSpeed-LLM takes an int frequency plus --first-k-dense-replace
-        i = args.index("--moe-layer-freq")
-        del args[i:i + 2]
-        extra += ["--first-k-dense-replace", str(model.moe.first_dense_layers), "--moe-layer-freq",
-                  str(model.moe.layer_freq)]
-    return args + extra, warn
+    return mindspeed_overlay(plan, model).apply(args), warn
 
 
-def export_mindspeed(plan: Plan, model=None) -> Export:
-    args, warn = mindspeed_args(plan, model)
-    text = _render(args, warn, "mindspeed", env_vars(plan)).replace("pretrain_gpt.py", "MindSpeed-LLM pretrain_gpt.py")
-    return Export("mindspeed", text, warn, args)
+def export_mindspeed(ctx: ExportContext) -> Export:
+    """MindSpeed-LLM ``pretrain_gpt.py`` arguments (Megatron's with MindSpeed's overlay)."""
+    args, warn = mindspeed_args(ctx.plan, ctx.model)
+    text = _render(args, warn, "mindspeed", env_vars(ctx.plan), script="MindSpeed-LLM pretrain_gpt.py")
+    return Export("mindspeed", text, warn, args.argv())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..errors import PartitaError
 from ..plan import Plan
+from .context import ExportContext
 from .result import Export
 
 PARALLELISM_FIELDS = {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
@@ -148,8 +149,9 @@ def torchtitan_flags(sections: dict[str, dict], ac: str) -> list[str]:
     return flags + [f"activation_checkpoint:{ac}"]
 
 
-def export_torchtitan(plan: Plan, model=None) -> Export:
-    sections, ac, warn = torchtitan_settings(plan, model)
+def export_torchtitan(ctx: ExportContext) -> Export:
+    """torchtitan ``--section.field`` overrides (the model's layers give vpp's layers per stage)."""
+    sections, ac, warn = torchtitan_settings(ctx.plan, ctx.model)
     flags = torchtitan_flags(sections, ac)
     lines = ["# partita export --to torchtitan: overrides for torchtitan 0.3.0's trainer",
              "# (python -m torchtitan.train --module <your model module> --config <your config> <these flags>)"]
