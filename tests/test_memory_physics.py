@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from partita.cost import memory
+from partita.cost import memory, transient
 from partita.cost.memory import GIB, LOSS_MODE, estimate_rank_memory, loss_bytes_per_logit, model_state_bytes
 from partita.plan import Plan
 from partita.spec.hardware import load_device
@@ -59,7 +59,7 @@ def test_last_rank_transient_is_the_loss_phase(framework, per_logit, tp):
     model = dataclasses.replace(load_model("small-llama"), vocab=vocab)
     plan = Plan(dp=1, tp=tp, seq_len=2048, mbs=2, gbs=2, framework=framework, recompute="full")
     parts = estimate_rank_memory(model, load_device("h100-sxm"), plan, 0).parts
-    layer = memory._layer_working(model, plan, memory.rank_shapes(model, plan)[0])
+    layer = transient._layer_working(model, plan, memory.rank_shapes(model, plan)[0])
     logits = 2 * 2048 * vocab / tp * per_logit  # vocab-parallel: each tp rank its shard
     assert parts["transient"] == pytest.approx(max(layer, logits))
     assert logits > layer, "pick a model whose loss phase dominates"

@@ -162,7 +162,8 @@ def test_least_recompute_layers_is_the_smallest_that_fits():
     """Llama-3-8B over pp 4 (8 layers per stage), mbs 1 x 16, seq 8192: peaks 79.9 GiB
     without recompute and 48.1 GiB with full; for each limit the answer fits and one
     layer fewer does not (checked with the full peak estimate, not the line it solves)."""
-    from partita.cost.memory import GIB, least_recompute_layers, peak_memory
+    from partita.cost.memory import GIB, peak_memory
+    from partita.search.partial_recompute import least_recompute_layers
     cluster = make_cluster("h100-sxm", devices=4)
     plan = Plan(dp=1, pp=4, mbs=1, gbs=16, seq_len=8192, zero=1)
     peak = lambda n: peak_memory(L8, cluster.device, plan.with_(recompute="full", recompute_layers=n))[0] / GIB  # noqa: E731

@@ -11,7 +11,7 @@ collectives may overlap - never a fitted constant.
 field                       what it changes (where)
 ==========================  ==================================================================
 ``eager_activations``       recompute none: the layer saves what eager PyTorch modules save
-                            beyond fused kernels (:func:`.memory.eager_extra_bytes`): unfused
+                            beyond fused kernels (:func:`.activations.eager_extra_bytes`): unfused
                             RMSNorm's fp32 ``x * rstd`` and ``rstd``, GQA's K/V expanded to the
                             query width before SDPA, SiLU's output, the MoE router's index and
                             weight tensors

@@ -41,7 +41,7 @@ do and its other layers what layers without recompute do (:func:`_partial_terms`
   ZeRO-2 ``m`` reduce-scatters per step, the first ``m - 1`` exposed only beyond their
   own backward plus the next forward (all of them when not overlapped);
   ``unsharded`` reduces once after the last micro-batch (and holds the full gradient,
-  :func:`.memory.full_gradients`).
+  :func:`.states.full_gradients`).
 
 The pipeline combines the stages (:func:`.pipeline.pipeline_time`). After it, the
 data-parallel gradient reduction (all-reduce for zero 0; reduce-scatter + all-gather
@@ -65,11 +65,12 @@ from .compute import (BYTES, LayerCost, embedding_forward, last_gemm, layer_forw
                       selective_gemm_fraction)
 from .frameworks import FRAMEWORKS
 from .memo import memoised
-from .memory import (RankShape, _grad_bytes, _shape_params, distinct_shapes, expert_state_shard, full_gradients,
-                     grad_bytes, rank_shapes, shape_params, state_shard)
 from .overheads import add_framework
 from .pipeline import pipeline_time, pipeline_time_of
+from .placement import RankShape, distinct_shapes, rank_shapes
 from .shape import LayerShape, StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
+from .states import (_grad_bytes, _shape_params, expert_state_shard, full_gradients, grad_bytes, shape_params,
+                     state_shard)
 
 
 #: The backward pass runs two GEMMs (input and weight gradients) per forward GEMM, so
@@ -321,7 +322,7 @@ def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShap
 def _partial_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape, full: TermsByKind) -> StageTerms:
     """A rank's terms when only ``plan.recompute_layers`` layers of each chunk are
     recomputed (Megatron-LM ``--recompute-method block``): those layers (``shape.rc_dense``
-    / ``rc_moe``, :func:`.memory.recomputed_layers`) cost what a full-recompute layer does
+    / ``rc_moe``, :func:`.placement.recomputed_layers`) cost what a full-recompute layer does
     (one more forward, its tp/cp/ep exchanges again, the framework's recompute time), the
     others what a layer without recompute does. Every term is per layer, so the rank's
     total is ``rc * full + (n - rc) * none`` per kind of layer; the ends and the per-stage

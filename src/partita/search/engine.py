@@ -5,8 +5,9 @@ bound of the step time of any plan it can produce (:func:`step_time_lower_bound`
 per-micro-batch compute and communication through the pipeline, no recompute). Layouts
 come out of a queue in bound order (:class:`.layouts.LayoutQueue`); once the next bound
 is no better than the K-th best plan found, every later layout is provably slower and
-the first pass stops. A second pass finds the best plan at the two values nearest the
-winner's of every knob (the "why not" alternatives), with the same rule per value.
+the first pass stops. A second pass (:mod:`.why_not`) finds the best plan at the two
+values nearest the winner's of every knob (the "why not" alternatives), with the same
+rule per value, through the search's public methods.
 
 Evaluating a layout first computes the memory of every memory-saving setting
 (recompute none -> selective -> full, in three ZeRO families: zero <= 1, zero 2, zero
@@ -24,7 +25,7 @@ Partial recompute (``SearchSpace.partial_recompute``, on by default): a family w
 first fit recomputes (selective or full) also stands for its full-recompute plan with the
 fewest recomputed layers per chunk that fit (``recompute_layers`` N, solved from the
 linear memory). Its floor is the lesser of the setting's bound and that plan's
-(:func:`partial_lower_bound`, at N >= 1 when first filed, at the solved N when the
+(:func:`.partial_recompute.partial_lower_bound`, at N >= 1 when first filed, at the solved N when the
 layout comes up again); the partial plan is estimated unless its bound rules it out. The
 ranking pass is exact against tests/brute_force_search.py, which enumerates every N; the
 "why not" pass does not hunt partial plans (it reuses those the ranking estimated).
@@ -32,22 +33,21 @@ ranking pass is exact against tests/brute_force_search.py, which enumerates ever
 from __future__ import annotations
 
 import heapq
-import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-from ..cost.memory import (GIB, distinct_shapes, fits, least_recompute_layers, memory_limit_gib, peak_memory,
-                           peak_memory_ladder)
-from ..cost.pipeline import pipeline_time_of
-from ..cost.step import (after_pipeline_bound, estimate_step_time, stage_terms, step_time_lower_bound,
-                         zero2_accumulation_floor)
+from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory, peak_memory_ladder
+from ..cost.step import after_pipeline_bound, estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
 from ..plan import Plan
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound
+from .partial_recompute import least_recompute_layers, partial_lower_bound
+from .result import Attempt, SearchResult
+from .why_not import alternatives as why_not_alternatives
+from .why_not import partial_neighbours
 from .space import SearchSpace
 
 
@@ -85,87 +85,6 @@ def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, in
     return firsts
 
 
-def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, none_bound: float | None = None) -> float:
-    """Lower bound of the step time of a partial full-recompute plan (``recompute_layers``
-    N > 0, zero <= 2): :func:`step_time_lower_bound`'s sum over rank shapes with each rank's
-    recomputed layers (``shape.rc_dense`` / ``rc_moe``, the first N of each chunk) at the
-    full-recompute per-layer time and the others at the no-recompute one - the same split
-    :func:`partita.cost.step._partial_terms` makes of the estimate. The pipeline time
-    (``m * slowest + (total - slowest) / v``) is monotone in every stage's time, so a
-    bound at N holds for every larger N. What follows the pipeline does not depend on
-    recompute: it is the no-recompute bound (``none_bound`` when the caller has it)
-    less its own pipeline part."""
-    none = plan.with_(recompute="none", recompute_layers=0)
-    _, (dn, mn, emb, out, const) = stage_terms(model, cluster, none)
-    _, (df, mf, _, _, _) = stage_terms(model, cluster, plan.with_(recompute_layers=0))
-    totals = {}
-    for key, p in (("none", none), ("partial", plan)):
-        total = slowest = 0.0
-        for _, shape, count in distinct_shapes(model, p):
-            rc_d, rc_m = (shape.rc_dense, shape.rc_moe) if key == "partial" else (0, 0)
-            n_d = shape.n_layers - shape.n_moe
-            t = (rc_d * df + (n_d - rc_d) * dn + rc_m * mf + (shape.n_moe - rc_m) * mn
-                 + shape.first * emb + shape.last * out + const)
-            total += count * t
-            slowest = max(slowest, t)
-        totals[key] = pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
-    if none_bound is None:
-        none_bound = step_time_lower_bound(model, cluster, none)
-    after = none_bound - totals["none"]
-    return totals["partial"] + max(0.0, after)
-
-
-@dataclass
-class Attempt:
-    """One evaluated candidate: its plan, memory, and (if it fits) its estimate."""
-
-    plan: Plan
-    peak_gib: float
-    peak_rank: int
-    memory_limit_gib: float  # what it had to fit in (the search's limit)
-    estimate: Estimate | None = None
-    bounded: bool = False  # fits, but provably slower than what the search already had
-
-    @property
-    def fits(self) -> bool:
-        return fits(self.peak_gib * GIB, self.memory_limit_gib)
-
-
-@dataclass
-class SearchResult:
-    model: ModelSpec
-    cluster: Cluster
-    plans: list[Estimate]
-    attempts: list[Attempt]
-    candidates_evaluated: int
-    search_time_s: float
-    memory_limit_gib: float
-    candidates_pruned: int = 0  # layouts skipped by memory dominance, never evaluated
-    candidates_bounded: int = 0  # layouts or plans whose time bound could not beat the best found
-    invalid: list[str] = field(default_factory=list)
-    #: per knob, the values nearest the best plan's that the search resolved for "why not"
-    alternatives: dict[str, list] = field(default_factory=dict)
-
-    @property
-    def best(self) -> Estimate | None:
-        return self.plans[0] if self.plans else None
-
-
-def nearest_values(knob: str, mine, values) -> list:
-    """The two values of ``knob`` closest to ``mine`` (log2 distance for degrees, list
-    distance for modes): the alternatives the "why not" lines explain."""
-    others = sorted({v for v in values if v != mine},
-                    key=lambda v: (abs(knob_order(knob, v) - knob_order(knob, mine)), knob_order(knob, v)))
-    return others[:2]
-
-
-def knob_order(knob: str, value) -> float:
-    """Position of a knob value on its axis: log2 for degrees, list index for modes."""
-    if knob == "recompute":
-        return ["none", "selective", "full"].index(value)
-    return math.log2(value) if isinstance(value, int) and value > 0 else float(value)
-
-
 class _Search:
     """The evaluation state shared by the two passes of :func:`search_plans`."""
 
@@ -193,6 +112,21 @@ class _Search:
         self.partial_n: dict[tuple[int, int], tuple | None] = {}
         self.refined: set[int] = set()  # id(layout) of layouts whose floor has the solved partial N
         self.partial_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose partial plan is estimated
+
+    def close_ranking(self, layouts: LayoutQueue) -> None:
+        """End the first pass (the "why not" pass, :func:`.why_not.alternatives`, calls
+        this): later estimates only explain, and partial plans are no longer hunted, so
+        the floors of the layouts left waiting drop their partial plans' bounds."""
+        self.ranking_open = False
+        # partial recompute is not hunted for the "why not" values: it made this pass 40 % of
+        # DeepSeek-V3's search time (bench/search_speed.py) for lines that explain a knob; the
+        # partial plans the ranking pass estimated still serve them, and every other plan of a
+        # value is found exactly as without partial recompute
+        self.partial = False
+        for lay in layouts.layouts:  # the floors without partial plans: what this pass can find
+            if lay.peaks is not None and not lay.done:
+                if self._family_firsts(lay):
+                    lay.floor = max(lay.floor, self._least_first_bound(lay, self.setting_bound))
 
     def kth_best(self) -> float:
         """The step time a plan must beat to enter the top K (inf until K plans are found)."""
@@ -352,7 +286,7 @@ class _Search:
 
     def _partial_plan(self, layout: Layout, zero: int) -> tuple[Plan, float, int] | None:
         """The layout's full-recompute plan at ``zero`` with the fewest recomputed layers
-        per chunk that fit (:func:`.cost.memory.least_recompute_layers`, solved from the
+        per chunk that fit (:func:`.partial_recompute.least_recompute_layers`, solved from the
         linear memory), its peak bytes and rank; None when none fits. Memoised."""
         key = (id(layout), zero)
         if key not in self.partial_n:
@@ -467,7 +401,7 @@ class _Search:
     def _try_partial(self, layout: Layout, fitted: Plan, wanted, estimated: list[Plan]) -> None:
         """Recompute just enough: a layout that fits only with selective or full recompute
         also gets its full-recompute plan recomputing the fewest layers per stage that
-        still fit (:func:`.cost.memory.least_recompute_layers`, solved from the linear
+        still fit (:func:`.partial_recompute.least_recompute_layers`, solved from the linear
         memory), as an attempt and - unless its bound (the layout's, without recompute)
         rules it out - an estimate ranked beside the fitted one. Fewer recomputed layers
         only take time off full recompute, and a few recomputed layers can cost less than
@@ -528,7 +462,7 @@ class _Search:
         if self.ranking_open:  # the first pass: the top-K ranking; later estimates only explain
             self.fitting.append(est)
         t = est.step_time_s
-        # a plan whose tp group crosses nodes explains its tp value only (see _alternatives)
+        # a plan whose tp group crosses nodes explains its tp value only (see .why_not.alternatives)
         for knob_value in ((k, getattr(est.plan, k)) for k in (EXPLAINED_KNOBS if rankable else ("tp",))):
             if t < self.best_by_knob.get(knob_value, float("inf")):
                 self.best_by_knob[knob_value] = t
@@ -573,7 +507,7 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
         best = min((e for e in search.fitting if space.tp or e.plan.tp <= cluster.devices_per_node),
                    key=lambda e: e.step_time_s, default=None)
         if best is not None:
-            alternatives, layouts = _alternatives(search, layouts, best.plan, cluster.devices_per_node)
+            alternatives, layouts = why_not_alternatives(search, layouts, best.plan, cluster.devices_per_node)
     # never evaluated, or left waiting under a floor the search never reached
     skipped = sum(1 for lay in layouts.layouts if lay.peaks is None and not lay.done) + len(layouts.deferred_structures)
     fitting = sorted(search.fitting, key=lambda e: e.step_time_s)
@@ -581,72 +515,11 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     # candidates stay in `attempts` for the explanations
     ranked = [e for e in fitting if space.tp or e.plan.tp <= cluster.devices_per_node]
     if ranked and ranked[0].plan.recompute_layers:
-        _partial_neighbours(search, ranked[0].plan)
+        search.attempts += partial_neighbours(model, cluster, ranked[0].plan, usable, search.attempts)
     return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=search.attempts,
                         candidates_evaluated=search.evaluated, candidates_pruned=search.pruned,
                         candidates_bounded=search.bounded + skipped, search_time_s=time.perf_counter() - t0,
                         memory_limit_gib=usable, invalid=invalid, alternatives=alternatives)
-
-
-def _partial_neighbours(search: _Search, best: Plan) -> None:
-    """The attempts a "why not" line on the best plan's ``recompute_layers`` N compares
-    (:func:`.explain.why_not`): the same layout recomputing every layer (N = 0, its time)
-    and one layer fewer per chunk (N - 1, its memory - the least N that fits is N), each
-    added unless the search already has it."""
-    have = {a.plan for a in search.attempts}
-    n = best.recompute_layers
-    for k in (0, n - 1) if n > 1 else (0,):
-        plan = best.with_(recompute_layers=k)
-        if plan in have:
-            continue
-        pb, pr = peak_memory(search.model, search.cluster.device, plan)
-        attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=search.usable)
-        if attempt.fits:
-            attempt.estimate = Estimate(model=search.model, cluster=search.cluster, plan=plan,
-                                        time=estimate_step_time(search.model, search.cluster, plan),
-                                        memory_limit=search.usable)
-        search.attempts.append(attempt)
-
-
-def _alternatives(search: _Search, layouts: LayoutQueue, best: Plan,
-                  per_node: int) -> tuple[dict[str, list], LayoutQueue]:
-    """The second pass: for each knob, the values nearest the best plan's, and the best
-    plan the search can find at each (the "why not" alternatives). Layouts in bound order
-    again, each evaluated for the values whose best it may still beat, until no layout
-    left can beat any. A layout whose tp group crosses nodes serves only its tp value
-    (the ranking leaves such plans out, so they explain tp alone), and is built only when
-    such a tp value is wanted. Returns the alternatives and the queue it walked."""
-    values: dict[str, set] = {knob: set() for knob in EXPLAINED_KNOBS}
-    for knob, value in {kv for lay in layouts.layouts for kv in lay.knob_values} | layouts.deferred_values:
-        values[knob].add(value)
-    alternatives = {knob: nearest_values(knob, getattr(best, knob), values[knob]) for knob in EXPLAINED_KNOBS}
-    # etp is explained from the plans the search estimated anyway, not hunted for: a walk
-    # for its best plan at each value costs a quarter of the search time on the MoE
-    # benchmarks (bench/search_speed.py), for a knob that only trades memory for traffic
-    alternatives["etp"] = nearest_values("etp", best.etp, {a.plan.etp for a in search.attempts})
-    if not alternatives["etp"]:
-        del alternatives["etp"]  # no etp > 1 tried (dense models): results keep their keys
-    targets = {(k, v) for k, vs in alternatives.items() for v in vs if k != "etp"}
-    search.ranking_open = False
-    # partial recompute is not hunted for the "why not" values: it made this pass 40 % of
-    # DeepSeek-V3's search time (bench/search_speed.py) for lines that explain a knob; the
-    # partial plans the ranking pass estimated still serve them, and every other plan of a
-    # value is found exactly as without partial recompute
-    search.partial = False
-    for lay in layouts.layouts:  # the floors without partial plans: what this pass can find
-        if lay.peaks is not None and not lay.done:
-            if search._family_firsts(lay):
-                lay.floor = max(lay.floor, search._least_first_bound(lay, search.setting_bound))
-    rest = layouts.with_cross_node(any(v > per_node for v in alternatives["tp"]))
-    best_by_knob = search.best_by_knob
-    for layout in rest:
-        if layout.floor >= max(best_by_knob.get(kv, float("inf")) for kv in targets):
-            break  # sorted by bound: no later layout can improve any alternative
-        wanted = [kv for kv in layout.knob_values if kv in targets and (layout.rankable or kv[0] == "tp")
-                  and kv not in layout.resolved and search.bound_for(layout, kv) < best_by_knob.get(kv, float("inf"))]
-        if wanted and search.evaluate(layout, wanted):
-            rest.push(layout)
-    return alternatives, rest
 
 
 def infeasible_message(result: SearchResult) -> str:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from ..estimate import Estimate
 from .layouts import EXPLAINED_KNOBS as KNOBS
-from .engine import Attempt, SearchResult, nearest_values
+from .result import Attempt, SearchResult
+from .why_not import nearest_values
 
 
 def _biggest_increase(alt: Estimate, best: Estimate) -> str:
@@ -43,7 +44,7 @@ def _partial_lines(result: SearchResult, best: Estimate) -> list[str]:
     """When the best plan recomputes only its first N layers per chunk (partial full
     recompute, ``recompute_layers``), why that N: one layer fewer does not fit (its
     memory) and every layer (N = 0) is slower (its time). Both plans are among the
-    attempts (:func:`.engine._partial_neighbours`); matched on the layout, not on the
+    attempts (:func:`.why_not.partial_neighbours`); matched on the layout, not on the
     gradient knobs the knob search may have added to the best plan."""
     n = best.plan.recompute_layers
     if not n:

@@ -1,0 +1,186 @@
+"""Activation memory: the bytes a layer keeps for backward, per micro-batch and rank, and
+what one in-flight model chunk of a pipeline rank keeps.
+
+Activations per layer and micro-batch follow Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", sec. 4.1, which gives
+``sbh(34 + 5as/h)`` bytes for GPT with 16-bit activations), generalised term by term:
+with flash attention the ``5as/h`` score terms are never stored (the kernel keeps the
+output and a log-sum-exp); GQA shrinks K and V to ``kv_dim``; a gated MLP stores its
+two input projections and the product (``3f``), a plain one the pre- and
+post-activation (``2f``); dropout masks (1 byte) only where the model has dropout.
+Terms inside the tensor-parallel region are divided by ``tp``; the rest (norm inputs,
+residual-stream tensors) only with sequence parallel. Full recompute keeps each layer's
+input only; with ``plan.recompute_layers`` N only the first N layers of each stage/chunk
+do, the others keep everything (:func:`_partial_layers`, linear in N:
+:func:`partita.search.partial_recompute.least_recompute_layers` solves it for a memory
+limit).
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+from ..spec.model import ModelSpec
+from .compute import BYTES, FP32_BYTES
+from .frameworks import FRAMEWORKS
+from .memo import memoised
+from .placement import RankShape
+from .shape import LayerShape, layer_shape
+
+
+def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one rank; ``recompute``
+    overrides the plan's mode (:func:`activation_bytes` for the plan's layer shape)."""
+    return activation_bytes(model, layer_shape(plan), recompute or plan.recompute, moe)
+
+
+@memoised
+def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: bool) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one rank."""
+    tp, e = shape.tp, BYTES[shape.dtype]
+    tokens = shape.tokens
+    h = model.hidden
+    d = 1 if model.dropout else 0
+    out_div = tp if shape.sp else 1
+    # outside the TP region: 2 norm inputs, QKV input, MLP input, 2 dropout masks
+    outside = e * 4 * h + 2 * d * h
+    # inside: Q, K, V (for the attention backward), attention output (input of the out-projection)
+    inside = e * (model.q_dim + 2 * model.kv_dim + model.attn_out_dim) / tp
+    inside += FP32_BYTES * model.heads / tp  # fp32 log-sum-exp per head (flash attention)
+    mats = 3 if model.gated else 2
+    if moe and model.moe:
+        mo = model.moe
+        # permuted inputs + expert intermediates; with etp > 1 each rank saves the inputs its
+        # etp group all-gathered (etp x its own, for w1/w3's weight gradient) and its 1/etp
+        # of the intermediates of all of them (etp x 1/etp: unchanged) - Megatron's
+        # alltoall dispatcher gathers the tokens over the expert tp group before the experts
+        routed = mo.top_k * (e * h * shape.etp + e * mats * mo.expert_ffn_hidden) / tp
+        shared = mo.shared_experts * e * mats * mo.shared_ffn_hidden / tp
+        inside += routed + shared + FP32_BYTES * mo.num_experts / tp  # router probabilities (fp32)
+    else:
+        inside += e * mats * model.ffn_hidden / tp
+    full = tokens * (outside / out_div + inside)
+    if FRAMEWORKS[shape.framework].eager_activations:
+        full += eager_extra_bytes(model, shape, moe)
+    if recompute == "full":
+        return tokens * e * h / out_div  # only the layer input
+    if recompute == "selective":
+        # op-level selective checkpointing (torchtitan's "op" SAC, which partita's runtime
+        # applies too): keep the layer input, every other GEMM output (q, v, the MLP's first
+        # projection) and the attention output; recompute norms, activations and the others.
+        ffn = (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden) if (moe and model.moe) else model.ffn_hidden
+        kept_inside = e * (model.q_dim + model.kv_dim + model.attn_out_dim + ffn) / tp + FP32_BYTES * model.heads / tp
+        return tokens * (e * 2 * h / out_div + kept_inside)
+    return full
+
+
+def eager_extra_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+    """Bytes a layer run as eager PyTorch modules saves for backward (recompute none) beyond
+    the fused kernels :func:`activation_bytes` assumes (:attr:`.frameworks.Framework.eager_activations`),
+    per micro-batch on one rank, from the saved-tensor listing of partita's reference layers
+    (tests/data/cost_oracles.json, ``saved_tensors_hooks``):
+
+    * each of the two ``nn.RMSNorm`` computes in fp32 and saves ``x * rstd`` (4h B) and
+      ``rstd`` (4 B) besides its input; in 16-bit it saves an fp32 copy of the input where
+      the fused count has the ``e``-byte input: ``(8 - e) h + 4`` per token and norm
+      (outside the tp region: divided by tp only with SP);
+    * GQA's ``repeat_interleave`` before SDPA makes it save K and V at the query width:
+      ``2 (q - kv) e / tp``;
+    * SiLU saves its output besides w1's: ``f e / tp`` (dense), ``e (k f_e + n_s f_s) / tp``
+      (the routed and shared experts);
+    * MoE routing: int64 ``chosen`` and ``order`` (8k each), the fp32 top-k weights (4k)
+      and their sum (4), the renormalised weights in the activation dtype (ek), the
+      concatenated expert outputs and their gather (``2 e k h``); per layer, not per token,
+      the fp32 expert load fractions of the balancing loss (4E).
+    """
+    tp, e = shape.tp, BYTES[shape.dtype]
+    out_div = tp if shape.sp else 1
+    per_token = 2 * ((8 - e) * model.hidden + 4) / out_div + 2 * (model.q_dim - model.kv_dim) * e / tp
+    per_layer = 0.0
+    if moe and model.moe:
+        mo = model.moe
+        per_token += (8 * mo.top_k * 2 + 4 * mo.top_k + 4 + e * mo.top_k) / out_div
+        per_token += e * (mo.top_k * mo.expert_ffn_hidden + mo.shared_experts * mo.shared_ffn_hidden
+                          + 2 * mo.top_k * model.hidden) / tp
+        per_layer = FP32_BYTES * mo.num_experts
+    elif model.gated:
+        per_token += model.ffn_hidden * e / tp
+    return shape.tokens * per_token + per_layer
+
+
+def layer_working_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
+    """Transient memory while one layer runs backward: its full activations and their
+    gradients (one of each)."""
+    return 2 * activation_bytes(model, shape, "none", moe)
+
+
+def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recompute: str | None = None,
+                           layer: LayerShape | None = None) -> float:
+    """Activation bytes one in-flight model chunk of this rank keeps (``recompute``
+    overrides the plan's mode; ``layer``: ``layer_shape(plan)`` when the caller has it)."""
+    n_dense = shape.n_layers - shape.n_moe
+    mode = recompute or plan.recompute
+    if mode == "full" and plan.recompute_layers:
+        per_chunk = _partial_layers(model, plan, shape) / plan.vpp
+    else:
+        layer = layer_shape(plan) if layer is None else layer
+        per_chunk = (n_dense * activation_bytes(model, layer, mode, False)
+                     + (shape.n_moe * activation_bytes(model, layer, mode, True) if shape.n_moe else 0.0)
+                     ) / plan.vpp
+    if plan.attention == "unfused":  # fused: unfused_attention_bytes is 0, adding 0.0 changes nothing
+        per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)
+    if shape.first:
+        tokens = plan.mbs * plan.seq_len / plan.cp
+        per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output
+    return per_chunk
+
+
+def unfused_attention_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of attention probabilities one layer keeps per micro-batch on one rank when
+    attention runs unfused (``plan.attention == "unfused"``; 0 with a fused/flash kernel).
+
+    Derivation (Megatron-Core ``DotProductAttention``, megatron/core/transformer/
+    dot_product_attention.py, the ``--attention-backend unfused`` path): scores =
+    ``baddbmm(Q, K^T)`` (its backward needs Q and K only, already counted), probs =
+    ``FusedScaleMaskSoftmax(scores)`` (the scaled_(upper_triang_)masked_softmax CUDA kernels
+    save their output only), dropout (p = 0 in the row that needs this: ``F.dropout`` with
+    p = 0 returns its input, no mask), context = ``bmm(probs, V)`` saves probs - the same
+    tensor the softmax saved. So one ``e``-byte tensor of ``b x a/tp x s_q x s_kv`` per
+    layer: the ``5as/h`` term of Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.1
+    (``2as^2b`` softmax output + ``as^2b`` dropout mask + ``2as^2b`` dropout output, per
+    layer) without the dropout mask and output. With cp each rank's ``s/cp`` queries see
+    all ``s`` keys. Megatron's selective recompute (``--recompute-granularity selective``)
+    recomputes exactly this core attention, and full recompute keeps the layer input only:
+    both store nothing here.
+
+    Known gaps: attention dropout > 0 would add the 1-byte mask and the dropout output
+    (``3 as^2b``); the sliding window of eager implementations is not modelled."""
+    if plan.attention != "unfused":
+        return 0.0
+    return (plan.mbs * model.heads / plan.tp * (plan.seq_len / plan.cp) * plan.seq_len
+            * BYTES[plan.dtype])
+
+
+def _kept_attention_layers(plan: Plan, shape: RankShape, mode: str) -> float:
+    """Layers of one in-flight chunk that keep :func:`unfused_attention_bytes`: all with
+    recompute none, the not-recomputed ones of a partial full recompute, none otherwise."""
+    if mode == "none":
+        return shape.n_layers / plan.vpp
+    if mode == "full" and plan.recompute_layers:
+        return (shape.n_layers - shape.rc_dense - shape.rc_moe) / plan.vpp
+    return 0.0
+
+
+def _partial_layers(model: ModelSpec, plan: Plan, shape: RankShape) -> float:
+    """Activation bytes all of a rank's layers keep per micro-batch when only
+    ``plan.recompute_layers`` of each chunk are recomputed: those (``shape.rc_dense`` /
+    ``rc_moe``, :func:`recomputed_layers`) keep their input only (the full-recompute
+    count of :func:`activation_bytes`), the others everything (recompute none). Linear
+    in N: each recomputed layer saves ``A_none - A_full`` [Korthikanti et al. 2022,
+    sec. 4.1: ``sbh(34 + 5as/h)`` vs ``2sbh`` per layer]. With vpp the rank's in-flight
+    chunks are counted as the average of its chunks (as for every mode)."""
+    n_dense = shape.n_layers - shape.n_moe
+    total = 0.0
+    for moe, n, rc in ((False, n_dense, shape.rc_dense), (True, shape.n_moe, shape.rc_moe)):
+        if n:
+            total += rc * activation_bytes_per_layer(model, plan, moe, "full")
+            total += (n - rc) * activation_bytes_per_layer(model, plan, moe, "none")
+    return total

@@ -1,0 +1,211 @@
+"""Per-rank model states: weights, gradients and optimizer states, and the parameters a
+pipeline rank holds.
+
+Model states (Rajbhandari et al. 2020, ZeRO sec. 3; Megatron-LM distributed optimizer),
+bytes per parameter with mixed precision and Adam:
+
+==========  =========================  ======================================
+component   bytes                      sharded over the data-parallel group at
+==========  =========================  ======================================
+weights     2 (bf16/fp16; fp32: 4)     zero 3
+gradients   4 (fp32 main grads) or 2   zero 2 and 3 (unless accumulated unsharded)
+optimizer   12 (fp32 master + m + v);  zero 1, 2 and 3
+            fp32 training: 8 (m + v)
+==========  =========================  ======================================
+
+fp8 training keeps bf16 weights and adds an fp8 copy and its transpose (2 bytes).
+Dense weights are sharded over dp x cp ranks; routed-expert weights over the expert
+data-parallel group ``edp = dp*cp*tp/(ep*etp)``. A rank holds ``E / ep`` routed experts,
+each ``1 / etp`` of it (Megatron-Core expert tensor parallel: w1/w3 split by columns, w2
+by rows), so its expert parameters are ``E p_e / (ep*etp)``; the ``ep*etp*edp = tp*cp*dp``
+ranks of a stage hold every expert shard ``edp`` times [MoE parallel folding, Liu et al.
+2025, arXiv:2504.14960, sec. 3].
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+from ..spec.model import ModelSpec
+from .compute import FP32_BYTES
+from .frameworks import FRAMEWORKS
+from .memo import memoised
+from .placement import RankShape
+from .shape import ParamShape, param_shape
+
+
+def grad_bytes(dtype: str, grad_dtype: str) -> int:
+    """Bytes per main-gradient element: fp32 unless both training and gradients are 16-bit."""
+    return FP32_BYTES if grad_dtype == "fp32" or dtype == "fp32" else 2
+
+
+def _grad_bytes(plan: Plan) -> int:
+    return grad_bytes(plan.dtype, plan.grad_dtype)
+
+
+def state_shard(plan: Plan) -> int:
+    """Ranks one copy of the sharded model states is spread over (ZeRO / FSDP): the
+    data-parallel x context-parallel group, or with HSDP (``0 < dp_shard < dp``) only the
+    ``dp_shard x cp`` ranks of one shard group - each of the ``dp / dp_shard`` groups
+    holds a full copy [FSDP2 on a 2-D (replicate, shard) mesh; Zhao et al. 2023, PyTorch
+    FSDP, sec. 3.2.2 "hybrid sharding"; torchtitan ``dp_shard`` x ``dp_replicate``]."""
+    shard = plan.dp_shard if 0 < plan.dp_shard < plan.dp else plan.dp
+    return shard * plan.cp
+
+
+def expert_state_shard(plan: Plan) -> int:
+    """Ranks one copy of a rank's routed-expert shard's states is spread over: the expert
+    data-parallel group ``shard x tp / (ep*etp)`` - the ranks holding the same experts and
+    the same etp slice of them (Megatron-Core's expert data parallel, ``edp = world /
+    (etp*ep*pp)``, megatron/core/parallel_state.py; torchtitan's ``efsdp = dp_shard * cp *
+    tp / ep``). With etp = 1 the group of the layout before expert tensor parallel."""
+    return max(1, state_shard(plan) * plan.tp // (plan.ep * plan.etp))
+
+
+def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]:
+    """Weights, gradients and optimizer bytes for ``params`` parameters sharded ``shard`` ways.
+
+    zero 0-2 (Megatron-style): bf16 working weights (2), main gradients (4 fp32, or 2),
+    fp32 master + Adam m, v (12), the last sharded from zero 1 and the gradients from
+    zero 2. zero 3 (FSDP2 mixed precision / ZeRO-3): the sharded fp32 parameter *is* the
+    master copy, so 4 (weights) + 4 (fp32 gradients, or 2) + 8 (m, v), all sharded; the
+    bf16 copy exists only for gathered layers (counted in ``zero3 gathered layers``).
+    fp8 (Transformer Engine style) caches an fp8 copy of each weight (1 byte) across
+    micro-batches; the transpose is made per GEMM. Frameworks that cast per GEMM keep no
+    copy (:func:`fp8_weight_cache`).
+    """
+    weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard,
+                                             full_gradients(plan), _autocast(plan), fp8_weight_cache(plan))
+    return {"weights": weights, "gradients": grads, "optimizer": optimizer}
+
+
+def full_gradients(plan: Plan) -> bool:
+    """Whether a ZeRO-2/3 rank holds the whole (unsharded) gradient: with
+    ``grad_accum_mode="unsharded"`` and more than one micro-batch the gradients accumulate
+    unreduced until the last micro-batch (FSDP2 ``set_requires_gradient_sync(False)``
+    on the others; DeepSpeed ZeRO-2 without ``reduce_scatter`` per micro-batch), so the
+    full gradient is held; the default ``sharded`` mode reduce-scatters every micro-batch
+    into the shard (plan.py, ``grad_accum_mode``)."""
+    return plan.grad_accum_mode == "unsharded" and plan.grad_accum > 1
+
+
+def _autocast(plan: Plan) -> bool:
+    """Whether the plan's framework trains zero 0 under autocast over fp32 parameters
+    (:attr:`.frameworks.Framework.zero0_autocast`)."""
+    return plan.zero == 0 and FRAMEWORKS[plan.framework].zero0_autocast
+
+
+#: Frameworks whose fp8 training keeps an fp8 copy of every weight between micro-batches
+#: (:func:`fp8_weight_cache`).
+FP8_WEIGHT_CACHE = frozenset({"megatron", "mindspeed", "deepspeed"})
+
+
+def fp8_weight_cache(plan: Plan) -> bool:
+    """Whether an fp8 plan keeps a 1-byte fp8 copy of each weight in memory.
+
+    Transformer Engine (Megatron-LM, MindSpeed's fp8 path, Megatron-DeepSpeed) casts each
+    weight to fp8 on the first micro-batch and reuses the cached copy on the others
+    (``is_first_microbatch``, transformer_engine/pytorch/module/linear.py; ``fp8_model_params``
+    off): 1 byte per parameter held. torchao's ``Float8Linear`` (torchtitan's float8 / mxfp8
+    converters, and partita's runtime) scales and casts the weight inside every forward and
+    backward GEMM (torchao/float8/float8_linear.py; with FSDP2 float8 all-gather the cast
+    shard is the all-gather input, freed with it), so nothing persists. The published
+    torchtitan pairs agree: the same run in bf16 and with float8 linears peaks within
+    0.5 GiB (47.65 / 47.77 / 47.79 GiB on H100, 39.09 / 39.07 / 39.32 on MI300X, 33.71 /
+    33.38 / 33.88 on B200, 28.07 / 28.07 under full AC: published_runs.csv, torchao rows),
+    where a cached copy of Llama-3-8B sharded 8 ways would add 0.93 GiB."""
+    return plan.framework in FP8_WEIGHT_CACHE
+
+
+def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
+                 full_grads: bool = False, autocast: bool = False,
+                 fp8_cache: bool = True) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot
+    path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`);
+    ``autocast`` (zero 0 only): fp32 parameters cast per op by torch.autocast, so fp32
+    weights (4), fp32 gradients (4, the parameters' own ``.grad``) and AdamW m, v (8)."""
+    if autocast and z == 0:
+        return params * 4, params * 4, params * 8
+    if dtype == "fp32" or z >= 3:
+        weight_b, opt_b = 4, 8
+    else:
+        weight_b, opt_b = 2, 12
+    weights = params * weight_b / (shard if z >= 3 else 1)
+    if z == 2 and dtype == "fp32":
+        # FSDP2 zero 2 (reshard_after_forward=False) keeps the gathered fp32 parameters
+        # from forward to backward besides the fp32 shard the optimizer updates;
+        # DeepSpeed ZeRO-2 likewise keeps the full fp32 parameters and an fp32 copy of its
+        # partition (``single_partition_of_fp32_groups``). (16-bit: that shard is the
+        # master copy already counted in the 12 optimizer bytes.)
+        weights += params * 4 / shard
+    if dtype == "fp8" and fp8_cache:
+        weights += params * 1 / (shard if z >= 3 else 1)
+    grads = params * grad_b / (shard if z >= 2 and not full_grads else 1)
+    optimizer = params * opt_b / (shard if z >= 1 else 1)
+    return weights, grads, optimizer
+
+
+def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
+    return shape_params(model, shape, param_shape(plan))
+
+
+def tp_replicated_params(model: ModelSpec, moe: bool) -> int:
+    """Parameters of one layer that tensor parallelism replicates instead of splitting.
+
+    Megatron-LM and PyTorch's tensor/sequence parallel split the projection and MLP
+    GEMMs only: the two norms' weights are full on every tp rank (Megatron marks them
+    ``sequence_parallel`` and all-reduces their gradients over tp; torch's
+    ``SequenceParallel`` style replicates them), as are Qwen3's per-head q/k norms and the
+    MoE router (Megatron-Core ``TopKRouter`` holds the whole ``[E, h]`` weight on every
+    tp rank) and the shared-expert gate. Partita's runtime does the same (the oracle in
+    tests/data/cost_oracles.json counts the tensors each tp rank holds)."""
+    return _tp_replicated(model, moe)
+
+
+@memoised
+def _tp_replicated(model: ModelSpec, moe: bool) -> int:
+    h = model.hidden
+    norm = 2 if model.norm == "layernorm" else 1
+    params = 2 * norm * h
+    if model.qk_norm:
+        params += 2 * model.head_size
+    if moe and model.moe:
+        params += h * model.moe.num_experts + (h if model.moe.shared_expert_gate else 0)
+    return params
+
+
+def _end_replicated(model: ModelSpec, first: bool) -> int:
+    """Replicated parameters of the embedding (learned positions - Megatron keeps them in
+    a plain ``nn.Embedding`` - and BLOOM's embedding norm) or the output layer (the final
+    norm); the vocabulary-parallel matrices are split."""
+    norm = (2 if model.norm == "layernorm" else 1) * model.hidden
+    if first:
+        return (model.max_positions * model.hidden if model.position == "learned" else 0) + \
+            (norm if model.embedding_norm else 0)
+    return norm
+
+
+def _split_tp(total: float, replicated: float, tp: int) -> float:
+    """Parameters one tp rank holds of ``total``, of which ``replicated`` are not split."""
+    return (total - replicated) / tp + replicated
+
+
+@memoised
+def shape_params(model: ModelSpec, rank: RankShape, split: ParamShape) -> tuple[float, float]:
+    """(dense, expert) parameters of a pipeline rank of this shape: tp divides the dense
+    weights except the replicated ones (:func:`tp_replicated_params`: norms, router), ep x
+    etp the routed experts (module docstring)."""
+    n_dense = rank.n_layers - rank.n_moe
+    tp = split.tp
+    dense = n_dense * _split_tp(model.layer_kind_params(False), _tp_replicated(model, False), tp) if n_dense else 0.0
+    expert = 0.0
+    if rank.n_moe:
+        routed = model.moe.num_experts * model.routed_expert_params()  # type: ignore[union-attr]
+        expert = rank.n_moe * routed / (split.ep * split.etp)
+        dense += rank.n_moe * _split_tp(model.layer_kind_params(True) - routed, _tp_replicated(model, True), tp)
+    if rank.first:
+        dense += _split_tp(model.embedding_params(), _end_replicated(model, True), tp)
+    if rank.last:
+        out = model.output_params()
+        if model.tied_embeddings and split.pipelined:
+            out += model.vocab * model.hidden  # the last stage keeps its own copy of the tied weight
+        dense += _split_tp(out, _end_replicated(model, False), tp)
+    return dense, expert
