@@ -452,7 +452,7 @@ if __name__ == "__main__":
 
 # ------------------------------------------------------------------ exact messages
 EXACT = {
-    "plan-tp=0": "partita: error: plan: argument --tp: must be from 1 to 1,048,576, got 0 (see partita plan --help)",
+    "plan-tp=0": "partita: error: plan: argument --tp: must be from 1 to 16,777,216, got 0 (see partita plan --help)",
     "plan--headroom=1": "partita: error: plan: argument --headroom: must be a finite number in [0, 1), got 1 "
                         "(see partita plan --help)",
     "estimate-model-typo": "partita: error: unknown model 'llama-7c': did you mean llama-7b, llama2-7b, llama3-70b, "

@@ -53,7 +53,13 @@ def read_json(path: str | Path, kind: str) -> Any:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise PartitaError(f"{where} is not UTF-8 text (byte {e.start}); save it as UTF-8 JSON") from None
+    return loads_json(text, where, kind)
 
+
+def loads_json(text: str, where: str, kind: str) -> Any:
+    """Parse the JSON ``text`` (of a ``kind`` file, or given inline, e.g. ``--plan '{...}'``)
+    with the same one-line refusals as :func:`read_json`: not JSON, nested too deeply,
+    NaN/Infinity, numbers too long."""
     def no_constant(name: str) -> Any:
         raise PartitaError(f"{where}: {name} is not a number JSON allows; give a finite number")
     try:

@@ -91,21 +91,27 @@ a group crosses) and the runtime (which ranks form a group) both use :func:`axis
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .errors import PartitaError
+from .inputs import MAX_VPP
 
 #: Device-mesh axes, outermost first: tp is innermost (fastest link), pp outermost.
 MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
 
+#: The allowed values of the plan's fields with a fixed set (here only: the flags, the
+#: search and the training config import them; :func:`field_problem` checks them).
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
 ATTENTIONS = ("fused", "unfused")
+GRAD_DTYPES = ("fp32", "bf16")
+GRAD_COMPRESSIONS = ("none", "powersgd")
+ZERO_STAGES = (0, 1, 2, 3)
 #: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
 FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo")
 PLAN_FORMAT = "partita.plan/1"
@@ -113,52 +119,95 @@ PLAN_FORMAT = "partita.plan/1"
 #: sequences or tokens), so that every estimate and export finishes in bounded time.
 MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
-GRAD_COMPRESSIONS = ("none", "powersgd")
 _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
                                          "recompute_layers": 0, "attention": "fused"}
+
+
+#: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
+#: every field; ``plan`` (the search) fixes the ones it would otherwise search.
+BOTH = ("estimate", "plan")
+ESTIMATE = ("estimate",)
+
+
+def _flag(default: Any, help: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
+          choices: tuple | None = None, bounds: tuple[int, int] | None = None, commands: tuple[str, ...] = ESTIMATE,
+          bounds_text: str | None = None) -> Any:
+    """A plan field with what its command-line flag and its check are generated from, so that
+    the flag, a plan string, a plan file and :func:`validate` refuse a bad value with the same
+    words (:func:`field_problem`): ``help``, the ``choices`` or integer ``bounds`` (low, high)
+    it must lie in (``bounds_text`` words the range where its low end means something), the
+    ``flag`` spelling (default ``--`` + the field name with dashes) and older ``aliases``, and
+    the ``commands`` that offer it (``partita.cli.plan_flags`` builds the flags; only cli/
+    imports argparse)."""
+    meta = {"help": help, "flag": flag, "aliases": aliases, "choices": choices, "bounds": bounds,
+            "commands": commands, "bounds_text": bounds_text}
+    return field(default=default, metadata=meta)
+
+
+_DEGREE = (1, MAX_PLAN_SIZE)
 
 
 @dataclass(frozen=True)
 class Plan:
     """How one training job is split; see the module docstring for each field."""
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    cp: int = 1
-    ep: int = 1
-    sp: bool = False
-    zero: int = 1
-    mbs: int = 1
-    gbs: int = 1
-    seq_len: int = 2048
-    recompute: str = "none"
-    dtype: str = "bf16"
-    schedule: str = "1f1b"
-    layer_split: tuple[int, ...] | None = None  # layers per virtual stage, pp*vpp entries, in pipeline order
-    grad_dtype: str = "fp32"  # main-gradient buffer and reduction dtype (Megatron-LM fp32; NeMo bf16)
-    tp_comm_overlap: bool = False
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
+    dp: int = _flag(1, "data-parallel replicas (default: devices / (tp*pp*cp))", bounds=_DEGREE, commands=BOTH)
+    tp: int = _flag(1, "tensor-parallel degree", bounds=_DEGREE, commands=BOTH)
+    pp: int = _flag(1, "pipeline stages", bounds=_DEGREE, commands=BOTH)
+    vpp: int = _flag(1, "virtual stages per pipeline rank (interleaved 1F1B)", bounds=(1, MAX_VPP), commands=BOTH)
+    cp: int = _flag(1, "context-parallel degree", bounds=_DEGREE, commands=BOTH)
+    ep: int = _flag(1, "expert-parallel degree (MoE)", bounds=_DEGREE, commands=BOTH)
+    sp: bool = _flag(False, "sequence parallel (default: on when tp > 1)")
+    zero: int = _flag(1, "ZeRO stage (default 1)", choices=ZERO_STAGES, commands=BOTH)
+    mbs: int = _flag(1, "micro-batch size in sequences", bounds=_DEGREE, commands=BOTH)
+    gbs: int = _flag(1, "global batch in sequences", flag="--global-batch", aliases=("--gbs",), bounds=_DEGREE,
+                     commands=BOTH)
+    seq_len: int = _flag(2048, "sequence length in tokens", bounds=_DEGREE, commands=BOTH)
+    recompute: str = _flag("none", "activation recomputation", choices=RECOMPUTE, commands=BOTH)
+    dtype: str = _flag("bf16", "training precision", choices=DTYPES, commands=BOTH)
+    schedule: str = _flag("1f1b", "pipeline schedule (default: interleaved-1f1b with vpp > 1, else 1f1b)",
+                          choices=SCHEDULES)
+    # layers per virtual stage, pp*vpp entries, in pipeline order
+    layer_split: tuple[int, ...] | None = _flag(None, "layers per virtual stage, e.g. 9,10,10,9")
+    # main-gradient buffer and reduction dtype (Megatron-LM fp32; NeMo bf16)
+    grad_dtype: str = _flag("fp32", "dtype of the data-parallel gradient reduction (bf16 halves its bytes; "
+                                    "default fp32)", choices=GRAD_DTYPES)
+    tp_comm_overlap: bool = _flag(False, "overlap tensor-parallel communication (Megatron --tp-comm-overlap, "
+                                         "Ascend MC2)")
+    overlap_grad_reduce: bool = _flag(True, "overlap the data-parallel gradient reduction with backward (default on)")
+    overlap_param_gather: bool = _flag(True, "overlap the ZeRO parameter all-gather with forward (default on)")
     # Fields added after format partita.plan/1 was fixed: to_dict writes each only when it
     # differs from its default (:data:`_OPTIONAL_DEFAULTS`), so existing plans keep their JSON.
-    grad_accum_mode: str = "sharded"
-    dp_shard: int = 0
-    grad_compression: str = "none"
-    powersgd_rank: int = 4
-    ddp_bucket_mb: int = 0
-    fsdp_prefetch: int = 1
+    grad_accum_mode: str = _flag("sharded", "with zero 2/3 and gradient accumulation: reduce-scatter every "
+                                            "micro-batch (sharded, default) or once per step (unsharded)",
+                                 choices=GRAD_ACCUM_MODES)
+    dp_shard: int = _flag(0, "HSDP: shard within groups of this many dp ranks, replicate across them "
+                             "(default 0: all of dp)", bounds=(0, MAX_PLAN_SIZE))
+    grad_compression: str = _flag("none", "low-rank gradient compression of the data-parallel all-reduce "
+                                          "(zero 0; default none)", choices=GRAD_COMPRESSIONS)
+    powersgd_rank: int = _flag(4, "PowerSGD rank (default 4)", bounds=(1, 1024), commands=BOTH)
+    ddp_bucket_mb: int = _flag(0, "DDP gradient bucket size in MiB (default 0: the framework's)", bounds=(0, 65536))
+    fsdp_prefetch: int = _flag(1, "FSDP2 all-gather prefetch depth in blocks (default 1)", bounds=(1, 8))
     #: the framework the plan is estimated as run by (cost/frameworks.py: its documented
     #: differences in saved activations, recompute, state bytes and overlap)
-    framework: str = "megatron"
+    framework: str = _flag("megatron", "estimate as run by this framework: torchtitan-eager is torchtitan without "
+                                       "torch.compile, torchtitan-eager-loss compiled blocks with an eager loss "
+                                       "(torchtitan before 2025-04), internevo the InternLM trainer; their documented "
+                                       "differences: docs/cost_model.md (default megatron)",
+                           choices=FRAMEWORKS, commands=BOTH)
     #: expert tensor parallel (module docstring, ``etp``); 1 keeps every plan's JSON as before
-    etp: int = 1
+    etp: int = _flag(1, "expert tensor parallel: each routed expert's FFN split etp ways, the expert grid "
+                        "etp x ep x edp folded out of tp x cp x dp (Megatron --expert-tensor-parallel-size; "
+                        "default 1)", bounds=_DEGREE, commands=BOTH)
     #: with recompute full, layers recomputed per stage/chunk (module docstring); 0 = all
-    recompute_layers: int = 0
+    recompute_layers: int = _flag(0, "with --recompute full: recompute only the first N layers of each pipeline "
+                                     "stage/chunk (Megatron --recompute-method block --recompute-num-layers N; "
+                                     "default 0: all)", bounds=(0, MAX_PLAN_SIZE),
+                                  bounds_text="must be 0 (all layers) or a positive layer count")
     #: attention kernel: fused (flash) or unfused (probabilities kept; module docstring)
-    attention: str = "fused"
+    attention: str = _flag("fused", "attention kernel: fused (flash; default) or unfused (the softmax "
+                                    "probabilities kept for backward)", choices=ATTENTIONS)
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -255,25 +304,24 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        """The plan in the JSON file ``path`` (:func:`plan_from_json` reads what it holds)."""
         from .inputs import read_json
         data = read_json(path, "plan")  # one-line errors for missing/directory/non-UTF-8/non-JSON/deep files
-        if isinstance(data, dict) and data.get("plans") == []:
-            raise PartitaError(f"plan file {path} holds an empty list of plans; pass a file with at least one")
-        if isinstance(data, dict) and isinstance(data.get("plans"), list) and data["plans"]:
-            data = data["plans"][0]  # the output of `partita plan --json`: its best plan
-        if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):
-            data = data["plan"]  # an estimate (`partita estimate --json`)
-        if not isinstance(data, dict):
-            raise PartitaError(f"plan file {path} must hold a JSON object")
-        return cls.from_dict(data, f"plan file {path}")
+        return plan_from_json(data, f"plan file {path}")
 
     @classmethod
     def parse(cls, text: str, world_size: int | None = None, defaults: dict[str, Any] | None = None) -> "Plan":
-        """Parse ``"dp=2,tp=2,mbs=1"`` (or a path to a plan JSON).
+        """The plan ``text`` names: a plan file's path, the JSON text of a plan, or
+        ``"dp=2,tp=2,mbs=1"`` - the one reader of a ``--plan`` value, used by every command.
 
-        Unspecified degrees are 1, except dp, which fills ``world_size`` when given.
-        """
-        if text.endswith(".json") or Path(text).is_file():
+        In a ``key=value`` string, fields not given come from ``defaults``, then
+        :func:`plan_from_fields` (dp fills ``world_size`` when given). A file or JSON text is
+        the whole plan (``defaults`` do not apply)."""
+        text = str(text)
+        if text.lstrip().startswith("{"):
+            from .inputs import loads_json
+            return plan_from_json(loads_json(text, "--plan JSON", "plan"), "--plan JSON")
+        if text.endswith(".json") or _is_file(text):
             return cls.load(text)
         data: dict[str, Any] = dict(defaults or {})
         given: set[str] = set()
@@ -286,22 +334,132 @@ class Plan:
                                                               else f"{key} is given twice"))
             given.add(key)
             data[key] = value
-        for axis in ("tp", "pp", "cp", "dp", "mbs"):
-            if axis in data and not 1 <= int(_coerce(axis, data[axis], "plan")) <= MAX_PLAN_SIZE:
-                raise PartitaError(f"plan: {axis} must be from 1 to {MAX_PLAN_SIZE:,}, got {data[axis]}")
-        if "dp" not in data and world_size:
-            other = 1
-            for axis in ("tp", "pp", "cp"):
-                other *= int(_coerce(axis, data.get(axis, 1), "plan"))
-            if world_size % other:
-                raise PartitaError(f"plan: tp*pp*cp = {other} does not divide the world size {world_size}")
-            data["dp"] = world_size // other
-        if "gbs" not in data:
-            dp = int(_coerce("dp", data.get("dp", 1), "plan"))
-            mbs = int(_coerce("mbs", data.get("mbs", 1), "plan"))
-            pp = int(_coerce("pp", data.get("pp", 1), "plan"))
-            data["gbs"] = dp * mbs * pp  # enough micro-batches to fill the pipeline
-        return cls.from_dict(data, "plan")
+        return plan_from_fields(data, world_size)
+
+
+_FIELDS = {f.name: f for f in fields(Plan)}
+#: (name, choices, low, high) of every field with allowed values or bounds (:func:`_field_problems`)
+_CHECKS = tuple((f.name, f.metadata["choices"], *(f.metadata["bounds"] or (None, None))) for f in fields(Plan)
+                if f.metadata["choices"] is not None or f.metadata["bounds"] is not None)
+
+
+def _is_file(text: str) -> bool:
+    """Whether ``text`` names a file (False for a name the system cannot look up: too long, a NUL)."""
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def plan_from_json(data: Any, where: str) -> Plan:
+    """The plan in parsed JSON ``data``: a plan, the output of ``partita plan --json`` (its
+    best plan) or of ``partita estimate --json`` (its plan)."""
+    if isinstance(data, dict) and data.get("plans") == []:
+        raise PartitaError(f"{where} holds an empty list of plans; pass a file with at least one")
+    if isinstance(data, dict) and isinstance(data.get("plans"), list) and data["plans"]:
+        data = data["plans"][0]  # the output of `partita plan --json`: its best plan
+    if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):
+        data = data["plan"]  # an estimate (`partita estimate --json`)
+    if not isinstance(data, dict):
+        raise PartitaError(f"{where} must hold a JSON object")
+    return Plan.from_dict(data, where)
+
+
+def plan_from_fields(data: dict[str, Any], world_size: int | None = None, where: str = "plan",
+                     world_name: str = "the world size") -> Plan:
+    """A plan from some of its fields (strings as in ``tp=2``, or typed values): the one place
+    that fills what is not given, for plan strings (:meth:`Plan.parse`) and flags alike.
+
+    Every given field is checked first (:func:`parse_field`: one line naming the field and
+    its range). dp fills ``world_size`` (named ``world_name`` in the error) over tp*pp*cp;
+    gbs defaults to dp*mbs*pp, enough micro-batches to fill the pipeline; sp and the
+    schedule follow tp and vpp (:meth:`Plan.from_dict`)."""
+    known = {f.name for f in fields(Plan)}
+    typed = {k: parse_field(k, v, where) if k in known else v for k, v in data.items()}
+    if "dp" not in typed and world_size:
+        other = typed.get("tp", 1) * typed.get("pp", 1) * typed.get("cp", 1)
+        if world_size % other:
+            raise PartitaError(f"{where}: tp*pp*cp = {other} does not divide {world_name} {world_size}")
+        typed["dp"] = world_size // other
+    if "gbs" not in typed:
+        typed["gbs"] = typed.get("dp", 1) * typed.get("mbs", 1) * typed.get("pp", 1)
+    return Plan.from_dict(typed, where)
+
+
+def _number_text(n: int) -> str:
+    """``16,777,216`` but ``1024``: thousands separated from five digits on."""
+    return f"{n:,}" if abs(n) >= 10_000 else str(n)
+
+
+def _choices_text(choices: tuple) -> str:
+    """``0, 1, 2 or 3``, ``fp32 or bf16``, ``one of none, selective, full``."""
+    names = [str(c) for c in choices]
+    if len(names) == 2 or all(isinstance(c, int) for c in choices):
+        return ", ".join(names[:-1]) + " or " + names[-1]
+    return "one of " + ", ".join(names)
+
+
+def field_meta(name: str) -> Any:
+    """The metadata of the plan field ``name`` (:func:`_flag`)."""
+    return _FIELDS[name].metadata
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of plan field ``name``: ``--global-batch`` for gbs, ``--seq-len``."""
+    return field_meta(name)["flag"] or "--" + name.replace("_", "-")
+
+
+def flag_dest(name: str) -> str:
+    """Where argparse (or a config dataclass) keeps field ``name``'s flag: ``global_batch`` for gbs."""
+    return flag_name(name)[2:].replace("-", "_")
+
+
+def plan_fields_of(values: Any, names: Any = None) -> dict[str, Any]:
+    """``{field: value}`` of the plan flags set (not None) in ``values``, an object whose
+    attributes are named as the flags are (:func:`flag_dest`: an argparse namespace, the
+    train launcher's ``LaunchConfig``), over ``names`` (default: every plan field). The
+    launcher's --global-batch / --seq-len / --mbs become plan fields through it."""
+    out = {}
+    for name in names if names is not None else _FIELDS:
+        value = getattr(values, flag_dest(name), None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def field_problem(name: str, value: Any) -> str | None:
+    """What is wrong with the typed ``value`` of field ``name`` by itself ("must be from 1 to
+    16,777,216, got 0"), or None: the one check of each field's allowed values and bounds,
+    shared by :func:`validate`, plan strings and the command-line flags."""
+    meta = field_meta(name)
+    if meta["choices"] is not None and value not in meta["choices"]:
+        return f"must be {_choices_text(meta['choices'])}, got {value!r}"
+    bounds = meta["bounds"]
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        return (meta["bounds_text"] or f"must be from {_number_text(bounds[0])} to {_number_text(bounds[1])}") \
+            + f", got {value}"
+    if name == "layer_split" and value and not all(-1 < n <= MAX_PLAN_SIZE for n in value):
+        return f"entries must be from 0 to {MAX_PLAN_SIZE:,}, got {list(value)}"
+    return None
+
+
+def field_value(name: str, value: Any) -> Any:
+    """``value`` (text or JSON) as field ``name``'s type, checked by :func:`field_problem`;
+    a ``ValueError`` whose message does not name the field (the caller does: "plan: tp ...",
+    "argument --tp: ...")."""
+    typed = _typed(name, value)
+    problem = field_problem(name, typed)
+    if problem:
+        raise ValueError(problem)
+    return typed
+
+
+def parse_field(name: str, value: Any, where: str = "plan") -> Any:
+    """:func:`field_value` with a one-line :class:`PartitaError` naming ``where`` and the field."""
+    try:
+        return field_value(name, value)
+    except ValueError as e:
+        raise PartitaError(f"{where}: {name} {e}") from None
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "y": True,
@@ -310,33 +468,42 @@ _BOOL = {"true": True, "1": True, "yes": True, "on": True, "y": True,
 
 def _coerce(name: str, value: Any, where: str) -> Any:
     """Convert a JSON or key=value string value to the field's type, with a clear error."""
-    kind = {f.name: f.type for f in fields(Plan)}[name]
+    try:
+        return _typed(name, value)
+    except ValueError as e:
+        raise PartitaError(f"{where}: {name} {e}") from None
+
+
+def _typed(name: str, value: Any) -> Any:
+    """``value`` as field ``name``'s type (``ValueError`` saying what it must be); string
+    values lower-cased, with the schedule and recompute short names expanded."""
+    kind = _FIELDS[name].type
     if name == "layer_split":
         if value in (None, "", "none"):
             return None
         if isinstance(value, str):
-            value = value.replace("/", " ").replace(":", " ").split()
+            value = value.replace("/", " ").replace(":", " ").replace(",", " ").split()
         try:
             if any(isinstance(v, (bool, float)) for v in value):  # int(1.5) would truncate silently
                 raise ValueError(value)
             return tuple(int(v) for v in value)
         except (TypeError, ValueError):
-            raise PartitaError(f"{where}: layer_split must be a list of integers, got {value!r}") from None
+            raise ValueError(f"must be a list of integers, got {value!r}") from None
     if kind == "bool":
         if isinstance(value, bool):
             return value
         if str(value).lower() in _BOOL:
             return _BOOL[str(value).lower()]
-        raise PartitaError(f"{where}: {name} must be true or false, got {value!r}")
+        raise ValueError(f"must be true or false, got {value!r}")
     if kind == "int":
         if isinstance(value, bool):
-            raise PartitaError(f"{where}: {name} must be an integer, got {value!r}")
+            raise ValueError(f"must be an integer, got {value!r}")
         try:
             number = int(value)
         except (TypeError, ValueError, OverflowError):
-            raise PartitaError(f"{where}: {name} must be an integer, got {value!r}") from None
+            raise ValueError(f"must be an integer, got {value!r}") from None
         if str(number) != str(value).strip() and not isinstance(value, int):
-            raise PartitaError(f"{where}: {name} must be an integer, got {value!r}")
+            raise ValueError(f"must be an integer, got {value!r}")
         return number
     text = str(value).lower()
     text = {"1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zb": "zero-bubble",
@@ -350,36 +517,13 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     This is the only place plan constraints are written down; the search, the
     estimator and the runtime all call it.
     """
-    errs: list[str] = []
-    for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "gbs", "seq_len"):
-        if not 1 <= getattr(plan, name) <= MAX_PLAN_SIZE:
-            errs.append(f"{name} must be from 1 to {MAX_PLAN_SIZE:,}, got {getattr(plan, name)}")
-    if plan.layer_split and not all(-1 < n <= MAX_PLAN_SIZE for n in plan.layer_split):
-        errs.append(f"layer_split entries must be from 0 to {MAX_PLAN_SIZE:,}, got {list(plan.layer_split)}")
+    errs = _field_problems(plan)
     if errs:
-        return errs
-    if plan.zero not in (0, 1, 2, 3):
-        errs.append(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
-    if plan.recompute not in RECOMPUTE:
-        errs.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got {plan.recompute!r}")
-    if plan.recompute_layers < 0:
-        errs.append(f"recompute_layers must be 0 (all layers) or a positive layer count, got {plan.recompute_layers}")
-    elif plan.recompute_layers and plan.recompute != "full":
+        return errs  # the checks below combine fields (and divide by them)
+    if plan.recompute_layers and plan.recompute != "full":
         errs.append(f"recompute_layers={plan.recompute_layers} needs recompute=full (it recomputes that many whole "
                     f"layers per stage), got recompute={plan.recompute}")
-    if plan.dtype not in DTYPES:
-        errs.append(f"dtype must be one of {', '.join(DTYPES)}, got {plan.dtype!r}")
-    if plan.grad_dtype not in ("fp32", "bf16"):
-        errs.append(f"grad_dtype must be fp32 or bf16, got {plan.grad_dtype!r}")
-    if plan.schedule not in SCHEDULES:
-        errs.append(f"schedule must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
-    if plan.framework not in FRAMEWORKS:
-        errs.append(f"framework must be one of {', '.join(FRAMEWORKS)}, got {plan.framework!r}")
-    if plan.attention not in ATTENTIONS:
-        errs.append(f"attention must be one of {', '.join(ATTENTIONS)}, got {plan.attention!r}")
-    if plan.grad_accum_mode not in GRAD_ACCUM_MODES:
-        errs.append(f"grad_accum_mode must be sharded or unsharded, got {plan.grad_accum_mode!r}")
-    if plan.dp_shard < 0 or (plan.dp_shard and plan.dp % plan.dp_shard):
+    if plan.dp_shard and plan.dp % plan.dp_shard:
         errs.append(f"dp_shard must be 0 (all of dp) or a divisor of dp={plan.dp}, got {plan.dp_shard}")
     elif 0 < plan.dp_shard < plan.dp and plan.zero < 1:
         errs.append(f"dp_shard={plan.dp_shard} < dp (HSDP) needs zero 1, 2 or 3 (something to shard), got zero 0")
@@ -406,24 +550,26 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     return errs
 
 
+def _field_problems(plan: Plan) -> list[str]:
+    """Each field by itself against its metadata (:func:`field_problem` words the line);
+    inlined over :data:`_CHECKS` because the search validates every candidate."""
+    values = plan.__dict__
+    errs = [f"{name} {field_problem(name, values[name])}" for name, choices, low, high in _CHECKS
+            if ((values[name] not in choices) if choices is not None else not low <= values[name] <= high)]
+    if plan.layer_split and field_problem("layer_split", plan.layer_split):
+        errs.append(f"layer_split {field_problem('layer_split', plan.layer_split)}")
+    return errs
+
+
 def _validate_compression(plan: Plan) -> list[str]:
-    """The communication knobs (issue 17): one line per bad value, naming the right ones."""
+    """The communication knobs (issue 17) that combine with other fields, one line each."""
     errs: list[str] = []
-    if plan.grad_compression not in GRAD_COMPRESSIONS:
-        errs.append(f"grad_compression must be none or powersgd, got {plan.grad_compression!r}")
-    elif plan.grad_compression == "powersgd":
-        if not 1 <= plan.powersgd_rank <= 1024:
-            errs.append(f"powersgd_rank must be from 1 to 1024, got {plan.powersgd_rank}")
+    if plan.grad_compression == "powersgd":
         if plan.zero != 0:
             errs.append(f"grad_compression=powersgd needs zero 0 (it all-reduces low-rank factors; ZeRO {plan.zero} "
                         "reduce-scatters gradient shards, which cannot carry them)")
         if plan.grad_dtype == "bf16":
             errs.append("grad_compression=powersgd already compresses the gradients; use grad_dtype fp32 with it")
-    if not 0 <= plan.ddp_bucket_mb <= 65536:
-        errs.append(f"ddp_bucket_mb must be from 0 (framework default) to 65536, got {plan.ddp_bucket_mb}")
-    if not 1 <= plan.fsdp_prefetch <= 8:
-        errs.append(f"fsdp_prefetch must be from 1 (FSDP2's implicit next-block prefetch) to 8 blocks ahead, "
-                    f"got {plan.fsdp_prefetch}")
     return errs
 
 

@@ -11,7 +11,7 @@ import typing
 from typing import Any, TypeVar
 
 from ..errors import PartitaError
-from ..inputs import MAX_BATCH, MAX_DEGREE, MAX_DEVICES_PER_NODE, MAX_SEQ_LEN
+from ..inputs import MAX_DEGREE, MAX_DEVICES_PER_NODE
 from .types import positive_int
 
 C = TypeVar("C")
@@ -41,7 +41,7 @@ def tokens_arg(text: str) -> str:
 
 
 def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None:
-    """Model, hardware and batch flags of ``plan`` (with the default scenario) and ``estimate``."""
+    """Model and hardware flags of ``plan`` (with the default scenario) and ``estimate``."""
     p.add_argument("--model", default="llama-65b" if defaults else None, required=not defaults,
                    help="preset name (partita models) or a config.json path")
     p.add_argument("--hardware", default="ascend-910b2" if defaults else None, required=not defaults,
@@ -53,24 +53,15 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
     p.add_argument("--devices-per-node", type=positive_int(MAX_DEVICES_PER_NODE), help="devices per node (default: the device file's)")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", dest="overrides",
                    help="override a hardware field, e.g. --set inter_node.gbps_per_direction=25")
-    p.add_argument("--seq-len", type=positive_int(MAX_SEQ_LEN), default=2048, help="sequence length in tokens")
-    p.add_argument("--global-batch", type=positive_int(MAX_BATCH), help="global batch in sequences")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], help="training precision")
     p.add_argument("--tokens", type=tokens_arg, help="total training tokens, e.g. 1.4T: print run days and device-hours")
-    p.add_argument("--framework", help="estimate as run by megatron (default), mindspeed, torchtitan, torchtitan-eager "
-                                       "(torchtitan without torch.compile), torchtitan-eager-loss (compiled blocks, eager loss: "
-                                       "torchtitan before 2025-04), deepspeed, internevo (the InternLM trainer) or "
-                                       "partita: their documented "
-                                       "differences (docs/cost_model.md)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    # the plan's own flags (--global-batch, --seq-len, --dtype, --framework, the degrees, ...)
+    # are generated from the Plan fields by partita.cli.plan_flags.add_plan_flags
 
 
 def framework_arg(args: argparse.Namespace) -> str | None:
-    """The ``--framework`` name, checked (one-line error listing the valid names), or None."""
-    if getattr(args, "framework", None) is None:
-        return None
-    from ..cost.frameworks import get_framework
-    return get_framework(args.framework).name
+    """The ``--framework`` name (checked by its flag against the plan's frameworks), or None."""
+    return getattr(args, "framework", None)
 
 
 def cluster_and_model(args: argparse.Namespace):
@@ -150,6 +141,7 @@ def add_config_arguments(p: argparse.ArgumentParser, cls: type, command: str) ->
         kind = _flag_type(hints[f.name])
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         kwargs: dict[str, Any] = {"dest": f.name, "help": meta.get("help")}
+        names = [flag]
         if kind is bool:
             kwargs.update(action=argparse.BooleanOptionalAction if f.default is True else "store_true",
                           default=bool(f.default))
@@ -159,7 +151,10 @@ def add_config_arguments(p: argparse.ArgumentParser, cls: type, command: str) ->
                 kwargs["default"] = f.default
             if meta.get("choices"):
                 kwargs["choices"] = list(meta["choices"])
-        p.add_argument(flag, **kwargs)
+        if meta.get("plan_field"):  # a plan field's flag: the plan's check and aliases (cli/plan_flags.py)
+            from .plan_flags import plan_flag_kwargs
+            names += [a for a in plan_flag_kwargs(meta["plan_field"], kwargs) if a != flag]
+        p.add_argument(*names, **kwargs)
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **changes: Any) -> C:

@@ -253,10 +253,11 @@ def cmd_estimate_traced(args: argparse.Namespace) -> int:
     """``partita estimate --model module:factory ...``: one plan's breakdown."""
     from ..estimate import estimate
     from ..plan import Plan
+    from .plan_flags import read_plan_arg
     spec = load_traced(args)
     cluster = _cluster(args)
     if getattr(args, "plan", None):
-        plan = Plan.load(args.plan)
+        plan = read_plan_arg(args.plan, cluster.world_size)
     else:
         tp, pp = args.tp or 1, args.pp or 1
         if args.global_batch is None:

@@ -36,13 +36,19 @@ BOTH = ("train", "profile")
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None,
            commands: tuple[str, ...] = BOTH, flag: str | None = None,
-           bounds: tuple[float, float] | None = None) -> Any:
+           bounds: tuple[float, float] | None = None, plan_field: str | None = None) -> Any:
     """A config field with the metadata its command-line flag is generated from: ``help``,
     ``choices``, the ``commands`` that offer it (empty: not a flag), the ``flag`` name
     (default ``--`` + the field name with dashes) and the ``bounds`` (low, high) a number
     must lie in (checked at parse time, the range named in the error). No default: the
-    flag is required."""
-    meta = {"help": help, "choices": choices, "commands": commands, "flag": flag, "bounds": bounds}
+    flag is required. A ``plan_field`` option sets that :class:`~partita.plan.Plan` field:
+    its allowed values, bounds and check are the plan's (``partita.plan.field_problem``),
+    not typed again here."""
+    if plan_field is not None:
+        from ..plan import field_meta
+        choices, bounds = field_meta(plan_field)["choices"], field_meta(plan_field)["bounds"]
+    meta = {"help": help, "choices": choices, "commands": commands, "flag": flag, "bounds": bounds,
+            "plan_field": plan_field}
     return field(default=default, metadata=meta)
 
 
@@ -158,15 +164,16 @@ class LaunchConfig:
     hardware: str | None = option(None, "print the planner's prediction and MFU against this device's peak")
     no_progress: bool = option(False, "plain lines instead of a progress bar")
     run_dir: str | None = option(None, "where the plan, metrics and logs go (default: runs/<timestamp> here)")
-    global_batch: int | None = option(None, "global batch in sequences (the plan string's gbs=)", bounds=(1, 10 ** 9))
-    seq_len: int | None = option(None, "sequence length in tokens (the plan string's seq_len=)", bounds=(1, 10 ** 7))
-    mbs: int | None = option(None, "micro-batch size in sequences (the plan string's mbs=)", bounds=(1, 10 ** 9))
+    global_batch: int | None = option(None, "global batch in sequences (the plan string's gbs=)", plan_field="gbs")
+    seq_len: int | None = option(None, "sequence length in tokens (the plan string's seq_len=)", plan_field="seq_len")
+    mbs: int | None = option(None, "micro-batch size in sequences (the plan string's mbs=)", plan_field="mbs")
     # gradient communication knobs (issue 17): override the plan's fields of the same name
     grad_dtype: str | None = option(None, "data-parallel gradient reduction dtype (overrides the plan's grad_dtype)",
-                                    choices=("fp32", "bf16"))
+                                    plan_field="grad_dtype")
     grad_compression: str | None = option(None, "gradient compression (overrides the plan's; powersgd needs zero 0 "
-                                                "and plain DDP)", choices=("none", "powersgd"))
-    powersgd_rank: int | None = option(None, "PowerSGD rank (overrides the plan's powersgd_rank)", bounds=(1, 1024))
+                                                "and plain DDP)", plan_field="grad_compression")
+    powersgd_rank: int | None = option(None, "PowerSGD rank (overrides the plan's powersgd_rank)",
+                                       plan_field="powersgd_rank")
 
     @property
     def world(self) -> int:
