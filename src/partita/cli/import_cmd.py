@@ -17,10 +17,10 @@ import sys
 from typing import Any
 
 from ..errors import PartitaError
+from ..export.registry import importable_names
 from ..inputs import MAX_DEGREE, MAX_SEQ_LEN
 from .types import positive_int
 
-TARGETS = ("megatron", "mindspeed", "deepspeed", "torchtitan")
 #: torchrun / torch.distributed.run / deepspeed launcher flags giving ranks per node and nodes.
 _PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
 _NODES = ("--nnodes", "--num_nodes", "--num-nodes")
@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("script", metavar="FILE", help="launch script, ds_config.json, torchtitan overrides or TOML")
     p.add_argument("--devices", type=positive_int(MAX_DEGREE),
                    help="world size (default: the script's torchrun/deepspeed --nproc-per-node x --nnodes)")
-    p.add_argument("--from", dest="source", choices=TARGETS, help="the file's framework (default: detected)")
+    p.add_argument("--from", dest="source", choices=importable_names(), help="the file's framework (default: detected)")
     p.add_argument("--model", help="model preset or config.json: gives the layer count (vpp of torchtitan's "
                                    "layers_per_stage) and checks the plan against the model")
     p.add_argument("--seq-len", type=positive_int(MAX_SEQ_LEN), default=2048,
