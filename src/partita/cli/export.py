@@ -12,7 +12,8 @@ from ..inputs import check_output_path
 def add_parser(sub) -> None:
     exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan config")
     exp.add_argument("--to", required=True, choices=target_names(), help=targets_help())
-    exp.add_argument("plan_file", metavar="PLAN.json", help="a plan (or the output of plan/estimate --json)")
+    exp.add_argument("plan_file", metavar="PLAN", help="a plan file (or the output of plan/estimate --json), its JSON "
+                                                       "text, or fields such as tp=2,pp=2,gbs=8")
     exp.add_argument("--model", help="add the model shape (Megatron/MindSpeed) and check the plan against it")
     exp.add_argument("-o", "--output", help="write here instead of stdout")
     exp.set_defaults(func=cmd_export)
@@ -32,8 +33,9 @@ def _load_model(name: str | None):
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ..export import export
-    from ..plan import Plan, check
-    plan = Plan.load(args.plan_file)
+    from ..plan import check
+    from .plan_flags import read_plan_arg
+    plan = read_plan_arg(args.plan_file, flag="PLAN")
     model = _load_model(args.model)
     check(plan, model)  # the plan's own constraints always; the model's when given
     if args.output is not None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from ..errors import PartitaError
 from ..export.registry import target_names
-from ..inputs import MAX_DEGREE, MAX_TOP, MAX_VPP
+from ..inputs import MAX_TOP
+from ..search.space import SearchSpace
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
+from .plan_flags import add_plan_flags
 from .plan_report import add_report_arg
 from .traced import add_trace_args, cmd_plan_traced, is_traced
 
@@ -21,12 +24,10 @@ DEFAULT_SCENARIO = ("LLaMA-65B on 512 Ascend 910B NPUs (64 nodes x 8, HCCS insid
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="search for the best plan (no arguments: " + DEFAULT_SCENARIO + ")")
     add_cluster_args(p, defaults=True)
+    add_plan_flags(p, "plan", plan_defaults=("seq_len", "powersgd_rank"),
+                   fixed=[f.name for f in dataclasses.fields(SearchSpace)])
     p.set_defaults(global_batch=2048, tokens="1.4T")
     p.add_argument("--top", type=positive_int(MAX_TOP), default=5, help="how many plans to show")
-    for knob in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
-        p.add_argument(f"--{knob}", type=positive_int(MAX_VPP if knob == "vpp" else MAX_DEGREE), help=f"fix {knob}")
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="fix the ZeRO stage")
-    p.add_argument("--recompute", choices=["none", "selective", "full"], help="fix recomputation")
     p.add_argument("--no-zero3", action="store_true", help="forbid ZeRO-3 / FSDP")
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
     p.add_argument("--max-memory-gib", type=finite_float(0, 1e6), help="memory cap per device")
@@ -42,7 +43,6 @@ def add_parser(sub) -> None:
                    help="gradient communication knobs tried on the best plans: default (bf16 reduction where it "
                         "saves >= 1%%), lossy (also PowerSGD at --powersgd-rank), none, or a list such as "
                         "bf16,powersgd (docs/compression.md)")
-    p.add_argument("--powersgd-rank", type=positive_int(1024), default=4, help="PowerSGD rank tried (default 4)")
     p.set_defaults(func=cmd_plan)
 
 
