@@ -278,3 +278,49 @@ def test_importing_planning_code_loads_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------ plan flags from Plan (issue 31 item 2)
+PLAN_FLAG_SOURCES = ("cli", "train/config.py")  # where flags are declared
+
+
+def _literal_choices(path: Path) -> list[tuple[int, frozenset]]:
+    """(line, values) of every ``choices=`` given as a literal list/tuple/set in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.keyword) and node.arg == "choices" \
+                and isinstance(node.value, (ast.List, ast.Tuple, ast.Set)):
+            try:
+                out.append((node.value.lineno, frozenset(str(v) for v in ast.literal_eval(node.value))))
+            except ValueError:
+                continue
+    return out
+
+
+def test_plan_flags_are_generated_from_plan():
+    """Every Plan field carries its flag metadata (plan._flag: flag, allowed values or bounds,
+    help, commands), each appears in the --help of the commands it names, and no flag
+    declaration types a field's allowed values again (they drifted: --dtype, --zero,
+    --recompute, --schedule, --grad-dtype in cli/*.py and train/config.py)."""
+    import dataclasses
+
+    from partita import plan
+    from partita.cli.main import build_parser
+    plan_fields = dataclasses.fields(plan.Plan)
+    bare = [f.name for f in plan_fields if "commands" not in f.metadata or "estimate" not in f.metadata["commands"]]
+    assert not bare, f"Plan fields without flag metadata (plan._flag) or not offered by estimate: {bare}"
+    flag_name = plan.flag_name
+    value_sets = {frozenset(str(c) for c in f.metadata["choices"]): f.name for f in plan_fields
+                  if f.metadata["choices"]}
+    retyped = [f"{path.relative_to(SRC)}:{line}: choices= repeats Plan.{value_sets[values]}'s values"
+               for where in PLAN_FLAG_SOURCES for path in sorted((SRC / PACKAGE / where).rglob("*.py")
+                                                                   if (SRC / PACKAGE / where).is_dir()
+                                                                   else [SRC / PACKAGE / where])
+               for line, values in _literal_choices(path) if values in value_sets]
+    assert not retyped, "import the allowed values from partita.plan (or generate the flag):\n" + "\n".join(retyped)
+    sub = next(a for a in build_parser()._actions if a.choices and "estimate" in a.choices).choices
+    for command in ("estimate", "plan"):
+        offered = {opt for action in sub[command]._actions for opt in action.option_strings}
+        missing = [flag_name(f.name) for f in plan_fields
+                   if command in f.metadata["commands"] and flag_name(f.name) not in offered]
+        assert not missing, f"partita {command} lacks the flags of its Plan fields: {missing}"

@@ -14,7 +14,7 @@ from typing import Protocol
 from ..cost.memory import GIB, peak_memory
 from ..cost.step import estimate_step_time
 from ..estimate import Estimate
-from ..plan import Plan
+from ..plan import RECOMPUTE, Plan
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .layouts import EXPLAINED_KNOBS, Layout, LayoutQueue
@@ -32,7 +32,7 @@ def nearest_values(knob: str, mine, values) -> list:
 def knob_order(knob: str, value) -> float:
     """Position of a knob value on its axis: log2 for degrees, list index for modes."""
     if knob == "recompute":
-        return ["none", "selective", "full"].index(value)
+        return RECOMPUTE.index(value)
     return math.log2(value) if isinstance(value, int) and value > 0 else float(value)
 
 
