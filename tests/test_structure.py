@@ -324,3 +324,29 @@ def test_plan_flags_are_generated_from_plan():
         missing = [flag_name(f.name) for f in plan_fields
                    if command in f.metadata["commands"] and flag_name(f.name) not in offered]
         assert not missing, f"partita {command} lacks the flags of its Plan fields: {missing}"
+
+
+def _target_name_literals(path: Path, names: frozenset[str]) -> list[int]:
+    """Lines of ``path`` where a literal list, tuple, set or dict (its keys) holds exactly the
+    export target names: a second list of the targets, which drifts from the registry."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        items = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(
+            node, (ast.List, ast.Tuple, ast.Set)) else None
+        strings = {i.value for i in items or () if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+        if strings == names:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_one_list_of_export_targets():
+    """The export targets are listed once, in partita.export.registry: no other module spells
+    their names as a literal collection (they were typed four times: the dispatcher, export --to,
+    plan --export, import --from)."""
+    from partita.export.registry import TARGETS
+    names = frozenset(t.name for t in TARGETS)
+    assert len(names) >= 4
+    registry = MODULES["partita.export.registry"]
+    listed = [f"{path.relative_to(SRC)}:{line}" for name, path in MODULES.items() if path != registry
+              for line in _target_name_literals(path, names)]
+    assert not listed, "read the targets from partita.export.registry instead of listing them:\n" + "\n".join(listed)
