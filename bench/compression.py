@@ -60,7 +60,7 @@ def _worker(tokens: str, steps: int, out: str, knobs: dict, seed: int = 0) -> No
     import torch
     import torch.distributed as dist
 
-    from partita.models.builder import build_named_model
+    from partita.models import build_named_model
     from partita.plan import Plan
     from partita.profile.collective_counter import CollectiveCounter, route_builtin_ddp_reduction
     from partita.runtime.compression import START_ITER
@@ -110,7 +110,7 @@ def _diloco_replica(rid: int, lighthouse: str, tokens: str, steps: int, sync_eve
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
-    from partita.models.builder import build_named_model
+    from partita.models import build_named_model
     from partita.plan import Plan
     from partita.runtime.parallelize import parallelize
     from partita.train.data import PackedTokens

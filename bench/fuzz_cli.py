@@ -670,7 +670,7 @@ def _child(case: Case) -> dict:
     """Run one case in this (forked) process; returns what came out."""
     if not case.launch_ok:
         import partita.cli.calibrate as cal
-        import partita.train.launch as launch
+        import partita.train.supervise as launch
         cal._run_group = _no_launch
         launch.run_watched = _no_launch
     # a run that starts torchrun hands it our stdout: a real file then, not a StringIO

@@ -90,7 +90,7 @@ def test_profile_grad_dtype_flag_halves_the_measured_bytes(tmp_path):
 def test_knob_flag_that_breaks_the_plan_is_one_line(tmp_path):
     from partita.errors import PartitaError
     from partita.train.config import LaunchConfig, TrainConfig
-    from partita.train.launch import prepare_run
+    from partita.train.resolve import prepare_run
     launch = LaunchConfig(plan="dp=2,zero=1", nproc=2, run_dir=str(tmp_path / "run"), grad_compression="powersgd")
     with pytest.raises(PartitaError, match="grad_compression=powersgd needs zero 0"):
         prepare_run(TrainConfig(model="tiny-llama"), launch, say=print)

@@ -64,7 +64,7 @@ def _hang_s(argv: list[str]) -> float:
 
 _TRAIN_CHILD = """
 import io, json, sys, traceback
-import partita.train.launch as launch
+import partita.train.supervise as launch
 from partita.cli import main
 class Launched(BaseException): pass
 def refuse(*a, **k): raise Launched()
@@ -113,7 +113,7 @@ def run_cli(argv: list[str], no_launch: bool = False) -> dict:
         result: dict = {"raised": None}
         try:
             if no_launch:
-                import partita.train.launch as launch
+                import partita.train.supervise as launch
                 launch.run_watched = _refuse_launch
             result["rc"] = partita_main(argv)
         except _Launched:

@@ -82,14 +82,8 @@ class LiveBytes(TorchDispatchMode):
 
 
 def build(name: str, meta: bool):
-    from partita.models.hf import TINY, build_hf_model
-    from partita.models.llama import build_model
-    from partita.runtime.hf_moe import TINY_MOE, build_tiny_moe
-    if name in TINY:
-        return build_hf_model(name, SEED, meta=meta)
-    if name in TINY_MOE:
-        return build_tiny_moe(name, SEED, meta=meta)
-    return build_model(name, SEED, device="meta" if meta else "cpu")
+    from partita.models.registry import resolve_model
+    return resolve_model(name, checks=True).build(SEED, meta=meta)
 
 
 def held_bytes(pm) -> int:

@@ -115,7 +115,7 @@ def test_run_dir_holds_plan_and_config_and_the_worker_gets_only_it(tmp_path):
     # worker will read, with the values the launcher derives filled in
     from partita.plan import Plan
     from partita.train.config import LaunchConfig, TrainConfig
-    from partita.train.launch import prepare_run
+    from partita.train.resolve import prepare_run
     config = TrainConfig(model="tiny-llama", steps=7, lr=0.01, optimizer="sgd", momentum=0.9, json=True)
     launch = LaunchConfig(plan="dp=2", nproc=2, hardware="cpu", run_dir=str(tmp_path / "run"))
     run = prepare_run(config, launch, say=print)
@@ -180,7 +180,7 @@ def test_bad_train_input_is_one_line_before_any_worker(tmp_path, capsys, args, n
 
 def test_batch_flags_fill_the_plan_and_the_run_dir_defaults_to_runs_timestamp(tmp_path):
     from partita.train.config import LaunchConfig, TrainConfig
-    from partita.train.launch import prepare_run
+    from partita.train.resolve import prepare_run
     config = TrainConfig(model="tiny-llama")
     run = prepare_run(config, LaunchConfig(plan="dp=2", nproc=2, global_batch=4, seq_len=32, mbs=2), say=print)
     assert (run.plan.gbs, run.plan.seq_len, run.plan.mbs, run.plan.dp) == (4, 32, 2, 2)

@@ -62,7 +62,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
            args.device or "auto", args.dtype, str(args.repeats), args.model]
     returncode, stderr = _run_group(cmd, args.timeout_s)
     if returncode:
-        from ..train.launch import root_cause
+        from ..train.supervise import root_cause
         raise PartitaError(f"calibration failed: {root_cause(stderr)}")
     data = json.load(open(args.output))
     eff = data["efficiency"]

@@ -2,7 +2,7 @@
 
 The flags are generated from :class:`~partita.train.config.TrainConfig` (what the
 workers read) and :class:`~partita.train.config.LaunchConfig` (how they are started);
-the work is in :mod:`partita.train.launch`.
+the work is in :mod:`partita.train.resolve` and :mod:`partita.train.supervise`.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
     0 done, 1 a rank failed or the job hung, 2 a user mistake or a refused state (one
     ``partita: error:`` line), 128 + N stopped by signal N (SIGINT 130, SIGTERM 143).
     The checkpoint directory (else the run directory) is locked for the job's life."""
-    from ..train.launch import prepare_run, remove_torchrun_logs, run_watched
+    from ..train.resolve import prepare_run
+    from ..train.supervise import remove_torchrun_logs, run_watched
     from ..train.ownership import STOP_FILE, JobLock
     from ..train.preflight import writable_dir
     from .types import check_device_type
@@ -80,7 +81,7 @@ def report_outcome(outcome) -> int:
     ``partita:`` notes were printed while it ran)."""
     import signal
 
-    from ..train.launch import root_cause
+    from ..train.supervise import root_cause
     if outcome.signal:
         name = signal.Signals(outcome.signal).name
         if f"stopped by {name}" not in outcome.stderr:

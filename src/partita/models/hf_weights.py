@@ -46,12 +46,6 @@ _FUSED = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(gate_up_proj|down_pr
 _ROUTER = re.compile(r"^(model\.layers\.\d+)\.mlp\.gate\.weight$")
 
 
-def has_hf_weights(path: str | Path) -> bool:
-    """A directory with an HF ``config.json`` and ``*.safetensors`` weights."""
-    p = Path(path)
-    return p.is_dir() and (p / "config.json").is_file() and any(p.glob("*.safetensors"))
-
-
 def weight_map(path: Path) -> dict[str, Path]:
     """Tensor name -> file, from the index (sharded) or the files themselves."""
     from safetensors import safe_open

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import PartitaError
+from ..spec.load import load_model
 
 
 @dataclass
@@ -56,11 +57,10 @@ class TransformerConfig:
         return cfg
 
 
-MODEL_PRESETS = {
-    "tiny-llama": TransformerConfig(),
-    "small-llama": TransformerConfig(vocab=2048, hidden=256, layers=4, heads=8, kv_heads=4, ffn_hidden=704),
-    "tiny-moe": TransformerConfig(num_experts=4, top_k=2, expert_ffn_hidden=64, shared_experts=1, shared_ffn_hidden=64),
-}
+#: the reference models' configs, for tests and benchmarks that vary them; read from the
+#: catalog presets of the same names (one source: ``catalog/models``), as ``build_model`` does
+MODEL_PRESETS = {name: TransformerConfig.from_spec(load_model(name))
+                 for name in ("tiny-llama", "small-llama", "tiny-moe")}
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,13 +253,8 @@ def build_model(name_or_cfg: str | TransformerConfig, seed: int = 0, device: str
     ``device="meta"``: parameters on the meta device (no storage, nothing drawn; buffers
     real); :func:`partita.parallelize` shards it and each rank initialises only its shard,
     to exactly the weights ``build_model(name, seed)`` has (:mod:`.init`)."""
-    if isinstance(name_or_cfg, TransformerConfig):
-        cfg = name_or_cfg
-    elif name_or_cfg in MODEL_PRESETS:
-        cfg = MODEL_PRESETS[name_or_cfg]
-    else:
-        from ..spec.load import load_model
-        cfg = TransformerConfig.from_spec(load_model(name_or_cfg))
+    cfg = name_or_cfg if isinstance(name_or_cfg, TransformerConfig) else \
+        TransformerConfig.from_spec(load_model(name_or_cfg))
     if torch.device(device).type == "meta":
         from .init import params_on_meta
         with params_on_meta():

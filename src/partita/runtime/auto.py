@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import PartitaError
 from ..plan import Plan
-from ..spec.model import ModelSpec, MoESpec
+from ..spec.model import ModelSpec
 
 CALIBRATED = "calibrated.json"
 #: plan fields the search space can fix (SearchSpace attributes of the same name)
@@ -27,16 +27,8 @@ _SPACE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "dp", "mbs", "zero", "recompute"
 def model_spec_of(model: nn.Module) -> ModelSpec:
     """The planner's view of a built model: reference Transformers from their config, HF
     models from their ``config.json`` fields (:func:`partita.spec.hf_config.parse_hf_config`)."""
-    from ..models.hf import is_hf
-    if is_hf(model):
-        from ..spec.hf_config import parse_hf_config
-        return parse_hf_config(model.config.to_dict(), "model.config", type(model).__name__)
-    c = model.cfg
-    moe = MoESpec(c.num_experts, c.top_k, c.expert_ffn_hidden, c.shared_experts, c.shared_ffn_hidden) \
-        if c.num_experts else None
-    return ModelSpec(name="partita-model", hidden=c.hidden, layers=c.layers, heads=c.heads, kv_heads=c.kv_heads,
-                     ffn_hidden=c.ffn_hidden, vocab=c.vocab, tied_embeddings=c.tied_embeddings, moe=moe,
-                     source="built torch module")
+    from ..models.registry import family_of
+    return family_of(model).spec_of(model)
 
 
 def default_hardware(device_type: str) -> str:

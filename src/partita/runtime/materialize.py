@@ -1,7 +1,7 @@
 """Meta-device models: storage and weights for this rank's shards only, after the plan is applied.
 
 :func:`partita.parallelize` accepts a model whose parameters are on the meta device
-(``build_model(name, seed, device="meta")``, ``build_hf_model(name, seed, meta=True)``,
+(``build_model(name, seed, device="meta")``, ``resolve_model(name).build(seed, meta=True)``,
 ``build_hf_meta(DIR)``). It splits and shards it while it is still meta (pipeline stages,
 DTensor tensor parallel, expert slices, FSDP2), then :func:`materialize_shards` gives every
 parameter storage of its *local* shape on the device (``_apply(empty_like)``, what

@@ -29,7 +29,7 @@ from .compression import apply_comm_knobs, ddp_kwargs, fsdp_kwargs
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
 from .mesh import build_mesh, new_subgroups
-from ..models.hf import is_hf
+from ..models.registry import family_of
 from ..models.init import is_meta
 from .modules import aux_loss, logits as logits_of
 from .recompute import apply_recompute
@@ -50,8 +50,7 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
     errs = []
     if plan.dtype == "fp8":
         errs.append("fp8 training is not implemented by the runtime yet (plan and estimate it; run bf16)")
-    from ..models.hf import is_hf
-    if is_hf(model):
+    if family_of(model).name == "hf":
         if plan.cp > 1 or (plan.pp > 1 and (plan.tp > 1 or plan.ep > 1)):
             errs.append("HF models run with dp/zero, tp, ep (Mixtral, Qwen-MoE), pp (without tp or ep) and recompute "
                         "in this runtime (no cp)")
@@ -315,7 +314,7 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     if plan.pp > 1:
         from .pipeline import stage_modules
         modules = [mod for _, mod in stage_modules(model, plan)]
-    elif is_hf(model) and plan.tp > 1 and plan.sp:  # HF's forward would take positions from the shard
+    elif family_of(model).positions_from_input and plan.tp > 1 and plan.sp:  # positions would come from the shard
         from .hf_pipeline import hf_stage
         modules = [hf_stage(model, list(range(len(model.model.layers))), True, True)]
     else:
@@ -383,7 +382,7 @@ def _folds_experts_over_tp(model: nn.Module, plan: Plan) -> bool:
     on the whole model, so every rank - also of a pipeline stage without MoE layers -
     creates the same process groups."""
     from ..models.llama import MoE
-    return plan.ep == 1 and plan.tp > 1 and not is_hf(model) and not 0 < plan.dp_shard < plan.dp \
+    return plan.ep == 1 and plan.tp > 1 and not 0 < plan.dp_shard < plan.dp \
         and any(isinstance(m, MoE) for m in model.modules())
 
 

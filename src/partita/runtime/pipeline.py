@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining._backward import stage_backward
 
 from ..errors import PartitaError
-from ..models.hf import is_hf
+from ..models.registry import family_of
 from ..plan import Plan, axis_index
 from .hf_pipeline import hf_stage
 from .modules import blocks
@@ -54,7 +54,7 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
         start += n
         if j % plan.pp != pp_rank:
             continue
-        if is_hf(model):
+        if family_of(model).name == "hf":
             out.append((j, hf_stage(model, [int(i) for i in sorted(keep, key=int)], j == 0, j == len(split) - 1)))
             continue
         # buffers (the RoPE tables) are constants: every stage shares the model's instead of

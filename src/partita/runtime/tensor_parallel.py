@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.hf import is_hf
+from ..models.registry import family_of
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
@@ -20,7 +20,7 @@ from ..models.llama import MoE
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Shard ``model`` (a :class:`partita.models.Transformer` or a pipeline stage of one) over ``tp_mesh``."""
-    if is_hf(model):
+    if family_of(model).name == "hf":
         return apply_tp_hf(model, tp_mesh, sp)
     seq = Shard(1) if sp else Replicate()
     top: dict[str, object] = {}

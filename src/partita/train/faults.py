@@ -15,7 +15,7 @@ point in Partita is listed here, even the one that lives with the code it breaks
     cleanup, as when the kernel's OOM killer strikes).
 ``PARTITA_HANG_STEP=N``
     every rank sleeps for an hour at the start of step N; no collective fails, so only
-    the launcher's stall watchdog (:func:`partita.train.launch.run_watched`) can end the
+    the launcher's stall watchdog (:func:`partita.train.supervise.run_watched`) can end the
     job. Read by :func:`before_step`.
 ``PARTITA_CRASH_IN_SAVE=N``
     every rank exits (code 3) inside the checkpoint save of step N, after writing its

@@ -25,10 +25,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PartitaError
-from ..models.builder import build_train_model, model_vocab
-from ..models.hf import is_hf
+from ..models.registry import family_of, resolve_model
 from ..plan import Plan
-from ..runtime.device import backend_for, detect_device_type, local_device
+from ..runtime.device import backend_for, detect_device_type
 from ..runtime.parallelize import parallelize
 from . import faults
 from .config import PLAN_FILE, TrainConfig
@@ -266,9 +265,12 @@ class Trainer:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         self.wants_resume = bool(self.ckpt_dir) and (config.resume or restarted)
         self.plan = self._fit_plan(plan)
-        model, self.hf_dir = build_train_model(config.model, config.seed, local_device(device_type))
-        self.vocab = model_vocab(model)
-        self.hf_config = model.config if is_hf(model) else None
+        self.entry = resolve_model(config.model)
+        # on the meta device: parallelize gives each rank storage for its shards only and fills
+        # them from the seed or, for a weights directory (self.hf_dir), from its safetensors
+        model, self.hf_dir = self.entry.build(config.seed, meta=True), self.entry.weights_dir
+        self.vocab = family_of(model).vocab(model)
+        self.hf_config = family_of(model).hf_config(model)
         self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
                               device_type=device_type, max_grad_norm=config.max_grad_norm or None)
         del model
@@ -320,8 +322,7 @@ class Trainer:
         """--tokenizer, else the --model directory's tokenizer.json."""
         if self.config.tokenizer:
             return self.config.tokenizer
-        model_dir = Path(self.config.model)
-        return str(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").is_file() else None
+        return self.entry.tokenizer()
 
     def _train_tokenizer(self) -> str | None:
         """The tokenizer of the training data, for the held-out text."""
@@ -545,7 +546,7 @@ class Trainer:
         if self.hf_config is None:
             raise PartitaError("--save-hf writes Hugging Face models only (--model DIR or hf-llama/hf-qwen2/hf-mixtral)")
         save_hf_weights(self.pm, self.config.save_hf, self.hf_config, int(self.config.save_hf_shard_mb * 1e6),
-                        self.hf_dir)
+                        self.entry.source_dir)
         self.log(f"partita: wrote the trained weights as a Hugging Face directory: {self.config.save_hf}")
 
     def finish(self) -> None:

@@ -1,0 +1,256 @@
+"""Resolve a training run before any process starts: the plan, the model, the checks.
+
+Everything that can be refused is refused here, before a process group exists, so a bad
+plan costs one line, not a hung job: the plan (the user's, the search's for ``--plan auto``,
+or the checkpoint's, re-planned for this world size), the model it runs
+(:func:`partita.models.registry.resolve_model`: the one place a ``--model`` name is
+resolved, so the model planned and checked here is the model the workers train), the
+runtime's limits checked against that very model (built on the meta device), the data and
+directories. :func:`prepare_run` then writes the run directory - ``plan.json`` (the
+resolved plan) and ``train.json`` (the :class:`~partita.train.config.TrainConfig`) - and
+builds torchrun's command; every worker is started with just that directory, by
+:mod:`partita.train.supervise`. The command line around this is :mod:`partita.cli.train`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import socket
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from ..errors import PartitaError
+from ..models.registry import ModelEntry, resolve_model
+from ..plan import Plan, check
+from .config import PLAN_FILE, LaunchConfig, TrainConfig
+
+
+def train_defaults(device: str | None) -> dict:
+    """Plan fields `partita train` fills when the plan string does not: a fixed global batch
+    (so different plans see the same data) and fp32 on CPU (bf16 on accelerators)."""
+    on_cpu = (device or "cpu") == "cpu" and not _has_accelerator()
+    return {"gbs": 8, "seq_len": 64, "mbs": 1, "dtype": "fp32" if on_cpu else "bf16"}
+
+
+def _has_accelerator() -> bool:
+    try:
+        from ..runtime.device import detect_device_type
+        return detect_device_type() != "cpu"
+    except Exception:  # torch missing: the worker will say so
+        return False
+
+
+class PreparedRun(NamedTuple):
+    """A validated run, its directory written, ready to start."""
+    plan: Plan
+    run_dir: Path
+    config: TrainConfig
+    command: list[str]
+    env: dict[str, str]
+
+
+def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], None]) -> Plan:
+    """The plan to run: the user's, the search's (``--plan auto``) or (with --resume and no
+    --plan) the newest checkpoint's, re-planned for this world size; checked against the
+    model the workers will train before any process starts."""
+    entry = resolve_model(config.model)
+    world = launch.world
+    plan_text = launch.plan
+    from_checkpoint = False
+    meta = _newest_meta(config.checkpoint_dir) if config.resume and config.checkpoint_dir else None
+    if meta is not None and not plan_text:
+        plan_text = _checkpoint_plan(config.checkpoint_dir, meta)
+        from_checkpoint = True
+    flags = batch_flags(launch)
+    if plan_text and plan_text.strip().split(",", 1)[0].strip() == "auto":
+        return check(knob_flags(_auto_plan(entry, config, launch, plan_text, flags, say), launch, say))
+    plan = Plan.parse(plan_text, world_size=world, defaults={**train_defaults(config.device), **flags})
+    check_batch_flags(plan, flags, plan_text)
+    plan = knob_flags(plan, launch, say)
+    if meta is not None:
+        from .worker import resume_problem
+        problem = resume_problem(meta, config.model, plan.gbs)
+        if problem:
+            raise PartitaError(f"cannot resume from {config.checkpoint_dir}: {problem}")
+    spec = entry.spec()
+    if from_checkpoint and plan.world_size != world:
+        from .replan import describe_change, replan
+        new = replan(plan, world, spec)
+        say(f"partita: the checkpoint's plan ran on {plan.world_size} processes; re-planned for {world} keeping "
+            f"global batch {plan.gbs}: {describe_change(plan, new)}")
+        plan = new
+    check(plan, spec, world)
+    runtime_check(plan, model_to_check(entry))
+    return plan
+
+
+def model_to_check(entry: ModelEntry):
+    """The model the workers will train, on the meta device (:meth:`ModelEntry.check_model`),
+    for the runtime's checks and the search: never a stand-in, so a limit of its family
+    (HF models run no cp) is refused here, not inside a worker after torchrun started."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise PartitaError("partita train needs PyTorch: pip install 'partita[runtime]'") from None
+    return entry.check_model()
+
+
+def runtime_check(plan: Plan, model) -> None:
+    """:func:`partita.runtime.parallelize.runtime_check`: this runtime's limits, one line."""
+    from ..runtime.parallelize import runtime_check as check_runtime
+    check_runtime(plan, model)
+
+
+def _auto_plan(entry: ModelEntry, config: TrainConfig, launch: LaunchConfig, text: str, flags: dict,
+               say: Callable[[str], None]) -> Plan:
+    """``--plan "auto[,gbs=8,mbs=1,...]"``: the search's best plan for this world size on this
+    machine's hardware file (``calibrated.json`` here, else ``--hardware``, else the built-in
+    device of the type), printed with the runner-up and why it lost
+    (:func:`partita.runtime.auto.choose_plan`, the same call ``parallelize(model, "auto")`` makes),
+    for the model the workers will train. Fields the search does not choose (gbs, seq_len) come
+    from the text, the batch flags, then `partita train`'s defaults."""
+    model = model_to_check(entry)  # first: without torch, one line saying so
+    from ..runtime import auto
+    from ..runtime.device import detect_device_type
+    fixed = auto.parse_auto(text)
+    for name, key in FLAG_KEYS.items():
+        if key in flags and key in fixed and str(flags[key]) != fixed[key]:
+            raise PartitaError(f"--{name.replace('_', '-')} {flags[key]} conflicts with {key}={fixed[key]} in "
+                               f"--plan {text!r}; give it in one place")
+    defaults = train_defaults(config.device)
+    merged = {"gbs": defaults["gbs"], "seq_len": defaults["seq_len"], **flags, **fixed}
+    merged.setdefault("dtype", defaults["dtype"])
+    device_type = config.device or detect_device_type()
+    auto_text = ",".join(["auto"] + [f"{k}={v}" for k, v in merged.items()])
+    plan, report = auto.choose_plan(model, launch.world, auto_text, device_type=device_type, hardware=launch.hardware)
+    plan = dataclasses.replace(plan, seq_len=int(merged["seq_len"]))
+    for line in report.splitlines():
+        say(f"partita: {line}")
+    check(plan, entry.spec(), launch.world)
+    runtime_check(plan, model)
+    return plan
+
+
+FLAG_KEYS = {"global_batch": "gbs", "seq_len": "seq_len", "mbs": "mbs"}
+
+
+def batch_flags(launch: LaunchConfig) -> dict:
+    """--global-batch / --seq-len / --mbs as plan fields (those given)."""
+    return {key: getattr(launch, name) for name, key in FLAG_KEYS.items() if getattr(launch, name) is not None}
+
+
+#: the gradient-communication flags of partita train, which override the plan (issue 17)
+KNOB_FLAGS = ("grad_dtype", "grad_compression", "powersgd_rank")
+
+
+def knob_flags(plan: Plan, launch: LaunchConfig, say: Callable[[str], None]) -> Plan:
+    """--grad-dtype / --grad-compression / --powersgd-rank set those plan fields, over the
+    plan's own values (a note says what changed; the result is validated by the caller, so
+    e.g. PowerSGD on a zero-1 plan is one line)."""
+    given = {k: getattr(launch, k) for k in KNOB_FLAGS if getattr(launch, k) is not None}
+    changed = {k: v for k, v in given.items() if getattr(plan, k) != v}
+    if not changed:
+        return plan
+    say("partita: " + ", ".join(f"--{k.replace('_', '-')} {v} overrides the plan's {k}={getattr(plan, k)}"
+                                for k, v in changed.items()))
+    return plan.with_(**changed)
+
+
+def check_batch_flags(plan: Plan, flags: dict, plan_text: str) -> None:
+    """A flag that the plan string (or file) sets to another value is a conflict, not a guess."""
+    for name, key in FLAG_KEYS.items():
+        if key in flags and getattr(plan, key) != flags[key]:
+            flag = "--" + name.replace("_", "-")
+            raise PartitaError(f"{flag} {flags[key]} conflicts with {key}={getattr(plan, key)} in --plan "
+                               f"{plan_text!r}; give it in one place")
+
+
+def prepare_run(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], None]) -> PreparedRun:
+    """Validate, fill the values the launcher derives (progress bar, prediction), write
+    ``plan.json`` and ``train.json`` into the run directory and build torchrun's command."""
+    from .preflight import check_inputs, default_run_dir, writable_dir
+    from .supervise import torchrun_command
+    plan = resolve_plan(config, launch, say)
+    entry = resolve_model(config.model)
+    check_inputs(config, entry.vocab())
+    if config.save_hf and not entry.saves_hf:
+        raise PartitaError("--save-hf writes Hugging Face models: --model must be a directory with an HF config.json "
+                           "(with or without *.safetensors) or hf-llama / hf-qwen2 / hf-mixtral")
+    run_dir = writable_dir(launch.run_dir or config.checkpoint_dir or default_run_dir(), "--run-dir")
+    derived: dict = {"progress": not config.json and not launch.no_progress}
+    if launch.hardware:
+        derived.update(prediction(entry.spec(), plan, launch.hardware, launch.world))
+    config = dataclasses.replace(config, **derived)
+    check_rendezvous(launch)
+    plan.to_json(run_dir / PLAN_FILE)
+    config.save(run_dir)
+    from .ownership import launcher_env
+    env = {**os.environ, **launcher_env()}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return PreparedRun(plan, run_dir, config, torchrun_command(launch, run_dir, config.timeout_s), env)
+
+
+def check_rendezvous(launch: LaunchConfig) -> None:
+    """On the rendezvous host (node 0), a port another process holds is one line now, not a
+    rendezvous that waits for peers who will never come: bind the endpoint once, as
+    torchrun's c10d store will (a bind that fails because the address is not this host's
+    is left to the rendezvous and its join timeout)."""
+    if not launch.rdzv_endpoint or launch.node_rank != 0:
+        return
+    host, _, port = launch.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise PartitaError(f"--rdzv-endpoint {launch.rdzv_endpoint!r} must be host:port")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise PartitaError(f"rendezvous endpoint {launch.rdzv_endpoint}: cannot resolve {host}: {e}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own bind
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PartitaError(f"rendezvous endpoint {launch.rdzv_endpoint} is in use by another process; "
+                                   "pick a free port for --rdzv-endpoint") from None
+
+
+def _newest_meta(checkpoint_dir: str) -> dict | None:
+    """``meta.json`` of the newest checkpoint whose manifest and ``meta.json`` check out
+    (a legacy one, without manifest, only when no checkpoint has one); None if there is none.
+    Cheap: the data files are verified by the workers, who fall back from damage."""
+    import json
+
+    from ..runtime.checkpoint import scan_checkpoints
+    found = scan_checkpoints(checkpoint_dir)
+    usable = [f for f in found if f.kind == "verified"] or [f for f in found if f.kind == "legacy"]
+    for f in reversed(usable):
+        try:
+            meta = json.loads((f.path / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("plan"), dict):
+            return meta  # an empty or list meta.json is damage: the workers fall back past it
+    return None
+
+
+def _checkpoint_plan(checkpoint_dir: str, meta: dict) -> str:
+    """Path of a plan JSON holding a checkpoint's plan (from its ``meta``)."""
+    import json
+    path = Path(checkpoint_dir) / "resume-plan.json"
+    path.write_text(json.dumps(meta["plan"]))
+    return str(path)
+
+
+def prediction(spec, plan: Plan, hardware: str, world: int) -> dict[str, float]:
+    """The planner's predicted step time and the MFU inputs, for the progress line
+    (:class:`TrainConfig` fields)."""
+    from ..estimate import estimate
+    from ..spec.hardware import make_cluster
+    cluster = make_cluster(hardware, world)
+    est = estimate(spec, cluster, plan)
+    dtype = "bf16" if plan.dtype in ("bf16", "fp8") else plan.dtype
+    return {"predicted_step_s": est.step_time_s,
+            "model_flops_per_token": spec.model_flops_per_token(plan.seq_len),
+            "peak_flops": cluster.device.peak_flops(dtype if cluster.device.supports(dtype) else "fp16")}
