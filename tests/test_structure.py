@@ -156,7 +156,7 @@ def test_the_graph_sees_lazy_and_relative_imports():
     # the checker itself: cli imports the library lazily inside functions, relatively
     graph = import_graph()
     assert "partita.search.engine" in graph["partita.cli.plan"]  # inside cmd_plan's helper
-    assert "partita.train.launch" in graph["partita.cli.train"]  # inside run_train
+    assert "partita.train.resolve" in graph["partita.cli.train"]  # inside run_train
     assert "partita.errors" in graph["partita.plan"]
     assert find_cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c", "a"]]
 
@@ -350,3 +350,57 @@ def test_one_list_of_export_targets():
     listed = [f"{path.relative_to(SRC)}:{line}" for name, path in MODULES.items() if path != registry
               for line in _target_name_literals(path, names)]
     assert not listed, "read the targets from partita.export.registry instead of listing them:\n" + "\n".join(listed)
+
+# Issue 31: one module turns a model name into a model. The names it knows and the tables
+# that hold them; a comparison against them, or an ``is_hf`` test, anywhere else is a second
+# resolver that will drift (a config-only HF directory once trained as one model and was
+# planned as another).
+NAME_RESOLVER = "partita.models.registry"
+MODEL_NAME_TABLES = {"TINY", "TINY_HF", "TINY_HF_MOE", "TINY_MOE", "MODEL_PRESETS"}
+
+
+def _registry_names() -> set[str]:
+    """The reference model names and the keys of every name table (read from the source,
+    wherever a table is defined)."""
+    names = {"tiny-llama", "tiny-moe", "small-llama"}
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict) \
+                    and any(isinstance(t, ast.Name) and t.id in MODEL_NAME_TABLES for t in targets):
+                names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    return names
+
+
+def model_name_branches() -> list[str]:
+    """Every ``is_hf``, comparison with a model name or name table, and ``.startswith`` of
+    a model-name prefix outside the registry."""
+    names = _registry_names()
+    prefixes = {n.split("-")[0] + "-" for n in names}
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names or node.value in prefixes
+        return (node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)) in MODEL_NAME_TABLES
+    out = []
+    for module, path in MODULES.items():
+        if module == NAME_RESOLVER:
+            continue
+        where = path.relative_to(SRC)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Name, ast.Attribute, ast.FunctionDef, ast.alias)) and "is_hf" in (
+                    getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", "") or ""):
+                out.append(f"{where}:{node.lineno}: is_hf")
+            elif isinstance(node, ast.Compare) and any(map(named, [node.left, *node.comparators])):
+                out.append(f"{where}:{node.lineno}: compares with a model name or name table")
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "startswith" \
+                    and any(map(named, node.args)):
+                out.append(f"{where}:{node.lineno}: tests a model-name prefix")
+    return sorted(set(out))
+
+
+def test_one_module_resolves_model_names():
+    offenders = model_name_branches()
+    assert not offenders, f"model names are resolved only in {NAME_RESOLVER} (resolve_model, family_of):\n" + \
+        "\n".join(offenders)
+
