@@ -12,7 +12,7 @@ InternEvo's parameter broadcasts). Everything else in the device files is a data
 figure, a measurement or an assumption, and is not touched.
 
 Fit: per family, on that family's step-time rows of the CSV (the loader,
-:func:`partita.validation.published.load_cases`, turns every row into a plan and the
+:func:`published_runs.load_cases`, turns every row into a plan and the
 step time its figure implies), minimise the mean over sources of each source's median
 absolute log error ``median |ln(predicted / measured)|`` (:func:`objective`) - robust to
 the few rows whose published layout or accounting is off - by coordinate descent: a golden-section search on each constant
@@ -45,7 +45,7 @@ from pathlib import Path
 
 from partita.cost.step import estimate_step_time
 from partita.spec.hardware import DEVICES_DIR, Cluster
-from partita.validation.published import Case, load_cases
+from published_runs import Case, load_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "tests" / "data" / "published_runs.csv"

@@ -9,7 +9,7 @@ implies under its source's own FLOP accounting; memory rows compare the peak as 
 source's memory statistic reads it (``SourceFacts.memory_stat``: allocated, reserved or
 the device's reading; ``Estimate.peak_memory_gib_as``). What
 each source's runs share (framework, gradient dtype, overlap, FLOP accounting) comes
-from ``partita.validation.published.SOURCE_FACTS``, cited per source. Per source: rows,
+from ``published_runs.SOURCE_FACTS``, cited per source. Per source: rows,
 median and p90 of the absolute error, mean signed error; then the skipped rows, by reason
 and by source. ``--features`` adds the step-time error grouped by what a plan shares with
 others (few micro-batches, ZeRO stage, data-parallel size, pipeline, MoE, framework, device):
@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from partita.estimate import estimate
-from partita.validation.published import SOURCE_FACTS, load_cases
+from published_runs import SOURCE_FACTS, load_cases
 
 DEFAULT_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs.csv"  # the 266-row edition of data/published_runs.csv (470 rows)
 

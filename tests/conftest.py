@@ -1,9 +1,12 @@
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+# bench/'s shared modules (published_runs: the published-runs loader) import as in bench/ itself
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 @pytest.fixture

@@ -486,7 +486,7 @@ def test_published_moe_rows_load_with_their_experts_and_ep():
     """A MoE row of the published runs becomes a MoE model (MOE_ARCH, from the model's
     released config) with the row's expert parallelism - not a dense stand-in."""
     from partita.errors import PartitaError
-    from partita.validation.published import _case
+    from published_runs import _case
     row = {"source": "NVIDIA/dgxc-benchmarking v25.04.02 grok1 README", "model_name": "Grok-1-314B",
            "n_layers": "64", "hidden": "6144", "ffn_hidden": "32768", "n_heads": "48", "n_kv_heads": "8",
            "vocab": "128256", "seq_len": "8192", "n_experts": "8", "top_k": "2", "hardware": "H100-80GB-SXM (DGX)",

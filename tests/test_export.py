@@ -163,7 +163,7 @@ def test_mindspeed_export_parses_with_mindspeeds_flags(pid, model_name, plan):
 
 
 def test_every_published_layout_exports_and_parses(published_csv):
-    from partita.validation.published import load_cases
+    from published_runs import load_cases
     cases, _ = load_cases(published_csv)
     parser = megatron_oracle.megatron_parser()
     for case in cases:

@@ -1,13 +1,13 @@
 """Issue 12 item 2: the layouts real runs use can be expressed - planned and estimated -
 without a refusal. Every one of the 470 rows of data/published_runs.csv is turned into a
-plan the way the accuracy checks do it (partita.validation.published), and each row ends
+plan the way the accuracy checks do it (published_runs), and each row ends
 in exactly one of these classes:
 
 * expressible: the plan validates and ``estimate`` predicts it;
 * expressible on a stand-in device: the row's device has no catalog file; its layout is
   planned and estimated on the nearest catalogued part (STAND_IN), because expressibility
   is a question about the layout (none today: GB200 and the plain "H100" rows are mapped
-  by the loader, partita.validation.published.HARDWARE);
+  by the loader, published_runs.HARDWARE);
 * refused by plan validation or by the estimate: the failures this test exists for;
 * not a layout question: the source does not state the batch, the layout or the
   architecture, or its layout columns contradict its device count.
@@ -26,7 +26,7 @@ from pathlib import Path
 from partita.errors import PartitaError
 from partita.estimate import estimate
 from partita.plan import validate
-from partita.validation.published import _case, short_source
+from published_runs import _case, short_source
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
 
@@ -126,6 +126,6 @@ def test_folded_ep_and_zero1_hsdp_are_charged():
     case = _case(row)
     hybrid = estimate(case.model, case.cluster, _faithful(row, case.plan))
     assert hybrid.plan.dp_shard == 8 < case.plan.dp
-    assert case.plan.dp_shard == 8  # the loader reads the hybrid zero itself (validation/published.py)
+    assert case.plan.dp_shard == 8  # the loader reads the hybrid zero itself (bench/published_runs.py)
     flat = replace(case.plan, dp_shard=0)
     assert hybrid.peak_memory_gib > estimate(case.model, case.cluster, flat).peak_memory_gib

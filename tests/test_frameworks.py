@@ -20,7 +20,7 @@ from partita.estimate import estimate
 from partita.plan import Plan, validate
 from partita.spec.hardware import make_cluster
 from partita.spec.load import load_model
-from partita.validation.published import load_cases
+from published_runs import load_cases
 
 MODEL = load_model("llama3-8b")
 CLUSTER = make_cluster("h100-sxm", 16)
@@ -206,7 +206,7 @@ def test_torchtitan_eager_matches_the_measured_eager_runs():
     torchtitan the estimate is > 20 % under both; as torchtitan-eager within 5 %."""
     from pathlib import Path
 
-    from partita.validation.published import SOURCE_FACTS, load_cases
+    from published_runs import SOURCE_FACTS, load_cases
 
     table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
     cases, _ = load_cases(table)

@@ -4,7 +4,7 @@ import csv
 import statistics
 
 from partita.estimate import estimate
-from partita.validation.published import SOURCE_FACTS, load_cases, runs_as, source_key
+from published_runs import SOURCE_FACTS, load_cases, runs_as, source_key
 
 
 def test_median_error_on_published_runs(published_csv):
@@ -66,7 +66,7 @@ def test_eager_rows_run_as_torchtitan_eager_from_their_own_notes():
     rows stay compiled torchtitan."""
     from pathlib import Path
 
-    from partita.validation.published import dated_before_loss_compile, runs_eager
+    from published_runs import dated_before_loss_compile, runs_eager
 
     table = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
     with open(table) as f:
@@ -171,7 +171,7 @@ def test_step_time_on_the_full_table():
 def test_an_erratum_fills_only_a_blank_cell():
     """ERRATA corrects a cell its source left blank from the run's own config, and never
     overwrites a stated value."""
-    from partita.validation.published import with_errata
+    from published_runs import with_errata
 
     row = {"model_name": "Nemotron4-340B", "vpp": ""}
     assert with_errata(row, "dgxc-25.04")["vpp"] == "12"
@@ -184,7 +184,7 @@ def test_a_row_s_stated_network_sets_the_inter_node_bandwidth():
     400 / 8 / 8 = 6.25 GB/s per GPU (InternLM's A100 RoCE cluster); 8 x 200 Gb/s per node =
     25; 400 Gb/s per GPU = 50; 1600 Gbps node-node = 25; nothing stated: None. The loader
     builds the InternLM rows' cluster with it."""
-    from partita.validation.published import stated_network_gbps
+    from published_runs import stated_network_gbps
 
     assert stated_network_gbps("A100-80GB-SXM (nvidia_a100-sxm4-80gb; 4x100Gb/s RoCE per node)", 8) == 6.25
     assert stated_network_gbps("A100-80GB-SXM (DGX A100, Selene, 8x200Gb/s HDR IB per node)", 8) == 25.0
@@ -203,7 +203,7 @@ def test_a_power_capped_part_is_its_own_device():
     efficiencies live in b200-power-limited.json, and a plain B200 row from any other source (a
     NeMo DGX B200 run) keeps the datasheet part with the Blackwell family's efficiencies."""
     from partita.spec.hardware import load_device
-    from partita.validation.published import HARDWARE, hardware_token, sku_stated
+    from published_runs import HARDWARE, hardware_token, sku_stated
 
     assert HARDWARE[hardware_token("B200 (power-limited, single node, 8 GPUs)", "torchao-mxfp8")] == \
         "b200-power-limited"

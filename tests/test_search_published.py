@@ -3,7 +3,7 @@ search space, and the searched best plan is predicted at least as fast as it."""
 from partita.estimate import estimate
 from partita.search import SearchSpace, search_plans
 from partita.search.layouts import structures as layout_structures
-from partita.validation.published import load_cases
+from published_runs import load_cases
 
 
 def test_published_layouts_reachable_and_not_beaten(published_csv):

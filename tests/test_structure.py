@@ -37,7 +37,7 @@ ARGPARSE_EXCEPTIONS: dict[str, str] = {
 }
 
 PLANNING = ("partita.spec", "partita.cost", "partita.search", "partita.plan", "partita.estimate",
-            "partita.export", "partita.validation")
+            "partita.export")
 HEAVY = ("torch", "torch_npu", "numpy", "transformers", "deepspeed")
 
 

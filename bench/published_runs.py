@@ -1,5 +1,9 @@
 """Turn rows of ``published_runs.csv`` into (model, cluster, plan, measured step time / memory).
 
+Benchmark data, not library code: ``bench/validate_published.py`` and ``bench/fit.py`` read
+it (``import published_runs``, from this folder) and so do the accuracy tests
+(``tests/conftest.py`` puts ``bench/`` on ``sys.path``). The planner never does.
+
 Every measured figure is converted to what it implies about the step, using the
 FLOP accounting of its own source (data/README.md):
 
@@ -28,11 +32,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PartitaError
-from ..plan import Plan, balanced_split, validate
-from ..spec.hardware import Cluster, make_cluster
-from ..spec.load import load_model
-from ..spec.model import MLASpec, ModelSpec, MoESpec
+from partita.errors import PartitaError
+from partita.plan import Plan, balanced_split, validate
+from partita.spec.hardware import Cluster, make_cluster
+from partita.spec.load import load_model
+from partita.spec.model import MLASpec, ModelSpec, MoESpec
 
 HARDWARE = {
     "A100-80GB-SXM": "a100-80gb", "A100-80GB": "a100-80gb", "A100-40GB": "a100-40gb",

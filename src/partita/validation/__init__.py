@@ -1,1 +1,0 @@
-"""Check the estimator against measured published runs (data/published_runs.csv)."""
