@@ -17,7 +17,7 @@ from partita.export import export
 from partita.plan import Plan, check, validate
 from partita.spec.hardware import make_cluster
 from partita.spec.load import load_model
-from partita.validation import published
+import published_runs as published
 
 L8 = load_model("llama3-8b")
 CLUSTER = make_cluster("h100-sxm", devices=2)
