@@ -208,3 +208,73 @@ def test_help_into_a_closed_pipe_is_quiet():
                           stderr=subprocess.PIPE, text=True, timeout=120,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr == ""
+
+
+# ------------------------------------------------------------------ 2b. every output file goes through it
+def _partita_with_file_limit(argv: list[str], cwd: Path, limit: int = 64) -> tuple[int, str]:
+    """``partita argv`` where no file may grow past ``limit`` bytes (RLIMIT_FSIZE; SIGXFSZ
+    ignored, so a write past it fails with EFBIG, like a disk that fills up mid-write)."""
+    import resource
+    import signal
+
+    def limit_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    proc = subprocess.run([sys.executable, "-m", "partita", *argv], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=limit_files)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_output_that_fails_mid_write_keeps_the_old_file(tmp_path, command):
+    """`export -o` / `import -o` truncated the user's file, then failed writing: the old plan
+    or config was lost. Now the old file stays as it was, and the error names the file."""
+    from partita.plan import Plan
+    plan = tmp_path / "plan.json"
+    Plan(dp=8, gbs=64).to_json(plan)
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                      "--micro-batch-size 1 --global-batch-size 64\n")
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    argv = ["export", "--to", "megatron", str(plan)] if command == "export" else ["import", str(script)]
+    rc, err = _partita_with_file_limit(argv + ["-o", str(out)], tmp_path)
+    assert (rc, err.strip()) == (2, f"partita: error: cannot write -o {out}: File too large"), (rc, err)
+    assert out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "plan.json", "run.sh"]  # no temp file left
+
+
+def test_calibrate_from_profile_output_names_the_file(tmp_path, monkeypatch, capsys):
+    """`calibrate --from-profile RUN -o FILE` onto a full disk said "cannot write the output"
+    (as if stdout had failed) instead of naming FILE."""
+    import partita.calibrate.refine as refine
+    monkeypatch.setattr(refine, "refine_from_runs", lambda base, runs, name: {"name": "x"})
+    assert partita_main(["calibrate", "--base", "h100-sxm", "--from-profile", str(tmp_path), "-o", "/dev/full"]) == 2
+    assert _one_error_line(capsys) == "partita: error: cannot write -o /dev/full: No space left on device"
+
+
+def test_save_trace_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """`--save-trace` with a name the OS refuses ended in an internal error after the trace."""
+    import argparse
+
+    import partita.spec.traced as traced
+    from partita.cli.traced import load_traced
+    from partita.tracing import cache
+
+    class Spec:
+        def to_json(self, path=None):
+            assert path is None, "the spec is written through partita.outputs"
+            return "{}"
+    monkeypatch.setattr(traced, "is_traced_file", lambda path: False)
+    monkeypatch.setattr(traced.TracedSpec, "load", classmethod(lambda cls, path: Spec()))
+    monkeypatch.setattr(cache, "cached_path", lambda key: tmp_path / "cached.json")  # a trace read from the cache
+
+    def args(save_trace: str) -> argparse.Namespace:
+        return argparse.Namespace(model="my_models:tiny", example_input=["1,8:int64"], tp_plan=None,
+                                  save_trace=save_trace)
+    long = tmp_path / ("t" * 300 + ".json")
+    with pytest.raises(PartitaError) as e:
+        load_traced(args(str(long)))
+    assert str(e.value).startswith("cannot write --save-trace ") and str(e.value).endswith(": File name too long")
+    load_traced(args(str(tmp_path / "ok.json")))
+    assert (tmp_path / "ok.json").read_text() == "{}\n"

@@ -45,8 +45,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.from_profile:
         from ..calibrate.refine import refine_from_runs
         data = refine_from_runs(args.base, args.from_profile, args.name)
-        with open(args.output, "w") as f:
-            json.dump(data, f, indent=2)
+        from ..outputs import write_output
+        write_output(args.output, json.dumps(data, indent=2), "-o")
         print(f"wrote {args.output}: {args.base} refined from {len(args.from_profile)} run(s)")
         print_terms(data)
         return 0

@@ -44,11 +44,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     for w in result.warnings:
         print(f"partita: warning: {w}", file=sys.stderr)
     if args.output:
-        try:
-            with open(args.output, "w") as f:
-                f.write(result.text)
-        except OSError as e:
-            raise PartitaError(f"cannot write -o {args.output}: {e.strerror}") from None
+        from ..outputs import write_output
+        write_output(args.output, result.text, "-o")
     else:
         sys.stdout.write(result.text)
     return 0

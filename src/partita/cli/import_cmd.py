@@ -280,10 +280,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         check_output_path(args.output, "-o")
     plan, target = load_script(args.script, args.source, args.devices, model, args.seq_len, args.pp)
     if args.output:
-        try:
-            plan.to_json(args.output)
-        except OSError as e:
-            raise PartitaError(f"cannot write -o {args.output}: {e.strerror}") from None
+        from ..outputs import write_output
+        write_output(args.output, plan.to_json() + "\n", "-o")
     if args.json:
         print(plan.to_json())
         return 0

@@ -118,7 +118,8 @@ def load_traced(args: argparse.Namespace):
         spec = _trace_factory(args)
         cache.store(key, spec.to_json(), cache.loaded_sources())  # the files the factory imported
     if getattr(args, "save_trace", None):
-        spec.to_json(args.save_trace)
+        from ..outputs import write_output
+        write_output(args.save_trace, spec.to_json() + "\n", "--save-trace")
     return spec
 
 
