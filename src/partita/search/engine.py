@@ -104,7 +104,14 @@ class _Search:
         self.best_by_knob: dict[tuple[str, object], float] = {}
         self.tried: set[tuple[str, object]] = set()  # knob values with at least one attempt
         self.top_heap: list[float] = []  # negated step times of the best `top` rankable plans
-        self._bounds: dict[tuple[int, str, int], float] = {}  # setting_bound's memo: (id(layout), recompute, zero)
+        # Per-layout memos, keyed by the layout's id (every layout lives as long as the search
+        # and its plan is frozen) and by the fields its settings vary (recompute, zero,
+        # recompute_layers) - one table per quantity. What the cost formulas read of a plan
+        # is keyed inside them by the cost model's frozen shapes (partita.cost.shape).
+        self._bounds: dict[tuple[int, str, int], float] = {}  # setting_bound: (id(layout), recompute, zero)
+        self._partial_bounds: dict[tuple[int, int, int], float] = {}  # partial_bound: (id(layout), zero, n)
+        self._after: dict[int, float] = {}  # after_pipeline_bound (reads neither recompute nor zero)
+        self._zero2_floors: dict[int, float] = {}  # zero2_accumulation_floor (reads no recompute)
         self._firsts: dict[tuple[int, bool], list] = {}  # _family_firsts' memo: (id(layout), partial)
         self.ranking_open = True  # estimates enter the ranking (first pass), else only explain
         self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
@@ -316,17 +323,15 @@ class _Search:
         """Lower bound of the layout's partial plan recomputing ``n`` or more layers per
         chunk (memoised): :func:`partial_lower_bound` plus ZeRO-2's floor; zero 3 (its
         gathers' exposure depends on the stage's compute) gets the no-recompute bound."""
-        key = (id(layout), "partial", zero, n)
-        lb = self._bounds.get(key)
+        key = (id(layout), zero, n)
+        lb = self._partial_bounds.get(key)
         if lb is None:
             lb = self.setting_bound(layout, "none", zero)
             if zero < 3:
                 plan = layout.plan.with_(recompute="full", recompute_layers=n, zero=zero)
-                if zero == 2:
-                    self.setting_bound(layout, "none", 2)  # memoises ZeRO-2's floor under (id, "", 2)
-                zero2 = self._bounds[(id(layout), "", 2)] if zero == 2 else 0.0
+                zero2 = self._zero2_floor(layout) if zero == 2 else 0.0
                 lb = max(lb, partial_lower_bound(self.model, self.cluster, plan, layout.bound) + zero2)
-            self._bounds[key] = lb
+            self._partial_bounds[key] = lb
         return lb
 
     def _walk(self, layout: Layout, peaks: dict, wanted, estimated: list[Plan]) -> None:
@@ -350,22 +355,24 @@ class _Search:
             if recompute == "none" and zero < 3:
                 lb = layout.bound  # the layout's bound is this plan's
             else:
-                after = self._bounds.get((id(layout), "after"))
+                after = self._after.get(id(layout))
                 if after is None:  # the same for every setting of the layout (recompute_layers 0)
-                    after = self._bounds[(id(layout), "after")] = after_pipeline_bound(self.model, self.cluster,
-                                                                                        layout.plan)
+                    after = self._after[id(layout)] = after_pipeline_bound(self.model, self.cluster, layout.plan)
                 lb = step_time_lower_bound(self.model, self.cluster, layout.plan.with_(recompute=recompute, zero=zero),
                                            after)
             if zero == 2:
-                # ZeRO-2's floor does not depend on the recompute mode (widest window)
-                floor_key = (id(layout), "", 2)
-                floor = self._bounds.get(floor_key)
-                if floor is None:
-                    floor = self._bounds[floor_key] = zero2_accumulation_floor(
-                        self.model, self.cluster, layout.plan.with_(zero=2))
-                lb += floor
+                lb += self._zero2_floor(layout)
             self._bounds[key] = lb
         return lb
+
+    def _zero2_floor(self, layout: Layout) -> float:
+        """:func:`zero2_accumulation_floor` of the layout at zero 2 (memoised per layout: it
+        does not depend on the recompute mode, it takes the widest window)."""
+        floor = self._zero2_floors.get(id(layout))
+        if floor is None:
+            floor = self._zero2_floors[id(layout)] = zero2_accumulation_floor(self.model, self.cluster,
+                                                                              layout.plan.with_(zero=2))
+        return floor
 
     def _try(self, layout: Layout, step: tuple[str, int], peaks: dict,
              wanted: list[tuple[str, object]] | None, estimated: list[Plan]) -> bool:

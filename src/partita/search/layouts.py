@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ..cost.compute import layer_forward, output_forward
 from ..cost.pipeline import pipeline_time_of
-from ..cost.shape import collective_spans, layer_shape
+from ..cost.shape import LayerShape, StageShape, layer_shape, stage_shape
 from ..cost.step import stage_terms, step_time_lower_bound
 from ..plan import Plan, automatic_split, balanced_split, validate
 from ..spec.hardware import Cluster
@@ -220,7 +220,8 @@ def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan, total: float | N
 def cheap_total(model: ModelSpec, cluster: Cluster, plan: Plan, times: tuple | None = None) -> float:
     """``T`` of :func:`cheap_bound`: the same for every vpp and layer split of a structure
     (the stage terms depend on its stage shape only), so the search computes it once per
-    (tp, cp, pp, dp, ep, mbs). ``times``: ``stage_terms(...)[1]`` when the caller has it."""
+    stage shape and pp (:meth:`_LayoutBuilder._cheap_total`). ``times``:
+    ``stage_terms(...)[1]`` when the caller has it."""
     times = stage_terms(model, cluster, plan)[1] if times is None else times
     moe = model.moe_layers
     return ((model.layers - moe) * times.dense + moe * times.moe + times.embedding + times.output
@@ -342,9 +343,12 @@ class _LayoutBuilder:
         self.ladder_values = {replicated: tuple([("recompute", rc) for rc in dict.fromkeys(rc for rc, _ in ladder)]
                                                 + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
                               for replicated, ladder in ladders.items()}
-        self.output_ratio: dict[tuple, float] = {}  # depends on the layer shape only
-        self.totals: dict[tuple, float] = {}  # cheap_total per (tp, cp, pp, dp, ep, mbs, etp)
-        self.stage_terms: dict[tuple, tuple] = {}  # stage_terms(...) per stage shape (_stage_terms)
+        # the cost terms of many structures, each keyed by the cost model's frozen shape
+        # record its formula is memoised on (:mod:`partita.cost.shape`), so that every plan
+        # field the formula reads is in the key (tests/test_search_cache_keys.py)
+        self.output_ratio: dict[LayerShape, float] = {}  # _output_in_layers per layer shape
+        self.totals: dict[tuple[StageShape, int], float] = {}  # cheap_total per (stage shape, pp)
+        self.stage_terms: dict[StageShape, tuple] = {}  # stage_terms(...) per stage shape (_stage_terms)
         self.explained = tuple(k in EXPLAINED_KNOBS for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"))
         self._etps: dict[tuple[int, int, int, int], list[int]] = {}  # etps() per (tp, cp, dp, ep)
         # every field the structure does not set, once (Plan.with_ is a dict update)
@@ -397,11 +401,9 @@ class _LayoutBuilder:
                 first = plans[0].stage_layers(model.layers)
                 plans += [base.with_(layer_split=s) for s in all_splits(model.layers, pp * vpp) if s != first]
         out = []
-        key = structure[:6] + (etp,)
-        terms = self._stage_terms(base)
-        total = self.totals.get(key)
-        if total is None:
-            total = self.totals[key] = cheap_total(model, cluster, base, terms[1])
+        shape = stage_shape(base, cluster.devices_per_node)
+        terms = self._stage_terms(base, shape)
+        total = self._cheap_total(base, shape, terms)
         # no setting of the layout is faster than its terms with no recompute (base has none)
         pairs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs))
         knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + self.ladder_values[replicated]
@@ -414,17 +416,35 @@ class _LayoutBuilder:
                               key=cheap_bound(model, cluster, plan, total), primary=i == 0, terms=terms))
         return out
 
-    def _stage_terms(self, base: Plan) -> tuple:
-        """``stage_terms(model, cluster, base)``, memoised on what the structure's stage
-        shape (:func:`.cost.shape.stage_shape`) takes from it: every other field it reads
-        (seq_len, dtype, framework, recompute none, tp_comm_overlap) is the builder's
-        ``proto``'s, and sp is tp > 1. Saves building and hashing the shape per structure."""
-        spans = collective_spans(base.pp, base.dp, base.cp, base.tp, base.ep, self.cluster.devices_per_node, base.etp)
-        key = (base.tp, base.cp, base.ep, base.mbs, base.etp, base.sp, base.pp > 1, spans)
-        terms = self.stage_terms.get(key)
+    def _stage_terms(self, base: Plan, shape: StageShape | None = None) -> tuple:
+        """``stage_terms(model, cluster, base)``, memoised on the plan's stage shape
+        (:func:`.cost.shape.stage_shape`, ``shape`` when the caller has it) - the record
+        :func:`.cost.step.stage_terms` is itself memoised on, so the key holds every plan
+        field the terms read. Saves the cost model's lookup with the model and device keys."""
+        shape = stage_shape(base, self.cluster.devices_per_node) if shape is None else shape
+        terms = self.stage_terms.get(shape)
         if terms is None:
-            terms = self.stage_terms[key] = stage_terms(self.model, self.cluster, base)
+            terms = self.stage_terms[shape] = stage_terms(self.model, self.cluster, base)
         return terms
+
+    def _cheap_total(self, base: Plan, shape: StageShape, terms: tuple) -> float:
+        """:func:`cheap_total` of ``base``, memoised on what it reads of the plan: the stage
+        shape its ``terms`` (:meth:`_stage_terms`) are of, and pp (the per-stage constant
+        counts once per pipeline rank)."""
+        key = (shape, base.pp)
+        total = self.totals.get(key)
+        if total is None:
+            total = self.totals[key] = cheap_total(self.model, self.cluster, base, terms[1])
+        return total
+
+    def _output_ratio(self, base: Plan) -> float:
+        """:func:`_output_in_layers` of ``base``, memoised on its layer shape (what the layer
+        and output-layer times it divides read of the plan)."""
+        shape = layer_shape(base)
+        ratio = self.output_ratio.get(shape)
+        if ratio is None:
+            ratio = self.output_ratio[shape] = _output_in_layers(self.model, self.cluster, base)
+        return ratio
 
     def _primary(self, base: Plan) -> Plan:
         """The structure's own layout (``primary``): its even or min-max split."""
@@ -443,11 +463,7 @@ class _LayoutBuilder:
         model, pp, vpp = self.model, base.pp, base.vpp
         if vpp > 1:
             return None if model.layers % (pp * vpp) == 0 else balanced_split(model.layers, pp * vpp)
-        shape_key = (base.tp, base.cp, base.ep, base.mbs, base.etp)
-        ratio = self.output_ratio.get(shape_key)
-        if ratio is None:
-            ratio = self.output_ratio[shape_key] = _output_in_layers(model, self.cluster, base)
-        return _min_max_split(model.layers, pp, ratio)
+        return _min_max_split(model.layers, pp, self._output_ratio(base))
 
 
 def layouts_by_bound(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace,
