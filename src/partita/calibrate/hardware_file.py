@@ -182,8 +182,8 @@ def main() -> None:
     dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=300))
     m = measure(device_type, dtype, repeats, model)
     if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(hardware_file(m, base, name), f, indent=2)
+        from ..outputs import write_output  # whole or not at all: an old file of that name survives a crash
+        write_output(out_path, json.dumps(hardware_file(m, base, name), indent=2), "-o")
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
