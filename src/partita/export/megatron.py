@@ -17,11 +17,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import PartitaError
 from ..plan import Plan
 from .context import ExportContext
 from .result import Export
+
+if TYPE_CHECKING:
+    from ..spec.model import MLASpec, ModelSpec
 
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -86,7 +90,7 @@ def _layout(plan: Plan, layers: int) -> str:
     return "|".join(stages)
 
 
-def _recompute_args(plan: Plan, model, warn: list[str]) -> MegatronArgs:
+def _recompute_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> MegatronArgs:
     """Megatron's recompute flags for the plan: full (every layer: uniform with 1 layer per
     group; the first N of each stage/chunk: the block method, transformer_block.py
     ``_checkpointed_forward``: ``layer_idx < recompute_num_layers``) or selective modules."""
@@ -104,7 +108,7 @@ def _recompute_args(plan: Plan, model, warn: list[str]) -> MegatronArgs:
     return a
 
 
-def _layout_args(plan: Plan, model) -> MegatronArgs:
+def _layout_args(plan: Plan, model: ModelSpec | None) -> MegatronArgs:
     """The parallel degrees and the pipeline's layer layout."""
     a = MegatronArgs()
     a.set("--tensor-model-parallel-size", plan.tp)
@@ -131,7 +135,7 @@ def _layout_args(plan: Plan, model) -> MegatronArgs:
     return a
 
 
-def _sharding_args(plan: Plan, model, fsdp: str, warn: list[str]) -> MegatronArgs:
+def _sharding_args(plan: Plan, model: ModelSpec | None, fsdp: str, warn: list[str]) -> MegatronArgs:
     """ZeRO as Megatron runs it: the distributed optimizer (zero 1, HSDP of it with dp_shard),
     Megatron-FSDP or torch FSDP2 (zero 2/3, ``fsdp`` picks)."""
     a = MegatronArgs()
@@ -182,7 +186,7 @@ def _overlap_and_precision_args(plan: Plan, sharded_optimizer: bool) -> Megatron
     return a
 
 
-def megatron_args(plan: Plan, model=None, fsdp: str = "megatron") -> tuple[MegatronArgs, list[str]]:
+def megatron_args(plan: Plan, model: ModelSpec | None = None, fsdp: str = "megatron") -> tuple[MegatronArgs, list[str]]:
     """(arguments, warnings) for ``pretrain_gpt.py``; ``fsdp`` picks Megatron-FSDP or torch FSDP2
     for zero 2/3 (MindSpeed-LLM runs the latter)."""
     warn: list[str] = []
@@ -211,7 +215,7 @@ def target_fsdp(fsdp: str) -> str:
     return "torch FSDP2" if fsdp == "torch" else "Megatron-FSDP"
 
 
-def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> MegatronArgs:
+def _torch_fsdp2_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> MegatronArgs:
     """``--use-torch-fsdp2`` and the rules Megatron's validate_args asserts for it (arguments.py
     core_v0.16.1 l.605-621: pp 1, ep 1, no distributed optimizer, ckpt torch_dist/torch_dcp,
     untied embeddings, no fp16)."""
@@ -230,14 +234,14 @@ def _torch_fsdp2_args(plan: Plan, model, warn: list[str]) -> MegatronArgs:
     return a
 
 
-def has_moe_layer_pattern(model) -> bool:
+def has_moe_layer_pattern(model: ModelSpec) -> bool:
     """Whether the MoE layers are not every layer (dense first layers or a frequency above 1),
     which Megatron writes as a ``--moe-layer-freq`` pattern and MindSpeed-LLM as its own pair."""
     m = model.moe
     return bool(m and (m.first_dense_layers or m.layer_freq > 1))
 
 
-def _moe_args(model) -> MegatronArgs:
+def _moe_args(model: ModelSpec) -> MegatronArgs:
     """The mixture-of-experts shape (router, expert widths, which layers are MoE)."""
     m, a = model.moe, MegatronArgs()
     a.set("--num-experts", m.num_experts)
@@ -254,7 +258,7 @@ def _moe_args(model) -> MegatronArgs:
     return a
 
 
-def _mla_args(mla) -> MegatronArgs:
+def _mla_args(mla: MLASpec) -> MegatronArgs:
     """Multi-latent attention's low-rank widths (DeepSeek-V2/V3)."""
     a = MegatronArgs()
     a.set("--multi-latent-attention")
@@ -267,7 +271,7 @@ def _mla_args(mla) -> MegatronArgs:
     return a
 
 
-def model_args(model, seq_len: int) -> MegatronArgs:
+def model_args(model: ModelSpec, seq_len: int) -> MegatronArgs:
     """The model shape as Megatron arguments (GPT / LLaMA / MoE / MLA)."""
     a = MegatronArgs()
     a.set("--num-layers", model.layers)
@@ -332,7 +336,7 @@ def export_megatron(ctx: ExportContext) -> Export:
     return Export("megatron", _render(args, warn, "megatron", env_vars(ctx.plan)), warn, args.argv())
 
 
-def mindspeed_overlay(plan: Plan, model=None) -> Overlay:
+def mindspeed_overlay(plan: Plan, model: ModelSpec | None = None) -> Overlay:
     """What MindSpeed-LLM changes in Megatron's arguments: Ascend fused kernels and algorithms
     (MindSpeed / MindSpeed-LLM docs: flash attention, fused RMSNorm/SwiGLU/RoPE, MC2 for TP+SP,
     ring-attention CP "megatron_cp_algo", MoE all-to-all overlap) and its own MoE layer pattern."""
@@ -362,7 +366,7 @@ def mindspeed_overlay(plan: Plan, model=None) -> Overlay:
     return Overlay(add, frozenset(remove))
 
 
-def mindspeed_args(plan: Plan, model=None) -> tuple[MegatronArgs, list[str]]:
+def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[MegatronArgs, list[str]]:
     """(arguments, warnings) for MindSpeed-LLM: Megatron's, with ZeRO 2/3 as torch FSDP2 (what
     MindSpeed-LLM runs), and :func:`mindspeed_overlay` applied."""
     args, warn = megatron_args(plan, model, fsdp="torch")
