@@ -13,7 +13,7 @@ from ..inputs import MAX_TOP
 from ..search.space import SearchSpace
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
-from .plan_flags import add_plan_flags
+from .plan_flags import add_plan_flags, read_plan_arg
 from .plan_report import add_report_arg
 from .traced import add_trace_args, cmd_plan_traced, is_traced
 
@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-memory-gib", type=finite_float(0, 1e6), help="memory cap per device")
     p.add_argument("--export", choices=target_names(),
                    help="also print the best plan as this framework's configuration")
+    p.add_argument("--plan", help="also compare your plan with the best one: a plan file (or plan/estimate --json "
+                                  "output), its JSON text, or fields such as tp=8,pp=2 (dp fills the devices; the "
+                                  "search then uses its global batch, sequence length and dtype)")
     p.add_argument("--from-script", metavar="FILE",
                    help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
@@ -110,7 +113,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.report:
         from ..report import check_report_path
         check_report_path(args.report)
-    yours = import_script(args, model, cluster) if args.from_script else None
+    yours = your_plan(args, model, cluster)
     result, ranked_all = search(args, model, cluster)
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if not result.plans:
@@ -124,8 +127,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_plan_report(args, model, cluster, result, reasons, tokens, search)
     if args.json:
         out = plan_json(args, model, cluster, result, reasons, tokens, exported, export_note)
-        if yours:
+        if yours and args.from_script:
             out["from_script"] = dict(yours.to_dict(), file=args.from_script, comparison=line)
+        elif yours:
+            out["from_plan"] = dict(yours.to_dict(), given=args.plan, comparison=line)
         print(json.dumps(out, indent=2))
         return 0
     from .render import print_plans
@@ -145,11 +150,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def import_script(args: argparse.Namespace, model, cluster):
-    """The estimate of the user's ``--from-script`` plan; the search then runs at its batch, length and dtype."""
+def your_plan(args: argparse.Namespace, model, cluster):
+    """The estimate of the user's own plan (``--from-script`` or ``--plan``, one of them), or
+    None; the search then runs at its batch, length and dtype."""
     from ..estimate import estimate
-    from .import_cmd import load_script
-    plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
+    from ..plan import check
+    if args.from_script and args.plan is not None:
+        raise PartitaError(f"--plan {args.plan} and --from-script {args.from_script} both give your plan; give one")
+    if args.from_script:
+        from .import_cmd import load_script
+        plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
+    elif args.plan is not None:
+        defaults = {"gbs": args.global_batch, "seq_len": args.seq_len, **({"dtype": args.dtype} if args.dtype else {})}
+        plan = check(read_plan_arg(args.plan, cluster.world_size, defaults), model, cluster.world_size)
+    else:
+        return None
     args.global_batch, args.seq_len, args.dtype = plan.gbs, plan.seq_len, plan.dtype
     return estimate(model, cluster, plan)
 
