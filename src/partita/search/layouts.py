@@ -23,7 +23,7 @@ from ..cost.compute import layer_forward, output_forward
 from ..cost.pipeline import pipeline_time_of
 from ..cost.shape import LayerShape, StageShape, layer_shape, stage_shape
 from ..cost.step import stage_terms, step_time_lower_bound
-from ..plan import Plan, automatic_split, balanced_split, validate
+from ..plan import RECOMPUTE, Plan, automatic_split, balanced_split, validate
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .space import SearchSpace, best_split, divisors, powers_of_two
@@ -31,7 +31,7 @@ from .space import SearchSpace, best_split, divisors, powers_of_two
 #: memory-saving settings (recompute, zero) in order of cost: ZeRO <= 2, then ZeRO-3
 LADDER = [("none", 1), ("none", 2), ("selective", 1), ("selective", 2), ("full", 1), ("full", 2)]
 LADDER_Z3 = [("none", 3), ("selective", 3), ("full", 3)]
-RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_ORDER = {mode: i for i, mode in enumerate(RECOMPUTE)}  # none < selective < full (plan.py's order)
 EXPLAINED_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "zero")
 LADDER_KNOBS = ("recompute", "zero")  # the memory-saving knobs walked per layout, in ladder-step order
 
