@@ -7,14 +7,14 @@ checkpoints are written every ``checkpoint_every`` steps and the newest complete
 resumed with ``resume`` or automatically after an elastic restart.
 
 Read :class:`Trainer` top to bottom: setup (plan, model, data, metrics), resume, the
-step loop (:meth:`Trainer.run_step`: fault points, batch, step, log, save), finish.
+step loop (:meth:`Trainer.run_step`: fault points, batch, step, log, save), finish. What
+it writes down lives beside it: the metrics file (:mod:`.metrics`), the screen output
+(:mod:`.progress`) and, under ``partita profile``, traces and summaries (:mod:`.profiling`).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
-import resource
 import signal
 import sys
 import time
@@ -34,7 +34,10 @@ from .config import PLAN_FILE, TrainConfig
 from .data import PackedTokens, dp_shard, synthetic_batch, tokenize_to_file, tokenizer_used
 from .evaluate import TensorBoard, compile_blocks, evaluate, perplexity
 from .guard import StepGuard
+from .metrics import Metrics, peak_memory_gib
 from .ownership import stop_requested, watch_launcher
+from .profiling import dp_wire, mark_process_groups, start_counter, start_profiler, write_profile_summary
+from .progress import StepPrinter
 from .replan import describe_change, replan
 from .schedule import lr_at
 
@@ -52,128 +55,6 @@ def init_distributed(device_type: str, timeout_s: int) -> None:
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     else:
         dist.init_process_group(backend_for(device_type), timeout=timeout)
-
-
-def peak_memory_gib(device: torch.device) -> tuple[float, str]:
-    """Peak allocated memory on the accelerator, or the process's peak RSS on CPU."""
-    if device.type != "cpu":
-        module = getattr(torch, device.type)
-        return module.max_memory_allocated(device) / 2 ** 30, "allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, "rss"
-
-
-def _start_profiler(profile_dir: str | None, device: torch.device, rank: int, steps: int):
-    """torch.profiler over all but the first step (warm-up), one Chrome trace per rank."""
-    if not profile_dir or steps < 2:
-        return None
-    from torch.profiler import ProfilerActivity, profile, schedule
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    out = Path(profile_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # on accelerators, record_shapes lets c10d record each collective's process group
-    # (record_param_comms "Process Group Ranks"); gloo records none (see _mark_process_groups)
-    prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps - 1),
-                   record_shapes=device.type != "cpu", on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
-    prof.start()
-    return prof
-
-
-def _mark_process_groups(pm) -> None:
-    """Name the process groups' worker threads in the trace: gloo runs each group's
-    collectives on the group's own threads and records no group, so a few tiny
-    all-reduces per group inside a ``partita:group:<axis>`` annotation tie those threads
-    to the mesh axis (:func:`partita.analyze.breakdown.analyze_trace` leaves the annotation's
-    time out of the step)."""
-    groups = [("world", dist.group.WORLD)]
-    for axis in ("pp", "dp", "cp", "tp"):
-        if pm.mesh[axis].size() > 1:
-            groups.append((axis, pm.mesh[axis].get_group()))
-    if pm.ep_group is not None:
-        groups.append(("ep", pm.ep_group))
-    buf = torch.zeros(1, device=pm.device)
-    for axis, group in groups:
-        with torch.profiler.record_function(f"partita:group:{axis}"):
-            for _ in range(4):  # gloo spreads work over its threads; touch each of them
-                dist.all_reduce(buf, group=group)
-
-
-def _start_counter(pm, profile_dir: str | None):
-    """Under ``partita profile``: count every collective's bytes (the traces miss PowerSGD's,
-    :mod:`partita.profile.collective_counter`), with DDP's built-in reduction routed where it is counted."""
-    if not profile_dir:
-        return None
-    from ..profile.collective_counter import CollectiveCounter, route_builtin_ddp_reduction
-    route_builtin_ddp_reduction(pm.modules)
-    return CollectiveCounter().start()
-
-
-def _dp_wire(pm, counter) -> dict:
-    """This rank's data-parallel collectives per step (bytes, calls, seconds) from step
-    START_ITER on (PowerSGD compresses from there; the group markers run before)."""
-    if counter is None or pm.dp_group is None:
-        return {}
-    from ..runtime.compression import START_ITER
-    counter.stop()
-    return {"first_step": START_ITER, "group": dist.get_process_group_ranks(pm.dp_group),
-            "by_collective": counter.per_step(tuple(dist.get_process_group_ranks(pm.dp_group)), START_ITER)}
-
-
-def _write_profile_summary(profile_dir: str, rank: int, device: torch.device, times: list[float],
-                           dp_wire: dict | None = None) -> None:
-    """Per-rank memory and step times beside the trace (allocator figures where the device has
-    them), and the data-parallel bytes the counter saw (``dp_wire``)."""
-    summary: dict = {"rank": rank, "device": device.type, "step_times_s": times, "dp_wire": dp_wire or {}}
-    if device.type != "cpu":
-        module = getattr(torch, device.type)
-        summary["peak_allocated_gib"] = module.max_memory_allocated(device) / 2 ** 30
-        summary["peak_reserved_gib"] = module.max_memory_reserved(device) / 2 ** 30
-        summary["fragmentation"] = 1 - summary["peak_allocated_gib"] / max(summary["peak_reserved_gib"], 1e-9)
-    else:
-        summary["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-    (Path(profile_dir) / f"rank{rank}.summary.json").write_text(json.dumps(summary))
-
-
-class Metrics:
-    """Rank 0's JSON-lines metrics file, written a line at a time (one ``write`` of the whole
-    line, flushed); on resume, records after the checkpoint are discarded (and the
-    discarded steps named) so every step appears exactly once, and a line that is not
-    JSON (torn by a crash mid-write) is dropped with a note."""
-
-    def __init__(self, path: Path, enabled: bool, note=None):
-        self.path, self.enabled, self.note = path, enabled, note or (lambda msg: None)
-        self._file = None
-
-    def rewind(self, step: int) -> list[int]:
-        if not self.enabled or not self.path.exists():
-            return []
-        kept, dropped = [], []
-        lines = self.path.read_text(errors="replace").splitlines()
-        for i, line in enumerate(lines):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                where = "its last line" if i == len(lines) - 1 else f"line {i + 1}"
-                self.note(f"partita: note: {self.path}: dropped {where}, not JSON (torn by a crash mid-write?): "
-                          f"{line[:60]!r}")
-                continue
-            if isinstance(rec, dict) and "step" in rec and rec.get("event") is None and rec["step"] > step:
-                dropped.append(rec["step"])
-            else:
-                kept.append(line)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, self.path)
-        return dropped
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        if self._file is None:
-            self._file = open(self.path, "a", buffering=1)
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
 
 
 class NonFiniteStep(PartitaError):
@@ -213,49 +94,6 @@ def make_optimizer_factory(config: TrainConfig):
                                         foreach=False)
 
 
-class StepPrinter:
-    """Rank 0's screen output: a JSON object, a progress bar or a plain line per step."""
-
-    def __init__(self, config: TrainConfig, enabled: bool, start: int):
-        self.config, self.enabled, self.bar, self.task = config, enabled, None, None
-        if enabled and config.progress and not config.json:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-            self.task = self.bar.add_task("train", total=config.steps, completed=start, info="")
-            self.bar.start()
-
-    def step(self, record: dict, mem: float) -> None:
-        if not self.enabled:
-            return
-        if self.config.json:
-            print(json.dumps(record), flush=True)
-        elif self.bar is not None:
-            self.bar.update(self.task, completed=record["step"] + 1,
-                            info=f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s  mem {mem:.2f} GiB"
-                            + (f"  MFU {record['mfu']:.1%}" if "mfu" in record else ""))
-        else:
-            print(f"step {record['step']:5d}  loss {record['loss']:.6f}  lr {record['lr']:.2e}  "
-                  f"{record['step_time_s'] * 1e3:8.1f} ms  {record['tokens_per_s']:,.0f} tokens/s", flush=True)
-
-    def eval(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        if self.config.json:
-            print(json.dumps(record), flush=True)
-            return
-        line = (f"eval  step {record['step']:5d}  loss {record['eval_loss']:.6f}  "
-                f"perplexity {record['eval_perplexity']:.3f}")
-        if self.bar is not None:
-            self.bar.console.print(line)
-        else:
-            print(line, flush=True)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 class Trainer:
     """One rank's training run: ``Trainer(...).run()`` does setup, resume, steps, finish."""
 
@@ -274,7 +112,7 @@ class Trainer:
         self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
                               device_type=device_type, max_grad_norm=config.max_grad_norm or None)
         del model
-        self.counter = _start_counter(self.pm, config.profile_dir)
+        self.counter = start_counter(self.pm, config.profile_dir)
         self._load_hf_weights()
         if config.compile:
             self.log(f"partita: torch.compile: {compile_blocks(self.pm)} block(s) compiled")
@@ -393,7 +231,7 @@ class Trainer:
         """The step loop; returns 0, or 128 + the signal every rank agreed to stop for."""
         self.resume()
         self.printer = StepPrinter(self.config, self.rank == 0, self.start)
-        self.profiler = _start_profiler(self.config.profile_dir, self.pm.device, self.rank,
+        self.profiler = start_profiler(self.config.profile_dir, self.pm.device, self.rank,
                                         self.config.steps - self.start)
         for step in range(self.start, self.config.steps):
             self.run_step(step)
@@ -447,7 +285,7 @@ class Trainer:
         if self.profiler is not None:
             self.profiler.step()
             if step == self.start and step + 1 < c.steps:
-                _mark_process_groups(self.pm)  # inside the first recorded step
+                mark_process_groups(self.pm)  # inside the first recorded step
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
         """One step; with --compile, a compiler failure on the first step is one line."""
@@ -559,8 +397,8 @@ class Trainer:
             self.save_hf()
         if self.profiler is not None:
             self.profiler.stop()
-            _write_profile_summary(self.config.profile_dir, self.rank, self.pm.device, self.times,
-                                   _dp_wire(self.pm, self.counter))
+            write_profile_summary(self.config.profile_dir, self.rank, self.pm.device, self.times,
+                                  dp_wire(self.pm, self.counter))
         self.printer.stop()
         self.tb.close()
         if self.rank != 0 or not self.times:
