@@ -126,18 +126,18 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
 #: every field; ``plan`` (the search) fixes the ones it would otherwise search.
-BOTH = ("estimate", "plan")
-ESTIMATE = ("estimate",)
+_BOTH = ("estimate", "plan")
+_ESTIMATE = ("estimate",)
 
 
 def _flag(default: Any, help: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
-          choices: tuple | None = None, bounds: tuple[int, int] | None = None, commands: tuple[str, ...] = ESTIMATE,
+          choices: tuple | None = None, bounds: tuple[int, int] | None = None, commands: tuple[str, ...] = _ESTIMATE,
           bounds_text: str | None = None) -> Any:
     """A plan field with what its command-line flag and its check are generated from, so that
     the flag, a plan string, a plan file and :func:`validate` refuse a bad value with the same
     words (:func:`field_problem`): ``help``, the ``choices`` or integer ``bounds`` (low, high)
     it must lie in (``bounds_text`` words the range where its low end means something), the
-    ``flag`` spelling (default ``--`` + the field name with dashes) and older ``aliases``, and
+    ``flag`` spelling (default ``--`` + the field name with dashes) and other names (``aliases``), and
     the ``commands`` that offer it (``partita.cli.plan_flags`` builds the flags; only cli/
     imports argparse)."""
     meta = {"help": help, "flag": flag, "aliases": aliases, "choices": choices, "bounds": bounds,
@@ -152,20 +152,20 @@ _DEGREE = (1, MAX_PLAN_SIZE)
 class Plan:
     """How one training job is split; see the module docstring for each field."""
 
-    dp: int = _flag(1, "data-parallel replicas (default: devices / (tp*pp*cp))", bounds=_DEGREE, commands=BOTH)
-    tp: int = _flag(1, "tensor-parallel degree", bounds=_DEGREE, commands=BOTH)
-    pp: int = _flag(1, "pipeline stages", bounds=_DEGREE, commands=BOTH)
-    vpp: int = _flag(1, "virtual stages per pipeline rank (interleaved 1F1B)", bounds=(1, MAX_VPP), commands=BOTH)
-    cp: int = _flag(1, "context-parallel degree", bounds=_DEGREE, commands=BOTH)
-    ep: int = _flag(1, "expert-parallel degree (MoE)", bounds=_DEGREE, commands=BOTH)
+    dp: int = _flag(1, "data-parallel replicas (default: devices / (tp*pp*cp))", bounds=_DEGREE, commands=_BOTH)
+    tp: int = _flag(1, "tensor-parallel degree", bounds=_DEGREE, commands=_BOTH)
+    pp: int = _flag(1, "pipeline stages", bounds=_DEGREE, commands=_BOTH)
+    vpp: int = _flag(1, "virtual stages per pipeline rank (interleaved 1F1B)", bounds=(1, MAX_VPP), commands=_BOTH)
+    cp: int = _flag(1, "context-parallel degree", bounds=_DEGREE, commands=_BOTH)
+    ep: int = _flag(1, "expert-parallel degree (MoE)", bounds=_DEGREE, commands=_BOTH)
     sp: bool = _flag(False, "sequence parallel (default: on when tp > 1)")
-    zero: int = _flag(1, "ZeRO stage (default 1)", choices=ZERO_STAGES, commands=BOTH)
-    mbs: int = _flag(1, "micro-batch size in sequences", bounds=_DEGREE, commands=BOTH)
+    zero: int = _flag(1, "ZeRO stage (default 1)", choices=ZERO_STAGES, commands=_BOTH)
+    mbs: int = _flag(1, "micro-batch size in sequences", bounds=_DEGREE, commands=_BOTH)
     gbs: int = _flag(1, "global batch in sequences", flag="--global-batch", aliases=("--gbs",), bounds=_DEGREE,
-                     commands=BOTH)
-    seq_len: int = _flag(2048, "sequence length in tokens", bounds=_DEGREE, commands=BOTH)
-    recompute: str = _flag("none", "activation recomputation", choices=RECOMPUTE, commands=BOTH)
-    dtype: str = _flag("bf16", "training precision", choices=DTYPES, commands=BOTH)
+                     commands=_BOTH)
+    seq_len: int = _flag(2048, "sequence length in tokens", bounds=_DEGREE, commands=_BOTH)
+    recompute: str = _flag("none", "activation recomputation", choices=RECOMPUTE, commands=_BOTH)
+    dtype: str = _flag("bf16", "training precision", choices=DTYPES, commands=_BOTH)
     schedule: str = _flag("1f1b", "pipeline schedule (default: interleaved-1f1b with vpp > 1, else 1f1b)",
                           choices=SCHEDULES)
     # layers per virtual stage, pp*vpp entries, in pipeline order
@@ -186,7 +186,7 @@ class Plan:
                              "(default 0: all of dp)", bounds=(0, MAX_PLAN_SIZE))
     grad_compression: str = _flag("none", "low-rank gradient compression of the data-parallel all-reduce "
                                           "(zero 0; default none)", choices=GRAD_COMPRESSIONS)
-    powersgd_rank: int = _flag(4, "PowerSGD rank (default 4)", bounds=(1, 1024), commands=BOTH)
+    powersgd_rank: int = _flag(4, "PowerSGD rank (default 4)", bounds=(1, 1024), commands=_BOTH)
     ddp_bucket_mb: int = _flag(0, "DDP gradient bucket size in MiB (default 0: the framework's)", bounds=(0, 65536))
     fsdp_prefetch: int = _flag(1, "FSDP2 all-gather prefetch depth in blocks (default 1)", bounds=(1, 8))
     #: the framework the plan is estimated as run by (cost/frameworks.py: its documented
@@ -195,11 +195,11 @@ class Plan:
                                        "torch.compile, torchtitan-eager-loss compiled blocks with an eager loss "
                                        "(torchtitan before 2025-04), internevo the InternLM trainer; their documented "
                                        "differences: docs/cost_model.md (default megatron)",
-                           choices=FRAMEWORKS, commands=BOTH)
+                           choices=FRAMEWORKS, commands=_BOTH)
     #: expert tensor parallel (module docstring, ``etp``); 1 keeps every plan's JSON as before
     etp: int = _flag(1, "expert tensor parallel: each routed expert's FFN split etp ways, the expert grid "
                         "etp x ep x edp folded out of tp x cp x dp (Megatron --expert-tensor-parallel-size; "
-                        "default 1)", bounds=_DEGREE, commands=BOTH)
+                        "default 1)", bounds=_DEGREE, commands=_BOTH)
     #: with recompute full, layers recomputed per stage/chunk (module docstring); 0 = all
     recompute_layers: int = _flag(0, "with --recompute full: recompute only the first N layers of each pipeline "
                                      "stage/chunk (Megatron --recompute-method block --recompute-num-layers N; "
