@@ -1,0 +1,56 @@
+"""Flags of a Megatron-LM / MindSpeed-LLM command line that change memory or step time but
+that Partita's cost model does not express (issue 32 item 3): each is named in ``partita
+import``'s output under "in the file, not modelled: ..." and in ``--json``, never dropped.
+
+The list comes from the frameworks' own argument definitions (NVIDIA/Megatron-LM@d98e8a6
+megatron/training/arguments.py; Ascend/MindSpeed@028de58 mindspeed/arguments.py and
+mindspeed/features_manager/; Ascend/MindSpeed-LLM@c77308a) and from how often the example
+launch scripts use them (docs/import.md has the survey). A flag Partita models is read into a
+Plan field by :mod:`.megatron` instead and does not appear here.
+"""
+from __future__ import annotations
+
+#: flag -> what it changes, as the framework runs it (why the estimate can differ).
+NOT_MODELLED: dict[str, str] = {
+    "--swap-optimizer": "optimizer states swapped to host memory between steps (less device memory)",
+    "--swap-attention": "attention activations swapped to host memory (less device memory, more transfer time)",
+    "--reuse-fp32-param": "the fp32 master weights share memory with the bf16 weights (about 2 bytes/param less)",
+    "--moe-fb-overlap": "one micro-batch's forward overlapped with another's backward (MoE all-to-all hidden)",
+    "--schedules-method": "DualPipeV: two V-placed chunks per rank, embedding and loss on rank 0; estimated as "
+                          "1F1B over the same layers (activations pp+1 micro-batches, not pp; a smaller bubble)",
+    "--recompute-activation-function": "the MLP activation recomputed (less activation memory)",
+    "--recompute-norm": "the norms recomputed (less activation memory)",
+    "--recompute-modules": "the modules recomputed with selective recompute (estimated as Partita's selective)",
+    "--moe-zero-memory": "MoE activations freed and recomputed (less activation memory)",
+    "--moe-alltoall-overlap-comm": "the MoE all-to-all overlapped with expert computation",
+    "--mtp-num-layers": "multi-token-prediction layers after the decoder (more weights and activations)",
+    "--fp8-param-gather": "the weights kept in fp8 and all-gathered in fp8 (no bf16 weight copy)",
+    "--optimizer-cpu-offload": "optimizer states offloaded to host memory",
+    "--cpu-offloading": "activations offloaded to host memory",
+    "--fine-grained-activation-offloading": "chosen activations offloaded to host memory",
+    "--recompute-in-advance": "recompute started before the backward needs it",
+    "--enable-recompute-layers-per-pp-rank": "the recompute layer count per pipeline rank, not per chunk",
+    "--moe-layer-recompute": "MoE layers recomputed (less activation memory)",
+    "--adaptive-recompute-device-swap": "recompute chosen at run time from device memory",
+    "--use-ascend-coc": "tensor-parallel communication computed over (CoC)",
+    "--mla-fa-without-pad": "MLA attention without padding the value head",
+    "--context-parallel-algo": "the context-parallel algorithm (Ulysses / ring / hybrid) changes communication",
+}
+
+#: flag -> values at which it is no departure from what Partita models.
+MODELLED_VALUES: dict[str, tuple[str, ...]] = {"--context-parallel-algo": ("megatron_cp_algo",)}
+
+
+def unmodelled(argv: list[str]) -> list[str]:
+    """The flags of ``argv`` (in order, once each, with their value) that Partita does not
+    model, as ``"--flag value: what it changes"``."""
+    found: dict[str, str] = {}
+    for i, tok in enumerate(argv):
+        name, eq, inline = tok.partition("=")
+        if name not in NOT_MODELLED or name in found:
+            continue
+        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "")
+        if value in MODELLED_VALUES.get(name, ()):
+            continue
+        found[name] = f"{name}{' ' + value if value else ''}: {NOT_MODELLED[name]}"
+    return list(found.values())
