@@ -1,0 +1,27 @@
+NPROC_PER_NODE=8 \
+megatron sft \
+    --model my-org/llama-style-13b \
+    --dataset 'my-org/sft-mix' \
+    --tensor_model_parallel_size 4 \
+    --micro_batch_size 2 \
+    --global_batch_size 64 \
+    --use_distributed_optimizer false \
+    --fp16 true \
+    --recompute_granularity none \
+    --max_length 4096 \
+    --sequence_parallel false \
+    --save_safetensors true \
+    --load_from_cache_file true \
+    --split_dataset_ratio 0.02 \
+    --finetune true \
+    --cross_entropy_loss_fusion true \
+    --lr 2e-5 \
+    --lr_warmup_fraction 0.05 \
+    --min_lr 2e-6 \
+    --eval_steps 250 \
+    --save_steps 250 \
+    --dataloader_num_workers 4 \
+    --dataset_num_proc 4 \
+    --no_save_optim true \
+    --no_save_rng true \
+    --attention_backend flash
