@@ -68,7 +68,7 @@ either way, DeepSpeed has no compile mode modelled), a new plan field to validat
 record, and a cross product in which most cells mean nothing. An entry derived with
 ``dataclasses.replace`` from torchtitan changes exactly the fields compile changes, is
 recorded in a plan's ``framework`` like any other, and is chosen per published row from the
-row's own notes (:func:`partita.validation.published.runs_as`).
+row's own notes (``runs_as`` in ``bench/published_runs.py``).
 
 ``megatron`` is the cost model's reference (every field at the value the formulas had
 before frameworks were named), so estimates without ``--framework`` are unchanged.
