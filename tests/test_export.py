@@ -288,18 +288,18 @@ def _expected(target, plan, model):
 
 @pytest.mark.parametrize("target", ["megatron", "mindspeed", "deepspeed", "torchtitan"])
 def test_export_then_import_gives_the_plan_back(target):
-    from partita.export import importers
+    from partita.imports import deepspeed, megatron, shell, torchtitan
     for pid, model_name, plan in [p.values for p in _cases(target)]:
         model = load_model(model_name)
         out = export(target, plan, model)
         if target in ("megatron", "mindspeed"):
-            back = importers.plan_from_megatron(importers.argv_from_script(
+            back = megatron.plan_from_megatron(shell.argv_from_script(
                 "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n" + out.text),
                                                 plan.world_size)
         elif target == "deepspeed":
-            back = importers.plan_from_ds_config(out.data, plan.world_size, seq_len=plan.seq_len)
+            back = deepspeed.plan_from_ds_config(out.data, plan.world_size, seq_len=plan.seq_len)
         else:
-            back = importers.plan_from_torchtitan(importers.argv_from_script(out.text), model.layers)
+            back = torchtitan.plan_from_torchtitan(shell.argv_from_script(out.text), model.layers)
         got = {k: getattr(back, k) for k in _expected(target, plan, model)}
         got["sp"] = back.sp and back.tp > 1
         assert got == _expected(target, plan, model), pid

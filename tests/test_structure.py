@@ -33,11 +33,11 @@ KNOWN_LONG_FUNCTIONS: list[str] = []
 ARGPARSE_EXCEPTIONS: dict[str, str] = {
     # reads other frameworks' launch command lines (Megatron/MindSpeed flags) into a Plan:
     # argparse is the parser of the foreign format here, not a command of ours
-    "src/partita/export/importers.py": "parses Megatron-LM / MindSpeed-LLM command lines",
+    "src/partita/imports/megatron.py": "parses Megatron-LM / MindSpeed-LLM command lines",
 }
 
 PLANNING = ("partita.spec", "partita.cost", "partita.search", "partita.plan", "partita.estimate",
-            "partita.export")
+            "partita.export", "partita.imports")
 HEAVY = ("torch", "torch_npu", "numpy", "transformers", "deepspeed")
 
 

@@ -31,7 +31,7 @@ def estimate_plan(args: argparse.Namespace, model, world_size: int):
     flags - one of them (:func:`refuse_plan_flags`) - with ``--framework`` applied to any."""
     refuse_plan_flags(args, "estimate", {"--plan": args.plan, "--from-script": args.from_script})
     if args.from_script:
-        from .import_cmd import load_script
+        from ..imports import load_config as load_script
         plan, _ = load_script(args.from_script, devices=world_size, model=model, seq_len=args.seq_len)
     elif args.plan is not None:
         plan = read_plan_arg(args.plan, world_size, defaults={"seq_len": args.seq_len})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import PartitaError
 from ..plan import Plan
-from . import importers
+from ..imports import deepspeed as ds_import, megatron as megatron_import, torchtitan as titan_import
 from .context import ExportContext
 from .deepspeed import export_deepspeed
 from .megatron import export_megatron, export_mindspeed
@@ -37,12 +37,13 @@ class ExportTarget:
 
 
 TARGETS: tuple[ExportTarget, ...] = (
-    ExportTarget("megatron", "Megatron-LM pretrain_gpt.py arguments", export_megatron, importers.plan_from_megatron),
+    ExportTarget("megatron", "Megatron-LM pretrain_gpt.py arguments", export_megatron,
+                 megatron_import.plan_from_megatron),
     ExportTarget("mindspeed", "MindSpeed-LLM (Ascend) pretrain_gpt.py arguments: Megatron's with Ascend fused kernels",
-                 export_mindspeed, importers.plan_from_megatron),
-    ExportTarget("deepspeed", "DeepSpeed ds_config.json", export_deepspeed, importers.plan_from_ds_config),
+                 export_mindspeed, megatron_import.plan_from_megatron),
+    ExportTarget("deepspeed", "DeepSpeed ds_config.json", export_deepspeed, ds_import.plan_from_ds_config),
     ExportTarget("torchtitan", "torchtitan 0.3.0 --section.field overrides", export_torchtitan,
-                 importers.plan_from_torchtitan),
+                 titan_import.plan_from_torchtitan),
 )
 
 

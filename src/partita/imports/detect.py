@@ -1,0 +1,53 @@
+"""Which framework a launch file is written for, and the file's text (every failure one line)."""
+from __future__ import annotations
+
+import re
+
+from ..errors import PartitaError
+
+
+def read_text(path: str) -> str:
+    """The file's text, or a one-line error (missing, a directory, not UTF-8)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise PartitaError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise PartitaError(f"{path} is a directory; give the launch script or config file") from None
+    except UnicodeDecodeError:
+        raise PartitaError(f"{path} is not a UTF-8 text file (a launch script or config is expected)") from None
+    except OSError as e:
+        raise PartitaError(f"cannot read {path}: {e.strerror}") from None
+
+
+def detect(path: str, text: str) -> str:
+    """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
+    stripped = text.lstrip()
+    if stripped.startswith("{") or path.endswith(".json"):
+        if re.search(r'"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)"', text):
+            return "deepspeed"
+    if path.endswith(".toml") or re.search(r"--(parallelism|training)\.", text):
+        return "torchtitan"
+    if re.search(r"mindspeed|--use-ascend-mc2|--use-fused-rmsnorm", text, re.IGNORECASE):
+        return "mindspeed"
+    if re.search(r"pretrain_gpt\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):
+        return "megatron"
+    raise PartitaError(f"{path}: not a recognised launch config (no pretrain_gpt.py / --tensor-model-parallel-size "
+                       "for Megatron, no zero_optimization / train_batch_size for DeepSpeed, no --parallelism.* / "
+                       "--training.* for torchtitan); name it with --from")
+
+
+#: What a file must contain to be read as each framework's (else the importer would return defaults).
+_MARKERS = {"megatron": (r"--(tensor|pipeline)-model-parallel-size|--micro-batch-size|--global-batch-size",
+                         "no --tensor-model-parallel-size, --pipeline-model-parallel-size or batch flag"),
+            "torchtitan": (r"--(parallelism|training)\.", "no --parallelism.* or --training.* setting"),
+            "deepspeed": (r"\"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)\"",
+                          "no zero_optimization or batch key")}
+
+
+def check_kind(target: str, path: str, text: str) -> None:
+    """A one-line error when ``text`` has none of ``target``'s markers (--from naming the wrong framework)."""
+    pattern, missing = _MARKERS["megatron" if target == "mindspeed" else target]
+    if not re.search(pattern, text):
+        raise PartitaError(f"{path} does not look like a {target} launch config ({missing}); check the file or --from")

@@ -1,0 +1,80 @@
+"""One launch file (Megatron/MindSpeed script, DeepSpeed ``ds_config``, torchtitan overrides or
+TOML) read into a checked :class:`~partita.plan.Plan`: the one entry point ``partita import``,
+``estimate --from-script`` and ``plan --from-script`` share, so the three read a file the same way."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from typing import Any
+
+from ..errors import PartitaError
+from ..plan import Plan
+from .detect import check_kind, detect, read_text
+from .shell import argv_from_script, expand_variables, script_world_size
+
+
+def _parse(target: str, path: str, text: str, world: int | None, layers: int | None, seq_len: int,
+           pp: int | None) -> Plan:
+    """The importer of ``target`` on the file's text (world size checked by the caller)."""
+    from . import deepspeed, megatron, torchtitan
+    if path.endswith(".toml") and target == "torchtitan":
+        text = " ".join(torchtitan.toml_argv(path, text))  # TOML errors first, then the same checks as overrides
+    check_kind(target, path, text)
+    if target == "deepspeed":
+        from ..inputs import read_json
+        cfg = read_json(path, "DeepSpeed config")  # size, UTF-8, depth, NaN/Infinity: one line each
+        if not isinstance(cfg, dict):
+            raise PartitaError(f"{path} must hold a JSON object (a DeepSpeed config)")
+        deepspeed.check_ds_config(path, cfg)
+        return deepspeed.plan_from_ds_config(cfg, _need_world(path, world), seq_len=seq_len, pp=pp)
+    if target == "torchtitan":
+        argv = argv_from_script(text, "torchtitan.train")
+        check_sizes(path, argv, torchtitan.TITAN_SIZES, minus_one=torchtitan.TITAN_FILL)
+        return torchtitan.titan_plan(argv, world, layers)
+    argv = argv_from_script(text)
+    check_sizes(path, argv, megatron.MEGATRON_SIZES)
+    return megatron.plan_from_megatron(argv, _need_world(path, world), layers)
+
+
+def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:
+    """Each numeric value of a size flag within 1..MAX_PLAN_SIZE (-1 where the framework fills it in);
+    a non-numeric value is left to the framework's own parser (its error names the flag)."""
+    from ..plan import MAX_PLAN_SIZE
+    for i, tok in enumerate(argv):
+        name, eq, inline = tok.partition("=")
+        if name not in flags:
+            continue
+        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if re.fullmatch(r"[+-]?\d+", value.strip()):
+            number = int(value) if len(value) < 30 else MAX_PLAN_SIZE + 1
+            if not (1 <= number <= MAX_PLAN_SIZE or (number == -1 and name in minus_one)):
+                raise PartitaError(f"{path}: {name} {value[:30]} must be a whole number from 1 to {MAX_PLAN_SIZE:,}"
+                                   + (" (or -1: fill)" if name in minus_one else ""))
+
+
+def _need_world(path: str, world: int | None) -> int:
+    if world is None:
+        raise PartitaError(f"{path} does not say how many devices it runs on (no numeric torchrun --nproc-per-node); "
+                           "pass --devices")
+    return world
+
+
+def load_config(path: str, source: str | None = None, devices: int | None = None, model: Any = None,
+                seq_len: int = 2048, pp: int | None = None) -> tuple[Plan, str]:
+    """(plan, framework) of a launch file; every failure is a one-line :class:`PartitaError`."""
+    from ..plan import check
+    raw = read_text(path)
+    target = source or detect(path, raw)
+    text = raw if target == "deepspeed" else expand_variables(raw)
+    world = devices or script_world_size(text)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
+            plan = _parse(target, path, text, world, model.layers if model else None, seq_len, pp)
+    except SystemExit:
+        message = (err.getvalue().strip().splitlines() or ["bad argument"])[-1].split("error: ", 1)[-1]
+        raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
+    except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as e:
+        raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
+    check(plan, model, devices)
+    return plan, target
