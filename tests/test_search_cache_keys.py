@@ -64,19 +64,17 @@ def test_the_fields_old_keys_missed_change_the_terms(field, value):
 
 @pytest.mark.parametrize("field,value", VARIANTS)
 def test_stage_terms_cache_holds_every_field(builder, field, value):
-    builder._stage_terms(BASE)  # the entry a stale key would return
+    builder._terms_and_total(BASE)  # the entry a stale key would return
     plan = _variant(field, value)
-    assert builder._stage_terms(plan) == stage_terms(MODEL, CLUSTER, plan)
+    assert builder._terms_and_total(plan)[0] == stage_terms(MODEL, CLUSTER, plan)
     assert stage_shape(plan, CLUSTER.devices_per_node) in builder.stage_terms
 
 
 @pytest.mark.parametrize("field,value", VARIANTS)
 def test_cheap_total_cache_holds_every_field(builder, field, value):
-    shape = stage_shape(BASE, CLUSTER.devices_per_node)
-    builder._cheap_total(BASE, shape, builder._stage_terms(BASE, shape))
+    builder._terms_and_total(BASE)
     plan = _variant(field, value)
-    shape = stage_shape(plan, CLUSTER.devices_per_node)
-    assert builder._cheap_total(plan, shape, builder._stage_terms(plan, shape)) == cheap_total(MODEL, CLUSTER, plan)
+    assert builder._terms_and_total(plan)[1] == cheap_total(MODEL, CLUSTER, plan)
 
 
 @pytest.mark.parametrize("field,value", VARIANTS)

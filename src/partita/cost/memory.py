@@ -151,20 +151,6 @@ def plan_terms(device: Device, plan: Plan) -> PlanTerms:
                      FRAMEWORKS[plan.framework].zero0_autocast)
 
 
-def _model_states(plan: Plan, terms: PlanTerms, zero: int, dense: float,
-                  expert: float) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes of a rank holding ``dense`` and ``expert``
-    parameters at ZeRO stage ``zero`` (:func:`.states._state_bytes` of each, summed)."""
-    autocast = zero == 0 and terms.zero0_autocast
-    weights, grads, optimizer = _state_bytes(plan.dtype, terms.grad_bytes, zero, dense, terms.dense_shard,
-                                             terms.full_gradients, autocast, terms.fp8_cache)
-    if expert:
-        we, ge, oe = _state_bytes(plan.dtype, terms.grad_bytes, zero, expert, terms.expert_shard,
-                                  terms.full_gradients, autocast, terms.fp8_cache)
-        weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
-    return weights, grads, optimizer
-
-
 def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape: RankShape,
                  settings: list[tuple[str, int]], terms: PlanTerms | None = None) -> dict[tuple[str, int], MemoryParts]:
     """The memory parts of pipeline rank ``rank`` (of shape ``shape``) under each
@@ -173,20 +159,27 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     activations, so each is computed once and combined. ``terms``: :func:`plan_terms`
     of the plan, when the caller walks several rank shapes."""
     dense, expert = _shape_params(model, plan, shape)
-    terms = plan_terms(device, plan) if terms is None else terms
+    # unpacked once: the search's hot path (every layout's ladder over every rank shape)
+    grad_b, dense_shard, expert_shard, plan_buffers, full, fp8_cache, layer, zero0_autocast = \
+        plan_terms(device, plan) if terms is None else terms
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
-    transient, buffers = _transient(model, plan, shape), terms.buffers + _knob_state(model, plan, shape)
+    transient, buffers = _transient(model, plan, shape), plan_buffers + _knob_state(model, plan, shape)
     states: dict[int, tuple[float, float, float, float, float]] = {}
     activations: dict[str, float] = {}
     out = {}
     for recompute, zero in settings:
         if zero not in states:
-            weights, grads, optimizer = _model_states(plan, terms, zero, dense, expert)
+            autocast = zero == 0 and zero0_autocast
+            weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast,
+                                                     fp8_cache)
+            if expert:
+                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache)
+                weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
                             fsdp_stream_pool(model, plan, shape, zero)) if zero >= 3 else \
                 (weights, grads, optimizer, 0.0, 0.0)  # both are 0 below zero 3
         if recompute not in activations:
-            activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute, terms.layer)
+            activations[recompute] = chunks * _activations_per_chunk(model, plan, shape, recompute, layer)
         weights, grads, optimizer, gathered, pool = states[zero]
         out[(recompute, zero)] = MemoryParts(weights, grads, optimizer, activations[recompute], transient, gathered,
                                              buffers, pool)

@@ -220,7 +220,7 @@ def cheap_bound(model: ModelSpec, cluster: Cluster, plan: Plan, total: float | N
 def cheap_total(model: ModelSpec, cluster: Cluster, plan: Plan, times: tuple | None = None) -> float:
     """``T`` of :func:`cheap_bound`: the same for every vpp and layer split of a structure
     (the stage terms depend on its stage shape only), so the search computes it once per
-    stage shape and pp (:meth:`_LayoutBuilder._cheap_total`). ``times``:
+    stage shape and pp (:meth:`_LayoutBuilder._terms_and_total`). ``times``:
     ``stage_terms(...)[1]`` when the caller has it."""
     times = stage_terms(model, cluster, plan)[1] if times is None else times
     moe = model.moe_layers
@@ -347,8 +347,8 @@ class _LayoutBuilder:
         # record its formula is memoised on (:mod:`partita.cost.shape`), so that every plan
         # field the formula reads is in the key (tests/test_search_cache_keys.py)
         self.output_ratio: dict[LayerShape, float] = {}  # _output_in_layers per layer shape
-        self.totals: dict[tuple[StageShape, int], float] = {}  # cheap_total per (stage shape, pp)
-        self.stage_terms: dict[StageShape, tuple] = {}  # stage_terms(...) per stage shape (_stage_terms)
+        #: per stage shape: stage_terms(...) and cheap_total by pp (:meth:`_terms_and_total`)
+        self.stage_terms: dict[StageShape, tuple[tuple, dict[int, float]]] = {}
         self.explained = tuple(k in EXPLAINED_KNOBS for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"))
         self._etps: dict[tuple[int, int, int, int], list[int]] = {}  # etps() per (tp, cp, dp, ep)
         # every field the structure does not set, once (Plan.with_ is a dict update)
@@ -395,15 +395,14 @@ class _LayoutBuilder:
             return []
         base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
                                 mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", etp=etp)
-        plans = [self._primary(base)]
+        shape = stage_shape(base, cluster.devices_per_node)
+        plans = [self._primary(base, shape.layer)]
         if pp * vpp > 1:
             if few_splits(model.layers, pp * vpp):
                 first = plans[0].stage_layers(model.layers)
                 plans += [base.with_(layer_split=s) for s in all_splits(model.layers, pp * vpp) if s != first]
         out = []
-        shape = stage_shape(base, cluster.devices_per_node)
-        terms = self._stage_terms(base, shape)
-        total = self._cheap_total(base, shape, terms)
+        terms, total = self._terms_and_total(base, shape)
         # no setting of the layout is faster than its terms with no recompute (base has none)
         pairs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs))
         knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + self.ladder_values[replicated]
@@ -416,54 +415,52 @@ class _LayoutBuilder:
                               key=cheap_bound(model, cluster, plan, total), primary=i == 0, terms=terms))
         return out
 
-    def _stage_terms(self, base: Plan, shape: StageShape | None = None) -> tuple:
-        """``stage_terms(model, cluster, base)``, memoised on the plan's stage shape
-        (:func:`.cost.shape.stage_shape`, ``shape`` when the caller has it) - the record
-        :func:`.cost.step.stage_terms` is itself memoised on, so the key holds every plan
-        field the terms read. Saves the cost model's lookup with the model and device keys."""
+    def _terms_and_total(self, base: Plan, shape: StageShape | None = None) -> tuple[tuple, float]:
+        """``stage_terms(model, cluster, base)`` and :func:`cheap_total` of ``base``,
+        memoised on the plan's stage shape (:func:`.cost.shape.stage_shape`, ``shape`` when
+        the caller has it) - the record :func:`.cost.step.stage_terms` is itself memoised
+        on, so the key holds every plan field the terms read - and, for the total, on pp
+        (the per-stage constant counts once per pipeline rank). Saves the cost model's
+        lookup with the model and device keys."""
         shape = stage_shape(base, self.cluster.devices_per_node) if shape is None else shape
-        terms = self.stage_terms.get(shape)
-        if terms is None:
-            terms = self.stage_terms[shape] = stage_terms(self.model, self.cluster, base)
-        return terms
-
-    def _cheap_total(self, base: Plan, shape: StageShape, terms: tuple) -> float:
-        """:func:`cheap_total` of ``base``, memoised on what it reads of the plan: the stage
-        shape its ``terms`` (:meth:`_stage_terms`) are of, and pp (the per-stage constant
-        counts once per pipeline rank)."""
-        key = (shape, base.pp)
-        total = self.totals.get(key)
+        entry = self.stage_terms.get(shape)
+        if entry is None:
+            entry = self.stage_terms[shape] = (stage_terms(self.model, self.cluster, base), {})
+        terms, totals = entry
+        total = totals.get(base.pp)
         if total is None:
-            total = self.totals[key] = cheap_total(self.model, self.cluster, base, terms[1])
-        return total
+            total = totals[base.pp] = cheap_total(self.model, self.cluster, base, terms[1])
+        return terms, total
 
-    def _output_ratio(self, base: Plan) -> float:
-        """:func:`_output_in_layers` of ``base``, memoised on its layer shape (what the layer
-        and output-layer times it divides read of the plan)."""
-        shape = layer_shape(base)
+    def _output_ratio(self, base: Plan, shape: LayerShape | None = None) -> float:
+        """:func:`_output_in_layers` of ``base``, memoised on its layer shape (``shape``
+        when the caller has it: what the layer and output-layer times it divides read of
+        the plan)."""
+        shape = layer_shape(base) if shape is None else shape
         ratio = self.output_ratio.get(shape)
         if ratio is None:
             ratio = self.output_ratio[shape] = _output_in_layers(self.model, self.cluster, base)
         return ratio
 
-    def _primary(self, base: Plan) -> Plan:
-        """The structure's own layout (``primary``): its even or min-max split."""
+    def _primary(self, base: Plan, layer: LayerShape) -> Plan:
+        """The structure's own layout (``primary``): its even or min-max split (``layer``:
+        ``base``'s layer shape)."""
         model, chunks = self.model, base.pp * base.vpp
         if chunks > 1 and (model.layers % chunks == 0 or (model.layers + 2) % chunks == 0
                            or not few_splits(model.layers, chunks)):
-            split = self._split(base)
+            split = self._split(base, layer)
             if split is not None:
                 return base.with_(layer_split=split)
         return base
 
-    def _split(self, base: Plan) -> tuple[int, ...] | None:
+    def _split(self, base: Plan, layer: LayerShape) -> tuple[int, ...] | None:
         """The layer split of a pipelined layout: even when possible, else the exact
         min-max split (vpp = 1; the last stage also carries the output layer) or
         Megatron's embedding-aware balanced split (vpp > 1)."""
         model, pp, vpp = self.model, base.pp, base.vpp
         if vpp > 1:
             return None if model.layers % (pp * vpp) == 0 else balanced_split(model.layers, pp * vpp)
-        return _min_max_split(model.layers, pp, self._output_ratio(base))
+        return _min_max_split(model.layers, pp, self._output_ratio(base, layer))
 
 
 def layouts_by_bound(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace,
