@@ -198,7 +198,7 @@ FRAMEWORKS: dict[str, Framework] = {
     # torchtitan with compiled blocks but an eager loss: every torchtitan run before its commit
     # bbb1b616e (2025-04-02), when the loss joined compile (torchtitan/components/loss.py had
     # `compiled_cross_entropy_loss = torch.compile(...)` commented out; today
-    # `--compile.components model,loss`). Only the loss phase's bytes differ (cost/memory.py LOSS_MODE).
+    # `--compile.components model,loss`). Only the loss phase's bytes differ (cost/transient.py LOSS_MODE).
     "torchtitan-eager-loss": replace(_TORCHTITAN, name="torchtitan-eager-loss", sources=_TORCHTITAN_SOURCES_EAGER_LOSS),
     # DeepSpeed (Megatron-DeepSpeed model code: fused kernels, reentrant activation
     # checkpointing) with ZeRO stages 1/2: the updated fp16 partitions are all-gathered
