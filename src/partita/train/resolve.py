@@ -54,7 +54,6 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
     """The plan to run: the user's, the search's (``--plan auto``) or (with --resume and no
     --plan) the newest checkpoint's, re-planned for this world size; checked against the
     model the workers will train before any process starts."""
-    entry = resolve_model(config.model)
     world = launch.world
     plan_text = launch.plan
     from_checkpoint = False
@@ -64,7 +63,7 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
         from_checkpoint = True
     flags = batch_flags(launch)
     if plan_text and plan_text.strip().split(",", 1)[0].strip() == "auto":
-        return check(knob_flags(_auto_plan(entry, config, launch, plan_text, flags, say), launch, say))
+        return check(knob_flags(_auto_plan(config, launch, plan_text, flags, say), launch, say))
     plan = Plan.parse(plan_text, world_size=world, defaults={**train_defaults(config.device), **flags})
     check_batch_flags(plan, flags, plan_text)
     plan = knob_flags(plan, launch, say)
@@ -73,6 +72,7 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
         problem = resume_problem(meta, config.model, plan.gbs)
         if problem:
             raise PartitaError(f"cannot resume from {config.checkpoint_dir}: {problem}")
+    entry = resolve_model(config.model)
     spec = entry.spec()
     if from_checkpoint and plan.world_size != world:
         from .replan import describe_change, replan
@@ -89,11 +89,15 @@ def model_to_check(entry: ModelEntry):
     """The model the workers will train, on the meta device (:meth:`ModelEntry.check_model`),
     for the runtime's checks and the search: never a stand-in, so a limit of its family
     (HF models run no cp) is refused here, not inside a worker after torchrun started."""
+    _need_torch()
+    return entry.check_model()
+
+
+def _need_torch() -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
         raise PartitaError("partita train needs PyTorch: pip install 'partita[runtime]'") from None
-    return entry.check_model()
 
 
 def runtime_check(plan: Plan, model) -> None:
@@ -102,7 +106,7 @@ def runtime_check(plan: Plan, model) -> None:
     check_runtime(plan, model)
 
 
-def _auto_plan(entry: ModelEntry, config: TrainConfig, launch: LaunchConfig, text: str, flags: dict,
+def _auto_plan(config: TrainConfig, launch: LaunchConfig, text: str, flags: dict,
                say: Callable[[str], None]) -> Plan:
     """``--plan "auto[,gbs=8,mbs=1,...]"``: the search's best plan for this world size on this
     machine's hardware file (``calibrated.json`` here, else ``--hardware``, else the built-in
@@ -110,7 +114,7 @@ def _auto_plan(entry: ModelEntry, config: TrainConfig, launch: LaunchConfig, tex
     (:func:`partita.runtime.auto.choose_plan`, the same call ``parallelize(model, "auto")`` makes),
     for the model the workers will train. Fields the search does not choose (gbs, seq_len) come
     from the text, the batch flags, then `partita train`'s defaults."""
-    model = model_to_check(entry)  # first: without torch, one line saying so
+    _need_torch()
     from ..runtime import auto
     from ..runtime.device import detect_device_type
     fixed = auto.parse_auto(text)
@@ -118,6 +122,8 @@ def _auto_plan(entry: ModelEntry, config: TrainConfig, launch: LaunchConfig, tex
         if key in flags and key in fixed and str(flags[key]) != fixed[key]:
             raise PartitaError(f"--{name.replace('_', '-')} {flags[key]} conflicts with {key}={fixed[key]} in "
                                f"--plan {text!r}; give it in one place")
+    entry = resolve_model(config.model)
+    model = model_to_check(entry)
     defaults = train_defaults(config.device)
     merged = {"gbs": defaults["gbs"], "seq_len": defaults["seq_len"], **flags, **fixed}
     merged.setdefault("dtype", defaults["dtype"])
