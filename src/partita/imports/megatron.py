@@ -1,24 +1,51 @@
 """Megatron-LM / MindSpeed-LLM command lines read back into a :class:`~partita.plan.Plan`
-(issue 14 item 2; moved out of ``export/`` by issue 32).
+(issue 14 item 2; moved out of ``export/`` by issue 32), as the framework runs them (issue 32
+item 3): every flag that changes memory or time is either read into a plan field here or named
+by :mod:`.megatron_features` as not modelled; the pipeline's layer split is
+:mod:`.megatron_layout`, the model the command line defines :mod:`.megatron_model`.
 
-Only the fields that decide the layout, batch, recompute and precision are read; everything else
-in the command is ignored (``parse_known_args``). The flag spellings are the ones the exporters in
-``partita.export`` write, which tests/test_export.py checks against each framework's own parser.
-argparse is the parser of the foreign format here, not a command of ours.
+Everything else in the command is ignored (``parse_known_args``). The flag spellings are the ones
+the exporters in ``partita.export`` write, which tests/test_export.py checks against each
+framework's own parser. argparse is the parser of the foreign format here, not a command of ours.
+
+Facts from the frameworks (NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py
+``validate_args``; Ascend/MindSpeed@028de58):
+
+- ``--expert-tensor-parallel-size`` absent: Megatron sets it to the tensor-parallel size (``if
+  args.expert_tensor_parallel_size is None: ... = args.tensor_model_parallel_size``), whatever ep
+  is; Partita keeps etp 1 for a dense model (etp means nothing without experts);
+- ``--sequence-parallel`` with tp 1 is switched off ("Disabling sequence parallelism because tensor
+  model parallelism is disabled");
+- ``--recompute-activations`` sets the granularity to selective; the old ``--checkpoint-activations``
+  (removed: Megatron now exits on it) meant full recompute of every layer;
+- ``--recompute-method block --recompute-num-layers N`` recomputes the first N layers of each
+  chunk: N at least the largest chunk is every layer (Megatron accepts it); ``uniform`` recomputes
+  every layer (N layers share one checkpoint);
+- ``--grad-reduce-in-bf16``: the gradient buffer and its reduction in bf16 (Partita's grad_dtype);
+- ``--use-ascend-mc2`` (MindSpeed): tensor-parallel communication fused with the matmuls (Partita's
+  tp_comm_overlap); ``--attention-backend unfused|local``: attention that keeps its probabilities,
+  as MindSpeed's does without ``--use-flash-attn``.
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from ..errors import PartitaError
 from ..plan import Plan
+from ..spec.model import ModelSpec
+from .megatron_features import unmodelled
+from .megatron_layout import LayoutFlags, chunk_ranges, layout_split, split_of
+from .megatron_model import model_from_megatron
 
 FSDP_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
 #: Size flags of a Megatron/MindSpeed command line: each a whole number from 1 (a 0 divides by zero).
 MEGATRON_SIZES = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
                   "--expert-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--seq-length",
-                  "--num-layers", "--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size")
+                  "--num-layers", "--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size",
+                  "--num-virtual-stages-per-pipeline-rank", "--recompute-num-layers", "--num-experts",
+                  "--expert-tensor-parallel-size")
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
@@ -26,59 +53,137 @@ def _megatron_parser() -> argparse.ArgumentParser:
     for flag, default in (("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
                           ("--context-parallel-size", 1), ("--expert-model-parallel-size", 1),
                           ("--micro-batch-size", 1), ("--global-batch-size", None), ("--seq-length", 2048),
-                          ("--num-layers", None), ("--num-layers-per-virtual-pipeline-stage", None)):
+                          ("--num-layers", None), ("--num-layers-per-virtual-pipeline-stage", None),
+                          ("--num-virtual-stages-per-pipeline-rank", None),
+                          ("--virtual-pipeline-model-parallel-size", None), ("--expert-tensor-parallel-size", None),
+                          ("--decoder-first-pipeline-num-layers", None), ("--decoder-last-pipeline-num-layers", None),
+                          ("--recompute-num-layers", None), ("--num-experts", None)):
         p.add_argument(flag, type=int, default=default)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
-                 "--bf16", "--fp16", "--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"):
+                 "--bf16", "--fp16", "--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
+                 "--recompute-activations", "--checkpoint-activations", "--grad-reduce-in-bf16", "--use-ascend-mc2",
+                 "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"):
         p.add_argument(flag, action="store_true")
-    p.add_argument("--expert-tensor-parallel-size", type=int, default=None)
-    p.add_argument("--pipeline-model-parallel-layout", default=None)
+    for flag in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
+                 "--num-layer-list", "--noop-layers", "--schedules-method", "--attention-backend"):
+        p.add_argument(flag, default=None)
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard")
-    p.add_argument("--recompute-granularity", default=None)
-    p.add_argument("--recompute-method", default=None)
-    p.add_argument("--recompute-num-layers", type=int, default=None)
-    p.add_argument("--fp8-format", default=None)
     return p
 
 
-def _layout_split(layout: str) -> tuple[int, ...]:
-    """Decoder layers per virtual stage of ``--pipeline-model-parallel-layout`` (E/t*n/L entries)."""
-    return tuple(int(s.split("t*")[1].rstrip("L")) if "t*" in s else 0 for s in layout.split("|"))
+def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    """A comma-separated list of whole numbers (``--num-layer-list``, ``--noop-layers``)."""
+    if text is None:
+        return None
+    items = [x.strip() for x in text.strip("\"'").split(",") if x.strip()]
+    if not items or not all(x.isdigit() for x in items):
+        raise PartitaError(f"{flag} {text!r} must be comma-separated whole numbers")
+    return tuple(int(x) for x in items)
 
 
-def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = None) -> Plan:
-    """The plan a Megatron-LM / MindSpeed-LLM ``pretrain_gpt.py`` command line runs on ``world_size`` ranks."""
-    ns, _ = _megatron_parser().parse_known_args(argv)
+def _vpp(ns: argparse.Namespace, num_layers: int | None, pp: int) -> int:
+    """Virtual stages per rank from the flag that gives them (arguments.py: layers per rank over
+    ``--num-layers-per-virtual-pipeline-stage``, or the count itself)."""
+    if ns.num_layers_per_virtual_pipeline_stage:
+        if not num_layers:
+            raise PartitaError("--num-layers-per-virtual-pipeline-stage needs --num-layers (or --model) to give vpp")
+        per_rank = (num_layers + ns.account_for_embedding_in_pipeline_split
+                    + ns.account_for_loss_in_pipeline_split) // pp
+        if per_rank % ns.num_layers_per_virtual_pipeline_stage:
+            raise PartitaError(f"{per_rank} layers per pipeline rank are not a multiple of "
+                               f"--num-layers-per-virtual-pipeline-stage {ns.num_layers_per_virtual_pipeline_stage}")
+        return max(1, per_rank // ns.num_layers_per_virtual_pipeline_stage)
+    return ns.num_virtual_stages_per_pipeline_rank or ns.virtual_pipeline_model_parallel_size or 1
+
+
+def _layout(ns: argparse.Namespace, num_layers: int | None, pp: int) -> tuple[int, tuple[int, ...] | None, int]:
+    """(vpp, layer_split, the largest chunk counting noop layers) of the layout flags."""
+    if ns.pipeline_model_parallel_layout:
+        split, vpp = layout_split(ns.pipeline_model_parallel_layout, pp, ns.num_layers)
+        return vpp, split, max(split)
+    dualpipev = ns.schedules_method == "dualpipev"
+    flags = LayoutFlags(num_layers, pp, 1 if dualpipev else _vpp(ns, num_layers, pp),
+                        ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers,
+                        ns.account_for_embedding_in_pipeline_split, ns.account_for_loss_in_pipeline_split,
+                        _int_list("--num-layer-list", ns.num_layer_list),
+                        frozenset(_int_list("--noop-layers", ns.noop_layers) or ()), dualpipev)
+    if not num_layers:
+        return flags.vpp, None, 0
+    largest = max(len(r) for r in chunk_ranges(flags))
+    return flags.vpp, split_of(flags), largest
+
+
+def _recompute(ns: argparse.Namespace, largest_chunk: int) -> tuple[str, int]:
+    """(recompute, recompute_layers) as Megatron runs the recompute flags (module docstring)."""
+    granularity = ns.recompute_granularity
+    if ns.recompute_activations:
+        granularity = "selective"
+    elif ns.checkpoint_activations and not granularity:
+        granularity = "full"
+    if granularity != "full" or ns.recompute_method != "block" or not ns.recompute_num_layers:
+        return granularity or "none", 0
+    every = largest_chunk and ns.recompute_num_layers >= largest_chunk
+    return "full", 0 if every else ns.recompute_num_layers
+
+
+def _zero(ns: argparse.Namespace) -> int:
+    if ns.use_megatron_fsdp:
+        return FSDP_STRATEGY_ZERO.get(ns.data_parallel_sharding_strategy, 0)
+    return 3 if ns.use_torch_fsdp2 else 1 if ns.use_distributed_optimizer else 0
+
+
+def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: bool, framework: str) -> Plan:
+    """The plan of parsed flags; ``num_layers`` counts MindSpeed's noop layers."""
     tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
     if world_size % (tp * pp * cp):
         raise PartitaError(f"world size {world_size} is not a multiple of tp*pp*cp = {tp * pp * cp}")
-    layers = layers or ns.num_layers
-    vpp, split = 1, None
-    if ns.pipeline_model_parallel_layout:
-        split = _layout_split(ns.pipeline_model_parallel_layout)
-        vpp = len(split) // pp
-    elif ns.num_layers_per_virtual_pipeline_stage:
-        if not layers:
-            raise PartitaError("--num-layers-per-virtual-pipeline-stage needs --num-layers to give vpp")
-        vpp = layers // (pp * ns.num_layers_per_virtual_pipeline_stage)
-    if ns.use_megatron_fsdp:
-        zero = FSDP_STRATEGY_ZERO.get(ns.data_parallel_sharding_strategy, 0)
-    else:
-        zero = 3 if ns.use_torch_fsdp2 else 1 if ns.use_distributed_optimizer else 0
-    dtype = "fp8" if ns.fp8_format else "bf16" if ns.bf16 else "fp16" if ns.fp16 else "fp32"
+    vpp, split, largest = _layout(ns, num_layers, pp)
+    recompute, rc_layers = _recompute(ns, largest)
     dp = world_size // (tp * pp * cp)
-    ep = ns.expert_model_parallel_size
-    # --expert-tensor-parallel-size absent means etp = tp in Megatron (arguments.py core_v0.16.1);
-    # it matters only to a MoE run, known here by ep > 1
-    etp = ns.expert_tensor_parallel_size or (tp if ep > 1 else 1)
-    # full + block: only the first N layers of each chunk (plan.recompute_layers); full +
-    # uniform recomputes every layer (groups of N share one checkpoint: still all layers)
-    rc_layers = 0
-    if ns.recompute_granularity == "full" and ns.recompute_method == "block" and ns.recompute_num_layers:
-        rc_layers = ns.recompute_num_layers
-    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, sp=ns.sequence_parallel,
-                zero=zero, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or ns.micro_batch_size * dp,
-                seq_len=ns.seq_length, recompute=ns.recompute_granularity or "none", dtype=dtype,
-                recompute_layers=rc_layers, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,
-                tp_comm_overlap=ns.tp_comm_overlap, overlap_grad_reduce=ns.overlap_grad_reduce,
-                overlap_param_gather=ns.overlap_param_gather)
+    unfused = ns.attention_backend in ("unfused", "local") or (framework == "mindspeed" and not ns.use_flash_attn)
+    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ns.expert_model_parallel_size,
+                etp=ns.expert_tensor_parallel_size or (tp if moe else 1), sp=ns.sequence_parallel and tp > 1,
+                zero=_zero(ns), mbs=ns.micro_batch_size, gbs=ns.global_batch_size or ns.micro_batch_size * dp,
+                seq_len=ns.seq_length, recompute=recompute, recompute_layers=rc_layers,
+                dtype="fp8" if ns.fp8_format else "bf16" if ns.bf16 else "fp16" if ns.fp16 else "fp32",
+                grad_dtype="bf16" if ns.grad_reduce_in_bf16 else "fp32",
+                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,
+                tp_comm_overlap=ns.tp_comm_overlap or ns.use_ascend_mc2, overlap_grad_reduce=ns.overlap_grad_reduce,
+                overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused")
+
+
+@dataclass(frozen=True)
+class MegatronRead:
+    """What a command line says: the plan, the model it defines (None when it does not, or
+    when only the tokenizer knows the vocabulary: ``vocab_note`` says so), and the flags that
+    change cost but that Partita does not model (``"--flag value: what it changes"``)."""
+
+    plan: Plan
+    model: ModelSpec | None
+    not_modelled: tuple[str, ...]
+    vocab_note: str = ""
+
+
+def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = None, framework: str = "megatron",
+                  name: str = "script") -> MegatronRead:
+    """The plan, model and unmodelled flags of a Megatron-LM / MindSpeed-LLM command line on
+    ``world_size`` ranks; ``model`` (``--model``) gives the layer count where the script has none."""
+    ns, _ = _megatron_parser().parse_known_args(argv)
+    script = model_from_megatron(argv, name)
+    noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
+    num_layers = ns.num_layers or (model.layers + noop if model else None)
+    moe = bool(ns.num_experts) or bool(model and model.moe)
+    plan = _plan(ns, world_size, num_layers, moe, framework)
+    skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
+    notes = tuple(n for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
+    return MegatronRead(plan, script.spec, notes, script.missing_vocab)
+
+
+def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = None) -> Plan:
+    """The plan a Megatron-LM / MindSpeed-LLM ``pretrain_gpt.py`` command line runs on ``world_size``
+    ranks (``layers``: the model's, where the command line has no ``--num-layers``)."""
+    ns, _ = _megatron_parser().parse_known_args(argv)
+    noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
+    return _plan(ns, world_size, ns.num_layers or (layers + noop if layers else None), bool(ns.num_experts),
+                 "megatron")

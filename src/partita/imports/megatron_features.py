@@ -33,7 +33,7 @@ NOT_MODELLED: dict[str, str] = {
     "--moe-layer-recompute": "MoE layers recomputed (less activation memory)",
     "--adaptive-recompute-device-swap": "recompute chosen at run time from device memory",
     "--use-ascend-coc": "tensor-parallel communication computed over (CoC)",
-    "--mla-fa-without-pad": "MLA attention without padding the value head",
+    "--interleave-sliding-window": "every other layer attends within a sliding window (less attention time)",
     "--context-parallel-algo": "the context-parallel algorithm (Ulysses / ring / hybrid) changes communication",
 }
 

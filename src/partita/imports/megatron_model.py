@@ -53,11 +53,12 @@ def model_parser() -> argparse.ArgumentParser:
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
                  "--add-qkv-bias", "--disable-bias-linear", "--qk-layernorm", "--multi-latent-attention",
-                 "--multi-head-latent-attention", "--use-rotary-position-embeddings", "--shared-expert-gate"):
+                 "--multi-head-latent-attention", "--use-rotary-position-embeddings", "--shared-expert-gate",
+                 "--geglu", "--gelu-tanh"):
         p.add_argument(flag, action="store_true")
     for flag in ("--normalization", "--position-embedding-type", "--moe-layer-freq", "--tokenizer-type",
-                 "--tokenizer-name-or-path", "--tokenizer-model", "--noop-layers"):
-        p.add_argument(flag)
+                 "--tokenizer-name-or-path", "--tokenizer-model", "--noop-layers", "--merge-file"):
+        p.add_argument(flag, nargs="?")  # a path from an unset positional ($2) leaves the flag bare
     return p
 
 
@@ -77,7 +78,7 @@ def moe_pattern(text: str, layers: int) -> tuple[int, int]:
     """(first dense layers, MoE layer frequency) of ``--moe-layer-freq``: an integer, or a pattern
     list that is some dense layers then one MoE layer every ``freq`` (others are not expressible)."""
     text = text.strip().strip("\"'")
-    if text.isdigit():
+    if text.lstrip("-").isdigit():  # MindSpeed-LLM's -1: every layer (its test is ``i % freq == 0``)
         return 0, max(1, int(text))
     try:
         pattern = _eval_list(ast.parse(text, mode="eval").body)
@@ -99,7 +100,10 @@ def _vocab(ns: argparse.Namespace, tp: int) -> int | None:
     """The (padded) vocabulary Megatron runs, or None where only the tokenizer files know it."""
     if ns.padded_vocab_size:
         return ns.padded_vocab_size
-    size = ns.vocab_size or KNOWN_TOKENIZERS.get(ns.tokenizer_type or "")
+    # a BPE merge file without a tokenizer type: pretrain_gpt.py's default GPT2BPETokenizer
+    # (its ``args_defaults``, Megatron-LM 2021, e.g. @c1e0689^)
+    kind = ns.tokenizer_type or ("GPT2BPETokenizer" if ns.merge_file else "")
+    size = ns.vocab_size or KNOWN_TOKENIZERS.get(kind)
     if not size:
         return None
     multiple = max(1, ns.make_vocab_size_divisible_by) * tp
@@ -132,7 +136,7 @@ def _moe(ns: argparse.Namespace, ffn: int, layers: int) -> dict[str, Any] | None
     first, freq = moe_pattern(ns.moe_layer_freq, layers) if ns.moe_layer_freq else (0, 1)
     return {"num_experts": ns.num_experts, "top_k": ns.moe_router_topk or 2, "expert_ffn_hidden": expert_ffn,
             "shared_experts": 1 if shared else 0, "shared_ffn_hidden": shared,
-            "first_dense_layers": ns.first_k_dense_replace if ns.first_k_dense_replace is not None else first,
+            "first_dense_layers": max(0, ns.first_k_dense_replace) if ns.first_k_dense_replace is not None else first,
             "layer_freq": freq, "shared_expert_gate": ns.shared_expert_gate}
 
 
@@ -168,7 +172,8 @@ def model_from_megatron(argv: list[str], name: str = "script") -> ScriptModel:
         "name": name, "hidden": h, "layers": layers, "heads": heads,
         "kv_heads": ns.num_query_groups if ns.group_query_attention and ns.num_query_groups else heads,
         "ffn_hidden": ffn, "vocab": vocab, "head_dim": ns.kv_channels if ns.kv_channels else 0,
-        "activation": "swiglu" if ns.swiglu else "relu2" if ns.squared_relu else "gelu",
+        "activation": "swiglu" if ns.swiglu else "geglu" if ns.geglu or ns.gelu_tanh  # MindSpeed-LLM: gated
+        else "relu2" if ns.squared_relu else "gelu",
         "norm": "rmsnorm" if (ns.normalization or "").lower() == "rmsnorm" else "layernorm",
         "qkv_bias": ns.add_qkv_bias or not ns.disable_bias_linear,
         "out_bias": not ns.disable_bias_linear, "mlp_bias": not ns.disable_bias_linear,
@@ -176,8 +181,6 @@ def model_from_megatron(argv: list[str], name: str = "script") -> ScriptModel:
         "max_positions": (ns.max_position_embeddings or ns.seq_length or 0) if position == "learned" else 0,
         "qk_norm": ns.qk_layernorm, "source": "launch script",
     }
-    if data["head_dim"] * heads == h:
-        data["head_dim"] = 0
     moe, mla = _moe(ns, ffn, layers), _mla(ns)
     if moe:
         data["moe"] = moe
