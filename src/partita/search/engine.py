@@ -44,7 +44,7 @@ from ..plan import Plan
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound
-from .partial_recompute import least_recompute_layers, partial_lower_bound
+from .partial_recompute import PartialPlans, partial_lower_bound
 from .result import Attempt, SearchResult
 from .why_not import alternatives as why_not_alternatives
 from .why_not import partial_neighbours
@@ -115,8 +115,7 @@ class _Search:
         self._firsts: dict[tuple[int, bool], list] = {}  # _family_firsts' memo: (id(layout), partial)
         self.ranking_open = True  # estimates enter the ranking (first pass), else only explain
         self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
-        #: (id(layout), zero): the partial plan with the least recompute_layers and its peak, None if none fits
-        self.partial_n: dict[tuple[int, int], tuple | None] = {}
+        self.partial_plans = PartialPlans(model, cluster.device, usable)  # each layout's least N per zero
         self.refined: set[int] = set()  # id(layout) of layouts whose floor has the solved partial N
         self.partial_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose partial plan is estimated
 
@@ -274,7 +273,7 @@ class _Search:
     def _refine_floor(self, layout: Layout, wanted) -> bool:
         """A waiting layout's floor came from partial plans bounded at N >= 1 (cheap, as
         :meth:`_memory_rules_out` sets it for every layout); when it comes up again, each
-        family's least N is solved (:meth:`_partial_plan`) and the floor rises to the
+        family's least N is solved (:meth:`.partial_recompute.PartialPlans.get`) and the floor rises to the
         bound at that N. True when it rose: the layout waits again (or is bounded out),
         as after :meth:`_memory_rules_out`. Once per layout."""
         if id(layout) in self.refined:
@@ -291,18 +290,6 @@ class _Search:
             layout.waiting, layout.done = True, False
         return True
 
-    def _partial_plan(self, layout: Layout, zero: int) -> tuple[Plan, float, int] | None:
-        """The layout's full-recompute plan at ``zero`` with the fewest recomputed layers
-        per chunk that fit (:func:`.partial_recompute.least_recompute_layers`, solved from the
-        linear memory), its peak bytes and rank; None when none fits. Memoised."""
-        key = (id(layout), zero)
-        if key not in self.partial_n:
-            full = layout.plan.with_(recompute="full", zero=zero)
-            n = least_recompute_layers(self.model, self.cluster.device, full, self.usable)
-            plan = full.with_(recompute_layers=n)
-            self.partial_n[key] = (plan, *peak_memory(self.model, self.cluster.device, plan)) if n else None
-        return self.partial_n[key]
-
     def _first_bound(self, layout: Layout, step: tuple[str, int], exact: bool = False) -> float:
         """Lower bound of the plans a family's first fit stands for: its own, and with
         partial recompute and a recomputing setting also the partial plan's (N >= 1), the
@@ -314,7 +301,7 @@ class _Search:
         own = self.setting_bound(layout, *step) if step[0] != "full" else float("inf")
         if not exact:
             return min(own, self.partial_bound(layout, step[1], 1))
-        partial = self._partial_plan(layout, step[1])
+        partial = self.partial_plans.get(layout, step[1])
         if partial is None:  # no partial plan fits: the setting alone
             return self.setting_bound(layout, *step)
         return min(own, self.partial_bound(layout, step[1], partial[0].recompute_layers))
@@ -421,10 +408,10 @@ class _Search:
         # out before their N is solved
         may_bound = (wanted is None and layout.rankable and self.kth_best() != float("inf")) or wanted is not None
         bounded = may_bound and self._rules_out(layout, self.partial_bound(layout, fitted.zero, 1), wanted)
-        if bounded and key not in self.partial_n:
+        if bounded and not self.partial_plans.solved(layout, fitted.zero):
             self.bounded += 1
             return
-        partial = self._partial_plan(layout, fitted.zero)
+        partial = self.partial_plans.get(layout, fitted.zero)
         if partial is None:
             return
         plan, pb, pr = partial

@@ -19,6 +19,7 @@ from ..cost.step import stage_terms, step_time_lower_bound
 from ..plan import Plan
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
+from .layouts import Layout
 
 
 def least_recompute_layers(model: ModelSpec, device: Device, plan: Plan, limit_gib: float) -> int:
@@ -81,3 +82,30 @@ def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, none_bou
         none_bound = step_time_lower_bound(model, cluster, none)
     after = none_bound - totals["none"]
     return totals["partial"] + max(0.0, after)
+
+
+class PartialPlans:
+    """Each layout's partial plan per ZeRO stage: the full-recompute plan with the fewest
+    recomputed layers per chunk that fit ``usable_gib`` (:func:`least_recompute_layers`),
+    with its peak bytes and rank - or None when none fits. Solved once per (layout, zero):
+    a layout's plan is frozen and lives as long as the search, so the key is its id and
+    the one setting field the solve varies."""
+
+    def __init__(self, model: ModelSpec, device: Device, usable_gib: float):
+        self.model, self.device, self.usable = model, device, usable_gib
+        self._plans: dict[tuple[int, int], tuple[Plan, float, int] | None] = {}
+
+    def solved(self, layout: Layout, zero: int) -> bool:
+        """Whether :meth:`get` has solved the layout at ``zero`` already."""
+        return (id(layout), zero) in self._plans
+
+    def get(self, layout: Layout, zero: int) -> tuple[Plan, float, int] | None:
+        """(plan, peak bytes, peak rank) of the layout's partial plan at ``zero``; None when
+        no partial plan fits (memoised)."""
+        key = (id(layout), zero)
+        if key not in self._plans:
+            full = layout.plan.with_(recompute="full", zero=zero)
+            n = least_recompute_layers(self.model, self.device, full, self.usable)
+            plan = full.with_(recompute_layers=n)
+            self._plans[key] = (plan, *peak_memory(self.model, self.device, plan)) if n else None
+        return self._plans[key]
