@@ -36,7 +36,7 @@ from ..plan import Plan
 from ..spec.model import ModelSpec
 from .megatron_features import unmodelled
 from .megatron_layout import LayoutFlags, chunk_ranges, layout_split, split_of
-from .megatron_model import model_from_megatron
+from .megatron_model import ScriptModel, model_from_megatron
 
 FSDP_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
@@ -155,14 +155,15 @@ def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: 
 
 @dataclass(frozen=True)
 class MegatronRead:
-    """What a command line says: the plan, the model it defines (None when it does not, or
-    when only the tokenizer knows the vocabulary: ``vocab_note`` says so), and the flags that
-    change cost but that Partita does not model (``"--flag value: what it changes"``)."""
+    """What a command line says: the plan, the model it defines (None when it defines none,
+    or one Partita cannot build: ``model_note`` says why, e.g. only the tokenizer knows the
+    vocabulary), and the flags that change cost but that Partita does not model
+    (``"--flag value: what it changes"``)."""
 
     plan: Plan
     model: ModelSpec | None
     not_modelled: tuple[str, ...]
-    vocab_note: str = ""
+    model_note: str = ""
 
 
 def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = None, framework: str = "megatron",
@@ -170,7 +171,10 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     """The plan, model and unmodelled flags of a Megatron-LM / MindSpeed-LLM command line on
     ``world_size`` ranks; ``model`` (``--model``) gives the layer count where the script has none."""
     ns, _ = _megatron_parser().parse_known_args(argv)
-    script = model_from_megatron(argv, name)
+    try:  # the plan is read even where the script's model is not (the note says why)
+        script = model_from_megatron(argv, name)
+    except PartitaError as e:
+        script = ScriptModel(None, str(e))
     noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
     num_layers = ns.num_layers or (model.layers + noop if model else None)
     moe = bool(ns.num_experts) or bool(model and model.moe)
@@ -187,3 +191,8 @@ def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = No
     noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
     return _plan(ns, world_size, ns.num_layers or (layers + noop if layers else None), bool(ns.num_experts),
                  "megatron")
+
+
+def known_flags() -> set[str]:
+    """Every flag :func:`plan_from_megatron` reads (a value it cannot know is named, not guessed)."""
+    return {s for action in _megatron_parser()._actions for s in action.option_strings}
