@@ -1,18 +1,986 @@
-"""Launch scripts as text: the command line after the training entry point, the variables it is
-built from, and the world size its launcher asks for."""
+"""Launch scripts read the way bash runs them (issue 32 item 1), without running them.
+
+:func:`read_script` evaluates the part of bash that launch scripts use to build a command line
+(survey in docs/export.md "Import"): assignments and ``export``, arrays with ``+=`` and re-declared
+with their own contents, ``${VAR:-x}`` / ``${VAR:=x}`` / ``${VAR:+x}`` / ``${#VAR}`` / ``%`` ``#``
+trims, ``$((...))``, ``\\`` continuations, ``if``/``elif``/``else``, ``case``, ``for``, ``[ ]`` and
+``[[ ]]`` tests, ``&&`` / ``||``, shell functions, positional arguments and ``shift``, and ``source``
+of files that exist. Commands are never executed: every command the script would run is recorded
+with its expanded argv (:attr:`ShellRun.commands`), so the launcher and the training entry point
+are found as bash would call them. What cannot be known without running the script (a variable
+with no value, ``$(command)`` output, a test of a file) is recorded in :attr:`ShellRun.unknown`,
+with the flag of ours that supplies it. :func:`partita.imports.shell_run.run_script` is the other
+mechanism (the script run under bash with shims), only with the user's consent.
+
+Bash's own semantics are the reference (bash(1), "EXPANSION" and "Arrays"); the reader is ours.
+"""
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
 
 #: torchrun / torch.distributed.run / deepspeed launcher flags giving ranks per node and nodes.
 _PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
 _NODES = ("--nnodes", "--num_nodes", "--num-nodes")
+LAUNCHER_FLAGS = _PER_NODE + _NODES
+#: A training entry point of Megatron-LM / MindSpeed-LLM (pretrain_gpt.py, pretrain_mamba.py, posttrain_gpt.py).
+ENTRY = re.compile(r"(^|/)(pre|post)train_\w*\.py$")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_ASSIGN_HEAD = re.compile(rf"^({_NAME})(\[[^\]]*\])?(\+?)=")
+_MAX_STEPS = 100_000  # statements evaluated before giving up (a loop that never ends)
+_MAX_SOURCE_DEPTH = 8
+
+
+@dataclass
+class ShellRun:
+    """What reading a script found: the commands it runs (expanded argv, in order), and what
+    could not be known, as ``{what: the flag that supplies it}``."""
+
+    commands: list[list[str]] = field(default_factory=list)
+    #: what the reader could not know, as the text it left in the argv (``${NAME}``, ``$1``, ``$(cmd)``)
+    unknown: dict[str, str] = field(default_factory=dict)
+    #: variables a condition read while unset (bash took them as empty): {"$NAME": "--env NAME=..."}
+    assumed: dict[str, str] = field(default_factory=dict)
+
+
+class ShellError(ValueError):
+    """A script this reader cannot follow (unbalanced quotes, a loop that does not end)."""
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def _scan_balanced(text: str, i: int, open_: str, close: str) -> int:
+    """Index after the ``close`` matching the ``open_`` at ``text[i]`` (quotes respected)."""
+    depth, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "'" and open_ != "{":
+            j = text.find("'", i + 1)
+            i = (j if j >= 0 else n) + 1
+            continue
+        if c == '"':
+            i = _scan_dquote(text, i)
+            continue
+        if c == open_:
+            depth += 1
+        elif c == close:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ShellError(f"unbalanced {open_}{close}")
+
+
+def _scan_dquote(text: str, i: int) -> int:
+    """Index after the double-quoted string starting at ``text[i]``."""
+    i += 1
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+        elif c == '"':
+            return i + 1
+        elif text.startswith("$(", i):
+            i = _scan_balanced(text, i + 1, "(", ")")
+        elif text.startswith("${", i):
+            i = _scan_balanced(text, i + 1, "{", "}")
+        else:
+            i += 1
+    raise ShellError("unterminated double quote")
+
+
+_OPS = ("&&", "||", ";;", "|&", ";", "|", "&", "(", ")", "\n")
+
+
+def tokenize(text: str) -> list[tuple[str, str, int]]:
+    """``(kind, text, line)`` tokens: ``word`` (quotes kept for expansion) or ``op``; comments and
+    ``\\``-newlines dropped, an array ``NAME=( ... )`` kept as one word."""
+    tokens: list[tuple[str, str, int]] = []
+    i, n, word, line = 0, len(text), "", 1
+    def flush() -> None:
+        nonlocal word
+        if word:
+            tokens.append(("word", word, line))
+            word = ""
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n and text[i + 1] == "\n":
+            i, line = i + 2, line + 1
+            continue
+        if c == "#" and not word:
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if c in " \t\r":
+            flush()
+            i += 1
+            continue
+        if c == "(" and re.fullmatch(rf"{_NAME}(\[[^\]]*\])?\+?=", word):
+            j = _scan_balanced(text, i, "(", ")")
+            word += text[i:j]
+            line += text.count("\n", i, j)
+            i = j
+            continue
+        if c == "(" and text.startswith("((", i) and not word:
+            j = _scan_balanced(text, i, "(", ")")
+            tokens.append(("word", text[i:j], line))
+            i = j
+            continue
+        if c in "<>" or text.startswith("&>", i):  # a redirection stays in the word: 2>&1, &>log, >>log
+            j = i + 1 + (text[i + 1:i + 2] in "<>")
+            m = re.match(r"&(\d+|-)?", text[j:])
+            j += m.end() if m and c != "&" else 0
+            word += text[i:j]
+            i = j
+            continue
+        op = next((o for o in _OPS if text.startswith(o, i)), None)
+        if op:
+            flush()
+            tokens.append(("op", op, line))
+            line += op == "\n"
+            i += len(op)
+            continue
+        j = i + 1
+        if c == "\\":
+            j = i + 2
+        elif c == "'":
+            j = text.find("'", i + 1) + 1 or n + 1
+            if j > n:
+                raise ShellError("unterminated single quote")
+        elif c == '"':
+            j = _scan_dquote(text, i)
+        elif c == "`":
+            j = text.find("`", i + 1) + 1 or n + 1
+        elif c == "$" and i + 1 < n and text[i + 1] in "({":
+            j = _scan_balanced(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
+        line += text.count("\n", i, j)
+        word += text[i:j]
+        i = j
+    flush()
+    return tokens
+
+
+# ---------------------------------------------------------------- parse
+
+class _Parser:
+    """Tokens -> nested tuples: ``("cmd", words, line)``, ``("andor", [node, op, node, ...])``,
+    ``("if", [(cond, body), ...], else_body)``, ``("case", word, [(patterns, body), ...])``,
+    ``("for", name, words, body)``, ``("while", cond, body)``, ``("func", name, body)``, ``("group", body)``."""
+
+    def __init__(self, tokens: list[tuple[str, str, int]]):
+        self.toks, self.i = tokens, 0
+
+    def peek(self, offset: int = 0) -> tuple[str, str, int] | None:
+        j = self.i + offset
+        return self.toks[j] if j < len(self.toks) else None
+
+    def at_word(self, *words: str) -> bool:
+        t = self.peek()
+        return t is not None and t[0] == "word" and t[1] in words
+
+    def expect(self, word: str) -> None:
+        if self.at_word(word):
+            self.i += 1
+        else:
+            t = self.peek()
+            raise ShellError(f"expected {word!r} at line {t[2] if t else 'end'}")
+
+    def skip_separators(self) -> None:
+        while (t := self.peek()) is not None and t[0] == "op" and t[1] in (";", "\n", "&"):
+            self.i += 1
+
+    def parse_list(self, *stop: str) -> list:
+        """Statements until one of the ``stop`` words starts a command (or the end, or ``)`` / ``;;``)."""
+        body = []
+        while True:
+            self.skip_separators()
+            t = self.peek()
+            if t is None or (t[0] == "word" and t[1] in stop) or (t[0] == "op" and t[1] in (")", ";;")):
+                return body
+            body.append(self.parse_andor())
+
+    def parse_andor(self):
+        parts = [self.parse_pipeline()]
+        while (t := self.peek()) is not None and t[0] == "op" and t[1] in ("&&", "||"):
+            self.i += 1
+            while self.peek() is not None and self.peek()[1] == "\n":
+                self.i += 1
+            parts += [t[1], self.parse_pipeline()]
+        return parts[0] if len(parts) == 1 else ("andor", parts)
+
+    def parse_pipeline(self):
+        if self.at_word("!"):
+            self.i += 1
+        cmds = [self.parse_command()]
+        while (t := self.peek()) is not None and t[0] == "op" and t[1] in ("|", "|&"):
+            self.i += 1
+            cmds.append(self.parse_command())
+        return cmds[0] if len(cmds) == 1 else ("group", cmds)
+
+    def parse_command(self):
+        t = self.peek()
+        if t is None:
+            raise ShellError("a command is missing at the end")
+        if t[0] == "op" and t[1] == "(":
+            self.i += 1
+            body = self.parse_list()
+            self._close(")")
+            return ("group", body)
+        keyword = {"if": self.parse_if, "case": self.parse_case, "for": self.parse_for, "while": self.parse_while,
+                   "until": self.parse_while, "{": self.parse_brace, "function": self.parse_function}
+        if t[0] == "word" and t[1] in keyword:
+            return keyword[t[1]]()
+        nxt, after = self.peek(1), self.peek(2)
+        if t[0] == "word" and nxt == ("op", "(", nxt[2] if nxt else 0) and after and after[1] == ")":
+            self.i += 3
+            return self._function_body(t[1])
+        return self.parse_simple()
+
+    def _close(self, op: str) -> None:
+        t = self.peek()
+        if t is None or t[1] != op:
+            raise ShellError(f"expected {op!r} at line {t[2] if t else 'end'}")
+        self.i += 1
+
+    def parse_simple(self):
+        words, line = [], self.peek()[2]
+        in_test = False
+        while (t := self.peek()) is not None and (t[0] == "word" or (in_test and t[1] in ("&&", "||", "(", ")"))):
+            in_test = (in_test or (not words and t[1] == "[[")) and t[1] != "]]"
+            words.append(t[1])
+            self.i += 1
+        if not words:
+            raise ShellError(f"unexpected {t[1]!r} at line {t[2]}" if t else "unexpected end")
+        return ("cmd", words, line)
+
+    def parse_if(self):
+        branches, else_body = [], []
+        self.expect("if")
+        while True:
+            cond = self.parse_list("then")
+            self.expect("then")
+            branches.append((cond, self.parse_list("elif", "else", "fi")))
+            if self.at_word("elif"):
+                self.i += 1
+                continue
+            if self.at_word("else"):
+                self.i += 1
+                else_body = self.parse_list("fi")
+            self.expect("fi")
+            return ("if", branches, else_body)
+
+    def parse_case(self):
+        self.expect("case")
+        subject = self.peek()[1]
+        self.i += 1
+        self.expect("in")
+        clauses = []
+        while True:
+            self.skip_separators()
+            if self.at_word("esac"):
+                self.i += 1
+                return ("case", subject, clauses)
+            if self.peek() and self.peek()[1] == "(":
+                self.i += 1
+            patterns = []
+            while (t := self.peek()) is not None and t[1] != ")":
+                if t[0] == "word":
+                    patterns.append(t[1])
+                self.i += 1
+            self._close(")")
+            clauses.append((patterns, self.parse_list("esac")))
+            if self.peek() and self.peek()[1] == ";;":
+                self.i += 1
+
+    def parse_for(self):
+        self.expect("for")
+        name = self.peek()[1]
+        self.i += 1
+        words = []
+        if self.at_word("in"):
+            self.i += 1
+            while (t := self.peek()) is not None and t[0] == "word" and t[1] != "do":
+                words.append(t[1])
+                self.i += 1
+        else:
+            words = ['"$@"']
+        self.skip_separators()
+        self.expect("do")
+        body = self.parse_list("done")
+        self.expect("done")
+        return ("for", name, words, body)
+
+    def parse_while(self):
+        kind = self.peek()[1]
+        self.i += 1
+        cond = self.parse_list("do")
+        self.expect("do")
+        body = self.parse_list("done")
+        self.expect("done")
+        return ("while", kind, cond, body)
+
+    def parse_brace(self):
+        self.expect("{")
+        body = self.parse_list("}")
+        self.expect("}")
+        return ("group", body)
+
+    def parse_function(self):
+        self.expect("function")
+        name = self.peek()[1]
+        self.i += 1
+        if self.peek() and self.peek()[1] == "(":
+            self.i += 2
+        return self._function_body(name)
+
+    def _function_body(self, name: str):
+        self.skip_separators()
+        return ("func", name, self.parse_command())
+
+
+# ---------------------------------------------------------------- expansion
+
+_REDIRECT = re.compile(r"^\d*(>>?|<|&>|>&|<&)(&?(\d+|-))?")
+
+
+class _Done(Exception):
+    """``exit`` / ``return``: stop the script (or the function)."""
+
+    def __init__(self, function_only: bool):
+        super().__init__()
+        self.function_only = function_only
+
+
+class _Shell:
+    """Evaluates a parsed script; variables are ``str`` or ``list[str]`` (arrays)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], script: Path | None, run: ShellRun):
+        self.vars: dict[str, str | list[str]] = dict(env)
+        self.args = list(args)
+        self.script = script
+        self.run = run
+        self.functions: dict[str, object] = {}
+        self.steps = 0
+        self.depth = 0
+        self.status = 0
+
+    # -- unknowns
+    def unknown(self, name: str, why: str | None = None) -> str:
+        """Record ``name`` as unknown; its text in the argv (``$NAME``) names it in later errors."""
+        marker = f"${name}" if name.isdigit() else f"${{{name}}}"
+        self.run.unknown.setdefault(marker, why or ("--args (the script's positional arguments)" if name.isdigit()
+                                                    else f"--env {name}=..."))
+        return marker
+
+    def get(self, name: str, index: str | None = None, *, strict: bool = True) -> list[str] | None:
+        """The value of ``name`` (``index`` "@" for all elements), None when unset."""
+        if name.isdigit():
+            k = int(name)
+            value: str | list[str] | None = (str(self.script or "script") if k == 0 else
+                                             self.args[k - 1] if k <= len(self.args) else None)
+        elif name in ("@", "*"):
+            return list(self.args)
+        elif name == "#":
+            return [str(len(self.args))]
+        elif name == "?":
+            return [str(self.status)]
+        else:
+            value = self.vars.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [value]
+        if index in ("@", "*"):
+            return list(value)
+        k = int(self.arith(index)) if index else 0
+        return [value[k]] if -len(value) <= k < len(value) else None
+
+    # -- arithmetic
+    def arith(self, expr: str) -> int:
+        """``$(( expr ))``: variables (bare or ``$``) substituted, then integer arithmetic as bash's."""
+        text = self.expand_string(expr, quoted=True)
+        def value(m: re.Match) -> str:
+            got = self.get(m.group(0))
+            if got is None:
+                self.unknown(m.group(0))
+                raise ShellError(f"${m.group(0)} has no value")
+            return got[0] or "0"
+        for _ in range(5):  # a variable holding another name (bash evaluates it recursively)
+            new = re.sub(_NAME, value, text)
+            if new == text:
+                break
+            text = new
+        return _arith_eval(text)
+
+
+def _arith_eval(text: str) -> int:
+    """Integer arithmetic of bash (``/`` truncates toward zero; ``**``; comparisons give 0/1; ``? :``)."""
+    import ast
+    text = text.replace("&&", " and ").replace("||", " or ")
+    text = re.sub(r"(?<![=!<>])!(?!=)", " not ", text)
+    text = re.sub(r"([^?:]+)\?([^:]+):(.+)", r"(\2) if (\1) else (\3)", text)
+    text = re.sub(r"\b0+(\d)", r"\1", text)  # 08: decimal here (bash would read octal: no launch script means it)
+    try:
+        tree = ast.parse(text.strip() or "0", mode="eval")
+    except SyntaxError:
+        raise ShellError(f"not integer arithmetic: {text.strip()[:60]}") from None
+    def ev(node) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.UnaryOp):
+            v = ev(node.operand)
+            return {ast.USub: -v, ast.UAdd: v, ast.Not: int(not v), ast.Invert: ~v}[type(node.op)]
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
+                raise ShellError("division by zero in $((...))")
+            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                   ast.Div: lambda: abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1),
+                   ast.Mod: lambda: a - b * int(a / b), ast.Pow: lambda: a ** b if 0 <= b < 64 else 0,
+                   ast.LShift: lambda: a << b, ast.RShift: lambda: a >> b, ast.BitAnd: lambda: a & b,
+                   ast.BitOr: lambda: a | b, ast.BitXor: lambda: a ^ b}
+            return ops[type(node.op)]()
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            a, b = ev(node.left), ev(node.comparators[0])
+            cmp = {ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b, ast.GtE: a >= b, ast.Eq: a == b, ast.NotEq: a != b}
+            return int(cmp[type(node.ops[0])])
+        if isinstance(node, ast.BoolOp):
+            vals = [ev(v) for v in node.values]
+            return int(all(vals) if isinstance(node.op, ast.And) else any(vals))
+        if isinstance(node, ast.IfExp):
+            return ev(node.body) if ev(node.test) else ev(node.orelse)
+        raise ShellError(f"not integer arithmetic: {text.strip()[:60]}")
+    try:
+        return ev(tree)
+    except (KeyError, TypeError) as e:
+        raise ShellError(f"not integer arithmetic: {text.strip()[:60]}") from e
+
+
+class _Expander(_Shell):
+    """Word expansion: parameters, arrays, arithmetic, quotes, field splitting (bash(1) "EXPANSION")."""
+
+    in_test = False
+
+    def expand_string(self, raw: str, quoted: bool = True) -> str:
+        """``raw`` expanded to one string (assignments, ``case`` subjects, arithmetic)."""
+        return " ".join(self.expand_word(raw, split=False))
+
+    def expand_word(self, raw: str, split: bool = True) -> list[str]:
+        """The fields bash makes of one word (no globbing: a pattern stays as written)."""
+        out = _Fields(split)
+        i, n = 0, len(raw)
+        while i < n:
+            c = raw[i]
+            if c == "\\":
+                out.literal(raw[i + 1:i + 2])
+                i += 2
+            elif c == "'":
+                j = raw.find("'", i + 1)
+                j = n if j < 0 else j
+                out.literal(raw[i + 1:j])
+                i = j + 1
+            elif c == '"':
+                j = _scan_dquote(raw, i)
+                self._double_quoted(raw[i + 1:j - 1], out)
+                i = j
+            elif c in "$`":
+                value, i = self.dollar(raw, i)
+                out.unquoted(value)
+            else:
+                out.literal(c)
+                i += 1
+        return out.done()
+
+    def _double_quoted(self, body: str, out: "_Fields") -> None:
+        out.literal("")
+        i = 0
+        while i < len(body):
+            c = body[i]
+            if c == "\\" and body[i + 1:i + 2] in ('$', '`', '"', "\\", "\n"):
+                out.literal(body[i + 1])
+                i += 2
+            elif c in "$`":
+                value, i = self.dollar(body, i)
+                out.quoted(value)
+            else:
+                out.literal(c)
+                i += 1
+
+    def dollar(self, raw: str, i: int) -> tuple[str | list[str], int]:
+        """The value of the expansion at ``raw[i]`` (``$...`` or a backquote) and the index after it."""
+        if raw[i] == "`" or raw.startswith("$(", i) and not raw.startswith("$((", i):
+            j = (raw.find("`", i + 1) + 1 or len(raw)) if raw[i] == "`" else _scan_balanced(raw, i + 1, "(", ")")
+            return self._command_output(raw[i:j]), j
+        if raw.startswith("$((", i):
+            j = _scan_balanced(raw, i + 1, "(", ")")
+            try:
+                return str(self.arith(raw[i + 3:j - 2])), j
+            except ShellError:
+                return raw[i:j], j
+        if raw.startswith("${", i):
+            j = _scan_balanced(raw, i + 1, "{", "}")
+            return self.parameter(raw[i + 2:j - 1]), j
+        m = re.match(rf"{_NAME}|\d|[@*#?$!]", raw[i + 1:])
+        if not m:
+            return "$", i + 1
+        name = m.group(0)
+        value = self.get(name, "@" if name in "@*" else None)
+        if value is None:
+            return self.missing(name), i + 1 + m.end()
+        return (value if name in "@*" else value[0]), i + 1 + m.end()
+
+    def missing(self, name: str) -> str:
+        """An unset variable: empty inside a test (as bash sees it, noted), else a named unknown."""
+        if self.in_test:
+            self.run.assumed.setdefault(f"${name}", f"--env {name}=..." if not name.isdigit() else "--args")
+            return ""
+        return self.unknown(name)
+
+    def _command_output(self, text: str) -> str:
+        """``$(...)``: not run by this reader; ``$(pwd)`` / ``$(dirname ...)`` / ``$(date ...)`` only name paths."""
+        self.run.unknown.setdefault(text, "--run-script (it runs the command), or --env/--args for the value")
+        return text
+
+    def parameter(self, body: str) -> str | list[str]:
+        """``${...}``: value, ``:-`` ``-`` ``:=`` ``=`` ``:+`` ``+`` ``:?`` defaults, ``#`` length,
+        ``%`` ``%%`` ``#`` ``##`` trims, ``/`` ``//`` replacement, ``,,`` ``^^`` case, ``:off:len``."""
+        if body.startswith("#") and len(body) > 1:
+            got = self.get(*_name_index(body[1:]))
+            return str(len(got) if body.endswith("]") and got is not None and "[" in body else
+                       len(got[0]) if got else 0)
+        m = re.match(rf"({_NAME}|\d+|[@*#?])(?:\[([^\]]*)\])?(.*)$", body, re.DOTALL)
+        if not m:
+            return self.unknown(body[:40], "--run-script (an expansion this reader does not evaluate)")
+        name, index, op = m.group(1), m.group(2), m.group(3)
+        value = self.get(name, index)
+        if name in "@*" and not index:
+            value = self.get(name)
+        text = None if value is None else value if index in ("@", "*") or name in "@*" else value[0]
+        op_m = re.match(r"(:?[-=+?])(.*)$", op, re.DOTALL)
+        if op_m:
+            kind, word = op_m.groups()
+            empty = text is None or (kind.startswith(":") and text in ("", []))
+            if kind.endswith("+"):
+                return "" if empty else self.expand_string(word)
+            if not empty:
+                return text
+            if kind.endswith("="):
+                self.vars[name] = self.expand_string(word)
+                return self.vars[name]
+            if kind.endswith("?"):
+                return self.unknown(name)
+            return self.expand_string(word)
+        if text is None:
+            return self.missing(name)
+        if not op:
+            return text
+        return _apply_operator(self, text, op)
+
+
+def _name_index(text: str) -> tuple[str, str | None]:
+    m = re.match(rf"({_NAME}|\d+)(?:\[([^\]]*)\])?$", text)
+    return (m.group(1), m.group(2)) if m else (text, None)
+
+
+def _glob_regex(pattern: str, greedy: bool) -> str:
+    body = fnmatch.translate(pattern)[4:-3]  # strip (?s:...)\Z
+    return body if greedy else body.replace(".*", ".*?")
+
+
+def _apply_operator(sh: "_Expander", value: str | list[str], op: str) -> str | list[str]:
+    """``%`` ``%%`` ``#`` ``##`` ``/`` ``//`` ``,,`` ``^^`` ``:off:len`` on a value (each element of an array)."""
+    if isinstance(value, list):
+        return [str(_apply_operator(sh, v, op)) for v in value]
+    if op in (",,", "^^", ",", "^"):
+        return value.lower() if op.startswith(",") else value.upper()
+    m = re.match(r"(%%|%|##|#|//|/)(.*)$", op, re.DOTALL)
+    if m:
+        kind, rest = m.groups()
+        if kind in ("%", "%%"):
+            rx = re.compile(f"(?s:{_glob_regex(sh.expand_string(rest), kind == '%%')})$")
+            cut = [k for k in range(len(value) + 1) if rx.fullmatch(value[k:])]
+            return value[:cut[0] if kind == "%%" else cut[-1]] if cut else value
+        if kind in ("#", "##"):
+            rx = re.compile(f"(?s:{_glob_regex(sh.expand_string(rest), True)})")
+            cut = [k for k in range(len(value) + 1) if rx.fullmatch(value[:k])]
+            return value[cut[-1] if kind == "##" else cut[0]:] if cut else value
+        pat, _, rep = rest.partition("/")
+        rx = re.compile(_glob_regex(sh.expand_string(pat), True))
+        return rx.sub(sh.expand_string(rep).replace("\\", "\\\\"), value, count=0 if kind == "//" else 1)
+    m = re.match(r":\s*(-?\d+)(?::\s*(-?\d+))?$", op)
+    if m:
+        start = int(m.group(1))
+        end = None if m.group(2) is None else (start + int(m.group(2)) if int(m.group(2)) >= 0 else int(m.group(2)))
+        return value[start:end]
+    return sh.unknown(op[:40], "--run-script (an expansion this reader does not evaluate)")
+
+
+class _Fields:
+    """The words one shell word expands to: quoted text joins, unquoted expansions split on blanks."""
+
+    def __init__(self, split: bool):
+        self.split, self.fields, self.cur, self.have = split, [], "", False
+
+    def literal(self, text: str) -> None:
+        self.cur += text
+        self.have = True
+
+    def quoted(self, value: str | list[str]) -> None:
+        if isinstance(value, str) or not self.split:
+            self.literal(value if isinstance(value, str) else " ".join(value))
+            return
+        for k, element in enumerate(value):  # "${A[@]}": one word per element
+            if k:
+                self.fields.append(self.cur)
+                self.cur = ""
+            self.literal(element)
+
+    def unquoted(self, value: str | list[str]) -> None:
+        text = value if isinstance(value, str) else " ".join(value)
+        if not self.split:
+            self.cur += text
+            return
+        for k, piece in enumerate(re.split(r"[ \t\n]+", text)):
+            if k:
+                if self.cur or self.have:
+                    self.fields.append(self.cur)
+                self.cur, self.have = "", False
+            self.cur += piece
+
+    def done(self) -> list[str]:
+        if self.cur or self.have:
+            self.fields.append(self.cur)
+        return self.fields
+
+
+# ---------------------------------------------------------------- evaluation
+
+_BUILTIN_QUIET = {"echo", "printf", "set", "unset_", "ulimit", "cd", "pushd", "popd", "trap", "wait", "sleep",
+                  "mkdir", "rm", "cp", "mv", "touch", "ln", "chmod", "tee", "cat", "true", ":", "umask", "date",
+                  "hostname", "nvidia-smi", "npu-smi", "pip", "pip3", "wget", "curl", "git", "ray", "kill",
+                  "pkill", "ps", "rsync", "scp", "ssh", "tar", "unzip", "sed", "awk", "grep", "env"}
+_DECLARE = {"export", "local", "declare", "typeset", "readonly"}
+
+
+class _Evaluator(_Expander):
+    """Runs the parsed script's control flow; simple commands are recorded, never executed."""
+
+    def execute(self, nodes: list) -> None:
+        for node in nodes:
+            self.node(node)
+
+    def node(self, node) -> None:
+        self.steps += 1
+        if self.steps > _MAX_STEPS:
+            raise ShellError(f"more than {_MAX_STEPS:,} statements evaluated (a loop that does not end?)")
+        kind = node[0]
+        if kind == "cmd":
+            self.status = self.command(node[1], node[2])
+        elif kind == "andor":
+            self.node(node[1][0])
+            for op, part in zip(node[1][1::2], node[1][2::2]):
+                if (op == "&&") == (self.status == 0):
+                    self.node(part)
+        elif kind == "group":
+            self.execute(node[1])
+        elif kind == "if":
+            self.if_(node[1], node[2])
+        elif kind == "case":
+            self.case(node[1], node[2])
+        elif kind == "for":
+            for value in [v for w in node[2] for v in self.expand_word(w)]:
+                self.vars[node[1]] = value
+                self.execute(node[3])
+        elif kind == "while":
+            self.while_(node[1], node[2], node[3])
+        elif kind == "func":
+            self.functions[node[1]] = node[2]
+
+    def if_(self, branches: list, else_body: list) -> None:
+        for cond, body in branches:
+            self.execute(cond)
+            if self.status == 0:
+                self.execute(body)
+                return
+        self.execute(else_body)
+
+    def case(self, subject: str, clauses: list) -> None:
+        self.in_test = True  # an unset subject is empty, as in a test (noted in ShellRun.assumed)
+        try:
+            value = self.expand_string(subject)
+        finally:
+            self.in_test = False
+        for patterns, body in clauses:
+            if any(fnmatch.fnmatchcase(value, self.expand_string(p)) for p in patterns):
+                self.execute(body)
+                return
+
+    def while_(self, kind: str, cond: list, body: list) -> None:
+        for _ in range(1000):
+            self.execute(cond)
+            if (self.status == 0) != (kind == "while"):
+                return
+            self.execute(body)
+        raise ShellError("a while loop ran 1000 times (its condition depends on a command's output?)")
+
+    def command(self, words: list[str], line: int) -> int:
+        """One simple command: assignments, declarations, tests, ``source``, ``shift``, a function
+        call, or a recorded command (status 0: the reader assumes it succeeds)."""
+        if words[0] in ("[", "[[", "test"):
+            return self.test(words)
+        if words[0].startswith("((") and words[0].endswith("))"):
+            try:
+                return 0 if self.arith(words[0][2:-2]) else 1
+            except ShellError:
+                return 1
+        k = 0
+        while k < len(words) and _ASSIGN_HEAD.match(words[k]):
+            k += 1
+        if k == len(words):
+            for w in words:
+                self.assign(w)
+            return 0
+        argv = [f for w in _drop_redirections(words[k:]) for f in self.expand_word(w)]
+        return self.call(argv, words[k:], line) if argv else 0
+
+    def call(self, argv: list[str], raw: list[str], line: int) -> int:
+        name = argv[0]
+        if name in _DECLARE:
+            for w in raw[1:]:
+                if _ASSIGN_HEAD.match(w):
+                    self.assign(w)
+            return 0
+        if name in ("source", ".") and len(argv) > 1:
+            return self.source(argv[1], argv[2:])
+        if name == "shift":
+            self.args = self.args[int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 1:]
+            return 0
+        if name == "set" and len(argv) > 1 and argv[1] == "--":
+            self.args = argv[2:]
+            return 0
+        if name == "unset":
+            for var in argv[1:]:
+                self.vars.pop(var, None)
+            return 0
+        if name in ("exit", "return"):
+            raise _Done(function_only=name == "return")
+        if name == "false":
+            return 1
+        if name in self.functions:
+            return self.call_function(name, argv[1:])
+        if name == "eval":
+            self.run.unknown.setdefault(f"eval at line {line}", "--run-script (eval builds code at run time)")
+            return 0
+        if name not in _BUILTIN_QUIET:
+            self.run.commands.append(argv)
+        return 0
+
+    def call_function(self, name: str, args: list[str]) -> int:
+        saved, self.args = self.args, args
+        try:
+            self.node(self.functions[name])
+        except _Done as done:
+            if not done.function_only:
+                raise
+        finally:
+            self.args = saved
+        return 0
+
+    def source(self, file: str, args: list[str]) -> int:
+        """``source FILE``: read inline when the file exists (relative to the script's folder first)."""
+        base = self.script.parent if self.script else Path.cwd()
+        path = next((p for p in (base / file, Path(file)) if p.is_file()), None)
+        if path is None or self.depth >= _MAX_SOURCE_DEPTH:
+            self.run.unknown.setdefault(f"source {file}"[:60], "--env for the values it sets (the file is not here)")
+            return 1
+        self.depth += 1
+        saved = self.args
+        if args:
+            self.args = args
+        try:
+            self.execute(_Parser(tokenize(path.read_text(encoding="utf-8", errors="replace"))).parse_list())
+        except _Done as done:
+            if not done.function_only:
+                raise
+        finally:
+            self.args, self.depth = saved, self.depth - 1
+        return 0
+
+    def assign(self, word: str) -> None:
+        """``NAME=value``, ``NAME+=value``, ``NAME=( ... )``, ``NAME+=( ... )``, ``NAME[i]=value``."""
+        m = _ASSIGN_HEAD.match(word)
+        name, index, append, rhs = m.group(1), m.group(2), m.group(3), word[m.end():]
+        old = self.vars.get(name)
+        if rhs.startswith("(") and rhs.endswith(")") and not index:
+            words = [t[1] for t in tokenize(rhs[1:-1]) if t[0] == "word"]
+            elements = [f for w in words for f in self.expand_word(w)]
+            base = ([old] if isinstance(old, str) else old or []) if append else []
+            self.vars[name] = list(base) + elements
+            return
+        value = self.expand_string(rhs) if rhs else ""
+        if index:
+            array = [old] if isinstance(old, str) else list(old or [])
+            k = int(self.arith(index[1:-1]))
+            array += [""] * (k + 1 - len(array))
+            array[k] = (array[k] + value) if append else value
+            self.vars[name] = array
+        elif isinstance(old, list):
+            self.vars[name] = [(old[0] if old and append else "") + value] + old[1:]
+        else:
+            self.vars[name] = ((old or "") + value) if append else value
+
+    def test(self, words: list[str]) -> int:
+        """``[ ... ]`` / ``[[ ... ]]`` / ``test ...``: 0 when true, as bash decides it."""
+        body = words[1:-1] if words[-1] in ("]", "]]") else words[1:]
+        self.in_test = True
+        try:
+            value, _ = self._test_or(body, 0, words[0] == "[[")
+        except (IndexError, ValueError, ShellError):
+            value = False
+        finally:
+            self.in_test = False
+        return 0 if value else 1
+
+    def _test_or(self, w: list[str], i: int, double: bool) -> tuple[bool, int]:
+        value, i = self._test_and(w, i, double)
+        while i < len(w) and w[i] in ("-o", "||"):
+            right, i = self._test_and(w, i + 1, double)
+            value = value or right
+        return value, i
+
+    def _test_and(self, w: list[str], i: int, double: bool) -> tuple[bool, int]:
+        value, i = self._test_not(w, i, double)
+        while i < len(w) and w[i] in ("-a", "&&"):
+            right, i = self._test_not(w, i + 1, double)
+            value = value and right
+        return value, i
+
+    def _test_not(self, w: list[str], i: int, double: bool) -> tuple[bool, int]:
+        if w[i] == "!":
+            value, i = self._test_not(w, i + 1, double)
+            return not value, i
+        if w[i] == "(":
+            value, i = self._test_or(w, i + 1, double)
+            return value, i + 1
+        return self._test_primary(w, i, double)
+
+    def _test_primary(self, w: list[str], i: int, double: bool) -> tuple[bool, int]:
+        word = self.expand_string
+        if i + 2 < len(w) + 1 and i + 1 < len(w) and w[i + 1] in _BINARY and i + 2 < len(w):
+            a, op, b = word(w[i]), w[i + 1], w[i + 2]
+            return _binary(self, a, op, b, double), i + 3
+        if w[i] in ("-z", "-n") and i + 1 < len(w):
+            empty = word(w[i + 1]) == ""
+            return empty if w[i] == "-z" else not empty, i + 2
+        if w[i] == "-v" and i + 1 < len(w):
+            return word(w[i + 1]) in self.vars, i + 2
+        if re.fullmatch(r"-[a-zA-Z]", w[i]) and i + 1 < len(w):
+            # a file test: the files are on the machine the script was written for, so it is taken as
+            # true there ("the checkout has pretrain_gpt.py"), and noted
+            self.run.assumed.setdefault(f"[ {w[i]} {word(w[i + 1])} ]"[:60], "taken as true; --run-script tests it")
+            return True, i + 2
+        return word(w[i]) != "", i + 1
+
+
+_BINARY = ("=", "==", "!=", "<", ">", "=~", "-eq", "-ne", "-lt", "-le", "-gt", "-ge")
+
+
+def _binary(sh: _Evaluator, a: str, op: str, raw_b: str, double: bool) -> bool:
+    """``a OP b`` of a test; in ``[[ ]]`` an unquoted right side of ``==`` is a glob pattern."""
+    b = sh.expand_string(raw_b)
+    if op in ("=", "==", "!="):
+        pattern = double and not raw_b.startswith(('"', "'"))
+        same = fnmatch.fnmatchcase(a, b) if pattern else a == b
+        return same if op != "!=" else not same
+    if op in ("<", ">"):
+        return a < b if op == "<" else a > b
+    if op == "=~":
+        return re.search(b, a) is not None
+    x, y = sh.arith(a or "0"), sh.arith(b or "0")
+    return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
+
+
+def _drop_redirections(words: list[str]) -> list[str]:
+    """A command's words without ``>log``, ``2>&1``, ``> log`` (the target of a bare operator too)."""
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        m = _REDIRECT.match(w)
+        if m and m.end() > 0 and not w.startswith(("'", '"')):
+            skip = m.end() == len(w) and not m.group(2)
+            continue
+        out.append(w)
+    return out
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def read_script(text: str, args: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None,
+                path: str | Path | None = None) -> ShellRun:
+    """Every command ``text`` would run under bash with positional ``args`` and environment ``env``,
+    expanded; nothing is executed. Raises :class:`ShellError` on a script it cannot follow."""
+    run = ShellRun()
+    shell = _Evaluator(list(args), dict(env or {}), Path(path) if path else None, run)
+    try:
+        parser = _Parser(tokenize(text))
+        nodes = parser.parse_list()
+        if parser.peek() is not None:
+            raise ShellError(f"unexpected {parser.peek()[1]!r} at line {parser.peek()[2]}")
+        shell.execute(nodes)
+    except _Done:
+        pass
+    except RecursionError:
+        raise ShellError("nested too deeply") from None
+    return run
+
+
+def find_launch(run: ShellRun, entry: re.Pattern = ENTRY) -> tuple[list[str], list[str]] | None:
+    """(the launcher's argv before the entry point, the arguments after it) of the last command that
+    calls ``entry``; None when no command does."""
+    for argv in reversed(run.commands):
+        for k, tok in enumerate(argv):
+            if entry.search(tok):
+                return argv[:k], argv[k + 1:]
+    return None
+
+
+def bare_arguments(run: ShellRun) -> list[str]:
+    """The words of commands that start with a flag: a file holding only the training arguments."""
+    return [tok for argv in run.commands if argv[0].startswith("-") for tok in argv]
+
+
+def launcher_world_size(tokens: list[str]) -> int | None:
+    """Ranks per node x nodes of a torchrun / deepspeed launcher's arguments, when both are numbers
+    (MindSpore's ``msrun --worker_num``: all ranks)."""
+    found: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        name, _, inline = tok.partition("=")
+        value = inline or (tokens[i + 1] if i + 1 < len(tokens) else "")
+        if name == "--worker_num" and value.isdigit():
+            return int(value)
+        kind = "per_node" if name in _PER_NODE else "nodes" if name in _NODES else None
+        if kind and value.split(":")[-1].isdigit():
+            found.setdefault(kind, int(value.split(":")[-1]))  # an elastic range "1:4": its maximum
+    if "per_node" not in found:
+        return None
+    return found["per_node"] * found.get("nodes", 1)
 
 
 def argv_from_script(text: str, entry: str = "pretrain_gpt.py") -> list[str]:
-    """The arguments after ``entry`` in a shell script or command line (``\\`` continuations and
-    ``#`` comments handled; a text without ``entry`` is taken as bare arguments)."""
+    """The arguments after ``entry`` in a plain command line (``\\`` continuations and ``#`` comments
+    handled; a text without ``entry`` is taken as bare arguments). No variables: :func:`read_script`."""
     lines = [l for l in text.splitlines() if not l.lstrip().startswith("#")]
     tokens = shlex.split("\n".join(lines).replace("\\\n", " "), comments=True)
     for i, tok in enumerate(tokens):
@@ -21,14 +989,21 @@ def argv_from_script(text: str, entry: str = "pretrain_gpt.py") -> list[str]:
     return tokens
 
 
+def script_world_size(text: str) -> int | None:
+    """Ranks per node x nodes of a plain command line's torchrun / deepspeed launcher."""
+    try:
+        return launcher_world_size(shlex.split(text.replace("\\\n", " "), comments=True))
+    except ValueError:
+        return None
+
+
 _ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\((?:[^()]*)\)|\"[^\"]*\"|'[^']*'|\S*)",
                      re.MULTILINE)
 
 
 def expand_variables(text: str) -> str:
-    """The script with its plain ``NAME=value`` / ``NAME=( ... )`` assignments substituted into
-    ``$NAME``, ``${NAME}`` and ``${NAME[@]}`` (how Megatron's example scripts pass their flags).
-    Nothing is executed: command substitutions and arithmetic stay as written."""
+    """The text with plain ``NAME=value`` assignments substituted into ``$NAME`` (torchtitan override
+    files; launch scripts go through :func:`read_script`, which follows bash)."""
     values: dict[str, str] = {}
     for name, raw in _ASSIGN.findall(text):
         value = raw[1:-1] if raw[:1] in "(\"'" else raw
@@ -36,24 +1011,6 @@ def expand_variables(text: str) -> str:
     def sub(m: re.Match) -> str:
         return values.get(m.group(1) or m.group(2), m.group(0))
     body = _ASSIGN.sub("", text)
-    for _ in range(3):  # values that name other variables (DISTRIBUTED_ARGS uses $GPUS_PER_NODE)
+    for _ in range(3):
         body = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}|\$([A-Za-z_][A-Za-z0-9_]*)", sub, body)
     return body
-
-
-def script_world_size(text: str) -> int | None:
-    """Ranks per node x nodes of the script's torchrun / deepspeed launcher, when both are numbers."""
-    try:
-        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError:
-        return None
-    found: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        name, _, inline = tok.partition("=")
-        value = inline or (tokens[i + 1] if i + 1 < len(tokens) else "")
-        kind = "per_node" if name in _PER_NODE else "nodes" if name in _NODES else None
-        if kind and value.split(":")[-1].isdigit():
-            found.setdefault(kind, int(value.split(":")[-1]))  # an elastic range "1:4": its maximum
-    if "per_node" not in found:
-        return None
-    return found["per_node"] * found.get("nodes", 1)

@@ -1,0 +1,65 @@
+"""A Megatron-LM / MindSpeed-LLM launch script read the way bash runs it (issue 32 item 1): the
+training command line it launches and the world size its launcher asks for, with the user's
+positional arguments (``--args``) and environment (``--env``).
+
+Two mechanisms, one result (:class:`~partita.imports.shell.ShellRun`): the static reader of
+:mod:`partita.imports.shell` (the default: nothing is executed) and, only with the user's consent
+(``--run-script``), the script run under bash with shims in place of the launchers
+(:mod:`partita.imports.shell_run`). Why both: docs/export.md "How a script is read".
+"""
+from __future__ import annotations
+
+import shlex
+
+from ..errors import PartitaError
+from .shell import LAUNCHER_FLAGS, ShellError, ShellRun, bare_arguments, find_launch, launcher_world_size, read_script
+
+
+def script_command(path: str, raw: str, args: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None,
+                   run_script: bool = False, devices: int | None = None) -> tuple[str, int | None] | None:
+    """(``pretrain_gpt.py ARGS`` as one plain command line, the world size) of the script at ``path``;
+    None when no command of the script launches a training entry point or passes flags. A value
+    that the importer reads but the script leaves unknown is one line naming what supplies it."""
+    from .megatron import known_flags
+    run = _run(path, raw, list(args), dict(env or {}), run_script)
+    launch = find_launch(run)
+    launcher, argv = launch if launch else ([], bare_arguments(run))
+    if not argv:
+        return None
+    _check_known(path, argv, known_flags(), run)
+    world = devices or launcher_world_size(launcher)
+    if world is None:
+        _check_known(path, launcher, set(LAUNCHER_FLAGS), run, " (or --devices)")
+    return shlex.join(["pretrain_gpt.py", *argv]), world
+
+
+def _run(path: str, raw: str, args: list[str], env: dict[str, str], run_script: bool) -> ShellRun:
+    try:
+        if run_script:
+            from .shell_run import run_script as run_under_bash
+            return run_under_bash(path, args, env)
+        return read_script(raw, args, env, path)
+    except ShellError as e:
+        raise PartitaError(f"{path}: cannot follow the script: {e} (--run-script runs it under bash instead)"[:300]) \
+            from None
+
+
+def _check_known(path: str, argv: list[str], flags: set[str], run: ShellRun, also: str = "") -> None:
+    """One line naming the value a read flag takes from something with no value, and what supplies it."""
+    for i, tok in enumerate(argv):
+        name, eq, inline = tok.partition("=")
+        flag, value = (name, inline) if eq and name in flags else (argv[i - 1], tok) if i else ("", "")
+        if flag not in flags:
+            continue
+        for unknown, supply in run.unknown.items():
+            if unknown in value:
+                raise PartitaError(f"{path}: {flag} is {value[:60]}, which has no value when the script is read: "
+                                   f"pass {supply}{also}")
+
+
+def assumed_line(run: ShellRun) -> str | None:
+    """The one line naming variables a condition read while unset (bash took them as empty)."""
+    if not run.assumed:
+        return None
+    return ("read with these unset (as empty), as bash would without them: "
+            + ", ".join(f"{k} ({v})" for k, v in run.assumed.items()))

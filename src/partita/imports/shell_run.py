@@ -1,0 +1,67 @@
+"""A launch script run under bash with the launchers replaced by shims (``--run-script``, issue 32
+item 1): for the scripts the static reader (:mod:`partita.imports.shell`) cannot follow, at the
+price of executing the user's script, so only when the user asks for it.
+
+The script runs as ``bash SCRIPT ARGS...`` in a fresh scratch directory (its working directory,
+``HOME`` and ``TMPDIR``), with an environment of only ``PATH``, ``HOME``, ``TMPDIR`` and the
+user's ``--env`` values, stdin closed and a timeout. ``PATH`` starts with a directory of shims:
+each launcher or interpreter (:data:`SHIMS`) records its argv and exits 0, so no training, no
+Python and no job submission run; common commands that write or reach the network
+(:data:`QUIET`) are shims that do nothing. Other commands are the system's own: a script that
+writes to an absolute path or calls a program by its full path still does so, which is why this
+mode needs the user's consent. The scratch directory is deleted afterwards.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .shell import ShellError, ShellRun
+
+#: Commands that would start training or a job: recorded (argv) and not run.
+SHIMS = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun", "mpiexec", "msrun", "accelerate",
+         "megatron", "swift", "sbatch", "bsub", "ray", "llamafactory-cli")
+#: Commands that write files, reach the network or inspect devices: replaced by no-ops.
+QUIET = ("mkdir", "rm", "cp", "mv", "ln", "touch", "tee", "chmod", "chown", "wget", "curl", "git", "pip", "pip3",
+         "ssh", "scp", "rsync", "nvidia-smi", "npu-smi", "sleep", "kill", "pkill")
+_RECORD = "#!/bin/sh\n{ printf '%s\\0' \"${0##*/}\" \"$@\"; printf '\\036\\0'; } >> \"$PARTITA_SHIM_RECORD\"\nexit 0\n"
+_NOOP = "#!/bin/sh\nexit 0\n"
+TIMEOUT_S = 20
+
+
+def run_script(path: str, args: list[str], env: dict[str, str], timeout_s: float = TIMEOUT_S) -> ShellRun:
+    """The commands the script at ``path`` calls through the shims, in order (``bash`` must be on PATH)."""
+    bash = shutil.which("bash")
+    if bash is None:
+        raise ShellError("--run-script needs bash, which is not on PATH")
+    script = Path(path).resolve()
+    with tempfile.TemporaryDirectory(prefix="partita-script-") as scratch:
+        shims = Path(scratch) / ".shims"
+        shims.mkdir()
+        for name in SHIMS + QUIET:
+            (shims / name).write_text(_RECORD if name in SHIMS else _NOOP)
+            (shims / name).chmod(0o755)
+        record = Path(scratch) / ".record"
+        record.write_bytes(b"")
+        base = {"PATH": f"{shims}:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
+                "PARTITA_SHIM_RECORD": str(record)}
+        try:
+            subprocess.run([bash, str(script), *args], cwd=scratch, env={**env, **base}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise ShellError(f"the script ran over {timeout_s:g} s under --run-script (waiting on something?)") from None
+        return ShellRun(commands=_commands(record.read_bytes()))
+
+
+def _commands(data: bytes) -> list[list[str]]:
+    """Records of ``argv0 NUL arg NUL ... RS NUL`` back into argv lists."""
+    out, cur = [], []
+    for field in data.split(b"\0"):
+        if field == b"\x1e":
+            out.append(cur)
+            cur = []
+        elif field or cur:
+            cur.append(field.decode("utf-8", errors="replace"))
+    return out
