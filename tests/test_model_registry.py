@@ -74,3 +74,34 @@ def test_hf_model_with_cp_is_refused_before_any_process(tmp_path, capsys, monkey
     assert code == 2 and len(err) == 1 and err[0].startswith("partita: error:"), err
     assert "no cp" in err[0], err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_each_kind_of_name_resolves_once(tmp_path, config_only):
+    from partita.errors import PartitaError
+    from partita.models.registry import resolve_model
+    weights = tmp_path / "with-weights"
+    weights.mkdir()
+    (weights / "config.json").write_text((config_only / "config.json").read_text())
+    (weights / "model.safetensors").write_bytes(b"")
+    kinds = {name: resolve_model(name) for name in ("tiny-llama", "llama3-8b", "hf-llama", str(config_only),
+                                                    str(weights))}
+    assert [e.kind for e in kinds.values()] == ["reference", "reference", "hf-tiny", "hf-config", "hf-weights"]
+    assert [e.saves_hf for e in kinds.values()] == [False, False, True, True, True]
+    assert kinds[str(weights)].weights_dir == str(weights) and kinds[str(config_only)].weights_dir is None
+    assert kinds[str(config_only)].source_dir == str(config_only)
+    assert type(kinds[str(config_only)].check_model()).__name__ == "LlamaForCausalLM"
+    assert kinds["hf-llama"].spec().vocab == kinds["hf-llama"].vocab() == 256
+    with pytest.raises(PartitaError, match=r"^unknown model 'hf-lama': did you mean hf-llama") as e:
+        resolve_model("hf-lama")
+    assert "\n" not in str(e.value)
+    with pytest.raises(PartitaError):
+        resolve_model("hf-qwen2-moe")  # an equivalence-check model only
+    assert resolve_model("hf-qwen2-moe", checks=True).kind == "hf-tiny"
+
+
+def test_resolving_a_preset_and_its_spec_loads_no_torch():
+    code = ("import sys\nfrom partita.models.registry import resolve_model\n"
+            "e = resolve_model('llama3-8b')\nassert e.spec().layers == 32 and e.vocab() == 128256\n"
+            "assert 'torch' not in sys.modules, 'torch loaded'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 0, proc.stderr
