@@ -245,3 +245,13 @@ def test_contradiction_is_one_line_naming_both_values():
     assert line.count("\n") == 0 and "layers 32 (--model llama2-7b) vs 80 (the script)" in line
     assert "hidden 4096" in line and "kv_heads 32" in line and "vs 8 (the script)" in line
     assert contradiction(script, script, "run.sh") is None
+
+
+def test_megatrons_deepseek_v3_layout_with_an_mtp_only_stage_is_a_valid_plan():
+    """pipeline_parallel_layout.md's DeepSeek-V3 example: stage 30 holds only the MTP layer (no
+    decoder layer); Megatron allows empty stages, and so does the plan check."""
+    from partita.plan import check
+    p = plan(DSV3 + "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --expert-model-parallel-size 32 "
+             "--expert-tensor-parallel-size 1 --global-batch-size 64 --pipeline-model-parallel-layout 'Et*3|(tt|)*29,m|L'", 512)
+    assert p.layer_split == (3,) + (2,) * 29 + (0, 0) and p.vpp == 2
+    assert check(p, load_model("deepseek-v3"), 512) is p

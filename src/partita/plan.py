@@ -622,9 +622,9 @@ def _validate_against_model(plan: Plan, model: Any) -> list[str]:
             errs.append(f"layer_split has {len(plan.layer_split)} entries, needs pp*vpp = {chunks}")
         elif sum(plan.layer_split) != model.layers:
             errs.append(f"layer_split sums to {sum(plan.layer_split)}, the model has {model.layers} layers")
-        elif min(plan.layer_split[1:-1] or (1,)) < 1 or min(plan.layer_split) < 0:
-            errs.append("every pipeline stage in layer_split needs at least one layer "
-                        "(only the first and last, which hold the embedding and the loss, may have none)")
+        elif min(plan.layer_split) < 0:  # an empty stage is allowed, as in Megatron's layouts ("E||t|L",
+            # docs/user-guide/features/pipeline_parallel_layout.md; DeepSeek-V3's MTP-only stage)
+            errs.append("every pipeline stage in layer_split needs zero or more layers")
     elif model.layers % chunks and automatic_split(model.layers, chunks) is None:
         errs.append(f"{model.layers} layers cannot be split over pp*vpp = {plan.pp}*{plan.vpp} = {chunks} stages "
                     f"with at least one layer in every middle stage; use fewer stages")
