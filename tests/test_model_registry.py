@@ -96,6 +96,9 @@ def test_each_kind_of_name_resolves_once(tmp_path, config_only):
     assert "\n" not in str(e.value)
     with pytest.raises(PartitaError):
         resolve_model("hf-qwen2-moe")  # an equivalence-check model only
+    for bad in ("x" * 300, "a\0b"):  # names the system cannot look up: unknown, one line
+        with pytest.raises(PartitaError, match="^unknown model"):
+            resolve_model(bad)
     assert resolve_model("hf-qwen2-moe", checks=True).kind == "hf-tiny"
 
 

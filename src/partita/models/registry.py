@@ -72,11 +72,11 @@ def resolve_model(name: str, checks: bool = False) -> ModelEntry:
     tiny = {**TINY_HF, **(TINY_HF_MOE if checks else {})}
     if name in tiny:
         return ModelEntry(name, "hf-tiny", tiny[name])
-    path = Path(name)
-    if path.is_dir():
-        return ModelEntry(name, "hf-weights" if _has_safetensors(path) else "hf-config")
     from ..inputs import path_exists
     from ..spec.load import preset_names
+    path = Path(name)
+    if path_exists(path) and path.is_dir():  # path_exists: a name too long to look up is unknown, not an OSError
+        return ModelEntry(name, "hf-weights" if _has_safetensors(path) else "hf-config")
     if path.suffix != ".json" and not path_exists(path) and name.lower() not in preset_names():
         raise unknown_name("model", name, [*preset_names(), *tiny])
     return ModelEntry(name, "reference")
