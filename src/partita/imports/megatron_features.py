@@ -5,7 +5,7 @@ import``'s output under "in the file, not modelled: ..." and in ``--json``, neve
 The list comes from the frameworks' own argument definitions (NVIDIA/Megatron-LM@d98e8a6
 megatron/training/arguments.py; Ascend/MindSpeed@028de58 mindspeed/arguments.py and
 mindspeed/features_manager/; Ascend/MindSpeed-LLM@c77308a) and from how often the example
-launch scripts use them (docs/import.md has the survey). A flag Partita models is read into a
+launch scripts use them (docs/import_megatron.md has the survey). A flag Partita models is read into a
 Plan field by :mod:`.megatron` instead and does not appear here.
 """
 from __future__ import annotations
