@@ -150,7 +150,9 @@ def _mla(ns: argparse.Namespace) -> dict[str, Any] | None:
 
 def _position(ns: argparse.Namespace) -> str:
     kind = ns.position_embedding_type or ("rope" if ns.use_rotary_position_embeddings else "learned_absolute")
-    return {"learned_absolute": "learned", "mrope": "rope", "yarn": "rope", "none": "rope"}.get(kind, kind)
+    # only learned positions carry weights (a table); every rotary variant (rope, mrope, yarn, a
+    # fork's own such as MindSpeed-LLM's "deepseek4") and none cost the same as rope here
+    return {"learned_absolute": "learned", "alibi": "alibi"}.get(kind, "rope")
 
 
 def model_from_megatron(argv: list[str], name: str = "script") -> ScriptModel:
