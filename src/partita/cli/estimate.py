@@ -7,6 +7,7 @@ import json
 from ..cost.memory import dp_gradient_bytes
 from .traced import add_trace_args, cmd_estimate_traced, is_traced
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
+from .import_cmd import add_script_flags, script_inputs
 from .plan_flags import add_plan_flags, plan_from_flags, read_plan_arg, refuse_plan_flags
 from .plan_report import add_report_arg
 
@@ -21,6 +22,7 @@ def add_parser(sub) -> None:
     est.add_argument("--from-script", metavar="FILE",
                      help="the plan of a Megatron/MindSpeed launch script, ds_config.json or torchtitan overrides "
                           "(see partita import; --seq-len for a ds_config)")
+    add_script_flags(est)
     add_plan_flags(est, "estimate", plan_defaults=("seq_len",))
     add_report_arg(est)
     est.set_defaults(func=cmd_estimate)
@@ -32,7 +34,8 @@ def estimate_plan(args: argparse.Namespace, model, world_size: int):
     refuse_plan_flags(args, "estimate", {"--plan": args.plan, "--from-script": args.from_script})
     if args.from_script:
         from ..imports import load_config as load_script
-        plan, _ = load_script(args.from_script, devices=world_size, model=model, seq_len=args.seq_len)
+        plan, _ = load_script(args.from_script, devices=world_size, model=model, seq_len=args.seq_len,
+                              **script_inputs(args))
     elif args.plan is not None:
         plan = read_plan_arg(args.plan, world_size, defaults={"seq_len": args.seq_len})
     else:

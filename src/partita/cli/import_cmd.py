@@ -34,7 +34,38 @@ def add_parser(sub) -> None:
                    help="DeepSpeed: the PipelineModule(num_stages=...) of your model code")
     p.add_argument("-o", "--output", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    add_script_flags(p)
     p.set_defaults(func=cmd_import)
+
+
+def add_script_flags(p: argparse.ArgumentParser) -> None:
+    """``--args``, ``--env``, ``--run-script``: what a launch script is run with (import, estimate and
+    plan ``--from-script`` share them; docs/export.md "How a script is read")."""
+    p.add_argument("--args", dest="script_args", action="append", default=[], metavar="'ARG ...'",
+                   help="the script's positional arguments ($1 $2 ...), as one quoted string (repeatable)")
+    p.add_argument("--env", dest="script_env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable the script reads (repeatable); unset ones are read as bash would")
+    p.add_argument("--run-script", action="store_true",
+                   help="run the script under bash to read it, with torchrun/python/deepspeed/srun/msrun replaced "
+                        "by shims that record their arguments (no training runs; a scratch directory, a timeout); "
+                        "default: read it without running it")
+
+
+def script_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`partita.imports.load_config` given by :func:`add_script_flags`."""
+    import shlex
+    from ..errors import PartitaError
+    env: dict[str, str] = {}
+    for item in args.script_env:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise PartitaError(f"--env {item[:60]}: give NAME=VALUE (a shell variable name)")
+        env[name] = value
+    try:
+        positional = [a for text in args.script_args for a in shlex.split(text)]
+    except ValueError as e:
+        raise PartitaError(f"--args: {e} (quote the arguments as one string: --args 'CKPT 8')") from None
+    return {"args": positional, "env": env, "run_script": args.run_script}
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -43,7 +74,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     model = load_model(args.model) if args.model else None
     if args.output is not None:
         check_output_path(args.output, "-o")
-    plan, target = load_config(args.script, args.source, args.devices, model, args.seq_len, args.pp)
+    plan, target = load_config(args.script, args.source, args.devices, model, args.seq_len, args.pp,
+                               **script_inputs(args))
     if args.output:
         from ..outputs import write_output
         write_output(args.output, plan.to_json() + "\n", "-o")

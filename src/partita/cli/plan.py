@@ -13,6 +13,7 @@ from ..inputs import MAX_TOP
 from ..search.space import SearchSpace
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
+from .import_cmd import add_script_flags, script_inputs
 from .plan_flags import add_plan_flags, read_plan_arg
 from .plan_report import add_report_arg
 from .traced import add_trace_args, cmd_plan_traced, is_traced
@@ -39,6 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--from-script", metavar="FILE",
                    help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
+    add_script_flags(p)
     p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
     add_report_arg(p)
     add_trace_args(p)
@@ -158,8 +160,9 @@ def your_plan(args: argparse.Namespace, model, cluster):
     if args.from_script and args.plan is not None:
         raise PartitaError(f"--plan {args.plan} and --from-script {args.from_script} both give your plan; give one")
     if args.from_script:
-        from .import_cmd import load_script
-        plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len)
+        from ..imports import load_config as load_script
+        plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len,
+                              **script_inputs(args))
     elif args.plan is not None:
         defaults = {"gbs": args.global_batch, "seq_len": args.seq_len, **({"dtype": args.dtype} if args.dtype else {})}
         plan = check(read_plan_arg(args.plan, cluster.world_size, defaults), model, cluster.world_size)

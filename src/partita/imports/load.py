@@ -61,13 +61,22 @@ def _need_world(path: str, world: int | None) -> int:
 
 
 def load_config(path: str, source: str | None = None, devices: int | None = None, model: Any = None,
-                seq_len: int = 2048, pp: int | None = None) -> tuple[Plan, str]:
-    """(plan, framework) of a launch file; every failure is a one-line :class:`PartitaError`."""
+                seq_len: int = 2048, pp: int | None = None, env: dict[str, str] | None = None,
+                args: list[str] | tuple[str, ...] = (), run_script: bool = False) -> tuple[Plan, str]:
+    """(plan, framework) of a launch file; every failure is a one-line :class:`PartitaError`.
+
+    ``env`` is the environment the user says the script runs in (``--env``), ``args`` its
+    positional arguments (``--args``); a Megatron/MindSpeed script is read the way bash runs it
+    (:mod:`.script`), executed only with ``run_script`` (``--run-script``, the user's consent)."""
     from ..plan import check
     raw = read_text(path)
     target = source or detect(path, raw)
     text = raw if target == "deepspeed" else expand_variables(raw)
     world = devices or script_world_size(text)
+    if target in ("megatron", "mindspeed"):
+        from .script import script_command
+        read = script_command(path, raw, args, env, run_script, devices)  # None: no launch found, read as text
+        text, world = read if read is not None else (text, world)
     try:
         with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
             plan = _parse(target, path, text, world, model.layers if model else None, seq_len, pp)

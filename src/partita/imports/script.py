@@ -27,9 +27,9 @@ def script_command(path: str, raw: str, args: list[str] | tuple[str, ...] = (), 
     if not argv:
         return None
     _check_known(path, argv, known_flags(), run)
-    world = devices or launcher_world_size(launcher)
-    if world is None:
+    if devices is None:
         _check_known(path, launcher, set(LAUNCHER_FLAGS), run, " (or --devices)")
+    world = devices or launcher_world_size(launcher)
     return shlex.join(["pretrain_gpt.py", *argv]), world
 
 
