@@ -26,6 +26,8 @@ def _expected(target: str, plan: Plan) -> dict:
     torchtitan ZeRO-1/2 as FSDP without reshard (read back 2), DeepSpeed selective -> full recompute and no
     sequence parallel, fp8 -> bf16 on torchtitan/DeepSpeed, an even split is not written out."""
     zero = {("mindspeed", 2): 3, ("torchtitan", 1): 2, ("torchtitan", 2): 2}.get((target, plan.zero), plan.zero)
+    if target == "deepspeed" and zero == 0 and plan.pp > 1 and plan.dtype in ("bf16", "fp8"):
+        zero = 1  # DeepSpeed's BF16_Optimizer for a bf16 PipelineModule without ZeRO (imports/deepspeed.py)
     uneven = plan.layer_split and len(set(plan.layer_split)) > 1
     return dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, zero=zero, mbs=plan.mbs,
                 gbs=plan.gbs, seq_len=plan.seq_len,

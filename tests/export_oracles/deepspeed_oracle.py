@@ -4,7 +4,8 @@
 builds; its batch check (``train_batch_size == micro * accumulation * world_size``) uses the
 data-parallel size from the ``mpu`` (runtime/config.py ``__init__``), and only when
 ``deepspeed.comm`` is initialised. So the oracle starts a fake torch process group of the plan's
-world size, initialises deepspeed.comm on it, and passes an mpu reporting the plan's dp.
+world size, initialises deepspeed.comm on it, and passes an mpu reporting the plan's dp (none for
+AutoTP, as ``deepspeed.initialize`` gets none from the Hugging Face Trainer: every rank counts).
 ``deepspeed.comm.torch.build_shm_op`` (a CPU shared-memory all-reduce kernel JIT-compiled at
 init, irrelevant to config parsing) is replaced by ``None`` so the test needs no C++ compiler.
 """
@@ -40,7 +41,11 @@ def load(cfg: dict, world_size: int, dp: int):
     from deepspeed.runtime.config import DeepSpeedConfig
     _init_comm(world_size)
     try:
-        return DeepSpeedConfig(cfg, mpu=_Mpu(dp))
+        # AutoTP training passes no mpu (the Hugging Face Trainer does not): every rank counts;
+        # a PipelineModule's grid counts the ranks of one stage
+        stages = cfg.get("pipeline", {}).get("stages")
+        autotp = world_size // (stages if isinstance(stages, int) else 1)
+        return DeepSpeedConfig(cfg, mpu=_Mpu(autotp if cfg.get("tensor_parallel") else dp))
     finally:
         import torch.distributed as tdist
         tdist.destroy_process_group()

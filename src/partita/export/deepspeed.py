@@ -65,7 +65,10 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     _check_expressible(plan)
     warn: list[str] = []
     cfg: dict = {
-        "train_batch_size": plan.gbs,
+        # DeepSpeedConfig checks train_batch_size == micro x accumulation x its world size, which
+        # counts AutoTP ranks too (no mpu: dist.get_world_size(), runtime/config.py) and a
+        # PipelineModule's data-parallel ranks only (its grid is the mpu): world / pp either way
+        "train_batch_size": plan.mbs * plan.grad_accum * (plan.world_size // plan.pp),
         "train_micro_batch_size_per_gpu": plan.mbs,
         "gradient_accumulation_steps": plan.grad_accum,
         "gradient_clipping": 1.0,

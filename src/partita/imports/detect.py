@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from ..errors import PartitaError
+from .swift import SWIFT_COMMAND
 
 
 def read_text(path: str) -> str:
@@ -29,13 +30,15 @@ def detect(path: str, text: str) -> str:
             return "deepspeed"
     if path.endswith(".toml") or re.search(r"--(parallelism|training)\.", text):
         return "torchtitan"
+    if SWIFT_COMMAND.search(text):  # Megatron-SWIFT's `megatron sft`: Megatron-LM underneath (.swift)
+        return "megatron"
     if re.search(r"mindspeed|--use-ascend-mc2|--use-fused-rmsnorm", text, re.IGNORECASE):
         return "mindspeed"
     if re.search(r"pretrain_gpt\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):
         return "megatron"
     raise PartitaError(f"{path}: not a recognised launch config (no pretrain_gpt.py / --tensor-model-parallel-size "
-                       "for Megatron, no zero_optimization / train_batch_size for DeepSpeed, no --parallelism.* / "
-                       "--training.* for torchtitan); name it with --from")
+                       "/ `megatron sft` for Megatron, no zero_optimization / train_batch_size for DeepSpeed, no "
+                       "--parallelism.* / --training.* for torchtitan); name it with --from")
 
 
 #: What a file must contain to be read as each framework's (else the importer would return defaults).

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from typing import Any
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 from ..errors import PartitaError
 from ..plan import Plan
@@ -14,12 +16,28 @@ from .detect import check_kind, detect, read_text
 from .shell import argv_from_script, expand_variables, script_world_size
 
 
-def _parse(target: str, path: str, text: str, world: int | None, layers: int | None, seq_len: int,
-           pp: int | None) -> Plan:
-    """The importer of ``target`` on the file's text (world size checked by the caller)."""
-    from . import deepspeed, megatron, torchtitan
+@dataclass(frozen=True)
+class Imported:
+    """What a launch file says: the plan (its ``framework`` the one the file runs under), the
+    framework detected (the ``--from`` name), and ``"name value: what it changes"`` for each
+    setting that changes cost but is not modelled. Unpacks as ``plan, framework``."""
+
+    plan: Plan
+    framework: str
+    not_modelled: tuple[str, ...] = field(default=())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.plan, self.framework))
+
+
+def _parse(target: str, path: str, text: str, world: int | None, layers: int | None, seq_len: int | None,
+           pp: int | None, fill: dict[str, Any], raw: str, env: dict[str, str]) -> tuple[Plan, tuple[str, ...]]:
+    """The importer of ``target`` on the file's text (world size checked by the caller): (plan, not modelled)."""
+    from . import deepspeed, megatron, swift, torchtitan
     if path.endswith(".toml") and target == "torchtitan":
-        text = " ".join(torchtitan.toml_argv(path, text))  # TOML errors first, then the same checks as overrides
+        text = shlex.join(torchtitan.toml_argv(path, text))  # TOML errors first, then the same checks as overrides
+    if target in ("megatron", "mindspeed") and swift.is_swift(raw):
+        return _swift(path, raw, text, world, layers, seq_len, fill, env)
     check_kind(target, path, text)
     if target == "deepspeed":
         from ..inputs import read_json
@@ -27,14 +45,30 @@ def _parse(target: str, path: str, text: str, world: int | None, layers: int | N
         if not isinstance(cfg, dict):
             raise PartitaError(f"{path} must hold a JSON object (a DeepSpeed config)")
         deepspeed.check_ds_config(path, cfg)
-        return deepspeed.plan_from_ds_config(cfg, _need_world(path, world), seq_len=seq_len, pp=pp)
+        plan = deepspeed.plan_from_ds_config(cfg, _need_world(path, world), seq_len or 2048, pp, fill, path)
+        return plan, deepspeed.ds_not_modelled(cfg)
     if target == "torchtitan":
         argv = argv_from_script(text, "torchtitan.train")
         check_sizes(path, argv, torchtitan.TITAN_SIZES, minus_one=torchtitan.TITAN_FILL)
-        return torchtitan.titan_plan(argv, world, layers)
+        return torchtitan.titan_plan(argv, world, layers), torchtitan.titan_not_modelled(argv)
     argv = argv_from_script(text)
     check_sizes(path, argv, megatron.MEGATRON_SIZES)
-    return megatron.plan_from_megatron(argv, _need_world(path, world), layers)
+    return megatron.plan_from_megatron(argv, _need_world(path, world), layers).with_(framework=target), ()
+
+
+def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None, seq_len: int | None,
+           fill: dict[str, Any], env: dict[str, str]) -> tuple[Plan, tuple[str, ...]]:
+    """A Megatron-SWIFT ``megatron sft`` script as the Megatron-LM command line it runs (:mod:`.swift`)."""
+    from . import megatron, swift
+    argv, env = swift.swift_command(raw, text, env, path)
+    world = world or swift.swift_world_size(env, path)
+    if world is None:
+        raise PartitaError(f"{path}: NPROC_PER_NODE / NNODES are not numbers in the script "
+                           f"({env.get('NPROC_PER_NODE', '1')} x {env.get('NNODES', '1')}): pass --devices")
+    mega = swift.megatron_argv(argv, seq_len, fill.get("dtype"), path)
+    check_sizes(path, mega, megatron.MEGATRON_SIZES)
+    plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env))
+    return plan, swift.swift_not_modelled(argv)
 
 
 def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:
@@ -61,13 +95,16 @@ def _need_world(path: str, world: int | None) -> int:
 
 
 def load_config(path: str, source: str | None = None, devices: int | None = None, model: Any = None,
-                seq_len: int = 2048, pp: int | None = None, env: dict[str, str] | None = None,
-                args: list[str] | tuple[str, ...] = (), run_script: bool = False) -> tuple[Plan, str]:
-    """(plan, framework) of a launch file; every failure is a one-line :class:`PartitaError`.
-
-    ``env`` is the environment the user says the script runs in (``--env``), ``args`` its
-    positional arguments (``--args``); a Megatron/MindSpeed script is read the way bash runs it
-    (:mod:`.script`), executed only with ``run_script`` (``--run-script``, the user's consent)."""
+                seq_len: int | None = 2048, pp: int | None = None, fill: dict[str, Any] | None = None,
+                env: dict[str, str] | None = None, args: list[str] | tuple[str, ...] = (),
+                run_script: bool = False) -> Imported:
+    """The :class:`Imported` plan of a launch file; every failure is a one-line :class:`PartitaError`
+    (a file with several values left open: one line each). ``fill`` holds values the user gives
+    for what the file leaves open (plan field -> value: DeepSpeed's "auto" mbs, gbs, dtype);
+    ``seq_len`` is the length of a file that holds none (a ds_config, a Megatron-SWIFT script
+    without --max_length); ``env`` the environment the user says the script runs in (``--env``),
+    ``args`` its positional arguments (``--args``); a Megatron/MindSpeed script is read the way bash
+    runs it (:mod:`.script`), executed only with ``run_script`` (``--run-script``, the user's consent)."""
     from ..plan import check
     raw = read_text(path)
     target = source or detect(path, raw)
@@ -79,11 +116,12 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         text, world = read if read is not None else (text, world)
     try:
         with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
-            plan = _parse(target, path, text, world, model.layers if model else None, seq_len, pp)
+            plan, notes = _parse(target, path, text, world, model.layers if model else None, seq_len, pp,
+                                 fill or {}, raw, env or {})
     except SystemExit:
         message = (err.getvalue().strip().splitlines() or ["bad argument"])[-1].split("error: ", 1)[-1]
         raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
     except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as e:
         raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
     check(plan, model, devices)
-    return plan, target
+    return Imported(plan, target, notes)

@@ -1,5 +1,24 @@
 """torchtitan ``--section.field`` overrides and TOML files read back into a :class:`~partita.plan.Plan`
-(issue 14 item 2; moved out of ``export/`` by issue 32)."""
+(issue 14 item 2; moved out of ``export/`` by issue 32), as torchtitan runs them (issue 32 item 5).
+
+Facts from torchtitan (pytorch/torchtitan v0.2.2 ``torchtitan/config/job_config.py`` and
+``models/llama3/infra/parallelize.py``; 0.3.0 ``config/configs.py`` has the same defaults):
+
+- defaults: ``training.local_batch_size = 8``, ``seq_len = 2048``, ``global_batch_size = -1``
+  (local x dp), ``data_parallel_shard_degree = -1`` (fills the devices), ``expert_tensor_parallel_degree
+  = 1``, ``mixed_precision_param = "bfloat16"``, ``compile.enable = False``, ``compile.components =
+  ["model", "loss"]``;
+- ``fsdp_reshard_after_forward = "default"`` reshards after forward unless pipeline parallelism
+  is on (``reshard_after_forward = not pp_enabled``): ZeRO-3, or ZeRO-2 with pp > 1;
+- ``model.converters = ["float8"]`` (``"quantize.linear.float8"`` from v0.2) swaps the Linear
+  layers for torchao's float8 ones: Partita's fp8; converters for the MoE grouped GEMMs only or
+  MX formats are named as not modelled;
+- compile decides how torchtitan runs a layer (``partita.cost.frameworks``): compiled blocks
+  and loss are ``torchtitan``, compiled blocks with an eager loss ``torchtitan-eager-loss``, eager
+  blocks ``torchtitan-eager``; v0.1's ``training.compile = true`` compiled both (the loss since
+  torchtitan bbb1b616e, before v0.1.0); async TP (``enable_async_tensor_parallel``, in
+  ``parallelism`` up to v0.2, ``compile`` in 0.3.0) is Partita's tp_comm_overlap.
+"""
 from __future__ import annotations
 
 from ..errors import PartitaError
@@ -37,33 +56,82 @@ def _titan_values(argv: list[str]) -> tuple[dict, str]:
     return values, ac
 
 
+def _on(value: object) -> bool:
+    """A torchtitan boolean given as a TOML bool, a bare ``--x`` / ``--no_x`` or the text true/false."""
+    return value is True or str(value).lower() in ("true", "1")
+
+
+def titan_framework(v: dict) -> str:
+    """The :mod:`partita.cost.frameworks` entry torchtitan's compile settings run as (module docstring)."""
+    if not _on(v.get("compile.enable", v.get("training.compile", False))):
+        return "torchtitan-eager"
+    components = str(v.get("compile.components", "model,loss")).split(",")
+    if "model" not in components:
+        return "torchtitan-eager"
+    return "torchtitan" if "loss" in components else "torchtitan-eager-loss"
+
+
+#: Converters that make the Linear layers float8 (v0.1 name, v0.2 name).
+_FLOAT8 = ("float8", "quantize.linear.float8")
+#: Settings that change memory or time that the cost model does not hold (key, what it changes).
+_NOT_MODELLED = (("float8.enable_fsdp_float8_all_gather", "FSDP all-gathers float8 weights (half the bytes)"),
+                 ("quantize.linear.float8.enable_fsdp_float8_all_gather",
+                  "FSDP all-gathers float8 weights (half the bytes)"))
+
+
+def titan_not_modelled(argv: list[str]) -> tuple[str, ...]:
+    """``"key value: what it changes"`` for the settings of ``argv`` the cost model does not hold:
+    float8 weight all-gather (with the float8 converter on) and converters other than float8 Linear."""
+    v, _ = _titan_values(argv)
+    converters = [c for c in str(v.get("model.converters", "")).split(",") if c]
+    notes = [f"model.converters {c}: {'MX' if '.mx' in c or c == 'mx' else 'low-precision'} layers other than "
+             "float8 Linear" for c in converters if c not in _FLOAT8]
+    if any(c in _FLOAT8 for c in converters):
+        notes += [f"{key} true: {what}" for key, what in _NOT_MODELLED if _on(v.get(key))]
+    return tuple(notes)
+
+
 def plan_from_torchtitan(argv: list[str], layers: int | None = None) -> Plan:
-    """The plan torchtitan 0.3.0 overrides describe (unset degrees at torchtitan's defaults of 1)."""
+    """The plan torchtitan overrides (0.3.0) or a TOML's settings (v0.1-v0.2) describe, unset fields
+    at torchtitan's defaults (module docstring); ``layers`` gives the stage count of
+    ``pipeline_parallel_layers_per_stage``."""
     v, ac = _titan_values(argv)
     num = lambda key, default=1: int(v.get(key, default))  # noqa: E731
     rep, shard = num("parallelism.data_parallel_replicate_degree"), num("parallelism.data_parallel_shard_degree")
     tp, pp = num("parallelism.tensor_parallel_degree"), num("parallelism.pipeline_parallel_degree")
-    zero = 0 if shard == 1 else 3 if v.get("parallelism.fsdp_reshard_after_forward", "default") != "never" else 2
-    vpp, split = 1, None
-    lps = v.get("parallelism.pipeline_parallel_layers_per_stage")
-    if pp > 1 and lps is not None:
-        lps = int(lps)
-        first, last = num("parallelism.pipeline_parallel_first_stage_less_layers", 1), \
-            num("parallelism.pipeline_parallel_last_stage_less_layers", 1)
-        if layers is None:
-            raise PartitaError("torchtitan's pipeline_parallel_layers_per_stage needs the model's layer count")
-        stages = -(-(layers + first + last) // lps)
-        vpp = stages // pp
-        if first or last:
-            split = (lps - first,) + (lps,) * (stages - 2) + (lps - last,)
+    reshard = v.get("parallelism.fsdp_reshard_after_forward", "default")
+    zero = 0 if shard == 1 else 2 if reshard == "never" or (reshard == "default" and pp > 1) else 3
+    vpp, split = _stages(v, pp, layers)
     dp = rep * shard
-    mbs = num("parallelism.pipeline_parallel_microbatch_size") if pp > 1 else num("training.local_batch_size")
+    local = num("training.local_batch_size", 8)
+    mbs = num("parallelism.pipeline_parallel_microbatch_size") if pp > 1 else local
+    gbs = num("training.global_batch_size", -1)
     param = v.get("training.mixed_precision_param", "bfloat16")
+    converters = str(v.get("model.converters", "")).split(",")
+    async_tp = _on(v.get("parallelism.enable_async_tensor_parallel")) or _on(v.get("compile.enable_async_tensor_parallel"))
     return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=num("parallelism.context_parallel_degree"),
-                ep=num("parallelism.expert_parallel_degree"), sp=bool(v.get("parallelism.enable_sequence_parallel", True)),
-                zero=zero, mbs=mbs, gbs=num("training.global_batch_size", mbs * dp),
-                seq_len=num("training.seq_len", 2048), recompute=ac, dtype="fp32" if param == "float32" else "bf16",
-                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split)
+                ep=num("parallelism.expert_parallel_degree"), etp=num("parallelism.expert_tensor_parallel_degree"),
+                sp=bool(v.get("parallelism.enable_sequence_parallel", True)), zero=zero, mbs=mbs,
+                gbs=gbs if gbs > 0 else local * dp, seq_len=num("training.seq_len", 2048), recompute=ac,
+                dtype="fp8" if set(converters) & set(_FLOAT8) else "fp32" if param == "float32" else "bf16",
+                dp_shard=shard if rep > 1 and shard > 1 else 0, tp_comm_overlap=async_tp and tp > 1,
+                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split, framework=titan_framework(v))
+
+
+def _stages(v: dict, pp: int, layers: int | None) -> tuple[int, tuple[int, ...] | None]:
+    """(vpp, layer split) of ``pipeline_parallel_layers_per_stage`` (torchtitan's first/last stage
+    carry one layer less by default: the embedding and the output)."""
+    lps = v.get("parallelism.pipeline_parallel_layers_per_stage")
+    if pp == 1 or lps is None:
+        return 1, None
+    lps = int(lps)
+    first = int(v.get("parallelism.pipeline_parallel_first_stage_less_layers", 1))
+    last = int(v.get("parallelism.pipeline_parallel_last_stage_less_layers", 1))
+    if layers is None:
+        raise PartitaError("torchtitan's pipeline_parallel_layers_per_stage needs the model's layer count: pass --model")
+    stages = -(-(layers + first + last) // lps)
+    split = (lps - first,) + (lps,) * (stages - 2) + (lps - last,) if first or last else None
+    return stages // pp, split
 
 
 def toml_argv(path: str, text: str) -> list[str]:
@@ -76,17 +144,26 @@ def toml_argv(path: str, text: str) -> list[str]:
     except RecursionError:
         raise PartitaError(f"{path} is nested too deeply to be a torchtitan TOML") from None
     argv: list[str] = []
-    for section, fields in data.items():
-        if not isinstance(fields, dict):
-            continue
-        for field, value in fields.items():
-            if section == "activation_checkpoint" and field == "mode":
-                argv.append(f"activation_checkpoint:{value}")
-            elif isinstance(value, bool):
-                argv.append(f"--{section}.{'' if value else 'no_'}{field}")
-            elif not isinstance(value, (dict, list)):
-                argv += [f"--{section}.{field}", str(value)]
+    for key, value in _flatten(data):
+        section, _, field = key.rpartition(".")
+        if key == "activation_checkpoint.mode":
+            argv.append(f"activation_checkpoint:{value}")
+        elif isinstance(value, bool):
+            argv.append(f"--{section}.{'' if value else 'no_'}{field}")
+        elif isinstance(value, list):
+            argv += [f"--{key}", ",".join(map(str, value))]
+        elif "." in key:
+            argv += [f"--{key}", str(value)]
     return argv
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """``[("section.sub.field", value), ...]`` of a TOML's nested tables (``[quantize.linear.float8]``)."""
+    items: list[tuple[str, object]] = []
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        items += _flatten(value, key + ".") if isinstance(value, dict) else [(key, value)]
+    return items
 
 
 def titan_plan(argv: list[str], world: int | None, layers: int | None) -> Plan:
