@@ -17,6 +17,7 @@ Bash's own semantics are the reference (bash(1), "EXPANSION" and "Arrays"); the 
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -350,6 +351,14 @@ class _Parser:
 _REDIRECT = re.compile(r"^\d*(>>?|<|&>|>&|<&)(&?(\d+|-))?")
 
 
+class _Break(Exception):
+    """``break`` / ``continue`` inside a loop."""
+
+    def __init__(self, cont: bool):
+        super().__init__()
+        self.cont = cont
+
+
 class _Done(Exception):
     """``exit`` / ``return``: stop the script (or the function)."""
 
@@ -369,6 +378,8 @@ class _Shell:
         self.functions: dict[str, object] = {}
         self.steps = 0
         self.depth = 0
+        self.output: list[str] | None = None  # inside $(...): what echo/dirname/... print
+        self.cwd: str | None = None  # after a ``cd``
         self.status = 0
 
     # -- unknowns
@@ -546,13 +557,32 @@ class _Expander(_Shell):
         return self.unknown(name)
 
     def _command_output(self, text: str) -> str:
-        """``$(...)``: not run by this reader; ``$(pwd)`` / ``$(dirname ...)`` / ``$(date ...)`` only name paths."""
-        self.run.unknown.setdefault(text, "--run-script (it runs the command), or --env/--args for the value")
-        return text
+        """``$(...)``: evaluated when it only prints (``echo``, ``printf``, ``dirname``, ``basename``,
+        ``realpath``, ``readlink -f``, ``cd DIR && pwd``, ``expr``); any other command's output is unknown."""
+        inner = text[2:-1] if text.startswith("$(") else text[1:-1]
+        sub = _Evaluator(self.args, dict(self.vars), self.script, ShellRun())
+        sub.output, sub.cwd, sub.steps, sub.depth = [], self.cwd, self.steps, self.depth + 1
+        try:
+            if sub.depth > _MAX_SOURCE_DEPTH:
+                raise ShellError("command substitutions nested too deeply")
+            sub.execute(_Parser(tokenize(inner)).parse_list())
+        except _Done:
+            pass
+        except ShellError:
+            sub.run.commands.append(["?"])
+        self.steps = sub.steps
+        if sub.run.commands or sub.run.unknown:
+            self.run.unknown.setdefault(text, "--run-script (it runs the command), or --env/--args for the value")
+            return text
+        return "".join(sub.output).rstrip("\n")
 
     def parameter(self, body: str) -> str | list[str]:
         """``${...}``: value, ``:-`` ``-`` ``:=`` ``=`` ``:+`` ``+`` ``:?`` defaults, ``#`` length,
         ``%`` ``%%`` ``#`` ``##`` trims, ``/`` ``//`` replacement, ``,,`` ``^^`` case, ``:off:len``."""
+        m = re.fullmatch(rf"!({_NAME})\[[@*]\]", body)
+        if m:  # ${!A[@]}: the indices of an array
+            got = self.get(m.group(1), "@")
+            return [str(k) for k in range(len(got or []))]
         if body.startswith("#") and len(body) > 1:
             got = self.get(*_name_index(body[1:]))
             return str(len(got) if body.endswith("]") and got is not None and "[" in body else
@@ -669,6 +699,7 @@ _BUILTIN_QUIET = {"echo", "printf", "set", "unset_", "ulimit", "cd", "pushd", "p
                   "hostname", "nvidia-smi", "npu-smi", "pip", "pip3", "wget", "curl", "git", "ray", "kill",
                   "pkill", "ps", "rsync", "scp", "ssh", "tar", "unzip", "sed", "awk", "grep", "env"}
 _DECLARE = {"export", "local", "declare", "typeset", "readonly"}
+_PRINTERS = {"echo", "printf", "dirname", "basename", "realpath", "readlink", "pwd", "expr"}
 
 
 class _Evaluator(_Expander):
@@ -699,7 +730,8 @@ class _Evaluator(_Expander):
         elif kind == "for":
             for value in [v for w in node[2] for v in self.expand_word(w)]:
                 self.vars[node[1]] = value
-                self.execute(node[3])
+                if not self.loop_body(node[3]):
+                    break
         elif kind == "while":
             self.while_(node[1], node[2], node[3])
         elif kind == "func":
@@ -724,12 +756,19 @@ class _Evaluator(_Expander):
                 self.execute(body)
                 return
 
+    def loop_body(self, body: list) -> bool:
+        """Run a loop's body once; False after ``break``."""
+        try:
+            self.execute(body)
+        except _Break as b:
+            return b.cont
+        return True
+
     def while_(self, kind: str, cond: list, body: list) -> None:
         for _ in range(1000):
             self.execute(cond)
-            if (self.status == 0) != (kind == "while"):
+            if (self.status == 0) != (kind == "while") or not self.loop_body(body):
                 return
-            self.execute(body)
         raise ShellError("a while loop ran 1000 times (its condition depends on a command's output?)")
 
     def command(self, words: list[str], line: int) -> int:
@@ -771,6 +810,8 @@ class _Evaluator(_Expander):
             for var in argv[1:]:
                 self.vars.pop(var, None)
             return 0
+        if name in ("break", "continue"):
+            raise _Break(cont=name == "continue")
         if name in ("exit", "return"):
             raise _Done(function_only=name == "return")
         if name == "false":
@@ -780,8 +821,44 @@ class _Evaluator(_Expander):
         if name == "eval":
             self.run.unknown.setdefault(f"eval at line {line}", "--run-script (eval builds code at run time)")
             return 0
-        if name not in _BUILTIN_QUIET:
+        if self.output is not None and name in _PRINTERS:
+            return self.print_(argv)
+        if name == "cd" and len(argv) > 1:
+            self.cwd = argv[1]
+            return 0
+        if name not in _BUILTIN_QUIET or self.output is not None:
             self.run.commands.append(argv)
+        return 0
+
+    def print_(self, argv: list[str]) -> int:
+        """What a printing command writes, inside ``$(...)``."""
+        name, rest = argv[0], argv[1:]
+        if name == "echo":
+            flags = {a for a in rest[:1] if a in ("-n", "-e")}
+            words = rest[len(flags):]
+            self.output.append(" ".join(words) + ("" if "-n" in flags else "\n"))
+        elif name == "printf" and rest:
+            self.output.append(rest[0].replace("%s", " ".join(rest[1:])).replace("\\n", "\n"))
+        elif name in ("dirname", "basename", "realpath", "readlink"):
+            paths = [a for a in rest if not a.startswith("-")]
+            if not paths:
+                return 1
+            path = paths[0]
+            out = os.path.dirname(path.rstrip("/")) or "." if name == "dirname" else \
+                os.path.basename(path.rstrip("/")) if name == "basename" else path
+            if name == "basename" and len(paths) > 1 and out.endswith(paths[1]) and out != paths[1]:
+                out = out[:-len(paths[1])]  # basename NAME SUFFIX
+            self.output.append(out + "\n")
+        elif name == "pwd":
+            if self.cwd is None:
+                self.run.commands.append(argv)  # the directory the user runs it from: unknown
+                return 0
+            self.output.append(self.cwd + "\n")
+        elif name == "expr":
+            try:
+                self.output.append(str(_arith_eval(" ".join(rest))) + "\n")
+            except ShellError:
+                self.run.commands.append(argv)
         return 0
 
     def call_function(self, name: str, args: list[str]) -> int:

@@ -1,0 +1,108 @@
+"""partita.imports.shell (the static reader of launch scripts) against bash itself: each snippet
+uses one construct of issue 32's list; bash runs it with shims in place of the launchers
+(partita.imports.shell_run, the oracle) and the reader, which runs nothing, must find the same
+launch command. Then what the reader cannot know: named, with the flag that supplies it."""
+from __future__ import annotations
+
+import pytest
+
+from partita.errors import PartitaError
+from partita.imports import load_config
+from partita.imports.shell import ShellError, find_launch, read_script
+from partita.imports.shell_run import run_script
+
+LAUNCH = "torchrun --nproc_per_node 8 pretrain_gpt.py"
+SNIPPETS = {
+    "array and +=": 'A=(--tp 2 "--x y")\nA+=(--pp 4)\n' + LAUNCH + ' "${A[@]}"\n',
+    "unquoted array splits": 'A=("--fp8-format hybrid" --bf16)\n' + LAUNCH + ' ${A[@]}\n',
+    "re-declared with its contents": 'A=(--tp 2)\nA=("${A[@]}" --pp 4)\nS="--a 1"\nS="$S --b 2"\n' + LAUNCH
+                                     + ' "${A[@]}" $S\n',
+    "defaults": 'TP=${TP:-2}\nPP=${PP:=4}\nE=${EMPTY:-}\nX=${TP:+set}\n' + LAUNCH + ' --tp $TP --pp $PP $E --x $X\n',
+    "arithmetic": 'N=2\nG=8\nW=$(($G*$N))\nB=$((W / 3 + 2 ** 3 - (5 % 3)))\n' + LAUNCH + ' --w $W --b $B\n',
+    "export and continuations": 'export TP=4\nexport \\\n  PP=2\n' + LAUNCH + ' \\\n  --tp $TP \\\n  --pp ${PP}\n',
+    "if elif else": 'M=${1:-mid}\nif [ "$M" == "big" ]; then TP=8\nelif [[ $M == mi* ]]; then TP=4\nelse TP=1\nfi\n'
+                    + LAUNCH + ' --tp $TP\n',
+    "case": 'S=8B\ncase "$S" in\n  800M) TP=1 ;;\n  8B|70B) TP=4 ;;\n  *) TP=2 ;;\nesac\n' + LAUNCH + ' --tp $TP\n',
+    "and or": 'TP=""\n[ -z "$TP" ] && TP=2\n[[ $TP -gt 4 ]] && TP=9 || PP=3\n' + LAUNCH + ' --tp $TP --pp $PP\n',
+    "while case shift": 'set -- --tp 4 --other\nwhile [[ $# -gt 0 ]]; do\n  case $1 in\n    --tp) TP="$2"; shift 2 ;;\n    *) shift ;;\n'
+                        '  esac\ndone\n' + LAUNCH + ' --tp $TP\n',
+    "for loop and function": 'add() { A+=("$@"); }\nfor k in 1 2; do add --k$k $k; done\nfor j in a b c; do\n'
+                             '  [ $j = b ] && break\n  A+=(--$j)\ndone\n' + LAUNCH + ' "${A[@]}"\n',
+    "trims and case": 'P=/a/b/run_tp4.sh\nN=${P##*/}\nN=${N%.sh}\nT=${N#*_tp}\nU=${N^^}\n' + LAUNCH
+                      + ' --tp $T --n $U --len ${#N}\n',
+    "command substitution that only prints": 'D=$(dirname /x/y/z.sh)\nB=$(basename /x/y/z.sh .sh)\nE=`echo 3`\n'
+                                             + LAUNCH + ' --d $D --b $B --e $E\n',
+    "array length and indices": 'IPs=(a b c)\nN=${#IPs[@]}\nfor i in "${!IPs[@]}"; do L=$i; done\n' + LAUNCH
+                                + ' --n $N --l $L --first ${IPs[0]}\n',
+    "redirection and pipe": LAUNCH + ' --tp 2 2>&1 | tee log.txt\n' + 'echo done > /dev/null\n',
+}
+
+
+@pytest.mark.parametrize("name", list(SNIPPETS))
+def test_the_reader_finds_what_bash_runs(tmp_path, name):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\n" + SNIPPETS[name])
+    ran = find_launch(run_script(str(script), [], {}))
+    read = find_launch(read_script(script.read_text(), [], {}, script))
+    assert ran is not None and read == ran
+
+
+def test_positional_arguments_and_environment_as_bash_takes_them(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text('TP=${1:-2}\nPP=$2\nshift 2\n' + LAUNCH + ' --tp $TP --pp $PP --cp ${CP:-1} "$@"\n')
+    args, env = ["8", "4", "--extra", "a b"], {"CP": "2"}
+    assert find_launch(read_script(script.read_text(), args, env, script)) == find_launch(run_script(str(script), args, env))
+
+
+def test_a_sourced_file_that_exists_is_read(tmp_path):
+    (tmp_path / "common.sh").write_text("TP=4\nPARALLEL=(--tensor-model-parallel-size $TP)\n")
+    script = tmp_path / "run.sh"
+    script.write_text('source "$(dirname "$0")/common.sh"\n. ./missing.sh\n' + LAUNCH + ' "${PARALLEL[@]}"\n')
+    run = read_script(script.read_text(), [], {}, script)
+    assert find_launch(run)[1] == ["--tensor-model-parallel-size", "4"]
+    assert "source ./missing.sh" in run.unknown  # named, not fatal
+
+
+def _load(tmp_path, text: str, **kw):
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    return load_config(str(script), **kw)
+
+
+def test_what_cannot_be_known_is_named_with_the_flag_that_supplies_it(tmp_path):
+    base = "--pipeline-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 8"
+    with pytest.raises(PartitaError, match=r"--tensor-model-parallel-size is \$\{TP\}.*pass --env TP=\.\.\."):
+        _load(tmp_path, f"{LAUNCH} --tensor-model-parallel-size $TP {base}\n")
+    with pytest.raises(PartitaError, match=r"--tensor-model-parallel-size is \$1.*pass --args"):
+        _load(tmp_path, f"{LAUNCH} --tensor-model-parallel-size $1 {base}\n")
+    with pytest.raises(PartitaError, match=r"--nnodes is \$\{NNODES\}.*--env NNODES=\.\.\. \(or --devices\)"):
+        _load(tmp_path, f"torchrun --nproc_per_node 8 --nnodes $NNODES pretrain_gpt.py {base}\n")
+    with pytest.raises(PartitaError, match=r"is \$\(nproc\).*--run-script"):
+        _load(tmp_path, f"{LAUNCH} --tensor-model-parallel-size $(nproc) {base}\n")
+    plan, _ = _load(tmp_path, f"{LAUNCH} --tensor-model-parallel-size $TP {base} --data-path $DATA\n",
+                    env={"TP": "2"})  # $DATA: not read, so not asked for
+    assert (plan.tp, plan.dp) == (2, 4)
+    plan, _ = _load(tmp_path, f"{LAUNCH} --tensor-model-parallel-size $1 {base}\n", args=["4"])
+    assert plan.tp == 4
+
+
+def test_a_script_the_reader_cannot_follow_is_one_line(tmp_path):
+    with pytest.raises(ShellError):
+        read_script('A="unterminated\n')
+    with pytest.raises(PartitaError, match="cannot follow the script.*--run-script"):
+        _load(tmp_path, f'if [ 1 ]; then\n{LAUNCH} --tensor-model-parallel-size 2\n')
+    with pytest.raises(ShellError, match="ran 1000 times"):
+        read_script("while true; do X=1; done\n")
+
+
+def test_run_script_runs_no_training_and_writes_only_its_scratch(tmp_path):
+    marker = tmp_path / "written"
+    script = tmp_path / "run.sh"
+    script.write_text(f'python -c "open(\'{marker}\', \'w\')"\nmkdir -p {tmp_path}/made\n'
+                      f'{LAUNCH} --tensor-model-parallel-size 2\n')
+    run = run_script(str(script), [], {})
+    assert run.commands[0][:2] == ["python", "-c"] and find_launch(run)[1] == ["--tensor-model-parallel-size", "2"]
+    assert not marker.exists() and not (tmp_path / "made").exists()
+    script.write_text("sleep_forever() { while :; do :; done; }\nsleep_forever\n")
+    with pytest.raises(ShellError, match="ran over"):
+        run_script(str(script), [], {}, timeout_s=1)
