@@ -123,5 +123,16 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
     except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as e:
         raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
+    _check_fill(path, plan, dict(fill or {}, **({"pp": pp} if pp else {})))
     check(plan, model, devices)
     return Imported(plan, target, notes)
+
+
+def _check_fill(path: str, plan: Plan, fill: dict[str, Any]) -> None:
+    """A value the user gives (``fill``, ``--pp``) that the file sets otherwise is one line: the flags
+    fill what a file leaves open ("auto"), they do not override what it says."""
+    from ..plan import flag_name
+    for name, value in fill.items():
+        if getattr(plan, name) != value:
+            raise PartitaError(f"{path} runs with {name} {getattr(plan, name)}; {flag_name(name)} {value} disagrees "
+                               "(drop the flag: it only fills what the file leaves open)")
