@@ -7,7 +7,7 @@ import json
 from ..cost.memory import dp_gradient_bytes
 from .traced import add_trace_args, cmd_estimate_traced, is_traced
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
-from .import_cmd import add_script_flags, script_inputs
+from .import_cmd import FILL_FIELDS, add_script_flags, fill_inputs, not_modelled_lines, script_inputs
 from .plan_flags import add_plan_flags, plan_from_flags, read_plan_arg, refuse_plan_flags
 from .plan_report import add_report_arg
 
@@ -31,11 +31,15 @@ def add_parser(sub) -> None:
 def estimate_plan(args: argparse.Namespace, model, world_size: int):
     """The plan to estimate: ``--from-script``, ``--plan`` (file, JSON or fields) or the plan
     flags - one of them (:func:`refuse_plan_flags`) - with ``--framework`` applied to any."""
-    refuse_plan_flags(args, "estimate", {"--plan": args.plan, "--from-script": args.from_script})
+    fills = (*FILL_FIELDS, "pp") if args.from_script else ()  # what a file leaves open ("auto"): filled, not overridden
+    refuse_plan_flags(args, "estimate", {"--plan": args.plan, "--from-script": args.from_script},
+                      allowed=("framework", "seq_len", *fills))
+    args.not_modelled = ()
     if args.from_script:
         from ..imports import load_config as load_script
-        plan, _ = load_script(args.from_script, devices=world_size, model=model, seq_len=args.seq_len,
-                              **script_inputs(args))
+        read = load_script(args.from_script, devices=world_size, model=model, seq_len=args.seq_len, pp=args.pp,
+                           fill=fill_inputs(args), **script_inputs(args))
+        plan, args.not_modelled = read.plan, read.not_modelled
     elif args.plan is not None:
         plan = read_plan_arg(args.plan, world_size, defaults={"seq_len": args.seq_len})
     else:
@@ -63,6 +67,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         out = est.to_dict()
         out["framework"] = est.plan.framework
+        out["not_modelled"] = list(args.not_modelled)
         out["dp_gradient_bytes"] = dp_gradient_bytes(est.model, est.plan)
         if tokens:
             out["run_days"] = est.run_days(tokens)
@@ -73,6 +78,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print_estimate(est, tokens=tokens)
         line = dp_gradient_line(est)
         if line:
+            print(line)
+        for line in not_modelled_lines(args.not_modelled):
             print(line)
     return 0
 

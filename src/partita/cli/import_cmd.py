@@ -28,10 +28,12 @@ def add_parser(sub) -> None:
     p.add_argument("--from", dest="source", choices=importable_names(), help="the file's framework (default: detected)")
     p.add_argument("--model", help="model preset or config.json: gives the layer count (vpp of torchtitan's "
                                    "layers_per_stage) and checks the plan against the model")
-    p.add_argument("--seq-len", type=positive_int(MAX_SEQ_LEN), default=2048,
-                   help="sequence length of a ds_config (which does not hold one; default 2048)")
+    p.add_argument("--seq-len", type=positive_int(MAX_SEQ_LEN),
+                   help="sequence length of a ds_config (which does not hold one; default 2048) or of a "
+                        "Megatron-SWIFT script without --max_length")
     p.add_argument("--pp", type=positive_int(MAX_DEGREE),
                    help="DeepSpeed: the PipelineModule(num_stages=...) of your model code")
+    add_fill_flags(p)
     p.add_argument("-o", "--output", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     add_script_flags(p)
@@ -49,6 +51,34 @@ def add_script_flags(p: argparse.ArgumentParser) -> None:
                    help="run the script under bash to read it, with torchrun/python/deepspeed/srun/msrun replaced "
                         "by shims that record their arguments (no training runs; a scratch directory, a timeout); "
                         "default: read it without running it")
+
+
+#: Plan fields a file may leave open for the user to give (DeepSpeed's "auto", the Hugging Face
+#: Trainer's values): import offers them as flags, estimate/plan pass their plan flags of the same name.
+FILL_FIELDS = ("mbs", "gbs", "dtype")
+
+
+def add_fill_flags(p: argparse.ArgumentParser) -> None:
+    """``--mbs``, ``--global-batch``, ``--dtype``: the values of a ds_config's "auto" (the flags and checks
+    are the plan fields' own, :func:`partita.cli.plan_flags.plan_flag_kwargs`)."""
+    from ..plan import field_meta, flag_dest
+    from .plan_flags import plan_flag_kwargs
+    for name in FILL_FIELDS:
+        kwargs: dict[str, Any] = {"dest": flag_dest(name), "default": None,
+                                  "help": f"{field_meta(name)['help']}, where the file says \"auto\""}
+        p.add_argument(*plan_flag_kwargs(name, kwargs), **kwargs)
+
+
+def fill_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """``{plan field: value}`` of the :data:`FILL_FIELDS` flags given (``load_config(fill=...)``)."""
+    from ..plan import flag_dest
+    return {name: getattr(args, flag_dest(name)) for name in FILL_FIELDS
+            if getattr(args, flag_dest(name), None) is not None}
+
+
+def not_modelled_lines(notes: tuple[str, ...]) -> list[str]:
+    """``in the file, not modelled: ...`` lines, one per setting (what the estimate leaves out)."""
+    return [f"in the file, not modelled: {note}" for note in notes]
 
 
 def script_inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,17 +104,20 @@ def cmd_import(args: argparse.Namespace) -> int:
     model = load_model(args.model) if args.model else None
     if args.output is not None:
         check_output_path(args.output, "-o")
-    plan, target = load_config(args.script, args.source, args.devices, model, args.seq_len, args.pp,
-                               **script_inputs(args))
+    read = load_config(args.script, args.source, args.devices, model, args.seq_len, args.pp, fill=fill_inputs(args),
+                       **script_inputs(args))
+    plan, target = read
     if args.output:
         from ..outputs import write_output
         write_output(args.output, plan.to_json() + "\n", "-o")
     if args.json:
         print(plan.to_json())
         return 0
-    print(f"{args.script}: {target} launch config, {plan.world_size} devices")
+    print(f"{args.script}: {target} launch config, {plan.world_size} devices, run as {plan.framework}")
     print(f"plan: {plan.summary()}, gbs {plan.gbs}, seq_len {plan.seq_len}, {plan.dtype}, schedule {plan.schedule}"
           + (f", layer split {','.join(map(str, plan.layer_split))}" if plan.layer_split else ""))
+    for line in not_modelled_lines(read.not_modelled):
+        print(line)
     if args.output:
         print(f"wrote {args.output} (partita estimate --plan {args.output} ...)", file=sys.stderr)
     return 0

@@ -13,7 +13,7 @@ from ..inputs import MAX_TOP
 from ..search.space import SearchSpace
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
-from .import_cmd import add_script_flags, script_inputs
+from .import_cmd import add_script_flags, fill_inputs, not_modelled_lines, script_inputs
 from .plan_flags import add_plan_flags, read_plan_arg
 from .plan_report import add_report_arg
 from .traced import add_trace_args, cmd_plan_traced, is_traced
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     add_cluster_args(p, defaults=True)
     add_plan_flags(p, "plan", plan_defaults=("seq_len", "powersgd_rank"),
                    fixed=[f.name for f in dataclasses.fields(SearchSpace)])
-    p.set_defaults(global_batch=2048, tokens="1.4T")
+    p.set_defaults(global_batch=None, tokens="1.4T")  # None: DEFAULT_GLOBAL_BATCH unless your plan gives one
     p.add_argument("--top", type=positive_int(MAX_TOP), default=5, help="how many plans to show")
     p.add_argument("--no-zero3", action="store_true", help="forbid ZeRO-3 / FSDP")
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
@@ -105,8 +105,13 @@ def comm_knob_lines(args: argparse.Namespace, result) -> list[str]:
     return try_comm_knobs(result, knobs, args.powersgd_rank) if result.plans else []
 
 
+#: The search's global batch when neither --global-batch nor your plan (--from-script / --plan) gives one.
+DEFAULT_GLOBAL_BATCH = 2048
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if is_traced(args):  # --model module:factory or a traced spec (issue 19)
+        args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
         return cmd_plan_traced(args)
     from .import_cmd import comparison
     from ..search.engine import infeasible_message
@@ -116,6 +121,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from ..report import check_report_path
         check_report_path(args.report)
     yours = your_plan(args, model, cluster)
+    args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
     result, ranked_all = search(args, model, cluster)
     tokens = parse_tokens(args.tokens) if args.tokens else None
     if not result.plans:
@@ -130,7 +136,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         out = plan_json(args, model, cluster, result, reasons, tokens, exported, export_note)
         if yours and args.from_script:
-            out["from_script"] = dict(yours.to_dict(), file=args.from_script, comparison=line)
+            out["from_script"] = dict(yours.to_dict(), file=args.from_script, comparison=line,
+                                      not_modelled=list(args.not_modelled))
         elif yours:
             out["from_plan"] = dict(yours.to_dict(), given=args.plan, comparison=line)
         print(json.dumps(out, indent=2))
@@ -149,6 +156,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"partita: warning: {w}", file=sys.stderr)
     if line:
         print(line)
+    for note in not_modelled_lines(args.not_modelled):
+        print(note)
     return 0
 
 
@@ -159,12 +168,18 @@ def your_plan(args: argparse.Namespace, model, cluster):
     from ..plan import check
     if args.from_script and args.plan is not None:
         raise PartitaError(f"--plan {args.plan} and --from-script {args.from_script} both give your plan; give one")
+    args.not_modelled = ()
     if args.from_script:
         from ..imports import load_config as load_script
-        plan, _ = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len,
-                              **script_inputs(args))
+        read = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len,
+                           fill=fill_inputs(args), **script_inputs(args))
+        plan, args.not_modelled = read.plan, read.not_modelled
+        if framework_arg(args):
+            plan = plan.with_(framework=framework_arg(args))  # "as run by" the framework named
+        args.framework = plan.framework  # the search estimates every candidate as the file's framework runs it
     elif args.plan is not None:
-        defaults = {"gbs": args.global_batch, "seq_len": args.seq_len, **({"dtype": args.dtype} if args.dtype else {})}
+        defaults = {"gbs": args.global_batch or DEFAULT_GLOBAL_BATCH, "seq_len": args.seq_len,
+                    **({"dtype": args.dtype} if args.dtype else {})}
         plan = check(read_plan_arg(args.plan, cluster.world_size, defaults), model, cluster.world_size)
     else:
         return None

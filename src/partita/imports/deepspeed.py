@@ -61,12 +61,14 @@ _NOT_MODELLED = (
 
 
 class _Unresolved(list):
-    """Lines naming each "auto" value no flag filled, and the flag that supplies it."""
+    """Each "auto" value no flag filled, named with the flag that supplies it (one error line, all of them)."""
 
     def need(self, key: str, path: str) -> None:
         field, trainer = _AUTO[key]
-        self.append(f"{path}: {key} is \"auto\" (the Hugging Face Trainer fills it from {trainer}): "
-                    f"pass {flag_name(field)}")
+        self.append(f"{key} is \"auto\" (the Hugging Face Trainer's {trainer}): pass {flag_name(field)}")
+
+    def message(self, path: str) -> str:
+        return f"{path}: " + "; ".join(self)
 
 
 def _get(cfg: dict, key: str) -> Any:
@@ -156,7 +158,7 @@ def plan_from_ds_config(cfg: dict, world_size: int, seq_len: int = 2048, pp: int
     """The plan a DeepSpeed ``ds_config`` runs on ``world_size`` ranks; ``pp`` is what the model code
     passes to ``PipelineModule(num_stages=...)`` (defaults to ``pipeline.stages`` when numeric);
     ``fill`` holds the values the user gives for "auto" (plan field -> value: mbs, gbs, dtype).
-    Every "auto" no flag fills is one line of the :class:`PartitaError` raised."""
+    Every "auto" no flag fills is named, with its flag, in the one :class:`PartitaError` raised."""
     fill = fill or {}
     stages = (cfg.get("pipeline") or {}).get("stages")
     pp = pp or (stages if isinstance(stages, int) else 1)
@@ -168,7 +170,7 @@ def plan_from_ds_config(cfg: dict, world_size: int, seq_len: int = 2048, pp: int
     dtype = _dtype(cfg, fill, unresolved, path)
     t, m, g = _batch_values(cfg, dp, fill, unresolved, path)
     if unresolved:
-        raise PartitaError("\n".join(unresolved))
+        raise PartitaError(unresolved.message(path))
     m, g = _derive(t, m, g, world_size // pp, path)  # the config's world: all ranks but a pipeline's stages
     if fill.get("gbs") not in (None, m * g * dp):
         raise PartitaError(f"{path} gives a global batch of {m * g * dp} ({m} x {g} accumulation steps x {dp} "

@@ -108,7 +108,7 @@ def plan_from_torchtitan(argv: list[str], layers: int | None = None) -> Plan:
     gbs = num("training.global_batch_size", -1)
     param = v.get("training.mixed_precision_param", "bfloat16")
     converters = str(v.get("model.converters", "")).split(",")
-    async_tp = _on(v.get("parallelism.enable_async_tensor_parallel")) or _on(v.get("compile.enable_async_tensor_parallel"))
+    async_tp = any(_on(v.get(f"{section}.enable_async_tensor_parallel")) for section in ("parallelism", "compile"))
     return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=num("parallelism.context_parallel_degree"),
                 ep=num("parallelism.expert_parallel_degree"), etp=num("parallelism.expert_tensor_parallel_degree"),
                 sp=bool(v.get("parallelism.enable_sequence_parallel", True)), zero=zero, mbs=mbs,
@@ -128,7 +128,8 @@ def _stages(v: dict, pp: int, layers: int | None) -> tuple[int, tuple[int, ...] 
     first = int(v.get("parallelism.pipeline_parallel_first_stage_less_layers", 1))
     last = int(v.get("parallelism.pipeline_parallel_last_stage_less_layers", 1))
     if layers is None:
-        raise PartitaError("torchtitan's pipeline_parallel_layers_per_stage needs the model's layer count: pass --model")
+        raise PartitaError("torchtitan's pipeline_parallel_layers_per_stage needs the model's layer count: "
+                           "pass --model")
     stages = -(-(layers + first + last) // lps)
     split = (lps - first,) + (lps,) * (stages - 2) + (lps - last,) if first or last else None
     return stages // pp, split
