@@ -42,8 +42,10 @@ def tokens_arg(text: str) -> str:
 
 def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None:
     """Model and hardware flags of ``plan`` (with the default scenario) and ``estimate``."""
-    p.add_argument("--model", default="llama-65b" if defaults else None, required=not defaults,
-                   help="preset name (partita models) or a config.json path")
+    p.add_argument("--model", help="preset name (partita models) or a config.json path"
+                   + (" (default llama-65b)" if defaults else "") + "; optional with --from-script when the script "
+                   "defines the model (Megatron/MindSpeed --num-layers, --hidden-size, ...)")
+    p.set_defaults(default_model="llama-65b" if defaults else None)
     p.add_argument("--hardware", default="ascend-910b2" if defaults else None, required=not defaults,
                    help="device name (partita hardware) or a device/cluster JSON file")
     p.add_argument("--devices", type=positive_int(MAX_DEGREE), required=not defaults,
@@ -68,11 +70,12 @@ def cluster_and_model(args: argparse.Namespace):
     """The model spec and cluster the flags of :func:`add_cluster_args` name."""
     from ..spec.hardware import make_cluster, parse_overrides
     from ..spec.load import load_model
-    for flag, value in (("--model", args.model), ("--hardware", args.hardware)):
-        if not value or not value.strip():
+    name = _model_name(args)
+    for flag, value in (("--model", name), ("--hardware", args.hardware)):
+        if value is not None and (not value or not value.strip()):
             raise PartitaError(f"{flag} is empty; give a name (see `partita {'models' if flag == '--model' else 'hardware'}`)"
                                " or a JSON file")
-    model = load_model(args.model)
+    model = load_model(name) if name is not None else None  # None: the --from-script file's own model
     devices = args.devices
     overrides = parse_overrides(args.overrides)
     if devices is None and not (_names_a_cluster(args.hardware) or "nodes" in (overrides.get("cluster") or {})):
@@ -81,7 +84,32 @@ def cluster_and_model(args: argparse.Namespace):
         cluster = make_cluster(args.hardware, devices, args.devices_per_node, overrides)
     except PartitaError as e:
         raise _blame_override(e, overrides) from None
-    return model, cluster
+    return model if model is not None else _script_model(args, cluster.world_size), cluster
+
+
+def _script_model(args: argparse.Namespace, world_size: int):
+    """The model the ``--from-script`` file defines (no ``--model``), or one line naming what the
+    file lacks and the flag that supplies it."""
+    from ..imports import load_config
+    from .import_cmd import script_inputs
+    read = load_config(args.from_script, devices=world_size, seq_len=getattr(args, "seq_len", None),
+                       **script_inputs(args))
+    if read.model is None:
+        raise PartitaError(f"{args.from_script}: " + (read.model_note or "the file does not define the model (no "
+                           "--num-layers / --hidden-size / --num-attention-heads): pass --model"))
+    return read.model
+
+
+def _model_name(args: argparse.Namespace) -> str | None:
+    """``--model``, else None where ``--from-script`` names a file whose own model is used
+    (partita.imports reads it, and refuses in one line a file that defines none), else the
+    command's default model, else a one-line refusal."""
+    if args.model is not None or getattr(args, "from_script", None):
+        return args.model
+    if getattr(args, "default_model", None):
+        return args.default_model
+    raise PartitaError("--model is required: a preset (partita models), a config.json, or --from-script with a "
+                       "launch script that defines the model")
 
 
 def _blame_override(error: PartitaError, overrides: dict) -> PartitaError:

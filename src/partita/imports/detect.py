@@ -22,6 +22,15 @@ def read_text(path: str) -> str:
         raise PartitaError(f"cannot read {path}: {e.strerror}") from None
 
 
+#: What only a MindSpeed-LLM script has: its name, Ascend's toolkit or NPU count, MindSpeed's own flags
+#: and MindSpeed-LLM's tokenizer type. Each of MindSpeed-LLM@c77308a's 99 examples/mcore pretrain/tune
+#: scripts has one; none of Megatron-LM@d98e8a6's example scripts does (docs/import_megatron.md).
+MINDSPEED_MARKERS = (r"mindspeed|ascend-toolkit|NPUS_PER_NODE|PretrainedFromHF|--use-ascend-mc2|--use-fused-rmsnorm|"
+                     r"--use-fused-swiglu|--noop-layers|--num-layer-list|--reuse-fp32-param|--swap-attention|"
+                     r"--swap-optimizer|--moe-fb-overlap|--schedules-method|--n-shared-experts|--first-k-dense-replace|"
+                     r"--moe-alltoall-overlap-comm|--context-parallel-algo")
+
+
 def detect(path: str, text: str) -> str:
     """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
     stripped = text.lstrip()
@@ -32,7 +41,7 @@ def detect(path: str, text: str) -> str:
         return "torchtitan"
     if SWIFT_COMMAND.search(text):  # Megatron-SWIFT's `megatron sft`: Megatron-LM underneath (.swift)
         return "megatron"
-    if re.search(r"mindspeed|--use-ascend-mc2|--use-fused-rmsnorm", text, re.IGNORECASE):
+    if re.search(MINDSPEED_MARKERS, text, re.IGNORECASE):
         return "mindspeed"
     if re.search(r"pretrain_gpt\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):
         return "megatron"

@@ -25,14 +25,20 @@ class Imported:
     plan: Plan
     framework: str
     not_modelled: tuple[str, ...] = field(default=())
+    #: the model to estimate with: ``--model``, else the one a Megatron/MindSpeed command line
+    #: defines (None: neither; ``model_note`` says what the file lacks, e.g. its vocabulary)
+    model: Any = None
+    model_note: str = ""
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.plan, self.framework))
 
 
-def _parse(target: str, path: str, text: str, world: int | None, layers: int | None, seq_len: int | None,
+def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq_len: int | None,
            pp: int | None, fill: dict[str, Any], raw: str, env: dict[str, str]) -> tuple[Plan, tuple[str, ...]]:
-    """The importer of ``target`` on the file's text (world size checked by the caller): (plan, not modelled)."""
+    """The importer of ``target`` on the file's text (world size checked by the caller): (plan, not
+    modelled); a Megatron/MindSpeed command line's own model is :func:`_script_model`'s."""
+    layers = model.layers if model else None
     from . import deepspeed, megatron, swift, torchtitan
     if path.endswith(".toml") and target == "torchtitan":
         text = shlex.join(torchtitan.toml_argv(path, text))  # TOML errors first, then the same checks as overrides
@@ -53,7 +59,8 @@ def _parse(target: str, path: str, text: str, world: int | None, layers: int | N
         return torchtitan.titan_plan(argv, world, layers), torchtitan.titan_not_modelled(argv)
     argv = argv_from_script(text)
     check_sizes(path, argv, megatron.MEGATRON_SIZES)
-    return megatron.plan_from_megatron(argv, _need_world(path, world), layers).with_(framework=target), ()
+    read = megatron.read_megatron(argv, _need_world(path, world), model, target, path)
+    return read.plan.with_(framework=target), read.not_modelled
 
 
 def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None, seq_len: int | None,
@@ -116,8 +123,8 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         text, world = read if read is not None else (text, world)
     try:
         with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
-            plan, notes = _parse(target, path, text, world, model.layers if model else None, seq_len, pp,
-                                 fill or {}, raw, env or {})
+            plan, notes = _parse(target, path, text, world, model, seq_len, pp, fill or {}, raw, env or {})
+            model, note = _script_model(target, path, text, raw, model)
     except SystemExit:
         message = (err.getvalue().strip().splitlines() or ["bad argument"])[-1].split("error: ", 1)[-1]
         raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
@@ -125,7 +132,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
     _check_fill(path, plan, dict(fill or {}, **({"pp": pp} if pp else {})))
     check(plan, model, devices)
-    return Imported(plan, target, notes)
+    return Imported(plan, target, notes, model, note)
 
 
 def _check_fill(path: str, plan: Plan, fill: dict[str, Any]) -> None:
@@ -136,3 +143,13 @@ def _check_fill(path: str, plan: Plan, fill: dict[str, Any]) -> None:
         if getattr(plan, name) != value:
             raise PartitaError(f"{path} runs with {name} {getattr(plan, name)}; {flag_name(name)} {value} disagrees "
                                "(drop the flag: it only fills what the file leaves open)")
+
+
+def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tuple[Any, str]:
+    """(the model to estimate with, why the file gives none): a Megatron/MindSpeed command line's
+    own model (:func:`partita.imports.megatron_model.model_from_megatron`), checked against
+    ``--model`` (a contradiction is one line); other files define no model."""
+    from . import megatron, swift
+    if target not in ("megatron", "mindspeed") or swift.is_swift(raw):
+        return given, ""
+    return megatron.resolve_model(argv_from_script(text), given, path)

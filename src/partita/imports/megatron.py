@@ -36,7 +36,7 @@ from ..plan import Plan
 from ..spec.model import ModelSpec
 from .megatron_features import unmodelled
 from .megatron_layout import LayoutFlags, chunk_ranges, layout_split, split_of
-from .megatron_model import ScriptModel, model_from_megatron
+from .megatron_model import ScriptModel, contradiction, model_from_megatron
 
 FSDP_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
@@ -182,6 +182,21 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
     notes = tuple(n for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
     return MegatronRead(plan, script.spec, notes, script.missing_vocab)
+
+
+def resolve_model(argv: list[str], given: ModelSpec | None, path: str) -> tuple[ModelSpec | None, str]:
+    """(the model to estimate with, why the command line gives none): ``--model`` (``given``) if
+    it agrees with the model the command line defines (else one line naming both values), else
+    the command line's own model."""
+    try:
+        script = model_from_megatron(argv, path.rsplit("/", 1)[-1])
+    except PartitaError as e:
+        script = ScriptModel(None, str(e))
+    if given is not None and script.spec is not None:
+        line = contradiction(given, script.spec, path)
+        if line:
+            raise PartitaError(line)
+    return (given or script.spec), ("" if given or script.spec else script.missing_vocab)
 
 
 def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = None) -> Plan:
