@@ -1,8 +1,8 @@
 """The search's caches hold every plan field their values depend on (issue 31, item 4).
 
 The search memoises cost terms across the thousands of layouts it builds
-(:class:`partita.search.layouts._LayoutBuilder`: stage terms, the cheap bound's total,
-the output layer's weight in the min-max split; :class:`partita.search.engine._Search`:
+(:class:`partita.search.layouts._LayoutBuilder`: stage terms and the cheap bound's total
+per stage shape, the output layer's weight in the min-max split per layer shape; :class:`partita.search.engine._Search`:
 each layout's setting bounds). Their keys are the cost model's frozen shape records
 (:mod:`partita.cost.shape`), so a plan field that changes a term cannot hit an entry
 made for another value. Each test fills a cache with one plan, then asks it for plans
@@ -101,7 +101,8 @@ def test_setting_bounds_are_per_layout(field, value):
     search = _Search(MODEL, CLUSTER, usable=80.0, top=5, partial=True)
     layouts = []
     for plan in (BASE, _variant(field, value)):
-        lay = Layout(plan, [("none", 1), ("full", 1), ("full", 2)], step_time_lower_bound(MODEL, CLUSTER, plan), True, ())
+        bound = step_time_lower_bound(MODEL, CLUSTER, plan)
+        lay = Layout(plan, [("none", 1), ("full", 1), ("full", 2)], bound, True, ())
         layouts.append(lay)
         for recompute, zero in lay.ladder:
             search.setting_bound(lay, recompute, zero)
@@ -117,4 +118,5 @@ def test_memory_ladder_is_the_peak_of_each_setting():
     steps = [("none", 1), ("selective", 2), ("full", 3)]
     ladder = peak_memory_ladder(MODEL, CLUSTER.device, BASE, steps)
     for recompute, zero in steps:
-        assert ladder[(recompute, zero)] == peak_memory(MODEL, CLUSTER.device, BASE.with_(recompute=recompute, zero=zero))
+        plan = BASE.with_(recompute=recompute, zero=zero)
+        assert ladder[(recompute, zero)] == peak_memory(MODEL, CLUSTER.device, plan)

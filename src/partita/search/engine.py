@@ -36,7 +36,7 @@ import heapq
 import time
 from typing import Callable
 
-from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory, peak_memory_ladder
+from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory_ladder
 from ..cost.step import after_pipeline_bound, estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
