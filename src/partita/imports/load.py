@@ -72,7 +72,7 @@ def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None
     if world is None:
         raise PartitaError(f"{path}: NPROC_PER_NODE / NNODES are not numbers in the script "
                            f"({env.get('NPROC_PER_NODE', '1')} x {env.get('NNODES', '1')}): pass --devices")
-    mega = swift.megatron_argv(argv, seq_len, fill.get("dtype"), path)
+    mega = swift.megatron_argv(argv, fill.get("seq_len", seq_len), fill.get("dtype"), path)
     check_sizes(path, mega, megatron.MEGATRON_SIZES)
     plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env))
     return plan, swift.swift_not_modelled(argv)
