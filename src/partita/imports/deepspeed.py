@@ -157,9 +157,11 @@ def plan_from_ds_config(cfg: dict, world_size: int, seq_len: int = 2048, pp: int
                         fill: dict[str, Any] | None = None, path: str = "ds_config") -> Plan:
     """The plan a DeepSpeed ``ds_config`` runs on ``world_size`` ranks; ``pp`` is what the model code
     passes to ``PipelineModule(num_stages=...)`` (defaults to ``pipeline.stages`` when numeric);
-    ``fill`` holds the values the user gives for "auto" (plan field -> value: mbs, gbs, dtype).
+    ``fill`` holds the values the user gives for "auto" (plan field -> value: mbs, gbs, dtype; seq_len
+    and pp, which a ds_config does not hold, may come this way too).
     Every "auto" no flag fills is named, with its flag, in the one :class:`PartitaError` raised."""
     fill = fill or {}
+    seq_len, pp = fill.get("seq_len", seq_len), pp or fill.get("pp")
     stages = (cfg.get("pipeline") or {}).get("stages")
     pp = pp or (stages if isinstance(stages, int) else 1)
     tp = (cfg.get("tensor_parallel") or {}).get("autotp_size", 0) or 1
