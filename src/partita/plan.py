@@ -285,7 +285,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "plan") -> "Plan":
-        data = {k: v for k, v in data.items() if k not in ("format", "grad_accum")}
+        # derived (grad_accum), or what `partita import --json` adds beside the plan (not_modelled, model)
+        data = {k: v for k, v in data.items() if k not in ("format", "grad_accum", "not_modelled", "model")}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -110,17 +110,35 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.output:
         from ..outputs import write_output
         write_output(args.output, plan.to_json() + "\n", "-o")
+    script_model = read.model if model is None else None  # the model the file defines
     if args.json:
-        print(plan.to_json())
+        import json
+        extra = {"not_modelled": list(read.not_modelled), "model": script_model.to_dict() if script_model else None}
+        print(json.dumps({**plan.to_dict(), **extra}, indent=2))  # a plan file still (Plan.from_dict skips extra)
         return 0
     print(f"{args.script}: {target} launch config, {plan.world_size} devices, run as {plan.framework}")
     print(f"plan: {plan.summary()}, gbs {plan.gbs}, seq_len {plan.seq_len}, {plan.dtype}, schedule {plan.schedule}"
           + (f", layer split {','.join(map(str, plan.layer_split))}" if plan.layer_split else ""))
+    if script_model is not None:
+        print(f"model (the script's): {model_line(script_model)}")
+    elif model is None and read.model_note:
+        print(f"model: not read: {read.model_note}")
     for line in not_modelled_lines(read.not_modelled):
         print(line)
     if args.output:
         print(f"wrote {args.output} (partita estimate --plan {args.output} ...)", file=sys.stderr)
     return 0
+
+
+def model_line(m: Any) -> str:
+    """``80 layers, hidden 8192, 64 heads (8 kv), ffn 28672, vocab 128256, 70.6B parameters`` (+ MoE, MLA)."""
+    text = (f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), ffn {m.ffn_hidden}, "
+            f"vocab {m.vocab}")
+    if m.moe:
+        text += f", {m.moe.num_experts} experts top-{m.moe.top_k} (ffn {m.moe.expert_ffn_hidden})"
+    if m.mla:
+        text += f", MLA kv rank {m.mla.kv_lora_rank}"
+    return text + f", {m.total_params() / 1e9:.1f}B parameters"
 
 
 #: Plan fields a user's launch config and the searched best can differ in (named in the comparison).
