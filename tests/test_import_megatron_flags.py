@@ -255,3 +255,77 @@ def test_megatrons_deepseek_v3_layout_with_an_mtp_only_stage_is_a_valid_plan():
              "--expert-tensor-parallel-size 1 --global-batch-size 64 --pipeline-model-parallel-layout 'Et*3|(tt|)*29,m|L'", 512)
     assert p.layer_split == (3,) + (2,) * 29 + (0, 0) and p.vpp == 2
     assert check(p, load_model("deepseek-v3"), 512) is p
+
+
+# ---------------------------------------------------------------- the commands (in-process)
+LLAMA3_8B_SCRIPT = """#!/bin/bash
+GPUS_PER_NODE=8
+NNODES=2
+ARGS=(--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32
+      --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm --position-embedding-type rope
+      --untie-embeddings-and-output-weights --disable-bias-linear --tokenizer-type NullTokenizer --vocab-size 128256
+      --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer
+      --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16 --fp8-format hybrid --fp8-param-gather)
+torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py "${ARGS[@]}"
+"""
+HW = ["--hardware", "h100-sxm", "--devices", "16"]
+
+
+def _script(tmp_path, text: str = LLAMA3_8B_SCRIPT):
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    return str(path)
+
+
+def test_estimate_from_script_without_model_uses_the_scripts(tmp_path, capsys):
+    """The script's model gives the estimate the preset of the same shape gives (llama3-8b)."""
+    import json
+    from partita.cli import main
+    path = _script(tmp_path)
+    results = []
+    for model in ([], ["--model", "llama3-8b"]):
+        assert main(["estimate", "--from-script", path, *HW, *model, "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["step_time_s"] == results[1]["step_time_s"]
+    assert results[0]["peak_memory_gib"] == results[1]["peak_memory_gib"]
+
+
+def test_plan_from_script_without_model_is_not_the_default_model(tmp_path, capsys):
+    from partita.cli import main
+    assert main(["plan", "--from-script", _script(tmp_path), *HW, "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "your plan (dp4 tp2+sp pp2 z1" in out and "in the file, not modelled: --fp8-param-gather" in out
+
+
+def test_model_contradicting_the_script_is_one_line(tmp_path, capsys):
+    from partita.cli import main
+    assert main(["estimate", "--from-script", _script(tmp_path), *HW, "--model", "llama2-7b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "kv_heads 32 (--model llama2-7b) vs 8 (the script)" in err
+
+
+def test_a_script_without_its_vocabulary_names_the_tokenizer(tmp_path, capsys):
+    from partita.cli import main
+    text = LLAMA3_8B_SCRIPT.replace("--tokenizer-type NullTokenizer --vocab-size 128256",
+                                    "--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B")
+    assert main(["estimate", "--from-script", _script(tmp_path, text), *HW]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "tokenizer HuggingFaceTokenizer at meta-llama/Meta-Llama-3-8B" in err
+    assert main(["estimate", "--from-script", _script(tmp_path, text), *HW, "--model", "llama3-8b"]) == 0
+
+
+def test_estimate_needs_a_model_without_a_script(capsys):
+    from partita.cli import main
+    assert main(["estimate", *HW, "--tp", "2"]) == 2
+    assert "--model is required" in capsys.readouterr().err
+
+
+def test_import_json_has_the_model_and_the_flags_not_modelled_and_reads_as_a_plan(tmp_path, capsys):
+    import json
+    from partita.cli import main
+    assert main(["import", _script(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["layers"] == 32 and out["model"]["kv_heads"] == 8
+    assert [n.split(":")[0] for n in out["not_modelled"]] == ["--fp8-param-gather"]
+    (tmp_path / "plan.json").write_text(json.dumps(out))
+    assert main(["estimate", "--plan", str(tmp_path / "plan.json"), "--model", "llama3-8b", *HW]) == 0
