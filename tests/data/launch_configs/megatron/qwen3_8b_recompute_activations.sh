@@ -1,7 +1,8 @@
 #!/bin/bash
-# Qwen3-8B at 32K tokens on one node: tp 2, --recompute-activations, vocabulary padded for tp.
+# Qwen3-8B at 32K tokens on one node: tp 2 x cp 2, --recompute-activations, vocabulary padded for tp.
 TP=${TP:-2}
 PP=${PP:-1}
+CP=${CP:-2}
 MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-1}
 TRAINING_BATCH_SIZE=${TRAINING_BATCH_SIZE:-256}
 MAX_SEQ_LENGTH=${MAX_SEQ_LENGTH:-32768}
@@ -30,6 +31,7 @@ MODEL_OPTIONS="\
   --bf16 \
   --tensor-model-parallel-size $TP \
   --pipeline-model-parallel-size $PP \
+  --context-parallel-size $CP \
   --sequence-parallel \
   --micro-batch-size $MICRO_BATCH_SIZE \
   --global-batch-size $TRAINING_BATCH_SIZE \

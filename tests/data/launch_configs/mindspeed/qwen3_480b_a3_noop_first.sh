@@ -1,5 +1,5 @@
 #!/bin/bash
-# Qwen3-Coder-480B on 16 A3 nodes: noop layers 0 and 63, 2 virtual stages, swapped attention and optimizer.
+# Qwen3-Coder-480B on 16 A3 nodes: noop layers 0 and 63, virtual stages of 2 layers, swapped attention and optimizer.
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 NPUS_PER_NODE=16
 MASTER_ADDR=localhost
