@@ -512,11 +512,16 @@ class _Expander(_Shell):
         return out.done()
 
     def _double_quoted(self, body: str, out: "_Fields") -> None:
+        if re.fullmatch(rf"\$@|\$\{{@\}}|\$\{{{_NAME}\[@\]\}}", body):  # "${A[@]}": one word per element, none if empty
+            out.quoted(self.dollar(body, 0)[0])
+            return
         out.literal("")
         i = 0
         while i < len(body):
             c = body[i]
-            if c == "\\" and body[i + 1:i + 2] in ('$', '`', '"', "\\", "\n"):
+            if c == "\\" and body[i + 1:i + 2] == "\n":  # a continuation inside quotes: removed
+                i += 2
+            elif c == "\\" and body[i + 1:i + 2] in ('$', '`', '"', "\\"):
                 out.literal(body[i + 1])
                 i += 2
             elif c in "$`":
@@ -665,6 +670,8 @@ class _Fields:
         self.have = True
 
     def quoted(self, value: str | list[str]) -> None:
+        if isinstance(value, list) and value:
+            self.have = True
         if isinstance(value, str) or not self.split:
             self.literal(value if isinstance(value, str) else " ".join(value))
             return
@@ -915,6 +922,19 @@ class _Evaluator(_Expander):
         else:
             self.vars[name] = ((old or "") + value) if append else value
 
+    def file_test(self, op: str, name: str) -> bool:
+        """``-f`` / ``-d`` / ``-e`` ... of a path: tested when it exists here (beside the script or as
+        given); otherwise the files are on the machine the script was written for, so it is taken
+        as true there ("the checkout has pretrain_gpt.py"), and noted."""
+        base = self.script.parent if self.script else Path.cwd()
+        found = next((p for p in (Path(name), base / name) if name and p.exists()), None)
+        if found is None:
+            self.run.assumed.setdefault(f"[ {op} {name} ]"[:60], "taken as true; --run-script tests it")
+            return op != "-L"
+        checks = {"-f": found.is_file, "-d": found.is_dir, "-s": lambda: found.stat().st_size > 0,
+                  "-L": found.is_symlink, "-h": found.is_symlink}
+        return checks.get(op, lambda: True)()
+
     def test(self, words: list[str]) -> int:
         """``[ ... ]`` / ``[[ ... ]]`` / ``test ...``: 0 when true, as bash decides it."""
         body = words[1:-1] if words[-1] in ("]", "]]") else words[1:]
@@ -961,10 +981,7 @@ class _Evaluator(_Expander):
         if w[i] == "-v" and i + 1 < len(w):
             return word(w[i + 1]) in self.vars, i + 2
         if re.fullmatch(r"-[a-zA-Z]", w[i]) and i + 1 < len(w):
-            # a file test: the files are on the machine the script was written for, so it is taken as
-            # true there ("the checkout has pretrain_gpt.py"), and noted
-            self.run.assumed.setdefault(f"[ {w[i]} {word(w[i + 1])} ]"[:60], "taken as true; --run-script tests it")
-            return True, i + 2
+            return self.file_test(w[i], word(w[i + 1])), i + 2
         return word(w[i]) != "", i + 1
 
 
