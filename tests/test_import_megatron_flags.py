@@ -176,7 +176,8 @@ def test_unfused_attention():
 
 
 @pytest.mark.parametrize("flag", ["--fp8-param-gather", "--reuse-fp32-param", "--swap-attention", "--swap-optimizer",
-                                  "--moe-fb-overlap", "--recompute-activation-function", "--mtp-num-layers 1"])
+                                  "--moe-fb-overlap", "--recompute-activation-function", "--mtp-num-layers 1",
+                                  "--lora-r 16", "--no-pad-to-seq-lengths"])
 def test_cost_flags_not_modelled_are_named(flag):
     r = read(LLAMA70 + flag, 8)
     assert [n.split(":")[0].split(" ")[0] for n in r.not_modelled] == [flag.split(" ")[0]]

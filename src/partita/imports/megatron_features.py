@@ -33,6 +33,10 @@ NOT_MODELLED: dict[str, str] = {
     "--moe-layer-recompute": "MoE layers recomputed (less activation memory)",
     "--adaptive-recompute-device-swap": "recompute chosen at run time from device memory",
     "--use-ascend-coc": "tensor-parallel communication computed over (CoC)",
+    "--lora-r": "LoRA fine-tuning: the base weights frozen (no gradients or optimizer states for them), "
+                "rank-r adapters added",
+    "--no-pad-to-seq-lengths": "fine-tuning samples not padded to --seq-length (shorter sequences: less activation "
+                               "memory and time than estimated at --seq-length)",
     "--interleave-sliding-window": "every other layer attends within a sliding window (less attention time)",
     "--context-parallel-algo": "the context-parallel algorithm (Ulysses / ring / hybrid) changes communication",
 }
