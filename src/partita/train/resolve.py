@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 
 from ..errors import PartitaError
 from ..models.registry import ModelEntry, resolve_model
-from ..plan import Plan, check
+from ..plan import Plan, check, flag_name, plan_fields_of
 from .config import PLAN_FILE, LaunchConfig, TrainConfig
 
 
@@ -118,9 +118,9 @@ def _auto_plan(config: TrainConfig, launch: LaunchConfig, text: str, flags: dict
     from ..runtime import auto
     from ..runtime.device import detect_device_type
     fixed = auto.parse_auto(text)
-    for name, key in FLAG_KEYS.items():
-        if key in flags and key in fixed and str(flags[key]) != fixed[key]:
-            raise PartitaError(f"--{name.replace('_', '-')} {flags[key]} conflicts with {key}={fixed[key]} in "
+    for key, value in flags.items():
+        if key in fixed and str(value) != fixed[key]:
+            raise PartitaError(f"{flag_name(key)} {value} conflicts with {key}={fixed[key]} in "
                                f"--plan {text!r}; give it in one place")
     entry = resolve_model(config.model)
     model = model_to_check(entry)
@@ -138,12 +138,14 @@ def _auto_plan(config: TrainConfig, launch: LaunchConfig, text: str, flags: dict
     return plan
 
 
-FLAG_KEYS = {"global_batch": "gbs", "seq_len": "seq_len", "mbs": "mbs"}
+#: the plan fields `partita train` also takes as flags beside the plan string (--global-batch, --seq-len, --mbs)
+BATCH_FIELDS = ("gbs", "seq_len", "mbs")
 
 
 def batch_flags(launch: LaunchConfig) -> dict:
-    """--global-batch / --seq-len / --mbs as plan fields (those given)."""
-    return {key: getattr(launch, name) for name, key in FLAG_KEYS.items() if getattr(launch, name) is not None}
+    """--global-batch / --seq-len / --mbs as plan fields (those given), named by the plan's own
+    flag metadata (:func:`partita.plan.plan_fields_of`)."""
+    return plan_fields_of(launch, BATCH_FIELDS)
 
 
 #: the gradient-communication flags of partita train, which override the plan (issue 17)
@@ -154,21 +156,20 @@ def knob_flags(plan: Plan, launch: LaunchConfig, say: Callable[[str], None]) -> 
     """--grad-dtype / --grad-compression / --powersgd-rank set those plan fields, over the
     plan's own values (a note says what changed; the result is validated by the caller, so
     e.g. PowerSGD on a zero-1 plan is one line)."""
-    given = {k: getattr(launch, k) for k in KNOB_FLAGS if getattr(launch, k) is not None}
+    given = plan_fields_of(launch, KNOB_FLAGS)
     changed = {k: v for k, v in given.items() if getattr(plan, k) != v}
     if not changed:
         return plan
-    say("partita: " + ", ".join(f"--{k.replace('_', '-')} {v} overrides the plan's {k}={getattr(plan, k)}"
+    say("partita: " + ", ".join(f"{flag_name(k)} {v} overrides the plan's {k}={getattr(plan, k)}"
                                 for k, v in changed.items()))
     return plan.with_(**changed)
 
 
 def check_batch_flags(plan: Plan, flags: dict, plan_text: str) -> None:
     """A flag that the plan string (or file) sets to another value is a conflict, not a guess."""
-    for name, key in FLAG_KEYS.items():
-        if key in flags and getattr(plan, key) != flags[key]:
-            flag = "--" + name.replace("_", "-")
-            raise PartitaError(f"{flag} {flags[key]} conflicts with {key}={getattr(plan, key)} in --plan "
+    for key, value in flags.items():
+        if getattr(plan, key) != value:
+            raise PartitaError(f"{flag_name(key)} {value} conflicts with {key}={getattr(plan, key)} in --plan "
                                f"{plan_text!r}; give it in one place")
 
 
