@@ -34,6 +34,7 @@ ARGPARSE_EXCEPTIONS: dict[str, str] = {
     # reads other frameworks' launch command lines (Megatron/MindSpeed flags) into a Plan:
     # argparse is the parser of the foreign format here, not a command of ours
     "src/partita/imports/megatron.py": "parses Megatron-LM / MindSpeed-LLM command lines",
+    "src/partita/imports/megatron_model.py": "parses the model flags of Megatron-LM / MindSpeed-LLM command lines",
 }
 
 PLANNING = ("partita.spec", "partita.cost", "partita.search", "partita.plan", "partita.estimate",
