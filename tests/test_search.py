@@ -148,7 +148,9 @@ def test_plan_export_falls_back_and_says_so(capsys):
     assert note.startswith("deepspeed cannot express plan 1 (vpp > 1")
     assert f"exported plan {index + 1}, {fallback.summary()}," in note
     ds = json.loads(data["export"]["text"])
-    assert ds["train_batch_size"] == 1536
+    # DeepSpeed counts AutoTP ranks in its batch arithmetic (world / pp ranks, not dp): 1536 x tp
+    assert ds["train_batch_size"] == fallback.mbs * fallback.grad_accum * (fallback.world_size // fallback.pp)
+    assert fallback.gbs == 1536
     assert ds["train_micro_batch_size_per_gpu"] == fallback.mbs
     assert ds["gradient_accumulation_steps"] == fallback.grad_accum
     assert ds["zero_optimization"]["stage"] == fallback.zero
