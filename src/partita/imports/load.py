@@ -41,7 +41,7 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
     layers = model.layers if model else None
     from . import deepspeed, megatron, swift, torchtitan
     if path.endswith(".toml") and target == "torchtitan":
-        text = shlex.join(torchtitan.toml_argv(path, text))  # TOML errors first, then the same checks as overrides
+        text = shlex.join(torchtitan.toml_argv(path, raw))  # the TOML as written (not as a shell script: enable=true)
     if target in ("megatron", "mindspeed") and swift.is_swift(raw):
         return _swift(path, raw, text, world, layers, seq_len, fill, env)
     check_kind(target, path, text)
