@@ -152,6 +152,7 @@ def _toml(tmp_path: Path, text: str) -> str:
     ("[compile]\nenable = true\ncomponents = [\"model\"]\n", "torchtitan-eager-loss"),
     ("[compile]\nenable = true\ncomponents = [\"loss\"]\n", "torchtitan-eager"),
     ("[training]\ncompile = true\n", "torchtitan"),  # v0.1
+    ("[compile]\nenable=true\n", "torchtitan"),  # llama3_405b.toml's spelling (once read as a shell assignment)
 ])
 def test_torchtitan_compile_decides_the_framework(tmp_path, extra, framework):
     # before: every torchtitan file was estimated as Megatron runs it
@@ -216,6 +217,16 @@ def test_swift_command_line_is_read(tmp_path):
     # ms-swift's own defaults: distributed optimizer (zero 1), selective recompute, global batch 16
     assert (plan.world_size, plan.dp, plan.tp, plan.sp, plan.zero, plan.mbs, plan.gbs, plan.seq_len,
             plan.recompute, plan.dtype) == (8, 2, 4, True, 1, 2, 16, 4096, "selective", "bf16")
+
+
+def test_swift_words_as_bash_splits_them(tmp_path):
+    # "--dataset 'a#100'" and a#100 keep their "#" (shlex's comments cut them); a last line ending in "\\"
+    path = tmp_path / "sft.sh"
+    path.write_text(SWIFT.replace("'b#100'", "b#100").replace("--packing true", "--packing true  # packed \\"))
+    plan = load_config(str(path)).plan
+    assert (plan.tp, plan.mbs, plan.seq_len) == (4, 2, 4096)
+    path.write_text(SWIFT.rstrip("\n") + " \\\n")  # ms-swift's seq_cls/full.sh ends so
+    assert load_config(str(path)).plan.tp == 4
 
 
 def test_swift_world_from_env_and_ascend_is_mindspeed(tmp_path):

@@ -55,10 +55,17 @@ def is_swift(text: str) -> bool:
     return bool(SWIFT_COMMAND.search(text))
 
 
+#: A comment as bash sees one: ``#`` at the start of a word (``--dataset 'a#100'`` and ``a#100`` keep theirs).
+_COMMENT = re.compile(r"""(?:^|(?<=\s))#[^'"]*$""")
+
+
 def _tokens(text: str, path: str) -> list[str]:
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    """The words of ``text`` as bash splits them: line continuations joined, comments dropped (only
+    ``#`` that starts a word: shlex's own comment handling also cuts ``dataset#1000``)."""
+    lines = [_COMMENT.sub("", line) for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\s*\Z", "", "\n".join(lines).replace("\\\n", " "))  # a last line ending in "\"
     try:
-        return shlex.split("\n".join(lines).replace("\\\n", " "), comments=True)
+        return shlex.split(joined)
     except ValueError as e:
         raise PartitaError(f"{path}: cannot split the megatron command into words: {e}") from None
 
