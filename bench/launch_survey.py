@@ -3,10 +3,17 @@
 Run on a checkout (or a bare mirror) of MindSpeed-LLM / Megatron-LM:
 
     python bench/launch_survey.py /path/to/MindSpeed-LLM [/path/to/Megatron-LM ...]
+    python bench/launch_survey.py --compare /path/to/MindSpeed-LLM ...
+
+``--compare`` reads every training script both ways partita can (the static reader of
+partita.imports.shell, and bash itself with shims in place of the launchers,
+partita.imports.shell_run - this runs the public scripts, in a scratch directory) and counts the
+scripts whose training command line agrees, once the values the static reader names as unknown
+(``${NAME}``, ``$1``: bash makes them empty) are dropped.
 
 A training script is a ``.sh`` file under ``examples/`` that launches a ``pretrain_*.py`` /
 ``posttrain_gpt.py`` entry point; each construct is counted once per file (files using it).
-Read only: it prints a table, nothing is written.
+Without --compare it only reads: it prints a table, nothing is written.
 """
 from __future__ import annotations
 
@@ -49,7 +56,50 @@ def _scripts(repo: Path) -> dict[str, str]:
     return {n: t for n, t in files.items() if ENTRY.search(t)}
 
 
+def _without_unknowns(argv: list[str], unknown: dict[str, str]) -> list[str]:
+    """The argv as bash has it: each marker of an unknown value empty (a word left empty: gone)."""
+    out = []
+    for tok in argv:
+        for marker in unknown:
+            tok = tok.replace(marker, "")
+        if tok:
+            out.append(tok)
+    return out
+
+
+def compare(repo: Path) -> None:
+    """Count the scripts of ``repo`` whose launch the static reader and bash read alike."""
+    import tempfile
+    from partita.imports.shell import ShellError, find_launch, read_script
+    from partita.imports.shell_run import run_script
+    counts = {"same": 0, "bash does not launch": 0, "different": 0, "static reader refuses": 0}
+    scripts = _scripts(repo)
+    for name, text in scripts.items():
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / Path(name).name
+            path.write_text(text)
+            try:
+                run = read_script(text, [], {}, path)
+            except ShellError:
+                counts["static reader refuses"] += 1
+                continue
+            ran = find_launch(run_script(str(path), [], {}))
+        read = find_launch(run)
+        if ran is None:
+            counts["bash does not launch"] += 1  # an exit on a file of the cluster's (pretrain_gpt.py) absent here
+        elif read is not None and _without_unknowns(read[1], run.unknown) == ran[1]:
+            counts["same"] += 1
+        else:
+            counts["different"] += 1
+            print(f"  differs: {name}")
+    print(f"{repo}: {len(scripts)} training scripts, " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--compare"]:
+        for repo in map(Path, argv[1:]):
+            compare(repo)
+        return 0
     for repo in map(Path, argv):
         scripts = _scripts(repo)
         print(f"{repo}: {len(scripts)} training scripts")
