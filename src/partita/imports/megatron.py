@@ -49,6 +49,8 @@ MEGATRON_SIZES = ("--tensor-model-parallel-size", "--pipeline-model-parallel-siz
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
+    """The flags this module reads, at Megatron's defaults (``allow_abbrev`` off: a flag Megatron
+    does not know must not be taken for a prefix of one it does)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag, default in (("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
                           ("--context-parallel-size", 1), ("--expert-model-parallel-size", 1),
@@ -128,6 +130,7 @@ def _recompute(ns: argparse.Namespace, largest_chunk: int) -> tuple[str, int]:
 
 
 def _zero(ns: argparse.Namespace) -> int:
+    """ZeRO stage: Megatron-FSDP's sharding strategy, torch FSDP2 (3), the distributed optimizer (1)."""
     if ns.use_megatron_fsdp:
         return FSDP_STRATEGY_ZERO.get(ns.data_parallel_sharding_strategy, 0)
     return 3 if ns.use_torch_fsdp2 else 1 if ns.use_distributed_optimizer else 0

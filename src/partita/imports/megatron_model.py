@@ -129,6 +129,7 @@ class ScriptModel:
 
 
 def _moe(ns: argparse.Namespace, ffn: int, layers: int) -> dict[str, Any] | None:
+    """The MoE fields (module docstring: shared experts as one MLP, the layer pattern), or None."""
     if not ns.num_experts:
         return None
     expert_ffn = ns.moe_ffn_hidden_size or ffn
@@ -141,6 +142,7 @@ def _moe(ns: argparse.Namespace, ffn: int, layers: int) -> dict[str, Any] | None
 
 
 def _mla(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """The MLA widths at Megatron's MLA defaults where absent (module docstring), or None."""
     if not (ns.multi_latent_attention or ns.multi_head_latent_attention):
         return None
     return {"q_lora_rank": ns.q_lora_rank or 0, "kv_lora_rank": ns.kv_lora_rank or 512,
@@ -149,6 +151,8 @@ def _mla(ns: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _position(ns: argparse.Namespace) -> str:
+    """Partita's position kind: MindSpeed's --use-rotary-position-embeddings is rope; Megatron's
+    default is learned absolute positions."""
     kind = ns.position_embedding_type or ("rope" if ns.use_rotary_position_embeddings else "learned_absolute")
     # only learned positions carry weights (a table); every rotary variant (rope, mrope, yarn, a
     # fork's own such as MindSpeed-LLM's "deepseek4") and none cost the same as rope here
