@@ -56,7 +56,7 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
     if target == "torchtitan":
         argv = argv_from_script(text, "torchtitan.train")
         check_sizes(path, argv, torchtitan.TITAN_SIZES, minus_one=torchtitan.TITAN_FILL)
-        return torchtitan.titan_plan(argv, world, layers), torchtitan.titan_not_modelled(argv)
+        return torchtitan.titan_plan(argv, world, layers), torchtitan.titan_not_modelled(argv, layers)
     argv = argv_from_script(text)
     check_sizes(path, argv, megatron.MEGATRON_SIZES)
     read = megatron.read_megatron(argv, _need_world(path, world), model, target, path)
