@@ -184,6 +184,23 @@ def test_torchtitan_default_reshard_with_a_pipeline_is_zero2(tmp_path):
     assert (plan.pp, plan.dp, plan.zero, plan.mbs, plan.gbs) == (2, 4, 2, 1, 16)
 
 
+def test_torchtitan_layer_sac_is_full_recompute_of_every_nth_block(tmp_path):
+    # activation_checkpoint.py _apply_layer_sac: selective with a number N (a TOML's default "2" up to
+    # v0.2) fully checkpoints every N-th block (before: read as Megatron's selective recompute)
+    from partita.spec.load import load_model
+    model = load_model("llama3-8b")  # 32 layers
+    path = _toml(tmp_path, "[parallelism]\ntensor_parallel_degree = 1\n[activation_checkpoint]\n"
+                           "mode = \"selective\"\n")
+    plan = _plan(path, 8, model=model)
+    assert (plan.recompute, plan.recompute_layers) == ("full", 16)
+    read = load_config(path, devices=8)  # no layer count: selective, and said so
+    assert read.plan.recompute == "selective"
+    assert read.not_modelled[0].startswith("activation_checkpoint.selective_ac_option 2")
+    path = _toml(tmp_path, "[training]\nseq_len = 2048\n[activation_checkpoint]\nmode = \"selective\"\n"
+                           "selective_ac_option = \"op\"\n")
+    assert _plan(path, 8, model=model).recompute == "selective"
+
+
 def test_torchtitan_etp_hsdp_and_async_tp(tmp_path):
     text = ("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\n"
             "tensor_parallel_degree = 2\nenable_async_tensor_parallel = true\nexpert_parallel_degree = 4\n"

@@ -79,16 +79,21 @@ _NOT_MODELLED = (("float8.enable_fsdp_float8_all_gather", "FSDP all-gathers floa
                   "FSDP all-gathers float8 weights (half the bytes)"))
 
 
-def titan_not_modelled(argv: list[str]) -> tuple[str, ...]:
+def titan_not_modelled(argv: list[str], layers: int | None = None) -> tuple[str, ...]:
     """``"key value: what it changes"`` for the settings of ``argv`` the cost model does not hold:
-    float8 weight all-gather (with the float8 converter on) and converters other than float8 Linear."""
-    v, _ = _titan_values(argv)
+    float8 weight all-gather (with the float8 converter on), converters other than float8 Linear, and
+    layer SAC when the model's layer count (``layers``) is not known (:func:`_layer_sac`)."""
+    v, ac = _titan_values(argv)
+    option = str(v.get("activation_checkpoint.selective_ac_option", "op"))
+    sac = [f"activation_checkpoint.selective_ac_option {option}: every {option}th block fully recomputed, the "
+           "others none (read as selective; pass --model to count the blocks)"]
+    sac = sac if ac == "selective" and option.isdigit() and layers is None else []
     converters = [c for c in str(v.get("model.converters", "")).split(",") if c]
     notes = [f"model.converters {c}: {'MX' if '.mx' in c or c == 'mx' else 'low-precision'} layers other than "
              "float8 Linear" for c in converters if c not in _FLOAT8]
     if any(c in _FLOAT8 for c in converters):
         notes += [f"{key} true: {what}" for key, what in _NOT_MODELLED if _on(v.get(key))]
-    return tuple(notes)
+    return tuple(notes + sac)
 
 
 def plan_from_torchtitan(argv: list[str], layers: int | None = None) -> Plan:
@@ -102,6 +107,7 @@ def plan_from_torchtitan(argv: list[str], layers: int | None = None) -> Plan:
     reshard = v.get("parallelism.fsdp_reshard_after_forward", "default")
     zero = 0 if shard == 1 else 2 if reshard == "never" or (reshard == "default" and pp > 1) else 3
     vpp, split = _stages(v, pp, layers)
+    recompute, rc_layers = _layer_sac(v, ac, layers // (pp * vpp) if layers else None)
     dp = rep * shard
     local = num("training.local_batch_size", 8)
     mbs = num("parallelism.pipeline_parallel_microbatch_size") if pp > 1 else local
@@ -112,10 +118,26 @@ def plan_from_torchtitan(argv: list[str], layers: int | None = None) -> Plan:
     return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=num("parallelism.context_parallel_degree"),
                 ep=num("parallelism.expert_parallel_degree"), etp=num("parallelism.expert_tensor_parallel_degree"),
                 sp=bool(v.get("parallelism.enable_sequence_parallel", True)), zero=zero, mbs=mbs,
-                gbs=gbs if gbs > 0 else local * dp, seq_len=num("training.seq_len", 2048), recompute=ac,
+                gbs=gbs if gbs > 0 else local * dp, seq_len=num("training.seq_len", 2048), recompute=recompute,
+                recompute_layers=rc_layers,
                 dtype="fp8" if set(converters) & set(_FLOAT8) else "fp32" if param == "float32" else "bf16",
                 dp_shard=shard if rep > 1 and shard > 1 else 0, tp_comm_overlap=async_tp and tp > 1,
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split, framework=titan_framework(v))
+
+
+def _layer_sac(v: dict, ac: str, chunk_layers: int | None) -> tuple[str, int]:
+    """(recompute, recompute_layers) of torchtitan's activation checkpointing. ``selective`` with a
+    number N (``selective_ac_option``, a TOML's default "2" up to v0.2) is layer SAC: every N-th block
+    of a rank is fully checkpointed, the others keep everything (``_apply_layer_sac``: ``count % N == 0``;
+    0 checkpoints all) - Partita's full recompute of ``chunk_layers // N`` layers per chunk. Without the
+    layer count (no ``--model``) it stays ``selective``, and :func:`titan_not_modelled` names it."""
+    option = str(v.get("activation_checkpoint.selective_ac_option", "op"))
+    if ac != "selective" or not option.isdigit() or chunk_layers is None:
+        return ac, 0
+    every = int(option)
+    if every <= 1:
+        return "full", 0
+    return ("full", chunk_layers // every) if chunk_layers // every else ("none", 0)
 
 
 def _stages(v: dict, pp: int, layers: int | None) -> tuple[int, tuple[int, ...] | None]:
@@ -149,6 +171,8 @@ def toml_argv(path: str, text: str) -> list[str]:
         section, _, field = key.rpartition(".")
         if key == "activation_checkpoint.mode":
             argv.append(f"activation_checkpoint:{value}")
+            if value == "selective" and "selective_ac_option" not in data["activation_checkpoint"]:
+                argv += ["--activation_checkpoint.selective_ac_option", "2"]  # up to v0.2 the default is layer SAC
         elif isinstance(value, bool):
             argv.append(f"--{section}.{'' if value else 'no_'}{field}")
         elif isinstance(value, list):
