@@ -106,3 +106,22 @@ def test_run_script_runs_no_training_and_writes_only_its_scratch(tmp_path):
     script.write_text("sleep_forever() { while :; do :; done; }\nsleep_forever\n")
     with pytest.raises(ShellError, match="ran over"):
         run_script(str(script), [], {}, timeout_s=1)
+
+
+def test_the_three_commands_take_args_and_env(tmp_path, capsys):
+    import json
+    from partita.cli import main
+    script = tmp_path / "run.sh"
+    script.write_text("TP=${TP:-1}\nPP=${1:-1}\n" + LAUNCH + " --tensor-model-parallel-size $TP "
+                      "--pipeline-model-parallel-size $PP --micro-batch-size 1 --global-batch-size 64 --bf16 "
+                      "--seq-length 4096\n")
+    assert main(["import", str(script), "--json", "--env", "TP=2", "--args", "2"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["tp"], plan["pp"], plan["dp"]) == (2, 2, 2)
+    assert main(["estimate", "--from-script", str(script), "--env", "TP=4", "--devices", "8", "--model", "llama3-8b",
+                 "--hardware", "h100-sxm", "--json"]) == 0
+    assert '"tp": 4' in capsys.readouterr().out
+    for bad, says in ((["--env", "TP"], "--env TP: give NAME=VALUE"), (["--args", "'open"], "--args: No closing")):
+        assert main(["import", str(script), *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
