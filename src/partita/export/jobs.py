@@ -1,0 +1,124 @@
+"""What every cluster launch artefact (the Slurm script, the Kubernetes manifests) shares: the
+kind of accelerator a device is, the ``partita train`` command one node runs, and the
+environment the device's collective library reads.
+
+The artefacts run Partita itself (``partita train``, which starts torchrun on each node with a
+c10d rendezvous): the plan travels inside the artefact as its JSON text (``--plan '{...}'``,
+which :meth:`partita.plan.Plan.parse` reads), so the artefact alone is the job.
+
+Environment sources:
+
+- NCCL: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html (``NCCL_DEBUG``,
+  ``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``); PyTorch's ``TORCH_NCCL_ASYNC_ERROR_HANDLING``:
+  https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
+- Ascend (CANN environment variable reference,
+  https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/envvar/envref_07_0001.html):
+  ``ASCEND_RT_VISIBLE_DEVICES`` (the NPUs a process may see, as ``CUDA_VISIBLE_DEVICES``),
+  ``HCCL_CONNECT_TIMEOUT`` (seconds HCCL waits for the peers to connect when a communicator
+  is built, default 120, range [120, 7200]), ``HCCL_EXEC_TIMEOUT`` (seconds a collective may
+  wait for its peers, default 1836), ``HCCL_SOCKET_IFNAME`` / ``HCCL_IF_IP`` (the NIC for
+  HCCL's host-side TCP connections). MindSpeed-LLM's own launch scripts
+  (``examples/mcore/*/pretrain_*.sh``, https://gitee.com/ascend/MindSpeed-LLM) set
+  ``CUDA_DEVICE_MAX_CONNECTIONS=1`` and source ``/usr/local/Ascend/ascend-toolkit/set_env.sh``
+  (the CANN install's environment).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import PartitaError
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+    from ..spec.hardware import Device
+
+#: ``partita train`` flags the artefact writes itself (the launch of one node); train
+#: arguments passed in must not repeat them
+LAUNCH_FLAGS = ("--plan", "--nnodes", "--nproc", "--node-rank", "--rdzv-endpoint", "--rdzv-id", "--device")
+
+#: the CANN install's environment script, sourced where it exists (MindSpeed-LLM's scripts do)
+ASCEND_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+
+#: default rendezvous port (torchrun's own default, ``--master-port`` 29500)
+RDZV_PORT = 29500
+
+
+def accelerator_of(device: Device) -> str:
+    """``"npu"`` (Ascend: torch_npu, hccl), ``"cpu"`` (gloo) or ``"cuda"`` (NVIDIA and AMD
+    GPUs: ROCm's torch is also ``cuda``), from the device file: an Ascend device's links are
+    HCCS (910/910B) or UB (910C) inside the node."""
+    name, link = device.name.lower(), device.intra_link.lower()
+    if name == "cpu" or link.startswith("gloo"):
+        return "cpu"
+    if "ascend" in name or "hccs" in link or link.startswith("ub"):
+        return "npu"
+    return "cuda"
+
+
+def device_env(accelerator: str, devices_per_node: int) -> dict[str, str]:
+    """The environment a node's processes need for ``accelerator`` (sources: module docstring).
+    Site-specific values (the NIC names) are left to ``--env`` / the options' ``env``."""
+    if accelerator == "npu":
+        return {
+            "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(i) for i in range(devices_per_node)),
+            "HCCL_CONNECT_TIMEOUT": "1200",  # multi-node communicator set-up can exceed the 120 s default
+            "HCCL_EXEC_TIMEOUT": "1836",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        }
+    if accelerator == "cuda":
+        return {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    return {}
+
+
+def check_train_args(train_args: Sequence[str]) -> list[str]:
+    """``train_args`` as a list, refusing the launch flags the artefact writes itself (a
+    second ``--plan`` would silently win or lose depending on the order)."""
+    args = [str(a) for a in train_args]
+    for a in args:
+        flag = a.split("=", 1)[0]
+        if flag in LAUNCH_FLAGS:
+            raise PartitaError(f"{flag} is written by the launch artefact itself (from the plan and the cluster); "
+                               f"leave it out of the partita train arguments")
+    return args
+
+
+def plan_text(plan: Plan) -> str:
+    """The plan as one line of JSON (``--plan`` reads it back with :meth:`Plan.parse`)."""
+    return json.dumps(plan.to_dict(), separators=(",", ":"), sort_keys=False)
+
+
+def train_argv(plan: Plan, *, nodes: int, devices_per_node: int, accelerator: str, rdzv_endpoint: str,
+               rdzv_id: str, train_args: Sequence[str] = (), launcher: Sequence[str] = ("partita",),
+               plan_arg: str | None = None) -> list[str]:
+    """The ``partita train`` command one node runs: ``launcher train <train_args> --plan ...
+    --nnodes N --nproc P --device D --rdzv-endpoint E --rdzv-id I`` (one torchrun per node;
+    the c10d rendezvous numbers the nodes, so no ``--node-rank``). ``plan_arg`` replaces the
+    plan's JSON text (a shell reference such as ``"$PLAN"``)."""
+    args = check_train_args(train_args)
+    return [*launcher, "train", *args, "--plan", plan_arg if plan_arg is not None else plan_text(plan),
+            "--nnodes", str(nodes), "--nproc", str(devices_per_node), "--device", accelerator,
+            "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
+
+
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Extra environment: names a shell and Kubernetes accept (``[A-Za-z_][A-Za-z0-9_]*``)."""
+    import re
+    out = {}
+    for name, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
+            raise PartitaError(f"environment variable name {name!r} is not NAME (letters, digits, _)")
+        out[str(name)] = str(value)
+    return out
+
+
+class Raw(str):
+    """A word written into a shell script as it is (``"$PLAN"``, ``--container-workdir="$PWD"``:
+    the script's own variables), not quoted."""
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """``argv`` quoted for bash, :class:`Raw` words kept as written."""
+    return " ".join(a if isinstance(a, Raw) else shlex.quote(a) for a in argv)
