@@ -75,7 +75,8 @@ def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None
     mega = swift.megatron_argv(argv, fill.get("seq_len", seq_len), fill.get("dtype"), path)
     check_sizes(path, mega, megatron.MEGATRON_SIZES)
     plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env))
-    return plan, swift.swift_not_modelled(argv)
+    flags = megatron.read_megatron(mega, world, None, plan.framework, path).not_modelled  # Megatron's own
+    return plan, swift.swift_not_modelled(argv) + swift.swift_spelling(flags)
 
 
 def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:

@@ -157,3 +157,10 @@ def swift_not_modelled(argv: list[str]) -> tuple[str, ...]:
 def swift_framework(env: dict[str, str]) -> str:
     """``mindspeed`` for a script that runs on Ascend NPUs (ms-swift then runs MindSpeed), else ``megatron``."""
     return "mindspeed" if {"ASCEND_RT_VISIBLE_DEVICES", "PYTORCH_NPU_ALLOC_CONF"} & set(env) else "megatron"
+
+
+def swift_spelling(notes: tuple[str, ...]) -> tuple[str, ...]:
+    """Megatron-LM's not-modelled notes (``--fp8-param-gather: ...``) with the flag as the script spells
+    it for ms-swift (``--fp8_param_gather``), so that the user finds it in the file."""
+    return tuple(re.sub(r"^--[\w-]+", lambda m: m.group(0)[:2] + m.group(0)[2:].replace("-", "_"), note)
+                 for note in notes)
