@@ -125,3 +125,13 @@ def test_the_three_commands_take_args_and_env(tmp_path, capsys):
         assert main(["import", str(script), *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
+
+
+def test_what_a_condition_assumed_is_one_note(tmp_path):
+    text = ('if [ "$MODE" == "big" ]; then TP=8; else TP=2; fi\n[ -f pretrain_gpt.py ] || exit 1\n'
+            f"{LAUNCH} --tensor-model-parallel-size $TP --micro-batch-size 1 --global-batch-size 64\n")
+    read = _load(tmp_path, text)
+    assert read.plan.tp == 2 and "$MODE unset" in read.reading_note and "--env MODE=..." in read.reading_note
+    assert "[ -f pretrain_gpt.py ] taken as true" in read.reading_note
+    read = _load(tmp_path, text, env={"MODE": "big"})
+    assert read.plan.tp == 8 and "MODE" not in read.reading_note

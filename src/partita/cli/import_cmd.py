@@ -125,6 +125,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"model: not read: {read.model_note}")
     for line in not_modelled_lines(read.not_modelled):
         print(line)
+    if read.reading_note:
+        print(f"note: {read.reading_note}")
     if args.output:
         print(f"wrote {args.output} (partita estimate --plan {args.output} ...)", file=sys.stderr)
     return 0

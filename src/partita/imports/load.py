@@ -29,6 +29,8 @@ class Imported:
     #: defines (None: neither; ``model_note`` says what the file lacks, e.g. its vocabulary)
     model: Any = None
     model_note: str = ""
+    #: what reading a script assumed (unset variables its conditions read, files not here), or ""
+    reading_note: str = ""
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.plan, self.framework))
@@ -114,6 +116,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     ``args`` its positional arguments (``--args``); a Megatron/MindSpeed script is read the way bash
     runs it (:mod:`.script`), executed only with ``run_script`` (``--run-script``, the user's consent)."""
     from ..plan import check
+    reading = ""
     raw = read_text(path)
     target = source or detect(path, raw)
     text = raw if target == "deepspeed" else expand_variables(raw)
@@ -121,7 +124,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     if target in ("megatron", "mindspeed"):
         from .script import script_command
         read = script_command(path, raw, args, env, run_script, devices)  # None: no launch found, read as text
-        text, world = read if read is not None else (text, world)
+        text, world, reading = read if read is not None else (text, world, "")
     try:
         with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
             plan, notes = _parse(target, path, text, world, model, seq_len, pp, fill or {}, raw, env or {})
@@ -133,7 +136,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
     _check_fill(path, plan, dict(fill or {}, **({"pp": pp} if pp else {})))
     check(plan, model, devices)
-    return Imported(plan, target, notes, model, note)
+    return Imported(plan, target, notes, model, note, reading)
 
 
 def _check_fill(path: str, plan: Plan, fill: dict[str, Any]) -> None:

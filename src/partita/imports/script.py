@@ -16,10 +16,11 @@ from .shell import LAUNCHER_FLAGS, ShellError, ShellRun, bare_arguments, find_la
 
 
 def script_command(path: str, raw: str, args: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None,
-                   run_script: bool = False, devices: int | None = None) -> tuple[str, int | None] | None:
-    """(``pretrain_gpt.py ARGS`` as one plain command line, the world size) of the script at ``path``;
-    None when no command of the script launches a training entry point or passes flags. A value
-    that the importer reads but the script leaves unknown is one line naming what supplies it."""
+                   run_script: bool = False, devices: int | None = None) -> tuple[str, int | None, str] | None:
+    """(``pretrain_gpt.py ARGS`` as one plain command line, the world size, a note of what the reading
+    assumed or "") of the script at ``path``; None when no command of the script launches a training
+    entry point or passes flags. A value that the importer reads but the script leaves unknown is one
+    line naming what supplies it."""
     from .megatron import known_flags
     run = _run(path, raw, list(args), dict(env or {}), run_script)
     launch = find_launch(run)
@@ -30,7 +31,7 @@ def script_command(path: str, raw: str, args: list[str] | tuple[str, ...] = (), 
     if devices is None:
         _check_known(path, launcher, set(LAUNCHER_FLAGS), run, " (or --devices)")
     world = devices or launcher_world_size(launcher)
-    return shlex.join(["pretrain_gpt.py", *argv]), world
+    return shlex.join(["pretrain_gpt.py", *argv]), world, assumed_line(run) or ""
 
 
 def _run(path: str, raw: str, args: list[str], env: dict[str, str], run_script: bool) -> ShellRun:
@@ -58,8 +59,14 @@ def _check_known(path: str, argv: list[str], flags: set[str], run: ShellRun, als
 
 
 def assumed_line(run: ShellRun) -> str | None:
-    """The one line naming variables a condition read while unset (bash took them as empty)."""
+    """One line naming what the script's conditions read that the reading had to assume: variables
+    unset (empty, as bash has them without ``--env``) and tests of files not on this machine (true)."""
     if not run.assumed:
         return None
-    return ("read with these unset (as empty), as bash would without them: "
-            + ", ".join(f"{k} ({v})" for k, v in run.assumed.items()))
+    unset = [k for k in run.assumed if k.startswith("$")]
+    files = [k for k in run.assumed if not k.startswith("$")]
+    supply = ", ".join(run.assumed[k] for k in unset)
+    parts = ([f"read with {', '.join(unset)} unset, so empty as bash has it ({supply} sets it)"] if unset else []) \
+        + ([f"{', '.join(files)} taken as true (files of your cluster's; --run-script tests them here)"]
+           if files else [])
+    return "; ".join(parts)[:400]
