@@ -38,6 +38,12 @@ COLLECTIVE_KINDS = [
     ("barrier", re.compile(r"barrier", re.I)),
 ]
 DEVICE_COMM = re.compile(r"^(nccl|ncclDev|hcom|hccl)|ncclKernel|ncclDevKernel", re.I)
+#: expert-parallel all-to-all libraries whose kernels move tokens between ranks themselves:
+#: DeepEP (``deep_ep::internode::dispatch``; DeepSeek's own build names its namespace
+#: ``dpsk::ep``: ``dpsk::ep::internode::combine``, ``...::notify_dispatch``), and NVSHMEM's
+#: collectives (``nvshmemi_*alltoall*``, ``nvshmem_*``). DeepEP's ``get_dispatch_layout``
+#: (``dpsk::ep::cuda::``) only counts tokens per rank: computation
+EP_COMM = re.compile(r"\b(deep_ep|dpsk::ep)::(internode|intranode|internode_ll|intranode_ll)\w*::|\bnvshmemi?_", re.I)
 CPU_COMM = re.compile(r"^(gloo:|c10d::|record_param_comms|nccl:)", re.I)
 
 Interval = tuple[float, float]
@@ -101,6 +107,8 @@ def clip(intervals: list[Interval], window: list[Interval]) -> list[Interval]:
 
 
 def collective_kind(name: str) -> str:
+    if EP_COMM.search(name):
+        return "all_to_all"  # DeepEP's dispatch / combine / notify kernels and NVSHMEM's a2a
     for kind, pattern in COLLECTIVE_KINDS:
         if pattern.search(name):
             return kind
@@ -130,6 +138,9 @@ class TraceBreakdown:
     #: the merged intervals behind the figures, per category ("compute", "memory", and
     #: "comm:<collective>"), clipped to the window - what a timeline plot draws
     timeline: dict[str, list[Interval]] = field(default_factory=dict, repr=False)
+    #: torch_npu captures only (:mod:`partita.analyze.ascend`): how the step window was
+    #: found, msprof's columns per step, waits, stream roles and idle per stream
+    ascend: dict | None = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "timeline"}
@@ -191,6 +202,9 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
     """Compute/communication/overlap split of one rank's trace."""
     if not isinstance(trace, dict):
         trace = load_trace(trace)
+    from .ascend import analyze_ascend, is_ascend
+    if is_ascend(trace):
+        return analyze_ascend(trace)
     events = _events(trace)
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     device = [e for e in events if e.get("cat") in DEVICE_CATS]
@@ -208,7 +222,7 @@ def analyze_trace(trace: dict | str | Path) -> TraceBreakdown:
             name = str(e.get("name", ""))
             if e["cat"] != "kernel":
                 memory.append(iv)
-            elif DEVICE_COMM.search(name):
+            elif DEVICE_COMM.search(name) or EP_COMM.search(name):
                 comm.append(iv)
                 # NCCL runs all-to-all as SendRecv kernels: name the collective after the
                 # c10d op that launched the kernel when the trace links them
