@@ -135,3 +135,15 @@ def test_what_a_condition_assumed_is_one_note(tmp_path):
     assert "[ -f pretrain_gpt.py ] taken as true" in read.reading_note
     read = _load(tmp_path, text, env={"MODE": "big"})
     assert read.plan.tp == 8 and "MODE" not in read.reading_note
+
+
+def test_an_sbatch_here_document_is_read_as_the_job_runs(tmp_path):
+    from partita.imports.shell import launcher_world_size
+    script = tmp_path / "submit.sh"
+    script.write_text("TP=${TP:-2}\nsbatch --nodes=4 <<EOF\n#!/bin/bash\n#SBATCH --ntasks-per-node=8\n"
+                      "srun --mpi=pmix python pretrain_gpt.py --tensor-model-parallel-size $TP\nEOF\n"
+                      "cat > ds.json <<'JSON'\n{\"x\": $TP}\nJSON\n")
+    read = find_launch(read_script(script.read_text(), [], {}, script))
+    ran = find_launch(run_script(str(script), [], {}))  # bash runs the job body through the sbatch shim
+    assert read[1] == ran[1] == ["--tensor-model-parallel-size", "2"]
+    assert launcher_world_size(read[0]) == 32  # #SBATCH --ntasks-per-node x sbatch --nodes, given to srun

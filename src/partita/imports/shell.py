@@ -26,7 +26,7 @@ from pathlib import Path
 #: torchrun / torch.distributed.run / deepspeed launcher flags giving ranks per node and nodes.
 _PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
 _NODES = ("--nnodes", "--num_nodes", "--num-nodes")
-LAUNCHER_FLAGS = _PER_NODE + _NODES
+LAUNCHER_FLAGS = _PER_NODE + _NODES + ("--ntasks-per-node", "--nodes", "--ntasks", "-np", "--worker_num")
 #: A training entry point of Megatron-LM / MindSpeed-LLM (pretrain_gpt.py, pretrain_mamba.py, posttrain_gpt.py).
 ENTRY = re.compile(r"(^|/)(pre|post)train_\w*\.py$")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -97,13 +97,64 @@ def _scan_dquote(text: str, i: int) -> int:
     raise ShellError("unterminated double quote")
 
 
+#: A here-document's word: this mark, "Q" (quoted delimiter: no expansion) or "U", then the body.
+HEREDOC = "\x00heredoc:"
+
+
+def _heredoc_start(text: str, i: int) -> tuple[tuple[str, bool, bool], int]:
+    """((delimiter, strip leading tabs, quoted), index after the delimiter) of ``<<[-]WORD`` at ``i``."""
+    j = i + 2
+    strip = text[j:j + 1] == "-"
+    j += strip
+    while j < len(text) and text[j] in " \t":
+        j += 1
+    m = re.match(r"""(?:'[^']*'|"[^"]*"|[^\s;&|<>()])+""", text[j:])
+    raw = m.group(0) if m else ""
+    return (re.sub(r"""['"\\]""", "", raw), strip, raw != re.sub(r"""['"\\]""", "", raw)), j + len(raw)
+
+
+def _heredoc_body(text: str, i: int, delimiter: str, strip: bool) -> tuple[str, int]:
+    """(the body, the index after its delimiter line) of a here-document starting at ``i``."""
+    lines = []
+    while i < len(text):
+        end = text.find("\n", i)
+        end = len(text) if end < 0 else end
+        line = text[i:end]
+        i = end + 1
+        if (line.lstrip("\t") if strip else line) == delimiter:
+            return "".join(lines), i
+        lines.append((line.lstrip("\t") if strip else line) + "\n")
+    return "".join(lines), len(text)
+
+
 _OPS = ("&&", "||", ";;", "|&", ";", "|", "&", "(", ")", "\n")
+
+
+def _part_end(text: str, i: int) -> int:
+    """Index after the word part at ``text[i]``: a quoted string, ``$(...)``, ``${...}``, a backquote
+    command, an escaped character, or one plain character."""
+    c, n = text[i], len(text)
+    if c == "\\":
+        return i + 2
+    if c == "'":
+        j = text.find("'", i + 1)
+        if j < 0:
+            raise ShellError("unterminated single quote")
+        return j + 1
+    if c == '"':
+        return _scan_dquote(text, i)
+    if c == "`":
+        return (text.find("`", i + 1) + 1) or n
+    if c == "$" and i + 1 < n and text[i + 1] in "({":
+        return _scan_balanced(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
+    return i + 1
 
 
 def tokenize(text: str) -> list[tuple[str, str, int]]:
     """``(kind, text, line)`` tokens: ``word`` (quotes kept for expansion) or ``op``; comments and
     ``\\``-newlines dropped, an array ``NAME=( ... )`` kept as one word."""
     tokens: list[tuple[str, str, int]] = []
+    pending: list[tuple[int, str, bool, bool]] = []  # here-documents whose body starts at the next line
     i, n, word, line = 0, len(text), "", 1
     def flush() -> None:
         nonlocal word
@@ -134,6 +185,12 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
             tokens.append(("word", text[i:j], line))
             i = j
             continue
+        if text.startswith("<<", i) and not text.startswith("<<<", i):  # a here-document: body after the line
+            flush()
+            heredoc, i = _heredoc_start(text, i)
+            pending.append((len(tokens), *heredoc))
+            tokens.append(("word", HEREDOC, line))
+            continue
         if c in "<>" or text.startswith("&>", i):  # a redirection stays in the word: 2>&1, &>log, >>log
             j = i + 1 + (text[i + 1:i + 2] in "<>")
             m = re.match(r"&(\d+|-)?", text[j:])
@@ -147,20 +204,13 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
             tokens.append(("op", op, line))
             line += op == "\n"
             i += len(op)
+            for index, delimiter, strip, quoted in pending if op == "\n" else ():
+                body, i = _heredoc_body(text, i, delimiter, strip)
+                tokens[index] = ("word", HEREDOC + ("Q" if quoted else "U") + body, tokens[index][2])
+                line += body.count("\n") + 1
+            pending = [] if op == "\n" else pending
             continue
-        j = i + 1
-        if c == "\\":
-            j = i + 2
-        elif c == "'":
-            j = text.find("'", i + 1) + 1 or n + 1
-            if j > n:
-                raise ShellError("unterminated single quote")
-        elif c == '"':
-            j = _scan_dquote(text, i)
-        elif c == "`":
-            j = text.find("`", i + 1) + 1 or n + 1
-        elif c == "$" and i + 1 < n and text[i + 1] in "({":
-            j = _scan_balanced(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
+        j = _part_end(text, i)
         line += text.count("\n", i, j)
         word += text[i:j]
         i = j
@@ -379,6 +429,7 @@ class _Shell:
         self.steps = 0
         self.depth = 0
         self.output: list[str] | None = None  # inside $(...): what echo/dirname/... print
+        self.srun_defaults: list[str] = []  # inside an sbatch job: its #SBATCH flags
         self.cwd: str | None = None  # after a ``cd``
         self.status = 0
 
@@ -706,6 +757,23 @@ _BUILTIN_QUIET = {"echo", "printf", "set", "unset_", "ulimit", "cd", "pushd", "p
                   "hostname", "nvidia-smi", "npu-smi", "pip", "pip3", "wget", "curl", "git", "ray", "kill",
                   "pkill", "ps", "rsync", "scp", "ssh", "tar", "unzip", "sed", "awk", "grep", "env"}
 _DECLARE = {"export", "local", "declare", "typeset", "readonly"}
+_JOB_RUNNERS = ("sbatch", "bash", "sh")
+
+
+def _missing_flags(defaults: list[str], argv: list[str]) -> list[str]:
+    """The ``--flag=value`` defaults (``#SBATCH`` lines, ``sbatch`` flags) that ``argv`` does not set itself."""
+    out, k = [], 0
+    while k < len(defaults):
+        flag, value = defaults[k], None
+        if "=" not in flag and k + 1 < len(defaults) and not defaults[k + 1].startswith("-"):
+            value, k = defaults[k + 1], k + 1
+        k += 1
+        name = flag.partition("=")[0]
+        if not any(a == name or a.startswith(name + "=") for a in argv):
+            out.append(flag if value is None else f"{name}={value}")
+    return out
+
+
 _PRINTERS = {"echo", "printf", "dirname", "basename", "realpath", "readlink", "pwd", "expr"}
 
 
@@ -795,11 +863,50 @@ class _Evaluator(_Expander):
             for w in words:
                 self.assign(w)
             return 0
-        argv = [f for w in _drop_redirections(words[k:]) for f in self.expand_word(w)]
-        return self.call(argv, words[k:], line) if argv else 0
+        heredocs = [w[len(HEREDOC):] for w in words[k:] if w.startswith(HEREDOC)]
+        rest = [w for w in words[k:] if not w.startswith(HEREDOC)]
+        argv = [f for w in _drop_redirections(rest) for f in self.expand_word(w)]
+        if argv and argv[0].rsplit("/", 1)[-1] in _JOB_RUNNERS:
+            return self.job(argv, heredocs[-1] if heredocs else None)
+        return self.call(argv, rest, line) if argv else 0
+
+    def job(self, argv: list[str], heredoc: str | None) -> int:
+        """``sbatch`` / ``bash`` / ``sh`` given a script (a here-document, else a file that exists): read
+        as the scheduler or shell runs it, its ``#SBATCH`` and ``sbatch`` flags the defaults of ``srun``."""
+        self.run.commands.append(argv)
+        if heredoc is not None:
+            body = heredoc[1:] if heredoc[0] == "Q" else self._heredoc_text(heredoc[1:])
+        else:
+            files = [a for a in argv[1:] if not a.startswith("-") and self._existing(a) is not None]
+            if not files:
+                return 0
+            body = self._existing(files[0]).read_text(encoding="utf-8", errors="replace")
+        flags = [a for a in argv[1:] if a.startswith("-")] if argv[0].endswith("sbatch") else []
+        flags += [f for line in re.findall(r"^\s*#SBATCH\s+(.*)$", body, re.MULTILINE) for f in shlex.split(line, True)]
+        sub = _Evaluator([], dict(self.vars), self.script, self.run)
+        sub.functions, sub.steps, sub.depth, sub.srun_defaults = dict(self.functions), self.steps, self.depth + 1, flags
+        if sub.depth > _MAX_SOURCE_DEPTH:
+            raise ShellError("job scripts nested too deeply")
+        try:
+            sub.execute(_Parser(tokenize(body)).parse_list())
+        except _Done:
+            pass
+        self.steps = sub.steps
+        return 0
+
+    def _heredoc_text(self, body: str) -> str:
+        out = _Fields(split=False)
+        self._double_quoted(body, out)
+        return "".join(out.done())
+
+    def _existing(self, name: str) -> Path | None:
+        base = self.script.parent if self.script else Path.cwd()
+        return next((p for p in (Path(name), base / name) if p.is_file()), None)
 
     def call(self, argv: list[str], raw: list[str], line: int) -> int:
         name = argv[0]
+        if name.rsplit("/", 1)[-1] == "srun" and self.srun_defaults:
+            argv = [name, *_missing_flags(self.srun_defaults, argv), *argv[1:]]
         if name in _DECLARE:
             for w in raw[1:]:
                 if _ASSIGN_HEAD.match(w):
@@ -1068,8 +1175,29 @@ def launcher_world_size(tokens: list[str]) -> int | None:
         if kind and value.split(":")[-1].isdigit():
             found.setdefault(kind, int(value.split(":")[-1]))  # an elastic range "1:4": its maximum
     if "per_node" not in found:
-        return None
+        return _task_launcher_world_size(tokens)
     return found["per_node"] * found.get("nodes", 1)
+
+
+#: srun / mpirun flags: one task is one rank (``--ntasks-per-node`` x ``--nodes``, or ``--ntasks`` / ``-np``).
+_TASKS_PER_NODE, _TASK_NODES, _TASKS = ("--ntasks-per-node",), ("--nodes", "-N"), ("--ntasks", "-n", "-np")
+
+
+def _task_launcher_world_size(tokens: list[str]) -> int | None:
+    """Ranks of an ``srun`` / ``mpirun`` launch (only where one of them is the launcher)."""
+    if not any(tok.rsplit("/", 1)[-1] in ("srun", "mpirun", "mpiexec") for tok in tokens):
+        return None
+    found: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        name, eq, inline = tok.partition("=")
+        value = inline if eq else (tokens[i + 1] if i + 1 < len(tokens) else "")
+        kind = "per_node" if name in _TASKS_PER_NODE else "nodes" if name in _TASK_NODES else \
+            "total" if name in _TASKS else None
+        if kind and value.isdigit():
+            found.setdefault(kind, int(value))
+    if "total" in found:
+        return found["total"]
+    return found["per_node"] * found.get("nodes", 1) if "per_node" in found else None
 
 
 def argv_from_script(text: str, entry: str = "pretrain_gpt.py") -> list[str]:

@@ -28,6 +28,10 @@ QUIET = ("mkdir", "rm", "cp", "mv", "ln", "touch", "tee", "chmod", "chown", "wge
          "ssh", "scp", "rsync", "nvidia-smi", "npu-smi", "sleep", "kill", "pkill")
 _RECORD = "#!/bin/sh\n{ printf '%s\\0' \"${0##*/}\" \"$@\"; printf '\\036\\0'; } >> \"$PARTITA_SHIM_RECORD\"\nexit 0\n"
 _NOOP = "#!/bin/sh\nexit 0\n"
+#: sbatch also runs its job script under the same shims (a file argument, else its stdin: a here-document).
+_SBATCH = _RECORD.replace("exit 0\n", 'for a in "$@"; do last="$a"; done\n'
+                          'if [ -n "$last" ] && [ -f "$last" ]; then exec bash "$last"; fi\n'
+                          '[ -t 0 ] || exec bash -s\nexit 0\n')
 TIMEOUT_S = 20
 
 
@@ -41,7 +45,7 @@ def run_script(path: str, args: list[str], env: dict[str, str], timeout_s: float
         shims = Path(scratch) / ".shims"
         shims.mkdir()
         for name in SHIMS + QUIET:
-            (shims / name).write_text(_RECORD if name in SHIMS else _NOOP)
+            (shims / name).write_text(_SBATCH if name == "sbatch" else _RECORD if name in SHIMS else _NOOP)
             (shims / name).chmod(0o755)
         record = Path(scratch) / ".record"
         record.write_bytes(b"")
