@@ -273,6 +273,40 @@ def test_swift_without_a_length_names_seq_len(tmp_path):
     assert load_config(str(path), seq_len=None, fill={"seq_len": 8192}).plan.seq_len == 8192
 
 
+TRAINER = """nproc=4
+NPROC_PER_NODE=$nproc \\
+swift sft \\
+    --model Qwen/Qwen2.5-7B \\
+    --torch_dtype bfloat16 \\
+    --per_device_train_batch_size 2 \\
+    --gradient_accumulation_steps $(expr 16 / $nproc) \\
+    --max_length 2048 \\
+    --deepspeed zero3_offload
+"""
+
+
+def test_swift_trainer_with_deepspeed_is_the_ds_config_it_runs(tmp_path):
+    # ms-swift's `swift sft --deepspeed zero3_offload`: swift/config/zero3_offload.json, its "auto" filled
+    # by the Trainer from ms-swift's arguments (before: not a recognised launch config)
+    path = tmp_path / "sft.sh"
+    path.write_text(TRAINER)
+    read = load_config(str(path))
+    plan = read.plan
+    assert read.framework == "deepspeed" and plan.framework == "deepspeed"
+    assert (plan.dp, plan.zero, plan.mbs, plan.grad_accum, plan.gbs, plan.seq_len, plan.dtype) == \
+        (4, 3, 2, 4, 32, 2048, "bf16")
+    assert sorted(n.split(" ")[0] for n in read.not_modelled) == ["zero_optimization.offload_optimizer",
+                                                                  "zero_optimization.offload_param"]
+    # gradient_accumulation_steps unset: max(1, ceil(16 / per_device / world)) (swift/trainers/arguments.py)
+    path.write_text(TRAINER.replace("    --gradient_accumulation_steps $(expr 16 / $nproc) \\\n", "")
+                    .replace("zero3_offload", "zero2").replace("--torch_dtype bfloat16", "--tuner_type lora"))
+    with pytest.raises(PartitaError, match="pass --dtype"):  # the model's own dtype
+        load_config(str(path))
+    read = load_config(str(path), fill={"dtype": "bf16"})
+    assert (read.plan.zero, read.plan.grad_accum, read.plan.gbs) == (2, 2, 16)
+    assert [n.split(" ")[0] for n in read.not_modelled] == ["--tuner_type"]
+
+
 # ------------------------------------------------------------------------------ the CLI: estimate and plan
 def test_estimate_from_script_fills_auto_and_runs_as_the_file_framework(tmp_path, capsys):
     # before: --global-batch beside --from-script was refused; the framework was Megatron's

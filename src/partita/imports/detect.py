@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from ..errors import PartitaError
-from .swift import SWIFT_COMMAND
+from .swift import SWIFT_COMMAND, is_swift_trainer
 
 
 def read_text(path: str) -> str:
@@ -41,6 +41,8 @@ def detect(path: str, text: str) -> str:
         return "torchtitan"
     if SWIFT_COMMAND.search(text):  # Megatron-SWIFT's `megatron sft`: Megatron-LM underneath (.swift)
         return "megatron"
+    if is_swift_trainer(text):  # ms-swift's `swift sft --deepspeed X`: a ds_config underneath (.swift)
+        return "deepspeed"
     if re.search(MINDSPEED_MARKERS, text, re.IGNORECASE):
         return "mindspeed"
     if re.search(r"pretrain_gpt\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):

@@ -46,6 +46,8 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
         text = shlex.join(torchtitan.toml_argv(path, raw))  # the TOML as written (not as a shell script: enable=true)
     if target in ("megatron", "mindspeed") and swift.is_swift(raw):
         return _swift(path, raw, text, world, layers, seq_len, fill, env)
+    if target == "deepspeed" and swift.is_swift_trainer(raw):
+        return _swift_trainer(path, raw, world, seq_len, pp, fill, env)
     check_kind(target, path, text)
     if target == "deepspeed":
         from ..inputs import read_json
@@ -79,6 +81,25 @@ def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None
     plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env))
     flags = megatron.read_megatron(mega, world, None, plan.framework, path).not_modelled  # Megatron's own
     return plan, swift.swift_not_modelled(argv) + swift.swift_spelling(flags)
+
+
+def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, pp: int | None,
+                   fill: dict[str, Any], env: dict[str, str]) -> tuple[Plan, tuple[str, ...]]:
+    """ms-swift's ``swift sft --deepspeed X`` as the ds_config it runs (:func:`.swift.trainer_ds_config`)."""
+    import os
+    from . import deepspeed, swift
+    argv, env = swift.swift_command(raw, expand_variables(raw), env, path, program="swift")
+    world = world or swift.swift_world_size(env, path)
+    if world is None:
+        raise PartitaError(f"{path}: NPROC_PER_NODE / NNODES are not numbers in the script "
+                           f"({env.get('NPROC_PER_NODE', '1')} x {env.get('NNODES', '1')}): pass --devices or --env")
+    cfg, length = swift.trainer_ds_config(argv, world, os.path.dirname(os.path.abspath(path)), path)
+    length = length or fill.get("seq_len", seq_len)
+    if not length:
+        raise PartitaError(f"{path}: the sequence length is the model's (no --max_length in the script): pass --seq-len")
+    deepspeed.check_ds_config(path, cfg)
+    plan = deepspeed.plan_from_ds_config(cfg, world, length, pp, fill, path)
+    return plan, deepspeed.ds_not_modelled(cfg) + swift.swift_not_modelled(argv)
 
 
 def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:

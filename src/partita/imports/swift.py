@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import PartitaError
 
@@ -70,23 +70,40 @@ def _tokens(text: str, path: str) -> list[str]:
         raise PartitaError(f"{path}: cannot split the megatron command into words: {e}") from None
 
 
-def swift_command(raw: str, expanded: str, env: dict[str, str], path: str) -> tuple[list[str], dict[str, str]]:
-    """(the arguments after ``megatron sft``, the environment it runs with): the script's
-    ``NAME=value`` prefix words and earlier assignments (``raw``, ``$NAME`` taken from ``env`` and
-    earlier assignments), the arguments from ``expanded`` (the script with its variables substituted)."""
+def swift_command(raw: str, expanded: str, env: dict[str, str], path: str,
+                  program: str = "megatron") -> tuple[list[str], dict[str, str]]:
+    """(the arguments after ``megatron sft`` - or ``swift sft`` -, the environment it runs with): the
+    script's ``NAME=value`` prefix words and earlier assignments (``raw``, ``$NAME`` taken from ``env``
+    and earlier assignments), the arguments from ``expanded`` (the script with its variables substituted)."""
     values = dict(env)
-    for word in _tokens(raw, path):
+    try:
+        prefix = _tokens(raw, path)
+    except PartitaError:  # quotes this splitter cannot follow: the plain assignments at line starts
+        prefix = re.findall(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*=\S*)", raw, re.MULTILINE)
+    for word in prefix:
         name, eq, value = word.removeprefix("export ").partition("=")
         if eq and _ENV_NAME.match(name):
             values[name] = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: values.get(m.group(1), m.group(0)),
                                   value)
-        elif word == "megatron":
+        elif word == program:
             break
-    words = _tokens(expanded, path)
-    for i, word in enumerate(words[:-1]):
-        if word == "megatron" and words[i + 1] in ("sft", "pt", "rlhf"):
-            return words[i + 2:], values
-    raise PartitaError(f"{path}: no `megatron sft|pt|rlhf` command found")
+    for words in _commands(raw, expanded, env, path):
+        for i, word in enumerate(words[:-1]):
+            if word == program and words[i + 1] in ("sft", "pt", "rlhf"):
+                return words[i + 2:], values
+    raise PartitaError(f"{path}: no `{program} sft|pt|rlhf` command found")
+
+
+def _commands(raw: str, expanded: str, env: dict[str, str], path: str) -> Iterator[list[str]]:
+    """The script's commands as bash runs them (:mod:`.shell`: ``$(expr 16 / $n)``, arrays,
+    conditionals), last first; then its words as written (a script that ``exit``s before the
+    launch here, e.g. after a ``source`` of a file only the cluster has)."""
+    from .shell import ShellError, read_script
+    try:
+        yield from reversed(read_script(raw, (), env, path).commands)
+    except ShellError:
+        pass
+    yield _tokens(expanded, path)
 
 
 def swift_world_size(env: dict[str, str], path: str) -> int | None:
@@ -164,3 +181,78 @@ def swift_spelling(notes: tuple[str, ...]) -> tuple[str, ...]:
     it for ms-swift (``--fp8_param_gather``), so that the user finds it in the file."""
     return tuple(re.sub(r"^--[\w-]+", lambda m: m.group(0)[:2] + m.group(0)[2:].replace("-", "_"), note)
                  for note in notes)
+
+
+# ------------------------------------------------------------------ ``swift sft``: the Trainer with DeepSpeed
+#: ``swift sft|pt|rlhf``: ms-swift's Hugging Face Trainer path (read when it runs DeepSpeed).
+SWIFT_TRAINER = re.compile(r"(?:^|[\s;|&])swift\s+(sft|pt|rlhf)\b")
+#: ms-swift's ``--deepspeed`` presets (``swift/config/<name>.json``): ZeRO stage, optimizer and
+#: parameter offload device; every batch and dtype value in them is "auto".
+_DS_PRESETS = {"zero0": (0, None, None), "zero1": (1, None, None), "zero2": (2, None, None),
+               "zero2_offload": (2, "cpu", None), "zero3": (3, None, None), "zero3_offload": (3, "cpu", "cpu")}
+
+
+def is_swift_trainer(text: str) -> bool:
+    """Whether ``text`` runs ``swift sft|pt|rlhf`` with ``--deepspeed`` (ms-swift's Trainer path)."""
+    return bool(SWIFT_TRAINER.search(text)) and "--deepspeed" in text
+
+
+def _flag_values(argv: list[str]) -> dict[str, str]:
+    """``{--flag: value}`` of an ms-swift command line (the last one wins, as its parser does)."""
+    values: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        name, eq, inline = word.partition("=")
+        if name.startswith("--"):
+            values[name] = inline if eq else argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") \
+                else "true"
+    return values
+
+
+def _ds_base(value: str | None, base_dir: str, path: str) -> dict:
+    """The ds_config ``--deepspeed`` names: a preset of ms-swift's or a JSON file (next to the script)."""
+    import os
+    if value in _DS_PRESETS:
+        stage, optimizer, params = _DS_PRESETS[value]
+        zero: dict = {"stage": stage}
+        zero.update({"offload_optimizer": {"device": optimizer}} if optimizer else {})
+        zero.update({"offload_param": {"device": params}} if params else {})
+        return {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+    from ..inputs import read_json
+    file = value if value is None or os.path.isabs(value) else os.path.join(base_dir, value)
+    if not value or not os.path.isfile(file):
+        raise PartitaError(f"{path}: --deepspeed {value} is neither one of ms-swift's presets "
+                           f"({', '.join(_DS_PRESETS)}) nor a file found next to the script")
+    cfg = read_json(file, "DeepSpeed config")
+    if not isinstance(cfg, dict):
+        raise PartitaError(f"{file} must hold a JSON object (a DeepSpeed config)")
+    return cfg
+
+
+def trainer_ds_config(argv: list[str], world: int, base_dir: str, path: str) -> tuple[dict, int | None]:
+    """(the ds_config ``swift sft --deepspeed X`` runs on ``world`` ranks, its sequence length or None):
+    the preset or file with the "auto" values the Trainer fills from ms-swift's arguments
+    (``swift/trainers/arguments.py``: ``per_device_train_batch_size`` 1; ``gradient_accumulation_steps``
+    unset is ``max(1, ceil(16 / per_device / world))``), ``--torch_dtype`` / ``--bf16`` / ``--fp16``
+    for the dtype (unset: the model's, left "auto" for ``--dtype``), ``--deepspeed_autotp_size`` and
+    ``--zero_hpz_partition_size`` (``swift/arguments/sft_args.py`` ``_init_deepspeed``)."""
+    import math
+    args = _flag_values(argv)
+    cfg = dict(_ds_base(args.get("--deepspeed"), base_dir, path))
+    mbs = int(args.get("--per_device_train_batch_size", 1))
+    gas = int(args.get("--gradient_accumulation_steps") or max(1, math.ceil(16 / mbs / world)))
+    filled = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
+              "train_batch_size": mbs * gas * world}
+    cfg.update({key: value for key, value in filled.items() if cfg.get(key, "auto") == "auto"})
+    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(args.get("--torch_dtype", ""))
+    dtype = "bf16" if args.get("--bf16", "").lower() == "true" else "fp16" if \
+        args.get("--fp16", "").lower() == "true" else dtype
+    for key in ("bf16", "fp16"):
+        if dtype and (cfg.get(key) or {}).get("enabled") == "auto":
+            cfg[key] = dict(cfg[key], enabled=dtype == key)
+    if args.get("--deepspeed_autotp_size"):
+        cfg["tensor_parallel"] = {"autotp_size": int(args["--deepspeed_autotp_size"])}
+    if args.get("--zero_hpz_partition_size"):
+        cfg["zero_optimization"] = dict(cfg.get("zero_optimization") or {},
+                                        zero_hpz_partition_size=int(args["--zero_hpz_partition_size"]))
+    length = args.get("--max_length")
+    return cfg, int(length) if length and length.isdigit() else None
