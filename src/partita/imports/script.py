@@ -59,9 +59,10 @@ def _check_known(path: str, argv: list[str], flags: set[str], run: ShellRun, als
 
 
 def assumed_line(run: ShellRun) -> str | None:
-    """One line naming what the script's conditions read that the reading had to assume: variables
-    unset (empty, as bash has them without ``--env``) and tests of files not on this machine (true)."""
-    if not run.assumed:
+    """One line naming what the reading had to assume: variables a condition read unset (empty, as
+    bash has them without ``--env``), tests of files not on this machine (true), sourced files not here."""
+    missing = [k[len("source "):] for k in run.unknown if k.startswith("source ")]
+    if not run.assumed and not missing:
         return None
     unset = [k for k in run.assumed if k.startswith("$")]
     files = [k for k in run.assumed if not k.startswith("$")]
@@ -69,4 +70,6 @@ def assumed_line(run: ShellRun) -> str | None:
     parts = ([f"read with {', '.join(unset)} unset, so empty as bash has it ({supply} sets it)"] if unset else []) \
         + ([f"{', '.join(files)} taken as true (files of your cluster's; --run-script tests them here)"]
            if files else [])
+    parts += [f"read without {', '.join(missing)} (sourced, not on this machine; --env sets what it would)"] \
+        if missing else []
     return "; ".join(parts)[:400]
