@@ -38,6 +38,13 @@ def _say(msg: str) -> None:
 
 
 def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> int:
+    if launch.scheduler == "slurm":
+        from ..train.slurm import run_slurm
+        return run_slurm(config, launch, _say)
+    return run_local(config, launch, worker_stdout)
+
+
+def run_local(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> int:
     """Run the job; the workers' stdout goes to ``worker_stdout`` (default: ours). Exit code:
     0 done, 1 a rank failed or the job hung, 2 a user mistake or a refused state (one
     ``partita: error:`` line), 128 + N stopped by signal N (SIGINT 130, SIGTERM 143).
@@ -52,12 +59,15 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
         if folder:
             writable_dir(folder, flag)  # a file or an unwritable place: one line, before the lock is taken
     lock_dir = config.checkpoint_dir or launch.run_dir
-    lock = JobLock(lock_dir) if lock_dir else None
+    lock = JobLock(lock_dir, launch.job_key) if lock_dir else None
     try:
         run = prepare_run(config, launch, _say)
         if lock is None:
-            lock = JobLock(run.run_dir)
+            lock = JobLock(run.run_dir, launch.job_key)
         plan = run.plan
+        if launch.job_key:
+            from ..train.nodes import JOB_KEY
+            run.env[JOB_KEY] = launch.job_key
         if not run.config.json and worker_stdout is None:
             print(f"plan: {plan.summary()} (seq {plan.seq_len}, global batch {plan.gbs}, {plan.dtype}); "
                   f"{launch.world} process(es); run dir {run.run_dir}", flush=True)
@@ -65,7 +75,7 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
             _say(f"partita: plan {plan.summary()}; {launch.world} process(es); run dir {run.run_dir}")
         outcome = run_watched(run.command, run.env, worker_stdout or sys.stdout, run.run_dir / "metrics.jsonl",
                               2 * run.config.timeout_s, pass_fds=(lock.fd,), grace_s=run.config.timeout_s + 30,
-                              say=_say, stop_file=run.run_dir / STOP_FILE)
+                              say=_say, stop_file=run.run_dir / STOP_FILE, started=waiting(launch, run, _say))
         remove_torchrun_logs(run.run_dir)
     except KeyboardInterrupt:  # Ctrl-C while validating / building, before any worker exists
         _say("partita: stopped by SIGINT before the job started")
@@ -73,7 +83,20 @@ def run_train(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
     finally:
         if lock is not None:
             lock.release()
-    return report_outcome(outcome)
+    code = report_outcome(outcome)
+    if launch.nnodes > 1:
+        from ..train.nodes import job_end_line
+        code, line = job_end_line(run.run_dir, code)
+        _say(line)
+    return code
+
+
+def waiting(launch: LaunchConfig, run, say):
+    """Multi-node: the callback that starts the 'waiting for the other nodes' notes."""
+    if launch.nnodes <= 1:
+        return None
+    from ..train.nodes import watch_rendezvous
+    return lambda pid: watch_rendezvous(pid, launch, run.config.timeout_s, say)
 
 
 def report_outcome(outcome) -> int:

@@ -174,7 +174,32 @@ class LaunchConfig:
                                                 "and plain DDP)", plan_field="grad_compression")
     powersgd_rank: int | None = option(None, "PowerSGD rank (overrides the plan's powersgd_rank)",
                                        plan_field="powersgd_rank")
+    # a scheduler in front of torchrun (issue 34): train/slurm.py
+    scheduler: str = option("local", "local (torchrun here) or slurm (sbatch: one torchrun per node, c10d rendezvous "
+                                     "on the allocation's first node)", choices=("local", "slurm"), commands=("train",))
+    detach: bool = option(False, "with --scheduler slurm: print the job id and return", commands=("train",))
+    dry_run: bool = option(False, "with --scheduler slurm: print the sbatch script, submit nothing", commands=("train",))
+    partition: str | None = option(None, "Slurm partition (#SBATCH --partition)", commands=("train",))
+    account: str | None = option(None, "Slurm account (#SBATCH --account)", commands=("train",))
+    time_limit: str | None = option(None, "Slurm time limit, e.g. 04:00:00 (#SBATCH --time)", commands=("train",),
+                                    flag="--time")
+    container_image: str | None = option(None, "container image for Pyxis (srun --container-image)",
+                                         commands=("train",))
+
+    def __post_init__(self) -> None:
+        if self.node_rank >= self.nnodes:
+            raise PartitaError(f"--node-rank {self.node_rank} is outside --nnodes {self.nnodes} "
+                               f"(node ranks are 0..{self.nnodes - 1})")
+        if self.nnodes > 1 and not self.rdzv_endpoint and self.scheduler == "local":
+            raise PartitaError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (the rendezvous every node "
+                               "joins), or --scheduler slurm")
 
     @property
     def world(self) -> int:
         return self.nproc * self.nnodes
+
+    @property
+    def job_key(self) -> str | None:
+        """What makes the launchers of one multi-node job one job (the checkpoint-dir lock is
+        shared between them): the rendezvous id and endpoint; None on one node."""
+        return f"{self.rdzv_id}@{self.rdzv_endpoint}" if self.nnodes > 1 else None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -114,22 +115,49 @@ def watch_launcher(interval_s: float = 0.5) -> threading.Thread | None:
 
 class JobLock:
     """``flock`` on ``<directory>/.partita-lock`` for the life of a job; the file holds the
-    owner's pid (for the refusal message only: the lock itself is the kernel's)."""
+    owner's pid (for the refusal message only: the lock itself is the kernel's).
 
-    def __init__(self, directory: str | Path):
+    A multi-node job (``job`` given: the rendezvous id and endpoint) takes the lock shared,
+    so every node of the job may use one run and checkpoint directory on a shared
+    filesystem, and writes its key into the file; a launcher whose key differs from the
+    holder's - a second job - is refused in one line. A short exclusive lock on
+    ``.partita-lock.meta`` makes take-and-write one step between the nodes."""
+
+    def __init__(self, directory: str | Path, job: str | None = None):
         import fcntl
         self.path = Path(directory) / LOCK_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        meta = os.open(self.path.with_name(LOCK_FILE + ".meta"), os.O_RDWR | os.O_CREAT, 0o644) if job else -1
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(self.fd)
-            raise PartitaError(f"another partita train job (pid {owner}) is using {self.path.parent}; "
-                               "wait for it to end or stop it first") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+            if meta >= 0:
+                fcntl.flock(meta, fcntl.LOCK_EX)  # held for microseconds: take, read and write the key
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.ftruncate(self.fd, 0)
+                owner = f"{os.getpid()}" + (f" {socket.gethostname()} job {job}" if job else "")
+                os.pwrite(self.fd, f"{owner}\n".encode(), 0)
+                if job:
+                    fcntl.flock(self.fd, fcntl.LOCK_SH)  # the other nodes of this job join it
+            except BlockingIOError:
+                owner = os.pread(self.fd, 512, 0).decode(errors="replace").strip() or "?"
+                if not (job and owner.endswith(f" job {job}")):
+                    self._refuse(owner)
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    self._refuse(owner)
+        finally:
+            if meta >= 0:
+                os.close(meta)
+
+    def _refuse(self, owner: str) -> None:
+        os.close(self.fd)
+        self.fd = -1
+        pid, _, rest = owner.partition(" ")
+        where = f" on {rest}" if rest else ""
+        raise PartitaError(f"another partita train job (pid {pid}{where}) is using {self.path.parent}; "
+                           "wait for it to end or stop it first")
 
     def release(self) -> None:
         if self.fd >= 0:

@@ -218,9 +218,18 @@ def check_rendezvous(launch: LaunchConfig) -> None:
         try:
             probe.bind(address)
         except OSError as e:
-            if e.errno == errno.EADDRINUSE:
+            if e.errno == errno.EADDRINUSE and not _a_rendezvous_store(launch):
                 raise PartitaError(f"rendezvous endpoint {launch.rdzv_endpoint} is in use by another process; "
                                    "pick a free port for --rdzv-endpoint") from None
+
+
+def _a_rendezvous_store(launch: LaunchConfig) -> bool:
+    """Multi-node: the port is held by a c10d store that answers - another node of this job
+    started first on this host (one host running several nodes: a test, or two slurmd)."""
+    if launch.nnodes <= 1:
+        return False
+    from .nodes import joined_nodes
+    return joined_nodes(launch.rdzv_endpoint, launch.rdzv_id) is not None
 
 
 def _newest_meta(checkpoint_dir: str) -> dict | None:

@@ -80,7 +80,7 @@ class _Stderr:
 
 def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float, pass_fds: tuple = (),
                 grace_s: float = 60.0, say: Callable[[str], None] | None = None,
-                stop_file: Path | None = None) -> Outcome:
+                stop_file: Path | None = None, started: Callable[[int], None] | None = None) -> Outcome:
     """Run torchrun and watch it. torchrun gets a session of its own (a Ctrl-C in the
     terminal reaches only the launcher, which passes exactly one signal on) and SIGKILL as
     its parent-death signal (it dies with the launcher, whatever kills the launcher).
@@ -90,7 +90,8 @@ def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float
     to ``metrics``), a gap of ``stall_s`` seconds without another - ends the job: the
     per-group collective timeout cannot catch every hang (DTensor's functional collectives
     wait outside it; a rank can spin). ``stop_file`` (``<run dir>/stop-requested``) is
-    written before a signal is passed on: it tells the workers the stop is a clean one."""
+    written before a signal is passed on: it tells the workers the stop is a clean one.
+    ``started`` is called with torchrun's pid once it runs (multi-node: the waiting notes)."""
     from .ownership import set_parent_death_signal
     if stop_file is not None:
         stop_file.unlink(missing_ok=True)
@@ -108,6 +109,8 @@ def run_watched(cmd: list[str], env: dict, stdout, metrics: Path, stall_s: float
             proc.send_signal(signum)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
     err = _Stderr(proc.stderr, say)
+    if started is not None:
+        started(proc.pid)
     try:
         stalled = _watch(proc, metrics, stall_s, received, grace_s)
     finally:

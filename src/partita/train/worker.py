@@ -475,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     device_type = detect_device_type(config.device)
     init_distributed(device_type, config.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
+    from .nodes import JOB_KEY, mark_rank0
+    multinode = rank == 0 and bool(os.environ.get(JOB_KEY))  # rank 0 lands on any node: say where
+    if multinode:
+        mark_rank0(run_dir)
     code = 0
     try:
         trainer = Trainer(config, plan, run_dir, device_type, rank, world)
@@ -490,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if code == 0:
         dist.barrier()
     dist.destroy_process_group()
+    if multinode:
+        mark_rank0(run_dir, code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
