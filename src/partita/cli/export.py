@@ -16,7 +16,58 @@ def add_parser(sub) -> None:
                                                        "text, or fields such as tp=2,pp=2,gbs=8")
     exp.add_argument("--model", help="add the model shape (Megatron/MindSpeed) and check the plan against it")
     exp.add_argument("-o", "--output", help="write here instead of stdout")
+    _add_job_args(exp)
     exp.set_defaults(func=cmd_export)
+
+
+def _add_job_args(exp) -> None:
+    """The launch artefacts' flags (Slurm script, Kubernetes manifests; docs/clusters.md)."""
+    from ..inputs import MAX_DEGREE
+    from .types import positive_int
+    job = exp.add_argument_group("cluster jobs (--to slurm and the k8s-* manifests)")
+    job.add_argument("--hardware", help="the device (partita hardware): GPU, Ascend NPU or cpu; sets the device "
+                                        "environment and resources")
+    job.add_argument("--devices", type=positive_int(MAX_DEGREE), help="devices in all (default: the plan's)")
+    job.add_argument("--nodes", type=positive_int(MAX_DEGREE), help="nodes (default: devices / devices per node)")
+    job.add_argument("--devices-per-node", type=positive_int(MAX_DEGREE),
+                     help="devices per node (default: the device file's, else devices / nodes)")
+    job.add_argument("--job-name", help="the job's name (Slurm job, Kubernetes object, rendezvous id)")
+    job.add_argument("--partition", help="Slurm partition")
+    job.add_argument("--account", help="Slurm account")
+    job.add_argument("--time", help="Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS)")
+    job.add_argument("--image", help="container image with partita installed (Slurm: Pyxis --container-image)")
+    job.add_argument("--pvc", help="Kubernetes PersistentVolumeClaim shared by the pods: run and checkpoint dirs")
+
+
+def _job_cluster(args: argparse.Namespace, plan):
+    """The cluster the job flags name (None without --hardware): devices default to the plan's,
+    devices per node to the device file's or devices / --nodes."""
+    from ..spec.hardware import make_cluster
+    if args.hardware is None:
+        given = [f for f, v in (("--nodes", args.nodes), ("--devices", args.devices),
+                                ("--devices-per-node", args.devices_per_node)) if v is not None]
+        if given:
+            raise PartitaError(f"{given[0]} needs --hardware (the device: see `partita hardware`, or cpu)")
+        return None
+    per_node, devices = args.devices_per_node, args.devices
+    if args.nodes is not None:
+        if per_node is None:
+            total = devices or plan.world_size
+            if total % args.nodes:
+                raise PartitaError(f"{total} devices do not split over --nodes {args.nodes}; "
+                                   f"give --devices-per-node")
+            per_node = total // args.nodes
+        if devices is not None and devices != args.nodes * per_node:
+            raise PartitaError(f"--devices {devices} is not --nodes {args.nodes} x {per_node} devices per node")
+        devices = args.nodes * per_node
+    return make_cluster(args.hardware, devices or plan.world_size, per_node)
+
+
+def _job_options(args: argparse.Namespace):
+    from ..export.jobs import JobOptions
+    return JobOptions(name=args.job_name, time=args.time, partition=args.partition, account=args.account,
+                      image=args.image, pvc=args.pvc,
+                      train_args=("--model", args.model) if args.model else None)
 
 
 def _load_model(name: str | None):
@@ -40,7 +91,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check(plan, model)  # the plan's own constraints always; the model's when given
     if args.output is not None:
         check_output_path(args.output, "-o")
-    result = export(args.to, plan, model)
+    result = export(args.to, plan, model, _job_cluster(args, plan), _job_options(args))
     for w in result.warnings:
         print(f"partita: warning: {w}", file=sys.stderr)
     if args.output:

@@ -10,6 +10,7 @@ from .context import ExportContext
 from .result import Export
 
 if TYPE_CHECKING:
+    from .jobs import JobOptions
     from ..plan import Plan
     from ..spec.hardware import Cluster
     from ..spec.model import ModelSpec
@@ -17,8 +18,10 @@ if TYPE_CHECKING:
 __all__ = ["Export", "ExportContext", "export"]
 
 
-def export(target: str, plan: Plan, model: ModelSpec | None = None, cluster: Cluster | None = None) -> Export:
-    """``plan`` as ``target``'s configuration. Layers that do not divide into pp*vpp stages are
+def export(target: str, plan: Plan, model: ModelSpec | None = None, cluster: Cluster | None = None,
+           job: JobOptions | None = None) -> Export:
+    """``plan`` as ``target``'s configuration (``job``: the settings of a launch artefact, a
+    Slurm script or a Kubernetes manifest). Layers that do not divide into pp*vpp stages are
     written with the automatic split the estimate used (Megatron layout, torchtitan first/last),
     so every target runs the stages that were estimated."""
     from .registry import get_target
@@ -28,4 +31,4 @@ def export(target: str, plan: Plan, model: ModelSpec | None = None, cluster: Clu
         split = automatic_split(model.layers, plan.pp * plan.vpp)
         if split:
             plan = plan.with_(layer_split=split)
-    return exporter(ExportContext(plan, model, cluster))
+    return exporter(ExportContext(plan, model, cluster, job))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .jobs import JobOptions
     from ..plan import Plan
     from ..spec.hardware import Cluster
     from ..spec.model import ModelSpec
@@ -21,8 +22,11 @@ class ExportContext:
     ``model`` is None when the user gave no ``--model`` (the exporters then write the
     parallel layout only); ``cluster`` is None when the command has no cluster (``partita
     export`` reads a plan file alone), so an exporter that needs it refuses in one line.
+    ``job``: the launch artefacts' settings (job name, time, partition, image, ...; issue 34),
+    None for their defaults; the framework configs ignore it.
     """
 
     plan: Plan
     model: ModelSpec | None = None
     cluster: Cluster | None = None
+    job: JobOptions | None = None

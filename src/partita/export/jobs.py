@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import PartitaError
@@ -44,6 +45,27 @@ ASCEND_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 
 #: default rendezvous port (torchrun's own default, ``--master-port`` 29500)
 RDZV_PORT = 29500
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What a user sets for a launch artefact (``partita export --to slurm|k8s-*`` flags),
+    shared by the Slurm script and the Kubernetes manifests; None: the artefact's default.
+
+    ``name``: the job's name (Slurm ``--job-name``, the Kubernetes object and rendezvous id);
+    ``time`` / ``partition`` / ``account``: Slurm's; ``image``: the container image (Pyxis on
+    Slurm, the pods' image on Kubernetes); ``pvc``: the Kubernetes claim of the shared storage;
+    ``train_args``: the ``partita train`` arguments other than the launch (default
+    ``--model`` of the export); ``env``: extra environment variables."""
+
+    name: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    image: str | None = None
+    pvc: str | None = None
+    train_args: tuple[str, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def accelerator_of(device: Device) -> str:

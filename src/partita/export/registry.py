@@ -16,8 +16,10 @@ from ..plan import Plan
 from ..imports import deepspeed as ds_import, megatron as megatron_import, torchtitan as titan_import
 from .context import ExportContext
 from .deepspeed import export_deepspeed
+from .k8s import export_ascendjob, export_pytorchjob, export_trainjob
 from .megatron import export_megatron, export_mindspeed
 from .result import Export
+from .slurm import export_slurm
 from .torchtitan import export_torchtitan
 
 
@@ -44,6 +46,13 @@ TARGETS: tuple[ExportTarget, ...] = (
     ExportTarget("deepspeed", "DeepSpeed ds_config.json", export_deepspeed, ds_import.plan_from_ds_config),
     ExportTarget("torchtitan", "torchtitan 0.3.0 --section.field overrides", export_torchtitan,
                  titan_import.plan_from_torchtitan),
+    # launch artefacts (issue 34): they need the cluster (nodes, devices per node, device type)
+    ExportTarget("slurm", "sbatch script: one partita train per node through srun, c10d rendezvous on the first node",
+                 export_slurm),
+    ExportTarget("k8s-trainjob", "Kubeflow Trainer v2 TrainJob running partita train on every node", export_trainjob),
+    ExportTarget("k8s-pytorchjob", "Kubeflow PyTorchJob running partita train on every node", export_pytorchjob),
+    ExportTarget("k8s-ascendjob", "MindCluster AscendJob (Volcano gang scheduling, HCCL rank table) for Ascend NPUs",
+                 export_ascendjob),
 )
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from ..errors import PartitaError
 from .context import ExportContext
-from .jobs import (ASCEND_SET_ENV, RDZV_PORT, Raw, accelerator_of, check_env, device_env, plan_text, shell_join,
+from .jobs import (ASCEND_SET_ENV, RDZV_PORT, JobOptions, Raw, accelerator_of, check_env, device_env, plan_text, shell_join,
                    train_argv)
 from .result import Export
 
@@ -170,12 +170,24 @@ def export_slurm(ctx: ExportContext, train_args: Sequence[str] | None = None,
         raise PartitaError("--to slurm needs the cluster: give --hardware (and --devices or --nodes / "
                            "--devices-per-node)")
     warnings: list[str] = []
+    job = ctx.job
+    if train_args is None and job is not None and job.train_args is not None:
+        train_args = list(job.train_args)
     if train_args is None:
         train_args, warnings = default_train_args(ctx)
+    if options is None and job is not None:
+        options = slurm_options(job)
     cluster = ctx.cluster
     text = render_sbatch(ctx.plan, cluster.nodes, cluster.devices_per_node, accelerator_of(cluster.device),
                          train_args, options)
     return Export("slurm", text, warnings, data={"train_args": list(train_args)})
+
+
+def slurm_options(job: JobOptions) -> SlurmOptions:
+    """The Slurm settings a :class:`~partita.export.jobs.JobOptions` names (the rest default)."""
+    given = {"job_name": job.name, "time": job.time, "partition": job.partition, "account": job.account,
+             "image": job.image}
+    return SlurmOptions(**{k: v for k, v in given.items() if v is not None}, env=dict(job.env))
 
 
 def default_train_args(ctx: ExportContext) -> tuple[list[str], list[str]]:
