@@ -106,6 +106,8 @@ def _batch_values(cfg: dict, dp: int, fill: dict[str, Any], unresolved: _Unresol
     """(train_batch_size, micro, accumulation) with every "auto" replaced as the Trainer would
     fill it, from ``--mbs`` and ``--global-batch`` (None: left for DeepSpeed to derive)."""
     t, m, g = (cfg.get(key) for key in _DS_INTS)
+    if m is None and t in (None, "auto") and fill.get("mbs") is not None:
+        m = "auto"  # set by the training script in code (DeepSpeed-Chat does): the flag gives it, as for "auto"
     if m == "auto":
         m = fill.get("mbs")
         if m is None:
@@ -113,7 +115,8 @@ def _batch_values(cfg: dict, dp: int, fill: dict[str, Any], unresolved: _Unresol
     elif m is not None and fill.get("mbs") not in (None, m):
         raise PartitaError(f"{path} sets train_micro_batch_size_per_gpu {m}; {flag_name('mbs')} {fill['mbs']} "
                            "disagrees (drop the flag)")
-    auto = [key for key in ("train_batch_size", "gradient_accumulation_steps") if cfg.get(key) == "auto"]
+    auto = [key for key in ("train_batch_size", "gradient_accumulation_steps") if cfg.get(key) == "auto"
+            or (cfg.get(key) is None and fill.get("gbs") is not None)]  # absent: set in code, as above
     t, g = (None if t == "auto" else t), (None if g == "auto" else g)
     if auto and t is None and g is None:  # the Trainer's accumulation steps: from the global batch
         gbs = fill.get("gbs")

@@ -228,6 +228,16 @@ def _ds_base(value: str | None, base_dir: str, path: str) -> dict:
     return cfg
 
 
+def _whole(args: dict[str, str], flag: str, default: int, path: str) -> int:
+    """``args[flag]`` as a whole number from 1 (``default`` when absent), else one line naming the flag."""
+    text = args.get(flag)
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise PartitaError(f"{path}: {flag} {text[:30]} must be a whole number from 1")
+    return int(text)
+
+
 def trainer_ds_config(argv: list[str], world: int, base_dir: str, path: str) -> tuple[dict, int | None]:
     """(the ds_config ``swift sft --deepspeed X`` runs on ``world`` ranks, its sequence length or None):
     the preset or file with the "auto" values the Trainer fills from ms-swift's arguments
@@ -238,8 +248,8 @@ def trainer_ds_config(argv: list[str], world: int, base_dir: str, path: str) -> 
     import math
     args = _flag_values(argv)
     cfg = dict(_ds_base(args.get("--deepspeed"), base_dir, path))
-    mbs = int(args.get("--per_device_train_batch_size", 1))
-    gas = int(args.get("--gradient_accumulation_steps") or max(1, math.ceil(16 / mbs / world)))
+    mbs = _whole(args, "--per_device_train_batch_size", 1, path)
+    gas = _whole(args, "--gradient_accumulation_steps", 0, path) or max(1, math.ceil(16 / mbs / world))
     filled = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
               "train_batch_size": mbs * gas * world}
     cfg.update({key: value for key, value in filled.items() if cfg.get(key, "auto") == "auto"})
