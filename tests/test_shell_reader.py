@@ -147,3 +147,15 @@ def test_an_sbatch_here_document_is_read_as_the_job_runs(tmp_path):
     ran = find_launch(run_script(str(script), [], {}))  # bash runs the job body through the sbatch shim
     assert read[1] == ran[1] == ["--tensor-model-parallel-size", "2"]
     assert launcher_world_size(read[0]) == 32  # #SBATCH --ntasks-per-node x sbatch --nodes, given to srun
+
+
+def test_srun_bash_c_is_followed(tmp_path):
+    from partita.imports.shell import launcher_world_size
+    script = tmp_path / "submit.sh"
+    script.write_text('ARGS=(--tensor-model-parallel-size 2)\nCMD="cd /nowhere; python /m/pretrain_gpt.py ${ARGS[@]}"\n'
+                      "sbatch <<EOF\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n"
+                      'srun --mpi=pmix -l bash -x -c "${CMD}" 2>&1 | tee log\nEOF\n')
+    read = find_launch(read_script(script.read_text(), [], {}, script))
+    ran = find_launch(run_script(str(script), [], {}))
+    assert read[1] == ran[1] == ["--tensor-model-parallel-size", "2"]
+    assert launcher_world_size(read[0]) == 16  # the srun around "bash -c" launches the command inside

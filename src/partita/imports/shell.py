@@ -430,6 +430,7 @@ class _Shell:
         self.depth = 0
         self.output: list[str] | None = None  # inside $(...): what echo/dirname/... print
         self.srun_defaults: list[str] = []  # inside an sbatch job: its #SBATCH flags
+        self.prefix: list[str] = []  # inside ``srun ... bash -c CMD``: the launcher before each command
         self.cwd: str | None = None  # after a ``cd``
         self.status = 0
 
@@ -760,6 +761,19 @@ _DECLARE = {"export", "local", "declare", "typeset", "readonly"}
 _JOB_RUNNERS = ("sbatch", "bash", "sh")
 
 
+def _shell_command(argv: list[str], first: int = 1) -> tuple[list[str], str] | None:
+    """(the words before ``bash``/``sh``, the TEXT) of ``... bash [-x ...] -c TEXT`` in ``argv``."""
+    for k in range(first, len(argv)):
+        if argv[k].rsplit("/", 1)[-1] in ("bash", "sh"):
+            rest = argv[k + 1:]
+            c = next((j for j, a in enumerate(rest) if a == "-c" or (a.startswith("-") and a.endswith("c")
+                                                                       and not a.startswith("--"))), None)
+            if c is None or c + 1 >= len(rest) or not all(a.startswith("-") for a in rest[:c]):
+                return None
+            return argv[:k], rest[c + 1]
+    return None
+
+
 def _missing_flags(defaults: list[str], argv: list[str]) -> list[str]:
     """The ``--flag=value`` defaults (``#SBATCH`` lines, ``sbatch`` flags) that ``argv`` does not set itself."""
     out, k = [], 0
@@ -874,6 +888,9 @@ class _Evaluator(_Expander):
         """``sbatch`` / ``bash`` / ``sh`` given a script (a here-document, else a file that exists): read
         as the scheduler or shell runs it, its ``#SBATCH`` and ``sbatch`` flags the defaults of ``srun``."""
         self.run.commands.append(argv)
+        inner = _shell_command(argv, first=0)
+        if inner is not None:
+            return self.inner_script(inner[1], list(self.prefix))
         if heredoc is not None:
             body = heredoc[1:] if heredoc[0] == "Q" else self._heredoc_text(heredoc[1:])
         else:
@@ -894,6 +911,19 @@ class _Evaluator(_Expander):
         self.steps = sub.steps
         return 0
 
+    def inner_script(self, text: str, prefix: list[str]) -> int:
+        """``bash -c TEXT`` (under ``srun``: each command of TEXT recorded after ``prefix``)."""
+        sub = _Evaluator([], dict(self.vars), self.script, self.run)
+        sub.functions, sub.steps, sub.depth, sub.prefix = dict(self.functions), self.steps, self.depth + 1, prefix
+        if sub.depth > _MAX_SOURCE_DEPTH:
+            raise ShellError("bash -c nested too deeply")
+        try:
+            sub.execute(_Parser(tokenize(text)).parse_list())
+        except _Done:
+            pass
+        self.steps = sub.steps
+        return 0
+
     def _heredoc_text(self, body: str) -> str:
         out = _Fields(split=False)
         self._double_quoted(body, out)
@@ -905,8 +935,11 @@ class _Evaluator(_Expander):
 
     def call(self, argv: list[str], raw: list[str], line: int) -> int:
         name = argv[0]
-        if name.rsplit("/", 1)[-1] == "srun" and self.srun_defaults:
+        if name.rsplit("/", 1)[-1] == "srun":
             argv = [name, *_missing_flags(self.srun_defaults, argv), *argv[1:]]
+            inner = _shell_command(argv)
+            if inner is not None:  # srun ... bash -c "CMD": CMD's commands, each launched by this srun
+                return self.inner_script(inner[1], list(self.prefix) + inner[0])
         if name in _DECLARE:
             for w in raw[1:]:
                 if _ASSIGN_HEAD.match(w):
@@ -941,7 +974,7 @@ class _Evaluator(_Expander):
             self.cwd = argv[1]
             return 0
         if name not in _BUILTIN_QUIET or self.output is not None:
-            self.run.commands.append(argv)
+            self.run.commands.append(list(self.prefix) + argv)
         return 0
 
     def print_(self, argv: list[str]) -> int:

@@ -28,7 +28,12 @@ QUIET = ("mkdir", "rm", "cp", "mv", "ln", "touch", "tee", "chmod", "chown", "wge
          "ssh", "scp", "rsync", "nvidia-smi", "npu-smi", "sleep", "kill", "pkill")
 _RECORD = "#!/bin/sh\n{ printf '%s\\0' \"${0##*/}\" \"$@\"; printf '\\036\\0'; } >> \"$PARTITA_SHIM_RECORD\"\nexit 0\n"
 _NOOP = "#!/bin/sh\nexit 0\n"
+#: ``cmd | tee log``: reads its input to the end (a shim that exited at once would kill cmd with SIGPIPE).
+_DRAIN = "#!/bin/sh\ncat > /dev/null\nexit 0\n"
 #: sbatch also runs its job script under the same shims (a file argument, else its stdin: a here-document).
+#: srun also runs a shell it is given (``srun ... bash -c CMD``) under the same shims.
+_SRUN = _RECORD.replace("exit 0\n", 'while [ $# -gt 0 ]; do case "$1" in bash|sh|*/bash|*/sh) exec "$@";; esac; '
+                        'shift; done\nexit 0\n')
 _SBATCH = _RECORD.replace("exit 0\n", 'for a in "$@"; do last="$a"; done\n'
                           'if [ -n "$last" ] && [ -f "$last" ]; then exec bash "$last"; fi\n'
                           '[ -t 0 ] || exec bash -s\nexit 0\n')
@@ -45,7 +50,8 @@ def run_script(path: str, args: list[str], env: dict[str, str], timeout_s: float
         shims = Path(scratch) / ".shims"
         shims.mkdir()
         for name in SHIMS + QUIET:
-            (shims / name).write_text(_SBATCH if name == "sbatch" else _RECORD if name in SHIMS else _NOOP)
+            (shims / name).write_text({"sbatch": _SBATCH, "srun": _SRUN, "tee": _DRAIN}.get(
+                name, _RECORD if name in SHIMS else _NOOP))
             (shims / name).chmod(0o755)
         record = Path(scratch) / ".record"
         record.write_bytes(b"")
