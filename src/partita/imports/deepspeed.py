@@ -102,7 +102,8 @@ def _dtype(cfg: dict, fill: dict[str, Any], unresolved: _Unresolved, path: str) 
     return given
 
 
-def _batch_values(cfg: dict, dp: int, fill: dict[str, Any], unresolved: _Unresolved, path: str):
+def _batch_values(cfg: dict, dp: int, fill: dict[str, Any], unresolved: _Unresolved,
+                  path: str) -> tuple[int | None, int | None, int | None]:
     """(train_batch_size, micro, accumulation) with every "auto" replaced as the Trainer would
     fill it, from ``--mbs`` and ``--global-batch`` (None: left for DeepSpeed to derive)."""
     t, m, g = (cfg.get(key) for key in _DS_INTS)
