@@ -34,12 +34,12 @@ def estimate_plan(args: argparse.Namespace, model, world_size: int):
     fills = (*FILL_FIELDS, "pp") if args.from_script else ()  # what a file leaves open ("auto"): filled, not overridden
     refuse_plan_flags(args, "estimate", {"--plan": args.plan, "--from-script": args.from_script},
                       allowed=("framework", "seq_len", *fills))
-    args.not_modelled = ()
+    args.not_modelled, args.reading_note = (), ""
     if args.from_script:
         from ..imports import load_config as load_script
         read = load_script(args.from_script, devices=world_size, model=model, seq_len=args.seq_len, pp=args.pp,
                            fill=fill_inputs(args), **script_inputs(args))
-        plan, args.not_modelled = read.plan, read.not_modelled
+        plan, args.not_modelled, args.reading_note = read.plan, read.not_modelled, read.reading_note
     elif args.plan is not None:
         plan = read_plan_arg(args.plan, world_size, defaults={"seq_len": args.seq_len})
     else:
@@ -81,6 +81,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             print(line)
         for line in not_modelled_lines(args.not_modelled):
             print(line)
+        if args.reading_note:
+            print(f"note: {args.reading_note}")  # what reading the script assumed
     return 0
 
 

@@ -158,6 +158,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(line)
     for note in not_modelled_lines(args.not_modelled):
         print(note)
+    if args.reading_note:
+        print(f"note: {args.reading_note}")  # what reading the script assumed
     return 0
 
 
@@ -168,12 +170,12 @@ def your_plan(args: argparse.Namespace, model, cluster):
     from ..plan import check
     if args.from_script and args.plan is not None:
         raise PartitaError(f"--plan {args.plan} and --from-script {args.from_script} both give your plan; give one")
-    args.not_modelled = ()
+    args.not_modelled, args.reading_note = (), ""
     if args.from_script:
         from ..imports import load_config as load_script
         read = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len,
                            fill=fill_inputs(args), **script_inputs(args))
-        plan, args.not_modelled = read.plan, read.not_modelled
+        plan, args.not_modelled, args.reading_note = read.plan, read.not_modelled, read.reading_note
         if framework_arg(args):
             plan = plan.with_(framework=framework_arg(args))  # "as run by" the framework named
         args.framework = plan.framework  # the search estimates every candidate as the file's framework runs it
