@@ -144,7 +144,10 @@ def render_sbatch(plan, nodes: int, devices_per_node: int, accelerator: str, tra
     lines += ["",
               "# the c10d rendezvous runs on the first node of the allocation, keyed by the job id",
               ("RDZV_HOST=" + shlex.quote(options.rdzv_host)) if options.rdzv_host else
-              'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+              'RDZV_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+              '# its address (NodeAddr: the node name unless the site sets another, as where names do not resolve)\n'
+              'RDZV_HOST=$(scontrol show node "$RDZV_NODE" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')\n'
+              'RDZV_HOST=${RDZV_HOST:-$RDZV_NODE}',
               f"RDZV_PORT={options.rdzv_port}" if options.rdzv_port else
               f"RDZV_PORT=$(( {RDZV_PORT} + SLURM_JOB_ID % 1000 ))",
               "", "# the plan (partita train --plan reads its JSON text)",
