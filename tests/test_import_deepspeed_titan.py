@@ -86,6 +86,14 @@ def test_deepspeed_bf16_pipeline_at_zero0_is_the_bf16_optimizer(tmp_path, dtype,
     assert _plan(_ds(tmp_path, cfg), 8, pp=pp).zero == zero
 
 
+def test_deepspeed_export_of_a_bf16_pipeline_at_zero0_says_it_runs_as_zero1():
+    from partita.export import export
+    from partita.plan import Plan
+    from partita.spec.load import load_model
+    out = export("deepspeed", Plan(dp=4, pp=2, zero=0, mbs=1, gbs=16, dtype="bf16"), load_model("llama3-8b"))
+    assert any(w.startswith("zero=0 with bf16 and pp > 1") and "BF16_Optimizer" in w for w in out.warnings)
+
+
 def test_deepspeed_overlap_comm_defaults_on_at_zero3(tmp_path):
     # runtime/zero/config.py overlap_comm_valid: unset means stage == 3 (before: off)
     for stage, overlap in ((3, True), (2, False)):

@@ -104,6 +104,10 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
                     "partition_method='uniform') in your model code; ds_config's pipeline.stages is not read by it")
         if plan.schedule != "1f1b":
             warn.append(f"schedule={plan.schedule}: DeepSpeed pipelines run 1F1B; emitted 1F1B")
+        if plan.zero == 0 and plan.dtype in ("bf16", "fp8"):
+            warn.append("zero=0 with bf16 and pp > 1: DeepSpeed runs a bf16 PipelineModule without ZeRO with its "
+                        "BF16_Optimizer, which partitions the fp32 master weights and optimizer states (ZeRO-1; "
+                        "runtime/engine.py _do_optimizer_sanity_check)")
     unknown = set(cfg) - TOP_LEVEL_KEYS
     assert not unknown, unknown
     return cfg, warn
