@@ -30,25 +30,55 @@ DEFAULT_MAX_MB = 512
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
+#: torch_npu's output folder inside each ``*_ascend_pt`` capture, and its Chrome trace
+ASCEND_OUTPUT = "ASCEND_PROFILER_OUTPUT"
+ASCEND_TRACE = "trace_view.json"
+#: Kineto's own file names, looked for recursively when a directory holds no trace itself
+KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
 @dataclass
 class RankTrace:
-    """One rank's trace: where it came from, its rank and the parsed document."""
+    """One rank's trace: where it came from, its rank and the parsed document; for a
+    torch_npu capture, its ``*_ascend_pt`` folder and ``ASCEND_PROFILER_OUTPUT``."""
 
     path: str
     rank: int
     trace: dict
+    capture: str | None = None
+    msprof_dir: str | None = None
+
+
+def _ascend_traces(path: Path) -> list[Path]:
+    """The ``trace_view.json`` of torch_npu captures at or under ``path``: the
+    ``ASCEND_PROFILER_OUTPUT`` folder itself, one ``*_ascend_pt`` folder, or a cluster
+    directory of them (searched recursively)."""
+    if path.name == ASCEND_OUTPUT:
+        if not (path / ASCEND_TRACE).is_file():
+            raise PartitaError(f"{path} holds no {ASCEND_TRACE} (export the torch_npu profile with "
+                               "export_type='text')")
+        return [path / ASCEND_TRACE]
+    if (path / ASCEND_OUTPUT).is_dir():
+        return _ascend_traces(path / ASCEND_OUTPUT)
+    return sorted(path.rglob(f"{ASCEND_OUTPUT}/{ASCEND_TRACE}"))
 
 
 def find_trace_files(inputs: list[str]) -> list[Path]:
-    """The trace files named or held (not recursively) by ``inputs``."""
+    """The trace files named or held by ``inputs``: torch_npu captures (recursively), else a
+    directory's own trace files, else Kineto's ``*.pt.trace.json[.gz]`` under it."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-                           and not p.name.endswith(".summary.json"))
+            found = _ascend_traces(path)
             if not found:
-                raise PartitaError(f"{item} holds no trace files (*.json or *.json.gz from torch.profiler)")
+                found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                               and not p.name.endswith(".summary.json"))
+            if not found:
+                found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
+            if not found:
+                raise PartitaError(f"{item} holds no trace files (*.json or *.json.gz from torch.profiler, or "
+                                   f"*_ascend_pt/{ASCEND_OUTPUT}/{ASCEND_TRACE} from torch_npu)")
             files += found
         elif path.exists():
             files.append(path)
@@ -158,19 +188,79 @@ def _rank_of(path: Path, doc: dict, position: int) -> int:
     return int(found.group(1)) if found else position
 
 
+def ascend_capture(path: Path) -> tuple[Path, Path] | None:
+    """(the ``*_ascend_pt`` folder, its ``ASCEND_PROFILER_OUTPUT``) of a torch_npu trace file."""
+    path = Path(path).resolve()
+    if path.parent.name == ASCEND_OUTPUT:
+        return path.parent.parent, path.parent
+    return None
+
+
+def ascend_rank(capture: Path) -> int | None:
+    """The rank torch_npu recorded for a capture: ``rank_id`` in ``profiler_info_<N>.json``
+    (else the ``N`` of its name; ``-1``, a run without torch.distributed, is rank 0)."""
+    for info in sorted(capture.glob("profiler_info*.json")):
+        try:
+            doc = json.loads(info.read_text())
+            rank = doc.get("rank_id") if isinstance(doc, dict) else None
+        except (OSError, ValueError):
+            rank = None
+        if not isinstance(rank, int):
+            found = re.search(r"profiler_info_(\d+)\.json$", info.name)
+            rank = int(found.group(1)) if found else None
+        if isinstance(rank, int):
+            return max(rank, 0)
+    return None
+
+
+def _span(doc: dict) -> tuple[float, float] | None:
+    times = [(e["ts"], e["ts"] + e["dur"]) for e in doc["traceEvents"]
+             if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    return (min(a for a, _ in times), max(b for _, b in times)) if times else None
+
+
+def _check_one_job(traces: list[RankTrace]) -> None:
+    """torch_npu captures of one job were recorded together: their time spans overlap.
+    Refuse (one line) captures that do not - ranks of different runs."""
+    spans = [(rt, _span(rt.trace)) for rt in traces if rt.capture]
+    spans = [(rt, s) for rt, s in spans if s]
+    if len(spans) < 2:
+        return
+    first = min(spans, key=lambda x: x[1][1])   # the capture that ends first
+    last = max(spans, key=lambda x: x[1][0])    # the capture that starts last
+    if last[1][0] > first[1][1]:
+        gap = (last[1][0] - first[1][1]) / 1e6
+        raise PartitaError(f"{last[0].capture} and {first[0].capture} are not from one job: their captures do not "
+                           f"overlap in time ({gap:.1f} s apart); give the *_ascend_pt folders of one run")
+
+
 def load_rank_traces(inputs: list[str], max_mb: int = DEFAULT_MAX_MB) -> list[RankTrace]:
-    """Every trace of ``inputs``, one per rank, sorted by rank; ``max_mb`` bounds them together."""
+    """Every trace of ``inputs``, one per rank, sorted by rank; ``max_mb`` bounds them together.
+    The rank of a torch_npu capture is the one it recorded, never the order of the arguments."""
     out: list[RankTrace] = []
     seen: dict[int, str] = {}
     budget = max_mb * 2**20
-    for i, path in enumerate(find_trace_files(inputs)):
+    files = find_trace_files(inputs)
+    for i, path in enumerate(files):
         doc = load_chrome_trace(path, budget, "" if not out else f"takes the {len(out) + 1} traces past {max_mb} MB "
                                                                  "of JSON together")
         budget -= doc.pop("_bytes")
-        rank = _rank_of(path, doc, i)
+        capture = ascend_capture(path)
+        capture_dir = msprof_dir = None
+        if capture:
+            capture_dir, msprof_dir = str(capture[0]), str(capture[1])
+            rank = ascend_rank(capture[0])
+            if rank is None:
+                if len(files) > 1:
+                    raise PartitaError(f"{capture[0]} has no profiler_info_<rank>.json saying which rank it is "
+                                       "(copy the whole *_ascend_pt folder)")
+                rank = 0
+        else:
+            rank = _rank_of(path, doc, i)
         if rank in seen:
             raise PartitaError(f"{path} and {seen[rank]} are both rank {rank}: give the traces of one run "
                                "(one file per rank)")
         seen[rank] = str(path)
-        out.append(RankTrace(str(path), rank, doc))
+        out.append(RankTrace(str(path), rank, doc, capture_dir, msprof_dir))
+    _check_one_job(out)
     return sorted(out, key=lambda r: r.rank)

@@ -23,12 +23,14 @@ Two sets of definitions (docs/profile.md compares them):
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Iterable
 
 from ..errors import PartitaError
 from .files import DEFAULT_MAX_MB, RankTrace, load_rank_traces
 from .groups import communication_by_axis, process_groups
 from .hta import analyze_hta, idle_by_stream, normalise_events
+from .ascend import read_memory_record, read_msprof_outputs
 from .memory import memory_timeline
 from .breakdown import TraceBreakdown, _collective_launchers, analyze_trace, collective_kind, length, union
 
@@ -44,6 +46,9 @@ def _partita_rank(rt: RankTrace, b: TraceBreakdown) -> dict:
     if b.kind != "device":
         # a CPU (gloo) trace: analyze_trace's CPU rules, there are no streams
         streams: dict = {}
+    elif b.ascend is not None:
+        # torch_npu: the window minus each stream's merged tasks (HCCL's tasks overlap each other)
+        streams = b.ascend["idle_by_stream"]
     else:
         streams = idle_by_stream(normalise_events(rt.trace, rounding=False))
     non_compute = b.window_us - b.compute_us - b.idle_us
@@ -54,6 +59,28 @@ def _partita_rank(rt: RankTrace, b: TraceBreakdown) -> dict:
             "idle_pct": _pct(b.idle_us, b.window_us),
             "overlap_pct": _pct(b.overlapped_us, b.communication_us) if b.communication_us else None,
             "idle_by_stream": streams}
+
+
+def _ascend_extras(rt: RankTrace, b: TraceBreakdown) -> dict:
+    """For a torch_npu capture: Partita's per-step figures in msprof's columns, and msprof's
+    own summaries beside them (``step_trace_time.csv``, ``communication.json``, ...)."""
+    out: dict = {}
+    if b.ascend is not None:
+        out["ascend"] = {k: v for k, v in b.ascend.items() if k != "idle_by_stream"}
+    if rt.msprof_dir:
+        msprof = read_msprof_outputs(rt.msprof_dir)
+        msprof.pop("memory_record", None)
+        out["msprof"] = msprof
+    return out
+
+
+def _memory(rt: RankTrace) -> dict:
+    """``[memory]`` events of the trace; for a torch_npu capture, ``memory_record.csv``."""
+    if rt.msprof_dir and (Path(rt.msprof_dir) / "memory_record.csv").is_file():
+        record = read_memory_record(Path(rt.msprof_dir) / "memory_record.csv")
+        if record:
+            return record
+    return memory_timeline(rt.trace)
 
 
 def _hta_communication(kernels: list[dict], launchers: dict) -> dict:
@@ -104,8 +131,16 @@ def stragglers(ranks: list[dict]) -> dict:
         return {"rank": slowest, "us": values[slowest], "median_us": median,
                 "ratio_to_median": round(values[slowest] / median, 3) if median else None}
     comm = {r["rank"]: r["communication_us"] for r in ranks}
-    return {"compute": by("compute_us"), "window": by("window_us"),
-            "least_communication_rank": min(comm, key=comm.get) if comm else None}
+    least = min(comm, key=comm.get) if comm else None
+    # the verdict: where every rank communicates, the one that communicates least is the one
+    # the others wait for inside the collectives (a rank's all-reduce lasts from its own
+    # arrival to the last rank's); without communication, the one that computes most
+    if len(ranks) > 1 and all(v > 0 for v in comm.values()):
+        verdict = {"rank": least, "signal": "least communication (the others wait for it in the collectives)"}
+    else:
+        verdict = {"rank": by("compute_us")["rank"], "signal": "most compute"}
+    return {"compute": by("compute_us"), "window": by("window_us"), "least_communication_rank": least,
+            "straggler": verdict}
 
 
 def analyze_traces(inputs: Iterable[str], conventions: str = "partita", max_mb: int = DEFAULT_MAX_MB,
@@ -126,7 +161,7 @@ def analyze_traces(inputs: Iterable[str], conventions: str = "partita", max_mb: 
         axes = b.by_axis_us if b.by_axis_us and not hta else communication_by_axis(comm["by_group_us"], groups,
                                                                                   _world(rt.trace))
         ranks.append({"rank": rt.rank, "path": rt.path, "kind": b.kind, **figures, **comm, "by_axis_us": axes,
-                      "groups": groups, "memory": memory_timeline(rt.trace)})
+                      "groups": groups, "memory": _memory(rt), **_ascend_extras(rt, b)})
         timelines[rt.rank] = b.timeline
     report = {"conventions": conventions, "ranks": ranks, "stragglers": stragglers(ranks),
               "world_size": _world(rank_traces[0].trace) if rank_traces else None}

@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("analyze", help="analyse torch.profiler / Kineto traces from any framework (per rank: "
                                        "compute, communication, overlap, idle, stragglers, memory)")
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help="Chrome trace files (.json / .json.gz), one per rank, or directories of them")
+                   help="Chrome trace files (.json / .json.gz), one per rank, or directories of them; torch_npu: "
+                        "a cluster directory of *_ascend_pt folders, one *_ascend_pt folder or its "
+                        "ASCEND_PROFILER_OUTPUT")
     p.add_argument("--conventions", choices=("partita", "hta"), default="partita",
                    help="partita: every profiled step, window to the last device event (default); hta: Holistic "
                         "Trace Analysis 0.5.0's definitions (last step dropped, timestamps rounded; see "
@@ -68,13 +70,37 @@ def rank_table(report: dict):
     return table
 
 
+def msprof_table(report: dict):
+    """torch_npu captures: Partita's figures per rank and step beside msprof's own
+    ``step_trace_time.csv`` (ms), or None when no rank has one."""
+    from rich.table import Table
+    rows = []
+    for r in report["ranks"]:
+        ours = {p["step"]: p for p in (r.get("ascend") or {}).get("per_step", [])}
+        for theirs in (r.get("msprof") or {}).get("step_trace_time", []):
+            mine = ours.get(theirs["step"]) or (next(iter(ours.values())) if len(ours) == 1 else None)
+            if mine:
+                rows.append((r["rank"], theirs["step"], mine, theirs))
+    if not rows:
+        return None
+    table = Table(title="Per rank and step: Partita / msprof step_trace_time.csv (ms)", title_justify="left")
+    keys = (("step", "window_us"), ("computing", "computing_us"), ("comm not overlapped", "communication_not_overlapped_us"),
+            ("overlapped", "overlapped_us"), ("free", "free_us"))
+    for name in ("rank", "step", *(k for k, _ in keys)):
+        table.add_column(name, justify="right")
+    for rank, step, mine, theirs in rows:
+        table.add_row(str(rank), str(step), *(f"{_ms(mine[k])} / {_ms(theirs[k])}" if theirs.get(k) is not None
+                                              else _ms(mine[k]) for _, k in keys))
+    return table
+
+
 def memory_table(report: dict):
     """Peaks and fragmentation per rank and device, or None without memory events."""
     from rich.table import Table
     rows = [(r["rank"], dev, m) for r in report["ranks"] for dev, m in r["memory"].items()]
     if not rows:
         return None
-    table = Table(title="Memory (\\[memory] events)", title_justify="left")
+    table = Table(title="Memory (\\[memory] events, or torch_npu's memory_record.csv)", title_justify="left")
     for name in ("rank", "device", "peak allocated GiB", "peak reserved GiB", "fragmentation at peak"):
         table.add_column(name, justify="right")
     for rank, dev, m in rows:
@@ -88,12 +114,14 @@ def print_analysis(report: dict) -> None:
     from .render import make_console
     console = make_console()
     console.print(rank_table(report))
+    msprof = msprof_table(report)
+    if msprof is not None:
+        console.print(msprof)
     s = report["stragglers"]
     if len(report["ranks"]) > 1 and s:
         c = s["compute"]
-        console.print(f"Stragglers: rank {c['rank']} computes {_ms(c['us'])} ms, {c['ratio_to_median']:.3f}x the "
-                      f"median rank; rank {s['least_communication_rank']} spends the least time in communication "
-                      "(the others wait for it at the collectives)")
+        console.print(f"Stragglers: rank {s['straggler']['rank']} ({s['straggler']['signal']}); rank {c['rank']} "
+                      f"computes most, {_ms(c['us'])} ms, {c['ratio_to_median']:.3f}x the median rank")
     mem = memory_table(report)
     if mem is not None:
         console.print(mem)
