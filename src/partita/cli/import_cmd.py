@@ -113,7 +113,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     script_model = read.model if model is None else None  # the model the file defines
     if args.json:
         import json
-        extra = {"not_modelled": list(read.not_modelled), "model": script_model.to_dict() if script_model else None}
+        extra = {"not_modelled": list(read.not_modelled), "model": script_model.to_dict() if script_model else None,
+                 "reading_note": read.reading_note}
         print(json.dumps({**plan.to_dict(), **extra}, indent=2))  # a plan file still (Plan.from_dict skips extra)
         return 0
     print(f"{args.script}: {target} launch config, {plan.world_size} devices, run as {plan.framework}")
