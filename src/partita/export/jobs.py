@@ -126,12 +126,15 @@ def train_argv(plan: Plan, *, nodes: int, devices_per_node: int, accelerator: st
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Extra environment: names a shell and Kubernetes accept (``[A-Za-z_][A-Za-z0-9_]*``)."""
+    """Extra environment: names a shell and Kubernetes accept (``[A-Za-z_][A-Za-z0-9_]*``), values
+    on one line."""
     import re
     out = {}
     for name, value in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
             raise PartitaError(f"environment variable name {name!r} is not NAME (letters, digits, _)")
+        if any(ord(c) < 32 for c in str(value)):
+            raise PartitaError(f"environment variable {name}: its value holds a newline or control character")
         out[str(name)] = str(value)
     return out
 

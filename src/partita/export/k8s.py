@@ -161,16 +161,48 @@ def _volume(options: K8sOptions) -> tuple[list[dict], list[dict]]:
             [{"name": "shared", "mountPath": options.mount_path}])
 
 
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./-]*")
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def _scalar(value) -> str:
+    """A YAML scalar: bools and numbers as they are, a string plain where YAML reads it back
+    as the same string, else single-quoted (``'`` doubled; the manifests hold no newlines)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if value is None:
+        return "null"
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
+        return text
+    if "\n" in text or any(ord(c) < 32 for c in text):
+        raise ValueError(f"a manifest value holds a control character: {text!r}")
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _yaml_lines(node, pad: str) -> list[str]:
+    """Block YAML of a dict or list (Kubernetes style: a list's items at its key's indent)."""
+    lines: list[str] = []
+    items = node.items() if isinstance(node, dict) else ((None, v) for v in node)
+    for key, value in items:
+        lead = f"{pad}{_scalar(key)}:" if isinstance(node, dict) else f"{pad}-"
+        if isinstance(value, (dict, list)) and value:
+            inner = _yaml_lines(value, pad if isinstance(node, dict) and isinstance(value, list) else pad + "  ")
+            if isinstance(node, dict):
+                lines += [lead, *inner]
+            else:  # "- " then the item's first line on the same line
+                lines += [f"{lead} {inner[0].lstrip()}", *inner[1:]]
+        else:
+            lines.append(f"{lead} {'{}' if value == {} else '[]' if value == [] else _scalar(value)}")
+    return lines
+
+
 def to_yaml(docs: Sequence[dict], header: str) -> str:
-    """The documents as one YAML stream under a comment header, every node written out (no
-    ``&anchor``/``*alias`` for the replicas' shared container)."""
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data) -> bool:
-            return True
-
-    body = "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, width=100000) for d in docs)
+    """The documents as one YAML stream under a comment header (written here: PyYAML is not a
+    dependency of partita; the tests read it back with PyYAML)."""
+    body = "---\n".join("\n".join(_yaml_lines(d, "")) + "\n" for d in docs)
     return "".join(f"# {line}\n" for line in header.splitlines()) + body
 
 

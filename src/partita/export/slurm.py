@@ -134,7 +134,8 @@ def render_sbatch(plan, nodes: int, devices_per_node: int, accelerator: str, tra
     lines = ["#!/bin/bash",
              f"# partita: {plan.summary()} on {nodes} node(s) x {devices_per_node} {accelerator}",
              *(f"#SBATCH {s}" for s in sb),
-             "set -euo pipefail", ""]
+             # no pipefail: `scontrol ... | head -n1` ends scontrol by SIGPIPE on a long node list
+             "set -eu", ""]
     if accelerator == "npu" and not options.image:
         lines += ["# the CANN environment (as MindSpeed-LLM's launch scripts)",
                   f"if [ -f {ASCEND_SET_ENV} ]; then set +u; source {ASCEND_SET_ENV}; set -u; fi"]
@@ -148,6 +149,7 @@ def render_sbatch(plan, nodes: int, devices_per_node: int, accelerator: str, tra
               '# its address (NodeAddr: the node name unless the site sets another, as where names do not resolve)\n'
               'RDZV_HOST=$(scontrol show node "$RDZV_NODE" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')\n'
               'RDZV_HOST=${RDZV_HOST:-$RDZV_NODE}',
+              'RDZV_HOST=${RDZV_HOST:?no host in SLURM_JOB_NODELIST}',
               f"RDZV_PORT={options.rdzv_port}" if options.rdzv_port else
               f"RDZV_PORT=$(( {RDZV_PORT} + SLURM_JOB_ID % 1000 ))",
               "", "# the plan (partita train --plan reads its JSON text)",
