@@ -217,6 +217,29 @@ def test_torchtitan_etp_hsdp_and_async_tp(tmp_path):
     assert (plan.dp, plan.dp_shard, plan.etp, plan.tp_comm_overlap) == (8, 4, 2, True)
 
 
+RUN_TRAIN = """#!/usr/bin/bash
+set -ex
+NGPU=${NGPU:-"8"}
+CONFIG_FILE=${CONFIG_FILE:-"./train_configs/debug_model.toml"}
+TRAIN_FILE=${TRAIN_FILE:-"torchtitan.train"}
+torchrun --nproc_per_node=${NGPU} --rdzv_backend c10d --rdzv_endpoint="localhost:0" \\
+-m ${TRAIN_FILE} --job.config_file ${CONFIG_FILE} "$@"
+"""
+
+
+def test_torchtitan_launch_script_with_its_toml_and_overrides(tmp_path):
+    # torchtitan's run_train.sh: CONFIG_FILE=... ./run_train.sh --overrides (before: not a launch config)
+    (tmp_path / "run_train.sh").write_text(RUN_TRAIN)
+    (tmp_path / "big.toml").write_text("[parallelism]\ntensor_parallel_degree = 8\n[training]\nlocal_batch_size = 4\n"
+                                       "seq_len = 8192\n[activation_checkpoint]\nmode = \"full\"\n")
+    path = str(tmp_path / "run_train.sh")
+    plan = _plan(path, env={"CONFIG_FILE": str(tmp_path / "big.toml"), "NGPU": "8"},
+                 args=["--training.local_batch_size=2", "--activation_checkpoint.mode", "selective"])
+    assert (plan.world_size, plan.tp, plan.mbs, plan.seq_len, plan.recompute) == (8, 8, 2, 8192, "selective")
+    with pytest.raises(PartitaError, match="--job.config_file ./train_configs/debug_model.toml: no such file"):
+        _plan(path)
+
+
 # ----------------------------------------------------------------------------------------- Megatron-SWIFT
 SWIFT = """# 2 nodes x 4
 NNODES=2 \\

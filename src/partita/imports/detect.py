@@ -31,13 +31,17 @@ MINDSPEED_MARKERS = (r"mindspeed|ascend-toolkit|NPUS_PER_NODE|PretrainedFromHF|-
                      r"--moe-alltoall-overlap-comm|--context-parallel-algo")
 
 
+#: A torchtitan launch: its overrides, its entry point (``-m torchtitan.train``) or its TOML (``--job.config_file``).
+_TITAN = r"--(parallelism|training)\.|torchtitan\.train\b|--job\.config[_-]file"
+
+
 def detect(path: str, text: str) -> str:
     """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
     stripped = text.lstrip()
     if stripped.startswith("{") or path.endswith(".json"):
         if re.search(r'"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)"', text):
             return "deepspeed"
-    if path.endswith(".toml") or re.search(r"--(parallelism|training)\.", text):
+    if path.endswith(".toml") or re.search(_TITAN, text):
         return "torchtitan"
     if SWIFT_COMMAND.search(text):  # Megatron-SWIFT's `megatron sft`: Megatron-LM underneath (.swift)
         return "megatron"
@@ -55,7 +59,7 @@ def detect(path: str, text: str) -> str:
 #: What a file must contain to be read as each framework's (else the importer would return defaults).
 _MARKERS = {"megatron": (r"--(tensor|pipeline)-model-parallel-size|--micro-batch-size|--global-batch-size",
                          "no --tensor-model-parallel-size, --pipeline-model-parallel-size or batch flag"),
-            "torchtitan": (r"--(parallelism|training)\.", "no --parallelism.* or --training.* setting"),
+            "torchtitan": (_TITAN, "no --parallelism.* or --training.* setting, torchtitan.train or --job.config_file"),
             "deepspeed": (r"\"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)\"",
                           "no zero_optimization or batch key")}
 

@@ -37,7 +37,8 @@ class Imported:
 
 
 def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq_len: int | None,
-           pp: int | None, fill: dict[str, Any], raw: str, env: dict[str, str]) -> tuple[Plan, tuple[str, ...]]:
+           pp: int | None, fill: dict[str, Any], raw: str, env: dict[str, str],
+           args: list[str] | tuple[str, ...] = ()) -> tuple[Plan, tuple[str, ...]]:
     """The importer of ``target`` on the file's text (world size checked by the caller): (plan, not
     modelled); a Megatron/MindSpeed command line's own model is :func:`_script_model`'s."""
     layers = model.layers if model else None
@@ -58,7 +59,9 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
         plan = deepspeed.plan_from_ds_config(cfg, _need_world(path, world), seq_len or 2048, pp, fill, path)
         return plan, deepspeed.ds_not_modelled(cfg)
     if target == "torchtitan":
-        argv = argv_from_script(text, "torchtitan.train")
+        launch = None if path.endswith(".toml") else torchtitan.script_argv(raw, path, env, args)  # as bash runs it
+        argv, world = (launch[0], world or launch[1]) if launch else (argv_from_script(text, "torchtitan.train"), world)
+        argv = torchtitan.with_config_file(argv, path)  # --job.config_file's TOML, then the overrides
         check_sizes(path, argv, torchtitan.TITAN_SIZES, minus_one=torchtitan.TITAN_FILL)
         return torchtitan.titan_plan(argv, world, layers), torchtitan.titan_not_modelled(argv, layers)
     argv = argv_from_script(text)
@@ -96,7 +99,8 @@ def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, 
     cfg, length = swift.trainer_ds_config(argv, world, os.path.dirname(os.path.abspath(path)), path)
     length = length or fill.get("seq_len", seq_len)
     if not length:
-        raise PartitaError(f"{path}: the sequence length is the model's (no --max_length in the script): pass --seq-len")
+        raise PartitaError(f"{path}: the sequence length is the model's (no --max_length in the script): "
+                           "pass --seq-len")
     deepspeed.check_ds_config(path, cfg)
     plan = deepspeed.plan_from_ds_config(cfg, world, length, pp, fill, path)
     return plan, deepspeed.ds_not_modelled(cfg) + swift.swift_not_modelled(argv)
@@ -148,7 +152,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         text, world, reading = read if read is not None else (text, world, "")
     try:
         with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage block on a bad value
-            plan, notes = _parse(target, path, text, world, model, seq_len, pp, fill or {}, raw, env or {})
+            plan, notes = _parse(target, path, text, world, model, seq_len, pp, fill or {}, raw, env or {}, args)
             model, note = _script_model(target, path, text, raw, model)
     except SystemExit:
         message = (err.getvalue().strip().splitlines() or ["bad argument"])[-1].split("error: ", 1)[-1]

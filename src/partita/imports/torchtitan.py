@@ -21,6 +21,8 @@ Facts from torchtitan (pytorch/torchtitan v0.2.2 ``torchtitan/config/job_config.
 """
 from __future__ import annotations
 
+import re
+
 from ..errors import PartitaError
 from ..plan import Plan
 
@@ -43,6 +45,9 @@ def _titan_values(argv: list[str]) -> tuple[dict, str]:
         tok = argv[i]
         if tok.startswith("activation_checkpoint:") or tok.startswith("activation-checkpoint:"):
             ac = tok.split(":", 1)[1]
+        elif tok.startswith("--") and "=" in tok.split(".", 1)[-1]:  # --section.field=value
+            key, _, value = tok[2:].partition("=")
+            values[key] = value
         elif tok.startswith("--") and "." in tok:
             section, field = tok[2:].split(".", 1)
             if i + 1 < len(argv) and not argv[i + 1].startswith("--") and ":" not in argv[i + 1]:
@@ -53,6 +58,7 @@ def _titan_values(argv: list[str]) -> tuple[dict, str]:
             else:
                 values[f"{section}.{field}"] = True
         i += 1
+    ac = str(values.pop("activation_checkpoint.mode", ac))  # v0.2's --activation_checkpoint.mode override
     return values, ac
 
 
@@ -207,3 +213,39 @@ def titan_plan(argv: list[str], world: int | None, layers: int | None) -> Plan:
     if world % others:
         raise PartitaError(f"--devices {world} is not a multiple of the other degrees' product {others}")
     return plan_from_torchtitan(argv + [flag, str(world // others)], layers)
+
+
+#: The training entry point of a torchtitan launch (``-m torchtitan.train``; run_train.sh's TRAIN_FILE).
+TITAN_ENTRY = re.compile(r"(^|[/.])torchtitan\.train$")
+#: ``--job.config_file`` (torchtitan up to v0.2: the TOML the overrides after it apply to).
+_CONFIG_FILE = ("--job.config_file", "--job.config-file")
+
+
+def script_argv(raw: str, path: str, env: dict[str, str], args: list[str] | tuple[str, ...]) -> \
+        tuple[list[str], int | None] | None:
+    """(the overrides after ``-m torchtitan.train``, the launcher's world size or None) of a launch
+    script read as bash runs it (:mod:`.shell`: run_train.sh's ``${CONFIG_FILE:-...}``, ``"$@"``
+    from ``args``); None when no command launches torchtitan (an overrides file)."""
+    from .shell import ShellError, find_launch, launcher_world_size, read_script
+    try:
+        launch = find_launch(read_script(raw, args, env, path), TITAN_ENTRY)
+    except ShellError:
+        return None
+    return (launch[1], launcher_world_size(launch[0])) if launch else None
+
+
+def with_config_file(argv: list[str], path: str) -> list[str]:
+    """``argv`` with the TOML its ``--job.config_file`` names read first (the overrides after it win, as
+    in torchtitan's ConfigManager); the file is looked for as given, then next to the script."""
+    import os
+    for i, word in enumerate(argv):
+        name, eq, inline = word.partition("=")
+        if name in _CONFIG_FILE:
+            toml = inline if eq else argv[i + 1] if i + 1 < len(argv) else ""
+            found = [f for f in (toml, os.path.join(os.path.dirname(os.path.abspath(path)), toml)) if os.path.isfile(f)]
+            if not found:
+                raise PartitaError(f"{path}: --job.config_file {toml[:100]}: no such file (as given or next to the "
+                                   "script); run partita where the path holds, or import the TOML itself")
+            from .detect import read_text
+            return toml_argv(found[0], read_text(found[0])) + argv
+    return argv
