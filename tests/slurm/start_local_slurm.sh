@@ -20,7 +20,7 @@ for tool in munged slurmctld slurmd sinfo sbatch; do
     command -v "$tool" >/dev/null || { echo "start_local_slurm: $tool not found (apt-get install -y slurm-wlm munge)" >&2; exit 1; }
 done
 mkdir -p "$DIR/state" "$DIR/spool/node1" "$DIR/spool/node2" "$DIR/munge"
-chmod 700 "$DIR/munge"
+chmod 755 "$DIR" "$DIR/munge"  # clients (sbatch as any user) reach the socket; the key stays 400
 KEY=/etc/munge/munge.key
 if [ ! -r "$KEY" ]; then
     KEY="$DIR/munge/munge.key"

@@ -62,9 +62,13 @@ def joined_nodes(endpoint: str, rdzv_id: str) -> int | None:
     """How many nodes have joined the c10d rendezvous ``rdzv_id`` at ``endpoint`` (None: unknown)."""
     from datetime import timedelta
 
+    host, _, port = endpoint.rpartition(":")
+    try:  # a plain connect first: a TCPStore client to a port nobody holds logs a C++ stack trace
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+    except (OSError, ValueError):
+        return None
     try:
         from torch.distributed import TCPStore
-        host, _, port = endpoint.rpartition(":")
         store = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=2))
         key = f"torch.rendezvous.{rdzv_id}"
         if not store.check([key]):
@@ -94,10 +98,11 @@ def watch_rendezvous(torchrun_pid: int, launch, timeout_s: float, say: Callable[
             if _descendants(torchrun_pid):
                 return
             n = joined_nodes(launch.rdzv_endpoint, launch.rdzv_id)
-            count = f"{n} of {launch.nnodes}" if n is not None else f"? of {launch.nnodes}"
             left = max(0, timeout_s - (time.monotonic() - start))
-            say(f"partita: waiting for the other nodes: {count} joined the rendezvous {launch.rdzv_id} at "
-                f"{launch.rdzv_endpoint}; {left:.0f} s left before it times out")
+            joined = (f"{n} of {launch.nnodes} joined the rendezvous {launch.rdzv_id} at {launch.rdzv_endpoint}"
+                      if n is not None else f"0 of {launch.nnodes} joined: no rendezvous answers at "
+                                            f"{launch.rdzv_endpoint} yet (rendezvous {launch.rdzv_id})")
+            say(f"partita: waiting for the other nodes: {joined}; {left:.0f} s left before it times out")
     thread = threading.Thread(target=watch, name="partita-rendezvous-watch", daemon=True)
     thread.start()
     return thread
