@@ -11,13 +11,17 @@ Environment sources:
 - NCCL: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html (``NCCL_DEBUG``,
   ``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``); PyTorch's ``TORCH_NCCL_ASYNC_ERROR_HANDLING``:
   https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
-- Ascend (CANN environment variable reference,
-  https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/envvar/envref_07_0001.html):
-  ``ASCEND_RT_VISIBLE_DEVICES`` (the NPUs a process may see, as ``CUDA_VISIBLE_DEVICES``),
-  ``HCCL_CONNECT_TIMEOUT`` (seconds HCCL waits for the peers to connect when a communicator
-  is built, default 120, range [120, 7200]), ``HCCL_EXEC_TIMEOUT`` (seconds a collective may
-  wait for its peers, default 1836), ``HCCL_SOCKET_IFNAME`` / ``HCCL_IF_IP`` (the NIC for
-  HCCL's host-side TCP connections). MindSpeed-LLM's own launch scripts
+- Ascend, CANN's environment variable reference
+  (https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/envref_07_0078.html
+  and its neighbours): ``ASCEND_RT_VISIBLE_DEVICES`` (the NPUs a process may see, as
+  ``CUDA_VISIBLE_DEVICES``); ``HCCL_CONNECT_TIMEOUT`` (seconds HCCL waits for its peers while
+  it builds the links of a communicator, default 120 - "wait socket establish timeout ...
+  timeout[120 s]", EI0006 in the HCCL guide,
+  https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/850alpha002/hccl/hcclug/hcclug_000050.html;
+  raised here because the nodes of a job start minutes apart); ``HCCL_EXEC_TIMEOUT``
+  (seconds a collective waits for the other devices, default 1836 on Atlas A2/A3);
+  ``HCCL_SOCKET_IFNAME`` / ``HCCL_IF_IP`` (the host NIC of HCCL's set-up traffic: a
+  site's value, given with ``env``). MindSpeed-LLM's launch scripts
   (``examples/mcore/*/pretrain_*.sh``, https://gitee.com/ascend/MindSpeed-LLM) set
   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` and source ``/usr/local/Ascend/ascend-toolkit/set_env.sh``
   (the CANN install's environment).
