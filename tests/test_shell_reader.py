@@ -91,8 +91,9 @@ def test_a_script_the_reader_cannot_follow_is_one_line(tmp_path):
         read_script('A="unterminated\n')
     with pytest.raises(PartitaError, match="cannot follow the script.*--run-script"):
         _load(tmp_path, f'if [ 1 ]; then\n{LAUNCH} --tensor-model-parallel-size 2\n')
-    with pytest.raises(ShellError, match="ran 1000 times"):
-        read_script("while true; do X=1; done\n")
+    run = read_script(f"while true; do {LAUNCH} --tp 2; sleep 60; done\n")  # a restart loop: stopped, noted
+    assert find_launch(run)[1] == ["--tp", "2"] and "stopped after" in run.assumed["a while loop"]
+    assert find_launch(read_script(f"while ! {LAUNCH} --tp 2; do sleep 1; done\n"))[1] == ["--tp", "2"]
 
 
 def test_run_script_runs_no_training_and_writes_only_its_scratch(tmp_path):

@@ -65,11 +65,13 @@ def assumed_line(run: ShellRun) -> str | None:
     if not run.assumed and not missing:
         return None
     unset = [k for k in run.assumed if k.startswith("$")]
-    files = [k for k in run.assumed if not k.startswith("$")]
+    files = [k for k in run.assumed if k.startswith("[")]
+    loops = [f"{k} {run.assumed[k]}" for k in run.assumed if k.startswith("a ")]
     supply = ", ".join(run.assumed[k] for k in unset)
     parts = ([f"read with {', '.join(unset)} unset, so empty as bash has it ({supply} sets it)"] if unset else []) \
         + ([f"{', '.join(files)} taken as true (files of your cluster's; --run-script tests them here)"]
            if files else [])
+    parts += loops
     parts += [f"read without {', '.join(missing)} (sourced, not on this machine; --env sets what it would)"] \
         if missing else []
     return "; ".join(parts)[:400]
