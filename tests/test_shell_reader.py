@@ -160,3 +160,24 @@ def test_srun_bash_c_is_followed(tmp_path):
     ran = find_launch(run_script(str(script), [], {}))
     assert read[1] == ran[1] == ["--tensor-model-parallel-size", "2"]
     assert launcher_world_size(read[0]) == 16  # the srun around "bash -c" launches the command inside
+
+
+def test_any_text_is_read_or_refused_in_one_line():
+    # the corpus scripts cut short and with shell metacharacters dropped in: read, or one ShellError
+    import random
+    from pathlib import Path
+    corpus = sorted((Path(__file__).parent / "data" / "launch_configs").rglob("*.sh"))
+    rng = random.Random(32)
+    for path in corpus:
+        text = path.read_text()
+        variants = [text[:len(text) // 3], text[:len(text) // 2]]
+        for _ in range(4):
+            chars = list(text)
+            for _ in range(6):
+                chars[rng.randrange(len(chars))] = rng.choice("\"'`$(){}[];|&\\\n#=<>!*")
+            variants.append("".join(chars))
+        for variant in variants:
+            try:
+                read_script(variant, ["a"], {"X": "1"}, path)
+            except ShellError:
+                pass
