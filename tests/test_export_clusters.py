@@ -274,6 +274,21 @@ def test_sbatch_script_runs_partita_train_with_the_exported_plan(tmp_path, image
     assert (args.rdzv_endpoint, args.rdzv_id) == ("node-a:29742", "4242")
 
 
+def test_sbatch_script_stops_when_the_allocation_names_no_host(tmp_path):
+    """An empty node list (scontrol prints nothing) stops the script with a message before srun,
+    not a rendezvous endpoint ':PORT' that every node waits on."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "scontrol", "true\n")
+    _stub(bin_dir, "srun", f"touch {shlex.quote(str(tmp_path / 'srun.ran'))}\n")
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(PLAN, 2, 8, "cuda", ["--model", "tiny-llama"]))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": ""}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0 and "no host in SLURM_JOB_NODELIST" in done.stderr
+    assert not (tmp_path / "srun.ran").exists()
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"nodes": 3}, "the plan needs 16 devices but the job has 3 node"),
     ({"train_args": ["--model", "x", "--plan", "dp=2"]}, "--plan is written by the launch artefact"),

@@ -10,7 +10,8 @@ from ..inputs import check_output_path
 
 
 def add_parser(sub) -> None:
-    exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan config")
+    exp = sub.add_parser("export", help="write a plan as Megatron-LM / MindSpeed-LLM / DeepSpeed / torchtitan "
+                                           "config, or as a Slurm / Kubernetes job (docs/clusters.md)")
     exp.add_argument("--to", required=True, choices=target_names(), help=targets_help())
     exp.add_argument("plan_file", metavar="PLAN", help="a plan file (or the output of plan/estimate --json), its JSON "
                                                        "text, or fields such as tp=2,pp=2,gbs=8")
