@@ -330,6 +330,19 @@ def test_export_cli_writes_the_sbatch_script(tmp_path, capsys):
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
 
 
+def test_export_cli_train_args_reach_partita_train(tmp_path, capsys):
+    """--train-args (one string, split as a shell would) join --model in the command each node
+    runs; a launch flag among them is refused, the artefact writes those itself."""
+    rc = main(["export", "--to", "k8s-trainjob", "dp=8", "--hardware", "h100-sxm", "--model", "tiny-llama",
+               "--image", "p:1", "--train-args", "--steps 1000 --checkpoint-dir '/data/my ckpt'"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    args = train_args(next(yaml.safe_load_all(captured.out))["spec"]["trainer"]["command"])
+    assert (args.model, args.steps, args.checkpoint_dir) == ("tiny-llama", 1000, "/data/my ckpt")
+    assert main(["export", "--to", "slurm", "dp=8", "--hardware", "h100-sxm", "--train-args", "--nproc 4"]) == 2
+    assert "--nproc is written by the launch artefact itself" in capsys.readouterr().err
+
+
 def test_export_cli_writes_a_manifest_the_crd_accepts(tmp_path, capsys):
     rc = main(["export", "--to", "k8s-ascendjob", "dp=4,tp=4", "--hardware", "ascend-910b2", "--devices-per-node",
                "8", "--model", "llama3-8b", "--job-name", "llama", "--image", "swr.example/partita:1", "--pvc", "ckpt"])

@@ -38,6 +38,8 @@ def _add_job_args(exp) -> None:
     job.add_argument("--time", help="Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS)")
     job.add_argument("--image", help="container image with partita installed (Slurm: Pyxis --container-image)")
     job.add_argument("--pvc", help="Kubernetes PersistentVolumeClaim shared by the pods: run and checkpoint dirs")
+    job.add_argument("--train-args", metavar="ARGS", help='more partita train arguments, one string, e.g. '
+                                                          '"--steps 1000 --checkpoint-dir /lustre/me/ckpt"')
 
 
 def _job_cluster(args: argparse.Namespace, plan):
@@ -65,10 +67,17 @@ def _job_cluster(args: argparse.Namespace, plan):
 
 
 def _job_options(args: argparse.Namespace):
+    """The job settings; ``partita train``'s arguments are ``--model`` (as given) and ``--train-args``."""
+    import shlex
+
     from ..export.jobs import JobOptions
+    try:
+        extra = shlex.split(args.train_args or "")
+    except ValueError as e:
+        raise PartitaError(f"--train-args {args.train_args!r}: {e}") from None
+    train = (["--model", args.model] if args.model else []) + extra
     return JobOptions(name=args.job_name, time=args.time, partition=args.partition, account=args.account,
-                      image=args.image, pvc=args.pvc,
-                      train_args=("--model", args.model) if args.model else None)
+                      image=args.image, pvc=args.pvc, train_args=tuple(train) if train else None)
 
 
 def _load_model(name: str | None):

@@ -111,6 +111,20 @@ def check_train_args(train_args: Sequence[str]) -> list[str]:
     return args
 
 
+def job_train_args(ctx, train_args: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """The ``partita train`` arguments of an exported job, and the warnings: ``train_args``, else
+    the context's ``job.train_args``, with ``--model`` first when they lack one (the export's
+    model, else ``tiny-llama`` and a warning)."""
+    if train_args is None and ctx.job is not None:
+        train_args = ctx.job.train_args
+    args = check_train_args(train_args or ())
+    if any(a == "--model" or a.startswith("--model=") for a in args):
+        return args, []
+    if ctx.model is not None:
+        return ["--model", ctx.model.name, *args], []
+    return ["--model", "tiny-llama", *args], ["no --model given: the job trains tiny-llama; give --model for yours"]
+
+
 def plan_text(plan: Plan) -> str:
     """The plan as one line of JSON (``--plan`` reads it back with :meth:`Plan.parse`)."""
     return json.dumps(plan.to_dict(), separators=(",", ":"), sort_keys=False)

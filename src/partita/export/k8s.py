@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 
 from ..errors import PartitaError
 from .context import ExportContext
-from .jobs import ASCEND_SET_ENV, JobOptions, Raw, accelerator_of, check_env, device_env, plan_text, shell_join, train_argv
+from .jobs import (ASCEND_SET_ENV, JobOptions, Raw, accelerator_of, check_env, device_env, job_train_args, plan_text,
+                   shell_join, train_argv)
 from .result import Export
-from .slurm import default_train_args
 
 #: the resource each accelerator is requested as (NVIDIA's device plugin; MindCluster's Ascend
 #: Device Plugin, https://www.hiascend.com/document/detail/en/mindcluster/730/clustersched/schedulingug/mxdlug_scheduling_013.html)
@@ -120,12 +120,7 @@ def k8s_options(job: JobOptions | None) -> K8sOptions:
 
 
 def _args(ctx: ExportContext, options: K8sOptions, train_args: Sequence[str] | None) -> tuple[list[str], list[str]]:
-    warnings: list[str] = []
-    if train_args is None and ctx.job is not None and ctx.job.train_args is not None:
-        train_args = list(ctx.job.train_args)
-    if train_args is None:
-        train_args, warnings = default_train_args(ctx)
-    args = list(train_args)
+    args, warnings = job_train_args(ctx, train_args)
     if options.image == K8sOptions.image:
         warnings.append(f"no --image: the pods run {options.image}; give the image with partita installed")
     if options.pvc:

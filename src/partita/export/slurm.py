@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 from ..errors import PartitaError
 from .context import ExportContext
-from .jobs import (ASCEND_SET_ENV, RDZV_PORT, JobOptions, Raw, accelerator_of, check_env, device_env, plan_text, shell_join,
-                   train_argv)
+from .jobs import (ASCEND_SET_ENV, RDZV_PORT, JobOptions, Raw, accelerator_of, check_env, device_env, job_train_args,
+                   plan_text, shell_join, train_argv)
 from .result import Export
 
 #: Slurm's time formats (https://slurm.schedmd.com/sbatch.html#OPT_time): minutes, M:S, H:M:S,
@@ -169,19 +169,14 @@ def render_sbatch(plan, nodes: int, devices_per_node: int, accelerator: str, tra
 
 def export_slurm(ctx: ExportContext, train_args: Sequence[str] | None = None,
                  options: SlurmOptions | None = None) -> Export:
-    """``partita export --to slurm``: the sbatch script for the plan on ``ctx.cluster``; the
-    model given is the ``partita train --model`` (else ``tiny-llama`` with a warning)."""
+    """``partita export --to slurm``: the sbatch script for the plan on ``ctx.cluster``, running
+    ``partita train`` with :func:`~partita.export.jobs.job_train_args`."""
     if ctx.cluster is None:
         raise PartitaError("--to slurm needs the cluster: give --hardware (and --devices or --nodes / "
                            "--devices-per-node)")
-    warnings: list[str] = []
-    job = ctx.job
-    if train_args is None and job is not None and job.train_args is not None:
-        train_args = list(job.train_args)
-    if train_args is None:
-        train_args, warnings = default_train_args(ctx)
-    if options is None and job is not None:
-        options = slurm_options(job)
+    train_args, warnings = job_train_args(ctx, train_args)
+    if options is None and ctx.job is not None:
+        options = slurm_options(ctx.job)
     cluster = ctx.cluster
     text = render_sbatch(ctx.plan, cluster.nodes, cluster.devices_per_node, accelerator_of(cluster.device),
                          train_args, options)
@@ -193,10 +188,3 @@ def slurm_options(job: JobOptions) -> SlurmOptions:
     given = {"job_name": job.name, "time": job.time, "partition": job.partition, "account": job.account,
              "image": job.image}
     return SlurmOptions(**{k: v for k, v in given.items() if v is not None}, env=dict(job.env))
-
-
-def default_train_args(ctx: ExportContext) -> tuple[list[str], list[str]]:
-    """``--model NAME`` from the context's model (its name), else ``tiny-llama`` and a warning."""
-    if ctx.model is not None:
-        return ["--model", ctx.model.name], []
-    return ["--model", "tiny-llama"], ["no --model given: the job trains tiny-llama; give --model for yours"]
