@@ -58,7 +58,7 @@ from .jobs import (ASCEND_SET_ENV, JobOptions, Raw, accelerator_of, check_env, d
 from .result import Export
 
 #: the resource each accelerator is requested as (NVIDIA's device plugin; MindCluster's Ascend
-#: Device Plugin, https://www.hiascend.com/document/detail/en/mindcluster/730/clustersched/schedulingug/mxdlug_scheduling_013.html)
+#: Device Plugin, its acjob YAML parameters: the module docstring's AscendJob link)
 RESOURCE = {"cuda": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
 RANK_TABLE_DIR = "/user/serverid/devindex/config"
 TRAINJOB_RUNTIME = "torch-distributed"

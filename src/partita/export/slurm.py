@@ -160,7 +160,8 @@ def render_sbatch(plan, nodes: int, devices_per_node: int, accelerator: str, tra
         if options.container_mounts:
             srun.append(f"--container-mounts={options.container_mounts}")
     argv = train_argv(plan, nodes=nodes, devices_per_node=devices_per_node, accelerator=accelerator,
-                      rdzv_endpoint=Raw('"$RDZV_HOST:$RDZV_PORT"'), rdzv_id=Raw('"$SLURM_JOB_ID"'), train_args=train_args,
+                      rdzv_endpoint=Raw('"$RDZV_HOST:$RDZV_PORT"'), rdzv_id=Raw('"$SLURM_JOB_ID"'),
+                      train_args=train_args,
                       launcher=options.launcher, plan_arg=Raw('"$PLAN"'))
     lines.append(shell_join(srun) + " \\")
     lines.append("  " + shell_join(argv))
