@@ -285,8 +285,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "plan") -> "Plan":
-        # derived (grad_accum), or what `partita import --json` adds beside the plan (not_modelled, model)
-        data = {k: v for k, v in data.items() if k not in ("format", "grad_accum", "not_modelled", "model")}
+        # derived (grad_accum), or what `partita import --json` adds beside the plan (not_modelled, model, reading_note)
+        data = {k: v for k, v in data.items()
+                if k not in ("format", "grad_accum", "not_modelled", "model", "reading_note")}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

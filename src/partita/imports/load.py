@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from ..errors import PartitaError
 from ..plan import Plan
 from .detect import check_kind, detect, read_text
+from .script import world_hint
 from .shell import argv_from_script, expand_variables, script_world_size
 
 
@@ -159,8 +160,13 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
         raise PartitaError(f"{path}: cannot read it as {target}: {message}") from None
     except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as e:
         raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
+    except PartitaError as e:
+        raise world_hint(e, devices, world if target in ("megatron", "mindspeed") else None) from None
     _check_fill(path, plan, dict(fill or {}, **({"pp": pp} if pp else {})))
-    check(plan, model, devices)
+    try:
+        check(plan, model, devices)
+    except PartitaError as e:
+        raise world_hint(e, devices, world if target in ("megatron", "mindspeed") else None) from None
     return Imported(plan, target, notes, model, note, reading)
 
 

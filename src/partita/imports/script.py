@@ -75,3 +75,13 @@ def assumed_line(run: ShellRun) -> str | None:
     parts += [f"read without {', '.join(missing)} (sourced, not on this machine; --env sets what it would)"] \
         if missing else []
     return "; ".join(parts)[:400]
+
+
+def world_hint(error: PartitaError, devices: int | None, script_world: int | None) -> PartitaError:
+    """``error`` with where its device count came from, when the script's launcher gave it (a file
+    shipped with one node's defaults whose layout needs more: ``--devices`` or ``--env`` fixes it)."""
+    text = str(error)
+    if devices is not None or script_world is None or not any(k in text for k in ("world size", "dp", "devices")):
+        return error
+    return PartitaError(f"{text} (read with the {script_world} devices the script's launcher asks for: pass --devices, "
+                        "or --env for the variable its node count comes from)")
