@@ -4,12 +4,15 @@
 (survey in docs/export.md "Import"): assignments and ``export``, arrays with ``+=`` and re-declared
 with their own contents, ``${VAR:-x}`` / ``${VAR:=x}`` / ``${VAR:+x}`` / ``${#VAR}`` / ``%`` ``#``
 trims, ``$((...))``, ``\\`` continuations, ``if``/``elif``/``else``, ``case``, ``for``, ``[ ]`` and
-``[[ ]]`` tests, ``&&`` / ``||``, shell functions, positional arguments and ``shift``, and ``source``
-of files that exist. Commands are never executed: every command the script would run is recorded
-with its expanded argv (:attr:`ShellRun.commands`), so the launcher and the training entry point
-are found as bash would call them. What cannot be known without running the script (a variable
-with no value, ``$(command)`` output, a test of a file) is recorded in :attr:`ShellRun.unknown`,
-with the flag of ours that supplies it. :func:`partita.imports.shell_run.run_script` is the other
+``[[ ]]`` tests, ``&&`` / ``||`` / ``!``, ``while`` / ``break``, shell functions, positional arguments
+and ``shift`` / ``set --``, ``source`` of files that exist, ``$(...)`` that only prints, and the job
+scripts of ``sbatch <<EOF`` / ``bash -c`` / ``srun ... bash -c`` (``#SBATCH`` flags given to ``srun``).
+Commands are never executed: every command the script would run is recorded with its expanded argv
+(:attr:`ShellRun.commands`), so the launcher and the training entry point are found as bash would
+call them. What cannot be known without running the script (a variable with no value, another
+command's output) is recorded in :attr:`ShellRun.unknown` with the flag of ours that supplies it;
+what a condition had to assume (an unset variable read as empty, a file of the cluster's taken as
+present, a loop stopped) in :attr:`ShellRun.assumed`. :func:`partita.imports.shell_run.run_script` is the other
 mechanism (the script run under bash with shims), only with the user's consent.
 
 Bash's own semantics are the reference (bash(1), "EXPANSION" and "Arrays"); the reader is ours.
