@@ -250,11 +250,16 @@ def _stub(folder: Path, name: str, body: str) -> None:
 def test_sbatch_script_runs_partita_train_with_the_exported_plan(tmp_path, image):
     """bash runs the script as sbatch would on the first node, with stand-ins for scontrol (the
     allocation's hosts, a long list) and srun (records its argv, one word a line): each node runs partita
-    train with the plan exported, the c10d rendezvous on the first host keyed by the job id."""
+    train with the plan exported, the c10d rendezvous at the first node's address keyed by the
+    job id."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    # a long host list: head -n1 closes the pipe early (SIGPIPE must not fail the script)
-    _stub(bin_dir, "scontrol", 'printf "node-a\\nnode-b\\n"; seq 200000 | sed "s/^/node-x/"\n')
+    # show hostnames: a long host list (head -n1 closes the pipe early: SIGPIPE must not fail the
+    # script); show node: the first node's record, its NodeAddr the rendezvous host
+    _stub(bin_dir, "scontrol", 'if [ "$1 $2" = "show node" ]; then\n'
+                               '  echo "NodeName=$3 Arch=x86_64 CoresPerSocket=4"\n'
+                               '  echo "   NodeAddr=10.1.2.3 NodeHostName=$3 Version=23.02.6"\n'
+                               'else printf "node-a\\nnode-b\\n"; seq 200000 | sed "s/^/node-x/"; fi\n')
     _stub(bin_dir, "srun", f'printf "%s\\n" "$@" > {shlex.quote(str(tmp_path / "srun.argv"))}\n')
     plan = Plan.parse("dp=8,pp=2,gbs=64,mbs=2,recompute=full")
     script = tmp_path / "job.sbatch"
@@ -271,7 +276,7 @@ def test_sbatch_script_runs_partita_train_with_the_exported_plan(tmp_path, image
     args = train_args(argv)
     assert Plan.parse(args.plan).to_dict() == plan.to_dict()
     assert (args.nnodes, args.nproc, args.device, args.steps) == (2, 8, "cuda", 3)
-    assert (args.rdzv_endpoint, args.rdzv_id) == ("node-a:29742", "4242")
+    assert (args.rdzv_endpoint, args.rdzv_id) == ("10.1.2.3:29742", "4242")
 
 
 def test_sbatch_script_stops_when_the_allocation_names_no_host(tmp_path):
