@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 
 from ..errors import PartitaError
 from .context import ExportContext
-from .jobs import (ASCEND_SET_ENV, JobOptions, Raw, accelerator_of, check_env, device_env, job_train_args, plan_text,
-                   shell_join, train_argv)
+from .jobs import (ASCEND_SET_ENV, JobOptions, Raw, accelerator_of, check_env, device_env, job_train_args, shell_join,
+                   train_argv)
 from .result import Export
 
 #: the resource each accelerator is requested as (NVIDIA's device plugin; MindCluster's Ascend
@@ -355,4 +355,4 @@ export_ascendjob = _export("k8s-ascendjob", ascendjob_manifest,
                            "MindCluster AscendJob for Volcano with its rank-table ConfigMap (kubectl apply -f)")
 
 __all__ = ["K8sOptions", "ascendjob_manifest", "export_ascendjob", "export_pytorchjob", "export_trainjob",
-           "plan_text", "pytorchjob_manifest", "trainjob_manifest"]
+           "pytorchjob_manifest", "trainjob_manifest"]
