@@ -17,7 +17,9 @@ Three mechanisms, each enough on its own for the common case:
   without prctl and torchrun being killed by something that spares the workers;
 - **lock**: the launcher holds ``fcntl.flock`` on ``<checkpoint dir>/.partita-lock``
   for the job's life (torchrun inherits the descriptor, so the lock is free only when
-  both are gone); a second job on that directory is refused with one line.
+  both are gone); a second job on that directory is refused with one line. The nodes of
+  one multi-node job (same rendezvous id and endpoint) share it: each takes it shared, so
+  a run and checkpoint directory on a cluster's shared filesystem serves the whole job.
 """
 from __future__ import annotations
 
