@@ -205,3 +205,15 @@ def test_deepep_kernels_are_communication():
     assert b.by_collective_us["all_to_all"] >= length(inside)
     layout = intersect(layout, window)
     assert length(intersect(layout, b.timeline["compute"])) == pytest.approx(length(layout))
+
+
+def test_captures_apart_in_time_are_refused(tmp_path):
+    """Without profiler_info configs to compare, captures whose time spans do not overlap
+    are still refused: the ranks of one job record together."""
+    from partita.analyze.files import RankTrace, _check_one_job
+    def rank(job, r):
+        doc = load_chrome_trace(NPU / job / f"rank{r}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json")
+        return RankTrace(f"{job}/{r}", r, doc, capture=str(tmp_path), msprof_dir=None)
+    _check_one_job([rank("msinsight_2rank_2025/level1", 0), rank("msinsight_2rank_2025/level1", 1)])
+    with pytest.raises(PartitaError, match="do not overlap in time"):
+        _check_one_job([rank("msinsight_2rank_2025/level0", 0), rank("msinsight_2rank_2025/level1", 1)])

@@ -219,9 +219,30 @@ def _span(doc: dict) -> tuple[float, float] | None:
     return (min(a for a, _ in times), max(b for _, b in times)) if times else None
 
 
+def _profiler_config(capture: str) -> dict | None:
+    """The profiler settings a capture's ``profiler_info*.json`` recorded (the same on every
+    rank of a job: torch_npu.profiler is configured once in the training script)."""
+    for info in sorted(Path(capture).glob("profiler_info*.json")):
+        try:
+            doc = json.loads(info.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
+            return doc["config"]
+    return None
+
+
 def _check_one_job(traces: list[RankTrace]) -> None:
-    """torch_npu captures of one job were recorded together: their time spans overlap.
-    Refuse (one line) captures that do not - ranks of different runs."""
+    """torch_npu captures of one job were recorded together, with one profiler setting: their
+    time spans overlap and their ``profiler_info`` configs are equal. Refuse (one line)
+    captures that are not - ranks of different runs."""
+    configs = [(rt, _profiler_config(rt.capture)) for rt in traces if rt.capture]
+    configs = [(rt, c) for rt, c in configs if c is not None]
+    for rt, config in configs[1:]:
+        if config != configs[0][1]:
+            raise PartitaError(f"{rt.capture} and {configs[0][0].capture} are not from one job: they were recorded "
+                               "with different profiler settings (profiler_info*.json); give the *_ascend_pt "
+                               "folders of one run")
     spans = [(rt, _span(rt.trace)) for rt in traces if rt.capture]
     spans = [(rt, s) for rt, s in spans if s]
     if len(spans) < 2:
