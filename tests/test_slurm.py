@@ -220,7 +220,9 @@ def test_slurm_dry_run_and_detach(tmp_path, slurm):
     detached = partita(*args, "--detach", env=slurm, cwd=tmp_path, timeout=300)
     assert detached.returncode == 0, detached.stderr
     job = detached.stdout.strip()
-    assert job.isdigit()
+    assert job.isdigit(), detached.stdout
+    assert f"scancel {job}" in detached.stderr
+    subprocess.run(["scancel", job], timeout=60, env=slurm, check=True)
     from partita.train.slurm import follow
     env_before = dict(os.environ)
     os.environ.update(slurm)
@@ -229,7 +231,7 @@ def test_slurm_dry_run_and_detach(tmp_path, slurm):
     finally:
         os.environ.clear()
         os.environ.update(env_before)
-    assert code == 0
+    assert code != 0  # cancelled: the job's state, not a success
     assert _queue_empty(slurm)
 
 
