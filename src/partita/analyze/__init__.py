@@ -3,7 +3,11 @@ of ``partita profile``): torch.profiler / Kineto Chrome traces - ``torch_npu.pro
 writes the same format - from Megatron-LM, torchtitan, DeepSpeed, a plain loop or Partita.
 No torch needed.
 
-* :mod:`.files` reads a rank's trace file or a directory of them, with one-line errors;
+* :mod:`.files` reads a rank's trace file or a directory of them, with one-line errors
+  (torch_npu: cluster directories of ``*_ascend_pt`` captures, ranks from their
+  ``profiler_info_<N>.json``, captures of different jobs refused);
+* :mod:`.ascend` reads torch_npu / msprof captures as msprof reads them (the HCCL process,
+  stream roles, task types, msprof's device step) and msprof's own summaries;
 * :mod:`.breakdown` splits one trace into compute, communication, memory copies and idle
   time (Partita's conventions); :mod:`.hta` gives Holistic Trace Analysis's;
 * :mod:`.groups` names the parallel axis each process group serves; :mod:`.memory` reads

@@ -1,6 +1,6 @@
 """``partita analyze TRACE...``: the breakdown of profiler traces Partita did not record
 (torch.profiler / Kineto / torch_npu Chrome traces from Megatron, torchtitan, DeepSpeed...;
-issue 14 item 3). The analysis is :mod:`partita.analyze.ranks`; this module parses the
+issue 14 item 3; torch_npu capture folders read as msprof reads them, issue 35). The analysis is :mod:`partita.analyze.ranks`; this module parses the
 command line and prints (rich tables, ``--json``, ``--report page.html``)."""
 from __future__ import annotations
 
