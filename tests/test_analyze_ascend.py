@@ -124,6 +124,7 @@ def test_one_rank_without_communication_matches_overlap_lanes():
     assert r["window_us"] == pytest.approx(span, abs=0.01 * span)
     assert r["compute_us"] == pytest.approx(length(union(lanes["Computing"])), abs=0.01 * span)
     assert r["idle_us"] == pytest.approx(length(union(lanes["Free"])), abs=0.01 * span)
+    assert r["ascend"]["overlap_lanes_us"]["Computing"] == pytest.approx(length(union(lanes["Computing"])))
 
 
 @pytest.mark.parametrize("form", ["cluster", "ascend_pt", "output_dir", "trace_file"])

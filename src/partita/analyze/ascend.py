@@ -48,7 +48,8 @@ What Partita takes from them, per rank (:func:`analyze_ascend`):
   msprof counts them (reported apart as ``memory_us``); so do the compute streams' waits
   (``wait_us``);
 * idle per stream: the window minus the union of the stream's tasks (tasks that overlap
-  each other merged, so never negative).
+  each other merged, so never negative);
+* msprof's own lanes over the same window (``overlap_lanes_us``), to read beside them.
 
 The msprof files are read too (:func:`read_msprof_outputs`), and put beside Partita's
 figures in the report.
@@ -231,7 +232,13 @@ def analyze_ascend(trace: dict) -> TraceBreakdown:
         memory_us=length(memory_u), idle_us=total["free_us"],
         by_collective_us={k: length(v) for k, v in by_kind_u.items()}, steps=len(steps),
         timeline={k: v for k, v in timeline.items() if v})
+    lanes: dict[str, list[Interval]] = {}
+    for e in events:
+        if processes.get(e.get("pid")) == OVERLAP:
+            lanes.setdefault(threads.get((e.get("pid"), e.get("tid")), str(e.get("tid"))), []).append(_iv(e))
     b.ascend = {"step_window": source, "per_step": per_step, "wait_us": length(wait_u),
+                # msprof's own verdict, as the trace's Overlap Analysis lanes draw it, over the same window
+                "overlap_lanes_us": {k: length(_clip(v, window)) for k, v in sorted(lanes.items())},
                 "communication_streams": sorted(comm_streams), "idle_by_stream": idle_by_stream,
                 "hccl_operations": len(ops)}
     return b
