@@ -260,3 +260,36 @@ def test_exported_sbatch_script_runs_to_completion(tmp_path, slurm):
     log = "".join(p.read_text() for p in tmp_path.glob("*.out"))
     assert "done: 10 steps" in log
     assert _queue_empty(slurm)
+
+
+def test_slurm_ctrl_c_cancels_the_job(tmp_path, slurm):
+    """SIGINT to the following launcher: scancel, wait until the job has left the queue, 130."""
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "partita", "train", *STEPS, "--steps", "1000", "--plan", "dp=2",
+                             "--nnodes", "2", "--nproc", "1", "--scheduler", "slurm", "--run-dir",
+                             str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=slurm, cwd=tmp_path)
+    lines: list[str] = []
+    import threading
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        for _ in range(1200):  # until the launcher follows the queued job (bounded: 600 s)
+            if any("following" in line for line in lines) or proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None and not _queue_empty(slurm), "".join(lines)[-3000:]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        reader.join(timeout=60)
+        err = "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "partita: cancelling Slurm job" in err
+    assert _queue_empty(slurm)

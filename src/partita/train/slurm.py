@@ -105,9 +105,9 @@ def run_slurm(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], No
         print(job, flush=True)
         say(f"partita: submitted Slurm job {job}; log {run_dir / f'slurm-{job}.out'}; scancel {job} to stop it")
         return 0
-    say(f"partita: submitted Slurm job {job} ({launch.nnodes} node(s) x {launch.nproc}); following "
-        f"{run_dir / f'slurm-{job}.out'}")
-    return follow(job, run_dir / f"slurm-{job}.out", say)
+    return follow(job, run_dir / f"slurm-{job}.out", say,
+                  f"partita: submitted Slurm job {job} ({launch.nnodes} node(s) x {launch.nproc}); following "
+                  f"{run_dir / f'slurm-{job}.out'} (Ctrl-C cancels it)")
 
 
 def _in_queue(job: str) -> bool:
@@ -136,9 +136,10 @@ def job_exit(job: str) -> tuple[str, int]:
     return state_name, 0 if state_name == "COMPLETED" else 1
 
 
-def follow(job: str, log: Path, say: Callable[[str], None], poll_s: float = 1.0) -> int:
+def follow(job: str, log: Path, say: Callable[[str], None], first: str = "", poll_s: float = 1.0) -> int:
     """Print the job's log as it grows until the job leaves the queue; Ctrl-C / SIGTERM cancel
-    it. The exit code is the job's (130 / 143 when it was cancelled here)."""
+    it. The exit code is the job's (130 / 143 when it was cancelled here). ``first`` is said
+    once the signal handlers are in place."""
     received: list[int] = []
 
     def on_signal(signum, frame):
@@ -147,6 +148,8 @@ def follow(job: str, log: Path, say: Callable[[str], None], poll_s: float = 1.0)
             say(f"partita: cancelling Slurm job {job} (scancel)")
             subprocess.run(["scancel", job], timeout=60)
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    if first:
+        say(first)  # after the handlers: a Ctrl-C from now on cancels the job
     offset, tail = 0, ""
     try:
         while True:
