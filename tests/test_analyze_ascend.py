@@ -218,3 +218,26 @@ def test_captures_apart_in_time_are_refused(tmp_path):
     _check_one_job([rank("msinsight_2rank_2025/level1", 0), rank("msinsight_2rank_2025/level1", 1)])
     with pytest.raises(PartitaError, match="do not overlap in time"):
         _check_one_job([rank("msinsight_2rank_2025/level0", 0), rank("msinsight_2rank_2025/level1", 1)])
+
+
+def test_step_window_without_flows():
+    """A capture without the torch_to_npu flows: the step is the span of msprof's Overlap
+    Analysis lanes (the same figures); without those either, the host ProfilerStep to the
+    last device task - the documented fallback, longer than msprof's step."""
+    capture = "msinsight_2rank_2025/level0/rank0_ascend_pt"
+    path = NPU / capture / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    row = _msprof(capture)[0]
+    trace = load_chrome_trace(path)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "async_npu"]
+    b = analyze_trace(trace)
+    assert b.ascend["step_window"] == "the Overlap Analysis lanes"
+    for key in COLUMNS:
+        assert b.ascend["per_step"][0][key] == pytest.approx(row[key], abs=0.0002 * row["window_us"]), key
+    names = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "M" and e.get("name") == "process_name"
+             and e["args"].get("name") == "Overlap Analysis"}
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("pid") not in names]
+    b = analyze_trace(trace)
+    assert b.ascend["step_window"].startswith("the host ProfilerStep")
+    assert b.window_us > 1.1 * row["window_us"]
+    assert b.compute_us == pytest.approx(row["computing_us"], abs=0.0002 * row["window_us"])
+    assert b.communication_us == pytest.approx(row["communication_us"], abs=0.0002 * row["window_us"])

@@ -196,6 +196,12 @@ def analyze_ascend(trace: dict) -> TraceBreakdown:
                   if lo <= launched.get((e.get("pid"), e.get("tid"), float(e["ts"])), -1.0) <= hi]
         if inside:
             steps.append((number, (min(a for a, _ in inside), max(b for _, b in inside))))
+    # HCCL operations the flows do not link (older captures may link the tasks only): an
+    # operation that starts inside a step's device span belongs to that step
+    unlinked = [_iv(e) for e in ops if (e.get("pid"), e.get("tid"), float(e["ts"])) not in launched]
+    for i, (number, (lo, hi)) in enumerate(steps):
+        ends = [b for a, b in unlinked if lo <= a <= hi]
+        steps[i] = (number, (lo, max([hi, *ends])))
     source = "device tasks launched in each ProfilerStep"
     if not steps:
         lanes = [_iv(e) for e in events if processes.get(e.get("pid")) == OVERLAP]
