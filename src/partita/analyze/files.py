@@ -278,10 +278,11 @@ def load_rank_traces(inputs: list[str], max_mb: int = DEFAULT_MAX_MB) -> list[Ra
                 rank = 0
         else:
             rank = _rank_of(path, doc, i)
-        if rank in seen:
-            raise PartitaError(f"{path} and {seen[rank]} are both rank {rank}: give the traces of one run "
-                               "(one file per rank)")
-        seen[rank] = str(path)
         out.append(RankTrace(str(path), rank, doc, capture_dir, msprof_dir))
-    _check_one_job(out)
+    _check_one_job(out)   # first: captures of two runs are "not from one job", whatever their ranks
+    for rt in out:
+        if rt.rank in seen:
+            raise PartitaError(f"{rt.path} and {seen[rt.rank]} are both rank {rt.rank}: give the traces of one run "
+                               "(one file per rank)")
+        seen[rt.rank] = rt.path
     return sorted(out, key=lambda r: r.rank)
