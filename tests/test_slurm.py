@@ -131,12 +131,12 @@ def slurm(tmp_path_factory):
     env_all = {**os.environ, **env}
     env_all.pop("SLURM_JOB_ID", None)
     yield env_all
-    queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=60, env=env_all).stdout
-    if queue.strip():
+    queue = "" if _queue_empty(env_all) else _queued(env_all)
+    if queue:
         subprocess.run(["scancel", "--user", str(os.getuid())], timeout=60, env=env_all)
     if started:
         subprocess.run(["bash", str(ROOT / "tests/slurm/stop_local_slurm.sh"), started], timeout=60)
-    assert not queue.strip(), f"jobs left in the queue: {queue}"
+    assert not queue, f"jobs left in the queue: {queue}"
 
 
 def _slurm_port() -> int:
@@ -160,8 +160,19 @@ def _slurm_port() -> int:
     return 16817
 
 
-def _queue_empty(env) -> bool:
-    return not subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=60, env=env).stdout.strip()
+def _queued(env) -> str:
+    return subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=60, env=env).stdout.strip()
+
+
+def _queue_empty(env, tries: int = 120) -> bool:
+    """Whether the queue empties: a job that ended may show as COMPLETING for a moment
+    (bounded wait: ``tries`` x 0.5 s)."""
+    import time
+    for _ in range(tries):
+        if not _queued(env):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def test_slurm_dp2_one_process_per_node_crash_and_resume_equal_one_machine(tmp_path, slurm, one_machine):
@@ -282,7 +293,7 @@ def test_slurm_ctrl_c_cancels_the_job(tmp_path, slurm):
             if any("following" in line for line in lines) or proc.poll() is not None:
                 break
             time.sleep(0.5)
-        assert proc.poll() is None and not _queue_empty(slurm), "".join(lines)[-3000:]
+        assert proc.poll() is None and _queued(slurm), "".join(lines)[-3000:]
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
         reader.join(timeout=60)
@@ -292,4 +303,17 @@ def test_slurm_ctrl_c_cancels_the_job(tmp_path, slurm):
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
     assert "partita: cancelling Slurm job" in err
+    assert _queue_empty(slurm)
+
+
+def test_slurm_inside_an_allocation_runs_the_steps_there(tmp_path, slurm):
+    """Under salloc (SLURM_JOB_ID set) the script runs here and its srun uses the allocation:
+    rank 0's steps on the launcher's own stdout, no second job queued."""
+    proc = subprocess.run(["salloc", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "partita", "train", *STEPS,
+                           "--steps", "3", "--plan", "dp=2", "--nnodes", "2", "--nproc", "1", "--scheduler", "slurm",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=600,
+                          env=slurm, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "partita: inside Slurm allocation" in proc.stderr
+    assert sorted(losses(proc.stdout)) == [0, 1, 2]
     assert _queue_empty(slurm)
