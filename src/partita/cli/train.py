@@ -76,7 +76,7 @@ def run_local(config: TrainConfig, launch: LaunchConfig, worker_stdout=None) -> 
         outcome = run_watched(run.command, run.env, worker_stdout or sys.stdout, run.run_dir / "metrics.jsonl",
                               2 * run.config.timeout_s, pass_fds=(lock.fd,), grace_s=run.config.timeout_s + 30,
                               say=_say, stop_file=run.run_dir / STOP_FILE, started=waiting(launch, run, _say))
-        remove_torchrun_logs(run.run_dir)
+        remove_torchrun_logs(run.run_dir, launch.nnodes)
     except KeyboardInterrupt:  # Ctrl-C while validating / building, before any worker exists
         _say("partita: stopped by SIGINT before the job started")
         return 130

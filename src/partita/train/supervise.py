@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +35,7 @@ def torchrun_command(launch: LaunchConfig, run_dir: Path, timeout_s: int = 300) 
     workers' graceful shutdown after a signal (long enough for the checkpoint of the step
     reached)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}",
-           f"--log-dir={run_dir / TORCHRUN_LOGS}", f"--shutdown-timeout={timeout_s}"]
+           f"--log-dir={torchrun_log_dir(run_dir, launch.nnodes)}", f"--shutdown-timeout={timeout_s}"]
     if launch.nnodes > 1 or launch.rdzv_endpoint:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}",
@@ -182,8 +183,19 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def remove_torchrun_logs(run_dir: Path) -> None:
-    shutil.rmtree(run_dir / TORCHRUN_LOGS, ignore_errors=True)
+def torchrun_log_dir(run_dir: Path, nnodes: int = 1) -> Path:
+    """``<run dir>/torchelastic``; one folder per node launcher below it on several nodes (the
+    run dir is shared: a node that ends first must not remove another node's logs)."""
+    logs = run_dir / TORCHRUN_LOGS
+    return logs / f"{socket.gethostname()}-{os.getpid()}" if nnodes > 1 else logs
+
+
+def remove_torchrun_logs(run_dir: Path, nnodes: int = 1) -> None:
+    shutil.rmtree(torchrun_log_dir(run_dir, nnodes), ignore_errors=True)
+    try:
+        (run_dir / TORCHRUN_LOGS).rmdir()  # the last node's launcher removes the shared folder
+    except OSError:
+        pass
 
 
 PEER_LOSS = ("closed by peer", "reset by peer", "Read error", "Broken pipe", "Timed out", "timed out",
