@@ -61,7 +61,7 @@ import json
 import re
 from pathlib import Path
 
-from .breakdown import Interval, TraceBreakdown, collective_kind, intersect, length, union
+from .events import Interval, TraceBreakdown, collective_kind, intersect, length, union
 
 HARDWARE = "Ascend Hardware"
 HCCL = "HCCL"
@@ -143,6 +143,75 @@ def _figures(window: list[Interval], compute: list[Interval], comm: list[Interva
             "free_us": win - length(union(c + m))}
 
 
+def _device_tasks(hardware: list[dict], classes: list[str], streams: list[int], comm_streams: set[int]) -> dict:
+    """The ``Ascend Hardware`` tasks as intervals by role: everything on a stream that carries
+    HCCL tasks is communication (its waits and copies too); elsewhere each task by its class."""
+    out: dict = {"compute": [], "memory": [], "wait": [], "stream_comm": [], "per_stream": {}}
+    for e, c, s in zip(hardware, classes, streams):
+        iv = _iv(e)
+        out["per_stream"].setdefault(s, []).append(iv)
+        if s in comm_streams or c not in ("compute", "memory", "wait"):
+            out["stream_comm"].append(iv)
+        else:
+            out[c].append(iv)
+    return out
+
+
+def _collectives(ops: list[dict], hardware: list[dict], streams: list[int], comm_streams: set[int],
+                 stream_comm: list[Interval]) -> tuple[list[Interval], dict[str, list[Interval]]]:
+    """Communication intervals and their split by collective: the HCCL process's operations
+    (what msprof counts) where the capture has them, else the tasks of the HCCL streams."""
+    by_kind: dict[str, list[Interval]] = {}
+    if ops:
+        for e in ops:
+            by_kind.setdefault(collective_kind(str(e.get("name", ""))), []).append(_iv(e))
+        return [_iv(e) for e in ops], by_kind
+    for e, s in zip(hardware, streams):
+        if s in comm_streams and str(e.get("name", "")).lower().startswith(("hcom_", "hccl")):
+            by_kind.setdefault(collective_kind(str(e["name"])), []).append(_iv(e))
+    if stream_comm and not by_kind:
+        by_kind["other"] = list(stream_comm)
+    return stream_comm, by_kind
+
+
+def _launched_steps(trace: dict, events: list[dict], members: list[dict],
+                    ops: list[dict]) -> tuple[list[tuple[int, Interval]], list[tuple[int | None, Interval]]]:
+    """(host ProfilerSteps, device step windows): each step's window spans the device tasks
+    launched from inside it (``torch_to_npu`` flows); an HCCL operation the flows do not link
+    (older captures link the tasks only) joins the step whose span it starts in."""
+    host_steps = sorted((int(STEP.match(str(e["name"])).group(1)), _iv(e)) for e in events
+                        if STEP.match(str(e.get("name", ""))))
+    launched = _launch_times(trace)
+    steps: list[tuple[int | None, Interval]] = []
+    for number, (lo, hi) in host_steps:
+        inside = [_iv(e) for e in members
+                  if lo <= launched.get((e.get("pid"), e.get("tid"), float(e["ts"])), -1.0) <= hi]
+        if inside:
+            steps.append((number, (min(a for a, _ in inside), max(b for _, b in inside))))
+    unlinked = [_iv(e) for e in ops if (e.get("pid"), e.get("tid"), float(e["ts"])) not in launched]
+    for i, (number, (lo, hi)) in enumerate(steps):
+        ends = [b for a, b in unlinked if lo <= a <= hi]
+        steps[i] = (number, (lo, max([hi, *ends])))
+    return host_steps, steps
+
+
+def _fallback_steps(events: list[dict], processes: dict, host_steps: list[tuple[int, Interval]],
+                    device: list[Interval]) -> tuple[list[tuple[int | None, Interval]], str]:
+    """The step window of a capture without launch flows: the Overlap Analysis lanes, else the
+    host ProfilerSteps stretched to the last device task, else the span of the device tasks."""
+    lanes = [_iv(e) for e in events if processes.get(e.get("pid")) == OVERLAP]
+    if lanes:
+        return ([(host_steps[0][0] if len(host_steps) == 1 else None,
+                  (min(a for a, _ in lanes), max(b for _, b in lanes)))], "the Overlap Analysis lanes")
+    if host_steps and device:
+        last = max(b for _, b in device)
+        return ([(n, (lo, max(hi, last) if i == len(host_steps) - 1 else hi)) for i, (n, (lo, hi)) in enumerate(host_steps)],
+                "the host ProfilerStep annotations, to the last device task")
+    if device:
+        return [(None, (min(a for a, _ in device), max(b for _, b in device)))], "the span of the device tasks"
+    return [], "the span of the device tasks"
+
+
 def analyze_ascend(trace: dict) -> TraceBreakdown:
     """The breakdown of one torch_npu ``trace_view.json`` (already normalised by
     :func:`partita.analyze.files.normalise_npu_trace`); see the module docstring."""
@@ -156,98 +225,56 @@ def analyze_ascend(trace: dict) -> TraceBreakdown:
     classes = [task_class(e) for e in hardware]
     streams = [_stream_of(e, threads) for e in hardware]
     comm_streams = {s for s, c in zip(streams, classes) if c == "hccl"}
-    compute, memory, wait, stream_comm = [], [], [], []
-    per_stream: dict[int, list[Interval]] = {}
-    for e, c, s in zip(hardware, classes, streams):
-        iv = _iv(e)
-        per_stream.setdefault(s, []).append(iv)
-        if s in comm_streams:
-            stream_comm.append(iv)
-        elif c == "compute":
-            compute.append(iv)
-        elif c == "memory":
-            memory.append(iv)
-        elif c == "wait":
-            wait.append(iv)
-        else:
-            stream_comm.append(iv)
-    by_kind: dict[str, list[Interval]] = {}
-    if ops:
-        comm = [_iv(e) for e in ops]
-        for e in ops:
-            by_kind.setdefault(collective_kind(str(e.get("name", ""))), []).append(_iv(e))
-    else:
-        comm = stream_comm
-        for e, s in zip(hardware, streams):
-            if s in comm_streams and str(e.get("name", "")).lower().startswith(("hcom_", "hccl")):
-                by_kind.setdefault(collective_kind(str(e["name"])), []).append(_iv(e))
-        if comm and not by_kind:
-            by_kind["other"] = list(comm)
+    tasks = _device_tasks(hardware, classes, streams, comm_streams)
+    compute, memory, wait = tasks["compute"], tasks["memory"], tasks["wait"]
+    comm, by_kind = _collectives(ops, hardware, streams, comm_streams, tasks["stream_comm"])
 
-    # the step windows: device tasks launched from inside each ProfilerStep
-    host_steps = sorted((int(STEP.match(str(e["name"])).group(1)), _iv(e)) for e in events
-                        if STEP.match(str(e.get("name", ""))))
-    launched = _launch_times(trace)
     members = [e for e, c, s in zip(hardware, classes, streams) if c == "compute" and s not in comm_streams]
     members += ops if ops else [e for e, s in zip(hardware, streams) if s in comm_streams]
-    steps: list[tuple[int | None, Interval]] = []
-    for number, (lo, hi) in host_steps:
-        inside = [_iv(e) for e in members
-                  if lo <= launched.get((e.get("pid"), e.get("tid"), float(e["ts"])), -1.0) <= hi]
-        if inside:
-            steps.append((number, (min(a for a, _ in inside), max(b for _, b in inside))))
-    # HCCL operations the flows do not link (older captures may link the tasks only): an
-    # operation that starts inside a step's device span belongs to that step
-    unlinked = [_iv(e) for e in ops if (e.get("pid"), e.get("tid"), float(e["ts"])) not in launched]
-    for i, (number, (lo, hi)) in enumerate(steps):
-        ends = [b for a, b in unlinked if lo <= a <= hi]
-        steps[i] = (number, (lo, max([hi, *ends])))
+    host_steps, steps = _launched_steps(trace, events, members, ops)
     source = "device tasks launched in each ProfilerStep"
     if not steps:
-        lanes = [_iv(e) for e in events if processes.get(e.get("pid")) == OVERLAP]
-        device = compute + comm + memory + wait
-        if lanes:
-            steps = [(host_steps[0][0] if len(host_steps) == 1 else None,
-                      (min(a for a, _ in lanes), max(b for _, b in lanes)))]
-            source = "the Overlap Analysis lanes"
-        elif host_steps and device:
-            last = max(b for _, b in device)
-            steps = [(n, (lo, max(hi, last) if i == len(host_steps) - 1 else hi))
-                     for i, (n, (lo, hi)) in enumerate(host_steps)]
-            source = "the host ProfilerStep annotations, to the last device task"
-        elif device:
-            steps = [(None, (min(a for a, _ in device), max(b for _, b in device)))]
-            source = "the span of the device tasks"
+        steps, source = _fallback_steps(events, processes, host_steps, compute + comm + memory + wait)
     window = union([w for _, w in steps])
     compute_u, comm_u = _clip(compute, window), _clip(comm, window)
     memory_u, wait_u = _clip(memory, window), _clip(wait, window)
     total = _figures(window, compute_u, comm_u)
-    win = total["window_us"]
+    by_kind_u = {k: _clip(v, window) for k, v in sorted(by_kind.items())}
+    timeline = {"compute": compute_u, "memory": memory_u, "wait": wait_u,
+                **{f"comm:{k}": v for k, v in by_kind_u.items()}}
+    b = TraceBreakdown(
+        kind="device", window_us=total["window_us"], compute_us=total["computing_us"],
+        communication_us=total["communication_us"], overlapped_us=total["overlapped_us"],
+        exposed_communication_us=total["communication_not_overlapped_us"], memory_us=length(memory_u),
+        idle_us=total["free_us"], by_collective_us={k: length(v) for k, v in by_kind_u.items()}, steps=len(steps),
+        timeline={k: v for k, v in timeline.items() if v})
+    b.ascend = _ascend_extras(events, processes, threads, window, steps, source, compute_u, comm_u, wait_u,
+                              tasks["per_stream"], comm_streams, len(ops))
+    return b
+
+
+def _ascend_extras(events: list[dict], processes: dict, threads: dict, window: list[Interval],
+                   steps: list, source: str, compute_u: list[Interval], comm_u: list[Interval],
+                   wait_u: list[Interval], per_stream: dict[int, list[Interval]], comm_streams: set[int],
+                   hccl_operations: int) -> dict:
+    """What only a torch_npu capture has: msprof's columns per step, the waits, each stream's
+    role and idle time (never negative: its tasks are merged first), and msprof's own
+    Overlap Analysis lanes over the same window."""
+    win = length(union(window))
     idle_by_stream = {}
     for s, ivs in sorted(per_stream.items()):
         busy = length(_clip(ivs, window))
         idle_by_stream[s] = {"role": "communication" if s in comm_streams else "compute",
                              "busy_us": busy, "idle_us": max(win - busy, 0.0)}
-    by_kind_u = {k: _clip(v, window) for k, v in sorted(by_kind.items())}
-    timeline = {"compute": compute_u, "memory": memory_u, "wait": wait_u,
-                **{f"comm:{k}": v for k, v in by_kind_u.items()}}
-    per_step = [{"step": n, "start_us": w[0], **_figures([w], compute_u, comm_u)} for n, w in steps]
-    b = TraceBreakdown(
-        kind="device", window_us=win, compute_us=total["computing_us"], communication_us=total["communication_us"],
-        overlapped_us=total["overlapped_us"], exposed_communication_us=total["communication_not_overlapped_us"],
-        memory_us=length(memory_u), idle_us=total["free_us"],
-        by_collective_us={k: length(v) for k, v in by_kind_u.items()}, steps=len(steps),
-        timeline={k: v for k, v in timeline.items() if v})
     lanes: dict[str, list[Interval]] = {}
     for e in events:
         if processes.get(e.get("pid")) == OVERLAP:
             lanes.setdefault(threads.get((e.get("pid"), e.get("tid")), str(e.get("tid"))), []).append(_iv(e))
-    b.ascend = {"step_window": source, "per_step": per_step, "wait_us": length(wait_u),
-                # msprof's own verdict, as the trace's Overlap Analysis lanes draw it, over the same window
-                "overlap_lanes_us": {k: length(_clip(v, window)) for k, v in sorted(lanes.items())},
-                "communication_streams": sorted(comm_streams), "idle_by_stream": idle_by_stream,
-                "hccl_operations": len(ops)}
-    return b
+    per_step = [{"step": n, "start_us": w[0], **_figures([w], compute_u, comm_u)} for n, w in steps]
+    return {"step_window": source, "per_step": per_step, "wait_us": length(wait_u),
+            "overlap_lanes_us": {k: length(_clip(v, window)) for k, v in sorted(lanes.items())},
+            "communication_streams": sorted(comm_streams), "idle_by_stream": idle_by_stream,
+            "hccl_operations": hccl_operations}
 
 
 # --- msprof's own files ------------------------------------------------------------------------
