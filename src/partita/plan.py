@@ -91,6 +91,7 @@ a group crosses) and the runtime (which ranks form a group) both use :func:`axis
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -111,6 +112,10 @@ GRAD_ACCUM_MODES = ("sharded", "unsharded")
 ATTENTIONS = ("fused", "unfused")
 GRAD_DTYPES = ("fp32", "bf16")
 GRAD_COMPRESSIONS = ("none", "powersgd")
+#: ``finetune``: none (pre-training: every weight trained), full (SFT of every weight), lora (frozen
+#: base weights, low-rank adapters trained); ``lora_targets``: which linears get an adapter
+FINETUNES = ("none", "full", "lora")
+LORA_TARGETS = ("attention", "mlp", "all-linear")
 ZERO_STAGES = (0, 1, 2, 3)
 #: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
 FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo")
@@ -121,7 +126,9 @@ MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
 _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
-                                         "recompute_layers": 0, "attention": "fused"}
+                                         "recompute_layers": 0, "attention": "fused",
+                                         "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
+                                         "lora_targets": "all-linear"}
 
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
@@ -208,6 +215,16 @@ class Plan:
     #: attention kernel: fused (flash) or unfused (probabilities kept; module docstring)
     attention: str = _flag("fused", "attention kernel: fused (flash; default) or unfused (the softmax "
                                     "probabilities kept for backward)", choices=ATTENTIONS)
+    #: fine-tuning: none (pre-training), full SFT or LoRA (partita.cost.finetune: frozen weights
+    #: without gradients or optimizer states, adapters with theirs; docs/finetune.md)
+    finetune: str = _flag("none", "fine-tuning: none (pre-training; default), full (SFT, every weight trained) or "
+                                  "lora (frozen base weights, low-rank adapters trained)", choices=FINETUNES,
+                          commands=_BOTH)
+    lora_rank: int = _flag(16, "LoRA rank r of every adapter (with --finetune lora; default 16)", bounds=(1, 65536),
+                           commands=_BOTH)
+    lora_alpha: float = _flag(32.0, "LoRA alpha (scale alpha/r; with --finetune lora; default 32)", commands=_BOTH)
+    lora_targets: str = _flag("all-linear", "linears given a LoRA adapter: attention (q,k,v,o), mlp (gate,up,down) "
+                                            "or all-linear (both; default)", choices=LORA_TARGETS, commands=_BOTH)
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -266,6 +283,8 @@ class Plan:
             parts.append(f"psgd{self.powersgd_rank}")
         elif self.grad_dtype == "bf16" and self.dtype != "fp32":
             parts.append("g-bf16")
+        if self.finetune != "none":
+            parts.append("sft-full" if self.finetune == "full" else f"lora{self.lora_rank}-{self.lora_targets}")
         return " ".join(parts)
 
     # ------------------------------------------------------------ io
@@ -497,6 +516,14 @@ def _typed(name: str, value: Any) -> Any:
         if str(value).lower() in _BOOL:
             return _BOOL[str(value).lower()]
         raise ValueError(f"must be true or false, got {value!r}")
+    if kind == "float":
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+            raise ValueError(f"must be a positive number, got {value!r}")
+        return number
     if kind == "int":
         if isinstance(value, bool):
             raise ValueError(f"must be an integer, got {value!r}")
