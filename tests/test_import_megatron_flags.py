@@ -175,12 +175,78 @@ def test_unfused_attention():
     assert read(LLAMA70 + "--use-flash-attn", 8, framework="mindspeed").plan.attention == "fused"
 
 
-@pytest.mark.parametrize("flag", ["--fp8-param-gather", "--reuse-fp32-param", "--swap-attention", "--swap-optimizer",
+@pytest.mark.parametrize("flag", ["--optimizer-cpu-offload", "--swap-attention", "--swap-optimizer",
                                   "--moe-fb-overlap", "--recompute-activation-function", "--mtp-num-layers 1",
                                   "--lora-r 16", "--no-pad-to-seq-lengths"])
 def test_cost_flags_not_modelled_are_named(flag):
     r = read(LLAMA70 + flag, 8)
     assert [n.split(":")[0].split(" ")[0] for n in r.not_modelled] == [flag.split(" ")[0]]
+
+
+def test_fp8_param_gather_and_reuse_fp32_param_are_plan_fields():
+    p = plan(LLAMA70 + "--fp8-format hybrid --fp8-param-gather --use-distributed-optimizer", 8)
+    assert (p.dtype, p.fp8_param_gather, p.reuse_fp32_param) == ("fp8", True, False)
+    assert plan(LLAMA70 + "--fp8-param-gather --use-distributed-optimizer", 8).fp8_param_gather is False  # no fp8
+    r = read(LLAMA70 + "--reuse-fp32-param --use-distributed-optimizer", 8, framework="mindspeed")
+    assert r.plan.reuse_fp32_param is True and r.not_modelled == ()
+
+
+def _states(model_name: str, devices: int, **fields) -> dict[str, float]:
+    """Weights, gradients and optimizer bytes of pipeline rank 0 (tp = pp = 1: every parameter)."""
+    from partita.cost.memory import estimate_rank_memory
+    from partita.plan import Plan
+    from partita.spec.hardware import make_cluster
+    device = make_cluster("h100-sxm", devices).device
+    plan_ = Plan(dp=devices, gbs=devices, seq_len=4096, **fields)
+    parts = estimate_rank_memory(load_model(model_name), device, plan_, 0).parts
+    return {k: parts[k] for k in ("weights", "gradients", "optimizer")}
+
+
+def test_fp8_param_gather_keeps_one_byte_per_weight():
+    # Megatron's parameter buffer for fp8 params is torch.uint8 (param_and_grad_buffer.py), in place
+    # of the bf16 weight (2 bytes) and Transformer Engine's cached fp8 copy (1 byte)
+    params = load_model("llama3-8b").total_params()
+    base = _states("llama3-8b", 8, dtype="fp8", grad_dtype="bf16")
+    fp8 = _states("llama3-8b", 8, dtype="fp8", grad_dtype="bf16", fp8_param_gather=True)
+    assert fp8["weights"] == pytest.approx(params * 1)
+    assert base["weights"] == pytest.approx(params * 3)
+    assert (fp8["gradients"], fp8["optimizer"]) == (base["gradients"], base["optimizer"])
+
+
+@pytest.mark.parametrize("zero,dp", [(0, 8), (1, 8), (2, 4)])
+def test_reuse_fp32_param_saves_what_mindspeed_documents(zero, dp):
+    # Ascend/MindSpeed@028de58 docs/zh/features/reuse-fp32-param.md: saves sizeof(bfloat16) x params
+    # (Float16OptimizerWithFloat16Params), sizeof(bfloat16) x params / DP with the distributed optimizer
+    params = load_model("llama3-8b").total_params()
+    base = _states("llama3-8b", dp, zero=zero)
+    reused = _states("llama3-8b", dp, zero=zero, reuse_fp32_param=True)
+    saved = sum(base.values()) - sum(reused.values())
+    assert saved == pytest.approx(2 * params / (dp if zero >= 1 else 1))
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"dtype": "fp8", "zero": 0, "fp8_param_gather": True}, "fp8_param_gather needs dtype fp8 and zero 1-3"),
+    ({"dtype": "bf16", "fp8_param_gather": True}, "fp8_param_gather needs dtype fp8"),
+    ({"dtype": "bf16", "zero": 3, "reuse_fp32_param": True}, "reuse_fp32_param needs dtype bf16"),
+    ({"dtype": "fp16", "reuse_fp32_param": True}, "MindSpeed refuses it with fp16"),
+])
+def test_weight_storage_knobs_where_the_frameworks_refuse_them(fields, words):
+    from partita.plan import Plan, check
+    with pytest.raises(PartitaError) as e:
+        check(Plan(dp=8, gbs=8, **fields), None, 8)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_megatrons_llama3_8b_fp8_example_fits_the_node_it_ships_for(capsys):
+    # NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh runs on one node of 8 80 GB H100s
+    import json
+    from pathlib import Path
+    from partita.cli import main
+    script = Path(__file__).parent / "data" / "launch_configs" / "megatron" / "llama3_8b_fp8_arrays.sh"
+    assert main(["estimate", "--from-script", str(script), "--hardware", "h100-sxm", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["devices"] == 8 and out["fits"] is True and out["not_modelled"] == []
+    assert out["plan"]["fp8_param_gather"] is True
 
 
 def test_context_parallel_algorithm_named_only_with_context_parallel():
@@ -266,7 +332,8 @@ ARGS=(--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention
       --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm --position-embedding-type rope
       --untie-embeddings-and-output-weights --disable-bias-linear --tokenizer-type NullTokenizer --vocab-size 128256
       --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer
-      --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16 --fp8-format hybrid --fp8-param-gather)
+      --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16 --fp8-format hybrid --fp8-param-gather
+      --optimizer-cpu-offload)
 torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py "${ARGS[@]}"
 """
 HW = ["--hardware", "h100-sxm", "--devices", "16"]
@@ -295,7 +362,7 @@ def test_plan_from_script_without_model_is_not_the_default_model(tmp_path, capsy
     from partita.cli import main
     assert main(["plan", "--from-script", _script(tmp_path), *HW, "--top", "1"]) == 0
     out = capsys.readouterr().out
-    assert "your plan (dp4 tp2+sp pp2 z1" in out and "in the file, not modelled: --fp8-param-gather" in out
+    assert "your plan (dp4 tp2+sp pp2 z1" in out and "in the file, not modelled: --optimizer-cpu-offload" in out
 
 
 def test_model_contradicting_the_script_is_one_line(tmp_path, capsys):
@@ -327,6 +394,7 @@ def test_import_json_has_the_model_and_the_flags_not_modelled_and_reads_as_a_pla
     assert main(["import", _script(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["layers"] == 32 and out["model"]["kv_heads"] == 8
-    assert [n.split(":")[0] for n in out["not_modelled"]] == ["--fp8-param-gather"]
+    assert [n.split(":")[0] for n in out["not_modelled"]] == ["--optimizer-cpu-offload"]
+    assert out["fp8_param_gather"] is True
     (tmp_path / "plan.json").write_text(json.dumps(out))
     assert main(["estimate", "--plan", str(tmp_path / "plan.json"), "--model", "llama3-8b", *HW]) == 0

@@ -181,3 +181,21 @@ def test_any_text_is_read_or_refused_in_one_line():
                 read_script(variant, ["a"], {"X": "1"}, path)
             except ShellError:
                 pass
+
+
+def test_estimate_and_plan_json_carry_the_reading_note_and_what_is_not_modelled(tmp_path, capsys):
+    # issue 32: what a script's reading assumed and its flags Partita does not model reach --json too
+    import json
+    from partita.cli import main
+    script = tmp_path / "run.sh"
+    script.write_text('if [ "$MODE" == "big" ]; then TP=8; else TP=2; fi\n'
+                      f"{LAUNCH} --tensor-model-parallel-size $TP --micro-batch-size 1 --global-batch-size 64 "
+                      "--seq-length 4096 --bf16 --swap-attention\n")
+    common = ["--from-script", str(script), "--model", "llama3-8b", "--hardware", "h100-sxm", "--json"]
+    assert main(["estimate", *common]) == 0  # no --devices: the launcher's world size
+    out = json.loads(capsys.readouterr().out)
+    assert "$MODE unset" in out["reading_note"] and out["not_modelled"][0].startswith("--swap-attention")
+    assert main(["plan", *common, "--top", "1"]) == 0
+    mine = json.loads(capsys.readouterr().out)["from_script"]
+    assert "$MODE unset" in mine["reading_note"] and mine["not_modelled"][0].startswith("--swap-attention")
+    assert mine["plan"]["tp"] == 2 and mine["devices"] == out["devices"] == 8

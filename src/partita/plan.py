@@ -83,6 +83,12 @@ fsdp_prefetch
 attention  fused (default: flash / fused attention, the scores never stored) | unfused
            (the softmax probabilities of every layer are kept for backward: Megatron-Core
            ``--attention-backend unfused``, eager attention); memory: cost/memory.py
+fp8_param_gather
+           fp8 plans with zero 1-3: the weights are TE fp8 tensors (1 byte), no bf16 copy
+           (Megatron ``--fp8-param-gather``); bytes: cost/states.py
+reuse_fp32_param
+           bf16 plans with zero 0-2: the fp32 master weight is the bf16 weight plus a
+           16-bit residual (MindSpeed ``--reuse-fp32-param``); bytes: cost/states.py
 =========  ===================================================================
 
 The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
@@ -128,7 +134,8 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
                                          "recompute_layers": 0, "attention": "fused",
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
-                                         "lora_targets": "all-linear"}
+                                         "lora_targets": "all-linear", "fp8_param_gather": False,
+                                         "reuse_fp32_param": False}
 
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
@@ -225,6 +232,13 @@ class Plan:
     lora_alpha: float = _flag(32.0, "LoRA alpha (scale alpha/r; with --finetune lora; default 32)", commands=_BOTH)
     lora_targets: str = _flag("all-linear", "linears given a LoRA adapter: attention (q,k,v,o), mlp (gate,up,down) "
                                             "or all-linear (both; default)", choices=LORA_TARGETS, commands=_BOTH)
+    #: weight storage knobs read from Megatron/MindSpeed scripts (issue 32; cost/states.py has the bytes):
+    #: fp8 weights with no bf16 copy (Megatron --fp8-param-gather), and the fp32 master weight kept as the
+    #: bf16 weight plus a 16-bit residual (MindSpeed --reuse-fp32-param)
+    fp8_param_gather: bool = _flag(False, "with --dtype fp8: keep the weights in fp8 only (no bf16 copy) and "
+                                          "all-gather them in fp8 (Megatron --fp8-param-gather; needs zero >= 1)")
+    reuse_fp32_param: bool = _flag(False, "keep the fp32 master weight as the bf16 weight plus a 16-bit residual "
+                                          "(MindSpeed --reuse-fp32-param; bf16/fp8, zero 0-2)")
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -556,7 +570,7 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"dp_shard must be 0 (all of dp) or a divisor of dp={plan.dp}, got {plan.dp_shard}")
     elif 0 < plan.dp_shard < plan.dp and plan.zero < 1:
         errs.append(f"dp_shard={plan.dp_shard} < dp (HSDP) needs zero 1, 2 or 3 (something to shard), got zero 0")
-    errs += _validate_compression(plan)
+    errs += _validate_compression(plan) + _validate_weight_storage(plan)
     if world_size is not None and plan.world_size != world_size:
         errs.append(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} "
                     f"must equal the device count {world_size}")
@@ -599,6 +613,22 @@ def _validate_compression(plan: Plan) -> list[str]:
                         "reduce-scatters gradient shards, which cannot carry them)")
         if plan.grad_dtype == "bf16":
             errs.append("grad_compression=powersgd already compresses the gradients; use grad_dtype fp32 with it")
+    return errs
+
+
+def _validate_weight_storage(plan: Plan) -> list[str]:
+    """The weight-storage knobs with what the frameworks accept them with: Megatron asserts
+    ``--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp``
+    (megatron/training/arguments.py) and TE's fp8 params need fp8 training; MindSpeed's
+    ``--reuse-fp32-param`` depends on ``--bf16`` and is incompatible with ZeRO-3
+    (mindspeed/features_manager/memory/reuse_fp32_param.py)."""
+    errs: list[str] = []
+    if plan.fp8_param_gather and (plan.dtype != "fp8" or plan.zero < 1):
+        errs.append(f"fp8_param_gather needs dtype fp8 and zero 1-3 (Megatron's distributed optimizer or FSDP), "
+                    f"got dtype {plan.dtype}, zero {plan.zero}")
+    if plan.reuse_fp32_param and (plan.dtype not in ("bf16", "fp8") or plan.zero > 2):
+        errs.append(f"reuse_fp32_param needs dtype bf16 (or fp8 over bf16) and zero 0-2 (MindSpeed refuses it with "
+                    f"fp16 and ZeRO-3), got dtype {plan.dtype}, zero {plan.zero}")
     return errs
 
 

@@ -48,8 +48,10 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
     p.set_defaults(default_model="llama-65b" if defaults else None)
     p.add_argument("--hardware", default="ascend-910b2" if defaults else None, required=not defaults,
                    help="device name (partita hardware) or a device/cluster JSON file")
-    p.add_argument("--devices", type=positive_int(MAX_DEGREE), required=not defaults,
-                   help="number of devices" + (" (default: the hardware file's cluster, else 512)" if defaults else ""))
+    p.add_argument("--devices", type=positive_int(MAX_DEGREE),
+                   help="number of devices" + (" (default: the --from-script file's world size, else the hardware "
+                                               "file's cluster, else 512)" if defaults else
+                                               " (default with --from-script: the world size the script launches)"))
     if defaults:
         p.set_defaults(default_devices=512)
     p.add_argument("--devices-per-node", type=positive_int(MAX_DEVICES_PER_NODE), help="devices per node (default: the device file's)")
@@ -78,13 +80,29 @@ def cluster_and_model(args: argparse.Namespace):
     model = load_model(name) if name is not None else None  # None: the --from-script file's own model
     devices = args.devices
     overrides = parse_overrides(args.overrides)
+    if devices is None and getattr(args, "from_script", None):
+        devices = _script_world_size(args)  # nnodes x nproc_per_node of the launcher, else one line naming --devices
     if devices is None and not (_names_a_cluster(args.hardware) or "nodes" in (overrides.get("cluster") or {})):
         devices = getattr(args, "default_devices", None)  # a cluster's nodes win over the default scenario
+        if devices is None:
+            raise PartitaError("--devices is required (the number of devices; with --from-script, a script whose "
+                               "launcher gives nnodes x nproc-per-node needs none)")
     try:
         cluster = make_cluster(args.hardware, devices, args.devices_per_node, overrides)
     except PartitaError as e:
         raise _blame_override(e, overrides) from None
     return model if model is not None else _script_model(args, cluster.world_size), cluster
+
+
+def _script_world_size(args: argparse.Namespace) -> int:
+    """The world size the ``--from-script`` file launches (``torchrun --nnodes N --nproc-per-node M``,
+    ``GPUS_PER_NODE`` x ``NNODES``, ms-swift's ``NPROC_PER_NODE`` ...), as the file is read for its
+    plan; a file that does not give one (a ds_config) is one line naming ``--devices``."""
+    from ..imports import load_config
+    from .import_cmd import fill_inputs, script_inputs
+    read = load_config(args.from_script, seq_len=getattr(args, "seq_len", None), fill=fill_inputs(args),
+                       pp=getattr(args, "pp", None), **script_inputs(args))
+    return read.plan.world_size
 
 
 def _script_model(args: argparse.Namespace, world_size: int):

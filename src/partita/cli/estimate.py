@@ -68,6 +68,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         out = est.to_dict()
         out["framework"] = est.plan.framework
         out["not_modelled"] = list(args.not_modelled)
+        out["reading_note"] = args.reading_note  # what reading a --from-script file assumed ("" for none)
         out["dp_gradient_bytes"] = dp_gradient_bytes(est.model, est.plan)
         if tokens:
             out["run_days"] = est.run_days(tokens)

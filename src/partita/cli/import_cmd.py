@@ -101,6 +101,10 @@ def script_inputs(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_import(args: argparse.Namespace) -> int:
     from ..inputs import check_output_path
     from ..spec.load import load_model
+    from ..errors import PartitaError
+    if args.model is not None and not args.model.strip():
+        raise PartitaError("--model is empty; give a model name (see `partita models`) or a config.json path, "
+                           "or leave --model out to use the model the script defines")
     model = load_model(args.model) if args.model else None
     if args.output is not None:
         check_output_path(args.output, "-o")

@@ -137,7 +137,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out = plan_json(args, model, cluster, result, reasons, tokens, exported, export_note)
         if yours and args.from_script:
             out["from_script"] = dict(yours.to_dict(), file=args.from_script, comparison=line,
-                                      not_modelled=list(args.not_modelled))
+                                      not_modelled=list(args.not_modelled), reading_note=args.reading_note)
         elif yours:
             out["from_plan"] = dict(yours.to_dict(), given=args.plan, comparison=line)
         print(json.dumps(out, indent=2))

@@ -171,9 +171,10 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
         if zero not in states:
             autocast = zero == 0 and zero0_autocast
             weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast,
-                                                     fp8_cache)
+                                                     fp8_cache, plan.fp8_param_gather, plan.reuse_fp32_param)
             if expert:
-                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache)
+                we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache,
+                                          plan.fp8_param_gather, plan.reuse_fp32_param)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
                             fsdp_stream_pool(model, plan, shape, zero)) if zero >= 3 else \

@@ -13,7 +13,10 @@ optimizer   12 (fp32 master + m + v);  zero 1, 2 and 3
             fp32 training: 8 (m + v)
 ==========  =========================  ======================================
 
-fp8 training keeps bf16 weights and adds an fp8 copy and its transpose (2 bytes).
+fp8 training keeps bf16 weights and an fp8 copy of each (1 byte, :func:`fp8_weight_cache`);
+with Megatron's ``--fp8-param-gather`` the fp8 weight is the only one, and MindSpeed's
+``--reuse-fp32-param`` stores the fp32 master as the bf16 weight plus a 16-bit residual
+(:func:`_weight_storage` has both derivations).
 Dense weights are sharded over dp x cp ranks; routed-expert weights over the expert
 data-parallel group ``edp = dp*cp*tp/(ep*etp)``. A rank holds ``E / ep`` routed experts,
 each ``1 / etp`` of it (Megatron-Core expert tensor parallel: w1/w3 split by columns, w2
@@ -73,7 +76,8 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     copy (:func:`fp8_weight_cache`).
     """
     weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard,
-                                             full_gradients(plan), _autocast(plan), fp8_weight_cache(plan))
+                                             full_gradients(plan), _autocast(plan), fp8_weight_cache(plan),
+                                             plan.fp8_param_gather, plan.reuse_fp32_param)
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
@@ -117,7 +121,8 @@ def fp8_weight_cache(plan: Plan) -> bool:
 
 def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
                  full_grads: bool = False, autocast: bool = False,
-                 fp8_cache: bool = True) -> tuple[float, float, float]:
+                 fp8_cache: bool = True, fp8_params: bool = False,
+                 reuse_fp32: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot
     path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`);
     ``autocast`` (zero 0 only): fp32 parameters cast per op by torch.autocast, so fp32
@@ -138,9 +143,39 @@ def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
         weights += params * 4 / shard
     if dtype == "fp8" and fp8_cache:
         weights += params * 1 / (shard if z >= 3 else 1)
+    if (fp8_params or reuse_fp32) and z < 3:
+        weights, opt_b = _weight_storage(dtype, params, weights, opt_b, fp8_params, reuse_fp32)
     grads = params * grad_b / (shard if z >= 2 and not full_grads else 1)
     optimizer = params * opt_b / (shard if z >= 1 else 1)
     return weights, grads, optimizer
+
+
+def _weight_storage(dtype: str, params: float, weights: float, opt_b: int, fp8_params: bool,
+                    reuse_fp32: bool) -> tuple[float, int]:
+    """(weight bytes, optimizer bytes per parameter) below ZeRO-3 under the weight-storage knobs
+    (issue 32); ``weights``: the bytes without them.
+
+    ``fp8_params`` (Megatron ``--fp8-param-gather``: "Keep the compute param in fp8 (do not use
+    any other intermediate dtype) and perform the param all-gather in fp8", NVIDIA/Megatron-LM@d98e8a6
+    megatron/training/arguments.py; the parameters are Transformer Engine fp8 tensors,
+    ``TransformerConfig.fp8_param``, and the distributed optimizer's parameter buffer is
+    ``torch.uint8``, megatron/core/distributed/param_and_grad_buffer.py): below ZeRO-3 the
+    weight is 1 byte - no bf16 weight and no separate fp8 cache (2 + 1 bytes become 1); the fp32
+    master stays in the optimizer (12 bytes, sharded). At ZeRO-3 the sharded fp32 master is the
+    parameter already and the fp8 shard replaces the fp8 cache byte for byte: unchanged. As for
+    the cache, TE's transpose is not counted (made per GEMM in this model).
+
+    ``reuse_fp32`` (MindSpeed ``--reuse-fp32-param``, Ascend/MindSpeed@028de58
+    docs/zh/features/reuse-fp32-param.md): "FP32 = BF16 + Residual" - the fp32 master is rebuilt
+    before the optimizer step from the bf16 weight and a saved 16-bit residual, so it costs 2
+    bytes, not 4: the optimizer term is 10 bytes (residual + m + v), sharded as before. This is
+    the saving the page states: ``sizeof(bfloat16) x params`` without the distributed optimizer,
+    ``sizeof(bfloat16) x params / DP`` with it. ZeRO-3 and fp16 are refused (plan.py)."""
+    if fp8_params and dtype == "fp8":
+        weights = params * 1.0
+    if reuse_fp32 and dtype in ("bf16", "fp8"):
+        opt_b -= 2
+    return weights, opt_b
 
 
 def _shape_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:

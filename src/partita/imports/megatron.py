@@ -22,6 +22,9 @@ Facts from the frameworks (NVIDIA/Megatron-LM@d98e8a6 megatron/training/argument
   chunk: N at least the largest chunk is every layer (Megatron accepts it); ``uniform`` recomputes
   every layer (N layers share one checkpoint);
 - ``--grad-reduce-in-bf16``: the gradient buffer and its reduction in bf16 (Partita's grad_dtype);
+- ``--fp8-param-gather`` (with ``--fp8-format``): the weights are fp8 only (plan ``fp8_param_gather``);
+  MindSpeed's ``--reuse-fp32-param``: the fp32 master as bf16 weight + residual (``reuse_fp32_param``);
+  cost/states.py derives both;
 - ``--use-ascend-mc2`` (MindSpeed): tensor-parallel communication fused with the matmuls (Partita's
   tp_comm_overlap); ``--attention-backend unfused|local``: attention that keeps its probabilities,
   as MindSpeed's does without ``--use-flash-attn``.
@@ -65,7 +68,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "--bf16", "--fp16", "--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
                  "--recompute-activations", "--checkpoint-activations", "--grad-reduce-in-bf16", "--use-ascend-mc2",
                  "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
-                 "--account-for-loss-in-pipeline-split"):
+                 "--account-for-loss-in-pipeline-split", "--fp8-param-gather", "--reuse-fp32-param"):
         p.add_argument(flag, action="store_true")
     for flag in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
                  "--num-layer-list", "--noop-layers", "--schedules-method", "--attention-backend"):
@@ -153,7 +156,8 @@ def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: 
                 grad_dtype="bf16" if ns.grad_reduce_in_bf16 else "fp32",
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,
                 tp_comm_overlap=ns.tp_comm_overlap or ns.use_ascend_mc2, overlap_grad_reduce=ns.overlap_grad_reduce,
-                overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused")
+                overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused",
+                fp8_param_gather=ns.fp8_param_gather and bool(ns.fp8_format), reuse_fp32_param=ns.reuse_fp32_param)
 
 
 @dataclass(frozen=True)

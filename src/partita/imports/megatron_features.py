@@ -14,7 +14,6 @@ from __future__ import annotations
 NOT_MODELLED: dict[str, str] = {
     "--swap-optimizer": "optimizer states swapped to host memory between steps (less device memory)",
     "--swap-attention": "attention activations swapped to host memory (less device memory, more transfer time)",
-    "--reuse-fp32-param": "the fp32 master weights share memory with the bf16 weights (about 2 bytes/param less)",
     "--moe-fb-overlap": "one micro-batch's forward overlapped with another's backward (MoE all-to-all hidden)",
     "--schedules-method": "DualPipeV: two V-placed chunks per rank, embedding and loss on rank 0; estimated as "
                           "1F1B over the same layers (activations pp+1 micro-batches, not pp; a smaller bubble)",
@@ -24,7 +23,6 @@ NOT_MODELLED: dict[str, str] = {
     "--moe-zero-memory": "MoE activations freed and recomputed (less activation memory)",
     "--moe-alltoall-overlap-comm": "the MoE all-to-all overlapped with expert computation",
     "--mtp-num-layers": "multi-token-prediction layers after the decoder (more weights and activations)",
-    "--fp8-param-gather": "the weights kept in fp8 and all-gathered in fp8 (no bf16 weight copy)",
     "--optimizer-cpu-offload": "optimizer states offloaded to host memory",
     "--cpu-offloading": "activations offloaded to host memory",
     "--fine-grained-activation-offloading": "chosen activations offloaded to host memory",
