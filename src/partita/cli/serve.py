@@ -134,10 +134,10 @@ def serve_table(results, work):
     """The ranked layouts: degrees, replicas, batch, KV dtype, P/D split, memory, latencies."""
     from rich.table import Table
     t = Table(title=f"Serving layouts (prompt {work.prompt_len}, output {work.output_len}, {work.rate:g} req/s)")
-    cols = ("#", "tp/pp/dp_attn/ep", "replicas", "max batch", "KV", "P/D", "weights", "KV pool", "act",
-            "workspace", "at req/s", "TTFT ms", "TPOT ms", "goodput tok/s/dev", "capacity req/s", "targets")
+    cols = ("#", "tp/pp/dpa/ep", "repl", "batch", "KV", "P/D", "weights", "KV pool", "act", "wksp", "at req/s",
+            "TTFT ms", "TPOT ms", "goodput", "cap req/s", "targets")
     for col in cols:
-        t.add_column(col, justify="left" if col in ("tp/pp/dp_attn/ep", "targets") else "right")
+        t.add_column(col, justify="left" if col in ("tp/pp/dpa/ep", "targets") else "right", no_wrap=True)
     for i, r in enumerate(results, 1):
         lay, mem = r.layout, r.memory
         targets = "-" if not (work.ttft_ms or work.tpot_ms) else ("met" if r.meets else "missed")
@@ -164,6 +164,8 @@ def summary_lines(spec, device, devices, work, result, needed) -> list[str]:
         lines.append(f"no layout meets the targets at {work.rate:g} req/s: {best.rejected}"
                      + (f"; about {needed} devices would" if needed else ""))
     lines += [f"  {line}" for line in result.why_not]
-    lines.append("memory per device of the most loaded stage (GiB); KV pool = what the engine allocates for the cache; "
-                 "TTFT/TPOT at the workload's rate, or at 90 % of the capacity where it is overloaded; goodput = output tokens/s per device at the capacity (the highest rate within the targets)")
+    lines.append("tp/pp/dpa/ep: tensor, pipeline, attention data and expert parallel degrees of a replica; repl: replicas; "
+                 "batch: sequences a replica's KV pool holds; wksp: workspace; "
+                 "memory per device of the most loaded stage (GiB); KV pool = what the engine allocates for the cache; "
+                 "TTFT/TPOT at the workload's rate, or at 90 % of the capacity where it is overloaded; goodput = output tokens/s per device at the capacity (cap: the highest rate within the targets)")
     return lines
