@@ -182,6 +182,7 @@ class Case:
     raw_metric: str
     raw_value: float
     sku_stated: bool = True  # False: the row's hardware cell does not name the part (SKU_NOT_STATED)
+    date: tuple[int, int] = (0, 0)  # (year, month) the figure was published: row_date
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,60 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         overlap_grad_reduce=False, overlap_param_gather=False,
         defaults_note="grad dtype: not stated; Plan default"),
 }
+
+
+#: When each source's figures were published (year, month), and where that date is written:
+#: what the time split of ``bench/out_of_sample.py`` orders the rows by. A row whose ``source``
+#: cell names a month ("Mar-2025") or a commit of :data:`COMMIT_DATES` takes that date instead
+#: (:func:`row_date`): a source whose tables were added over time (torchao's H100 then MI300X
+#: tables, MindFormers' model cards) is dated per table.
+SOURCE_DATES: dict[str, tuple[tuple[int, int], str]] = {
+    "megatron-2021": ((2021, 4), "arXiv:2104.04473 (submitted April 2021)"),
+    "megatron-readme-h100": ((2024, 7), "the cell: commit f2e5db402c, Jul-2024, Megatron-Core r0.8.0"),
+    "megatron-ci": ((2026, 1), "the cells: golden values last changed Jan-2026 .. Jul-2026"),
+    "deepspeed-zero3": ((2022, 1), "the cell: 'DeepSpeed blog 2022' (month not stated: January taken)"),
+    "torchtitan-h100": ((2025, 6), "file name asyncTP_llama3_h100_2025-06_torchtitan.md"),
+    "torchtitan-h200": ((2025, 6), "file name llama3-8b_h200_202506_trainy-whitefiber.md"),
+    "nemo-24.07": ((2024, 7), "NeMo 24.07 container (NVIDIA's YY.MM release naming)"),
+    "nemo-long-seq": ((2025, 5), "the cell: commit 19fadb67b0, May-2025"),
+    "dgxc-24.11": ((2024, 11), "tag v24.11.1 (YY.MM release naming)"),
+    "dgxc-25.04": ((2025, 4), "tag v25.04.02 (YY.MM release naming)"),
+    "dgxc-25.05": ((2025, 5), "tag v25.05 (YY.MM release naming)"),
+    "internlm": ((2023, 7), "InternLM/InternLM doc/train_performance.md added in commit fa7337b, 2023-07-06"),
+    "mpt-llm-foundry": ((2023, 5), "mosaicml/llm-foundry scripts/train/benchmarking/README.md at that path from "
+                                   "commit 300cc5c58, 2023-05-03 (its H100 sections: b2a43a147, 2023-10-19)"),
+    "torchao-float8": ((2025, 3), "the cells: H100 table Mar-2025 (e850b90d2), MI300X table Aug-2025 (99562f045)"),
+    "torchao-mxfp8": ((2025, 8), "pytorch/ao: the 'Training e2e benchmarks on NVIDIA B200' table first in "
+                                 "commit d8bb51f63, 2025-08-15"),
+    "torchao-float8nocompile": ((2024, 12), "the cell: commit 02d413c00, Dec-2024"),
+    "torchao-moe": ((2025, 10), "pytorch/ao: the Llama4 Scout end-to-end table first in commit e9c7bead9, "
+                                "2025-10-24 (the 'Case study' table: ccd503511, 2026-01-02)"),
+    "mindformers": ((2024, 10), "commit 9719c5cd2 (2024-10-26) of most rows; each row's own commit "
+                                "where :data:`COMMIT_DATES` has it"),
+}
+
+#: Commit dates (``git log -1 --format=%ad``) of the commits MindFormers rows cite, and of
+#: torchao's 'Case study' table (the one moe_training table whose cell names no month).
+COMMIT_DATES: dict[str, tuple[int, int]] = {
+    "9719c5cd2": (2024, 10), "bc419f8a5": (2024, 9), "bd5f3c5c5": (2023, 9), "e445aade3": (2024, 5),
+    "712dae58e": (2023, 9), "8813a417f": (2023, 9), "bb3bd418d": (2023, 9), "b23d1b02b": (2024, 5),
+    "97e990157": (2024, 7), "003758e24": (2024, 12), "bff73eaf6": (2025, 12), "0ad8f2a0c": (2023, 8),
+}
+_CASE_STUDY = "Case study training at scale"
+
+
+def row_date(source_cell: str, key: str) -> tuple[int, int]:
+    """(year, month) a row was published: the earliest month its ``source`` cell names, else
+    the date of a commit it names (:data:`COMMIT_DATES`), else its source's (:data:`SOURCE_DATES`)."""
+    months = [(int(y), _MONTHS.index(m) + 1) for m, y in _SOURCE_DATE.findall(source_cell or "")]
+    if months:
+        return min(months)
+    commits = [COMMIT_DATES[c] for c in re.findall(r"commit ([0-9a-f]{9})", source_cell or "") if c in COMMIT_DATES]
+    if commits:
+        return min(commits)
+    if _CASE_STUDY in (source_cell or ""):
+        return (2026, 1)
+    return SOURCE_DATES[key][0]
 
 
 #: The framework (:mod:`partita.cost.frameworks`) each source's runs are estimated as run
@@ -650,7 +705,8 @@ def _case(row: dict) -> Case:
     metric, value = row["measured_metric"], float(row["measured_value"])
     measured, kind = _measured(metric, value, facts, model, gbs, seq, n)
     return Case(source=key, name=row["model_name"], model=model, cluster=cluster, plan=plan, metric=kind,
-                measured=measured, raw_metric=metric, raw_value=value, sku_stated=sku_stated(row["hardware"], key))
+                measured=measured, raw_metric=metric, raw_value=value, sku_stated=sku_stated(row["hardware"], key),
+                date=row_date(row["source"], key))
 
 
 def _measured(metric: str, value: float, facts: SourceFacts, model: ModelSpec, gbs: int, seq: int,

@@ -1,0 +1,383 @@
+"""Out-of-sample error of the estimator on published runs (issue 33): every row predicted with
+efficiencies fitted without it.
+
+Library for ``bench/validate_published.py`` (which prints it) and for the interval code
+(:func:`loso_rows`: one prediction per step-time and peak-memory row, its source, its
+feature classes and the measured value). Three ways a row is kept out of the fit:
+
+* **leave one source out** (:func:`loso_fits`): for each source S and each fitting group
+  (``fit.family_of``) holding S's rows, the group's fitted constants are refitted from their
+  *unfitted* values (:func:`unfitted`) on the group's other sources, under ``bench/fit.py``'s
+  own write rules (:func:`shipped_rule_fit`: plausible, lowers the group's median, else its
+  improving part). A group with no other source predicts S with the unfitted values - the
+  shipped constants of a single-source device (MI300X, Ascend) never predict their own rows.
+* **time split** (:func:`time_split_fits`): the same fit on the rows published before
+  :data:`CUTOFF` (``published_runs.row_date``), predicting the later ones.
+* **ablation** (:func:`ablation`): each fitted constant in turn held at its unfitted value
+  in every leave-one-source-out refit: how much fitting it moves the out-of-sample error.
+
+A constant's *unfitted* value is what the catalog holds without that fitted line: a device
+file's own fitted value falls back to its family's value, a family's fitted value to its
+value before ``bench/fit.py`` first wrote it (:data:`PRIOR`, from the repository history).
+Memory rows carry no fitted constant, so they are predicted by the model as it stands.
+
+Fits are cached in ``bench/loso_fits.json`` under a fingerprint of everything they depend on
+(the CSV, the device files, the cost model, the loader and fit code): a stale cache is
+refitted (about 2-3 minutes for the leave-one-source-out fits on 2 cores; the ablation
+about 15 more) and rewritten.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import fit
+from partita.estimate import estimate
+from partita.spec.hardware import DEVICES_DIR, Efficiency
+from published_runs import SOURCE_FACTS, Case, load_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL_CSV = ROOT / "data" / "published_runs.csv"
+CACHE = ROOT / "bench" / "loso_fits.json"
+#: The time split: fit on the rows published before this (year, month), predict the rest.
+#: January 2025 leaves 2021-2024 (Megatron paper, InternLM, MPT, Megatron README, NeMo 24.07,
+#: dgxc 24.11, torchao's Dec-2024 table, most MindFormers cards) to fit and 2025-2026 (dgxc
+#: 25.04/25.05, torchtitan, torchao, NeMo long-sequence, Megatron CI) to predict.
+CUTOFF = (2025, 1)
+#: Each family-level fitted constant's value before ``bench/fit.py`` first wrote it: the
+#: commit it is read from and what that value was. (The NVIDIA values of 3958908 were set by
+#: hand on the 266-row table, so they are not independent of its sources: an upper bound on
+#: what an unfitted file would know.)
+PRIOR: dict[tuple[str, str], tuple[float, str]] = {
+    ("family-nvidia-hopper", "gemm"): (0.64, "3958908, before b65607d's fit"),
+    ("family-nvidia-hopper", "gemm_fp8"): (0.5, "3958908, before b65607d's fit"),
+    ("family-nvidia-hopper", "attention"): (0.45, "3958908, before b65607d's fit"),
+    ("family-nvidia-hopper", "tp_overlap"): (0.6, "3958908, before b65607d's fit"),
+    ("family-nvidia-ampere", "gemm"): (0.66, "3958908, before 4badd5e's fit"),
+    ("family-nvidia-ampere", "gemm_fp8"): (0.6, "3958908 (no fp8 on Ampere: never used)"),
+    ("family-nvidia-ampere", "attention"): (0.45, "3958908, before 4badd5e's fit"),
+    ("family-nvidia-ampere", "collective_call_us"): (0.0, "Efficiency default, before 874407b's fit"),
+    ("family-ascend", "gemm"): (0.7, "1d0d7b6: scaled from NVIDIA's end-to-end/MAMF ratio x 910B MAMF"),
+    ("family-ascend", "attention"): (0.45, "1d0d7b6: scaled as gemm"),
+}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Efficiency)}
+
+
+@functools.lru_cache(maxsize=None)
+def _device_text(name: str) -> str:
+    return (DEVICES_DIR / f"{name}.json").read_text()
+
+
+def _device_json(name: str) -> dict:
+    return json.loads(_device_text(name))
+
+
+def resolving_file(device: str, key: str) -> str | None:
+    """The device file whose ``efficiency`` block the device's ``key`` comes from (``extends`` chain)."""
+    name: str | None = device
+    while name:
+        raw = _device_json(name)
+        if key in raw.get("efficiency", {}):
+            return name
+        name = raw.get("extends")
+    return None
+
+
+def is_fitted(name: str, key: str) -> bool:
+    """Whether file ``name`` sets ``key`` with a ``fitted:`` provenance."""
+    return _device_json(name).get("efficiency_provenance", {}).get(key, "").startswith("fitted")
+
+
+def unfitted(device: str) -> dict[str, float]:
+    """See :func:`_unfitted` (a copy: the cached dict stays as computed)."""
+    return dict(_unfitted(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _unfitted(device: str) -> dict[str, float]:
+    """The device's fitted-kind constants (``fit.BOUNDS``) as the catalog holds them without
+    any fitted line: walk up the ``extends`` chain past fitted values to the first unfitted
+    one, or the family's :data:`PRIOR`, or the field's default."""
+    out: dict[str, float] = {}
+    for key in fit.BOUNDS:
+        name: str | None = device
+        value = _DEFAULTS[key]
+        while name:
+            raw = _device_json(name)
+            if key in raw.get("efficiency", {}):
+                if not is_fitted(name, key):
+                    value = float(raw["efficiency"][key])
+                    break
+                if (name, key) in PRIOR:
+                    value = PRIOR[(name, key)][0]
+                    break
+            name = raw.get("extends")
+        out[key] = float(value)
+    return out
+
+
+def fitted_constants() -> list[tuple[str, str]]:
+    """(device file, field) of every fitted constant in the catalog."""
+    out = []
+    for path in sorted(DEVICES_DIR.glob("*.json")):
+        for key in json.loads(path.read_text()).get("efficiency_provenance", {}):
+            if key in fit.BOUNDS and is_fitted(path.stem, key):
+                out.append((path.stem, key))
+    return out
+
+
+def at_prior(case: Case) -> Case:
+    """``case`` on its device with the :func:`unfitted` constants."""
+    return dataclasses.replace(case, cluster=fit.with_efficiency(case.cluster, unfitted(case.cluster.device.name)))
+
+
+def shipped_rule_fit(cases: list[Case], frozen: frozenset[str] = frozenset()) -> dict[str, float]:
+    """What ``bench/fit.py --write`` would store for these rows (each at its unfitted
+    constants): the joint fit of :func:`fit.fitted_fields` less ``frozen``, if every value is
+    plausible and it lowers the rows' median error, else its improving part; {} when nothing
+    passes (the constants stay unfitted)."""
+    if len(cases) < fit.MIN_ROWS:
+        return {}
+    fields = [k for k in fit.fitted_fields(cases) if k not in frozen]
+    values = fit.fit_family(cases, fields) if fields else {}
+    if not values or fit.implausible(values):
+        return {}
+    if not fit.improves(cases, fit.log_errors(cases, values)):
+        values = fit.improving_part(cases, values)
+    return values
+
+
+def fingerprint(csv_path: Path) -> str:
+    """Hash of everything a fit depends on: the CSV, the device files, the cost model, the
+    plan and spec code, the loader and the fit code, :data:`PRIOR` and :data:`CUTOFF`."""
+    h = hashlib.sha256(csv_path.read_bytes())
+    paths = sorted(DEVICES_DIR.glob("*.json"))
+    src = ROOT / "src" / "partita"
+    for sub in ("cost", "spec"):
+        paths += sorted((src / sub).rglob("*.py"))
+    paths += [src / "plan.py", src / "estimate.py"] + [ROOT / "bench" / n for n in ("fit.py", "published_runs.py")]
+    for p in paths:
+        h.update(p.name.encode() + p.read_bytes())
+    h.update(repr((sorted(PRIOR.items()), CUTOFF)).encode())  # this module's inputs to the fits
+    return h.hexdigest()[:16]
+
+
+def _groups(cases: list[Case]) -> dict[str, list[Case]]:
+    """Step-time cases at their unfitted constants, by fitting group (``fit.family_of``)."""
+    out: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        if case.metric == "step_time_s":
+            out[fit.family_of(case.cluster.device.name)].append(at_prior(case))
+    return dict(out)
+
+
+def _held_out_fits(groups: dict[str, list[Case]], frozen: frozenset[str] = frozenset(),
+                   only: set[str] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """{source: {group: values fitted on the group's other sources}} for every source of
+    every group (of ``only``, when given)."""
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for group, cases in sorted(groups.items()):
+        if only is not None and group not in only:
+            continue
+        for source in sorted({c.source for c in cases}):
+            out[source][group] = shipped_rule_fit([c for c in cases if c.source != source], frozen)
+    return dict(out)
+
+
+class Fits:
+    """The cached fits (:data:`CACHE`) for one CSV: loaded when the fingerprint matches,
+    computed and stored on demand otherwise."""
+
+    def __init__(self, csv_path: Path = FULL_CSV, refit: bool = False, use_stale: bool = False):
+        self.csv_path = Path(csv_path)
+        self.cases, self.skipped = load_cases(self.csv_path)
+        self.key = f"{self.csv_path.name}:{fingerprint(self.csv_path)}"
+        stored = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+        entry = stored.get(self.csv_path.name, {})
+        fresh = entry.get("fingerprint") == self.key
+        self.stale = not fresh
+        keep = (fresh or use_stale) and not refit
+        self.data: dict = dict(entry) if keep else {}
+        # stale fits used as they are keep their own fingerprint: never relabelled as current
+        self.saved_key = entry.get("fingerprint", self.key) if keep else self.key
+        self._groups: dict[str, list[Case]] | None = None
+
+    @property
+    def groups(self) -> dict[str, list[Case]]:
+        if self._groups is None:
+            self._groups = _groups(self.cases)
+        return self._groups
+
+    def get(self, name: str, compute):
+        if name not in self.data:
+            self.data[name] = compute()
+            self.save()
+        return self.data[name]
+
+    def save(self) -> None:
+        stored = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+        stored[self.csv_path.name] = {**self.data, "fingerprint": self.saved_key}
+        CACHE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+
+
+def loso_fits(fits: Fits) -> dict[str, dict[str, dict[str, float]]]:
+    """{held-out source: {group: fitted values}} (cached)."""
+    return fits.get("loso", lambda: _held_out_fits(fits.groups))
+
+
+def time_split_fits(fits: Fits) -> dict[str, dict[str, float]]:
+    """{group: values fitted on the group's rows published before :data:`CUTOFF`} (cached)."""
+    def compute() -> dict[str, dict[str, float]]:
+        return {g: shipped_rule_fit([c for c in cases if tuple(c.date) < CUTOFF])
+                for g, cases in sorted(fits.groups.items())}
+    return fits.get("time_split", compute)
+
+
+@dataclass(frozen=True)
+class OosRow:
+    """One published figure predicted out of sample."""
+
+    source: str
+    name: str
+    metric: str  # "step_time_s" or "peak_memory_gib"
+    classes: tuple[str, ...]
+    predicted: float
+    measured: float
+    date: tuple[int, int]
+
+    @property
+    def signed(self) -> float:
+        """(predicted - measured) / measured: positive = predicted too slow / too large."""
+        return (self.predicted - self.measured) / self.measured
+
+
+def feature_classes(case: Case) -> tuple[str, ...]:
+    """The groups a row's error is reported in: dense or MoE, and each of long context
+    (cp > 1 or 32K+ tokens), deep interleaving (vpp >= 4), fp8, parameter sharding (FSDP2 /
+    ZeRO-3) and Ascend that applies."""
+    p = case.plan
+    out = ["moe" if case.model.moe else "dense"]
+    if p.cp > 1 or p.seq_len >= 32768:
+        out.append("long context / cp>1")
+    if p.vpp >= 4:
+        out.append("vpp>=4")
+    if p.dtype == "fp8":
+        out.append("fp8")
+    if p.zero == 3:
+        out.append("fsdp2/zero3")
+    if case.cluster.device.name.startswith("ascend"):
+        out.append("ascend")
+    return tuple(out)
+
+
+def predict(case: Case, values: dict[str, float] | None = None) -> float:
+    """The row's predicted figure: with ``values`` on top of its unfitted constants (a step
+    time out of sample), or with the catalog as shipped (``values`` None: in sample, and
+    every memory row), memory as the source's statistic reads it."""
+    if values is not None:
+        case = at_prior(case)
+        case = dataclasses.replace(case, cluster=fit.with_efficiency(case.cluster, values))
+    est = estimate(case.model, case.cluster, case.plan)
+    if case.metric == "step_time_s":
+        return est.step_time_s
+    return est.peak_memory_gib_as(SOURCE_FACTS[case.source].memory_stat)
+
+
+def _row(case: Case, predicted: float) -> OosRow:
+    return OosRow(case.source, case.name, case.metric, feature_classes(case), predicted, case.measured,
+                  tuple(case.date))
+
+
+def rows_with(fits: Fits, values_of) -> list[OosRow]:
+    """Every step-time and memory row; step times predicted with ``values_of(case)`` (a dict
+    of fitted values, or None for the shipped catalog), memory rows as shipped."""
+    out = []
+    for case in fits.cases:
+        values = values_of(case) if case.metric == "step_time_s" else None
+        out.append(_row(case, predict(case, values)))
+    return out
+
+
+def loso_predictions(fits: Fits, held: dict[str, dict[str, dict[str, float]]] | None = None) -> list[OosRow]:
+    """Every row predicted leave-one-source-out (``held``: fits to use, default :func:`loso_fits`)."""
+    held = loso_fits(fits) if held is None else held
+    return rows_with(fits, lambda c: held[c.source].get(fit.family_of(c.cluster.device.name), {}))
+
+
+def loso_rows(csv_path: Path | str | None = None) -> list[OosRow]:
+    """Stable entry point for the interval code (/work/h1_interface.md): one
+    :class:`OosRow` per step-time and peak-memory row of ``csv_path`` (default the 470-row
+    ``data/published_runs.csv``), predicted leave-one-source-out."""
+    return loso_predictions(Fits(Path(csv_path) if csv_path else FULL_CSV))
+
+
+def time_split_predictions(fits: Fits) -> list[OosRow]:
+    """The rows published from :data:`CUTOFF` on, predicted from the earlier rows' fit."""
+    split = time_split_fits(fits)
+    later = [c for c in fits.cases if tuple(c.date) >= CUTOFF]
+    return [_row(c, predict(c, split.get(fit.family_of(c.cluster.device.name), {}) if c.metric == "step_time_s"
+                            else None)) for c in later]
+
+
+def in_sample_predictions(fits: Fits) -> list[OosRow]:
+    """Every row with the catalog as shipped (its constants fitted on these rows)."""
+    return rows_with(fits, lambda c: None)
+
+
+def summary(rows: list[OosRow]) -> dict[str, float]:
+    """rows, median / p90 of |error|, mean and median signed error, count under / over."""
+    if not rows:
+        return {"rows": 0}
+    a = sorted(abs(r.signed) for r in rows)
+    s = [r.signed for r in rows]
+    return {"rows": len(rows), "median": statistics.median(a), "p90": a[min(len(a) - 1, round(0.9 * (len(a) - 1)))],
+            "mean_signed": statistics.fmean(s), "median_signed": statistics.median(s),
+            "under": sum(x < 0 for x in s), "over": sum(x > 0 for x in s)}
+
+
+def ablation(fits: Fits) -> list[dict]:
+    """For each fitted constant: the leave-one-source-out step-time error with that constant
+    held at its unfitted value in every refit (its file's groups only; the others keep their
+    leave-one-source-out fits) and the in-sample error with it reset, beside the baselines."""
+    base_held = loso_fits(fits)
+    base = summary([r for r in loso_predictions(fits, base_held) if r.metric == "step_time_s"])
+    shipped = summary([r for r in in_sample_predictions(fits) if r.metric == "step_time_s"])
+    out = []
+    for name, key in fitted_constants():
+        groups = {g for g, cases in fits.groups.items()
+                  if any(resolving_file(c.cluster.device.name, key) == name for c in cases)}
+        label = f"{name}.{key}"
+        held_part = fits.get(f"ablate:{label}", lambda: _held_out_fits(fits.groups, frozenset({key}), groups))
+        held = {s: {**base_held.get(s, {}), **held_part.get(s, {})} for s in base_held}
+        loso = summary([r for r in loso_predictions(fits, held) if r.metric == "step_time_s"])
+        reset = _reset_in_sample(fits, name, key)
+        sources = sorted({c.source for g in groups for c in fits.groups[g]})
+        out.append({"constant": label, "value": float(_device_json(name)["efficiency"][key]),
+                    "unfitted": unfitted_value(name, key), "sources": sources, "loso": loso, "loso_base": base,
+                    "in_sample": reset, "in_sample_base": shipped})
+    return out
+
+
+def unfitted_value(name: str, key: str) -> float:
+    """The value file ``name``'s fitted ``key`` falls back to (:func:`unfitted` of that file)."""
+    return unfitted(name)[key]
+
+
+def _reset_in_sample(fits: Fits, name: str, key: str) -> dict[str, float]:
+    """In-sample step-time error with the catalog as shipped except file ``name``'s ``key``
+    at its unfitted value (on the devices that read it from that file)."""
+    value = unfitted_value(name, key)
+    rows = []
+    for case in fits.cases:
+        if case.metric != "step_time_s":
+            continue
+        if resolving_file(case.cluster.device.name, key) == name:
+            case = dataclasses.replace(case, cluster=fit.with_efficiency(case.cluster, {key: value}))
+        rows.append(_row(case, predict(case)))
+    return summary(rows)
