@@ -381,3 +381,58 @@ def _reset_in_sample(fits: Fits, name: str, key: str) -> dict[str, float]:
             case = dataclasses.replace(case, cluster=fit.with_efficiency(case.cluster, {key: value}))
         rows.append(_row(case, predict(case)))
     return summary(rows)
+
+
+def _years(date: tuple[int, int]) -> float:
+    return date[0] + (date[1] - 1) / 12
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y on x (0 for fewer than two distinct x)."""
+    if len({x for x, _ in points}) < 2:
+        return 0.0
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def date_drift(fits: Fits) -> dict[str, object]:
+    """Issue 33 item 5, measured: does the publication date carry efficiency the constants miss?
+
+    A drift term ``step x exp(-b (t - t0))`` (t in years) is fitted as the least-squares slope
+    ``b`` of ``ln(predicted / measured)`` on the date, and judged out of sample twice:
+    * time split: ``b`` from the pre-:data:`CUTOFF` rows (residuals of their own fit, as a
+      user would have it), applied to the later rows;
+    * leave one source out: each source corrected with the ``b`` of the other sources'
+      leave-one-source-out residuals.
+    Beside them the one controlled pair in the table: the same dgxc Grok-1 runs (model,
+    layout, devices, precision) published in v24.11.1 and v25.04.02, five months apart."""
+    import math
+    split = time_split_fits(fits)
+    step = [c for c in fits.cases if c.metric == "step_time_s"]
+    pre = [c for c in step if tuple(c.date) < CUTOFF]
+    post = [c for c in step if tuple(c.date) >= CUTOFF]
+
+    def ln_err(c: Case) -> float:
+        return math.log(predict(c, split.get(fit.family_of(c.cluster.device.name), {})) / c.measured)
+
+    pre_pts = [(_years(c.date), ln_err(c)) for c in pre]
+    b = _slope(pre_pts)
+    t0 = statistics.fmean(x for x, _ in pre_pts)
+    plain = [_row(c, predict(c, split.get(fit.family_of(c.cluster.device.name), {}))) for c in post]
+    drifted = [dataclasses.replace(r, predicted=r.predicted * math.exp(-b * (_years(r.date) - t0))) for r in plain]
+    loso = [r for r in loso_predictions(fits) if r.metric == "step_time_s"]
+    corrected = []
+    for source in sorted({r.source for r in loso}):
+        rest = [(_years(r.date), math.log(r.predicted / r.measured)) for r in loso if r.source != source]
+        bs, ts = _slope(rest), statistics.fmean(x for x, _ in rest)
+        corrected += [dataclasses.replace(r, predicted=r.predicted * math.exp(-bs * (_years(r.date) - ts)))
+                      for r in loso if r.source == source]
+    pairs: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for c in step:
+        if c.source in ("dgxc-24.11", "dgxc-25.04") and c.name.startswith("Grok"):
+            pairs[(c.name, c.cluster.world_size, c.plan.summary(), c.plan.dtype)][c.source] = c.measured
+    ratios = [v["dgxc-25.04"] / v["dgxc-24.11"] for v in pairs.values() if len(v) == 2]
+    return {"slope_per_year": b, "time_split": summary(plain), "time_split_drift": summary(drifted),
+            "loso": summary(loso), "loso_drift": summary(corrected),
+            "paired_rows": len(ratios), "paired_median_ratio": statistics.median(ratios) if ratios else float("nan")}

@@ -1,19 +1,27 @@
-"""Predict every published run we can express and print the error, per source and overall.
+"""Predict every published run we can express and print the error: out of sample first.
 
-    python bench/validate_published.py [--csv PATH] [--rows] [--features]
+    python bench/validate_published.py [--csv PATH] [--rows] [--features] [--ablate] [--refit]
 
-The data: tests/data/published_runs.csv by default (the 266-row copy the tests use);
-``--csv data/published_runs.csv`` runs on the 470-row file (see its README).
+The data: the 470-row data/published_runs.csv by default (``--csv tests/data/published_runs.csv``:
+the 266-row copy the older tests use). Printed first, the **out-of-sample** figures
+(``bench/out_of_sample.py``): leave-one-source-out (each source's step times predicted with
+efficiencies fitted without it, from their unfitted values) and a time split (fitted on the
+rows published before 2025-01, predicting the later ones), overall, per feature class (dense,
+MoE, long context / cp > 1, vpp >= 4, fp8, FSDP2 / ZeRO-3, Ascend) and per source; memory rows,
+which no fitted constant touches, with the count under / over; the signed error by
+publication year. Then the **in-sample** figures (the shipped constants, fitted on these
+rows), labelled so. ``--ablate`` adds, per fitted constant, the leave-one-source-out error
+with it held at its unfitted value. Fits are cached in bench/loso_fits.json (``--refit``
+recomputes them; a stale cache is refitted anyway: 2-3 minutes, the ablation ~15 more).
+
 Step-time rows compare the predicted step time with the step time the measured figure
 implies under its source's own FLOP accounting; memory rows compare the peak as the
 source's memory statistic reads it (``SourceFacts.memory_stat``: allocated, reserved or
 the device's reading; ``Estimate.peak_memory_gib_as``). What
 each source's runs share (framework, gradient dtype, overlap, FLOP accounting) comes
-from ``published_runs.SOURCE_FACTS``, cited per source. Per source: rows,
-median and p90 of the absolute error, mean signed error; then the skipped rows, by reason
-and by source. ``--features`` adds the step-time error grouped by what a plan shares with
-others (few micro-batches, ZeRO stage, data-parallel size, pipeline, MoE, framework, device):
-where the residuals point at missing physics rather than at one source.
+from ``published_runs.SOURCE_FACTS``, cited per source. ``--features`` adds the in-sample
+step-time error grouped by what a plan shares with others (few micro-batches, ZeRO stage,
+data-parallel size, pipeline, MoE, framework, device).
 """
 from __future__ import annotations
 
@@ -23,10 +31,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import out_of_sample as oos
 from partita.estimate import estimate
 from published_runs import SOURCE_FACTS, load_cases
 
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs.csv"  # the 266-row edition of data/published_runs.csv (470 rows)
+DEFAULT_CSV = oos.FULL_CSV  # the 470-row table (tests/data/published_runs.csv: its first 266 rows)
+CLASSES = ("dense", "moe", "long context / cp>1", "vpp>=4", "fp8", "fsdp2/zero3", "ascend")
 
 
 def p90(values: list[float]) -> float:
@@ -57,7 +67,100 @@ def print_features(rows: list[tuple[list[str], float]]) -> None:
         print(f"  {f:32s} {len(errs):5d} {statistics.median(a):8.1%} {p90(a):8.1%} {statistics.mean(errs):+12.1%}")
 
 
+def _line(label: str, st: dict) -> str:
+    if not st.get("rows"):
+        return f"  {label:28s} {0:5d}"
+    return (f"  {label:28s} {st['rows']:5d} {st['median']:8.1%} {st['p90']:8.1%} {st['mean_signed']:+9.1%} "
+            f"{st['median_signed']:+9.1%} {st['under']:5d} {st['over']:5d}")
+
+
+def print_table(title: str, rows: list[oos.OosRow], by_source: bool = False) -> dict[str, float]:
+    """Overall, per feature class (and per source) error of ``rows``; returns the overall summary."""
+    print(f"\n{title}")
+    print(f"  {'':28s} {'rows':>5s} {'median':>8s} {'p90':>8s} {'mean sgn':>9s} {'med sgn':>9s} {'under':>5s} "
+          f"{'over':>5s}")
+    overall = oos.summary(rows)
+    print(_line("ALL", overall))
+    for c in CLASSES:
+        part = [r for r in rows if c in r.classes]
+        if part:
+            print(_line(c, oos.summary(part)))
+    if by_source:
+        for source in sorted({r.source for r in rows}):
+            print(_line("  " + source, oos.summary([r for r in rows if r.source == source])))
+    return overall
+
+
+def print_by_year(rows: list[oos.OosRow]) -> None:
+    """Signed step-time error by publication year: positive = predicted slower than measured."""
+    print("\nleave-one-source-out step time by publication year (signed: + = predicted too slow)")
+    for year in sorted({r.date[0] for r in rows}):
+        part = oos.summary([r for r in rows if r.date[0] == year])
+        print(f"  {year}  {part['rows']:4d} rows  median |err| {part['median']:6.1%}  "
+              f"median signed {part['median_signed']:+6.1%}  sources "
+              f"{', '.join(sorted({r.source for r in rows if r.date[0] == year}))}")
+
+
+def print_drift(fits: oos.Fits) -> None:
+    """The date term, measured out of sample (``out_of_sample.date_drift``)."""
+    d = oos.date_drift(fits)
+    print(f"\ndate term step x exp(-b (t - t0)): b fitted on the pre-split rows = {d['slope_per_year']:+.3f} per year")
+    for label, key in (("time split", "time_split"), ("time split + date term", "time_split_drift"),
+                       ("leave one source out", "loso"), ("LOSO + date term (b from the other sources)", "loso_drift")):
+        st = d[key]
+        print(f"  {label:44s} median {st['median']:6.1%}  p90 {st['p90']:6.1%}  median signed {st['median_signed']:+6.1%}")
+    print(f"  controlled pair: the same {d['paired_rows']} dgxc Grok-1 runs in v25.04.02 vs v24.11.1 take "
+          f"{d['paired_median_ratio']:.3f}x the step time (median)")
+
+
+def out_of_sample(csv_path: Path, refit: bool = False, show_rows: bool = False) -> dict[str, dict]:
+    """Print the out-of-sample figures (leave one source out, time split, memory) and return
+    their overall summaries."""
+    fits = oos.Fits(csv_path, refit=refit)
+    if fits.stale and not refit:
+        print("(bench/loso_fits.json is stale for these inputs: refitting, a few minutes)")
+    loso = oos.loso_predictions(fits)
+    step = [r for r in loso if r.metric == "step_time_s"]
+    mem = [r for r in loso if r.metric == "peak_memory_gib"]
+    print("=== OUT OF SAMPLE: rows predicted with efficiencies not fitted to them ===")
+    out = {"loso_step": print_table("step time, leave one source out (each source's rows predicted with "
+                                    "efficiencies fitted on the other sources)", step, by_source=True)}
+    split = [r for r in oos.time_split_predictions(fits) if r.metric == "step_time_s"]
+    y, m = oos.CUTOFF
+    out["time_split_step"] = print_table(f"step time, time split (fitted on rows published before {y}-{m:02d}, "
+                                         "predicting the later ones)", split, by_source=True)
+    out["memory"] = print_table("peak memory (no fitted constant touches memory: the model as it stands)", mem,
+                                by_source=True)
+    print_by_year(step)
+    print_drift(fits)
+    if show_rows:
+        for r in loso:
+            print(f"  {r.source:24s} {r.name:28s} {r.metric:15s} measured {r.measured:9.3f} "
+                  f"predicted {r.predicted:9.3f} err {r.signed:+.1%}  {'/'.join(r.classes)}")
+    return out
+
+
+def print_ablation(csv_path: Path) -> None:
+    """Per fitted constant: leave-one-source-out and in-sample step-time error with it held
+    at its unfitted value (``out_of_sample.ablation``), as changes from the baselines."""
+    res = oos.ablation(oos.Fits(csv_path))
+    base, ins = res[0]["loso_base"], res[0]["in_sample_base"]
+    print(f"\nablation: each fitted constant held at its unfitted value (LOSO baseline median {base['median']:.1%}, "
+          f"p90 {base['p90']:.1%}; in sample {ins['median']:.1%}, {ins['p90']:.1%})")
+    print(f"  {'constant':36s} {'value':>8s} {'unfitted':>8s} {'dLOSO med':>9s} {'dLOSO p90':>9s} "
+          f"{'dIn med':>8s} {'dIn p90':>8s}  sources of its rows")
+    for r in res:
+        d = (r["loso"]["median"] - base["median"], r["loso"]["p90"] - base["p90"],
+             r["in_sample"]["median"] - ins["median"], r["in_sample"]["p90"] - ins["p90"])
+        print(f"  {r['constant']:36s} {r['value']:8.3f} {r['unfitted']:8.3f} {d[0]:+9.1%} {d[1]:+9.1%} "
+              f"{d[2]:+8.1%} {d[3]:+8.1%}  {', '.join(r['sources']) or '-'}")
+    print("  (+ = the error grows without the fit: the constant helps; a constant whose rows all come from one "
+          "source cannot move LOSO - that source is predicted unfitted anyway)")
+
+
 def run(csv_path: Path, show_rows: bool = False, features: bool = False) -> dict[str, float]:
+    """Print the in-sample figures: every row with the shipped constants."""
+    print("\n=== IN SAMPLE: the shipped constants, fitted on these same rows ===")
     cases, skipped = load_cases(csv_path)
     errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     signed: dict[str, list[float]] = defaultdict(list)
@@ -77,7 +180,7 @@ def run(csv_path: Path, show_rows: bool = False, features: bool = False) -> dict
                   f"{case.metric:15s} measured {case.measured:9.3f} predicted {predicted:9.3f} err {err:+.1%}")
     summary: dict[str, float] = {}
     for metric in ("step_time_s", "peak_memory_gib"):
-        print(f"\n{metric}: absolute percentage error")
+        print(f"\n{metric} (in sample): absolute percentage error")
         print(f"  {'source':24s} {'rows':>5s} {'median':>8s} {'p90':>8s} {'mean signed':>12s}")
         everything: list[float] = []
         for source, errs in sorted(errors[metric].items()):
@@ -111,12 +214,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
-    parser.add_argument("--features", action="store_true", help="print the step-time error by plan feature")
+    parser.add_argument("--features", action="store_true", help="print the in-sample step-time error by plan feature")
+    parser.add_argument("--ablate", action="store_true", help="per fitted constant, the error without its fit")
+    parser.add_argument("--refit", action="store_true", help="recompute the cached out-of-sample fits")
     args = parser.parse_args()
     if not args.csv.exists():
         print(f"published runs file {args.csv} not found; pass --csv", file=sys.stderr)
         return 2
+    out_of_sample(args.csv, args.refit, args.rows)
     run(args.csv, args.rows, args.features)
+    if args.ablate:
+        print_ablation(args.csv)
     return 0
 
 
