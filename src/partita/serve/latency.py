@@ -35,8 +35,8 @@ from ..cost.compute import gemm_time, layer_forward
 from ..cost.shape import LayerShape
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
-from .memory import (WEIGHT_BYTES, attention_weights, kv_bytes_per_token, kv_bytes_per_token_layer, layer_weights,
-                     stage_layers)
+from .memory import (WEIGHT_BYTES, mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
+                     kv_heads_per_device, layer_weights, stage_layers)
 from .workload import Layout
 
 ACT_BYTES = 2  # bf16 activations on the wire
@@ -112,7 +112,7 @@ def layer_gemm_flops(model: ModelSpec, layout: Layout, tokens: float, moe: bool)
     ``2 x tokens x`` the matmul weights each token meets on the device (the routed experts'
     ``top_k`` of them; norms are not GEMMs)."""
     h, tp = model.hidden, layout.tp
-    attn = attention_weights(model, tp)  # biases and q/k norms inside it are not GEMMs: negligible
+    attn = attention_matmul_weights(model, tp)
     if moe:
         mo = model.moe
         shared = mo.shared_experts * model.mlp_params(mo.shared_ffn_hidden) if mo.shared_experts else 0
@@ -120,6 +120,18 @@ def layer_gemm_flops(model: ModelSpec, layout: Layout, tokens: float, moe: bool)
     else:
         mlp = model.mlp_params(model.ffn_hidden) / tp
     return 2 * tokens * (attn + mlp)
+
+
+def attention_matmul_weights(model: ModelSpec, tp: int) -> float:
+    """The attention weights one rank multiplies with per token (no biases or norms): q and o
+    split ``tp`` ways, k and v by kv head (replicated beyond ``kv_heads``); MLA's replicated
+    down-projections and its split up- and output projections (:mod:`.memory`)."""
+    h = model.hidden
+    if model.mla:
+        m = model.mla
+        down = h * (m.kv_lora_rank + m.qk_rope_head_dim) + h * m.q_lora_rank
+        return down + mla_split_params(model) / tp
+    return 2 * h * model.q_dim / tp + 2 * h * model.kv_dim * kv_heads_per_device(model, tp) / model.kv_heads
 
 
 def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float, moe: bool,

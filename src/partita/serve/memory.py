@@ -88,7 +88,7 @@ def attention_weights(model: ModelSpec, tp: int) -> float:
     """Attention parameters one tensor-parallel rank holds in one layer."""
     h = model.hidden
     if model.mla:  # q_a_proj, kv_a_proj_with_mqa and the latent norms replicated; the rest split
-        split = _mla_split_params(model)
+        split = mla_split_params(model)
         return model.attention_params() - split + split / tp
     q, kv = model.q_dim, model.kv_dim
     split = 2 * h * q + (q if model.qkv_bias else 0)
@@ -98,7 +98,7 @@ def attention_weights(model: ModelSpec, tp: int) -> float:
     return split / tp + kv_part + replicated
 
 
-def _mla_split_params(model: ModelSpec) -> float:
+def mla_split_params(model: ModelSpec) -> float:
     """MLA parameters split by ``tp``: q_b_proj (or q_proj), kv_b_proj, o_proj."""
     m, h = model.mla, model.hidden
     qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
