@@ -21,9 +21,9 @@ lines below.
 
 Printed: the fitted values per family and the rows and sources they rest on; the
 step-time error per source on the calibration set (all rows, fitted constants); with
-``--loso``, the leave-one-source-out error: every source's rows predicted with constants
-fitted on the other sources only (a source whose family has no other source keeps the
-current constants, and says so). ``--write`` stores a family's fitted values when every
+``--loso``, the leave-one-source-out error (``bench/out_of_sample.py``): every source's rows
+predicted with constants refitted, from their unfitted values, on the other sources only
+(a source whose family has no other source is predicted with the unfitted values). ``--write`` stores a family's fitted values when every
 one of them is plausible (:data:`PLAUSIBLE`; constants fitted jointly trade off, so a
 partly implausible fit is not used at all) and the fit lowers the family's median error
 (else the constants that lower it one by one, :func:`improving_part`),
@@ -337,17 +337,19 @@ def plausible_fit(cases: list[Case]) -> tuple[dict[str, float], dict[str, float]
 
 
 def loso(by_family: dict[str, list[Case]]) -> list[tuple[str, float]]:
-    """Leave-one-source-out log errors: each source predicted from a fit on the others."""
+    """Leave-one-source-out log errors, (source, ln(predicted / measured)), family by family
+    and source by source in sorted order, each source's rows in CSV order: predicted with the
+    family's constants refitted from their unfitted values on its other sources
+    (``bench/out_of_sample.py``, which caches the same fits for the whole table:
+    ``out_of_sample.loso_rows``)."""
+    import out_of_sample  # imports this module: loaded only here
+
     pairs: list[tuple[str, float]] = []
-    for family, cases in sorted(by_family.items()):
-        for source in sorted({c.source for c in cases}):
-            held = [c for c in cases if c.source == source]
-            rest = [c for c in cases if c.source != source]
-            values = plausible_fit(rest)[1]
-            if not values:
-                why = "is the family's only source" if not rest else "leaves no plausible fit on the others"
-                print(f"  {family}: {source} {why} - predicted with the current constants")
-            pairs += [(source, e) for e in log_errors(held, values)]
+    for _family, cases in sorted(by_family.items()):
+        at = [out_of_sample.at_prior(c) for c in cases]
+        for source in sorted({c.source for c in at}):
+            values = out_of_sample.shipped_rule_fit([c for c in at if c.source != source])
+            pairs += [(source, e) for e in log_errors([c for c in at if c.source == source], values)]
     return pairs
 
 
@@ -388,7 +390,12 @@ def main() -> int:
     print_errors("step time, current constants", before)
     print_errors("step time, fitted constants (calibration set)", after)
     if args.loso:
-        print_errors("step time, leave-one-source-out", loso(by_family))
+        import out_of_sample  # imports this module: loaded only here
+
+        rows = out_of_sample.loso_predictions(out_of_sample.Fits(args.csv))
+        print_errors("step time, leave-one-source-out (bench/out_of_sample.py: each source's groups refitted "
+                     "from their unfitted constants on the other sources)",
+                     [(r.source, math.log(r.predicted / r.measured)) for r in rows if r.metric == "step_time_s"])
     return 0
 
 
