@@ -1,5 +1,6 @@
-"""Guards the estimator's accuracy on measured published runs (bench/validate_published.py
-prints it per source), and the loader's per-source facts table."""
+"""Guards the estimator's in-sample accuracy on measured published runs (the shipped constants
+were fitted on these rows; bench/validate_published.py prints it after the out-of-sample
+figures, which tests/test_out_of_sample.py guards), and the loader's per-source facts table."""
 import csv
 import statistics
 
