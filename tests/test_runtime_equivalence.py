@@ -4,12 +4,8 @@ issue 13 item 7): 5 steps of SGD with momentum 0.9 (AdamW for the cases marked
 optimizer state (momentum buffers, Adam moments), slice by slice, with a single-process
 reference run. The runs also measure, inside a hook between micro-batches, the gradient
 bytes each rank really holds (issue 13 item 4) and how much optimizer state it keeps.
-One torchrun per world size runs all its cases in the same process group, so start-up is
-paid once."""
-import json
-import os
-import subprocess
-import sys
+One torchrun per world size runs all its cases in the same process group (with the other
+test files' equivalence cases: tests/conftest.py), so start-up is paid once."""
 
 import pytest
 
@@ -83,22 +79,15 @@ ALL = [c for cs in CASES.values() for c in cs]
 TOLERANCE = {"fp32": (1e-6, 1e-6, 1e-6), "adamw": (1e-6, 2e-5, 1e-6), "bf16": (1e-3, 5e-3, 5e-3)}
 
 
-def _run(world: int, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp(f"eq{world}") / "results.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *CASES[world]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return dict(json.loads(out.read_text()), **{f"stdout{world}": proc.stdout})
+#: (world, steps, case) for the session's shared torchruns (tests/conftest.py ``equivalence``)
+EQUIVALENCE_CASES = [(world, 5, case) for world, cases in CASES.items() for case in cases]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    merged = {}
-    for world in CASES:
-        merged.update(_run(world, tmp_path_factory))
-    return merged
+def results(equivalence):
+    """Each case's result, and ``stdout{world}``: what the world's torchrun printed."""
+    merged = {case: equivalence["results"][(world, steps, case)] for world, steps, case in EQUIVALENCE_CASES}
+    return dict(merged, **{f"stdout{world}": equivalence["stdout"][world] for world in CASES})
 
 
 def _tolerance(case: str) -> tuple[float, float, float]:

@@ -1,10 +1,6 @@
 """Issue 4 / 13: `parallelize` on Hugging Face Llama, Qwen2 and Mixtral built from tiny
 configs (no download), against single-process training of the same HF model (SGD with
 momentum 0.9; losses, parameters and momentum buffers compared)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -29,14 +25,10 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hf") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *CASES]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(out.read_text())
+def results(equivalence):
+    """The cases' results, from the session's 2-process torchrun (tests/conftest.py ``equivalence``;
+    this module declares its cases in ``EQUIVALENCE_CASES`` below)."""
+    return {case: equivalence["results"][(2, 5, case)] for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -56,16 +48,14 @@ QWEN_MOE = [
 ]
 
 
+#: (world, steps, case) for the session's shared torchruns (tests/conftest.py ``equivalence``)
+EQUIVALENCE_CASES = [(2, 5, case) for case in CASES + QWEN_MOE]
+
+
 @pytest.fixture(scope="module")
-def qwen_moe_results(tmp_path_factory):
-    """Tiny Qwen2-MoE / Qwen3-MoE (partita.runtime.hf_moe), one torchrun for all cases."""
-    out = tmp_path_factory.mktemp("qwen_moe") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *QWEN_MOE]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(out.read_text())
+def qwen_moe_results(equivalence):
+    """Tiny Qwen2-MoE / Qwen3-MoE (partita.runtime.hf_moe), in the same torchrun as the other cases."""
+    return {case: equivalence["results"][(2, 5, case)] for case in QWEN_MOE}
 
 
 @pytest.mark.parametrize("case", QWEN_MOE)

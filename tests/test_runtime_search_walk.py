@@ -13,13 +13,9 @@ carved out of cp (Megatron-Core's MoE parallel folding). Each scaled plan trains
 step (fp32, SGD with momentum 0.9) and every rank compares its loss and its own slice of
 every parameter and momentum buffer after the update with single-process training of
 the same model on the same data (partita.runtime.equivalence). One torchrun per world
-size runs all of its cases."""
+size runs all of its cases (with the other test files' equivalence cases: tests/conftest.py)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -124,18 +120,13 @@ MOE_TP = ["tiny-moe:dp=2,tp=2,zero=3,gbs=4,mbs=1,seq_len=16", "tiny-moe:dp=2,tp=
 BY_WORLD.setdefault(4, []).extend(MOE_TP)
 
 
+#: (world, steps, case) for the session's shared torchruns (tests/conftest.py ``equivalence``): one step
+EQUIVALENCE_CASES = [(world, 1, case) for world, cases in sorted(BY_WORLD.items()) for case in cases]
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    merged = {}
-    for world, cases in sorted(BY_WORLD.items()):
-        out = tmp_path_factory.mktemp(f"walk{world}") / "results.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-               f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), "--steps=1", *cases]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-        merged.update(json.loads(out.read_text()))
-    return merged
+def results(equivalence):
+    return {case: equivalence["results"][(world, steps, case)] for world, steps, case in EQUIVALENCE_CASES}
 
 
 def test_walk_covers_the_shapes_large_runs_use():

@@ -67,6 +67,22 @@ def reference_run(model_name: str, plan: Plan, steps: int, seed: int, optimizer:
     return losses, params, state
 
 
+#: reference runs already computed in this process, by everything :func:`reference_run` reads
+_REFERENCES: dict[tuple, tuple] = {}
+
+
+def _cached_reference(model_name: str, plan: Plan, steps: int, seed: int, optimizer: str,
+                      max_grad_norm: float | None):
+    """:func:`reference_run`, once per process for each distinct input: the reference reads
+    only the global batch, the sequence length and the number of chunks (dp x accumulation)
+    of the plan, so the many plans of one equivalence run share a handful of references
+    (the results are only read, never modified)."""
+    key = (model_name, plan.gbs, plan.seq_len, plan.dp * plan.grad_accum, steps, seed, optimizer, max_grad_norm)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = reference_run(model_name, plan, steps, seed, optimizer, max_grad_norm)
+    return _REFERENCES[key]
+
+
 def _optimizer_state(optimizer, p: torch.Tensor) -> dict | None:
     """The state ``optimizer`` (possibly a combination of sharded optimizers) keeps for ``p``."""
     for part in getattr(optimizer, "parts", [optimizer]):
@@ -137,7 +153,7 @@ def run_case(case: str, steps: int = 5, seed: int = 0, max_grad_norm: float | No
     for step in range(steps):
         x, y = synthetic_batch(step, plan.gbs, plan.seq_len, vocab_size(model), seed)
         losses.append(pm.train_step(dp_shard(x, plan, dist.get_rank()), dp_shard(y, plan, dist.get_rank())))
-    ref_losses, ref_params, ref_state = reference_run(model_name, plan, steps, seed, optimizer, max_grad_norm)
+    ref_losses, ref_params, ref_state = _cached_reference(model_name, plan, steps, seed, optimizer, max_grad_norm)
     loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
     c = compare(pm, ref_params, ref_state)
     out = torch.tensor([loss_diff, c["param_diff"], c["state_diff"], max(held, default=0), c["state_fraction"]],
@@ -152,15 +168,17 @@ def run_case(case: str, steps: int = 5, seed: int = 0, max_grad_norm: float | No
 
 def main() -> None:
     """``torchrun ... -m partita.runtime.equivalence OUT.json [--steps=N] CASE [CASE ...]``
-    (5 steps unless ``--steps`` says otherwise)."""
-    out_path, cases = sys.argv[1], sys.argv[2:]
+    (5 steps unless ``--steps`` says otherwise; a ``--steps=N`` between cases applies to
+    the cases after it, so one process group can serve cases of several step counts)."""
+    out_path, args = sys.argv[1], sys.argv[2:]
     steps = 5
-    if cases and cases[0].startswith("--steps="):
-        steps, cases = int(cases[0].split("=", 1)[1]), cases[1:]
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     results = {}
-    for case in cases:
-        results[case] = run_case(case, steps=steps)
+    for arg in args:
+        if arg.startswith("--steps="):
+            steps = int(arg.split("=", 1)[1])
+            continue
+        results[arg] = run_case(arg, steps=steps)
         dist.barrier()
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
