@@ -114,6 +114,10 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         out = self._to_dict()
+        if self.plan.finetune != "none" and getattr(self.model, "kind", "") != "traced":  # issue 36
+            from .cost.finetune import frozen_params, trainable_params
+            out["trainable_params"] = trainable_params(self.model, self.plan)
+            out["frozen_params"] = frozen_params(self.model, self.plan)
         if self.cluster.device.collective_fits:  # a calibrated file: each time part's source (issue 22)
             out["time_sources"] = term_sources(self.cluster.device, self.time.parts)
         return out

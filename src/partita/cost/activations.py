@@ -20,6 +20,7 @@ from __future__ import annotations
 from ..plan import Plan
 from ..spec.model import ModelSpec
 from .compute import BYTES, FP32_BYTES
+from .finetune import lora_activation_bytes
 from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .placement import RankShape
@@ -127,6 +128,8 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
                      ) / plan.vpp
     if plan.attention == "unfused":  # fused: unfused_attention_bytes is 0, adding 0.0 changes nothing
         per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)
+    if plan.finetune == "lora":  # adapters' intermediates, untargeted frozen linears' inputs (cost/finetune.py)
+        per_chunk += lora_activation_bytes(model, plan, shape, mode) / plan.vpp
     if shape.first:
         tokens = plan.mbs * plan.seq_len / plan.cp
         per_chunk += tokens * BYTES[plan.dtype] * model.hidden / (plan.tp if plan.sp else 1) / plan.vpp  # embedding output

@@ -27,6 +27,7 @@ from ..spec.model import ModelSpec
 from .activations import (_activations_per_chunk, activation_bytes, activation_bytes_per_layer,  # noqa: F401
                           eager_extra_bytes, layer_working_bytes, unfused_attention_bytes)
 from .compression import state_bytes, wire_count
+from .finetune import lora_memory_parts
 from .frameworks import FRAMEWORKS
 from .pipeline import in_flight_chunks
 from .placement import RankShape, all_rank_layers, distinct_shapes, rank_shapes, recomputed_layers  # noqa: F401
@@ -184,6 +185,9 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
         weights, grads, optimizer, gathered, pool = states[zero]
         out[(recompute, zero)] = MemoryParts(weights, grads, optimizer, activations[recompute], transient, gathered,
                                              buffers, pool)
+    if plan.finetune == "lora":  # frozen base weights and trainable adapters (cost/finetune.py)
+        out = lora_memory_parts(model, plan, shape, out, grad_b, (dense_shard, expert_shard), full, fp8_cache,
+                                zero0_autocast)
     return out
 
 

@@ -63,6 +63,7 @@ from ..spec.model import ModelSpec
 from . import comm, compression
 from .compute import (BYTES, LayerCost, embedding_forward, last_gemm, layer_forward, output_forward,
                       selective_gemm_fraction)
+from .finetune import lora_shape, lora_stage_terms, rank_adapter_params, trained_shape_params
 from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .overheads import add_framework
@@ -202,7 +203,11 @@ def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[TermsBy
     layer and the per-stage constant (pipeline send/recv), and the time each adds. A
     stage's time is linear in them, so every rank shape, virtual-stage count and ZeRO
     stage of a layout shares them (memoised on the plan's :class:`.StageShape`)."""
-    return _terms_of_shape(model, cluster.device, stage_shape(plan, cluster.devices_per_node))
+    shape = stage_shape(plan, cluster.devices_per_node)
+    terms = _terms_of_shape(model, cluster.device, shape)
+    if plan.finetune == "lora":  # frozen weights: input gradients only; adapter GEMMs (cost/finetune.py)
+        return lora_stage_terms(model, cluster.device, shape, lora_shape(plan), terms, FLASH_BACKWARD_PER_FORWARD)
+    return terms
 
 
 @memoised
@@ -369,10 +374,17 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     and is not charged; the published-run fits hold it in their efficiencies."""
     z3 = zero3_shape(plan, cluster.devices_per_node)
     reduce = not full_gradients(plan)
-    t = _zero3_traffic(model, cluster.device, shape, z3, reduce)
+    lora = plan.finetune == "lora"  # every weight gathered, the adapters' gradients reduced (cost/finetune.py)
+    t = _zero3_traffic(model, cluster.device, shape, z3, reduce and not lora)
+    copies = _zero3_copy_time(model, cluster.device, shape, z3, reduce and not lora)
+    if lora and reduce:
+        dense, expert = rank_adapter_params(model, plan, shape)
+        gb = grad_bytes(z3.dtype, z3.grad_dtype)
+        t += grad_reduce(cluster.device, dense * gb, z3.dp_span, z3.replica_span) + (
+            grad_reduce(cluster.device, expert * gb, z3.expert_dp_span, z3.replica_span) if expert else 0.0)
     eff = cluster.device.efficiency
     f = eff.comm_overlap
-    serial = (1.0 - f) * (t + _zero3_copy_time(model, cluster.device, shape, z3, reduce)) if f < 1.0 else 0.0
+    serial = (1.0 - f) * (t + copies) if f < 1.0 else 0.0
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
     framework = shape.n_layers * eff.zero3_framework_us_per_layer * 1e-6
     return serial + max(0.0, f * t - compute) + f * t / max(shape.n_layers, 1) + framework
@@ -577,7 +589,7 @@ def _after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> flo
     worst = 0.0
     dense_shard, expert_shard = state_shard(plan), expert_state_shard(plan)
     for _, shape, _ in distinct_shapes(model, plan):
-        dense, expert = _shape_params(model, plan, shape)
+        dense, expert = trained_shape_params(model, plan, shape)
         worst = max(worst, ADAM_STEP_BYTES_PER_PARAM * (dense / dense_shard + expert / expert_shard))
     t = worst / dev.optimizer_bytes_per_s()
     if model.tied_embeddings and plan.pp > 1:
@@ -600,7 +612,7 @@ def zero2_accumulation_floor(model: ModelSpec, cluster: Cluster, plan: Plan) -> 
     widest = plan.with_(recompute="full", recompute_layers=0)
     worst = 0.0
     for _, shape, _ in distinct_shapes(model, plan):
-        dense, expert = _shape_params(model, plan, shape)
+        dense, expert = trained_shape_params(model, plan, shape)
         t_rs = grad_reduce(dev, dense * _grad_bytes(plan), span, rspan) + grad_reduce(dev, expert * _grad_bytes(plan), espan, rspan)
         terms = _shape_terms(model, cluster, widest, shape)
         worst = max(worst, (plan.grad_accum - 1) * max(0.0, t_rs - (terms.forward + terms.backward) / plan.vpp))
@@ -641,7 +653,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         if key in done:
             continue
         done.add(key)
-        dense, expert = _shape_params(model, plan, shape)
+        dense, expert = trained_shape_params(model, plan, shape)  # LoRA: the adapters only
         t_rs = t_ag = t_psgd = 0.0
         rs = grad_reduce(dev, dense * _grad_bytes(plan), (g, k), rspan) + grad_reduce(dev, expert * _grad_bytes(plan), (eg, ek), rspan)
         if plan.zero == 0 or (plan.zero == 1 and fw.zero1_grad_all_reduce):

@@ -1,0 +1,141 @@
+"""Fine-tuning plans (issue 36): LoRA's parameter count against PEFT's own, its training FLOPs
+against torch's FlopCounterMode on a real PEFT model (the frozen weights' skipped weight
+gradients must show), and its memory against pre-training's states formula.
+
+Oracles: ``peft.PeftModel.get_nb_trainable_parameters`` on transformers models built from the
+same configuration (tiny ones with weights, Qwen2.5-72B on the meta device: no storage), and
+``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from peft import LoraConfig, get_peft_model
+from torch.utils.flop_counter import FlopCounterMode
+
+from partita.cost.finetune import frozen_params, trainable_params
+from partita.cost.memory import GIB
+from partita.cost.step import stage_terms
+from partita.cost.compute import layer_forward
+from partita.cost.shape import layer_shape
+from partita.estimate import estimate
+from partita.plan import Plan
+from partita.spec.hf_config import parse_hf_config
+from partita.spec.hardware import make_cluster
+from partita.spec.load import load_model
+
+#: PEFT's module names for the plan's target groups (HF Llama / Qwen2 naming)
+PEFT_TARGETS = {"attention": ["q_proj", "k_proj", "v_proj", "o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"],
+                "all-linear": "all-linear"}
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+              "vocab_size": 128, "max_position_embeddings": 256, "tie_word_embeddings": False}
+TINY_QWEN2 = {**TINY_LLAMA, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True}
+
+
+def _hf_model(cfg: dict, meta: bool = False) -> torch.nn.Module:
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    config._attn_implementation = "sdpa"
+    if meta:
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _peft_counts(model: torch.nn.Module, rank: int, targets: str) -> tuple[int, int]:
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PEFT_TARGETS[targets]))
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    return trainable, total - trainable
+
+
+@pytest.mark.parametrize("cfg", [TINY_LLAMA, TINY_QWEN2], ids=["llama", "qwen2-tied-qkv-bias"])
+@pytest.mark.parametrize("targets", ["attention", "mlp", "all-linear"])
+def test_trainable_params_equal_peft_on_tiny_models(cfg: dict, targets: str) -> None:
+    spec = parse_hf_config(cfg)
+    plan = Plan(finetune="lora", lora_rank=8, lora_targets=targets)
+    trainable, frozen = _peft_counts(_hf_model(cfg, meta=True), 8, targets)
+    assert trainable_params(spec, plan) == trainable
+    assert frozen_params(spec, plan) == frozen
+
+
+def test_trainable_params_equal_peft_on_qwen25_72b() -> None:
+    """The preset Partita plans with, built by transformers on the meta device (no storage)."""
+    spec = load_model("qwen2.5-72b")
+    cfg = {"model_type": "qwen2", "hidden_size": spec.hidden, "num_hidden_layers": spec.layers,
+           "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads,
+           "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab, "tie_word_embeddings": False}
+    trainable, frozen = _peft_counts(_hf_model(cfg, meta=True), 16, "all-linear")
+    plan = Plan(finetune="lora", lora_rank=16)
+    assert trainable_params(spec, plan) == trainable == 210_534_400
+    assert frozen_params(spec, plan) == frozen
+    full = estimate(spec, make_cluster("ascend-910b3", 16), Plan.parse("tp=8,pp=2,gbs=16,finetune=full", 16)).to_dict()
+    assert full["trainable_params"] == frozen and full["frozen_params"] == 0
+
+
+def _counted_gemm_flops(model: torch.nn.Module, seq: int) -> float:
+    """FLOPs of the linears' matmuls (aten.mm / addmm) over one forward and backward."""
+    ids = torch.randint(0, 128, (1, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    counts = counter.get_flop_counts()["Global"]
+    return float(sum(v for op, v in counts.items() if str(op).split(".")[1] in ("mm", "addmm")))
+
+
+def _modelled_gemm_flops(plan: Plan) -> float:
+    """Partita's FLOPs of one micro-batch on one rank (pp = 1), less the attention kernel's
+    (which the counter does not see: SDPA on the CPU), that is forward + flash backward
+    (2.5x) per layer, but no backward in the first layer when only the MLP is adapted."""
+    spec = parse_hf_config(TINY_LLAMA)
+    kinds, _ = stage_terms(spec, make_cluster("h100", 1), plan)
+    attn = layer_forward(spec, make_cluster("h100", 1).device, layer_shape(plan), False).attn_flops
+    total = spec.layers * kinds.dense.flops + kinds.embedding.flops + kinds.output.flops
+    passes = spec.layers * 3.5 - (2.5 if plan.finetune == "lora" and plan.lora_targets == "mlp" else 0.0)
+    return total - passes * attn
+
+
+@pytest.mark.parametrize("targets", ["attention", "mlp", "all-linear"])
+def test_lora_flops_equal_torch_flop_counter(targets: str) -> None:
+    """A real PEFT LoRA model's counted matmul FLOPs = Partita's: the frozen weights' backward
+    runs the input gradient only, the first layer none where it reads the frozen embedding."""
+    seq = 32
+    full = _modelled_gemm_flops(Plan(seq_len=seq, dtype="fp32", finetune="full"))
+    counted_full = _counted_gemm_flops(_hf_model(TINY_LLAMA), seq)
+    assert counted_full == pytest.approx(full, rel=1e-12)
+    model = get_peft_model(_hf_model(TINY_LLAMA), LoraConfig(r=4, lora_alpha=8, target_modules=PEFT_TARGETS[targets]))
+    plan = Plan(seq_len=seq, dtype="fp32", finetune="lora", lora_rank=4, lora_targets=targets)
+    counted = _counted_gemm_flops(model, seq)
+    assert counted == pytest.approx(_modelled_gemm_flops(plan), rel=1e-12)
+    assert counted < 0.8 * counted_full  # the skipped weight gradients show
+
+
+def test_lora_memory_freezes_the_base_and_full_sft_is_pretraining() -> None:
+    """LoRA states: frozen bf16 weights (2 bytes each, no gradient or optimizer state) plus the
+    adapters' 18 bytes (2 + 4 + 12, ZeRO-1 sharding the 12); full SFT = pre-training."""
+    spec, cluster = load_model("qwen2.5-72b"), make_cluster("ascend-910b3", 16)
+    base = Plan.parse("tp=8,pp=2,gbs=64,seq_len=4096", 16)
+    pre = estimate(spec, cluster, base)
+    full = estimate(spec, cluster, base.with_(finetune="full"))
+    assert full.to_dict()["memory"] == pre.to_dict()["memory"] and full.step_time_s == pre.step_time_s
+    lora = estimate(spec, cluster, base.with_(finetune="lora", lora_rank=16))
+    mem = {k: v * GIB for k, v in lora.to_dict()["memory"].items()}
+    rank = lora.peak_rank.rank
+    pre_mem = pre.memory[rank].parts
+    adapters = trainable_params(spec, base.with_(finetune="lora", lora_rank=16)) / 16  # tp 8 x pp 2, even stages
+    assert mem["weights"] == pytest.approx(pre_mem["weights"] + 2 * adapters, rel=1e-3)
+    assert mem["gradients"] == pytest.approx(4 * adapters, rel=1e-3)
+    assert mem["optimizer"] == pytest.approx(12 * adapters, rel=1e-3)  # dp = 1: nothing to shard over
+    assert lora.step_time_s < pre.step_time_s  # no weight gradients of the base
+    assert "dp gradient sync" not in lora.time.parts or lora.time.parts["dp gradient sync"] < 1e-3
+
+
+def test_old_plan_files_load_and_keep_their_json() -> None:
+    old = {"format": "partita.plan/1", "dp": 2, "tp": 1, "pp": 1, "gbs": 4}
+    plan = Plan.from_dict(old)
+    assert (plan.finetune, plan.lora_rank, plan.lora_alpha, plan.lora_targets) == ("none", 16, 32.0, "all-linear")
+    assert "finetune" not in json.loads(plan.to_json())
+    lora = Plan.parse("dp=2,gbs=4,finetune=lora,lora_rank=8,lora_alpha=16,lora_targets=mlp")
+    assert Plan.from_dict(json.loads(lora.to_json())) == lora
