@@ -14,6 +14,10 @@ scripts whose training command line agrees, once the values the static reader na
 A training script is a ``.sh`` file under ``examples/`` that launches a ``pretrain_*.py`` /
 ``posttrain_gpt.py`` entry point; each construct is counted once per file (files using it).
 Without --compare it only reads: it prints a table, nothing is written.
+
+``--estimate`` runs ``estimate --from-script`` on each training script as a user would, on the
+hardware it ships for (:func:`hardware_for`), and counts the verdicts (issue 32: no shipped
+config may be said not to fit unless the output names a feature Partita does not model).
 """
 from __future__ import annotations
 
@@ -95,7 +99,57 @@ def compare(repo: Path) -> None:
     print(f"{repo}: {len(scripts)} training scripts, " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
+def hardware_for(repo: Path, name: str) -> str:
+    """The device a public script ships for: MindSpeed-LLM's A3 examples (``*a3*``) Atlas A3
+    (ascend-910c), its other examples Atlas 800T A2 (ascend-910b2, 64 GB), Megatron-LM's H100."""
+    if "mindspeed" in str(repo).lower():
+        return "ascend-910c" if "a3" in name.lower() else "ascend-910b2"
+    return "h100-sxm"
+
+
+def estimate_all(repo: Path) -> dict[str, int]:
+    """``partita estimate --from-script`` on every training script of ``repo`` as a user would run
+    it (no flags but the hardware it ships for; the world size and the model from the script), in a
+    scratch directory: counts of refused (one line) / no model / fits / does not fit, the last split
+    by whether the output names a feature Partita does not model. Prints each file that does not
+    fit without naming one, and each refusal."""
+    import tempfile
+    from partita.errors import PartitaError
+    from partita.estimate import estimate
+    from partita.imports import load_config
+    from partita.spec.hardware import make_cluster
+    counts = {"refused": 0, "no model": 0, "fits": 0, "does not fit, names a feature": 0,
+              "does not fit, names none": 0}
+    for name, text in sorted(_scripts(repo).items()):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / Path(name).name
+            path.write_text(text)
+            try:
+                read = load_config(str(path))
+                if read.model is None:
+                    counts["no model"] += 1
+                    continue
+                est = estimate(read.model, make_cluster(hardware_for(repo, name), read.plan.world_size), read.plan)
+            except PartitaError as e:
+                counts["refused"] += 1
+                print(f"  refused: {name}: {str(e).replace(str(path), '')[:160]}")
+                continue
+        if est.fits:
+            counts["fits"] += 1
+        elif read.not_modelled:
+            counts["does not fit, names a feature"] += 1
+        else:
+            counts["does not fit, names none"] += 1
+            print(f"  does not fit, names nothing: {name}: {est.peak_memory_gib:.1f} GiB, {read.plan.summary()}")
+    print(f"{repo}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return counts
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--estimate"]:
+        for repo in map(Path, argv[1:]):
+            estimate_all(repo)
+        return 0
     if argv[:1] == ["--compare"]:
         for repo in map(Path, argv[1:]):
             compare(repo)

@@ -18,6 +18,7 @@ import pytest
 from partita.cli import main
 from partita.errors import PartitaError
 from partita.imports import load_config
+from partita.imports.deepspeed import REMOVED_KEYS, ds_not_modelled
 
 CORPUS = Path(__file__).resolve().parent / "data" / "launch_configs"
 
@@ -62,6 +63,13 @@ def test_deepspeed_batch_agrees_with_deepspeedconfig(tmp_path):
                                                           "gradient_accumulation_steps"))):
             continue
         plan = _plan(_ds(tmp_path, cfg), spec["devices"], pp=spec.get("flags", {}).get("pp"))
+        removed = REMOVED_KEYS & set(cfg)
+        if removed:  # DeepSpeed refuses a block it removed: Partita says so, and the batch is read without it
+            with pytest.raises(Exception, match="has been removed"):
+                deepspeed_oracle.load(cfg, plan.world_size, plan.dp)
+            notes = ds_not_modelled(cfg)
+            assert all(any(n.startswith(k) and "removed from DeepSpeed" in n for n in notes) for k in removed)
+            cfg = {k: v for k, v in cfg.items() if k not in removed}
         ds = deepspeed_oracle.load(cfg, plan.world_size, plan.dp)
         assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (plan.mbs, plan.grad_accum), \
             spec_path.name

@@ -177,10 +177,20 @@ def test_unfused_attention():
 
 @pytest.mark.parametrize("flag", ["--optimizer-cpu-offload", "--swap-attention", "--swap-optimizer",
                                   "--moe-fb-overlap", "--recompute-activation-function", "--mtp-num-layers 1",
-                                  "--lora-r 16", "--no-pad-to-seq-lengths"])
+                                  "--lora-r 16", "--no-pad-to-seq-lengths", "--variable-seq-lengths", "--stage dpo"])
 def test_cost_flags_not_modelled_are_named(flag):
     r = read(LLAMA70 + flag, 8)
     assert [n.split(":")[0].split(" ")[0] for n in r.not_modelled] == [flag.split(" ")[0]]
+
+
+def test_supervised_fine_tuning_stage_is_not_a_departure():
+    assert read(LLAMA70 + "--finetune --stage sft --is-instruction-dataset", 8).not_modelled == ()
+
+
+def test_mindspeed_llms_deprecated_moe_intermediate_size_is_the_expert_ffn():
+    # mindspeed_llm/features_manager/arguments/deprecated_args.py: moe_ffn_hidden_size = moe_intermediate_size
+    argv = shlex.split(LLAMA70 + "--num-experts 64 --moe-router-topk 8 --moe-intermediate-size 768")
+    assert model_from_megatron(argv).spec.moe.expert_ffn_hidden == 768
 
 
 def test_fp8_param_gather_and_reuse_fp32_param_are_plan_fields():

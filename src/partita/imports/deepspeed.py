@@ -57,6 +57,15 @@ _NOT_MODELLED = (
     ("activation_checkpointing.cpu_checkpointing", lambda v: v is True, "activation checkpoints on the host"),
     ("sequence_parallel_size", lambda v: isinstance(v, int) and v > 1, "Ulysses sequence parallelism"),
     ("compression_training", lambda v: isinstance(v, dict) and bool(v), "quantisation/pruning during training"),
+    # read off DeepSpeedExamples@45b4b71 training/bing_bert and training/data_efficiency configs (issue 32)
+    ("sparse_attention", lambda v: isinstance(v, dict) and bool(v),
+     "block-sparse attention (less attention memory and time than dense attention)"),
+    ("optimizer.type", lambda v: str(v).lower() in ("onebitadam", "zerooneadam", "onebitlamb"),
+     "1-bit compressed gradient communication after the warm-up steps (less data-parallel traffic)"),
+    ("progressive_layer_drop.enabled", lambda v: v is True, "layers skipped at random (less compute per step)"),
+    ("data_efficiency.enabled", lambda v: v is True,
+     "curriculum learning / random layerwise token dropping (fewer tokens in some steps or layers)"),
+    ("curriculum_learning.enabled", lambda v: v is True, "the sequence length grows during training"),
 )
 
 
@@ -145,6 +154,10 @@ def _derive(t: int | None, m: int | None, g: int | None, world: int, path: str) 
     elif t is None:
         raise PartitaError(f"{path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set (DeepSpeed "
                            f"needs one): pass {flag_name('mbs')}")
+    if t is not None and m is not None and 1 <= t < m * world:
+        raise PartitaError(f"{path}: DeepSpeed refuses this batch on {world} data-parallel ranks: train_batch_size "
+                           f"{t} is less than train_micro_batch_size_per_gpu {m} x {world} ranks (the file is for at "
+                           f"most {max(1, t // m)} ranks: pass --devices)")
     if m < 1 or g < 1 or t != m * g * world:
         raise PartitaError(f"{path}: DeepSpeed refuses this batch: train_batch_size {t} is not "
                            f"train_micro_batch_size_per_gpu {m} x gradient_accumulation_steps {g} x {world} "
@@ -154,7 +167,23 @@ def _derive(t: int | None, m: int | None, g: int | None, world: int, path: str) 
 
 def ds_not_modelled(cfg: dict) -> tuple[str, ...]:
     """``"key value: what it changes"`` for each feature of the config the cost model does not hold."""
-    return tuple(f"{key} {_get(cfg, key)!r}: {what}"[:200] for key, on, what in _NOT_MODELLED if on(_get(cfg, key)))
+    return tuple(f"{key} {_short(_get(cfg, key))}: {REMOVED if key.split('.')[0] in REMOVED_KEYS else ''}{what}"[:240]
+                 for key, on, what in _NOT_MODELLED if on(_get(cfg, key)))
+
+
+#: Top-level blocks DeepSpeed has removed: its config parser now refuses a file that holds one
+#: (deepspeed 0.19.8 deepspeed/runtime/config.py ``_REMOVED_TOP_LEVEL_CONFIG_KEYS``, DeepSpeed issue
+#: 8489); the public example configs written for older releases still carry them.
+REMOVED_KEYS = frozenset({"sparse_attention", "progressive_layer_drop", "curriculum_learning", "compression_training"})
+REMOVED = "removed from DeepSpeed (0.19 refuses the block; older releases run it); "
+
+
+def _short(value: Any) -> str:
+    """A config value as one short word: a section by its first setting (``{'mode': 'fixed', ...}``)."""
+    if isinstance(value, dict) and value:
+        first = next(iter(value))
+        return "{" + f"{first!r}: {value[first]!r}" + (", ...}" if len(value) > 1 else "}")
+    return repr(value)
 
 
 def plan_from_ds_config(cfg: dict, world_size: int, seq_len: int = 2048, pp: int | None = None,

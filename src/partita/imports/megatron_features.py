@@ -35,12 +35,16 @@ NOT_MODELLED: dict[str, str] = {
                 "rank-r adapters added",
     "--no-pad-to-seq-lengths": "fine-tuning samples not padded to --seq-length (shorter sequences: less activation "
                                "memory and time than estimated at --seq-length)",
+    "--variable-seq-lengths": "fine-tuning batches padded to their longest sample, not to --seq-length (shorter "
+                              "sequences: less activation memory and time than estimated at --seq-length)",
+    "--stage": "a preference or reward stage (DPO, ORM, PRM, ...): a frozen reference model and chosen + rejected "
+               "sequences per sample (estimated as supervised training of the policy alone)",
     "--interleave-sliding-window": "every other layer attends within a sliding window (less attention time)",
     "--context-parallel-algo": "the context-parallel algorithm (Ulysses / ring / hybrid) changes communication",
 }
 
 #: flag -> values at which it is no departure from what Partita models.
-MODELLED_VALUES: dict[str, tuple[str, ...]] = {"--context-parallel-algo": ("megatron_cp_algo",)}
+MODELLED_VALUES: dict[str, tuple[str, ...]] = {"--context-parallel-algo": ("megatron_cp_algo",), "--stage": ("sft",)}
 
 
 def unmodelled(argv: list[str]) -> list[str]:

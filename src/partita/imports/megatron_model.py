@@ -48,7 +48,7 @@ def model_parser() -> argparse.ArgumentParser:
                  "--kv-channels", "--vocab-size", "--padded-vocab-size", "--seq-length", "--max-position-embeddings",
                  "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
                  "--n-shared-experts", "--first-k-dense-replace", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-                 "--qk-pos-emb-head-dim", "--v-head-dim", "--tensor-model-parallel-size"):
+                 "--qk-pos-emb-head-dim", "--v-head-dim", "--tensor-model-parallel-size", "--moe-intermediate-size"):
         p.add_argument(flag, type=int)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
@@ -132,7 +132,9 @@ def _moe(ns: argparse.Namespace, ffn: int, layers: int) -> dict[str, Any] | None
     """The MoE fields (module docstring: shared experts as one MLP, the layer pattern), or None."""
     if not ns.num_experts:
         return None
-    expert_ffn = ns.moe_ffn_hidden_size or ffn
+    # MindSpeed-LLM's deprecated --moe-intermediate-size sets moe_ffn_hidden_size (Ascend/MindSpeed-LLM@c77308a
+    # mindspeed_llm/features_manager/arguments/deprecated_args.py: ``args.moe_ffn_hidden_size = ...``)
+    expert_ffn = ns.moe_ffn_hidden_size or ns.moe_intermediate_size or ffn
     shared = ns.moe_shared_expert_intermediate_size or (ns.n_shared_experts or 0) * expert_ffn
     first, freq = moe_pattern(ns.moe_layer_freq, layers) if ns.moe_layer_freq else (0, 1)
     return {"num_experts": ns.num_experts, "top_k": ns.moe_router_topk or 2, "expert_ffn_hidden": expert_ffn,
