@@ -25,6 +25,8 @@ IDS = [row[0] for row in MATRIX]
 MEGATRON_FSDP_PP = ("zero={z} with pp=2: Megatron-FSDP with pipeline parallelism is not a standard Megatron-LM path; "
                     "re-plan with --zero 1 (distributed optimizer) or --pp 1")
 FSDP2 = "zero={z} with {w}: --use-torch-fsdp2 is not supported with {w} (Megatron validate_args); re-plan with --zero 1"
+MS_Z2 = ("zero=2: MindSpeed-LLM has no ZeRO-2 (its distributed optimizer is ZeRO-1, torch FSDP2 is ZeRO-3); re-plan with "
+         "--zero 1 or --zero 3, or plan with --framework mindspeed")
 NO_FP8 = "dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); re-plan with --dtype bf16"
 DS_VPP = "vpp > 1: DeepSpeed pipelines have no interleaved schedule; re-plan with --vpp 1"
 DS_SPLIT = ("an uneven layer split cannot be expressed in DeepSpeed's PipelineModule (no explicit boundary list); "
@@ -37,8 +39,12 @@ TT_FP16 = ("dtype=fp16: torchtitan 0.3.0 accepts --training.mixed_precision_para
 REFUSED = {
     "megatron": {"8b-pp2-z2": MEGATRON_FSDP_PP.format(z=2), "8b-pp2-z3-full": MEGATRON_FSDP_PP.format(z=3)},
     "mindspeed": {"8b-dp8-z3-fp16-full": FSDP2.format(z=3, w="fp16"), "8b-dp8-z1-fp8": NO_FP8, "8b-tp2-z3-fp8": NO_FP8,
-                  "8b-pp2-z2": FSDP2.format(z=2, w="pp=2"), "8b-pp2-z3-full": FSDP2.format(z=3, w="pp=2"),
-                  "8x22b-tp2-ep4-z3": FSDP2.format(z=3, w="ep=4")},
+                  "8b-dp8-z2-full": MS_Z2, "8b-pp2-z2": MS_Z2, "8b-pp2-z3-full": FSDP2.format(z=3, w="pp=2"),
+                  "8x22b-tp2-ep4-z3": FSDP2.format(z=3, w="ep=4"),
+                  # the first stage: DeepSeek-V3's 3 dense layers alone (transformer_block.py validate_args' rule)
+                  "dsv3-split-ep64": "layer_split 3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2: the first pipeline stage holds only "
+                                     "the 3 dense layers (first-k-dense-replace), which MindSpeed-LLM does not allow; "
+                                     "re-plan with a first stage of more layers, or plan with --framework mindspeed"},
     "deepspeed": {"8b-pp4-vpp2": DS_VPP, "8b-pp4-vpp4-z0": DS_VPP, "8b-pp2-vpp2-zb": DS_VPP,
                   "8b-cp2-tp2-pp2": "cp > 1: ring context parallelism is not a ds_config option (Ulysses is a "
                                     "different algorithm); export to megatron or torchtitan",
@@ -88,11 +94,28 @@ def _layout_stages(layout: str) -> list[int]:
     return [int(s.split("t*")[1].rstrip("L")) if "t*" in s else 0 for s in layout.split("|")]
 
 
+def _noop(ns) -> set[int]:
+    """MindSpeed-LLM's --noop-layers (identity layers padding the stages), empty for Megatron."""
+    return set(map(int, ns.noop_layers.split(","))) if getattr(ns, "noop_layers", None) else set()
+
+
+def _stage_layers_of(ns) -> list[int]:
+    """Decoder layers per virtual stage as the parsed flags place them: Megatron's layout, else
+    ``num_layers`` split evenly over pp x vpp chunks (vpp from --num-layers-per-virtual-pipeline-stage,
+    Megatron's interleaving) less each chunk's noop layers (MindSpeed-LLM's padding)."""
+    if ns.pipeline_model_parallel_layout:
+        return _layout_stages(ns.pipeline_model_parallel_layout)
+    pp, nlpvs = ns.pipeline_model_parallel_size, ns.num_layers_per_virtual_pipeline_stage
+    chunks = pp * ((ns.num_layers // pp) // nlpvs if nlpvs else 1)
+    per, noop = ns.num_layers // chunks, _noop(ns)
+    return [sum(i not in noop for i in range(c * per, (c + 1) * per)) for c in range(chunks)]
+
+
 def _check_megatron_namespace(ns, env, plan, model):
     assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size,
             ns.expert_model_parallel_size) == (plan.tp, plan.pp, plan.cp, plan.ep)
     assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (plan.mbs, plan.gbs, plan.seq_len)
-    assert ns.num_layers == model.layers and ns.hidden_size == model.hidden
+    assert ns.num_layers - len(_noop(ns)) == model.layers and ns.hidden_size == model.hidden
     assert ns.sequence_parallel == (plan.sp and plan.tp > 1)
     # expert tensor parallel: written whenever ep or etp > 1 (Megatron's default, None, means etp = tp);
     # parallel_state.py raises unless etp*ep*pp divides the world size (the expert grid etp x ep x edp x pp)
@@ -100,19 +123,20 @@ def _check_megatron_namespace(ns, env, plan, model):
     etp = ns.expert_tensor_parallel_size or ns.tensor_model_parallel_size
     assert plan.world_size % (etp * ns.expert_model_parallel_size * ns.pipeline_model_parallel_size) == 0
     if plan.layer_split:
-        assert _layout_stages(ns.pipeline_model_parallel_layout) == list(plan.layer_split)
+        assert _stage_layers_of(ns) == list(plan.layer_split)
     elif model.layers % (plan.pp * plan.vpp):
         # the automatic split: every layer placed once, and with the embedding and the
         # loss counted as a layer on the first and last stage (Megatron's account-for-
         # embedding/loss semantics) the stages differ by at most one layer, the heavier
         # ones in the middle
-        stages = _layout_stages(ns.pipeline_model_parallel_layout)
+        stages = _stage_layers_of(ns)
         units = [n + (i == 0) + (i == len(stages) - 1) for i, n in enumerate(stages)]
         assert sum(stages) == model.layers and len(stages) == plan.pp * plan.vpp
         assert max(units) - min(units) <= 1 and min(stages[1:-1]) >= 1
         assert units[0] <= units[1] and units[-1] <= units[-2]
     elif plan.vpp > 1:
         assert ns.num_layers_per_virtual_pipeline_stage == model.layers // (plan.pp * plan.vpp)
+        assert _stage_layers_of(ns) == list(plan.stage_layers(model.layers))
     else:
         assert ns.pipeline_model_parallel_layout is None and ns.num_layers_per_virtual_pipeline_stage is None
     assert ns.recompute_granularity == (None if plan.recompute == "none" else plan.recompute)
@@ -149,6 +173,7 @@ def test_mindspeed_export_parses_with_mindspeeds_flags(pid, model_name, plan):
     model = load_model(model_name)
     args, env = _args(export("mindspeed", plan, model).text)
     ns = megatron_oracle.mindspeed_parser().parse_args(args)
+    megatron_oracle.mindspeed_validate(ns)  # MindSpeed-LLM's own validate_args rules
     _check_megatron_namespace(ns, env, plan, model)
     assert ns.use_distributed_optimizer == (plan.zero == 1)
     if plan.zero >= 2:  # validate_args l.605-621: FSDP2 needs torch_dist/torch_dcp, untied embeddings
@@ -270,8 +295,6 @@ def _expected(target, plan, model):
     if not plan.layer_split and model.layers % (plan.pp * plan.vpp):
         plan = plan.with_(layer_split=plan.stage_layers(model.layers))  # the automatic split, written out
     zero = plan.zero
-    if target == "mindspeed" and zero == 2:
-        zero = 3  # torch FSDP2 shards parameters too
     if target == "torchtitan" and zero in (1, 2):
         zero = 2  # FSDP without resharding after forward
     dtype = "bf16" if target in ("torchtitan", "deepspeed") and plan.dtype == "fp8" else plan.dtype

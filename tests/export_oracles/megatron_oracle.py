@@ -40,7 +40,55 @@ MINDSPEED_FLAGS = [
     ("--ckpt-format", "store", str, ["torch", "torch_dist", "zarr"]),  # _add_ckpt_args (overrides Megatron's)
     ("--first-k-dense-replace", "store", int, None),            # _add_deepseek_moe_args
     ("--moe-layer-freq", "store", int, None),                   # _add_deepseek_moe_args (an int here)
+    ("--num-layer-list", "store", str, None),                   # num_layer_list.py NumLayerListFeature
+    ("--noop-layers", "store", str, None),                      # _add_training_args: identity layers
 ]
+
+
+def mindspeed_validate(ns: argparse.Namespace) -> None:
+    """MindSpeed-LLM's own validate_args rules on the flags an export writes, transcribed from
+    Ascend/MindSpeed-LLM c77308a ``mindspeed_llm/features_manager/transformer/transformer_block.py``
+    (TransformerBlockFeature.validate_args) and ``mindspeed_llm/training/arguments.py`` (the
+    --num-layer-list sum check), and Megatron core_v0.12.1's ``--use-torch-fsdp2`` asserts
+    (validate_args; mirrored in mindspeed_llm/core/layerwise_disaggregated_training/initialize.py).
+    Raises AssertionError / ValueError with MindSpeed's message, as MindSpeed does."""
+    pp = ns.pipeline_model_parallel_size
+    if ns.first_k_dense_replace and ns.num_layers <= ns.first_k_dense_replace:
+        raise AssertionError(f"Num-layer ({ns.num_layers}) must be greater than first-k-dense-replace "
+                             f"({ns.first_k_dense_replace}) when first-k-dense-replace is set.")
+    if ns.first_k_dense_replace and pp > 1 and ns.first_k_dense_replace >= ns.num_layers // pp:
+        raise AssertionError("When using first-k-dense-replace, it is not allowed for all layers within a pp stage "
+                             "to be dense layers.")
+    if ns.num_experts is not None and ns.use_ascend_mc2 and ns.moe_grouped_gemm:
+        raise AssertionError("Moe Grouped Gemm is not supported with mc2 in MOE model.")
+    if ns.num_layer_list:
+        counts = list(map(int, ns.num_layer_list.split(",")))
+        if len(counts) != pp:
+            raise ValueError("len(args.num_layer_list) != args.pipeline_model_parallel_size")
+        if not pp > 1:
+            raise ValueError("Dynamic pipeline model should work with pipeline parallel.")
+        if ns.num_layers_per_virtual_pipeline_stage:
+            raise ValueError("Dynamic pipeline model and virtual pipeline cannot be enabled at the same time.")
+        if sum(counts) != ns.num_layers:
+            raise ValueError(f"Incorrect num_layer_list config since its sum({sum(counts)} is unequal to total num "
+                             f"layers({ns.num_layers}).")
+    if ns.pipeline_model_parallel_layout is not None:  # not an option of Megatron core_v0.12.1, MindSpeed-LLM's base
+        raise ValueError("--pipeline-model-parallel-layout: not a MindSpeed-LLM (Megatron core_v0.12.1) argument")
+    if ns.use_torch_fsdp2:
+        if pp > 1:
+            raise AssertionError("--use-torch-fsdp2 is not supported with pipeline parallelism")
+        if ns.expert_model_parallel_size > 1:
+            raise AssertionError("--use-torch-fsdp2 is not supported with expert parallelism")
+        if ns.use_distributed_optimizer:
+            raise AssertionError("--use-torch-fsdp2 is not supported with MCore's distributed optimizer")
+        if ns.gradient_accumulation_fusion:
+            raise AssertionError("--use-torch-fsdp2 is not supported with gradient accumulation fusion")
+        if ns.ckpt_format not in ("torch_dist", "torch_dcp"):
+            raise AssertionError("--use-torch-fsdp2 requires --ckpt-format torch_dist or torch_dcp")
+        if not ns.untie_embeddings_and_output_weights:
+            raise AssertionError("--use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
+        if ns.fp16:
+            raise AssertionError("--use-torch-fsdp2 not supported with fp16 yet")
 
 
 def _add(parser: argparse.ArgumentParser, row: dict) -> None:

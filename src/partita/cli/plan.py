@@ -68,7 +68,9 @@ def search(args: argparse.Namespace, model, cluster):
             space.options[name] = getattr(args, name)
     framework = framework_arg(args)
     if framework:
+        from ..search.capabilities import restrict_space
         space.options["framework"] = framework  # every candidate is estimated as run by it
+        restrict_space(space, framework)  # and is a plan it runs (search/capabilities.py)
     if args.vpp and args.vpp > 1 and args.pp == 1:
         raise PartitaError(f"--vpp {args.vpp} needs --pp > 1 (virtual stages interleave a pipeline)")
     if args.ep and not model.moe:
@@ -103,9 +105,10 @@ def export_best(target: str, ranked_all: list, best, model, cluster=None):
 
 def comm_knob_lines(args: argparse.Namespace, result) -> list[str]:
     """Try --grad-knobs on the search's best plans (search/comm_knobs.py); its why-not lines."""
+    from ..search.capabilities import allowed_grad_knobs
     from ..search.comm_knobs import parse_grad_knobs, try_comm_knobs
-    knobs = parse_grad_knobs(args.grad_knobs)
-    return try_comm_knobs(result, knobs, args.powersgd_rank) if result.plans else []
+    knobs, left_out = allowed_grad_knobs(framework_arg(args), parse_grad_knobs(args.grad_knobs))
+    return (try_comm_knobs(result, knobs, args.powersgd_rank) if result.plans else []) + left_out
 
 
 #: The search's global batch when neither --global-batch nor your plan (--from-script / --plan) gives one.
@@ -131,7 +134,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise PartitaError(infeasible_message(result))
     knob_lines = comm_knob_lines(args, result)  # issue 17: the best plans re-ranked with --grad-knobs (default: bf16)
     reasons = why_not(result) + knob_lines
-    exported, export_note = export_best(args.export, ranked_all, result.best, model, cluster) if args.export else (None, None)
+    # plan 1 as printed: the ranking after the knob re-ranking first, then the rest of the search's
+    shown = {id(e) for e in result.plans}
+    candidates = list(result.plans) + [e for e in ranked_all if id(e) not in shown]
+    exported, export_note = export_best(args.export, candidates, result.best, model, cluster) if args.export else (None, None)
     line = comparison(yours, result.best, result.memory_limit_gib) if yours else None
     if args.report:
         from .plan_report import write_plan_report

@@ -224,9 +224,9 @@ def _torch_fsdp2_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> M
         if bad:
             raise PartitaError(f"zero={plan.zero} with {why}: --use-torch-fsdp2 is not supported with {why} "
                                "(Megatron validate_args); re-plan with --zero 1")
-    if plan.zero == 2:
-        warn.append("zero=2: torch FSDP2 also shards parameters (ZeRO-3-like): less memory than planned, "
-                    "one more all-gather per micro-batch")
+    if plan.zero == 2:  # FSDP2 shards parameters too: ZeRO-3, never a ZeRO-2 plan's export
+        raise PartitaError("zero=2: torch FSDP2 (--use-torch-fsdp2) is ZeRO-3 (it shards parameters too); "
+                           "re-plan with --zero 1 or --zero 3")
     a = MegatronArgs()
     a.set("--use-torch-fsdp2")
     a.set("--ckpt-format", "torch_dist")
@@ -353,6 +353,10 @@ def mindspeed_overlay(plan: Plan, model: ModelSpec | None = None) -> Overlay:
     if plan.tp > 1 and plan.sp:
         add.set("--use-ascend-mc2")
         remove.add("--tp-comm-overlap")  # MC2 is Ascend's TP compute/communication fusion
+        if model is not None and model.moe:
+            # mindspeed_llm/features_manager/transformer/transformer_block.py validate_args: "Moe Grouped
+            # Gemm is not supported with mc2 in MOE model" - MC2 is the plan's tp overlap, grouped GEMM a kernel
+            remove.add("--moe-grouped-gemm")
     if plan.cp > 1:
         remove.add("--cp-comm-type")
         add.set("--context-parallel-algo", "megatron_cp_algo")
@@ -366,14 +370,79 @@ def mindspeed_overlay(plan: Plan, model: ModelSpec | None = None) -> Overlay:
     return Overlay(add, frozenset(remove))
 
 
-def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[MegatronArgs, list[str]]:
-    """(arguments, warnings) for MindSpeed-LLM: Megatron's, with ZeRO 2/3 as torch FSDP2 (what
-    MindSpeed-LLM runs), and :func:`mindspeed_overlay` applied."""
-    args, warn = megatron_args(plan, model, fsdp="torch")
+def _mindspeed_checks(plan: Plan, model: ModelSpec | None, num_layers: int | None) -> None:
+    """What MindSpeed-LLM refuses that Megatron's arguments do not say (one line each): fp8, ZeRO-2
+    (its distributed optimizer is ZeRO-1, torch FSDP2 is ZeRO-3), and first-k-dense-replace with a
+    pipeline stage of dense layers only (mindspeed_llm/features_manager/transformer/transformer_block.py
+    validate_args refuses ``first_k_dense_replace >= num_layers // pp``, ``num_layers`` counting the
+    noop layers of :func:`_mindspeed_split`)."""
     if plan.dtype == "fp8":
         raise PartitaError("dtype=fp8: Ascend 910B/910C have no fp8 matrix units (fp8 arrives with Ascend 950); "
                            "re-plan with --dtype bf16")
-    return mindspeed_overlay(plan, model).apply(args), warn
+    if plan.zero == 2:
+        raise PartitaError("zero=2: MindSpeed-LLM has no ZeRO-2 (its distributed optimizer is ZeRO-1, torch FSDP2 "
+                           "is ZeRO-3); re-plan with --zero 1 or --zero 3, or plan with --framework mindspeed")
+    first = model.moe.first_dense_layers if model is not None and model.moe else 0
+    if first and plan.pp > 1 and num_layers and first >= num_layers // plan.pp:
+        raise PartitaError(f"pp={plan.pp} with {first} first dense layers: MindSpeed-LLM refuses "
+                           f"first-k-dense-replace {first} >= num-layers {num_layers} // pp {plan.pp} (a pipeline "
+                           "stage of dense layers only); re-plan with a smaller --pp, or plan with --framework mindspeed")
+
+
+def noop_padding(split: tuple[int, ...]) -> tuple[int, list[int]]:
+    """(padded layer count, noop layer indices) that give every virtual stage ``max(split)``
+    layers: each stage's missing layers as noop layers at its end (MindSpeed-LLM's
+    ``--noop-layers``: identity layers with no parameters, how its DeepSeek-V3 scripts put 61
+    layers on pp 8 - examples/mcore/deepseek3, ``--num-layers 64 --noop-layers 61,62,63``)."""
+    per = max(split)
+    return per * len(split), [c * per + n + j for c, n in enumerate(split) for j in range(per - n)]
+
+
+def _mindspeed_split(plan: Plan, args: MegatronArgs) -> Overlay:
+    """The layer split as MindSpeed-LLM runs it. Its Megatron (core_v0.12.1) has no
+    ``--pipeline-model-parallel-layout``, and ``--num-layer-list`` excludes virtual stages
+    (num_layer_list.py validate_args), so an uneven split pads every virtual stage to the
+    largest with noop layers (:func:`noop_padding`): the stages then split evenly, interleaved
+    or not, and each holds the planned layers."""
+    add = MegatronArgs()
+    if "--pipeline-model-parallel-layout" not in args:
+        return Overlay(add)
+    split = tuple(plan.layer_split)
+    if min(split) < 1:  # mindspeed_llm/training/utils.py check_pipeline_config: no stage of noop layers only
+        raise PartitaError(f"layer_split {','.join(map(str, split))}: MindSpeed-LLM refuses a pipeline stage of noop "
+                           "layers only (an empty stage); re-plan with a split that gives every stage a layer")
+    total, noop = noop_padding(split)
+    if noop:
+        add.set("--num-layers", total)
+        add.set("--noop-layers", ",".join(map(str, noop)))
+    if plan.vpp > 1:
+        add.set("--num-layers-per-virtual-pipeline-stage", max(split))
+    return Overlay(add, frozenset({"--pipeline-model-parallel-layout"}))
+
+
+def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[MegatronArgs, list[str]]:
+    """(arguments, warnings) for MindSpeed-LLM: Megatron's, with ZeRO-3 as torch FSDP2 (what
+    MindSpeed-LLM runs), its layer split (:func:`_mindspeed_split`) and :func:`mindspeed_overlay`
+    applied."""
+    _mindspeed_checks(plan, model, None)  # before Megatron's FSDP2 rules: ZeRO-2 is refused as such
+    args, warn = megatron_args(plan, model, fsdp="torch")
+    args = _mindspeed_split(plan, args).apply(args)
+    _mindspeed_checks(plan, model, int(args["--num-layers"][0]) if "--num-layers" in args else None)
+    first = model.moe.first_dense_layers if model is not None and model.moe else 0
+    if first and plan.pp > 1 and plan.vpp == 1 and plan.stage_layers(model.layers)[0] <= first:
+        raise PartitaError(f"layer_split {','.join(map(str, plan.stage_layers(model.layers)))}: the first pipeline "
+                           f"stage holds only the {first} dense layers (first-k-dense-replace), which MindSpeed-LLM "
+                           "does not allow; re-plan with a first stage of more layers, or plan with --framework "
+                           "mindspeed")
+    if "--noop-layers" in args and model is not None and model.moe and model.moe.layer_freq > 1:
+        raise PartitaError(f"layer_split {','.join(map(str, plan.layer_split))} with --moe-layer-freq "
+                           f"{model.moe.layer_freq}: MindSpeed-LLM's noop layers would shift which layers are MoE; "
+                           "re-plan with layers that divide into pp*vpp stages")
+    overlay = mindspeed_overlay(plan, model)
+    if "--moe-grouped-gemm" in overlay.remove and "--moe-grouped-gemm" in args:
+        warn.append("MindSpeed-LLM refuses --moe-grouped-gemm with --use-ascend-mc2 in a MoE model: emitted MC2 "
+                    "(the plan's tp communication overlap) without grouped GEMM")
+    return overlay.apply(args), warn
 
 
 def export_mindspeed(ctx: ExportContext) -> Export:

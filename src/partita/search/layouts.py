@@ -26,6 +26,7 @@ from ..cost.step import stage_terms, step_time_lower_bound
 from ..plan import RECOMPUTE, Plan, automatic_split, balanced_split, validate
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
+from .capabilities import capabilities, ends_lighter_split, layout_problem, setting_problem
 from .space import SearchSpace, best_split, divisors, powers_of_two
 
 #: memory-saving settings (recompute, zero) in order of cost: ZeRO <= 2, then ZeRO-3
@@ -355,6 +356,9 @@ class _LayoutBuilder:
         self.proto = Plan(gbs=global_batch, seq_len=seq_len, dtype=space.dtype, **space.options)
         self.pending: list[tuple] = []  # deferred structures
         self.values: set[tuple[str, object]] = set()
+        #: what the framework named (``options["framework"]``) can run (:mod:`.capabilities`);
+        #: None without one: the reference search, unrestricted
+        self.caps = capabilities(space.options.get("framework"))
 
     def defer(self, structure: tuple) -> None:
         self.pending.append(structure)
@@ -393,8 +397,18 @@ class _LayoutBuilder:
         ladder = self.ladders[replicated]
         if not ladder:
             return []
-        base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=tp > 1, zero=1 if replicated else 0,
+        sp = tp > 1 and (self.caps is None or self.caps.sp)
+        base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero=1 if replicated else 0,
                                 mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", etp=etp)
+        ladder_values = self.ladder_values[replicated]
+        if self.caps is not None:  # the settings the framework runs on this layout
+            ladder = [st for st in ladder if setting_problem(self.caps, base.with_(recompute=st[0], zero=st[1]),
+                                                             model) is None]
+            if not ladder:
+                self.invalid.append(f"{base.summary()}: {setting_problem(self.caps, base, model)}")
+                return []
+            ladder_values = tuple([("recompute", rc) for rc in dict.fromkeys(rc for rc, _ in ladder)]
+                                  + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
         shape = stage_shape(base, cluster.devices_per_node)
         plans = [self._primary(base, shape.layer)]
         if pp * vpp > 1:
@@ -405,9 +419,11 @@ class _LayoutBuilder:
         terms, total = self._terms_and_total(base, shape)
         # no setting of the layout is faster than its terms with no recompute (base has none)
         pairs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs))
-        knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + self.ladder_values[replicated]
+        knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + ladder_values
         for i, plan in enumerate(plans):
             errs = validate(plan, model, cluster.world_size)
+            if not errs and self.caps is not None:
+                errs = [e for e in (layout_problem(self.caps, plan, model),) if e]
             if errs:
                 self.invalid.append(f"{plan.summary()}: {errs[0]}")
                 continue
@@ -446,12 +462,31 @@ class _LayoutBuilder:
         """The structure's own layout (``primary``): its even or min-max split (``layer``:
         ``base``'s layer shape)."""
         model, chunks = self.model, base.pp * base.vpp
+        if self.caps is not None and chunks > 1 and self.caps.split in ("even", "ends"):
+            return self._framework_split(base, layer)
         if chunks > 1 and (model.layers % chunks == 0 or (model.layers + 2) % chunks == 0
                            or not few_splits(model.layers, chunks)):
             split = self._split(base, layer)
             if split is not None:
                 return base.with_(layer_split=split)
         return base
+
+    def _framework_split(self, base: Plan, layer: LayerShape) -> Plan:
+        """The primary layout under a framework whose splits are restricted
+        (:attr:`.capabilities.Capabilities.split`): even where the layers divide and the
+        framework cannot take a list (DeepSpeed); the search's own split where the framework
+        takes it, else torchtitan's lighter ends
+        (:func:`.capabilities.ends_lighter_split`). A split the framework cannot run is
+        refused with its reason by :func:`.capabilities.layout_problem`."""
+        model, chunks, kind = self.model, base.pp * base.vpp, self.caps.split
+        if model.layers % chunks == 0 and kind == "even":
+            return base
+        split = self._split(base, layer)  # None: the layers divide evenly and nothing beats that
+        plan = base.with_(layer_split=split) if split else base
+        if kind == "ends" and layout_problem(self.caps, plan, model):
+            ends = ends_lighter_split(model.layers, chunks)
+            return base.with_(layer_split=ends) if ends else plan
+        return plan
 
     def _split(self, base: Plan, layer: LayerShape) -> tuple[int, ...] | None:
         """The layer split of a pipelined layout: even when possible, else the exact
