@@ -139,3 +139,52 @@ def test_old_plan_files_load_and_keep_their_json() -> None:
     assert "finetune" not in json.loads(plan.to_json())
     lora = Plan.parse("dp=2,gbs=4,finetune=lora,lora_rank=8,lora_alpha=16,lora_targets=mlp")
     assert Plan.from_dict(json.loads(lora.to_json())) == lora
+
+
+def _optimal_bins(lengths: list[int], cap: int) -> int:
+    """Fewest sequences of ``cap`` tokens holding ``lengths`` whole: exhaustive search (oracle)."""
+    best = len(lengths)
+
+    def place(i: int, bins: list[int]) -> None:
+        nonlocal best
+        if len(bins) >= best:
+            return
+        if i == len(lengths):
+            best = len(bins)
+            return
+        for j in range(len(bins)):
+            if bins[j] + lengths[i] <= cap:
+                bins[j] += lengths[i]
+                place(i + 1, bins)
+                bins[j] -= lengths[i]
+        place(i + 1, bins + [lengths[i]])
+    place(0, [])
+    return best
+
+
+def test_packing_against_exhaustive_packing_and_hand_counts(tmp_path) -> None:
+    import random
+    from partita.cost.packing import packed_sequences, packing, read_seq_lengths
+    rng = random.Random(0)
+    for _ in range(30):
+        lengths = [rng.randint(1, 10) for _ in range(rng.randint(1, 8))]
+        best = _optimal_bins(sorted(lengths, reverse=True), 10)
+        assert best <= packed_sequences(lengths, 10) <= 11 / 9 * best + 6 / 9  # Dosa 2007: FFD/BFD bound
+    path = tmp_path / "lengths.jsonl"
+    path.write_text('{"num_tokens": 300}\n{"input_ids": [1, 2, 3]}\n1000\n\n700\n')
+    pk = packing(read_seq_lengths(str(path)), 1000)
+    assert pk.tokens_per_epoch == 300 + 3 + 1000 + 700 and pk.padded_sequences == 4
+    assert pk.padded_efficiency == pytest.approx(2003 / 4000) and pk.packed_sequences == 3  # 1000 | 700+300 | 3
+    summary = read_seq_lengths("p50=500,p90=1500,samples=1000")
+    assert sorted(summary.lengths)[len(summary.lengths) // 2] == pytest.approx(500, rel=0.01)
+    assert sorted(summary.lengths)[int(0.9 * len(summary.lengths))] == pytest.approx(1500, rel=0.01)
+
+
+@pytest.mark.parametrize("value, words", [("p50=500", "needs p50 and p90"), ("p50=900,p90=100", "p50 <= p90"),
+                                          ("/nonexistent/lengths.txt", "no such file")])
+def test_bad_seq_lengths_are_one_line_errors(value: str, words: str) -> None:
+    from partita.cost.packing import read_seq_lengths
+    from partita.errors import PartitaError
+    with pytest.raises(PartitaError, match=words) as err:
+        read_seq_lengths(value)
+    assert "\n" not in str(err.value)

@@ -58,6 +58,8 @@ def add_cluster_args(p: argparse.ArgumentParser, defaults: bool = False) -> None
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", dest="overrides",
                    help="override a hardware field, e.g. --set inter_node.gbps_per_direction=25")
     p.add_argument("--tokens", type=tokens_arg, help="total training tokens, e.g. 1.4T: print run days and device-hours")
+    from .finetune_data import add_dataset_args
+    add_dataset_args(p)  # --seq-lengths, --epochs: a fine-tuning dataset's packing and days (issue 36)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     # the plan's own flags (--global-batch, --seq-len, --dtype, --framework, the degrees, ...)
     # are generated from the Plan fields by partita.cli.plan_flags.add_plan_flags

@@ -73,10 +73,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         if tokens:
             out["run_days"] = est.run_days(tokens)
             out["device_hours"] = est.run_days(tokens) * 24 * cluster.world_size
+        if args.seq_lengths:  # issue 36: the dataset's packing and days
+            from .finetune_data import dataset_report
+            out["dataset"] = dataset_report(args, est)
         print(json.dumps(out, indent=2))
     else:
         from .render import print_estimate
         print_estimate(est, tokens=tokens)
+        from .finetune_data import dataset_lines, dataset_report
+        for line in dataset_lines(dataset_report(args, est)):  # issue 36: --seq-lengths
+            print(line)
         line = dp_gradient_line(est)
         if line:
             print(line)

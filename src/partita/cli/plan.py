@@ -149,11 +149,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                       not_modelled=list(args.not_modelled), reading_note=args.reading_note)
         elif yours:
             out["from_plan"] = dict(yours.to_dict(), given=args.plan, comparison=line)
+        if args.seq_lengths:  # issue 36: plan 1's packing and days for the dataset
+            from .finetune_data import dataset_report
+            out["dataset"] = dataset_report(args, result.plans[0])
         print(json.dumps(out, indent=2))
         return 0
     from .render import print_plans
     print_plans(model, cluster, args.global_batch, args.seq_len, result, reasons, tokens,
                 headroom=args.headroom, cap_gib=args.max_memory_gib)
+    from .finetune_data import dataset_lines, dataset_report
+    for note in dataset_lines(dataset_report(args, result.plans[0])):  # issue 36: plan 1 on --seq-lengths
+        print("plan 1 " + note if note.startswith("dataset") else note)
     if exported:
         if export_note:
             print(f"partita: warning: {export_note}", file=sys.stderr)
