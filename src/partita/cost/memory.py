@@ -27,7 +27,7 @@ from ..spec.model import ModelSpec
 from .activations import (_activations_per_chunk, activation_bytes, activation_bytes_per_layer,  # noqa: F401
                           eager_extra_bytes, layer_working_bytes, unfused_attention_bytes)
 from .compression import state_bytes, wire_count
-from .finetune import lora_memory_parts
+from .finetune import lora_memory_parts, trained_shape_params
 from .frameworks import FRAMEWORKS
 from .pipeline import in_flight_chunks
 from .placement import RankShape, all_rank_layers, distinct_shapes, rank_shapes, recomputed_layers  # noqa: F401
@@ -235,7 +235,7 @@ def dp_gradient_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if plan.dp * plan.cp <= 1:
         return best
     for _, shape, _ in distinct_shapes(model, plan):
-        dense, expert = _shape_params(model, plan, shape)
+        dense, expert = trained_shape_params(model, plan, shape)  # LoRA: the adapters' gradients only
         elements = dense + expert
         c = wire_count(model, plan, elements, shape.n_layers, shape.n_moe, shape.first, shape.last)
         held = elements * 4
