@@ -197,9 +197,12 @@ class Fits:
     def __init__(self, csv_path: Path = FULL_CSV, refit: bool = False, use_stale: bool = False):
         self.csv_path = Path(csv_path)
         self.cases, self.skipped = load_cases(self.csv_path)
-        self.key = f"{self.csv_path.name}:{fingerprint(self.csv_path)}"
+        path = self.csv_path.resolve()
+        # the table's path in the repository: tests/data/ and data/ both hold a published_runs.csv
+        self.name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+        self.key = f"{self.name}:{fingerprint(self.csv_path)}"
         stored = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-        entry = stored.get(self.csv_path.name, {})
+        entry = stored.get(self.name, {})
         fresh = entry.get("fingerprint") == self.key
         self.stale = not fresh
         keep = (fresh or use_stale) and not refit
@@ -222,7 +225,7 @@ class Fits:
 
     def save(self) -> None:
         stored = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-        stored[self.csv_path.name] = {**self.data, "fingerprint": self.saved_key}
+        stored[self.name] = {**self.data, "fingerprint": self.saved_key}
         CACHE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
 
 

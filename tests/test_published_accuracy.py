@@ -144,7 +144,8 @@ def test_peak_memory_on_the_full_table():
 
 def test_step_time_on_the_full_table():
     """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
-    prints it: 417 step-time rows, median 7.0 %, p90 22.3 % (7.2 %, 23.7 % before the
+    prints it in sample (out of sample: tests/test_out_of_sample.py): 417 step-time rows,
+    median 7.0 %, p90 22.3 % (7.2 %, 23.7 % before the
     MindFormers rows ran without dp-communication overlap - MindSpore's enable_grad_comm_opt /
     enable_opt_shard_comm_opt default off - and bench/fit.py refitted the 910 and 910B2 on
     them), the 63 MoE rows 7.0 % (before
