@@ -39,6 +39,8 @@ PRETRAIN_ARGS=(
     --moe-router-topk 2
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
+    --recompute-granularity selective
+    --recompute-modules mlp moe layernorm
     --tensor-model-parallel-size $TP
     --expert-model-parallel-size $EP
     --micro-batch-size $MBS

@@ -28,6 +28,7 @@ GPT_ARGS+=" --use-fused-rmsnorm --swiglu --use-fused-swiglu --disable-bias-linea
 GPT_ARGS+=" --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-token-dispatcher-type alltoall"
 GPT_ARGS+=" --micro-batch-size 1 --global-batch-size 128 --use-distributed-optimizer --bf16"
 GPT_ARGS+=" --recompute-granularity full --recompute-method block --recompute-num-layers 2"
+GPT_ARGS+=" --swap-optimizer"  # as the public file: the optimizer states live on the host between steps
 GPT_ARGS+=" --padded-vocab-size 32000 --make-vocab-size-divisible-by 1 --tokenizer-type PretrainedFromHF"
 
 torchrun $DISTRIBUTED_ARGS pretrain_gpt.py $GPT_ARGS \
