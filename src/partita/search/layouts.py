@@ -402,11 +402,11 @@ class _LayoutBuilder:
                                 mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", etp=etp)
         ladder_values = self.ladder_values[replicated]
         if self.caps is not None:  # the settings the framework runs on this layout
-            ladder = [st for st in ladder if setting_problem(self.caps, base.with_(recompute=st[0], zero=st[1]),
-                                                             model) is None]
-            if not ladder:
-                self.invalid.append(f"{base.summary()}: {setting_problem(self.caps, base, model)}")
+            problems = [setting_problem(self.caps, base.with_(recompute=rc, zero=z), model) for rc, z in ladder]
+            if all(problems):
+                self.invalid.append(f"{base.with_(recompute=ladder[0][0], zero=ladder[0][1]).summary()}: {problems[0]}")
                 return []
+            ladder = [st for st, problem in zip(ladder, problems) if problem is None]
             ladder_values = tuple([("recompute", rc) for rc in dict.fromkeys(rc for rc, _ in ladder)]
                                   + [("zero", z) for z in dict.fromkeys(z for _, z in ladder)])
         shape = stage_shape(base, cluster.devices_per_node)
