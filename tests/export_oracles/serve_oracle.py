@@ -66,7 +66,8 @@ def _check_value(where: str, value, rule) -> None:
         ok = isinstance(value, checks[kind]) and not (kind == "int" and isinstance(value, bool))
         assert ok, f"{where}: {value!r} is not {kind}"
     elif kind == "list_of_int_lists":
-        assert isinstance(value, list) and all(isinstance(x, list) and all(isinstance(i, int) for i in x) for x in value)
+        assert isinstance(value, list), where
+        assert all(isinstance(x, list) and all(isinstance(i, int) for i in x) for x in value), where
     elif kind == "list_of_maps":
         assert isinstance(value, list) and all(isinstance(x, dict) for x in value), where
     if isinstance(rule, dict):

@@ -101,7 +101,8 @@ def _export(args, spec, device, per_node, work, result) -> int:
     if chosen is None:
         raise PartitaError(f"no layout that fits can run on {args.export}: "
                            f"{not_expressible(args.export, result.best.layout)}")
-    inp = ExportInput(chosen.layout, chosen.memory.max_seqs, work, args.model_path or args.model, device, chosen.prefill,
+    inp = ExportInput(chosen.layout, chosen.memory.max_seqs, work, args.model_path or args.model, device,
+                      chosen.prefill,
                       chosen.tpot if math.isfinite(chosen.tpot) else 0.0, per_node)
     text = render(args.export, inp, spec.name)
     rank = result.results.index(chosen) + 1
@@ -146,7 +147,8 @@ def serve_table(results, work):
         t.add_row(str(i), f"{lay.tp}/{lay.pp}/{lay.dp_attn}/{lay.ep}", str(lay.replicas), str(mem.max_seqs),
                   lay.kv_dtype, f"{lay.prefill_replicas}:{lay.decode_replicas}" if lay.disaggregated else "together",
                   f"{mem.weights / GIB:.1f}", f"{mem.kv / GIB:.1f}", f"{mem.activations / GIB:.2f}",
-                  f"{mem.workspace / GIB:.2f}", f"{r.shown_rate:.2g}" if r.shown_rate else "-", _ms(r.ttft), _ms(r.tpot), f"{r.goodput_per_device:.0f}",
+                  f"{mem.workspace / GIB:.2f}", f"{r.shown_rate:.2g}" if r.shown_rate else "-", _ms(r.ttft),
+                  _ms(r.tpot), f"{r.goodput_per_device:.0f}",
                   f"{r.capacity:.2f}", targets if mem.fits else "no fit")
     return t
 
@@ -158,14 +160,17 @@ def summary_lines(spec, device, devices, work, result, needed) -> list[str]:
             f"{best.prefill * 1e3:.0f} ms; {result.considered} layouts considered")
     lines = [head]
     if not best.stable:
+        more = f"; about {needed} devices for {work.rate:g} req/s" if needed else ""
         lines.append(f"no layout sustains {work.rate:g} req/s on {devices} devices: the best sustains "
-                     f"{best.capacity:.2f} req/s" + (f"; about {needed} devices for {work.rate:g} req/s" if needed else ""))
+                     f"{best.capacity:.2f} req/s{more}")
     elif not best.meets:
         lines.append(f"no layout meets the targets at {work.rate:g} req/s: {best.rejected}"
                      + (f"; about {needed} devices would" if needed else ""))
     lines += [f"  {line}" for line in result.why_not]
-    lines.append("tp/pp/dpa/ep: tensor, pipeline, attention data and expert parallel degrees of a replica; repl: replicas; "
+    lines.append("tp/pp/dpa/ep: tensor, pipeline, attention data and expert parallel degrees of a replica; "
+                 "repl: replicas; "
                  "batch: sequences a replica's KV pool holds; wksp: workspace; "
                  "memory per device of the most loaded stage (GiB); KV pool = what the engine allocates for the cache; "
-                 "TTFT/TPOT at the workload's rate, or at 90 % of the capacity where it is overloaded; goodput = output tokens/s per device at the capacity (cap: the highest rate within the targets)")
+                 "TTFT/TPOT at the workload's rate, or at 90 % of the capacity where it is overloaded; "
+                 "goodput = output tokens/s per device at the capacity (cap: the highest rate within the targets)")
     return lines

@@ -35,11 +35,10 @@ from ..cost.compute import gemm_time, layer_forward
 from ..cost.shape import LayerShape
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
-from .memory import (WEIGHT_BYTES, mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
+from .memory import (mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
                      kv_heads_per_device, layer_weights, stage_layers)
 from .workload import Layout
 
-ACT_BYTES = 2  # bf16 activations on the wire
 
 
 def bandwidth(device: Device) -> float:
@@ -56,10 +55,10 @@ def span(members: int, per_node: int) -> tuple[int, int]:
 def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, moe: bool, per_node: int) -> float:
     """Seconds of one layer's collectives for ``tokens`` tokens per attention group."""
     h, tp, stage = model.hidden, layout.tp, layout.tp * layout.dp_attn
-    size = tokens * h * ACT_BYTES
+    size = tokens * h * layout.weight_bytes
     t = comm.all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0  # attention output
     if moe and layout.ep > 1:  # dispatch + combine: each rank sends its 1/tp of the tokens x top_k
-        sent = tokens / tp * model.moe.top_k * h * ACT_BYTES
+        sent = tokens / tp * model.moe.top_k * h * layout.weight_bytes
         return t + 2 * comm.all_to_all(device, sent, *span(stage, per_node))
     if layout.dp_attn > 1:  # gather every attention copy's tokens, scatter the MLP output back
         gathered = size * layout.dp_attn
@@ -72,14 +71,14 @@ def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_no
     """One pipeline hop of ``tokens`` hidden states (crosses nodes when a replica does)."""
     if layout.pp == 1:
         return 0.0
-    return comm.send_recv(device, tokens * model.hidden * ACT_BYTES, layout.replica_devices > per_node)
+    return comm.send_recv(device, tokens * model.hidden * layout.weight_bytes, layout.replica_devices > per_node)
 
 
 def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int,
                  framework: str = "megatron") -> float:
     """Seconds to prefill one prompt on an idle replica (module docstring)."""
     bw = bandwidth(device)
-    shape = LayerShape(layout.tp, 1, max(layout.ep, 1), 1, prompt_len, False, "bf16", framework, 1)
+    shape = LayerShape(layout.tp, 1, max(layout.ep, 1), 1, prompt_len, False, layout.dtype, framework, 1)
     total = 0.0
     for moe in (False, True):
         if moe and not model.moe:
@@ -88,7 +87,7 @@ def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: i
         if not n:
             continue
         compute = layer_forward(model, device, shape, moe).time
-        weights = layer_weights(model, layout, moe) * WEIGHT_BYTES / bw
+        weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw
         total += n * (max(compute, weights) + layer_comm(model, device, layout, prompt_len, moe, per_node))
     total += _logits_time(model, device, layout, 1)
     return total + (layout.pp - 1) * _hop(model, device, layout, prompt_len, per_node)
@@ -97,7 +96,8 @@ def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: i
 def _logits_time(model: ModelSpec, device: Device, layout: Layout, rows: float) -> float:
     """The output projection for ``rows`` sampled tokens (weights read once)."""
     flops = 2 * rows * model.hidden * model.vocab / layout.tp
-    return max(gemm_time(device, flops, "bf16"), model.vocab * model.hidden / layout.tp * WEIGHT_BYTES / bandwidth(device))
+    weights = model.vocab * model.hidden / layout.tp * layout.weight_bytes
+    return max(gemm_time(device, flops, layout.dtype), weights / bandwidth(device))
 
 
 def decode_attention_dims(model: ModelSpec) -> tuple[int, int]:
@@ -146,11 +146,11 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
         weights -= routed * (1 - touched)
     flops = layer_gemm_flops(model, layout, batch, moe)
     gemms = 6 if model.mla else 4
-    gemm = max(gemm_time(device, flops, "bf16", gemms + 3), weights * WEIGHT_BYTES / bw)
+    gemm = max(gemm_time(device, flops, layout.dtype, gemms + 3), weights * layout.weight_bytes / bw)
     d_qk, d_v = decode_attention_dims(model)
     attn_flops = 2 * batch * context * model.heads / tp * (d_qk + d_v)
     kv_read = batch * context * kv_bytes_per_token_layer(model, layout)
-    attn = max(kv_read / bw, attn_flops / (device.peak_flops("bf16") * device.efficiency.attention))
+    attn = max(kv_read / bw, attn_flops / (device.peak_flops(layout.dtype) * device.efficiency.attention))
     overhead = device.efficiency.kernel_overhead_us_per_layer * 1e-6
     return gemm + attn + overhead + layer_comm(model, device, layout, batch, moe, per_node)
 

@@ -36,7 +36,6 @@ from ..spec.model import ModelSpec
 from .workload import Layout
 
 GIB = 1024 ** 3
-WEIGHT_BYTES = 2  # bf16 weights
 #: tokens of one prefill chunk (vLLM's ``max_num_batched_tokens`` and SGLang's
 #: ``chunked_prefill_size`` default to 8192 on large-memory devices): the activation peak
 PREFILL_CHUNK = 8192
@@ -139,7 +138,7 @@ def stage_weight_bytes(model: ModelSpec, layout: Layout) -> list[float]:
             params += model.embedding_params() / layout.tp
         if i == layout.pp - 1:
             params += model.output_params() / layout.tp
-        out.append(params * WEIGHT_BYTES)
+        out.append(params * layout.weight_bytes)
     return out
 
 
@@ -170,7 +169,7 @@ def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, sampled: int
             model.ffn_hidden, mo.shared_ffn_hidden * max(mo.shared_experts, 1)) / tp_mlp
     else:
         mlp = 3 * model.ffn_hidden / tp_mlp
-    per_token = (2 * h + max(attn, mlp)) * WEIGHT_BYTES
+    per_token = (2 * h + max(attn, mlp)) * layout.weight_bytes
     return tokens * per_token + sampled * model.vocab / tp * LOGIT_BYTES
 
 

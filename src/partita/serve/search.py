@@ -23,7 +23,7 @@ from ..spec.model import ModelSpec
 from . import latency
 from .memory import GIB, ServeMemory, serve_memory
 from .queueing import Operating, colocated, colocated_rate, decode_only, md1_max_load, md1_wait
-from .workload import KV_DTYPES, Layout, Workload
+from .workload import Layout, Workload
 
 SHOWN_LOAD = 0.9  # an overloaded layout's latencies are shown at this fraction of its capacity
 GRID = 24  # points of the decode-time curve over the batch
@@ -49,7 +49,7 @@ def prefill_splits(replicas: int) -> list[int]:
 def candidate_layouts(model: ModelSpec, device: Device, devices: int, per_node: int) -> list[Layout]:
     """Every layout of the space (module docstring) that uses all ``devices``."""
     out = []
-    kv_dtypes = [d for d in KV_DTYPES if d != "fp8" or device.supports("fp8")]
+    kv_dtypes = [d for d in ("bf16", "fp8") if d != "fp8" or device.supports("fp8")]
     attn_dp = _powers(per_node) if model.moe else [1]
     for tp in _powers(min(per_node, devices)):
         if model.heads % tp or (not model.mla and tp < model.kv_heads and model.kv_heads % tp):
@@ -116,7 +116,8 @@ class ServeResult:
         out = {"layout": self.layout.to_dict(), "memory_bytes": self.memory.to_dict()}
         for name in ("prefill", "ttft", "tpot"):
             out[f"{name}_ms"] = _finite(getattr(self, name) * 1e3)
-        out.update(decoding_seqs=_finite(self.seqs), latencies_at_rps=self.shown_rate, stable=self.stable, meets_targets=self.meets,
+        out.update(decoding_seqs=_finite(self.seqs), latencies_at_rps=self.shown_rate, stable=self.stable,
+                   meets_targets=self.meets,
                    capacity_rps=self.capacity, goodput_tokens_per_s_per_device=self.goodput_per_device,
                    rejected=self.rejected or None)
         return out

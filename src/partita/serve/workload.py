@@ -26,7 +26,9 @@ from typing import Any
 
 from ..errors import PartitaError
 
-KV_DTYPES = {"bf16": 2, "fp8": 1}  # bytes per cached element
+KV_DTYPES = {"bf16": 2, "fp8": 1, "fp32": 4}  # bytes per cached element
+#: weight and activation dtypes: bf16 (every engine's default); fp32 for CPU measurements
+DTYPES = {"bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,11 @@ class Layout:
     ep: int = 1
     dp_attn: int = 1
     prefill_replicas: int = 0
+    dtype: str = "bf16"  # weights and activations
+
+    @property
+    def weight_bytes(self) -> int:
+        return DTYPES[self.dtype]
 
     @property
     def replica_devices(self) -> int:
