@@ -284,3 +284,41 @@ def test_internlm_rows_run_as_internevo_and_their_step_grows_with_the_zero1_grou
     grown = estimate(large.model, large.cluster, large.plan).step_time_s / \
         estimate(small.model, small.cluster, small.plan).step_time_s
     assert large.measured / small.measured > 1.7 and grown > 1.5
+
+
+# ---------------------------------------------------------------------------- what each framework runs (issue 32)
+def test_every_framework_has_a_capability_entry_with_sources():
+    """search/capabilities.py: one entry per --framework name (None: not restricted, and said so
+    in its docstring), and every export target's entry cites a source for each field it restricts."""
+    from partita.search.capabilities import CAPABILITIES, Capabilities
+    assert set(CAPABILITIES) == set(FRAMEWORKS)
+    reference = Capabilities("reference")
+    for name, caps in CAPABILITIES.items():
+        if caps is None:
+            continue
+        restricted = {f.name for f in dataclasses.fields(Capabilities)
+                      if f.name not in ("name", "sources") and getattr(caps, f.name) != getattr(reference, f.name)}
+        cited = {part for key, _ in caps.sources for part in key.replace("/", " ").split()}
+        assert restricted and all(any(r.startswith(c) or c.startswith(r) for c in cited) for r in restricted), \
+            (name, restricted - cited)
+
+
+def test_a_fixed_flag_the_framework_cannot_run_is_one_line(capsys):
+    """--framework deepspeed --pp 2 --vpp 2: DeepSpeed's pipeline engine has no interleaved
+    schedule (runtime/pipe/schedule.py), so no plan exists: one line naming it."""
+    code = main(["plan", "--framework", "deepspeed", "--pp", "2", "--vpp", "2", "--top", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "deepspeed cannot run an interleaved pipeline (vpp > 1)" in err
+    code = main(["plan", "--framework", "mindspeed", "--zero", "2", "--top", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "mindspeed has no ZeRO-2" in err and len(err.splitlines()) == 1
+
+
+def test_a_gradient_knob_the_framework_has_not_is_named_not_tried(capsys):
+    """torchtitan 0.3.0 reduces gradients in fp32 only (TrainingConfig.mixed_precision_reduce):
+    with --framework torchtitan the bf16 knob is not tried and the why-not lines say so."""
+    assert main(["plan", "--framework", "torchtitan", "--grad-knobs", "bf16", "--top", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "bf16: not tried, torchtitan has no option for it" in data["why_not"]
+    assert all(p["plan"]["grad_dtype"] != "bf16" for p in data["plans"])

@@ -78,7 +78,7 @@ def _cpu_stand_ins(arguments) -> None:
 MINDSPEED_ONLY = {"--use-flash-attn": 0, "--use-fused-rotary-pos-emb": 0, "--use-rotary-position-embeddings": 0,
                   "--use-fused-rmsnorm": 0, "--use-fused-swiglu": 0, "--use-ascend-mc2": 0,
                   "--use-cp-send-recv-overlap": 0, "--moe-alltoall-overlap-comm": 0, "--context-parallel-algo": 1,
-                  "--first-k-dense-replace": 1}
+                  "--first-k-dense-replace": 1, "--noop-layers": 1, "--num-layer-list": 1}
 
 
 def strip_mindspeed(args: list[str]) -> list[str]:

@@ -88,8 +88,9 @@ _MINDSPEED = Capabilities("mindspeed", zero=frozenset({0, 1, 3}), sharded_with_p
     ("zero", "MindSpeed-LLM (github Ascend/MindSpeed-LLM c77308a, on Megatron core_v0.12.1): the distributed optimizer "
      "(ZeRO-1; --use-distributed-optimizer in all 101 examples/mcore scripts that shard) or torch FSDP2 "
      "(--use-torch-fsdp2, ZeRO-3: parameters sharded too); no ZeRO-2"),
-    ("fsdp2_zero3", "mindspeed_llm/core/layerwise_disaggregated_training/initialize.py and Megatron validate_args: "
-     "--use-torch-fsdp2 is not supported with pipeline or expert parallelism, fp16, tied embeddings"),
+    ("fsdp2_zero3/sharded_with_pp", "mindspeed_llm/core/layerwise_disaggregated_training/initialize.py and Megatron "
+     "validate_args: --use-torch-fsdp2 is not supported with pipeline or expert parallelism, fp16, tied embeddings "
+     "(so its only ZeRO-3 never runs with pp > 1)"),
     ("split", "Megatron core_v0.12.1 has no --pipeline-model-parallel-layout and --num-layer-list excludes virtual "
      "stages (features_manager/pipeline_parallel/num_layer_list.py); --noop-layers pads every stage to the largest "
      "(examples/mcore/deepseek3: --num-layers 64 --noop-layers 61,62,63); training/utils.py "
