@@ -177,10 +177,26 @@ def test_unfused_attention():
 
 @pytest.mark.parametrize("flag", ["--optimizer-cpu-offload", "--swap-attention", "--swap-optimizer",
                                   "--moe-fb-overlap", "--recompute-activation-function", "--mtp-num-layers 1",
-                                  "--lora-r 16", "--no-pad-to-seq-lengths", "--variable-seq-lengths", "--stage dpo"])
+                                  "--no-pad-to-seq-lengths", "--variable-seq-lengths", "--stage dpo"])
 def test_cost_flags_not_modelled_are_named(flag):
     r = read(LLAMA70 + flag, 8)
     assert [n.split(":")[0].split(" ")[0] for n in r.not_modelled] == [flag.split(" ")[0]]
+
+
+def test_mindspeed_llm_lora_and_full_fine_tuning_are_plan_fields():
+    # mindspeed_llm/features_manager/finetune/lora.py defaults: --lora-r 16, --lora-alpha 32; LoRA is on when
+    # --lora-target-modules lists modules (tasks/posttrain/lora/utils.py is_enable_lora)
+    p = plan(LLAMA70 + "--finetune --stage sft --lora-r 8 --lora-alpha 16 "
+             "--lora-target-modules linear_qkv linear_proj linear_fc1 linear_fc2 --use-distributed-optimizer", 8)
+    assert (p.finetune, p.lora_rank, p.lora_alpha, p.lora_targets) == ("lora", 8, 16.0, "all-linear")
+    p = plan(LLAMA70 + "--lora-target-modules linear_qkv linear_proj", 8)
+    assert (p.finetune, p.lora_rank, p.lora_alpha, p.lora_targets) == ("lora", 16, 32.0, "attention")
+    assert plan(LLAMA70 + "--lora-r 8", 8).finetune == "none"  # no target modules: no LoRA
+    assert plan(LLAMA70 + "--finetune --stage sft --is-instruction-dataset", 8).finetune == "full"
+    r = read(LLAMA70 + "--lora-target-modules linear_qkv", 8)  # part of the attention linears: read wider, named
+    assert r.plan.lora_targets == "attention" and "linear_qkv: adapters on these linears only" in r.not_modelled[0]
+    with pytest.raises(PartitaError, match="lm_head is not a linear Partita knows"):
+        plan(LLAMA70 + "--lora-target-modules lm_head", 8)
 
 
 def test_supervised_fine_tuning_stage_is_not_a_departure():

@@ -82,9 +82,10 @@ def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None
                            f"({env.get('NPROC_PER_NODE', '1')} x {env.get('NNODES', '1')}): pass --devices")
     mega = swift.megatron_argv(argv, fill.get("seq_len", seq_len), fill.get("dtype"), path)
     check_sizes(path, mega, megatron.MEGATRON_SIZES)
-    plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env))
+    fields, note = swift.swift_finetune(argv, swift.swift_subcommand(raw), True, path)
+    plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env), **fields)
     flags = megatron.read_megatron(mega, world, None, plan.framework, path).not_modelled  # Megatron's own
-    return plan, swift.swift_not_modelled(argv) + swift.swift_spelling(flags)
+    return plan, swift.swift_not_modelled(argv) + swift.swift_spelling(flags) + ((note,) if note else ())
 
 
 def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, pp: int | None,
@@ -103,8 +104,10 @@ def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, 
         raise PartitaError(f"{path}: the sequence length is the model's (no --max_length in the script): "
                            "pass --seq-len")
     deepspeed.check_ds_config(path, cfg)
-    plan = deepspeed.plan_from_ds_config(cfg, world, length, pp, fill, path)
-    return plan, deepspeed.ds_not_modelled(cfg) + swift.swift_not_modelled(argv)
+    fields, note = swift.swift_finetune(argv, swift.swift_subcommand(raw), False, path)
+    plan = deepspeed.plan_from_ds_config(cfg, world, length, pp, fill, path).with_(**fields)
+    notes = ((note,) if note else ()) + (() if "--deepspeed" in argv else (swift.DDP_NOTE,))
+    return plan, deepspeed.ds_not_modelled(cfg) + swift.swift_not_modelled(argv) + notes
 
 
 def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:

@@ -74,7 +74,29 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "--num-layer-list", "--noop-layers", "--schedules-method", "--attention-backend"):
         p.add_argument(flag, default=None)
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard")
+    # fine-tuning (MindSpeed-LLM mindspeed_llm/features_manager/finetune/lora.py: --lora-r 16, --lora-alpha 32
+    # by default; LoRA is on when --lora-target-modules lists modules, tasks/posttrain/lora/utils.py)
+    p.add_argument("--lora-target-modules", nargs="+", default=None)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=float, default=32.0)
+    p.add_argument("--finetune", action="store_true")
+    p.add_argument("--is-instruction-dataset", action="store_true")
+    p.add_argument("--stage", default=None)
     return p
+
+
+def _finetune(ns: argparse.Namespace) -> tuple[dict, str]:
+    """(the plan's fine-tuning fields, a note on LoRA targets read as a wider group or "") of the
+    command line: LoRA where ``--lora-target-modules`` lists modules (rank ``--lora-r``, alpha
+    ``--lora-alpha``), full fine-tuning with ``--finetune`` / ``--stage sft`` /
+    ``--is-instruction-dataset``, else pre-training (no field set)."""
+    if ns.lora_target_modules:
+        from .finetune import lora_targets
+        targets, note = lora_targets(ns.lora_target_modules, "--lora-target-modules")
+        return {"finetune": "lora", "lora_rank": ns.lora_r, "lora_alpha": ns.lora_alpha, "lora_targets": targets}, note
+    if ns.finetune or ns.stage == "sft" or ns.is_instruction_dataset:
+        return {"finetune": "full"}, ""
+    return {}, ""
 
 
 def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
@@ -185,10 +207,11 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
     num_layers = ns.num_layers or (model.layers + noop if model else None)
     moe = bool(ns.num_experts) or bool(model and model.moe)
-    plan = _plan(ns, world_size, num_layers, moe, framework)
+    fields, lora_note = _finetune(ns)
+    plan = _plan(ns, world_size, num_layers, moe, framework).with_(**fields)
     skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
     notes = tuple(n for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
-    return MegatronRead(plan, script.spec, notes, script.missing_vocab)
+    return MegatronRead(plan, script.spec, notes + ((lora_note,) if lora_note else ()), script.missing_vocab)
 
 
 def resolve_model(argv: list[str], given: ModelSpec | None, path: str) -> tuple[ModelSpec | None, str]:
@@ -212,7 +235,7 @@ def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = No
     ns, _ = _megatron_parser().parse_known_args(argv)
     noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
     return _plan(ns, world_size, ns.num_layers or (layers + noop if layers else None), bool(ns.num_experts),
-                 "megatron")
+                 "megatron").with_(**_finetune(ns)[0])
 
 
 def known_flags() -> set[str]:

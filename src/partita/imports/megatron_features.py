@@ -31,8 +31,6 @@ NOT_MODELLED: dict[str, str] = {
     "--moe-layer-recompute": "MoE layers recomputed (less activation memory)",
     "--adaptive-recompute-device-swap": "recompute chosen at run time from device memory",
     "--use-ascend-coc": "tensor-parallel communication computed over (CoC)",
-    "--lora-r": "LoRA fine-tuning: the base weights frozen (no gradients or optimizer states for them), "
-                "rank-r adapters added",
     "--no-pad-to-seq-lengths": "fine-tuning samples not padded to --seq-length (shorter sequences: less activation "
                                "memory and time than estimated at --seq-length)",
     "--variable-seq-lengths": "fine-tuning batches padded to their longest sample, not to --seq-length (shorter "

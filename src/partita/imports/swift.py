@@ -43,9 +43,7 @@ _SWIFT_DEFAULTS = (("--use-distributed-optimizer", True), ("--recompute-granular
                    ("--expert-tensor-parallel-size", "1"), ("--micro-batch-size", "1"),
                    ("--global-batch-size", "16"))
 #: ms-swift flags that change memory or time that Partita does not model (name: what it changes).
-_NOT_MODELLED = {"--tuner_type": "adapters (LoRA) train a few weights: the frozen base holds no gradients or "
-                                 "optimizer states", "--train_type": "the old name of --tuner_type",
-                 "--use_precision_aware_optimizer": "optimizer states in --exp_avg_dtype / --exp_avg_sq_dtype",
+_NOT_MODELLED = {"--use_precision_aware_optimizer": "optimizer states in --exp_avg_dtype / --exp_avg_sq_dtype",
                  "--optimizer_cpu_offload": "optimizer states and step on the host"}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -171,6 +169,49 @@ def swift_not_modelled(argv: list[str]) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _values(argv: list[str], flag: str) -> list[str] | None:
+    """Every word after ``flag`` up to the next flag (``--target_modules q_proj v_proj``), None when absent."""
+    for i, word in enumerate(argv):
+        name, eq, inline = word.partition("=")
+        if name == flag:
+            if eq:
+                return [inline]
+            rest = argv[i + 1:]
+            return rest[:next((j for j, w in enumerate(rest) if w.startswith("--")), len(rest))]
+    return None
+
+
+def swift_finetune(argv: list[str], command: str, megatron: bool, path: str) -> tuple[dict, str]:
+    """(the plan's fine-tuning fields, a note or "") of an ms-swift command line (issue 36 item 4).
+
+    ``--tuner_type`` (``--train_type`` before ms-swift 4) defaults to ``lora`` for ``swift sft|pt|rlhf``
+    (swift/arguments/base_args/base_args.py) and to ``full`` for Megatron-SWIFT
+    (swift/megatron/arguments/megatron_args.py); ``--lora_rank`` 8, ``--lora_alpha`` 32,
+    ``--target_modules all-linear`` in both (swift/arguments/tuner_args.py). ``full`` under ``sft`` /
+    ``rlhf`` is a fine-tune of every weight, under ``pt`` a pre-training run; a tuner other than LoRA is
+    named, the plan then estimating every weight trained."""
+    args = _flag_values(argv)
+    tuner = (args.get("--tuner_type") or args.get("--train_type") or ("full" if megatron else "lora")).lower()
+    if tuner == "full":
+        return ({"finetune": "full"} if command != "pt" else {}), ""
+    if tuner not in ("lora", "lora_llm"):
+        return {}, f"--tuner_type {tuner}: a tuner Partita does not model (estimated with every weight trained)"
+    from .finetune import lora_targets
+    targets, note = lora_targets(_values(argv, "--target_modules") or ["all-linear"], "--target_modules")
+    try:
+        alpha = float(args.get("--lora_alpha", "32"))
+    except ValueError:
+        raise PartitaError(f"{path}: --lora_alpha {args['--lora_alpha'][:30]} must be a number") from None
+    return {"finetune": "lora", "lora_rank": _whole(args, "--lora_rank", 8, path), "lora_alpha": alpha,
+            "lora_targets": targets}, note
+
+
+def swift_subcommand(raw: str) -> str:
+    """``sft``, ``pt`` or ``rlhf``: the ms-swift sub-command a script runs (``megatron X`` or ``swift X``)."""
+    match = SWIFT_COMMAND.search(raw) or SWIFT_TRAINER.search(raw)
+    return match.group(1) if match else "sft"
+
+
 def swift_framework(env: dict[str, str]) -> str:
     """``mindspeed`` for a script that runs on Ascend NPUs (ms-swift then runs MindSpeed), else ``megatron``."""
     return "mindspeed" if {"ASCEND_RT_VISIBLE_DEVICES", "PYTORCH_NPU_ALLOC_CONF"} & set(env) else "megatron"
@@ -193,8 +234,15 @@ _DS_PRESETS = {"zero0": (0, None, None), "zero1": (1, None, None), "zero2": (2, 
 
 
 def is_swift_trainer(text: str) -> bool:
-    """Whether ``text`` runs ``swift sft|pt|rlhf`` with ``--deepspeed`` (ms-swift's Trainer path)."""
-    return bool(SWIFT_TRAINER.search(text)) and "--deepspeed" in text
+    """Whether ``text`` runs ``swift sft|pt|rlhf`` (ms-swift's Trainer path: DeepSpeed with
+    ``--deepspeed``, else torch DDP)."""
+    return bool(SWIFT_TRAINER.search(text))
+
+
+#: ``swift sft`` without ``--deepspeed``: what the estimate (DeepSpeed ZeRO-0) leaves out.
+DDP_NOTE = ("(no --deepspeed): the Hugging Face Trainer's torch DDP; full fine-tuning keeps weights, gradients and "
+            "AdamW states in the model's dtype (bf16: 8 bytes per trained parameter), estimated as DeepSpeed "
+            "ZeRO-0 mixed precision (18)")
 
 
 def _flag_values(argv: list[str]) -> dict[str, str]:
@@ -247,7 +295,7 @@ def trainer_ds_config(argv: list[str], world: int, base_dir: str, path: str) -> 
     ``--zero_hpz_partition_size`` (``swift/arguments/sft_args.py`` ``_init_deepspeed``)."""
     import math
     args = _flag_values(argv)
-    cfg = dict(_ds_base(args.get("--deepspeed"), base_dir, path))
+    cfg = dict(_ds_base(args.get("--deepspeed", "zero0"), base_dir, path))  # none: DDP (DDP_NOTE)
     mbs = _whole(args, "--per_device_train_batch_size", 1, path)
     gas = _whole(args, "--gradient_accumulation_steps", 0, path) or max(1, math.ceil(16 / mbs / world))
     filled = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
