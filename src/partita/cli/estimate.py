@@ -80,8 +80,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         from .render import print_estimate
         print_estimate(est, tokens=tokens)
-        from .finetune_data import dataset_lines, dataset_report
-        for line in dataset_lines(dataset_report(args, est)):  # issue 36: --seq-lengths
+        from .finetune_data import dataset_lines, dataset_report, finetune_lines
+        for line in finetune_lines(est) + dataset_lines(dataset_report(args, est)):  # issue 36: --finetune, --seq-lengths
             print(line)
         line = dp_gradient_line(est)
         if line:

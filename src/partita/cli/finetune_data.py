@@ -47,3 +47,17 @@ def dataset_lines(report: dict[str, Any] | None) -> list[str]:
             f"per epoch, {r['packed_days']:.2f} days for {r['epochs']:g} epoch(s)",
             f"  padded (one sample per sequence): {r['padded_efficiency']:.1%} used, "
             f"{r['padded_steps_per_epoch']:,.0f} steps per epoch, {r['padded_days']:.2f} days"]
+
+
+def finetune_lines(est) -> list[str]:
+    """One line for a fine-tuning plan: what it trains and what it keeps frozen ([] otherwise)."""
+    if est.plan.finetune == "none" or getattr(est.model, "kind", "") == "traced":
+        return []
+    from ..cost.finetune import frozen_params, trainable_params
+    trained, frozen = trainable_params(est.model, est.plan), frozen_params(est.model, est.plan)
+    if est.plan.finetune == "full":
+        return [f"full SFT: all {trained / 1e9:.2f} B parameters trained (memory and time as pre-training)"]
+    p = est.plan
+    return [f"LoRA r={p.lora_rank} alpha={p.lora_alpha:g} on {p.lora_targets}: {trained / 1e6:,.1f} M trainable "
+            f"parameters ({trained / (trained + frozen):.2%}), {frozen / 1e9:.2f} B frozen (no gradients, no optimizer "
+            "states; docs/finetune.md)"]

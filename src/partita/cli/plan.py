@@ -157,8 +157,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .render import print_plans
     print_plans(model, cluster, args.global_batch, args.seq_len, result, reasons, tokens,
                 headroom=args.headroom, cap_gib=args.max_memory_gib)
-    from .finetune_data import dataset_lines, dataset_report
-    for note in dataset_lines(dataset_report(args, result.plans[0])):  # issue 36: plan 1 on --seq-lengths
+    from .finetune_data import dataset_lines, dataset_report, finetune_lines
+    for note in finetune_lines(result.plans[0]) + dataset_lines(dataset_report(args, result.plans[0])):  # issue 36: plan 1
         print("plan 1 " + note if note.startswith("dataset") else note)
     if exported:
         if export_note:
