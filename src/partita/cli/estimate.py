@@ -61,6 +61,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     check(plan, model, cluster.world_size)  # as given: estimate() normalises fields a pp=1 plan ignores (schedule)
     est = estimate(model, cluster, plan)
     tokens = parse_tokens(args.tokens) if args.tokens else None
+    from .finetune_data import dataset_tokens
+    tokens = dataset_tokens(args, est.plan.seq_len, tokens)  # --seq-lengths: days for the dataset (issue 36)
     if args.report:
         from .plan_report import write_estimate_report
         write_estimate_report(args, est, tokens)

@@ -14,7 +14,8 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     """The dataset flags (every command that estimates a plan)."""
     p.add_argument("--seq-lengths", metavar="FILE|SUMMARY",
                    help="fine-tuning data: a file of sample lengths in tokens (one per line, or JSONL) or a summary "
-                        "p50=480,p90=1400[,mean=..][,samples=..]: print padding vs packing and days for the dataset")
+                        "p50=480,p90=1400[,mean=..][,samples=..]: print padding vs packing and days for the dataset "
+                        "(the days columns then count the dataset's packed sequences, not --tokens)")
     p.add_argument("--epochs", type=finite_float(0, 1e6), default=1.0,
                    help="passes over the --seq-lengths dataset (default 1)")
 
@@ -61,3 +62,12 @@ def finetune_lines(est) -> list[str]:
     return [f"LoRA r={p.lora_rank} alpha={p.lora_alpha:g} on {p.lora_targets}: {trained / 1e6:,.1f} M trainable "
             f"parameters ({trained / (trained + frozen):.2%}), {frozen / 1e9:.2f} B frozen (no gradients, no optimizer "
             "states; docs/finetune.md)"]
+
+
+def dataset_tokens(args: argparse.Namespace, seq_len: int, tokens: float | None) -> float | None:
+    """The token slots the run trains with ``--seq-lengths``: ``epochs x`` the packed
+    sequences ``x seq_len``, so every "days" figure (``run_days``, the plan table's column)
+    is the days for the dataset; ``tokens`` (``--tokens``) without it."""
+    if not getattr(args, "seq_lengths", None):
+        return tokens
+    return args.epochs * packing(read_seq_lengths(args.seq_lengths), seq_len).packed_sequences * seq_len

@@ -130,6 +130,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
     result, ranked_all = search(args, model, cluster)
     tokens = parse_tokens(args.tokens) if args.tokens else None
+    from .finetune_data import dataset_tokens
+    tokens = dataset_tokens(args, args.seq_len, tokens)  # --seq-lengths: days for the dataset (issue 36)
     if not result.plans:
         raise PartitaError(infeasible_message(result))
     knob_lines = comm_knob_lines(args, result)  # issue 17: the best plans re-ranked with --grad-knobs (default: bf16)
