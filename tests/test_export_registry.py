@@ -112,15 +112,16 @@ def test_overlay_adds_replaces_and_removes_by_flag_name():
 
 def test_mindspeed_is_megatron_with_its_overlay():
     """DeepSeek-V3 with tp+sp+tp_comm_overlap and cp: MindSpeed drops --tp-comm-overlap (MC2 replaces it) and
-    --cp-comm-type (its own CP algorithm), replaces the --moe-layer-freq pattern by its int pair, and writes
-    its flags after Megatron's, which keep their order."""
+    --cp-comm-type (its own CP algorithm) and --moe-grouped-gemm (MindSpeed-LLM's validate_args refuses it with
+    MC2 in a MoE model), replaces the --moe-layer-freq pattern by its int pair, and writes its flags after
+    Megatron's, which keep their order."""
     model = load_model("deepseek-v3")
     plan = Plan(dp=2, tp=4, cp=2, sp=True, zero=1, mbs=1, gbs=16, seq_len=4096, ep=2, tp_comm_overlap=True)
     mega = export("megatron", plan, model).data
     mind = export("mindspeed", plan, model).data
     flags = [t for t in mind if t.startswith("--")]
     kept = [t for t in mega if t.startswith("--") and t not in ("--tp-comm-overlap", "--cp-comm-type",
-                                                                "--moe-layer-freq")]
+                                                                "--moe-layer-freq", "--moe-grouped-gemm")]
     assert flags[:len(kept)] == kept
     assert flags[len(kept):] == ["--use-flash-attn", "--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings",
                                  "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-ascend-mc2",
@@ -128,4 +129,6 @@ def test_mindspeed_is_megatron_with_its_overlay():
                                  "--first-k-dense-replace", "--moe-layer-freq"]
     assert mind[-4:] == ["--first-k-dense-replace", str(model.moe.first_dense_layers), "--moe-layer-freq",
                          str(model.moe.layer_freq)]
-    assert "--tp-comm-overlap" in mega and "--cp-comm-type" in mega
+    assert "--tp-comm-overlap" in mega and "--cp-comm-type" in mega and "--moe-grouped-gemm" in mega
+    assert "--moe-grouped-gemm" not in mind
+    assert any("--moe-grouped-gemm with --use-ascend-mc2" in w for w in export("mindspeed", plan, model).warnings)
