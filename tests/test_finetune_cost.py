@@ -209,3 +209,24 @@ def test_published_finetune_memory() -> None:
         errors.setdefault(r["source"], []).append(abs(error))
     assert set(errors) == {"llama-factory-readme"} and len(errors["llama-factory-readme"]) == 6
     assert statistics.median(errors["llama-factory-readme"]) <= 0.05
+
+
+def test_cli_reports_trainable_params_and_days_for_the_dataset(capsys, tmp_path) -> None:
+    """`partita estimate --finetune lora --seq-lengths FILE --epochs 2 --json` and `partita plan`: PEFT's count
+    (the test above) and the days of 2 packed epochs at the step time printed."""
+    from partita.cli.main import main
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in [4096, 3000, 1000, 96, 2048, 2048] * 100))
+    common = ["--model", "qwen2.5-72b", "--hardware", "ascend-910b3", "--devices", "16", "--seq-lengths", str(lengths),
+              "--epochs", "2", "--json"]
+    assert main(["estimate", *common, "--plan", "dp=8,cp=2,zero=3,recompute=selective,gbs=64,seq_len=4096,"
+                 "finetune=lora,lora_rank=16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trainable_params"] == 210_534_400 and out["frozen_params"] == load_model("qwen2.5-72b").total_params()
+    data = out["dataset"]
+    assert data["packed_efficiency"] == pytest.approx(12288 * 100 / (3 * 100 * 4096))  # 4096 | 3000+1000+96 | 2048+2048
+    assert data["packed_days"] == pytest.approx(2 * 300 / 64 * out["step_time_s"] / 86400) == out["run_days"]
+    assert main(["plan", *common, "--finetune", "lora", "--lora-rank", "16", "--global-batch", "64", "--seq-len", "4096",
+                 "--top", "1"]) == 0
+    best = json.loads(capsys.readouterr().out)["plans"][0]
+    assert best["plan"]["finetune"] == "lora" and best["trainable_params"] == 210_534_400
