@@ -27,18 +27,32 @@ class HFStage(nn.Module):
         self.model.norm = model.model.norm if last else None
         self.lm_head = model.lm_head if last else None
 
-    def forward(self, x: torch.Tensor | None = None, input_ids: torch.Tensor | None = None, **_) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **_) -> torch.Tensor:
         x = x if x is not None else input_ids  # also callable as model(input_ids=...)
         h = self.model.embed_tokens(x) if self.model.embed_tokens is not None else x
         # positions from the input's full length: with sequence parallel h holds only a shard
         positions = torch.arange(x.shape[1], device=h.device)[None]
+        mask = None
+        if position_ids is not None:  # packed SFT rows: positions restart per sample, attention stays inside it
+            positions, mask = position_ids, document_mask(position_ids)
         rotary = self.model.rotary_emb(h, positions)
         for layer in self.model.layers.values():
-            out = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+            out = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
             h = out[0] if isinstance(out, tuple) else out
         if self.model.norm is not None:
             h = self.model.norm(h)
         return self.lm_head(h) if self.lm_head is not None else h
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The (b, 1, s, s) boolean attention mask of packed rows: causal, and a token attends
+    only to tokens of its own sample (a sample starts where the position id is 0) - the
+    mask transformers derives from such position ids itself (``find_packed_sequence_indices``)."""
+    doc = (positions == 0).cumsum(-1)
+    s = positions.shape[-1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=positions.device).tril()
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
 
 
 def hf_stage(model: nn.Module, keep: list[int], first: bool, last: bool) -> nn.Module:

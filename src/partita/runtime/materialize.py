@@ -49,7 +49,11 @@ class SeedInit:
 
 
 def init_source(model: nn.Module):
-    """Where a meta model's weights come from: its HF directory, else its seed."""
+    """Where a meta model's weights come from: its HF directory, else its seed (a LoRA model:
+    the source :func:`.lora.inject_lora` set, which wraps one of those)."""
+    custom = getattr(model, "partita_init", None)
+    if custom is not None:
+        return custom
     source = getattr(model, "partita_source", None)
     if source:
         return CheckpointReader(Path(source), bool(getattr(model.config, "tie_word_embeddings", False)))

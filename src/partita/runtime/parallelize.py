@@ -69,6 +69,9 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
                     "planned and exported to Megatron only)")
     if plan.etp > 1:
         errs.append(etp_refusal(plan))
+    from .lora import lora_problem
+    if lora_problem(plan):
+        errs.append(lora_problem(plan))
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
             and plan.grad_accum_mode == "sharded":
         errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
@@ -133,11 +136,15 @@ class ParallelModel:
             out.update(m.state_dict())
         return out
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> float:
+        """``positions``: packed SFT rows' position ids (restarting per sample; the model then
+        attends within each sample only, train/sft_data.py); targets -100 carry no loss."""
         plan = self.plan
         if self.cp_positions is not None:  # context parallel: this rank's sequence chunks
             inputs, targets = inputs[:, self.cp_positions], targets[:, self.cp_positions]
         inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if positions is not None and (self.schedule is not None or self.cp_positions is not None):
+            raise PartitaError("packed SFT data runs with dp/zero and tp in this runtime (not pp or cp yet)")
         m = plan.grad_accum
         if inputs.shape[0] != plan.mbs * m:
             raise PartitaError(f"train_step got {inputs.shape[0]} sequences, this rank needs gbs/dp = {plan.mbs * m}")
@@ -145,7 +152,7 @@ class ParallelModel:
             if self.schedule is not None:
                 local = self._pipeline_step(inputs, targets)
             else:
-                local = self._accumulate(inputs, targets)
+                local = self._accumulate(inputs, targets, positions)
         if self.grad_sync is not None:
             self.grad_sync()
         self._clip_and_step(local)
@@ -155,11 +162,12 @@ class ParallelModel:
             loss /= dist.get_world_size(self.dp_group)
         return float(loss.item())
 
-    def _accumulate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def _accumulate(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> float:
         model = self.model
         m = self.plan.grad_accum
         total = 0.0
-        for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
+        pos_chunks = positions.to(self.device).chunk(m) if positions is not None else [None] * m
+        for i, (x, y, pos) in enumerate(zip(inputs.chunk(m), targets.chunk(m), pos_chunks)):
             if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (zero 2/3)
                 model.set_requires_gradient_sync(reduce_every_micro_batch(self.plan) or i == m - 1)
             sync = model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) and i < m - 1 \
@@ -167,7 +175,10 @@ class ParallelModel:
             with sync:
                 with self._autocast():
                     core = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-                    out = model(x) if core is not model else logits_of(model, x)
+                    if pos is not None:  # HF models: transformers masks packed samples from the position ids
+                        out = model(input_ids=x, position_ids=pos, use_cache=False)
+                    else:
+                        out = model(x) if core is not model else logits_of(model, x)
                     out = out.logits if hasattr(out, "logits") else out
                     loss = cross_entropy(out, y)
                     if isinstance(loss, DTensor):  # vocab-parallel loss: replicated; add the aux loss locally
@@ -301,6 +312,7 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
         plan = resolve_plan(plan, model, world, device_type)
     check(plan, None, world)
     runtime_check(plan, model)
+    _inject_lora(model, plan)
     device = local_device(device_type)
     mesh = build_mesh(plan, device_type)
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-4, foreach=False))
@@ -351,12 +363,22 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     pm.aux_record = aux_record
     pm.compression_state = compression_state  # PowerSGD state: checkpointed (runtime/compression.py)
     pm.cp_positions = cp_positions
+    pm.lora_config = getattr(model, "partita_lora", None)
     pm.init_source, pm.init_read = getattr(source, "path", None) and str(source.path), written
     if plan.pp > 1:
         from .pipeline import build_schedule
         pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
                                      mesh["pp"].get_group(), cross_entropy)
     return pm
+
+
+def _inject_lora(model: nn.Module, plan: Plan) -> None:
+    """``finetune=lora``: PEFT's LoRA layers, base frozen (runtime/lora.py), unless the caller
+    (the trainer, with ``--adapter``) injected them already."""
+    if plan.finetune == "lora":
+        from .lora import has_lora, inject_lora
+        if not has_lora(model):
+            inject_lora(model, plan)
 
 
 def _materialize(modules: list[nn.Module], device: torch.device, source, ep_group, plan: Plan) -> int:
@@ -408,6 +430,9 @@ def _apply_model_parallel(modules: list[nn.Module], plan: Plan, mesh, experts_ap
             for moe in (m for m in mod.modules() if isinstance(m, MoE)):
                 for p in moe.experts.parameters():
                     p._partita_expert = True
+    if plan.finetune == "lora":  # DTensor's styles make new Parameters with requires_grad=True: freeze again
+        from .lora import freeze_base
+        freeze_base(modules)
     return ep_group, edp_group
 
 
@@ -450,7 +475,7 @@ def _apply_data_parallel(modules: list[nn.Module], plan: Plan, data_mesh, device
 def _build_optimizer(modules: list[nn.Module], plan: Plan, make_optimizer, dp_group, edp_group):
     """7. the optimizer: ZeRO-1 shards dense parameters over dp x cp and experts over
     edp x tp (their tp peers hold the same experts: :func:`.mesh.expert_mesh`)."""
-    params = [p for mod in modules for p in mod.parameters()]
+    params = [p for mod in modules for p in mod.parameters() if p.requires_grad]  # LoRA: adapters only
     if not (plan.zero == 1 and dp_group is not None):
         return make_optimizer(params)
     dense = [p for p in params if not getattr(p, "_partita_expert", False)]

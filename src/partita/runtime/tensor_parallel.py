@@ -16,6 +16,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from ..models.llama import MoE
+from .lora import lora_tp_plan
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
@@ -46,7 +47,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, lora_tp_plan(block, plan, sp))
 
 
 def _moe_plan(seq, moe: MoE) -> dict[str, object]:
@@ -101,4 +102,4 @@ def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh, sp: bool = False) -> None
                                                 desired_input_kwarg_layouts={"hidden_states": Replicate()}),
                 "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             })
-        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, lora_tp_plan(layer, plan, sp))  # PEFT LoRA layers: runtime/lora.py

@@ -91,6 +91,10 @@ class TrainConfig:
                                        "(config.json + safetensors; HF models only)")
     save_hf_shard_mb: float = option(5000.0, "largest safetensors file --save-hf writes, in MB; more weights are "
                                              "sharded with an index", bounds=(0.001, 1e9))
+    adapter: str | None = option(None, "with --finetune lora: start from this PEFT adapter directory "
+                                       "(adapter_config.json + adapter_model.safetensors)")
+    merge: bool = option(False, "with --finetune lora --save-hf: write the merged weights (W + alpha/r B A) as a "
+                                "Hugging Face model instead of the PEFT adapter")
     tensorboard: str | None = option(None, "write TensorBoard event files (loss, lr, grad norm, eval) here")
     device: str | None = option(None, "cpu, cuda or npu (default: what the machine has)")
     timeout_s: int = option(300, "collective timeout per process group; a run with no step for twice this long "
@@ -174,6 +178,13 @@ class LaunchConfig:
                                                 "and plain DDP)", plan_field="grad_compression")
     powersgd_rank: int | None = option(None, "PowerSGD rank (overrides the plan's powersgd_rank)",
                                        plan_field="powersgd_rank")
+    # fine-tuning (issue 36): override the plan's fields of the same name
+    finetune: str | None = option(None, "none, full (SFT of every weight) or lora (PEFT LoRA adapters, base frozen)",
+                                  plan_field="finetune")
+    lora_rank: int | None = option(None, "LoRA rank r (with --finetune lora; default 16)", plan_field="lora_rank")
+    lora_alpha: float | None = option(None, "LoRA alpha (scale alpha/r; default 32)", plan_field="lora_alpha")
+    lora_targets: str | None = option(None, "linears given an adapter: attention, mlp or all-linear (default)",
+                                      plan_field="lora_targets")
     # a scheduler in front of torchrun (issue 34): train/slurm.py
     scheduler: str = option("local", "local (torchrun here) or slurm (sbatch: one torchrun per node, c10d rendezvous "
                                      "on the allocation's first node)", choices=("local", "slurm"), commands=("train",))

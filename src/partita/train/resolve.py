@@ -150,12 +150,15 @@ def batch_flags(launch: LaunchConfig) -> dict:
 
 #: the gradient-communication flags of partita train, which override the plan (issue 17)
 KNOB_FLAGS = ("grad_dtype", "grad_compression", "powersgd_rank")
+#: the fine-tuning flags (issue 36): set those plan fields (silently over the plan's defaults)
+FINETUNE_FLAGS = ("finetune", "lora_rank", "lora_alpha", "lora_targets")
 
 
 def knob_flags(plan: Plan, launch: LaunchConfig, say: Callable[[str], None]) -> Plan:
     """--grad-dtype / --grad-compression / --powersgd-rank set those plan fields, over the
     plan's own values (a note says what changed; the result is validated by the caller, so
     e.g. PowerSGD on a zero-1 plan is one line)."""
+    plan = plan.with_(**plan_fields_of(launch, FINETUNE_FLAGS))
     given = plan_fields_of(launch, KNOB_FLAGS)
     changed = {k: v for k, v in given.items() if getattr(plan, k) != v}
     if not changed:
@@ -181,6 +184,7 @@ def prepare_run(config: TrainConfig, launch: LaunchConfig, say: Callable[[str], 
     plan = resolve_plan(config, launch, say)
     entry = resolve_model(config.model)
     check_inputs(config, entry.vocab())
+    check_finetune(config, plan)
     if config.save_hf and not entry.saves_hf:
         raise PartitaError("--save-hf writes Hugging Face models: --model must be a directory with an HF config.json "
                            "(with or without *.safetensors) or hf-llama / hf-qwen2 / hf-mixtral")
@@ -270,3 +274,17 @@ def prediction(spec, plan: Plan, hardware: str, world: int) -> dict[str, float]:
     return {"predicted_step_s": est.step_time_s,
             "model_flops_per_token": spec.model_flops_per_token(plan.seq_len),
             "peak_flops": cluster.device.peak_flops(dtype if cluster.device.supports(dtype) else "fp16")}
+
+
+def check_finetune(config: TrainConfig, plan: Plan) -> None:
+    """Chat / instruction data read and checked (one line with file:line) and the LoRA-only
+    flags refused without LoRA, before any process starts."""
+    if config.data:
+        from .sft_data import is_sft_file, read_samples
+        if is_sft_file(config.data):
+            read_samples(config.data)
+    if plan.finetune != "lora" and (config.adapter or config.merge):
+        raise PartitaError(f"{'--adapter' if config.adapter else '--merge'} needs --finetune lora "
+                           f"(this plan fine-tunes: {plan.finetune})")
+    if config.merge and not config.save_hf:
+        raise PartitaError("--merge writes the merged weights with --save-hf OUT; give --save-hf")

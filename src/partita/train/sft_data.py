@@ -51,6 +51,7 @@ import torch
 from ..errors import PartitaError
 from ..plan import Plan
 from ..runtime.batches import dp_index
+from ..runtime.hf_pipeline import document_mask  # noqa: F401  (the mask of packed rows)
 
 IGNORE = -100
 GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
@@ -263,15 +264,6 @@ class SftRows:
         return self.rows(step * plan.gbs + dp_index(plan, rank) * per, per)
 
 
-def document_mask(positions: torch.Tensor) -> torch.Tensor:
-    """The (b, 1, s, s) boolean attention mask of packed rows: causal, and a token attends
-    only to tokens of its own sample (a sample starts where the position id is 0)."""
-    doc = (positions == 0).cumsum(-1)
-    s = positions.shape[-1]
-    causal = torch.ones(s, s, dtype=torch.bool, device=positions.device).tril()
-    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
-
-
 def build_chat_tokenizer(out_dir: str | Path, texts: list[str], vocab: int,
                          template: str | None = None) -> Path:
     """A small byte-level BPE tokenizer with a ChatML chat template (``{% generation %}``
@@ -301,3 +293,35 @@ CHATML_GENERATION = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 #: the same format without the markers (assistant tokens found by prefix lengths)
 CHATML = CHATML_GENERATION.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+
+
+@torch.no_grad()
+def evaluate_sft(pm, batches) -> float:
+    """Held-out loss of packed SFT rows, defined as the training loss is: the mean over
+    micro-batches (and data-parallel ranks, and ``batches``) of each micro-batch's mean
+    cross-entropy over its assistant tokens."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from ..runtime.parallelize import cross_entropy
+    model = pm.model.module if isinstance(pm.model, nn.parallel.DistributedDataParallel) else pm.model
+    if pm.schedule is not None or pm.cp_positions is not None:
+        raise PartitaError("packed SFT data runs with dp/zero and tp in this runtime (not pp or cp yet)")
+    values, m = [], pm.plan.grad_accum
+    for x, y, pos in batches:
+        total = 0.0
+        for xs, ys, ps in zip(x.chunk(m), y.chunk(m), pos.chunk(m)):
+            with loss_parallel() if pm.plan.tp > 1 else contextlib.nullcontext(), pm._autocast():
+                out = model(input_ids=xs.to(pm.device), position_ids=ps.to(pm.device), use_cache=False)
+                loss = cross_entropy(getattr(out, "logits", out), ys.to(pm.device))
+            total += float((loss.to_local() if isinstance(loss, DTensor) else loss).float()) / m
+        values.append(total)
+    local = torch.tensor([sum(values) / max(len(values), 1)], dtype=torch.float64)
+    if pm.dp_group is not None and dist.get_world_size(pm.dp_group) > 1:
+        dist.all_reduce(local, group=pm.dp_group)
+        local /= dist.get_world_size(pm.dp_group)
+    return float(local.item())

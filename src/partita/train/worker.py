@@ -107,6 +107,9 @@ class Trainer:
         # on the meta device: parallelize gives each rank storage for its shards only and fills
         # them from the seed or, for a weights directory (self.hf_dir), from its safetensors
         model, self.hf_dir = self.entry.build(config.seed, meta=True), self.entry.weights_dir
+        if self.plan.finetune == "lora":  # PEFT's LoRA layers before the plan is applied (runtime/lora.py)
+            from ..runtime.lora import inject_lora
+            inject_lora(model, self.plan, config.adapter)
         self.vocab = family_of(model).vocab(model)
         self.hf_config = family_of(model).hf_config(model)
         self.pm = parallelize(model, self.plan, make_optimizer=make_optimizer_factory(config),
@@ -168,16 +171,34 @@ class Trainer:
             return self.tokenizer()
         return tokenizer_used(self.config.data, self.vocab, str(self.run_dir), self.tokenizer())
 
-    def _load_data(self, data: str | None, tokenizer: str | None = None) -> PackedTokens | None:
-        """Text data tokenized once (rank 0 writes the token file, the others read its path)."""
+    def _load_data(self, data: str | None, tokenizer: str | None = None):
+        """Text data tokenized once (rank 0 writes the token file, the others read its path);
+        chat / instruction JSONL formatted, masked and packed once (train/sft_data.py)."""
         if not data:
             return None
+        from .sft_data import is_sft_file
+        if is_sft_file(data):
+            return self._load_sft(data)
         tokenizer = tokenizer or self.tokenizer()
         if self.rank == 0:
             tokenize_to_file(data, self.vocab, str(self.run_dir), tokenizer)
         dist.barrier()
         token_file = tokenize_to_file(data, self.vocab, str(self.run_dir), tokenizer)  # cached
         return PackedTokens(token_file, self.plan.seq_len, self.config.seed, self.vocab)
+
+    def _load_sft(self, data: str):
+        """Packed SFT rows (rank 0 encodes, every rank loads the cached arrays)."""
+        from .sft_data import SftRows, encode_to_file
+        tokenizer = self.config.tokenizer or self.entry.source_dir
+        if self.rank == 0:
+            encode_to_file(data, tokenizer, self.plan.seq_len, str(self.run_dir), self.vocab)
+        dist.barrier()
+        rows = SftRows.load(encode_to_file(data, tokenizer, self.plan.seq_len, str(self.run_dir), self.vocab),
+                            self.config.seed)
+        if rows.truncated:
+            self.log(f"partita: note: {rows.truncated} sample(s) of {data} are longer than seq_len "
+                     f"{self.plan.seq_len} and were truncated")
+        return rows
 
     def resume(self) -> None:
         """Load the newest checkpoint that passes verification (damaged ones are renamed
@@ -254,8 +275,9 @@ class Trainer:
         self.log(f"partita: stopped by {signal.Signals(signum).name} after step {step}{where}")
         return 128 + signum
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's inputs and targets of ``step`` (text data or the synthetic stream)."""
+    def batch(self, step: int) -> tuple:
+        """This rank's inputs and targets of ``step`` (text data or the synthetic stream;
+        packed SFT rows add their position ids)."""
         if self.dataset is not None:
             return self.dataset.rank_batch(step, self.plan, self.rank)
         x, y = synthetic_batch(step, self.plan.gbs, self.plan.seq_len, self.vocab, self.config.seed)
@@ -268,11 +290,11 @@ class Trainer:
             group["lr"] = lr
         faults.before_step(self.rank, step)
         t0 = time.perf_counter()
-        x, y = self.batch(step)
+        x, y, *pos = self.batch(step)
         self.guard.step = step
         if self.counter is not None:
             self.counter.set_step(step)
-        loss = self._train_step(x, y, step)
+        loss = self._train_step(x, y, step, *pos)
         dt = time.perf_counter() - t0
         if self.guard.nonfinite:
             self.skip_nonfinite(step, loss)
@@ -287,12 +309,12 @@ class Trainer:
             if step == self.start and step + 1 < c.steps:
                 mark_process_groups(self.pm)  # inside the first recorded step
 
-    def _train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor, step: int, pos: torch.Tensor | None = None) -> float:
         """One step; with --compile, a compiler failure on the first step is one line."""
         if not (self.config.compile and step == self.start):
-            return self.pm.train_step(x, y)
+            return self.pm.train_step(x, y, pos)
         try:
-            return self.pm.train_step(x, y)
+            return self.pm.train_step(x, y, pos)
         except PartitaError:
             raise
         except Exception as e:  # torch._dynamo / inductor errors have no common base
@@ -310,7 +332,8 @@ class Trainer:
             return
         k, gbs = self.config.eval_batches, self.plan.gbs
         batches = (self.eval_set.rank_batch(i, self.plan, self.rank) for i in range(k))
-        loss = evaluate(self.pm, batches)
+        from .sft_data import SftRows, evaluate_sft
+        loss = evaluate_sft(self.pm, batches) if isinstance(self.eval_set, SftRows) else evaluate(self.pm, batches)
         self.last_eval = (step, loss)
         if self.rank != 0:
             return
@@ -383,6 +406,15 @@ class Trainer:
         from ..models.hf_weights import save_hf_weights
         if self.hf_config is None:
             raise PartitaError("--save-hf writes Hugging Face models only (--model DIR or hf-llama/hf-qwen2/hf-mixtral)")
+        if self.plan.finetune == "lora":  # the PEFT adapter, or with --merge the merged model (runtime/lora.py)
+            from ..runtime.lora import save_adapter, save_merged
+            if self.config.merge:
+                save_merged(self.pm, self.config.save_hf, self.hf_config, self.entry.source_dir)
+            else:
+                save_adapter(self.pm, self.config.save_hf, self.pm.lora_config, self.entry.source_dir or self.config.model)
+            self.log(f"partita: wrote the {'merged model' if self.config.merge else 'LoRA adapter'} to "
+                     f"{self.config.save_hf}")
+            return
         save_hf_weights(self.pm, self.config.save_hf, self.hf_config, int(self.config.save_hf_shard_mb * 1e6),
                         self.entry.source_dir)
         self.log(f"partita: wrote the trained weights as a Hugging Face directory: {self.config.save_hf}")
