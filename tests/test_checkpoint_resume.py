@@ -90,18 +90,21 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(uninterrupted, tmp_
 
 
 def test_loss_goes_down_on_real_text(tmp_path):
+    """100 steps of a cosine schedule on the stdlib corpus: the mean of the last 20 losses
+    was measured 2.43 below the mean of the first 10 (the same 1.5 is asserted as when
+    this ran 300 steps, three times the time, for 2.9)."""
     from partita.train.data import stdlib_corpus
     data = stdlib_corpus(tmp_path / "corpus.txt")
     proc = subprocess.run([sys.executable, "-m", "partita", "train", "--model", "tiny-llama", "--plan", "dp=2",
-                           "--nproc", "2", "--steps", "300", "--data", str(data), "--lr", "3e-3",
+                           "--nproc", "2", "--steps", "100", "--data", str(data), "--lr", "3e-3",
                            "--lr-schedule", "cosine", "--warmup-steps", "20", "--run-dir", str(tmp_path / "run"),
-                           "--checkpoint-dir", str(tmp_path / "run"), "--checkpoint-every", "100"],
+                           "--checkpoint-dir", str(tmp_path / "run"), "--checkpoint-every", "50"],
                           capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "done: 300 steps" in proc.stdout
+    assert "done: 100 steps" in proc.stdout
     records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses_ = [r["loss"] for r in records if "loss" in r]
-    assert len(losses_) == 300
+    assert len(losses_) == 100
     first = sum(losses_[:10]) / 10
     last = sum(losses_[-20:]) / 20
     assert first > 5.0            # ~ln(256) at initialisation

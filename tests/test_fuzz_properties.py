@@ -62,41 +62,105 @@ def _hang_s(argv: list[str]) -> float:
     return HANG_S * (3 if argv[:1] == ["train"] else 1)
 
 
-_TRAIN_CHILD = """
-import io, json, sys, traceback
+_TRAIN_SERVER = """
+import io, json, os, select, signal, sys, time, traceback
 import partita.train.supervise as launch
+import partita.train.resolve, partita.runtime.parallelize  # what the launcher's checks import: loaded once
 from partita.cli import main
 class Launched(BaseException): pass
 def refuse(*a, **k): raise Launched()
 launch.run_watched = refuse
-out, err = io.StringIO(), io.StringIO()
+def one(argv):
+    out, err = io.StringIO(), io.StringIO()
+    sys.stdout, sys.stderr = out, err
+    result = {"raised": None}
+    try:
+        result["rc"] = main(argv)
+    except Launched:
+        result["rc"] = 0
+    except BaseException:
+        result["rc"], result["raised"] = 1, traceback.format_exc()
+    result["stdout"], result["stderr"] = out.getvalue()[-100000:], err.getvalue()[-10000:]
+    return result
+def served(argv, hang_s):
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        with os.fdopen(write_fd, "wb") as w:
+            w.write(json.dumps(one(argv)).encode())
+        os._exit(0)
+    os.close(write_fd)
+    chunks, deadline = [], time.monotonic() + hang_s
+    with os.fdopen(read_fd, "rb") as r:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
+            chunk = os.read(r.fileno(), 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    return dict(json.loads(b"".join(chunks)), hung=False)
 real = sys.stdout
-sys.stdout, sys.stderr = out, err
-result = {"raised": None}
-try:
-    result["rc"] = main(json.loads(sys.argv[1]))
-except Launched:
-    result["rc"] = 0
-except BaseException:
-    result["rc"], result["raised"] = 1, traceback.format_exc()
-result["stdout"], result["stderr"] = out.getvalue()[-100000:], err.getvalue()[-10000:]
-real.write(json.dumps(result))
+real.write("ready\\n")
+real.flush()
+for line in sys.stdin:
+    real.write(json.dumps(served(*json.loads(line))) + "\\n")
+    real.flush()
 """
+#: The running ``train`` server (:func:`_run_train_fresh`), started on first use.
+_SERVER: dict = {}
+
+
+def _stop_train_server() -> None:
+    proc = _SERVER.pop("proc", None)
+    if proc is not None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _server_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """The server's next output line, or None when none came within ``timeout_s``."""
+    if not select.select([proc.stdout], [], [], timeout_s)[0]:
+        return None
+    return proc.stdout.readline() or None
 
 
 def _run_train_fresh(argv: list[str]) -> dict:
-    """A ``train`` case in a fresh interpreter, not a fork: the launcher imports torch, and a
-    fork of a pytest process whose earlier tests started torch's thread pools can hang in the
-    child (it did in CI, twice, only in full-suite runs)."""
-    try:
-        proc = subprocess.run([sys.executable, "-c", _TRAIN_CHILD, json.dumps(argv)], capture_output=True,
-                              text=True, timeout=_hang_s(argv), env=dict(os.environ, OMP_NUM_THREADS="1"))
-    except subprocess.TimeoutExpired:
-        return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
-    result = json.loads(proc.stdout) if proc.stdout.startswith("{") else {
-        "rc": proc.returncode, "raised": proc.stderr[-3000:], "stdout": "", "stderr": proc.stderr}
-    result["hung"] = False
-    return result
+    """A ``train`` case in a fresh fork of a fresh interpreter, not a fork of pytest: the
+    launcher imports torch, and a fork of a pytest process whose earlier tests started
+    torch's thread pools can hang in the child (it did in CI, twice, only in full-suite
+    runs). The interpreter (a server started on first use, OMP_NUM_THREADS=1, that only
+    imports) loads torch and the launcher once and forks one child per case, so each case
+    still starts from the same clean state without paying torch's import again; the
+    server kills a child still running after :func:`_hang_s` and reports it as a hang."""
+    hung = {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
+    if "proc" not in _SERVER:
+        proc = subprocess.Popen([sys.executable, "-c", _TRAIN_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        _SERVER["proc"] = proc
+        if _server_line(proc, 300) != "ready\n":
+            _stop_train_server()
+            return dict(hung, raised="the train server did not start")
+    proc = _SERVER["proc"]
+    proc.stdin.write(json.dumps([argv, _hang_s(argv)]) + "\n")
+    proc.stdin.flush()
+    line = _server_line(proc, _hang_s(argv) + 60)
+    if line is None or not line.startswith("{"):
+        _stop_train_server()
+        return hung
+    return json.loads(line)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _train_server():
+    """The ``train`` server ends with the module."""
+    yield
+    _stop_train_server()
 
 
 def run_cli(argv: list[str], no_launch: bool = False) -> dict:

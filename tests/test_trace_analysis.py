@@ -158,36 +158,44 @@ def test_gpu_trace_communication_by_process_group():
     assert b.by_group_us["0,1"] == pytest.approx(b.communication_us)
 
 
+REPEATS = 2  # partita calibrate --repeats of the end-to-end run below
+
+
 def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     """`partita calibrate` on 2 gloo processes, end to end, structure only: the file
     extends the base device, every fitted field is finite and in its physical range, the
     framework terms were computed, and the planner predicts with it. No timing magnitude
     is asserted (they depend on machine load); tests/test_calibrate_fit.py checks the
-    fits themselves on synthetic measurements."""
+    fits themselves on synthetic measurements. Run with ``--repeats 2`` (the fewest a
+    spread needs; every term must then hold 2 repeats): the default's 5 cost the suite a
+    minute and are checked on the parser."""
     from partita.estimate import estimate
     from partita.plan import Plan
     from partita.spec.hardware import load_device, make_cluster
     from partita.spec.load import load_model
+    from partita.cli import build_parser
+    assert build_parser().parse_args(["calibrate"]).repeats == 5  # the default repeats
     out = tmp_path / "my-cpu.json"
-    proc = subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "--repeats", str(REPEATS),
+                           "-o", str(out)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     raw, terms = data["calibration"]["raw"], data["calibration"]["terms"]
-    assert data["extends"] == "cpu" and raw["world"] == 2 and raw["repeats"] == 5
+    assert data["extends"] == "cpu" and raw["world"] == 2 and raw["repeats"] == REPEATS
     assert len(raw["gemm"]) == 12 and {r["kind"] for r in raw["collectives"]} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
     # one micro-run of Partita's runtime per mechanism, every repeat timed
     assert set(raw["runtime"]) == {"base", "tp", "tp_nosp", "zero3", "comm_overlap", "pp", "moe", "ep", "recompute",
                                    "cp"}
     assert raw["runtime"]["tp"]["model"] == "tiny-llama" and raw["runtime"]["comm_overlap"]["model"] == "zero3-probe"
-    assert all(len(r["samples"]) == 5 and all(math.isfinite(s) and s > 0 for s in r["samples"])
+    assert all(len(r["samples"]) == REPEATS and all(math.isfinite(s) and s > 0 for s in r["samples"])
                for r in raw["runtime"].values())
     # every runtime term has a value (signed), a spread and its repeats
     overheads = {k: t for k, t in terms.items() if k.startswith("efficiency.")}
     assert set(data["collectives"]) <= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
                                         "broadcast"}
-    assert len(overheads) == 10 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == 5
+    assert len(overheads) == 10 and all(math.isfinite(t["value"]) and t["spread"] >= 0 and t["repeats"] == REPEATS
                                        for t in overheads.values())
     assert "spread" in proc.stdout and "repeats" in proc.stdout
     device = load_device(str(out))
@@ -195,7 +203,7 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     assert all(math.isfinite(v) and v > 0 for v in (device.intra_gbps, device.hbm_tbps))
     # the optimizer step measured on its own (in place: faster than the allocating copy)
     assert device.optimizer_tbps == terms["memory.optimizer_tbps"]["value"] > 0
-    assert terms["memory.optimizer_tbps"]["repeats"] == 5
+    assert terms["memory.optimizer_tbps"]["repeats"] == REPEATS
     # written as 0 when a measurement is below the model's prediction (the term keeps the sign)
     for key in ("gemm_half_gflop", "tp_framework_us_per_layer", "zero3_framework_us_per_layer",
                 "kernel_overhead_us_per_layer", "pp_framework_us_per_microbatch", "moe_framework_us_per_layer",
