@@ -20,17 +20,20 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   group only at ZeRO-3 / FSDP (frozen and trainable parameters in one FSDP unit);
   adapters carry the full pre-training states (working weight, main gradient, fp32 master
   and Adam m, v: :func:`.states._state_bytes`) with the plan's ZeRO sharding.
-* **Tensor parallel**: both adapter matrices are split ``tp`` ways, as NeMo's
-  ``ParallelLinearAdapter`` splits them (for a column-parallel base linear ``A`` is
-  column-parallel over ``r`` with its output gathered and ``B`` column-parallel over
-  ``out``; for a row-parallel one ``A`` is row-parallel over ``in`` and ``B`` split over
-  ``r``): adapter parameters per rank = ``r (in + out) / tp``. The price is one collective
-  of ``b s r`` elements per adapter and pass, ``r / h`` of the base layer's own tp
-  collectives (0.2 % at r = 16, h = 8192) - not charged. Routed-expert adapters are split
-  as their experts (``ep x etp``); pipeline stages hold their own layers' adapters.
+* **Tensor parallel**: the adapters follow their base linear as Megatron / NeMo's
+  ``ParallelLinearAdapter`` does, and as Partita's runtime does (partita.runtime.lora): on
+  a column-parallel base (q, k, v, gate, up) ``A`` is replicated (it reads the whole input)
+  and ``B`` is column-parallel like the base; on a row-parallel base (o, down) ``A`` is
+  row-parallel (the input shard; its ``r``-wide output all-reduced, or reduce-scattered
+  with SP) and ``B`` replicated. Per rank: ``r in + r out / tp`` (column) and
+  ``r in / tp + r out`` (row) - :func:`local_adapter`. The extra collectives (the row
+  side's ``b s r`` all-reduce, the replicated matrices' gradient all-reduce over tp) are
+  ``r / h`` of the base layer's tp traffic (0.2 % at r = 16, h = 8192) - not charged.
+  Routed-expert adapters follow their experts (``E / ep`` per rank, split by ``etp`` as
+  above); pipeline stages hold their own layers' adapters.
 * **Activations**: each adapter keeps its ``r``-wide intermediate ``A x`` (the input of
-  ``B``), ``b s r`` elements per targeted linear and layer (not divided by tp: NeMo gathers
-  it). The frozen layers' backward still computes the input gradient through every layer
+  ``B``), ``b s r`` elements per targeted linear and layer (not divided by tp: ``A`` is replicated
+  or its output all-reduced). The frozen layers' backward still computes the input gradient through every layer
   above the first adapter, so the attention, norm and activation-function inputs are kept
   as in pre-training. What a frozen linear saves for its own weight gradient is dropped:
   torch's autograd saves a ``mm``'s input only when the weight's gradient is required
@@ -159,17 +162,41 @@ def frozen_params(model: ModelSpec, plan: Plan) -> int:
     return model.total_params() if plan.finetune == "lora" else 0
 
 
+def local_adapter(lin: LoraLinear, rank: int, split: int) -> tuple[float, float]:
+    """(A, B) parameters one rank holds of one adapter whose base linear is split ``split``
+    ways (tp; a routed expert's etp): on a column-parallel base ``A`` is replicated and ``B``
+    split by output rows, on a row-parallel base ``A`` is split by input columns and ``B``
+    replicated (Megatron / NeMo's ``ParallelLinearAdapter``; partita.runtime.lora)."""
+    if lin.column:
+        return rank * lin.in_features, rank * lin.out_features / split
+    return rank * lin.in_features / split, rank * lin.out_features
+
+
+@memoised
+def layer_rank_adapter_params(model: ModelSpec, moe: bool, lora: LoraShape, tp: int, ep: int,
+                              etp: int) -> tuple[float, float]:
+    """(tp-split, routed-expert) adapter parameters of one layer on one rank
+    (:func:`local_adapter`; a rank holds ``E / ep`` of the routed experts)."""
+    dense = expert = 0.0
+    for lin in lora_linears(model, moe, lora.targets):
+        if lin.expert:
+            expert += lin.count / ep * sum(local_adapter(lin, lora.rank, etp))
+        else:
+            dense += lin.count * sum(local_adapter(lin, lora.rank, tp))
+    return dense, expert
+
+
 def rank_adapter_params(model: ModelSpec, plan: Plan, shape: RankShape) -> tuple[float, float]:
     """(dense, expert) adapter parameters pipeline rank ``shape`` holds: its layers'
-    adapters, tp-split ones divided by tp, routed-expert ones by ``ep x etp`` (module docstring)."""
+    adapters as tp (and ep x etp) split them (:func:`layer_rank_adapter_params`)."""
     lshape = lora_shape(plan)
     dense = expert = 0.0
     n_dense = shape.n_layers - shape.n_moe
     for moe, n in ((False, n_dense), (True, shape.n_moe)):
         if n:
-            d, e = layer_adapter_params(model, moe, lshape)
-            dense += n * d / plan.tp
-            expert += n * e / (plan.ep * plan.etp)
+            d, e = layer_rank_adapter_params(model, moe, lshape, plan.tp, plan.ep, plan.etp)
+            dense += n * d
+            expert += n * e
     return dense, expert
 
 
@@ -268,9 +295,10 @@ def _adapter_forward(model: ModelSpec, device: Device, layer: LayerShape, moe: b
         slots = layer.tokens * lin.token_share * lin.count * (layer.etp / tp if lin.expert else 1.0)
         din = lin.in_features if lin.column else lin.in_features / split
         dout = lin.out_features / split if lin.column else lin.out_features
-        # A and B are each split `split` ways (over r, in or out: module docstring): FLOPs / split
-        for flops, moved in ((2 * slots * r * lin.in_features / split, e * slots * (din + r)),
-                             (2 * slots * r * lin.out_features / split, e * slots * (r + 6 * dout))):
+        a, b = local_adapter(lin, r, split)
+        # a replicated B after a row-parallel base runs on the sequence shard with SP
+        b_slots = slots / tp if (layer.sp and not lin.column and not lin.expert) else slots
+        for flops, moved in ((2 * slots * a, e * slots * (din + r)), (2 * b_slots * b, e * b_slots * (r + 6 * dout))):
             cost.gemm_flops += flops
             cost.gemm_time += max(gemm_time(device, flops, layer.dtype, max(1, int(n))), moved / bandwidth)
     return cost
