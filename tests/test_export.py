@@ -214,6 +214,9 @@ def test_deepspeed_config_loads_in_deepspeedconfig(pid, model_name, plan):
     assert (cfg.bfloat16_config.enabled, cfg.float16_config.enabled) == (plan.dtype in ("bf16", "fp8"),
                                                                          plan.dtype == "fp16")
     assert cfg.tensor_parallel_config.autotp_size == (plan.tp if plan.tp > 1 else 0)
+    # AutoTP: DeepSpeed's batch counts every rank, the tp group reads the same samples: the warning says so
+    assert any(f"train_batch_size {cfg.train_batch_size} counts every AutoTP rank" in w and f"{plan.gbs} sequences"
+               in w for w in out.warnings) == (plan.tp > 1)
     assert cfg.pipeline["stages"] == (plan.pp if plan.pp > 1 else "auto")
     assert ("activation_checkpointing" in out.data) == (plan.recompute != "none")
     if plan.pp > 1:

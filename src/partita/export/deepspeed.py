@@ -79,7 +79,10 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
         warn.append(f"tp={plan.tp}: DeepSpeed AutoTP training (tensor_parallel.autotp_size) shards the model's "
-                    "linear layers automatically; sequence parallel and TP comm overlap are not expressed")
+                    "linear layers automatically; sequence parallel and TP comm overlap are not expressed; "
+                    f"train_batch_size {cfg['train_batch_size']} counts every AutoTP rank (DeepSpeedConfig without an "
+                    f"mpu uses dist.get_world_size()): the tp groups read the same samples, {plan.gbs} sequences "
+                    "per step")
     if plan.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif plan.dtype == "fp16":
