@@ -15,8 +15,9 @@ from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_DEVICES_PER_NODE
 from .types import finite_float, positive_int
 
-INTERVALS_NOTE = ("intervals: not yet available - these are point estimates (the out-of-sample intervals "
-                  "of src/partita/uncertainty.py are not there yet)")
+INTERVALS_NOTE = ("intervals: not yet available - these are point estimates (partita.uncertainty's residuals are "
+                  "of training step times and memory; serving intervals need published serving runs, not yet "
+                  "collected)")
 
 
 def add_parser(sub) -> None:
