@@ -25,8 +25,8 @@ SCENARIOS = [
     ("default", "llama-65b", []),
     ("deepseek-v3", "deepseek-v3", ["--model", "deepseek-v3", "--hardware", "h200", "--devices", "512",
                                     "--global-batch", "2048", "--seq-len", "4096"]),
-    ("mixtral", "mixtral-8x22b", ["--model", "mixtral-8x22b", "--hardware", "ascend-910b2", "--devices", "256",
-                                  "--global-batch", "1024", "--seq-len", "4096"]),
+    ("mixtral", "mixtral-8x7b", ["--model", "mixtral-8x7b", "--hardware", "ascend-910b2", "--devices", "32",
+                                 "--global-batch", "128", "--seq-len", "4096"]),
 ]
 
 
