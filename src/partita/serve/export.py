@@ -149,6 +149,11 @@ def render(engine: str, inp: ExportInput, model_name: str) -> str:
     pools = [("prefill", lay.prefill_replicas), ("decode", lay.decode_replicas)] if lay.disaggregated \
         else [("both", lay.replicas)]
     lines = []
+    nodes = -(-lay.replica_devices // inp.per_node)
+    if nodes > 1:
+        lines.append(f"# each replica spans {nodes} nodes: " + (
+            "start a Ray cluster over them first (vLLM's multi-node serving)" if engine == "vllm" else
+            f"run the command on each with --nnodes {nodes} --node-rank <i> --dist-init-addr <first node>:<port>"))
     for role, count in pools:
         what = "replica(s)" if role == "both" else f"{role} replica(s)"
         lines.append(f"# {count} {what} of {lay.replica_devices} device(s) each, behind a load balancer")
