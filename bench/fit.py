@@ -84,6 +84,19 @@ SENSITIVITY = 0.02
 GOVERNS = 0.1
 
 
+#: Constants not fitted in a group, though its rows could pin them, because fitting them made
+#: the out-of-sample error worse (``python bench/validate_published.py --ablate``: each
+#: constant held at its unfitted value in every leave-one-source-out refit). (group, field) ->
+#: the measurement.
+NOT_FITTED: dict[tuple[str, str], str] = {
+    ("b200-power-limited", "gemm"): (
+        "fitted on one torchao table it predicts the other 40 % off (the power-limited B200 rows' "
+        "leave-one-source-out median 39.7 %; 8.1 % with gemm left at the Blackwell value and only "
+        "gemm_fp8 / attention fitted): the two tables' bf16 baselines disagree, so the fit only "
+        "explains whichever table it sees"),
+}
+
+
 def family_of(device_name: str) -> str:
     """The group a device's constants are fitted in: the ``family-*`` file it extends
     (itself for a device without one) - unless the device's own file sets a fitted constant
@@ -179,7 +192,7 @@ def sensitivity(cases: list[Case], key: str) -> list[float]:
 
 
 def fitted_fields(cases: list[Case]) -> list[str]:
-    """The constants these cases can pin down. A constant needs :data:`MIN_ROWS` rows it
+    """The constants these cases can pin down (never one of :data:`NOT_FITTED`). A constant needs :data:`MIN_ROWS` rows it
     matters to (step time moves by :data:`SENSITIVITY` or more), so a family of short
     sequences gets no attention efficiency fitted on noise; and a family gets at most one
     constant per source and precision, the most influential first, so a single source of
@@ -189,7 +202,8 @@ def fitted_fields(cases: list[Case]) -> list[str]:
     pins the bf16 and the fp8 GEMM efficiency separately, as its two kinds of rows do."""
     scored = []
     moved: dict[str, list[float]] = {}
-    for key in BOUNDS:
+    group = family_of(cases[0].cluster.device.name)
+    for key in [k for k in BOUNDS if (group, k) not in NOT_FITTED]:
         moves = moved[key] = sensitivity(cases, key)
         if sum(m >= SENSITIVITY for m in moves) >= MIN_ROWS or _governs_a_kind(cases, moves):
             scored.append((sum(moves), key))

@@ -352,10 +352,11 @@ def summary(rows: list[OosRow]) -> dict[str, float]:
 def ablation(fits: Fits) -> list[dict]:
     """For each fitted constant: the leave-one-source-out step-time error with that constant
     held at its unfitted value in every refit (its file's groups only; the others keep their
-    leave-one-source-out fits) and the in-sample error with it reset, beside the baselines."""
+    leave-one-source-out fits), and the in-sample error with it reset in the shipped catalog -
+    over all rows and over the rows of the groups it is fitted in - beside the baselines."""
     base_held = loso_fits(fits)
-    base = summary([r for r in loso_predictions(fits, base_held) if r.metric == "step_time_s"])
-    shipped = summary([r for r in in_sample_predictions(fits) if r.metric == "step_time_s"])
+    base_rows = loso_predictions(fits, base_held)
+    shipped_rows = in_sample_predictions(fits)
     out = []
     for name, key in fitted_constants():
         groups = {g for g, cases in fits.groups.items()
@@ -363,12 +364,24 @@ def ablation(fits: Fits) -> list[dict]:
         label = f"{name}.{key}"
         held_part = fits.get(f"ablate:{label}", lambda: _held_out_fits(fits.groups, frozenset({key}), groups))
         held = {s: {**base_held.get(s, {}), **held_part.get(s, {})} for s in base_held}
-        loso = summary([r for r in loso_predictions(fits, held) if r.metric == "step_time_s"])
-        reset = _reset_in_sample(fits, name, key)
-        sources = sorted({c.source for g in groups for c in fits.groups[g]})
+        loso_rows_ = loso_predictions(fits, held)
+        reset_rows = _reset_in_sample(fits, name, key)
+        mine = [i for i, c in enumerate(fits.cases) if c.metric == "step_time_s"
+                and fit.family_of(c.cluster.device.name) in groups]
+
+        def part(rows: list[OosRow]) -> dict[str, float]:
+            return summary([rows[i] for i in mine])
+
+        def step(rows: list[OosRow]) -> dict[str, float]:
+            return summary([r for r in rows if r.metric == "step_time_s"])
+
         out.append({"constant": label, "value": float(_device_json(name)["efficiency"][key]),
-                    "unfitted": unfitted_value(name, key), "sources": sources, "loso": loso, "loso_base": base,
-                    "in_sample": reset, "in_sample_base": shipped})
+                    "unfitted": unfitted_value(name, key),
+                    "sources": sorted({c.source for g in groups for c in fits.groups[g]}),
+                    "loso": step(loso_rows_), "loso_base": step(base_rows),
+                    "loso_own": part(loso_rows_), "loso_own_base": part(base_rows),
+                    "in_sample": step(reset_rows), "in_sample_base": step(shipped_rows),
+                    "in_sample_own": part(reset_rows), "in_sample_own_base": part(shipped_rows)})
     return out
 
 
@@ -377,18 +390,16 @@ def unfitted_value(name: str, key: str) -> float:
     return unfitted(name)[key]
 
 
-def _reset_in_sample(fits: Fits, name: str, key: str) -> dict[str, float]:
-    """In-sample step-time error with the catalog as shipped except file ``name``'s ``key``
-    at its unfitted value (on the devices that read it from that file)."""
+def _reset_in_sample(fits: Fits, name: str, key: str) -> list[OosRow]:
+    """Every row with the catalog as shipped except file ``name``'s ``key`` at its unfitted
+    value (on the devices that read it from that file)."""
     value = unfitted_value(name, key)
     rows = []
     for case in fits.cases:
-        if case.metric != "step_time_s":
-            continue
-        if resolving_file(case.cluster.device.name, key) == name:
+        if case.metric == "step_time_s" and resolving_file(case.cluster.device.name, key) == name:
             case = dataclasses.replace(case, cluster=fit.with_efficiency(case.cluster, {key: value}))
         rows.append(_row(case, predict(case)))
-    return summary(rows)
+    return rows
 
 
 def _years(date: tuple[int, int]) -> float:

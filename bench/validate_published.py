@@ -141,21 +141,25 @@ def out_of_sample(csv_path: Path, refit: bool = False, show_rows: bool = False) 
 
 
 def print_ablation(csv_path: Path) -> None:
-    """Per fitted constant: leave-one-source-out and in-sample step-time error with it held
-    at its unfitted value (``out_of_sample.ablation``), as changes from the baselines."""
+    """Per fitted constant: leave-one-source-out and in-sample step-time median error with it
+    held at its unfitted value (``out_of_sample.ablation``), over all rows and over the rows
+    of the groups it is fitted in, beside the values with the fit."""
     res = oos.ablation(oos.Fits(csv_path))
     base, ins = res[0]["loso_base"], res[0]["in_sample_base"]
-    print(f"\nablation: each fitted constant held at its unfitted value (LOSO baseline median {base['median']:.1%}, "
+    print(f"\nablation: each fitted constant held at its unfitted value (LOSO median {base['median']:.1%}, "
           f"p90 {base['p90']:.1%}; in sample {ins['median']:.1%}, {ins['p90']:.1%})")
-    print(f"  {'constant':36s} {'value':>8s} {'unfitted':>8s} {'dLOSO med':>9s} {'dLOSO p90':>9s} "
-          f"{'dIn med':>8s} {'dIn p90':>8s}  sources of its rows")
+    print(f"  {'constant':40s} {'value':>8s} {'unfit':>6s} {'dLOSO med/p90':>14s} {'own rows LOSO':>17s} "
+          f"{'own rows in sample':>19s}  sources")
     for r in res:
-        d = (r["loso"]["median"] - base["median"], r["loso"]["p90"] - base["p90"],
-             r["in_sample"]["median"] - ins["median"], r["in_sample"]["p90"] - ins["p90"])
-        print(f"  {r['constant']:36s} {r['value']:8.3f} {r['unfitted']:8.3f} {d[0]:+9.1%} {d[1]:+9.1%} "
-              f"{d[2]:+8.1%} {d[3]:+8.1%}  {', '.join(r['sources']) or '-'}")
-    print("  (+ = the error grows without the fit: the constant helps; a constant whose rows all come from one "
-          "source cannot move LOSO - that source is predicted unfitted anyway)")
+        lo, own, ino = r["loso"], r["loso_own"], r["in_sample_own"]
+        own_b, ino_b = r["loso_own_base"], r["in_sample_own_base"]
+        print(f"  {r['constant']:40s} {r['value']:8.4g} {r['unfitted']:6.4g} "
+              f"{lo['median'] - base['median']:+6.1%}/{lo['p90'] - base['p90']:+6.1%} "
+              f"{own_b.get('median', 0):6.1%} -> {own.get('median', 0):6.1%} "
+              f"{ino_b.get('median', 0):7.1%} -> {ino.get('median', 0):6.1%}  {', '.join(r['sources']) or '-'}")
+    print("  (own rows: the step rows of the groups the constant is fitted in, median |error| with the fit -> "
+          "without; a constant whose rows all come from one source cannot move LOSO - that source is "
+          "predicted unfitted anyway)")
 
 
 def run(csv_path: Path, show_rows: bool = False, features: bool = False) -> dict[str, float]:

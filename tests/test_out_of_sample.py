@@ -23,14 +23,15 @@ def _step(rows):
 
 
 def test_leave_one_source_out_error():
-    """Measured (python bench/validate_published.py): 417 step times, median 11.0 %, p90 28.4 %,
-    MoE 9.9 %; the bounds sit just above. (fit.py's old --loso said 9.9 % / 30.8 %: it refitted
+    """Measured (python bench/validate_published.py): 417 step times, median 10.8 %, p90 28.0 %,
+    MoE 9.9 % (11.0 % / 28.4 % while the power-limited B200's bf16 gemm was fitted: fit.NOT_FITTED);
+    the bounds sit just above. (fit.py's old --loso said 9.9 % / 30.8 %: it refitted
     from the shipped constants, which had seen the held-out source, and predicted single-source
     devices - MI300X, Ascend - with their own fit.)"""
     rows = oos.loso_predictions(FITS)
     step = oos.summary(_step(rows))
     assert step["rows"] == 417
-    assert step["median"] < 0.1105 and step["p90"] < 0.2845
+    assert step["median"] < 0.1085 and step["p90"] < 0.2810
     moe = oos.summary([r for r in _step(rows) if "moe" in r.classes])
     assert moe["rows"] == 63 and moe["median"] < 0.0995
     mem = oos.summary([r for r in rows if r.metric == "peak_memory_gib"])

@@ -145,7 +145,9 @@ def test_peak_memory_on_the_full_table():
 def test_step_time_on_the_full_table():
     """Step time on the 470-row table (data/published_runs.csv), as bench/validate_published.py
     prints it in sample (out of sample: tests/test_out_of_sample.py): 417 step-time rows,
-    median 7.0 %, p90 22.3 % (7.2 %, 23.7 % before the
+    median 7.0 %, p90 22.5 % (22.3 % before the power-limited B200's bf16 gemm stopped being
+    fitted - bench/fit.py NOT_FITTED: it did not transfer between its two torchao tables;
+    7.2 %, 23.7 % before the
     MindFormers rows ran without dp-communication overlap - MindSpore's enable_grad_comm_opt /
     enable_opt_shard_comm_opt default off - and bench/fit.py refitted the 910 and 910B2 on
     them), the 63 MoE rows 7.0 % (before
@@ -165,7 +167,7 @@ def test_step_time_on_the_full_table():
     err = [abs(estimate(c.model, c.cluster, c.plan).step_time_s - c.measured) / c.measured for c in step]
     assert len(step) == 417
     assert statistics.median(err) < 0.0715
-    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.2245
+    assert sorted(err)[int(round(0.9 * (len(err) - 1)))] < 0.2255
     moe = [e for c, e in zip(step, err) if c.model.moe]
     assert len(moe) == 63 and statistics.median(moe) < 0.0715
 
@@ -214,5 +216,9 @@ def test_a_power_capped_part_is_its_own_device():
     assert HARDWARE[hardware_token("B200 (DGX B200, 8 per node)", "nemo-long-seq")] == "b200"
     assert sku_stated("B200 (DGX B200, 8 per node)", "nemo-long-seq")
     capped, plain = load_device("b200-power-limited"), load_device("b200")
-    assert capped.efficiency.source("gemm").startswith("fitted:") and "torchao" in capped.efficiency.source("gemm")
-    assert "torchao" not in plain.efficiency.source("gemm") and plain.efficiency.gemm > 2 * capped.efficiency.gemm
+    fp8 = capped.efficiency.source("gemm_fp8")
+    assert fp8.startswith("fitted:") and "torchao" in fp8
+    assert "torchao" not in plain.efficiency.source("gemm_fp8") and plain.efficiency.gemm_fp8 > 2 * capped.efficiency.gemm_fp8
+    # its bf16 gemm is not fitted (bench/fit.py NOT_FITTED: fitted on one torchao table it
+    # predicts the other 40 % off): the Blackwell family's value, as the plain part's
+    assert capped.efficiency.gemm == plain.efficiency.gemm
