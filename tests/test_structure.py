@@ -38,7 +38,7 @@ ARGPARSE_EXCEPTIONS: dict[str, str] = {
 }
 
 PLANNING = ("partita.spec", "partita.cost", "partita.search", "partita.plan", "partita.estimate",
-            "partita.export", "partita.imports")
+            "partita.export", "partita.imports", "partita.serve")
 HEAVY = ("torch", "torch_npu", "numpy", "transformers", "deepspeed")
 
 
