@@ -25,7 +25,8 @@ The space, as ``space.py`` states it for the ranked plans:
   first N layers of each chunk recomputed, Megatron's ``--recompute-method block
   --recompute-num-layers N``) as well as 0 (every layer): every N, not the one the
   engine solves for (``SearchSpace.partial_recompute``);
-* the memory limit: the device's usable memory less the 5 % headroom.
+* the memory limit: the device's usable memory (no headroom by default); the engine runs
+  with ``risk=False`` against it (its risk-aware ranking is tested in tests/test_intervals.py).
 
 Only small models (a few layers) on a few devices: the layer splits are enumerated
 exhaustively (``C(L+1, chunks-1)`` of them).
@@ -43,7 +44,7 @@ from partita.spec.model import ModelSpec
 MIN_TOKENS_PER_CP_RANK = 2048
 MAX_TOKENS_PER_MICROBATCH = 131072
 MAX_VPP = 32
-HEADROOM = 0.05
+HEADROOM = 0.0  # SearchSpace.memory_headroom's default (partita.uncertainty.DEFAULT_HEADROOM)
 RECOMPUTE = ("none", "selective", "full")
 
 

@@ -74,12 +74,14 @@ def test_plan_fits_the_screen_and_names_full_layouts(screens, monkeypatch, capsy
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_memory_limit_names_the_headroom(screens, monkeypatch, capsys, name):
     out = " ".join(_screen(screens, monkeypatch, capsys, name, 80).split())  # undo the wrapping
-    m = re.search(r"memory limit (\d+\.\d) GiB = usable (\d+\.\d) GiB - headroom (\d+\.\d) GiB \(5% of usable", out)
+    # the one limit (partita.uncertainty.MemoryLimit): usable = HBM - reserved, no headroom by
+    # default (P(fit) carries the risk), and the risk rule: discarded only below P(fit) 0.05
+    m = re.search(r"memory limit: (\d+\.\d) GiB usable \((\d+\.\d) GiB HBM - (\d+\.\d) GiB reserved\); a plan is "
+                  r"discarded only when P\(fit\) < 0.05", out)
     assert m, out[:600]
-    limit, usable, headroom = (float(x) for x in m.groups())
+    usable, hbm, reserved = (float(x) for x in m.groups())
     assert usable == pytest.approx(_usable_gib(SCENARIOS[name][2]), abs=0.05)
-    assert headroom == pytest.approx(0.05 * usable, abs=0.1)  # the default --headroom 0.05
-    assert limit == pytest.approx(usable - headroom, abs=0.11)
+    assert hbm - reserved == pytest.approx(usable, abs=0.11)
 
 
 def test_confidence_note_only_where_efficiencies_are_not_fitted(screens, monkeypatch, capsys):

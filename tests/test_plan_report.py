@@ -69,7 +69,12 @@ def test_plan_report_charts_equal_the_search_json(plan_pages, tmp_path, capsys):
     assert [s["x0"] for s in layout["shapes"]] == pytest.approx([js["memory_limit_gib"]])
     # the table: every plan's full layout and step time
     table = figs["partita-plans-table"][0][0]["cells"]["values"]
-    assert table[2] == [f"{p['step_time_s']:.2f}" for p in plans]
+    assert table[2] == [f"{p['step_time_s']:.2f} [{p['interval']['step_time_s'][0]:.2f}-"
+                        f"{p['interval']['step_time_s'][1]:.2f}]" for p in plans]  # with the --json's 80 % interval
+    assert table[4] == [f"{p['p_fit']:.2f}" + ("" if p["verdict"] == "fits" else f" ({p['verdict']})") for p in plans]
+    # the error bars are the JSON's intervals
+    assert [t["x"][0] + t["error_x"]["array"][0] for t in scatter] == \
+        pytest.approx([p["interval"]["peak_memory_gib"][1] for p in plans], rel=1e-9)
     # memory per rank: the parts of each pipeline rank add up to that rank's memory, and the peak rank's parts
     # are the JSON's breakdown
     mem = figs["partita-memory"][0]
@@ -150,7 +155,7 @@ def test_plan_report_is_offline_and_the_terminal_unchanged(plan_pages, tmp_path,
     assert page.count("<script src=") == 0
     assert "memory limit" in plan_pages["screen"] and "Why not" in plan_pages["screen"]
     # the page's notes are the terminal's memory-limit sentence
-    assert f"memory limit {js['memory_limit_gib']:.1f} GiB = usable" in rest
+    assert f"memory limit: {js['memory_limit_gib']:.1f} GiB usable (" in rest  # the one named limit (partita.uncertainty)
 
 
 def test_estimate_report_matches_estimate_json(tmp_path, capsys):

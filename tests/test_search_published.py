@@ -24,18 +24,20 @@ def test_published_layouts_reachable_and_not_beaten(published_csv):
         result = search_plans(case.model, case.cluster, case.plan.gbs, case.plan.seq_len, space)
         for case, _ in group:
             published = estimate(case.model, case.cluster, case.plan)
-            if published.peak_memory_gib > result.memory_limit_gib:
+            if not published.fits:  # P(fit) < 5 % (issue 33): ruled out, as the search rules it out
                 over_budget += 1  # the cost model thinks this run needed more memory than the card has
                 continue
             compared += 1
             assert result.best is not None
-            assert result.best.step_time_s <= published.step_time_s * (1 + 1e-9), (
-                f"{case.source} {case.name}: search {result.best.plan.summary()} {result.best.step_time_s:.3f} s "
-                f"slower than published {case.plan.summary()} {published.step_time_s:.3f} s")
+            # the search ranks by step time / P(fit) (partita.uncertainty.risk_adjusted)
+            best_key = result.best.step_time_s / result.best.p_fit
+            assert best_key <= published.step_time_s / published.p_fit * (1 + 1e-9), (
+                f"{case.source} {case.name}: search {result.best.plan.summary()} {best_key:.3f} s "
+                f"worse than published {case.plan.summary()} {published.step_time_s / published.p_fit:.3f} s")
     # every one of the 258 predictable runs is either compared or over budget
     assert compared + over_budget == len(cases) == 258
-    # these runs did fit on their devices, so each over-budget one is a memory-model
-    # error: 6 today; more is a regression
+    # these runs did fit on their devices, so each ruled-out one is a memory-model
+    # error; more is a regression (P(fit) < 5 % since issue 33; 6 under the 5 % headroom rule)
     assert over_budget <= 6
 
 

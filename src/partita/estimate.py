@@ -7,18 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .cost.memory import GIB, RankMemory, estimate_memory, fits, memory_limit_gib
+from .cost.memory import GIB, RankMemory, estimate_memory
 from .cost.step import StepTime, estimate_step_time
 from .cost.term_sources import term_sources
 from .plan import Plan, check, normalise
 from .spec.hardware import Cluster
 from .spec.model import ModelSpec
+from . import uncertainty as unc
+from .uncertainty import DEFAULT_HEADROOM, DEFAULT_MIN_P_FIT, MemoryLimit
 
 
-#: Fraction of usable memory `partita estimate` keeps free when it says whether a plan
-#: fits: none - it reports against the device's whole usable memory (the search keeps
-#: SearchSpace.memory_headroom free).
-ESTIMATE_HEADROOM = 0.0
+#: Fraction of usable memory `partita estimate` keeps free by default: the one default of
+#: every command (:data:`partita.uncertainty.DEFAULT_HEADROOM`).
+ESTIMATE_HEADROOM = DEFAULT_HEADROOM
 
 
 @dataclass
@@ -30,9 +31,16 @@ class Estimate:
     plan: Plan
     time: StepTime
     _memory: list[RankMemory] | None = None
-    #: the memory it must fit in (GiB); None: the device's whole usable memory (headroom 0).
+    #: the memory it must fit in: a :class:`MemoryLimit` (how it is made up is named in the
+    #: verdict), a number of GiB, or None: the device's usable memory less the default headroom.
     #: The search sets its own limit (headroom and cap) on the plans it returns.
-    memory_limit: float | None = None
+    memory_limit: MemoryLimit | float | None = None
+    #: below this P(fit) the plan "does not fit" (``--min-p-fit``)
+    min_p_fit: float = DEFAULT_MIN_P_FIT
+    #: P(fit) when the caller computed it already (the search, from the peak it had)
+    _p_fit: float | None = None
+    #: the limit ``_p_fit`` was computed against (None: the limit the estimate was made with)
+    _p_fit_limit: float | None = None
 
     @property
     def memory(self) -> list[RankMemory]:
@@ -90,13 +98,53 @@ class Estimate:
         return self.model_tflops_per_device * 1e12 / self.cluster.device.peak_flops(dtype)
 
     @property
+    def limit(self) -> MemoryLimit:
+        """The memory limit and its make-up (usable memory, headroom, cap)."""
+        if isinstance(self.memory_limit, MemoryLimit):
+            return self.memory_limit
+        limit = MemoryLimit.of(self.cluster.device)
+        if self.memory_limit is None or abs(self.memory_limit - limit.gib) < 1e-9:
+            return limit
+        return MemoryLimit(limit.hbm_gib, limit.usable_gib, 1 - self.memory_limit / limit.usable_gib)
+
+    @property
     def memory_limit_gib(self) -> float:
-        return memory_limit_gib(self.cluster.device, ESTIMATE_HEADROOM) if self.memory_limit is None else self.memory_limit
+        return self.limit.gib
+
+    @property
+    def p_fit(self) -> float:
+        """P(the true peak is within the limit) under the plan's class of out-of-sample
+        memory residuals (:func:`partita.uncertainty.p_fit`)."""
+        if self._p_fit is None or self._p_fit_limit != self.memory_limit_gib:  # the limit may be set later
+            self._p_fit = unc.p_fit(self.peak_memory_gib, self.memory_limit_gib, self.memory_residuals)
+            self._p_fit_limit = self.memory_limit_gib
+        return self._p_fit
+
+    @property
+    def memory_residuals(self) -> unc.Residuals:
+        return unc.memory_residuals(self.model, self.plan.seq_len, self.plan.dtype, self.cluster.device)
+
+    @property
+    def step_residuals(self) -> unc.Residuals:
+        return unc.pick(unc.step_classes(self.model, self.plan, self.cluster.device), "step_time")
+
+    @property
+    def interval(self) -> dict[str, Any]:
+        """80 % intervals of the step time and the peak (:func:`partita.uncertainty.interval`)."""
+        return {"level": unc.LEVEL, "step_time_s": list(unc.interval(self.step_time_s, self.step_residuals)),
+                "peak_memory_gib": list(unc.interval(self.peak_memory_gib, self.memory_residuals)),
+                "classes": {"step_time": self.step_residuals.name, "peak_memory": self.memory_residuals.name}}
 
     @property
     def fits(self) -> bool:
-        """The one meaning of "fits" (:func:`partita.cost.memory.fits`), the search's too."""
-        return fits(self.peak_rank.total, self.memory_limit_gib)
+        """The one meaning of "fits" (:mod:`partita.uncertainty`): not ruled out - P(fit) is at
+        least ``min_p_fit``; the search keeps exactly these plans."""
+        return self.p_fit >= self.min_p_fit
+
+    @property
+    def verdict(self) -> str:
+        """"fits", "at risk" or "does not fit" (:func:`partita.uncertainty.verdict_kind`)."""
+        return unc.verdict_kind(self.peak_memory_gib, self.memory_limit_gib, self.p_fit, self.min_p_fit)
 
     @property
     def headroom_gib(self) -> float:
@@ -107,7 +155,8 @@ class Estimate:
     def memory_verdict(self) -> str:
         """One line saying whether the plan fits, as `partita estimate` prints it (:func:`memory_verdict`)."""
         where = f"pipeline rank {self.peak_rank.rank}" if self.plan.pp > 1 else "each device"
-        return memory_verdict(self.peak_memory_gib, self.memory_limit_gib, self.cluster.device.usable_gib, where)
+        rng = unc.interval(self.peak_memory_gib, self.memory_residuals)
+        return unc.verdict(self.peak_memory_gib, self.limit, self.p_fit, where, self.min_p_fit, rng)
 
     def run_days(self, tokens: float) -> float:
         return tokens / self.plan.tokens_per_step * self.step_time_s / 86400
@@ -137,7 +186,12 @@ class Estimate:
             "peak_memory_gib": self.peak_memory_gib,
             "usable_memory_gib": self.cluster.device.usable_gib,
             "fits": self.fits,
+            "verdict": self.verdict,
+            "p_fit": self.p_fit,
+            "min_p_fit": self.min_p_fit,
+            "interval": self.interval,
             "memory_limit_gib": self.memory_limit_gib,
+            "memory_limit": self.limit.describe(),
             "headroom_gib": self.headroom_gib,
             "memory_verdict": self.memory_verdict,
             "peak_memory_rank": peak.rank,
@@ -146,22 +200,6 @@ class Estimate:
             "time": dict(self.time.parts),
             "stage_time_per_microbatch_s": [s.total for s in self.time.stages],
         }
-
-
-def memory_verdict(peak_gib: float, limit_gib: float, usable_gib: float, where: str) -> str:
-    """The one wording of "fits" (:func:`partita.cost.memory.fits`: the peak of the most loaded
-    rank is at most the memory limit, and the limit is the device's usable memory less the
-    headroom kept free), with the limit and its headroom stated, e.g.
-    "fits: needs 49.1 GiB on each device, within the 61.0 GiB memory limit (usable 61.0 GiB -
-    headroom 0.0 GiB), 11.9 GiB to spare" or "DOES NOT FIT: needs 85.0 GiB on each device,
-    24.0 GiB more than the 61.0 GiB memory limit (usable 61.0 GiB - headroom 0.0 GiB)".
-    `partita estimate` keeps no headroom (:data:`ESTIMATE_HEADROOM`); the search keeps
-    ``SearchSpace.memory_headroom``. A plan that does not fit is still estimated (exit status
-    0): the marker is the first word."""
-    limit = f"the {limit_gib:.1f} GiB memory limit (usable {usable_gib:.1f} GiB - headroom {usable_gib - limit_gib:.1f} GiB)"
-    if peak_gib <= limit_gib:
-        return f"fits: needs {peak_gib:.1f} GiB on {where}, within {limit}, {limit_gib - peak_gib:.1f} GiB to spare"
-    return f"DOES NOT FIT: needs {peak_gib:.1f} GiB on {where}, {peak_gib - limit_gib:.1f} GiB more than {limit}"
 
 
 def estimate(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:

@@ -25,7 +25,20 @@ def add_parser(sub) -> None:
     add_script_flags(est)
     add_plan_flags(est, "estimate", plan_defaults=("seq_len",))
     add_report_arg(est)
+    add_fit_args(est)
     est.set_defaults(func=cmd_estimate)
+
+
+def add_fit_args(p: argparse.ArgumentParser) -> None:
+    """``--headroom`` and ``--min-p-fit``: the same flags and defaults as ``partita plan``'s, so the
+    two commands give one verdict (:mod:`partita.uncertainty`)."""
+    from ..uncertainty import DEFAULT_HEADROOM, DEFAULT_MIN_P_FIT
+    from .types import finite_float
+    p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=DEFAULT_HEADROOM,
+                   help=f"fraction of usable memory kept free (default {DEFAULT_HEADROOM:g}, as partita plan)")
+    p.add_argument("--min-p-fit", type=finite_float(0, 1, min_open=False), default=DEFAULT_MIN_P_FIT,
+                   help=f"say \"does not fit\" only when P(fit) is below this (default {DEFAULT_MIN_P_FIT:g}, as "
+                        "partita plan)")
 
 
 def estimate_plan(args: argparse.Namespace, model, world_size: int):
@@ -60,6 +73,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan = estimate_plan(args, model, cluster.world_size)
     check(plan, model, cluster.world_size)  # as given: estimate() normalises fields a pp=1 plan ignores (schedule)
     est = estimate(model, cluster, plan)
+    from ..uncertainty import MemoryLimit
+    est.memory_limit = MemoryLimit.of(cluster.device, args.headroom)  # plan's limit and risk rule, by the same flags
+    est.min_p_fit = args.min_p_fit
     tokens = parse_tokens(args.tokens) if args.tokens else None
     from .finetune_data import dataset_tokens
     tokens = dataset_tokens(args, est.plan.seq_len, tokens)  # --seq-lengths: days for the dataset (issue 36)

@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
     add_fill_flags(p)
     p.add_argument("-o", "--output", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    p.add_argument("--hardware", help="also say whether the plan fits this device (the verdict estimate and plan "
+                                      "give: partita.uncertainty), with the model the file defines or --model")
     add_script_flags(p)
     p.set_defaults(func=cmd_import)
 
@@ -115,10 +117,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         from ..outputs import write_output
         write_output(args.output, plan.to_json() + "\n", "-o")
     script_model = read.model if model is None else None  # the model the file defines
+    fit = fit_of(args, model or script_model, plan)
     if args.json:
         import json
         extra = {"not_modelled": list(read.not_modelled), "model": script_model.to_dict() if script_model else None,
-                 "reading_note": read.reading_note}
+                 "reading_note": read.reading_note, **fit}
         print(json.dumps({**plan.to_dict(), **extra}, indent=2))  # a plan file still (Plan.from_dict skips extra)
         return 0
     print(f"{args.script}: {target} launch config, {plan.world_size} devices, run as {plan.framework}")
@@ -132,9 +135,26 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(line)
     if read.reading_note:
         print(f"note: {read.reading_note}")
+    if fit:
+        print(f"memory: {fit['memory_verdict']}")
     if args.output:
         print(f"wrote {args.output} (partita estimate --plan {args.output} ...)", file=sys.stderr)
     return 0
+
+
+def fit_of(args: argparse.Namespace, model: Any, plan: Any) -> dict[str, Any]:
+    """With ``--hardware``: the one memory verdict (:mod:`partita.uncertainty`, as estimate and plan
+    say it) of the plan read, as JSON fields; {} without --hardware."""
+    if not getattr(args, "hardware", None):
+        return {}
+    from ..errors import PartitaError
+    if model is None:
+        raise PartitaError(f"--hardware {args.hardware}: the file does not define the model; pass --model")
+    from ..estimate import estimate
+    from ..spec.hardware import make_cluster
+    est = estimate(model, make_cluster(args.hardware, plan.world_size), plan)
+    return {key: est.to_dict()[key] for key in ("fits", "verdict", "p_fit", "memory_limit_gib", "memory_limit",
+                                                "memory_verdict", "peak_memory_gib", "interval")}
 
 
 def model_line(m: Any) -> str:

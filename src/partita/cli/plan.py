@@ -11,6 +11,7 @@ from ..errors import PartitaError
 from ..export.registry import target_names
 from ..inputs import MAX_TOP
 from ..search.space import SearchSpace
+from ..uncertainty import DEFAULT_HEADROOM, DEFAULT_MIN_P_FIT
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
 from .import_cmd import add_script_flags, fill_inputs, not_modelled_lines, script_inputs
@@ -41,7 +42,11 @@ def add_parser(sub) -> None:
                    help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
     add_script_flags(p)
-    p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=0.05, help="fraction of usable memory kept free (default 0.05)")
+    p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=DEFAULT_HEADROOM,
+                   help=f"fraction of usable memory kept free (default {DEFAULT_HEADROOM:g}: P(fit) carries the risk)")
+    p.add_argument("--min-p-fit", type=finite_float(0, 1, min_open=False), default=DEFAULT_MIN_P_FIT,
+                   help=f"discard a plan only when its P(fit) is below this (default {DEFAULT_MIN_P_FIT:g}); plans "
+                        "between it and 1 are kept, ranked by step time / P(fit) and marked with their OOM risk")
     add_report_arg(p)
     add_trace_args(p)
     p.add_argument("--grad-knobs", default="default", metavar="LIST",
@@ -78,7 +83,7 @@ def search(args: argparse.Namespace, model, cluster):
     if args.etp and args.etp > 1 and not model.moe:
         raise PartitaError(f"--etp {args.etp} needs a mixture-of-experts model; {model.name} is dense (use --tp)")
     result = search_plans(model, cluster, args.global_batch, args.seq_len, space,
-                          top=max(args.top, 200) if args.export else args.top)
+                          top=max(args.top, 200) if args.export else args.top, min_p_fit=args.min_p_fit)
     ranked_all = result.plans
     result.plans = ranked_all[:args.top]
     return result, ranked_all
@@ -140,7 +145,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     shown = {id(e) for e in result.plans}
     candidates = list(result.plans) + [e for e in ranked_all if id(e) not in shown]
     exported, export_note = export_best(args.export, candidates, result.best, model, cluster) if args.export else (None, None)
-    line = comparison(yours, result.best, result.memory_limit_gib) if yours else None
+    if yours:
+        yours.min_p_fit = args.min_p_fit  # your plan is judged as the search judges its own
+    line = comparison(yours, result.best, result.limit) if yours else None
     if args.report:
         from .plan_report import write_plan_report
         write_plan_report(args, model, cluster, result, reasons, tokens, search)

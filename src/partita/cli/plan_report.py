@@ -28,10 +28,10 @@ def _scaling_search(args: argparse.Namespace, model, search):
     return run
 
 
-def _notes(cluster, limit_gib: float, headroom: float | None, cap_gib: float | None) -> list[str]:
+def _notes(cluster, result) -> list[str]:
     from .render import confidence_note, memory_limit_line  # rich: only when a report is written
     note = confidence_note(cluster.device)
-    return [memory_limit_line(cluster, limit_gib, headroom, cap_gib)] + ([note] if note else [])
+    return [memory_limit_line(result)] + ([note] if note else [])
 
 
 def write_plan_report(args: argparse.Namespace, model, cluster, result, reasons: list[str],
@@ -42,7 +42,7 @@ def write_plan_report(args: argparse.Namespace, model, cluster, result, reasons:
     title = (f"partita plan: {model.name} on {cluster.world_size} x {cluster.device.name}, seq {args.seq_len}, "
              f"global batch {args.global_batch}")
     page, _ = build_report(title, result.plans, [f"plan {i}" for i in range(1, len(result.plans) + 1)],
-                           _notes(cluster, result.memory_limit_gib, args.headroom, args.max_memory_gib), tokens,
+                           _notes(cluster, result), tokens,
                            result=result, reasons=reasons, search=_scaling_search(args, model, search))
     write_report(args.report, page)
 
@@ -55,10 +55,10 @@ def write_estimate_report(args: argparse.Namespace, est, tokens: float | None) -
     from ..search.explain import why_not
     from ..search.space import SearchSpace
     model, cluster, plan = est.model, est.cluster, est.plan
-    space = SearchSpace(dtype=plan.dtype)
+    space = SearchSpace(dtype=plan.dtype, memory_headroom=est.limit.headroom, max_memory_gib=est.limit.cap_gib)
 
-    def search(c, top: int = 1):
-        return search_plans(model, c, plan.gbs, plan.seq_len, space, top=top)
+    def search(c, top: int = 1):  # the same limit and risk rule as the estimate's verdict
+        return search_plans(model, c, plan.gbs, plan.seq_len, space, top=top, min_p_fit=est.min_p_fit)
     try:
         result = search(cluster, CONTEXT_PLANS)
     except PartitaError:
@@ -72,8 +72,7 @@ def write_estimate_report(args: argparse.Namespace, est, tokens: float | None) -
     notes = [f"memory: {est.memory_verdict}"] + ([note] if note else [])
     if found:
         notes.append("The search's best plans at the same devices, batch and sequence are shown beside this plan; "
-                     f"they fit the search's {result.memory_limit_gib:.1f} GiB memory limit (usable memory less "
-                     f"{space.memory_headroom:.0%} headroom).")
+                     f"each has P(fit) >= {result.min_p_fit:g} against the same limit, {result.limit.describe()}.")
     page, _ = build_report(title, [est, *found], ["this plan"] + [f"search {i}" for i in range(1, len(found) + 1)],
                            notes, tokens, result=result if found else None, reasons=reasons, search=search)
     write_report(args.report, page)

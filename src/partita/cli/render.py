@@ -40,7 +40,7 @@ def breakdown_tables(est: Estimate) -> tuple[Table, Table]:
     for name, value in peak.parts.items():
         mem.add_row(name, f"{value / GIB:.2f}")
     mem.add_row("[bold]total[/bold]", f"[bold]{peak.total / GIB:.2f}[/bold]")
-    mem.caption = "fits" if est.fits else "DOES NOT FIT"
+    mem.caption = {"fits": "fits", "at risk": "at risk", "does not fit": "DOES NOT FIT"}[est.verdict]
     tt = Table(title="Step time", title_justify="left")
     tt.add_column("component")
     tt.add_column("time", justify="right")
@@ -64,14 +64,28 @@ def print_estimate(est: Estimate, console: Console | None = None, tokens: float 
                   f"{p.dtype}, {p.schedule})")
     mem, tt = breakdown_tables(est)
     console.print(mem)
-    console.print(f"memory: {est.memory_verdict}")
+    console.print(f"memory: {est.memory_verdict}", markup=False, highlight=False)
     console.print(tt)
+    console.print(step_line(est), markup=False, highlight=False)
     console.print(f"throughput: {est.tokens_per_s_per_device:,.0f} tokens/s per device, "
                   f"{est.model_tflops_per_device:.1f} model TFLOP/s per device, MFU {est.mfu:.1%}")
     if tokens:
         days = est.run_days(tokens)
         console.print(f"run of {tokens:.3g} tokens: {days:.1f} days, "
                       f"{days * 24 * est.cluster.world_size:,.0f} device-hours")
+
+
+def step_line(est: Estimate) -> str:
+    """E.g. "step 4.21 s [3.6-5.0] (80 % interval, class dense)": the step time and its interval."""
+    iv = est.interval
+    lo, hi = iv["step_time_s"]
+    return (f"step {fmt_time(est.step_time_s)} [{_short(lo)}-{_short(hi)}] ({iv['level']:.0%} interval from "
+            f"out-of-sample residuals, class {iv['classes']['step_time']}); peak {est.peak_memory_gib:.1f} GiB "
+            f"[{iv['peak_memory_gib'][0]:.0f}-{iv['peak_memory_gib'][1]:.0f}], P(fit) {est.p_fit:.2f}")
+
+
+def _short(seconds: float) -> str:
+    return f"{seconds:.2g}" if seconds < 1 else f"{seconds:.1f}" if seconds < 100 else f"{seconds:.0f}"
 
 
 def print_report(report: dict) -> None:
@@ -120,17 +134,12 @@ def _search_line(result) -> str:
             f"in {result.search_time_s:.2f} s")
 
 
-def memory_limit_line(cluster, limit_gib: float, headroom: float | None, cap_gib: float | None) -> str:
-    """One named limit: where the search's memory limit comes from (usable memory less the headroom)."""
-    usable = cluster.device.usable_gib
-    kept = usable - limit_gib
-    why = f"{headroom:.0%} of usable kept free (--headroom)" if headroom is not None else "kept free"
-    text = (f"memory limit {limit_gib:.1f} GiB = usable {usable:.1f} GiB - headroom {kept:.1f} GiB ({why}, for "
-            "spikes the model does not see)")
-    if cap_gib and headroom is not None and limit_gib < usable * (1 - headroom) - 1e-9:
-        text = (f"memory limit {limit_gib:.1f} GiB = --max-memory-gib (usable {usable:.1f} GiB - headroom "
-                f"{kept:.1f} GiB)")
-    return text
+def memory_limit_line(result) -> str:
+    """One named limit (:class:`partita.uncertainty.MemoryLimit`: usable memory, headroom, cap)
+    and the risk rule the search applied to it (issue 33)."""
+    return (f"memory limit: {result.limit.describe()}; a plan is discarded only when P(fit) < {result.min_p_fit:g} "
+            f"(predicted peak above {result.admission_limit_gib:.1f} GiB), plans at risk are kept and ranked by "
+            "step time / P(fit)")
 
 
 def confidence_note(device) -> str | None:
@@ -158,10 +167,10 @@ def plans_table(result, tokens: float | None, world_size: int, width: int = 160)
     t = Table(title="Best plans", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("layout", overflow="fold", ratio=1)
-    for col in ("GiB", "step s", "tok/s", "MFU") + (("days",) if tokens else ()):
+    for col in ("GiB", "P(fit)", "step s", "tok/s", "MFU") + (("days",) if tokens else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for i, e in enumerate(result.plans, 1):
-        row = [str(i), e.plan.summary(), f"{e.peak_memory_gib:.1f}", f"{e.step_time_s:.2f}",
+        row = [str(i), e.plan.summary(), f"{e.peak_memory_gib:.1f}", _p_fit_cell(e), f"{e.step_time_s:.2f}",
                f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
         if tokens:
             row.append(f"{e.run_days(tokens):.1f}")
@@ -171,19 +180,24 @@ def plans_table(result, tokens: float | None, world_size: int, width: int = 160)
 
 def _wide_plans_table(result, tokens: float | None, world_size: int) -> Table:
     t = Table(title="Best plans", title_justify="left")
-    for col in ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "zero", "mbs x acc", "recompute", "mem GiB", "step s",
+    for col in ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "zero", "mbs x acc", "recompute", "mem GiB", "P(fit)", "step s",
                 "tok/s/dev", "MFU") + (("days", "device-hours") if tokens else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for i, e in enumerate(result.plans, 1):
         p = e.plan
         row = [str(i), str(p.dp), str(p.tp) + ("+sp" if p.sp else ""), str(p.pp), str(p.vpp), str(p.cp),
-               str(p.ep) + (f" etp{p.etp}" if p.etp > 1 else ""), str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute + (f":{p.recompute_layers}" if p.recompute_layers else ""), f"{e.peak_memory_gib:.1f}", f"{e.step_time_s:.2f}",
+               str(p.ep) + (f" etp{p.etp}" if p.etp > 1 else ""), str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute + (f":{p.recompute_layers}" if p.recompute_layers else ""), f"{e.peak_memory_gib:.1f}", _p_fit_cell(e), f"{e.step_time_s:.2f}",
                f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
         if tokens:
             days = e.run_days(tokens)
             row += [f"{days:.1f}", f"{days * 24 * world_size:,.0f}"]
         t.add_row(*row)
     return t
+
+
+def _p_fit_cell(est: Estimate) -> str:
+    """P(fit), and "at risk" where the predicted peak is over the limit (kept: P(fit) >= min)."""
+    return f"{est.p_fit:.2f}" + (" at risk" if est.verdict == "at risk" else "")
 
 
 def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons: list[str],
@@ -195,7 +209,7 @@ def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons
     say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
     say(f"{model.name} on {cluster.describe()}; seq {seq_len}, global batch {global_batch} "
         f"({global_batch * seq_len:,} tokens)")
-    say(memory_limit_line(cluster, result.memory_limit_gib, headroom, cap_gib))
+    say(memory_limit_line(result))
     note = confidence_note(cluster.device)
     if note:
         say(note)
@@ -209,11 +223,9 @@ def print_plans(model, cluster, global_batch: int, seq_len: int, result, reasons
         say(f"layer split (per virtual stage): {list(best.plan.layer_split)}")
     mem, tt = breakdown_tables(best)
     console.print(mem)
-    peak = best.peak_memory_gib
-    say(f"memory: plan 1 peaks at {peak:.1f} GiB, {result.memory_limit_gib - peak:.1f} GiB under the "
-        f"{result.memory_limit_gib:.1f} GiB memory limit" if peak <= result.memory_limit_gib else
-        f"memory: plan 1 peaks at {peak:.1f} GiB, over the {result.memory_limit_gib:.1f} GiB memory limit")
+    say(f"memory: plan 1 {best.memory_verdict}")
     console.print(tt)
+    say(f"plan 1: {step_line(best)}")
     if tokens:
         days = best.run_days(tokens)
         say(f"{tokens:.3g} tokens with plan 1: {days:.1f} days ({days * 24 * cluster.world_size:,.0f} "

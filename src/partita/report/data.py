@@ -28,7 +28,9 @@ def plan_row(label: str, est: Estimate, tokens: float) -> dict[str, Any]:
     days = est.run_days(tokens)
     return {"label": label, "layout": est.plan.summary(), "step_time_s": est.step_time_s,
             "peak_memory_gib": est.peak_memory_gib, "memory_limit_gib": est.memory_limit_gib,
-            "fits": est.fits, "tokens_per_s_per_device": est.tokens_per_s_per_device, "mfu": est.mfu,
+            "fits": est.fits, "p_fit": est.p_fit, "verdict": est.verdict, "interval": est.interval,
+            "memory_verdict": est.memory_verdict,
+            "tokens_per_s_per_device": est.tokens_per_s_per_device, "mfu": est.mfu,
             "run_days": days, "device_hours": days * 24 * est.cluster.world_size,
             "memory_per_stage_gib": [m.total / GIB for m in est.memory],
             "memory_parts_per_stage_gib": [{k: v / GIB for k, v in m.parts.items()} for m in est.memory],

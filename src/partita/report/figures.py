@@ -28,10 +28,17 @@ def plans_figure(rows: list[dict[str, Any]], limit_gib: float):
     """Step time against peak memory, one marker per plan, the memory limit as a line."""
     import plotly.graph_objects as go
     fig = go.Figure()
-    for row in rows:
+    for row in rows:  # with the 80 % intervals of both numbers as error bars (partita.uncertainty)
+        iv = row.get("interval") or {}
+        (m_lo, m_hi), (t_lo, t_hi) = iv.get("peak_memory_gib", [row["peak_memory_gib"]] * 2), \
+            iv.get("step_time_s", [row["step_time_s"]] * 2)
         fig.add_trace(go.Scatter(x=[row["peak_memory_gib"]], y=[row["step_time_s"]], mode="markers+text",
                                  name=f"{row['label']}: {row['layout']}", text=[row["label"]],
-                                 textposition="top center", marker={"size": 14}))
+                                 textposition="top center", marker={"size": 14},
+                                 error_x={"type": "data", "symmetric": False, "array": [m_hi - row["peak_memory_gib"]],
+                                          "arrayminus": [row["peak_memory_gib"] - m_lo]},
+                                 error_y={"type": "data", "symmetric": False, "array": [t_hi - row["step_time_s"]],
+                                          "arrayminus": [row["step_time_s"] - t_lo]}))
     fig.add_vline(x=limit_gib, line_dash="dash", line_color="#C00000",
                   annotation_text=f"memory limit {limit_gib:.1f} GiB", annotation_position="top left")
     top = max([r["peak_memory_gib"] for r in rows] + [limit_gib])
@@ -44,15 +51,26 @@ def plans_figure(rows: list[dict[str, Any]], limit_gib: float):
 def plans_table_figure(rows: list[dict[str, Any]]):
     """The plans with their full layouts and numbers, side by side."""
     import plotly.graph_objects as go
-    header = ["plan", "layout", "step (s)", "peak GiB", "tok/s/device", "MFU", "days", "device-hours"]
-    cells = [[r["label"] for r in rows], [r["layout"] for r in rows], [f"{r['step_time_s']:.2f}" for r in rows],
-             [f"{r['peak_memory_gib']:.1f}" for r in rows], [f"{r['tokens_per_s_per_device']:,.0f}" for r in rows],
+    header = ["plan", "layout", "step (s) [80 %]", "peak GiB [80 %]", "P(fit)", "tok/s/device", "MFU", "days",
+              "device-hours"]
+    cells = [[r["label"] for r in rows], [r["layout"] for r in rows], [_with_interval(r, "step_time_s", 2) for r in rows],
+             [_with_interval(r, "peak_memory_gib", 1) for r in rows],
+             [f"{r['p_fit']:.2f}" + (f" ({r['verdict']})" if r.get("verdict", "fits") != "fits" else "")
+              if r.get("p_fit") is not None else "" for r in rows],
+             [f"{r['tokens_per_s_per_device']:,.0f}" for r in rows],
              [f"{r['mfu']:.1%}" for r in rows], [f"{r['run_days']:.1f}" for r in rows],
              [f"{r['device_hours']:,.0f}" for r in rows]]
     fig = go.Figure(go.Table(header={"values": header}, cells={"values": cells},
-                             columnwidth=[50, 260, 60, 60, 80, 50, 50, 80]))
+                             columnwidth=[50, 240, 90, 90, 70, 80, 50, 50, 80]))
     fig.update_layout(height=120 + 32 * len(rows), margin={"t": 20, "b": 10})
     return fig
+
+
+def _with_interval(row: dict[str, Any], key: str, digits: int) -> str:
+    """"4.21 [3.6-5.0]": a number and its 80 % interval (when the row has one)."""
+    value = f"{row[key]:.{digits}f}"
+    lo_hi = (row.get("interval") or {}).get(key)
+    return value + (f" [{lo_hi[0]:.{digits}f}-{lo_hi[1]:.{digits}f}]" if lo_hi else "")
 
 
 def memory_figure(rows: list[dict[str, Any]], limit_gib: float):

@@ -29,6 +29,15 @@ linear memory). Its floor is the lesser of the setting's bound and that plan's
 layout comes up again); the partial plan is estimated unless its bound rules it out. The
 ranking pass is exact against tests/brute_force_search.py, which enumerates every N; the
 "why not" pass does not hunt partial plans (it reuses those the ranking estimated).
+
+Memory risk (issue 33, :mod:`partita.uncertainty`, docs/planning.md "Intervals and P(fit)"):
+"fits" above means P(fit) >= ``min_p_fit`` - a predicted peak at most the admission limit,
+one comparison per setting. A setting at risk (0 < P(fit) < 1) is estimated but does not end
+its family's walk, nor cap later families: more recompute or sharding may rank better once
+the risk is counted. The ranking key is step time / P(fit) (:func:`partita.uncertainty.risk_adjusted`),
+never below the step time, so every step-time lower bound above bounds it too; the top-K heap
+holds keys. Partial recompute's N is solved at P(fit) = 1. With ``risk=False`` the limit alone
+decides and the key is the step time: the brute-force comparison above runs that way.
 """
 from __future__ import annotations
 
@@ -36,13 +45,14 @@ import heapq
 import time
 from typing import Callable
 
-from ..cost.memory import GIB, fits, memory_limit_gib, peak_memory_ladder
+from ..cost.memory import GIB, fits, peak_memory_ladder
 from ..cost.step import after_pipeline_bound, estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
 from ..plan import Plan
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
+from .. import uncertainty as unc
 from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound
 from .partial_recompute import PartialPlans, partial_lower_bound
 from .result import Attempt, SearchResult
@@ -85,11 +95,38 @@ def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, in
     return firsts
 
 
+class _Risk:
+    """The memory risk of a search (:mod:`partita.uncertainty`): the named limit, the class of
+    memory residuals, the admission limit (largest predicted peak with P(fit) >= min_p_fit:
+    only plans above it are discarded) and the confident limit (P(fit) = 1)."""
+
+    def __init__(self, limit: unc.MemoryLimit, residuals: unc.Residuals | None, min_p_fit: float | None):
+        self.limit, self.residuals = limit, residuals
+        self.min_p_fit = unc.DEFAULT_MIN_P_FIT if min_p_fit is None else min_p_fit
+        if residuals is None:  # no risk: the limit alone decides (P(fit) 1 within it, 0 over it)
+            self.admission_gib = self.confident_gib = limit.gib
+        else:
+            self.admission_gib = unc.admission_limit(limit.gib, residuals, self.min_p_fit)
+            self.confident_gib = min(unc.confident_limit(limit.gib, residuals), self.admission_gib)
+
+    @classmethod
+    def none(cls, limit_gib: float) -> "_Risk":
+        return cls(unc.MemoryLimit(limit_gib, limit_gib), None, None)
+
+    def p_fit(self, peak_gib: float) -> float:
+        if self.residuals is None:
+            return 1.0 if peak_gib <= self.limit.gib else 0.0
+        return unc.p_fit(peak_gib, self.limit.gib, self.residuals)
+
+
 class _Search:
     """The evaluation state shared by the two passes of :func:`search_plans`."""
 
-    def __init__(self, model: ModelSpec, cluster: Cluster, usable: float, top: int, partial: bool = False):
+    def __init__(self, model: ModelSpec, cluster: Cluster, usable: float, top: int, partial: bool = False,
+                 risk: "_Risk | None" = None):
+        # usable: the admission limit - the largest predicted peak with P(fit) >= min_p_fit
         self.model, self.cluster, self.usable, self.top = model, cluster, usable, top
+        self.risk = risk or _Risk.none(usable)
         self.partial = partial  # SearchSpace.partial_recompute
         self.attempts: list[Attempt] = []
         self.fitting: list[Estimate] = []
@@ -115,7 +152,9 @@ class _Search:
         self._firsts: dict[tuple[int, bool], list] = {}  # _family_firsts' memo: (id(layout), partial)
         self.ranking_open = True  # estimates enter the ranking (first pass), else only explain
         self.estimated_steps: set[tuple[int, tuple[str, int]]] = set()  # (id(layout), setting) estimated
-        self.partial_plans = PartialPlans(model, cluster.device, usable)  # each layout's least N per zero
+        # each layout's least N per zero, at P(fit) = 1 (an N at the admission limit would be the
+        # riskiest plan of the family; fewer-but-risky N are not hunted)
+        self.partial_plans = PartialPlans(model, cluster.device, self.risk.confident_gib)
         self.refined: set[int] = set()  # id(layout) of layouts whose floor has the solved partial N
         self.partial_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose partial plan is estimated
 
@@ -135,7 +174,8 @@ class _Search:
                     lay.floor = max(lay.floor, self._least_first_bound(lay, self.setting_bound))
 
     def kth_best(self) -> float:
-        """The step time a plan must beat to enter the top K (inf until K plans are found)."""
+        """The risk-adjusted step time (:func:`partita.uncertainty.risk_adjusted`) a plan must
+        beat to enter the top K (inf until K plans are found)."""
         return -self.top_heap[0] if self.top and len(self.top_heap) >= self.top else float("inf")
 
     def dominated(self, plan: Plan) -> bool:
@@ -368,11 +408,14 @@ class _Search:
         plan = layout.plan.with_(recompute=step[0], zero=step[1])
         # selective or full fits: recomputing only some layers fully may fit too, and be faster
         partial = self.partial and step[0] != "none"
+        pb, pr = peaks[step]
+        # a setting at risk (P(fit) < 1) is kept but does not end its family's walk: more
+        # recompute or sharding may rank better once its risk is counted (unc.risk_adjusted)
+        confident = pb / GIB <= self.risk.confident_gib
         if (id(layout), step) in self.estimated_steps:  # estimated by an earlier walk of this layout
             if partial:
                 self._try_partial(layout, plan, wanted, estimated)
-            return True
-        pb, pr = peaks[step]
+            return confident
         attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
         if not fits(pb, self.usable):
@@ -382,15 +425,21 @@ class _Search:
             self.bounded += 1
             if partial:  # its partial plan has a lower bound: it may still matter
                 self._try_partial(layout, plan, wanted, estimated)
-            return True
-        attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
-                                    time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable)
+            return confident
+        attempt.estimate = self._estimate(plan, pb)
         self._record(attempt.estimate, layout.rankable)
         estimated.append(plan)
         self.estimated_steps.add((id(layout), step))
         if partial:
             self._try_partial(layout, plan, wanted, estimated)
-        return True
+        return confident
+
+    def _estimate(self, plan: Plan, peak_bytes: float) -> Estimate:
+        """The estimate of a plan that is kept, with its limit and P(fit) (from the peak at hand)."""
+        return Estimate(model=self.model, cluster=self.cluster, plan=plan,
+                        time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.risk.limit,
+                        min_p_fit=self.risk.min_p_fit, _p_fit=self.risk.p_fit(peak_bytes / GIB),
+                        _p_fit_limit=self.risk.limit.gib)
 
     def _try_partial(self, layout: Layout, fitted: Plan, wanted, estimated: list[Plan]) -> None:
         """Recompute just enough: a layout that fits only with selective or full recompute
@@ -422,8 +471,7 @@ class _Search:
             attempt.bounded = True
             self.bounded += 1
             return
-        attempt.estimate = Estimate(model=self.model, cluster=self.cluster, plan=plan,
-                                    time=estimate_step_time(self.model, self.cluster, plan), memory_limit=self.usable)
+        attempt.estimate = self._estimate(plan, pb)
         self._record(attempt.estimate, layout.rankable)
         estimated.append(plan)
         self.partial_estimated.add(key)
@@ -461,30 +509,40 @@ class _Search:
             if t < self.best_by_knob.get(knob_value, float("inf")):
                 self.best_by_knob[knob_value] = t
         if rankable and self.top and self.ranking_open:
+            key = unc.risk_adjusted(t, est.p_fit)  # >= t: a step-time bound still bounds it
             if len(self.top_heap) < self.top:
-                heapq.heappush(self.top_heap, -t)
-            elif t < -self.top_heap[0]:
-                heapq.heapreplace(self.top_heap, -t)
+                heapq.heappush(self.top_heap, -key)
+            elif key < -self.top_heap[0]:
+                heapq.heapreplace(self.top_heap, -key)
 
 
 def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int,
-                 space: SearchSpace | None = None, top: int = 5, cross_node_tp: bool = True) -> SearchResult:
+                 space: SearchSpace | None = None, top: int = 5, cross_node_tp: bool = True,
+                 min_p_fit: float | None = unc.DEFAULT_MIN_P_FIT, risk: bool = True) -> SearchResult:
     """Search the whole plan space for ``model`` on ``cluster``; best plans first.
 
     Branch and bound in two passes over the layouts sorted by their lower bound
     (:func:`step_time_lower_bound`): the first evaluates layouts until the next bound is
     no better than the K-th best plan found - every later layout is provably slower; the
     second finds, for each knob, the best plan at the two values nearest the winner's
-    (the "why not" alternatives), again stopping each where the bound rules it out."""
+    (the "why not" alternatives), again stopping each where the bound rules it out.
+
+    With ``risk`` (the default) a plan is discarded only when P(fit) < ``min_p_fit``; plans at
+    risk are kept and ranked by step time / P(fit) (:func:`partita.uncertainty.risk_adjusted`).
+    ``risk=False``: the limit alone decides and plans rank by step time (the brute-force
+    oracle's reading, tests/brute_force_search.py)."""
     space = space or SearchSpace()
     t0 = time.perf_counter()
     dev = cluster.device
     if not dev.supports(space.dtype):
         dev.peak_flops(space.dtype)  # raises the one-line error
-    usable = memory_limit_gib(dev, space.memory_headroom, space.max_memory_gib)
+    limit = unc.MemoryLimit.of(dev, space.memory_headroom, space.max_memory_gib)
+    residuals = unc.memory_residuals(model, seq_len, space.dtype, dev) if risk else None
+    memory_risk = _Risk(limit, residuals, min_p_fit)
+    usable = memory_risk.admission_gib
     invalid: list[str] = []
     layouts = layouts_by_bound(model, cluster, global_batch, seq_len, space, cross_node_tp, invalid)
-    search = _Search(model, cluster, usable, top, space.partial_recompute)
+    search = _Search(model, cluster, usable, top, space.partial_recompute, memory_risk)
     for layout in layouts:
         if layout.rankable:
             if layout.floor >= search.kth_best():
@@ -499,21 +557,29 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     alternatives: dict[str, list] = {}
     if search.fitting:
         best = min((e for e in search.fitting if space.tp or e.plan.tp <= cluster.devices_per_node),
-                   key=lambda e: e.step_time_s, default=None)
+                   key=_rank_key, default=None)
         if best is not None:
             alternatives, layouts = why_not_alternatives(search, layouts, best.plan, cluster.devices_per_node)
     # never evaluated, or left waiting under a floor the search never reached
     skipped = sum(1 for lay in layouts.layouts if lay.peaks is None and not lay.done) + len(layouts.deferred_structures)
-    fitting = sorted(search.fitting, key=lambda e: e.step_time_s)
+    fitting = sorted(search.fitting, key=_rank_key)
     # keep tp groups inside a node for the ranking unless the user fixed tp; cross-node
     # candidates stay in `attempts` for the explanations
     ranked = [e for e in fitting if space.tp or e.plan.tp <= cluster.devices_per_node]
     if ranked and ranked[0].plan.recompute_layers:
-        search.attempts += partial_neighbours(model, cluster, ranked[0].plan, usable, search.attempts)
+        search.attempts += partial_neighbours(model, cluster, ranked[0].plan, memory_risk.confident_gib,
+                                              search.attempts)
     return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=search.attempts,
                         candidates_evaluated=search.evaluated, candidates_pruned=search.pruned,
                         candidates_bounded=search.bounded + skipped, search_time_s=time.perf_counter() - t0,
-                        memory_limit_gib=usable, invalid=invalid, alternatives=alternatives)
+                        memory_limit_gib=limit.gib, invalid=invalid, alternatives=alternatives, limit=limit,
+                        admission_limit_gib=usable, min_p_fit=memory_risk.min_p_fit,
+                        confident_limit_gib=memory_risk.confident_gib)
+
+
+def _rank_key(est: Estimate) -> tuple[float, float]:
+    """The ranking: risk-adjusted step time, then step time."""
+    return unc.risk_adjusted(est.step_time_s, est.p_fit), est.step_time_s
 
 
 def infeasible_message(result: SearchResult) -> str:
@@ -527,8 +593,11 @@ def infeasible_message(result: SearchResult) -> str:
         hints.append("allow zero-3")
     if not any(a.plan.recompute == "full" for a in result.attempts):
         hints.append("allow full recompute")
-    need = smallest.peak_gib / result.memory_limit_gib
+    need = smallest.peak_gib / result.admission_limit_gib if result.admission_limit_gib else \
+        smallest.peak_gib / result.memory_limit_gib
     hints.append(f"about {need:.1f}x the devices ({int(result.cluster.world_size * need + 0.999)}+) or devices with more memory")
     hints.append("optimizer offload (not modelled)")
     return (f"no plan fits: the smallest any plan reaches is {smallest.peak_gib:.1f} GiB per device "
-            f"({smallest.plan.summary()}) > {result.memory_limit_gib:.1f} GiB usable; try: " + "; ".join(hints))
+            f"({smallest.plan.summary()}), P(fit) < {result.min_p_fit:g} against the "
+            f"{result.limit.describe() if result.limit else f'{result.memory_limit_gib:.1f} GiB usable'}; try: "
+            + "; ".join(hints))

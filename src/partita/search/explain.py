@@ -67,8 +67,10 @@ def _partial_lines(result: SearchResult, best: Estimate) -> list[str]:
                          f"{alt.step_time_s / best.step_time_s - 1:+.0%} step time "
                          f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s); {_biggest_increase(alt, best)}")
         else:
+            limit = result.confident_limit_gib or result.memory_limit_gib  # partial N: solved at P(fit) = 1
             lines.append(f"recompute_layers={k} ({a.plan.summary()}): rank {a.peak_rank} needs {a.peak_gib:.1f} GiB > "
-                         f"{result.memory_limit_gib:.1f} GiB memory limit; recompute_layers={n} is the fewest that fit")
+                         f"{limit:.1f} GiB (P(fit) 1 under the {result.memory_limit_gib:.1f} GiB memory limit); "
+                         f"recompute_layers={n} is the fewest that fit")
     return lines
 
 

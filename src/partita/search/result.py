@@ -3,6 +3,7 @@ plans with their counts (:class:`SearchResult`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..cost.memory import GIB, fits
 from ..estimate import Estimate
@@ -41,6 +42,13 @@ class SearchResult:
     invalid: list[str] = field(default_factory=list)
     #: per knob, the values nearest the best plan's that the search resolved for "why not"
     alternatives: dict[str, list] = field(default_factory=dict)
+    #: the named memory limit (usable memory, headroom, cap: partita.uncertainty.MemoryLimit)
+    limit: Any = None
+    #: the largest predicted peak kept: P(fit) >= min_p_fit above it is impossible (0: the limit)
+    admission_limit_gib: float = 0.0
+    #: the largest predicted peak with P(fit) = 1: partial recompute's N is solved against it
+    confident_limit_gib: float = 0.0
+    min_p_fit: float = 0.05
 
     @property
     def best(self) -> Estimate | None:

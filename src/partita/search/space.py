@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ..uncertainty import DEFAULT_HEADROOM
+
 
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order, found up to sqrt(n) (a global batch of 2^24 took
@@ -72,7 +74,7 @@ class SearchSpace:
     allow_zero3: bool = True
     allow_recompute: bool = True
     max_memory_gib: float | None = None
-    memory_headroom: float = 0.05  # keep 5% of usable memory free for spikes not modelled
+    memory_headroom: float = DEFAULT_HEADROOM  # none by default: P(fit) carries the model's error (partita.uncertainty)
     max_tokens_per_microbatch: int = 131072
     #: plan options every candidate carries (framework settings, not searched): grad_dtype,
     #: tp_comm_overlap (on by default: production Megatron/NeMo runs use --tp-comm-overlap,
