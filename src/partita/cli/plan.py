@@ -89,6 +89,12 @@ def search(args: argparse.Namespace, model, cluster):
     return result, ranked_all
 
 
+def _framework_hint(target: str) -> str:
+    """The flag that searches only the plans an export target runs (search/capabilities.py), if any."""
+    from ..search.capabilities import capabilities
+    return f"; --framework {target} searches only plans {target} runs" if capabilities(target) else ""
+
+
 def export_best(target: str, ranked_all: list, best, model, cluster=None):
     """The best ranked plan ``target`` can express: (exported, note or None when it is plan 1)."""
     from ..export import export
@@ -103,7 +109,7 @@ def export_best(target: str, ranked_all: list, best, model, cluster=None):
             return exported, None
         return exported, (f"{target} cannot express plan 1 ({refusals[0].split(': ', 1)[1]}); exported plan "
                           f"{rank}, {candidate.plan.summary()}, {candidate.step_time_s / best.step_time_s - 1:+.0%} "
-                          "step time")
+                          "step time" + _framework_hint(target))
     raise PartitaError(f"none of the {len(ranked_all)} best plans can be expressed in {target}: "
                        + (refusals[0] if refusals else "no plan"))
 
