@@ -57,3 +57,68 @@ def test_saved_adapter_loads_in_peft_with_partitas_eval_loss(results, case):
                                               use_cache=False).logits.flatten(0, 1), rows["targets"][i].flatten()))
                   for i in range(w.STEPS * 4)]
     assert abs(sum(losses) / len(losses) - r[case]["eval_loss"]) <= 1e-5
+
+
+def _model_dir(root: Path) -> tuple[Path, Path]:
+    """A tiny HF Llama directory with weights and a chat tokenizer, and a chat JSONL file."""
+    import random
+
+    import transformers
+    from partita.train.sft_data import build_chat_tokenizer
+    words = "the cat sat on a mat while the dog ran to the park and the bird sang a song".split()
+    rng = random.Random(0)
+    chats = [{"messages": [{"role": "user", "content": " ".join(rng.choices(words, k=5))},
+                           {"role": "assistant", "content": " ".join(rng.choices(words, k=6))}]} for _ in range(40)]
+    data = root / "sft.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in chats) + "\n")
+    model = root / "model"
+    build_chat_tokenizer(model, [m["content"] for c in chats for m in c["messages"]] * 5 + ["user assistant"] * 10, 300)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(str(model))
+    return model, data
+
+
+def _train(*args: str) -> dict:
+    cmd = [sys.executable, "-m", "partita", "train", "--optimizer", "sgd", "--lr", "0.5", "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}  # --steps 0 prints no summary
+
+
+def _eval_loss(model, data: Path, tokenizer: Path, rows: int) -> float:
+    """The eval loss as Partita defines it (mean over rows of each row's mean assistant-token
+    loss; mbs 1), computed with transformers + PEFT on the rows Partita evaluated."""
+    import torch.nn.functional as F
+    from partita.train.sft_data import SftRows, encode_file, load_chat_tokenizer
+    x, y, pos = SftRows(encode_file(data, load_chat_tokenizer(tokenizer), 64), seed=0).rows(0, rows)
+    with torch.no_grad():
+        return sum(float(F.cross_entropy(model(input_ids=x[i:i + 1], position_ids=pos[i:i + 1], use_cache=False)
+                                         .logits.flatten(0, 1), y[i])) for i in range(rows)) / rows
+
+
+def test_partita_train_lora_cli_save_load_merge_resume(tmp_path):
+    """partita train --finetune lora on chat data under dp=2,tp=2 writes a PEFT adapter that
+    transformers + PEFT load with Partita's eval loss; --adapter resumes from it and --merge
+    writes merged weights that plain transformers loads with the same loss."""
+    import transformers
+    from peft import PeftModel
+    model_dir, data = _model_dir(tmp_path)
+    common = ["--model", str(model_dir), "--finetune", "lora", "--lora-rank", "4", "--lora-alpha", "8",
+              "--data", str(data), "--eval-data", str(data), "--eval-batches", "2"]
+    adapter = tmp_path / "adapter"
+    first = _train(*common, "--plan", "dp=2,tp=2,gbs=4,mbs=1,seq_len=64,dtype=fp32", "--nproc", "4", "--steps", "3",
+                   "--save-hf", str(adapter), "--run-dir", str(tmp_path / "run1"))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(adapter))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    peft_loss = _eval_loss(PeftModel.from_pretrained(base, str(adapter)).eval(), data, model_dir, 8)
+    assert abs(peft_loss - first["eval_loss"]) <= 1e-5, (peft_loss, first)
+    merged = tmp_path / "merged"
+    _train(*common, "--adapter", str(adapter), "--merge", "--plan", "dp=1,gbs=4,mbs=1,seq_len=64,dtype=fp32",
+           "--steps", "0", "--save-hf", str(merged), "--run-dir", str(tmp_path / "run2"))
+    plain = transformers.AutoModelForCausalLM.from_pretrained(str(merged)).eval()
+    assert abs(_eval_loss(plain, data, model_dir, 8) - first["eval_loss"]) <= 1e-5
