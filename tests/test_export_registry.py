@@ -27,18 +27,18 @@ def _choices(command: str, option: str) -> list[str]:
 
 def test_every_command_offers_the_registry_targets():
     names = registry.target_names()
-    assert names == ["megatron", "mindspeed", "deepspeed", "torchtitan",
+    assert names == ["megatron", "mindspeed", "deepspeed", "torchtitan", "llamafactory",  # issue 36
                      "slurm", "k8s-trainjob", "k8s-pytorchjob", "k8s-ascendjob"]  # issue 34: launch artefacts
     assert _choices("export", "--to") == names
     assert _choices("plan", "--export") == names
     assert _choices("import", "--from") == registry.importable_names()
     # the framework configs read back into a plan; the launch artefacts have no importer
-    assert [t.name for t in registry.TARGETS if t.importer is None] == names[4:]
+    assert [t.name for t in registry.TARGETS if t.importer is None] == names[5:]
 
 
 def test_unknown_target_is_one_line_naming_the_targets():
     with pytest.raises(PartitaError, match="unknown export target 'lsf'; choose one of megatron, mindspeed, "
-                                           "deepspeed, torchtitan, slurm, k8s-trainjob, k8s-pytorchjob, "
+                                           "deepspeed, torchtitan, llamafactory, slurm, k8s-trainjob, k8s-pytorchjob, "
                                            "k8s-ascendjob$"):
         export("lsf", Plan(dp=8, gbs=8))
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from ..errors import PartitaError
 from ..plan import Plan
-from ..imports import deepspeed as ds_import, megatron as megatron_import, torchtitan as titan_import
+from ..imports import deepspeed as ds_import, llamafactory as lf_import, megatron as megatron_import, \
+    torchtitan as titan_import
 from .context import ExportContext
 from .deepspeed import export_deepspeed
 from .k8s import export_ascendjob, export_pytorchjob, export_trainjob
+from .llamafactory import export_llamafactory
 from .megatron import export_megatron, export_mindspeed
 from .result import Export
 from .slurm import export_slurm
@@ -46,6 +48,8 @@ TARGETS: tuple[ExportTarget, ...] = (
     ExportTarget("deepspeed", "DeepSpeed ds_config.json", export_deepspeed, ds_import.plan_from_ds_config),
     ExportTarget("torchtitan", "torchtitan 0.3.0 --section.field overrides", export_torchtitan,
                  titan_import.plan_from_torchtitan),
+    ExportTarget("llamafactory", "LLaMA-Factory training YAML (fine-tuning: stage, finetuning_type, LoRA, "
+                 "DeepSpeed preset)", export_llamafactory, lf_import.plan_from_llamafactory),
     # launch artefacts (issue 34): they need the cluster (nodes, devices per node, device type)
     ExportTarget("slurm", "sbatch script: one partita train per node through srun, c10d rendezvous on the first node",
                  export_slurm),

@@ -38,6 +38,9 @@ _TITAN = r"--(parallelism|training)\.|torchtitan\.train\b|--job\.config[_-]file"
 def detect(path: str, text: str) -> str:
     """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
     stripped = text.lstrip()
+    from .llamafactory import is_llamafactory
+    if is_llamafactory(path, text):  # `stage:`, `finetuning_type:` ... in a .yaml: LLaMA-Factory's train config
+        return "llamafactory"
     if stripped.startswith("{") or path.endswith(".json"):
         if re.search(r'"(zero_optimization|train_batch_size|train_micro_batch_size_per_gpu)"', text):
             return "deepspeed"

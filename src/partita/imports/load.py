@@ -43,7 +43,9 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
     """The importer of ``target`` on the file's text (world size checked by the caller): (plan, not
     modelled); a Megatron/MindSpeed command line's own model is :func:`_script_model`'s."""
     layers = model.layers if model else None
-    from . import deepspeed, megatron, swift, torchtitan
+    from . import deepspeed, llamafactory, megatron, swift, torchtitan
+    if target == "llamafactory":  # a LLaMA-Factory training YAML (its ds_config beside it, "auto" filled)
+        return llamafactory.plan_from_llamafactory(path, raw, world or llamafactory.world_from_env(env), fill)
     if path.endswith(".toml") and target == "torchtitan":
         text = shlex.join(torchtitan.toml_argv(path, raw))  # the TOML as written (not as a shell script: enable=true)
     if target in ("megatron", "mindspeed") and swift.is_swift(raw):
@@ -148,7 +150,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     reading = ""
     raw = read_text(path)
     target = source or detect(path, raw)
-    text = raw if target == "deepspeed" else expand_variables(raw)
+    text = raw if target in ("deepspeed", "llamafactory") else expand_variables(raw)
     world = devices or script_world_size(text)
     if target in ("megatron", "mindspeed"):
         from .script import script_command
@@ -188,6 +190,10 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
     own model (:func:`partita.imports.megatron_model.model_from_megatron`), checked against
     ``--model`` (a contradiction is one line); other files define no model."""
     from . import megatron, swift
+    if target == "llamafactory" and given is None:
+        from .llamafactory import read_yaml
+        name = read_yaml(raw, path).get("model_name_or_path")
+        return None, f"the YAML names the model {name or '(none)'}: pass --model (a preset or its config.json)"
     if target not in ("megatron", "mindspeed") or swift.is_swift(raw):
         return given, ""
     return megatron.resolve_model(argv_from_script(text), given, path)
