@@ -141,3 +141,21 @@ def test_estimate_from_a_llamafactory_yaml_names_the_model_it_needs(tmp_path, ca
                  "qwen2.5-7b", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan"]["finetune"] == "lora" and out["plan"]["lora_rank"] == 8 and out["fits"] is True
+
+
+@pytest.mark.parametrize("plan", [p.with_(tp=2, dp=p.dp // 2, zero=1) for p in PLANS if p.dp % 2 == 0],
+                         ids=lambda p: p.summary())
+def test_mindspeed_llm_fine_tuning_round_trip(plan):
+    # MindSpeed-LLM@c77308a mindspeed_llm/features_manager/finetune/lora.py: --lora-r int, --lora-alpha int,
+    # --lora-target-modules nargs='+' (Megatron-Core names); LoRA is on when target modules are listed
+    from partita.imports.megatron import plan_from_megatron
+    out = export("mindspeed", plan)
+    argv = out.data
+    back = plan_from_megatron(argv, plan.world_size)
+    assert {f: getattr(back, f) for f in FINETUNE_FIELDS[:4]} == {f: getattr(plan, f) for f in FINETUNE_FIELDS[:4]}
+    if plan.finetune == "lora":
+        i = argv.index("--lora-alpha")
+        assert argv[i + 1].isdigit() and argv[argv.index("--lora-r") + 1].isdigit()
+        assert "--finetune" in argv and argv[argv.index("--stage") + 1] == "sft"
+    else:
+        assert "--lora-r" not in argv and ("--finetune" in argv) == (plan.finetune == "full")

@@ -438,6 +438,11 @@ def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[Megatron
         raise PartitaError(f"layer_split {','.join(map(str, plan.layer_split))} with --moe-layer-freq "
                            f"{model.moe.layer_freq}: MindSpeed-LLM's noop layers would shift which layers are MoE; "
                            "re-plan with layers that divide into pp*vpp stages")
+    from ..imports.finetune import mindspeed_finetune_flags
+    tune, tune_warn = mindspeed_finetune_flags(plan)  # issue 36: MindSpeed-LLM's SFT / LoRA arguments
+    for flag, *values in tune:
+        args.set(flag, *values)
+    warn += tune_warn
     overlay = mindspeed_overlay(plan, model)
     if "--moe-grouped-gemm" in overlay.remove and "--moe-grouped-gemm" in args:
         warn.append("MindSpeed-LLM refuses --moe-grouped-gemm with --use-ascend-mc2 in a MoE model: emitted MC2 "

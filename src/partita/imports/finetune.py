@@ -57,3 +57,22 @@ def lora_targets(names: list[str] | tuple[str, ...], source: str) -> tuple[str, 
     note = "" if not partial else (f"{source} {','.join(sorted(words))}: adapters on these linears only, estimated "
                                    f"with adapters on every {' and '.join(partial)} linear (lora_targets {targets})")
     return targets, note
+
+
+def mindspeed_finetune_flags(plan) -> tuple[list[tuple[str, ...]], list[str]]:
+    """(MindSpeed-LLM's fine-tuning arguments for ``plan`` as ``(flag, *values)``, warnings): ``--finetune
+    --stage sft --is-instruction-dataset`` for a fine-tune, plus ``--lora-r``, ``--lora-alpha`` and
+    ``--lora-target-modules`` (Megatron-Core names) for LoRA (Ascend/MindSpeed-LLM@c77308a
+    mindspeed_llm/features_manager/finetune/lora.py: ``--lora-alpha`` is an int; the script is
+    ``posttrain_gpt.py``). Nothing for a pre-training plan. :func:`partita.imports.megatron` reads them back."""
+    if plan.finetune == "none":
+        return [], []
+    flags: list[tuple[str, ...]] = [("--finetune",), ("--stage", "sft"), ("--is-instruction-dataset",)]
+    warnings = []
+    if plan.finetune == "lora":
+        alpha = round(plan.lora_alpha)
+        if alpha != plan.lora_alpha:
+            warnings.append(f"lora_alpha {plan.lora_alpha}: MindSpeed-LLM's --lora-alpha is an integer; written {alpha}")
+        flags += [("--lora-r", str(plan.lora_rank)), ("--lora-alpha", str(alpha)),
+                  ("--lora-target-modules", *MEGATRON_NAMES[plan.lora_targets])]
+    return flags, warnings
