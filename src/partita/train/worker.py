@@ -189,6 +189,9 @@ class Trainer:
     def _load_sft(self, data: str):
         """Packed SFT rows (rank 0 encodes, every rank loads the cached arrays)."""
         from .sft_data import SftRows, encode_to_file
+        if self.hf_config is None:
+            raise PartitaError(f"--data {data} is chat / instruction data: it trains Hugging Face models (--model DIR "
+                               "with a chat template), whose attention masks packed samples from their position ids")
         tokenizer = self.config.tokenizer or self.entry.source_dir
         if self.rank == 0:
             encode_to_file(data, tokenizer, self.plan.seq_len, str(self.run_dir), self.vocab)
