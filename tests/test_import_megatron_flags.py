@@ -193,6 +193,10 @@ def test_mindspeed_llm_lora_and_full_fine_tuning_are_plan_fields():
     assert (p.finetune, p.lora_rank, p.lora_alpha, p.lora_targets) == ("lora", 16, 32.0, "attention")
     assert plan(LLAMA70 + "--lora-r 8", 8).finetune == "none"  # no target modules: no LoRA
     assert plan(LLAMA70 + "--finetune --stage sft --is-instruction-dataset", 8).finetune == "full"
+    assert plan(LLAMA70 + "--finetune", 8).finetune == "none"  # Megatron's: load without the optimizer state
+    p = plan(LLAMA70 + "--lora-target-modules linear_q linear_kv linear_fc1 linear_fc2 linear_q_up_proj "
+             "linear_o_down_proj linear_o_up_proj", 8)  # DeepSeek-V4's names (MindSpeed-LLM deepseek4_flash)
+    assert p.lora_targets == "all-linear"
     r = read(LLAMA70 + "--lora-target-modules linear_qkv", 8)  # part of the attention linears: read wider, named
     assert r.plan.lora_targets == "attention" and "linear_qkv: adapters on these linears only" in r.not_modelled[0]
     with pytest.raises(PartitaError, match="lm_head is not a linear Partita knows"):

@@ -23,13 +23,17 @@ from ..errors import PartitaError
 _COMPLETE: dict[str, tuple[frozenset[str], ...]] = {
     "attention": (frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}), frozenset({"qkv_proj", "o_proj"}),
                   frozenset({"query_key_value", "dense"}), frozenset({"c_attn", "c_proj"}),
-                  frozenset({"linear_qkv", "linear_proj"}), frozenset({"linear_q", "linear_kv", "linear_proj"})),
+                  frozenset({"linear_qkv", "linear_proj"}), frozenset({"linear_q", "linear_kv", "linear_proj"}),
+                  # MLA / DeepSeek-V4 projections (MindSpeed-LLM@c77308a examples/mcore/deepseek4_flash)
+                  frozenset({"linear_q_up_proj", "linear_kv_up_proj", "linear_proj"}),
+                  frozenset({"linear_q", "linear_kv", "linear_q_up_proj", "linear_o_down_proj", "linear_o_up_proj"})),
     "mlp": (frozenset({"gate_proj", "up_proj", "down_proj"}), frozenset({"gate_up_proj", "down_proj"}),
             frozenset({"dense_h_to_4h", "dense_4h_to_h"}), frozenset({"c_fc"}), frozenset({"w1", "w2", "w3"}),
             frozenset({"fc1", "fc2"}), frozenset({"linear_fc1", "linear_fc2"})),
 }
 #: every module name of each group (a name in no group is refused in one line).
 _NAMES = {group: frozenset().union(*sets) for group, sets in _COMPLETE.items()}
+_NAMES["attention"] |= {"linear_q_proj", "linear_q_down_proj", "linear_kv_down_proj"}  # MLA's other projections
 #: names meaning every linear layer of the blocks.
 ALL_LINEAR = frozenset({"all", "all-linear", "all_linear"})
 #: the plan's value -> the module names each framework writes for it (exporters; Hugging Face / PEFT first).

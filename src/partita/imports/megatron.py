@@ -88,13 +88,14 @@ def _megatron_parser() -> argparse.ArgumentParser:
 def _finetune(ns: argparse.Namespace) -> tuple[dict, str]:
     """(the plan's fine-tuning fields, a note on LoRA targets read as a wider group or "") of the
     command line: LoRA where ``--lora-target-modules`` lists modules (rank ``--lora-r``, alpha
-    ``--lora-alpha``), full fine-tuning with ``--finetune`` / ``--stage sft`` /
-    ``--is-instruction-dataset``, else pre-training (no field set)."""
+    ``--lora-alpha``), full fine-tuning with ``--stage sft`` / ``--is-instruction-dataset`` (``--finetune``
+    alone is Megatron's "load the checkpoint without its optimizer": a pre-training run's memory), else
+    pre-training (no field set)."""
     if ns.lora_target_modules:
         from .finetune import lora_targets
         targets, note = lora_targets(ns.lora_target_modules, "--lora-target-modules")
         return {"finetune": "lora", "lora_rank": ns.lora_r, "lora_alpha": ns.lora_alpha, "lora_targets": targets}, note
-    if ns.finetune or ns.stage == "sft" or ns.is_instruction_dataset:
+    if ns.stage == "sft" or ns.is_instruction_dataset:  # --finetune alone: Megatron's "load without optimizer"
         return {"finetune": "full"}, ""
     return {}, ""
 
