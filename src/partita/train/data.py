@@ -55,7 +55,8 @@ def _read_texts(path: Path) -> list[str]:
                     try:
                         texts.append(json.loads(line)["text"])
                     except (ValueError, KeyError, TypeError):
-                        raise PartitaError(f"{f}:{n}: each .jsonl line must be an object with a \"text\" field") from None
+                        raise PartitaError(f"{f}:{n}: each .jsonl line must be an object with a \"text\" field "
+                                          "(or, for SFT, \"messages\" / \"instruction\" + \"output\")") from None
         else:
             texts.append(f.read_text(errors="replace"))
     return texts
