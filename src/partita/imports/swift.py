@@ -240,7 +240,7 @@ def is_swift_trainer(text: str) -> bool:
 
 
 #: ``swift sft`` without ``--deepspeed``: what the estimate (DeepSpeed ZeRO-0) leaves out.
-DDP_NOTE = ("(no --deepspeed): the Hugging Face Trainer's torch DDP; full fine-tuning keeps weights, gradients and "
+DDP_NOTE = ("--deepspeed not given: the Hugging Face Trainer's torch DDP; full fine-tuning keeps weights, gradients and "
             "AdamW states in the model's dtype (bf16: 8 bytes per trained parameter), estimated as DeepSpeed "
             "ZeRO-0 mixed precision (18)")
 
