@@ -428,3 +428,18 @@ def test_import_json_has_the_model_and_the_flags_not_modelled_and_reads_as_a_pla
     assert out["fp8_param_gather"] is True
     (tmp_path / "plan.json").write_text(json.dumps(out))
     assert main(["estimate", "--plan", str(tmp_path / "plan.json"), "--model", "llama3-8b", *HW]) == 0
+
+
+def test_estimate_without_devices_takes_the_scripts_world_or_names_the_flag(tmp_path, capsys):
+    # issue 32: --devices is needed only where the file gives no world size (a ds_config), in one line
+    import json
+    from partita.cli import main
+    assert main(["estimate", "--from-script", _script(tmp_path), "--hardware", "h100-sxm", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"] == 16  # GPUS_PER_NODE=8 x NNODES=2
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}))
+    assert main(["estimate", "--from-script", str(ds), "--hardware", "h100-sxm", "--model", "llama3-8b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pass --devices" in err
+    assert main(["estimate", "--model", "llama3-8b", "--hardware", "h100-sxm"]) == 2
+    assert "--devices is required" in capsys.readouterr().err
