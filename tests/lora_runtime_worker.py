@@ -91,8 +91,8 @@ def run_case(text: str, rows: dict, out_dir: str) -> dict:
     base_changed = max(float((full[n] - v).abs().max()) for n, v in base0.items())
     trainable = sum(p.numel() for p in pm.model.parameters() if p.requires_grad)  # DTensor: the global numel
     save_adapter(pm, os.path.join(out_dir, case_dir(text)), pm.lora_config, None)
-    evals = [tuple(rows[k][s * plan.gbs + start: s * plan.gbs + start + per] for k in ("inputs", "targets", "positions"))
-             for s in range(STEPS)]
+    keys = ("inputs", "targets", "positions")
+    evals = [tuple(rows[k][s * plan.gbs + start: s * plan.gbs + start + per] for k in keys) for s in range(STEPS)]
     result = {"losses": losses, "base_changed": base_changed, "trainable": trainable,
               "eval_loss": evaluate_sft(pm, evals)}
     if dist.get_rank() == 0:

@@ -53,9 +53,9 @@ def test_saved_adapter_loads_in_peft_with_partitas_eval_loss(results, case):
     model = PeftModel.from_pretrained(build_tiny_hf(*w.LLAMA, seed=0), str(adapter)).eval()
     rows = w.sft_rows(w.STEPS * 4, 32, 256)
     with torch.no_grad():
-        losses = [float(F.cross_entropy(model(input_ids=rows["inputs"][i:i + 1], position_ids=rows["positions"][i:i + 1],
-                                              use_cache=False).logits.flatten(0, 1), rows["targets"][i].flatten()))
-                  for i in range(w.STEPS * 4)]
+        logits = [model(input_ids=rows["inputs"][i:i + 1], position_ids=rows["positions"][i:i + 1],
+                        use_cache=False).logits for i in range(w.STEPS * 4)]
+        losses = [float(F.cross_entropy(out.flatten(0, 1), rows["targets"][i].flatten())) for i, out in enumerate(logits)]
     assert abs(sum(losses) / len(losses) - r[case]["eval_loss"]) <= 1e-5
 
 

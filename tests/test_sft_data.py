@@ -66,7 +66,8 @@ def test_packing_changes_no_loss_and_blocks_attention(tok_dirs, model):
     u = {k: torch.from_numpy(v) for k, v in single.items()}
     lp = _token_losses(model, t["inputs"], t["targets"], t["positions"])
     lu = _token_losses(model, u["inputs"], u["targets"], u["positions"])
-    assert torch.allclose(lp.sum(), lu.sum(), atol=1e-5) and (t["targets"] != -100).sum() == (u["targets"] != -100).sum()
+    assert (t["targets"] != -100).sum() == (u["targets"] != -100).sum()
+    assert torch.allclose(lp.sum(), lu.sum(), atol=1e-5)
     assert torch.allclose(lp[t["targets"] != -100], lu[u["targets"] != -100], atol=1e-5)
     # a token cannot attend across the boundary: change sample 1, sample 2's logits stay
     # (use_cache=False, as the runtime calls the model: transformers reads packed position ids without a cache)

@@ -132,7 +132,8 @@ def load_chat_tokenizer(source: str | Path):
         raise PartitaError(f"cannot load a tokenizer from {path}: {str(e).splitlines()[0][:200]}") from None
     if not getattr(tok, "chat_template", None):
         raise PartitaError(f"the tokenizer in {path} has no chat template (tokenizer_config.json \"chat_template\" "
-                           "or chat_template.jinja); chat / instruction data is formatted with the model's own template")
+                           "or chat_template.jinja); chat / instruction data is formatted with the model's own "
+                           "template")
     return tok
 
 

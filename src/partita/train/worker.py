@@ -414,7 +414,8 @@ class Trainer:
             if self.config.merge:
                 save_merged(self.pm, self.config.save_hf, self.hf_config, self.entry.source_dir)
             else:
-                save_adapter(self.pm, self.config.save_hf, self.pm.lora_config, self.entry.source_dir or self.config.model)
+                base = self.entry.source_dir or self.config.model
+                save_adapter(self.pm, self.config.save_hf, self.pm.lora_config, base)
             self.log(f"partita: wrote the {'merged model' if self.config.merge else 'LoRA adapter'} to "
                      f"{self.config.save_hf}")
             return
