@@ -39,6 +39,7 @@ from .attention import FusedAttentionMode
 from .blocks import BlockLayout, find_blocks
 from .boundaries import BoundaryWatch
 from .fastmeta import FastMetaBackward
+from .owners import BackwardOwners, tag
 from .replay import Replays
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -123,6 +124,7 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
     for path, module in model.named_modules():
         if path in rec.units:
             def pre(mod, args, kwargs, path=path):
+                tag((args, kwargs), "")  # what ran before this unit is not its backward
                 rec.current.append(path)
                 rec.entered += 1
                 if rec.watch is not None:
@@ -133,6 +135,7 @@ def _hooks(model: nn.Module, rec: _Recorder) -> list:
 
             def post(mod, args, kwargs, out, path=path):
                 rec.current.pop()
+                tag(out, path)
                 if rec.watch is not None:
                     rec.watch.leave_block()
                 rec.outputs.setdefault(path, rec.tensors(out))
@@ -214,7 +217,8 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
     handles = _hooks(model, rec)
     replays = Replays(model, rec.units, rec) if on_meta and replay else None
     try:
-        with (FastMetaBackward() if on_meta else nullcontext()), FlopCounterMode(display=False) as counter, attention:
+        with (FastMetaBackward() if on_meta else nullcontext()), FlopCounterMode(display=False) as counter, attention, \
+                BackwardOwners(counter.flop_registry) as owners:
             rec.watch = BoundaryWatch()
             with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), rec.watch:
                 out = functional_call(model, state, args, kwargs)
@@ -222,6 +226,7 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
             forward = {k: float(sum(v.values())) for k, v in counts.items()}
             attn = {k: float(v.get(torch.ops.partita.fused_attention, 0)) for k, v in counts.items()}
             loss = loss_fn(out) if loss_fn else _first_float(out).float().sum()
+            tag(loss, "")
             wrt = [t for t in state.values() if t.requires_grad]
             torch.autograd.grad(loss, wrt, allow_unused=True)
             total = {k: float(sum(v.values())) for k, v in counter.get_flop_counts().items()}
@@ -235,13 +240,17 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, on_meta: bool, rec: _Recor
                        if k == root or k.startswith(root + ".")} | {"<global>": d.get("Global", 0.0)}
     rec.attention_flops = strip(attn)
     forward, total = strip(forward), strip(total)
+    for path in rec.units:  # a unit's backward: its own nodes' (:mod:`.owners`), not the tracker's window
+        if path in forward:
+            total[path] = forward[path] + owners.flops.get(path, 0.0)
     for path, source in (replays.pairs if replays else []):
         _add_replayed(forward, total, rec.attention_flops, path, source)
     return forward, total
 
 
 def _add_replayed(forward: dict, total: dict, attention: dict, path: str, source: str) -> None:
-    """Credit a replayed unit, its ancestors and the whole model with ``source``'s FLOPs."""
+    """Credit a replayed unit, its ancestors and the whole model with ``source``'s FLOPs
+    (its forward, and the backward of the autograd nodes it created: :mod:`.owners`)."""
     f, t = forward.get(source, 0.0), total.get(source, 0.0)
     attention[path] = attention.get(source, 0.0)
     parts = path.split(".")
