@@ -4,8 +4,7 @@
 
 Per case: build the tiny model (examples/traced_models.py) from seed 0, train it under
 ``partita.parallelize`` for a few SGD steps on a fixed synthetic global batch (each rank
-its slice), and train an identical copy in this process alone on the whole batch (once per
-model: every case of a model has the same reference); rank 0
+its slice), and train an identical copy in this process alone on the whole batch; rank 0
 writes both loss curves and the largest parameter difference after training.
 """
 from __future__ import annotations
@@ -66,33 +65,6 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     return full.detach()
 
 
-#: each model's single-process reference run: (losses, parameters by name), computed once per process
-_REFERENCES: dict[str, tuple[list[float], dict]] = {}
-
-
-def _reference(name: str, model: torch.nn.Module) -> tuple[list[float], dict]:
-    """``model`` (fresh from seed 0) trained alone on the whole batch, SGD with momentum 0.9,
-    for STEPS steps: the same for every case of one model (the plan does not enter), so it
-    runs once per model, not once per case. The global RNG is left as it was (the parallel
-    run that follows sees the RNG it saw when the reference ran interleaved with it)."""
-    if name not in _REFERENCES:
-        rng = torch.get_rng_state()
-        reference = copy.deepcopy(model)
-        opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-        losses = []
-        for step in range(STEPS):
-            inputs = _global_inputs(name, step)
-            out = reference(**inputs) if isinstance(inputs, dict) else reference(*inputs)
-            loss = _loss(out, inputs)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(float(loss))
-        _REFERENCES[name] = (losses, dict(reference.named_parameters()))
-        torch.set_rng_state(rng)
-    return _REFERENCES[name]
-
-
 def run_case(case: str) -> dict:
     name, plan_text = case.split(":", 1)
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -103,7 +75,7 @@ def run_case(case: str) -> dict:
     model = built[0].eval()
     if len(built) > 2:
         model.partita_tp_plan = built[2]  # the example's TP plan (ViT)
-    ref_losses, ref_params = _reference(name, model)
+    reference = copy.deepcopy(model)
     sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
     if plan_text.startswith("auto"):  # the search picks the plan from a trace of one example micro-batch
         model.partita_example_inputs = built[1]  # through the public entry point: partita.parallelize(model, "auto,...")
@@ -112,9 +84,10 @@ def run_case(case: str) -> dict:
     else:
         plan = Plan.parse(plan_text + f",gbs={GLOBAL_BATCH}", world)
         pm = parallelize(model, plan, make_optimizer=sgd, device_type="cpu")
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     # mesh order (pp, dp, cp, tp): tp and pp ranks of one dp replica see the same samples
     share, dp_rank = GLOBAL_BATCH // plan.dp, (rank // plan.tp) % plan.dp
-    losses = []
+    losses, ref_losses = [], []
     flops = 0.0
     for step in range(STEPS):
         inputs = _global_inputs(name, step)
@@ -122,6 +95,13 @@ def run_case(case: str) -> dict:
         with _flop_counter() if step == 1 else contextlib.nullcontext() as counter:
             losses.append(pm.train_step(_slice(inputs, dp_rank * share, (dp_rank + 1) * share), _loss))
         flops = float(counter.get_total_flops()) if step == 1 else flops
+        out = reference(**inputs) if isinstance(inputs, dict) else reference(*inputs)
+        loss = _loss(out, inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(float(loss))
+    ref_params = dict(reference.named_parameters())
     # each rank compares the parameters it trains (all of them, except under pp: its stage's)
     diff, compared = 0.0, 0
     for n, p in pm.module.named_parameters():
