@@ -37,9 +37,6 @@ from partita.tracing import trace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples import traced_models  # noqa: E402
 
-pytest.importorskip("diffusers")
-pytest.importorskip("transformers")
-
 
 class _Sdpa(TorchFunctionMode):
     """Records the shapes of every ``F.scaled_dot_product_attention`` call."""
