@@ -348,3 +348,21 @@ def test_megatron_hsdp_zero1_sets_optimizer_instances():
         _args(export("megatron", flat, model).text)[0]).num_distributed_optimizer_instances == 1
     z3 = export("megatron", Plan(dp=16, zero=3, dp_shard=4, mbs=1, gbs=64, seq_len=4096), model)
     assert any("dp_shard=4" in w for w in z3.warnings)
+
+
+def test_weight_storage_knobs_reach_the_targets_that_run_them():
+    """fp8_param_gather goes out as Megatron's --fp8-param-gather (its option table accepts it and
+    the namespace carries it); reuse_fp32_param as MindSpeed's --reuse-fp32-param, and a Megatron
+    export of it warns that Megatron has no such flag (its memory would be 2 bytes/param above plan)."""
+    model = load_model("llama2-7b")
+    fp8 = Plan(dp=8, zero=1, dtype="fp8", fp8_param_gather=True, gbs=64)
+    ns = megatron_oracle.megatron_parser().parse_args(_args(export("megatron", fp8, model).text)[0])
+    assert ns.fp8_param_gather and ns.fp8 == "hybrid"
+    reuse = Plan(dp=8, zero=1, reuse_fp32_param=True, gbs=64)
+    out = export("mindspeed", reuse, model)
+    ns = megatron_oracle.mindspeed_parser().parse_args(_args(out.text)[0])
+    assert ns.reuse_fp32_param and ns.bf16
+    assert not any("reuse_fp32_param" in w for w in out.warnings)
+    meg = export("megatron", reuse, model)
+    assert "--reuse-fp32-param" not in _args(meg.text)[0]
+    assert any(w.startswith("reuse_fp32_param is MindSpeed's") for w in meg.warnings)

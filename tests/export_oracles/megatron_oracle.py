@@ -42,6 +42,7 @@ MINDSPEED_FLAGS = [
     ("--moe-layer-freq", "store", int, None),                   # _add_deepseek_moe_args (an int here)
     ("--num-layer-list", "store", str, None),                   # num_layer_list.py NumLayerListFeature
     ("--noop-layers", "store", str, None),                      # _add_training_args: identity layers
+    ("--reuse-fp32-param", "store_true", None, None),           # Ascend/MindSpeed 028de58 mindspeed/arguments.py
 ]
 
 

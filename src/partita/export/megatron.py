@@ -181,6 +181,8 @@ def _overlap_and_precision_args(plan: Plan, sharded_optimizer: bool) -> Megatron
         a.set("--fp16")
     if plan.dtype == "fp8":
         a.set("--fp8-format", "hybrid")
+    if plan.fp8_param_gather:  # fp8 weights only, gathered in fp8 (megatron/training/arguments.py)
+        a.set("--fp8-param-gather")
     if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
         a.set("--grad-reduce-in-bf16")  # Megatron-Core DDP: gradient buffers and reduction in bf16
     return a
@@ -198,6 +200,10 @@ def megatron_args(plan: Plan, model: ModelSpec | None = None, fsdp: str = "megat
     args.merge(_sharding_args(plan, model, fsdp, warn))
     args.merge(_overlap_and_precision_args(plan, "--use-distributed-optimizer" in args))
     warn += comm_knob_warnings(plan)
+    if plan.reuse_fp32_param:
+        warn.append("reuse_fp32_param is MindSpeed's --reuse-fp32-param (fp32 master = bf16 weight + 16-bit "
+                    "residual); Megatron-LM has no such flag, so its optimizer holds 2 bytes per parameter more "
+                    "than planned: export --to mindspeed, or re-plan without it")
     if plan.ddp_bucket_mb and plan.dp * plan.cp > 1:  # --ddp-bucket-size counts elements, not bytes
         args.set("--ddp-bucket-size", plan.ddp_bucket_mb * 2**20 // (2 if plan.grad_dtype == "bf16" else 4))
     if plan.schedule == "gpipe":
@@ -438,6 +444,9 @@ def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[Megatron
         raise PartitaError(f"layer_split {','.join(map(str, plan.layer_split))} with --moe-layer-freq "
                            f"{model.moe.layer_freq}: MindSpeed-LLM's noop layers would shift which layers are MoE; "
                            "re-plan with layers that divide into pp*vpp stages")
+    if plan.reuse_fp32_param:  # MindSpeed mindspeed/features_manager/memory/reuse_fp32_param.py
+        args.set("--reuse-fp32-param")
+        warn = [w for w in warn if not w.startswith("reuse_fp32_param is MindSpeed's")]
     from ..imports.finetune import mindspeed_finetune_flags
     tune, tune_warn = mindspeed_finetune_flags(plan)  # issue 36: MindSpeed-LLM's SFT / LoRA arguments
     for flag, *values in tune:
