@@ -40,11 +40,11 @@ def _unet(batch: int, sample: int, channels: tuple[int, ...], layers: tuple[int,
                   up_block_types=("CrossAttnUpBlock2D",) * (kinds - 1) + ("UpBlock2D",), layers_per_block=2,
                   transformer_layers_per_block=layers, attention_head_dim=heads, cross_attention_dim=cross,
                   norm_num_groups=groups, use_linear_projection=True)
-    if sdxl:
+    text = 1280 if cross == 2048 else cross  # SD-XL's pooled text embedding (OpenCLIP bigG) is 1280 wide
+    if sdxl:  # the added embedding reads 6 time ids, each embedded addition_time_embed_dim wide, beside the text
         kwargs.update(addition_embed_type="text_time", addition_time_embed_dim=256,
-                      projection_class_embeddings_input_dim=256 * 6 + 1280 if cross == 2048 else 8 * 6 + cross)
+                      projection_class_embeddings_input_dim=256 * 6 + text)
     model = UNet2DConditionModel(**kwargs)
-    text = 1280 if cross == 2048 else cross
     inputs = {"sample": torch.zeros(batch, 4, sample, sample), "timestep": torch.ones(batch),
               "encoder_hidden_states": torch.zeros(batch, 77, cross)}
     if sdxl:
