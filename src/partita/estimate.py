@@ -83,7 +83,18 @@ class Estimate:
 
     @property
     def model_flops_per_step(self) -> float:
-        return self.model.model_flops_per_token(self.plan.seq_len) * self.plan.tokens_per_step
+        """The MFU numerator: ``6 N + 3 A`` per token (:meth:`ModelSpec.model_flops_per_token`).
+        A LoRA step does no weight gradient for the frozen weights, so its model FLOPs are the
+        forward ``2 N`` and the input gradient ``2 N``, with attention's forward and backward
+        unchanged (it has no weights): ``4 N + 3 A`` (the adapters' own FLOPs, ``r / h`` of
+        these, are not counted, as 6 N counts no norm or softmax) - else a LoRA plan's MFU
+        reads 1.5x too high."""
+        model, seq = self.model, self.plan.seq_len
+        if self.plan.finetune == "lora" and hasattr(model, "matmul_params_per_token"):
+            per_token = 4 * model.matmul_params_per_token() + 3 * model.attention_flops_per_token(seq, True)
+        else:
+            per_token = model.model_flops_per_token(seq)
+        return per_token * self.plan.tokens_per_step
 
     @property
     def model_tflops_per_device(self) -> float:
