@@ -209,6 +209,9 @@ class SourceFacts:
     default_seq_len: int | None = None  # when the row leaves seq_len blank
     always_fsdp: bool = False  # every run shards parameters (ZeRO-3-like) whatever the cell says
     memory_stat: str = "not stated"  # what peak_mem_gib rows measure: allocated / reserved / device reading
+    #: the framework shards each expert's weights over the tensor-parallel group too (expert tensor
+    #: parallel = tp) where a row's notes state no ETP; False: the plan default etp = 1
+    experts_split_by_tp: bool = False
     defaults_note: str = ""  # facts above taken as the framework's defaults because the source is silent
 
 
@@ -286,6 +289,11 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         "(mindspore/core/utils/ms_context.cc; mindspore.set_context docs), and MindFormers' parallel_speed_up.json "
         "examples (llama2 model card) keep them false", "mindformers",
         overlap_grad_reduce=False, overlap_param_gather=False,
+        # MindFormers' training MoE FFN (LlamaFeedForward with expert_num > 1, the MoEV2 path) shards
+        # each expert's weights over expert_parallel *and* model_parallel: LlamaFeedForward.shard,
+        # "w1.shard(strategy_matmul=((dp, ep, 1, 1), (ep, mp, 1)))", w2 "(ep, 1, mp)", w3 "(ep, mp, 1)"
+        # (mindformers/models/llama/llama_layer.py, commit 01982a66): expert tensor parallel = tp.
+        experts_split_by_tp=True,
         defaults_note="grad dtype: not stated; Plan default"),
 }
 
@@ -458,11 +466,13 @@ def _int(value: str, default: int | None = None) -> int | None:
     return int(float(value))
 
 
-def _etp(notes: str) -> int:
+def _etp(notes: str, tp: int = 1, experts_split_by_tp: bool = False) -> int:
     """The expert tensor parallel size the row's notes state ("ETP=4 (expert tensor parallel)",
-    "ETP 1"); 1 when they state none (the plan default; Megatron's own default would be tp)."""
+    "ETP 1"); when they state none: ``tp`` for a framework that always shards experts over the
+    tensor-parallel group (:attr:`SourceFacts.experts_split_by_tp`: MindFormers), else 1 (the
+    plan default; Megatron's own default would be tp)."""
     m = re.search(r"\bETP[ =](\d+)", notes)
-    return int(m.group(1)) if m else 1
+    return int(m.group(1)) if m else (tp if experts_split_by_tp else 1)
 
 
 #: A row's notes stating that attention ran unfused (Megatron-Core ``--attention-backend
@@ -683,7 +693,7 @@ def _case(row: dict) -> Case:
     rc_layers = _recompute_layers(row["recompute"], row["measured_metric"], max(split or (model.layers // (pp * vpp),)))
     if rc_layers < 0:
         recompute, rc_layers = "none", 0
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=_etp(row["notes"]), layer_split=split,
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=_etp(row["notes"], tp, facts.experts_split_by_tp), layer_split=split,
                 sp=sp and tp > 1, zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp),
                 dp_shard=_dp_shard(row["zero_stage/fsdp"], dp), grad_accum_mode=_grad_accum_mode(row["zero_stage/fsdp"]),
                 mbs=mbs, gbs=gbs, seq_len=seq,
