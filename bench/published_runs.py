@@ -693,7 +693,8 @@ def _case(row: dict) -> Case:
     rc_layers = _recompute_layers(row["recompute"], row["measured_metric"], max(split or (model.layers // (pp * vpp),)))
     if rc_layers < 0:
         recompute, rc_layers = "none", 0
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=_etp(row["notes"], tp, facts.experts_split_by_tp), layer_split=split,
+    etp = _etp(row["notes"], tp, facts.experts_split_by_tp and bool(model.moe_layers))
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, layer_split=split,
                 sp=sp and tp > 1, zero=_zero(row["zero_stage/fsdp"], facts.always_fsdp),
                 dp_shard=_dp_shard(row["zero_stage/fsdp"], dp), grad_accum_mode=_grad_accum_mode(row["zero_stage/fsdp"]),
                 mbs=mbs, gbs=gbs, seq_len=seq,
