@@ -423,7 +423,7 @@ def dated_before_loss_compile(source: str) -> bool:
     return bool(dates) and min(dates) < LOSS_COMPILED_SINCE
 
 
-def runs_as(facts: SourceFacts, notes: str = "", source: str = "") -> str:
+def runs_as(facts: SourceFacts, notes: str = "", source: str = "", zero_cell: str = "") -> str:
     """The :mod:`partita.cost.frameworks` name a source's runs are estimated as run by;
     a row whose ``notes`` say it ran eager takes its framework's eager variant
     (:data:`EAGER_VARIANT`: torchtitan without torch.compile saves the unfused ops'
@@ -437,8 +437,14 @@ def runs_as(facts: SourceFacts, notes: str = "", source: str = "") -> str:
 
     A compiled torchtitan row whose ``source`` dates it before 2025-04
     (:func:`dated_before_loss_compile`) runs as ``torchtitan-eager-loss``: compiled blocks,
-    eager cross-entropy (its loss phase holds 12 bytes per logit, not 4: cost/memory.py)."""
+    eager cross-entropy (its loss phase holds 12 bytes per logit, not 4: cost/memory.py).
+
+    A row whose ``zero_stage/fsdp`` cell names DeepSpeed (``zero_cell``) ran on DeepSpeed
+    whatever its source's framework: Narayanan et al. SC'21 compare Megatron's PTD-P with
+    "ZeRO-3 without model parallelism" run in DeepSpeed (Sec. 5.3)."""
     name = RUNS_AS[facts.framework][0]
+    if zero_cell and "deepspeed" in zero_cell.lower():  # e.g. Narayanan et al.'s ZeRO-3 baseline
+        return "deepspeed"
     if runs_eager(notes):
         return EAGER_VARIANT.get(name, name)
     if name == "torchtitan" and dated_before_loss_compile(source):
@@ -702,7 +708,7 @@ def _case(row: dict) -> Case:
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
                 overlap_grad_reduce=facts.overlap_grad_reduce, overlap_param_gather=facts.overlap_param_gather,
-                framework=runs_as(facts, row["notes"], row["source"]), attention=_attention(row["notes"]))
+                framework=runs_as(facts, row["notes"], row["source"], row["zero_stage/fsdp"]), attention=_attention(row["notes"]))
     node_size = make_cluster(HARDWARE[hw_token]).devices_per_node
     per_node = nodes_of(node_size, n)
     nic = stated_network_gbps(row["hardware"], node_size)

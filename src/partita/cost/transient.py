@@ -148,6 +148,8 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
         return 0.0
     layer, unit, out = _fsdp_units(model, param_shape(plan), shape)
     w, g = (4 if plan.dtype == "fp32" else 2), _grad_bytes(plan)
+    if plan.framework == "deepspeed":
+        return min(_deepspeed_zero3_gathered(model, plan, w), unit * (w + g) + layer * w)
     if not shape.last:
         return unit * (w + g) + layer * w
     t_layer, t_logits = _layer_working(model, plan, shape), _logits_bytes(model, plan)
@@ -155,6 +157,44 @@ def _zero3_gathered(model: ModelSpec, plan: Plan, shape: RankShape, zero: int | 
     after_output = t_layer + g * out + 2 * w * layer
     other_units = t_layer + unit * (w + g) + layer * w
     return max(loss_phase, after_output, other_units) - max(t_layer, t_logits)
+
+
+#: DeepSpeed ZeRO-3's defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig):
+#: ``stage3_max_live_parameters`` 1e9 parameters gathered at once, ``reduce_bucket_size`` 5e8
+#: gradient elements per reduce-scatter bucket.
+DEEPSPEED_MAX_LIVE_PARAMS = 1e9
+DEEPSPEED_REDUCE_BUCKET = 5e8
+
+
+def _largest_linear(model: ModelSpec, tp: int) -> float:
+    """Parameters of a dense layer's largest weight matrix on one tensor-parallel rank: the
+    first MLP projection (``h x 2f`` fused gate and up when gated, ``h x f`` otherwise) or
+    the fused QKV projection (``h x (q + 2 kv)``)."""
+    h = model.hidden
+    mlp = h * model.ffn_hidden * (2 if model.gated else 1)
+    qkv = h * (model.q_dim + 2 * model.kv_dim) if not model.mla else 0
+    return max(mlp, qkv) / tp
+
+
+def _deepspeed_zero3_gathered(model: ModelSpec, plan: Plan, w: int) -> float:
+    """What DeepSpeed ZeRO-3 holds unsharded at the peak: ``w (max(M, S) + B + S)``.
+
+    DeepSpeed gathers parameters per submodule, not per layer: the partitioned-parameter
+    coordinator fetches the parameters of the submodule about to run (and prefetches the
+    next ones) and releases gathered parameters once more than ``stage3_max_live_parameters``
+    (``M``, default 1e9) are resident (deepspeed/runtime/zero/partitioned_param_coordinator.py,
+    ``fetch_sub_module`` / ``release_sub_module``; config.py: "The maximum number of
+    parameters resident per GPU before releasing"). A submodule larger than ``M`` is still
+    gathered whole, so at most ``max(M, S)`` working-dtype parameters, ``S`` the largest
+    weight matrix (:func:`_largest_linear`). Gradients are not kept per layer in the reduce
+    dtype as FSDP2 does: each submodule's working-dtype gradients (``S`` at most) are copied
+    into the reduce bucket of ``reduce_bucket_size`` (``B``, default 5e8) elements and
+    reduce-scattered into the fp32 partition (stage3.py, ``__add_grad_to_ipg_bucket`` /
+    ``__reduce_and_partition_ipg_grads``). The caller caps it at the FSDP2-style count
+    (a layer gathered with its gradients), which is smaller for small models. Known gaps:
+    MoE expert weights are taken as the dense MLP; a run that lowered ``M`` or ``B`` holds less."""
+    s = _largest_linear(model, plan.tp)
+    return w * (max(DEEPSPEED_MAX_LIVE_PARAMS, s) + DEEPSPEED_REDUCE_BUCKET + s)
 
 
 #: Frameworks whose zero 3 is PyTorch FSDP2 ``fully_shard`` (:func:`fsdp_stream_pool`).
