@@ -121,3 +121,56 @@ def test_fsdp2_all_gather_pool_is_reserved_not_allocated():
     zero1 = Plan(dp=8, zero=1, framework="torchtitan", seq_len=8192, mbs=1, gbs=8)
     shape = memory.rank_shapes(model, zero1)[0]
     assert memory.fsdp_stream_pool(model, zero1, shape) == 0.0
+
+
+#: What torch allocated at the peak of one step (weights + AdamW states + the profiler's running
+#: sum of alloc/free events, GiB) for the 4-layer HF Llama of tests/measure_lora_memory.py under
+#: its plan, fp32, one micro-batch: ``python tests/measure_lora_memory.py`` (2026-12-05, torch
+#: 2.13). The full run peaks in LogSoftmaxBackward0, before the first AccumulateGrad.
+MEASURED_SFT_GIB = {"lora": 0.3698, "full": 0.5407}
+
+
+def _sft_model(tmp_path):
+    """(model, plan text) of tests/measure_lora_memory.py, read from its source (it imports torch)."""
+    src = (ROOT / "measure_lora_memory.py").read_text()
+    config = src[src.index("CONFIG = dict("):src.index("\nPLAN = ")]  # the recorder's model, without importing torch
+    namespace: dict = {}
+    exec(config, namespace)  # noqa: S102 - a dict literal of this repository's own file
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(namespace["CONFIG"]))
+    plan_line = src[src.index("\nPLAN = ") + 8:].split("\n", 1)[0].strip('"')
+    return load_model(str(path)), plan_line
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_sft_peak_within_10_percent_of_torch(tmp_path, finetune):
+    """Issue 36: the predicted peak (less the CPU file's fixed runtime context, which the
+    allocator does not see) within 10 % of what torch allocated."""
+    model, plan_text = _sft_model(tmp_path)
+    plan = Plan.parse(f"{plan_text},finetune={finetune},lora_rank=16,framework=partita", world_size=1)
+    device = load_device("cpu")
+    parts = estimate_rank_memory(model, device, plan, 0).parts
+    predicted = (sum(parts.values()) - parts["runtime (context, workspaces)"]) / GIB
+    assert predicted == pytest.approx(MEASURED_SFT_GIB[finetune], rel=0.10)
+
+
+def test_gradients_freed_before_the_peak_only_where_nothing_keeps_them(tmp_path):
+    """Partita's runtime frees the gradients after each step (zero_grad(set_to_none=True)), so
+    at one micro-batch and with activations larger than gradients none is alive at the
+    peak; Megatron's main_grad buffer, DDP's buckets and gradient accumulation keep them."""
+    model, plan_text = _sft_model(tmp_path)
+    device = load_device("cpu")
+
+    def grads(**kw):
+        plan = Plan.parse(f"{plan_text},finetune=full", world_size=kw.pop("world", 1)).with_(**kw)
+        return estimate_rank_memory(model, device, plan, 0).parts["gradients"]
+
+    # fp32 gradient of every parameter of the HF Llama, counted from its config: untied embedding and
+    # head, per layer q/k/v/o (h x h each here) + gate/up/down (h x f) + two norms, the final norm
+    h, f, v, n = 512, 1408, 8192, 4
+    held = 4 * (2 * v * h + n * (4 * h * h + 3 * h * f + 2 * h) + h)  # = 0.0791 GiB, as the recorder sums them
+    assert grads(framework="partita") == 0.0
+    assert grads(framework="megatron") == pytest.approx(held, rel=0.01)
+    assert grads(framework="partita", gbs=4) == pytest.approx(held, rel=0.01)  # 2 micro-batches
+    assert grads(framework="partita", dp=2, gbs=4, zero=0, world=2) == pytest.approx(held, rel=0.01)  # DDP buckets
+    assert grads(framework="partita", dp=2, gbs=4, zero=1, world=2) == 0.0  # GradientSync: no DDP, nothing kept

@@ -51,6 +51,13 @@ field                       what it changes (where)
 ``grad_overlap_needs_ddp``  zero 0/1: the gradient all-reduce overlaps the backward only at zero
                             0 on a model DDP can wrap (no tp, pp, ep); otherwise one bucketed
                             all-reduce runs after the last micro-batch (:mod:`.step`)
+``persistent_grad_buffer``  the gradients live in a buffer allocated once and kept across steps
+                            (Megatron's contiguous ``main_grad`` buffer), so they are alive at the
+                            forward's end and the loss phase; False: ``zero_grad(set_to_none=True)``
+                            frees them after each step and backward re-creates them while it frees
+                            the activations - at one micro-batch per step the peak holds
+                            ``max(activations, gradients)``, not their sum
+                            (:meth:`.memory.MemoryParts.gradients_at_peak`)
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
@@ -113,6 +120,8 @@ class Framework:
     param_broadcast_per_tensor: bool = False
     #: zero 0/1: the gradient reduction overlaps the backward only where DDP wraps the model (zero 0, no tp/pp/ep)
     grad_overlap_needs_ddp: bool = False
+    #: gradients kept in a buffer across steps (Megatron main_grad); False: freed by zero_grad(set_to_none=True)
+    persistent_grad_buffer: bool = True
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -128,6 +137,9 @@ _MEGATRON_SOURCES = (
      "only for their own bucket's all-gather (megatron/core/distributed/param_and_grad_buffer.py)"),
     ("tp_comm_overlap", "--tp-comm-overlap: Transformer Engine userbuffers overlap the tp all-gather / "
      "reduce-scatter with the GEMMs"),
+    ("persistent_grad_buffer", "megatron/core/distributed/param_and_grad_buffer.py _ParamAndGradBuffer: one "
+     "contiguous grad_data tensor per dtype allocated at DDP construction, each param.main_grad a view into it; "
+     "zero_grad_buffer() zeroes it in place (grad_data.zero_()) - never freed"),
     ("fp8_cast_bytes", "Transformer Engine fp8: LayerNormLinear / LayerNormMLP emit the norm's and the "
      "activation's output in fp8 from the same kernel, and delayed scaling takes the scale from the amax "
      "history the producing kernel records - no separate cast or amax pass"),
@@ -145,6 +157,13 @@ _TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast
         ("zero0_autocast", "torchtitan/distributed/utils.py maybe_enable_amp: without FSDP the model trains "
          "under torch.autocast over fp32 parameters"),
         ("tp_comm_overlap", "torchtitan async TP (--parallelism.enable_async_tensor_parallel, needs compile)"),
+        ("persistent_grad_buffer", "kept True, though torchtitan/train.py train_step calls "
+         "self.optimizers.zero_grad() (set_to_none=True) and FSDP2 (torch/distributed/fsdp/_fully_shard/"
+         "_fsdp_param_group.py post_backward) assigns each step a new sharded gradient: its published peaks "
+         "(max_reserved of the CUDA caching allocator) stay linear in the activations with the gradients counted "
+         "- torchao float8nocompile's every-2nd-layer AC rows sit 0.50 of the way from no AC to full AC "
+         "(tests/test_recompute_layers.py), 0.556 if the gradients were freed. Unverified cause: the freed "
+         "gradient blocks stay reserved (too small for the activations' blocks); not measured here"),
         ("fp8_cast_bytes", "torchao.float8 Float8Linear with dynamic scaling (torchtitan --model.converters "
          "float8): each linear computes its input's and weight's amax (a reduction that must finish before the "
          "scale exists) and then casts, so per element one 2-byte read for the amax and a 2-byte read plus "
@@ -215,7 +234,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "partita": Framework("partita", eager_activations=True, checkpoint_early_stop=True, zero0_autocast=True,
                          tp_comm_overlap=False, fp8_cast_bytes=0.0, cp_kv_all_gather=True,
                          param_gather_overlap=False, zero1_grad_all_reduce=True, param_broadcast_per_tensor=True,
-                         grad_overlap_needs_ddp=True, sources=(
+                         grad_overlap_needs_ddp=True, persistent_grad_buffer=False, sources=(
         ("eager_activations", "partita.models: nn.RMSNorm, repeat_interleave before SDPA, F.silu(w1 x) * w3 x, "
          "eager MoE routing (tests/data/cost_oracles.json: saved-tensor hooks)"),
         ("checkpoint_early_stop", "partita.runtime.recompute: torch.utils.checkpoint(use_reentrant=False), early "
@@ -223,6 +242,10 @@ FRAMEWORKS: dict[str, Framework] = {
         ("zero0_autocast", "partita.runtime.parallelize: zero 0 trains fp32 parameters under torch.autocast "
          "(tests/data/cost_oracles.json: the tensors each rank holds)"),
         ("tp_comm_overlap", "partita.runtime.tensor_parallel: DTensor collectives, no async TP"),
+        ("persistent_grad_buffer", "partita.runtime.parallelize._clip_and_step: optimizer.zero_grad(set_to_none="
+         "True) after each step; zero 1's GradientSync flattens into a temporary, FSDP2 as torchtitan's; DDP "
+         "(zero 0, dp > 1) keeps its buckets. Profile of tests/measure_lora_memory.py (full SFT, one micro-batch): "
+         "the peak is in LogSoftmaxBackward0, before the first AccumulateGrad"),
         ("cp_kv_all_gather", "partita.runtime.context_parallel: K and V all-gathered over the cp group in an "
          "autograd function (reduce-scatter of dK, dV backward), the all-gather form of Llama 3's context "
          "parallelism (Llama 3 paper, sec. 3.3.2)"),

@@ -32,6 +32,7 @@ from .frameworks import FRAMEWORKS
 from .pipeline import in_flight_chunks
 from .placement import RankShape, all_rank_layers, distinct_shapes, rank_shapes, recomputed_layers  # noqa: F401
 from .shape import LayerShape, layer_shape
+from .step import _ddp_wraps
 from .states import (FP8_WEIGHT_CACHE, _grad_bytes, _shape_params, _state_bytes, expert_state_shard,  # noqa: F401
                      fp8_weight_cache, full_gradients, grad_bytes, model_state_bytes, shape_params, state_shard,
                      tp_replicated_params)
@@ -103,10 +104,32 @@ class MemoryParts(NamedTuple):
     buffers: float  # communicator buffers
     #: reserved but not allocated at the peak: FSDP2's all-gather pool (:func:`fsdp_stream_pool`)
     stream_pool: float = 0.0
+    #: the gradients are alive through the whole step (:func:`gradients_persist`); ``gradients``
+    #: is what the rank holds after backward either way
+    gradients_persist: bool = True
+
+    def gradients_at_peak(self) -> float:
+        """Gradient bytes alive at the peak: all of them when they persist, else
+        ``max(0, gradients - activations)``, so the peak holds ``max(activations, gradients)
+        + transient`` instead of their sum.
+
+        Why: after ``zero_grad(set_to_none=True)`` no gradient exists during the forward and
+        the loss phase, where the activations are all alive; backward then frees layer ``i``'s
+        activations as it creates layer ``i``'s gradients. With ``L`` like layers, at layer
+        ``i`` from the top the rank holds about ``(i/L) G + (1 - i/L) A`` plus one layer's
+        working set (at most the transient): linear in ``i``, so its largest value is at an
+        end - ``A`` at the start, ``G`` at the end - and ``max(A, G) + transient`` bounds the
+        step. Measured: the full SFT run of tests/measure_lora_memory.py peaks in
+        ``LogSoftmaxBackward0``, before the first ``AccumulateGrad`` (torch.profiler memory
+        events; docs/finetune.md)."""
+        if self.gradients_persist:
+            return self.gradients
+        return max(0.0, self.gradients - self.activations)
 
     def allocated(self) -> float:
-        """What the rank allocates: the sum of the parts."""
-        return (self.weights + self.gradients + self.optimizer + self.activations + self.transient
+        """What the rank allocates at its peak: the sum of the parts, the gradients as
+        :meth:`gradients_at_peak` counts them."""
+        return (self.weights + self.gradients_at_peak() + self.optimizer + self.activations + self.transient
                 + self.zero3_gathered + self.buffers)
 
     def peak(self, device: Device) -> float:
@@ -118,8 +141,9 @@ class MemoryParts(NamedTuple):
                 + device.runtime_reserved_gib * GIB)
 
     def breakdown(self, device: Device) -> dict[str, float]:
-        """The parts by label, as `partita estimate` prints them (their sum is :meth:`peak`)."""
-        out = {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+        """The parts by label, as `partita estimate` prints them (their sum is :meth:`peak`;
+        ``gradients``: those alive at the peak, :meth:`gradients_at_peak`)."""
+        out = {"weights": self.weights, "gradients": self.gradients_at_peak(), "optimizer": self.optimizer,
                "activations": self.activations, "transient": self.transient}
         if self.zero3_gathered:
             out["zero3 gathered layers"] = self.zero3_gathered
@@ -188,7 +212,20 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     if plan.finetune == "lora":  # frozen base weights and trainable adapters (cost/finetune.py)
         out = lora_memory_parts(model, plan, shape, out, grad_b, (dense_shard, expert_shard), full, fp8_cache,
                                 zero0_autocast)
+    if not gradients_persist(plan):
+        out = {k: p._replace(gradients_persist=False) for k, p in out.items()}
     return out
+
+
+def gradients_persist(plan: Plan) -> bool:
+    """Whether the gradients are alive through the whole step, the loss phase included: the
+    framework keeps a gradient buffer across steps (:attr:`.frameworks.Framework.persistent_grad_buffer`),
+    torch DDP wraps the model (its buckets are allocated once, ``gradient_as_bucket_view`` or
+    not: torch/csrc/distributed/c10d/reducer.cpp), or a later micro-batch's forward runs while
+    the earlier micro-batches' gradients are accumulated (``grad_accum > 1``); else
+    :meth:`MemoryParts.gradients_at_peak` counts them."""
+    return (FRAMEWORKS[plan.framework].persistent_grad_buffer or plan.grad_accum > 1
+            or (_ddp_wraps(plan) and plan.dp * plan.cp > 1))
 
 
 def peak_memory_ladder(model: ModelSpec, device: Device, plan: Plan,
