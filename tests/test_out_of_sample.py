@@ -23,8 +23,8 @@ def _step(rows):
 
 
 def test_leave_one_source_out_error():
-    """Measured (python bench/validate_published.py): 417 step times, median 10.8 %, p90 28.0 %,
-    MoE 9.9 % (11.0 % / 28.4 % while the power-limited B200's bf16 gemm was fitted: fit.NOT_FITTED);
+    """Measured (python bench/validate_published.py): 417 step times, median 10.8 %, p90 27.8 %,
+    MoE 9.6 % (11.0 % / 28.4 % while the power-limited B200's bf16 gemm was fitted: fit.NOT_FITTED);
     the bounds sit just above. (fit.py's old --loso said 9.9 % / 30.8 %: it refitted
     from the shipped constants, which had seen the held-out source, and predicted single-source
     devices - MI300X, Ascend - with their own fit.)"""
@@ -40,7 +40,7 @@ def test_leave_one_source_out_error():
 
 def test_time_split_error():
     """Fitted on the rows published before 2025-01 (2021-2024), the 152 later step times:
-    median 17.3 %, p90 43.0 %, median signed +9.2 % (predicted too slow - the bias the issue's
+    median 16.0 %, p90 43.0 %, median signed +9.2 % (predicted too slow - the bias the issue's
     held-out runs showed, 12 %)."""
     step = oos.summary(_step(oos.time_split_predictions(FITS)))
     assert step["rows"] == 152
