@@ -100,6 +100,6 @@ def inject_nan(pm, rank: int, current_step) -> None:
     for name in ("_accumulate", "_pipeline_step"):
         original = getattr(pm, name)
 
-        def run(inputs, targets, original=original):
-            return nan_loss(pm, rank, current_step(), original(inputs, targets))
+        def run(inputs, targets, *args, _original=original, **kwargs):  # args: e.g. packed rows' positions
+            return nan_loss(pm, rank, current_step(), _original(inputs, targets, *args, **kwargs))
         setattr(pm, name, run)
