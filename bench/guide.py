@@ -70,7 +70,8 @@ HEADER = "| setting | layout | step s | peak GiB | fits | tokens/s/device | MFU 
 def row(label: str, e: Estimate | str) -> str:
     if isinstance(e, str):
         return f"| {label} | - | - | - | invalid: {e} | - | - |"
-    fits = "yes" if e.fits else f"no (+{-e.headroom_gib:.1f})"
+    fits = {"fits": "yes", "at risk": f"at risk (+{-e.headroom_gib:.1f}, P(fit) {e.p_fit:.2f})"}.get(
+        e.verdict, f"no (+{-e.headroom_gib:.1f})")
     return (f"| {label} | `{e.plan.summary()}` | {e.step_time_s:.2f} | {e.peak_memory_gib:.1f} | {fits} | "
             f"{e.tokens_per_s_per_device:,.0f} | {e.mfu:.1%} |")
 
@@ -83,7 +84,7 @@ def table(sc: Scenario, hardware: str, variants: list[tuple[str, dict]]) -> tupl
 
 def fastest_fitting(got: dict[str, Estimate | str]) -> str:
     """The fastest setting that fits, in words (the rule's conclusion on this scenario)."""
-    ok = {k: e for k, e in got.items() if isinstance(e, Estimate) and e.fits}
+    ok = {k: e for k, e in got.items() if isinstance(e, Estimate) and e.verdict == "fits"}
     if not ok:
         return "none of these settings fits"
     best = min(ok, key=lambda k: ok[k].step_time_s)
@@ -198,10 +199,11 @@ Ascend 910B2 (64 GiB HBM, HCCS full mesh of 8 inside a node, RoCE between) and o
 (80 GiB, NVLink switch of 8, InfiniBand between). Columns: the layout (`dp/tp/pp/cp/ep`
 degrees, `+sp` sequence parallel, `pp4v2` 4 stages x 2 interleaved chunks, `z` ZeRO stage,
 `mbs1x32` micro-batch 1 x 32 accumulation steps, `rc-` recomputation), step time, the peak
-memory of the most loaded rank, whether it **fits** - one definition everywhere: the peak,
-allocator slack and runtime reservation included, is at most the memory limit, here the
-device's whole usable memory (`partita estimate`; `partita plan` keeps a 5% headroom below
-it, `--headroom`); "no (+x)" says by how many GiB it is over - then tokens/s per device and MFU.
+memory of the most loaded rank, whether it **fits** - one definition everywhere (estimate, plan,
+import, reports): "yes" when the peak, allocator slack and runtime reservation included, is at
+most the device's usable memory; "at risk (+x, P(fit) p)" when it is x GiB over but the
+out-of-sample memory residuals still give it a P(fit) of at least 5 % (the search keeps such
+plans, marked); "no (+x)" below that - then tokens/s per device and MFU.
 
 How to use it: run `partita plan` for your model, cluster and batch; it searches every
 combination below in about a second and prints why it did not pick the nearest alternatives
