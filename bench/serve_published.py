@@ -1,0 +1,206 @@
+"""Predict published serving benchmarks with ``partita serve``'s model; report the error per
+source; write the 80 % interval table ``partita serve`` reads.
+
+Every row of ``data/published_serving.csv`` (one measured figure with its source, URL and the
+quoted table line) is predicted with the serving model as a user would ask it: the model, the
+device file from the catalog, the replica's tp / pp, the workload's mean prompt and output
+lengths, and the scenario the source ran:
+
+* ``single_prefill`` - batch 1, one output token: TTFT = :func:`latency.prefill_time`;
+* ``static_batch`` - TensorRT-LLM's ``gptSessionBenchmark``: ``B`` prompts prefill, then ``O``
+  decode steps at batch ``B``: ``out_tok_s = B O / (B S + O t_dec(B))``;
+* ``poisson`` - requests at a rate: :func:`partita.serve.search.evaluate` (the M/D/1 prefill
+  queue and the shared replica of :mod:`partita.serve.queueing`) gives TTFT and TPOT;
+* ``saturated`` - every request at once (rate ``inf``, offline): ``N`` = the KV pool's
+  sequences, capped by the engine's batch limit where the source names it; the replica
+  sustains ``lambda = N / (O t_dec(N) + N S)`` (queueing approximation 3), so
+  ``out_tok_s = lambda O`` and ``TPOT = t_dec(N) / (1 - lambda S)``.
+
+**Nothing is fitted on these rows**: every prediction uses the catalog's device files as
+they are (fitted on training runs, not on these). All errors are out of sample. The
+intervals are split conformal (Vovk et al. 2005; Lei et al. 2018, sec. 2.2) on the log
+residuals ``r = ln(measured / predicted)`` per metric, as :mod:`partita.uncertainty` does for
+training; their coverage is measured leave-one-source-out: each source's rows are checked
+against bounds built from the other sources' residuals only.
+
+Run ``python bench/serve_published.py`` (prints the report; about a second);
+``--write`` also rewrites ``src/partita/catalog/serve_intervals.json``; ``--json`` prints
+the per-row predictions as JSON. Rerun with ``--write`` whenever the serving model changes.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from partita.models.registry import resolve_model  # noqa: E402
+from partita.serve import latency  # noqa: E402
+from partita.serve.intervals import INTERVALS_FILE, LEVEL, METRICS, bounds_from  # noqa: E402
+from partita.serve.memory import serve_memory  # noqa: E402
+from partita.serve.queueing import colocated_rate  # noqa: E402
+from partita.serve.search import evaluate  # noqa: E402
+from partita.serve.workload import Layout, Workload  # noqa: E402
+from partita.spec.hardware import load_device  # noqa: E402
+
+CSV = ROOT / "data" / "published_serving.csv"
+
+
+@dataclass
+class Row:
+    """One published figure and its prediction."""
+
+    source: str
+    engine: str
+    model: str
+    hardware: str
+    metric: str
+    scenario: str
+    measured: float
+    predicted: float
+
+    @property
+    def residual(self) -> float:
+        """ln(measured / predicted): the conformal score (positive: the model is optimistic)."""
+        return math.log(self.measured / self.predicted)
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction: predicted / measured - 1."""
+        return self.predicted / self.measured - 1
+
+
+def load_rows(path: Path = CSV) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def predict(rec: dict[str, str]) -> float:
+    """The serving model's figure for one CSV row (module docstring)."""
+    model = resolve_model(rec["model"]).spec()
+    device = load_device(rec["hardware"])
+    tp, pp, per_node = int(rec["tp"]), int(rec["pp"]), int(rec["devices_per_node"])
+    layout = Layout(tp, pp, 1, "bf16", dtype=rec["dtype"])
+    P, O, metric = int(rec["prompt_len"]), int(rec["output_len"]), rec["metric"]
+    scenario = rec["scenario"]
+    prefill = latency.prefill_time(model, device, layout, P, per_node)
+    if scenario == "single_prefill":
+        return prefill
+    if scenario == "static_batch":
+        B = int(rec["batch"])
+        t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node)
+        return B * O / (B * prefill + O * t_dec)
+    if scenario == "poisson":
+        res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node)
+        return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
+    if scenario == "saturated":
+        n = serve_memory(model, device, layout, P + O).max_seqs
+        if rec["batch"]:
+            n = min(n, int(rec["batch"]))
+        t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node)
+        lam = colocated_rate(n, O, t_dec, prefill)
+        return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * prefill)}[metric]
+    raise ValueError(f"unknown scenario {scenario!r}")
+
+
+def predict_all(path: Path = CSV) -> list[Row]:
+    return [Row(r["source"], r["engine"], r["model"], r["hardware"], r["metric"], r["scenario"],
+                float(r["value"]), predict(r)) for r in load_rows(path)]
+
+
+def summary(rows: list[Row]) -> dict[str, float]:
+    """Median and p90 of |error|, and the median signed error (predicted / measured - 1)."""
+    errs = sorted(abs(r.error) for r in rows)
+    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
+    return {"rows": len(rows), "median": statistics.median(errs), "p90": p90,
+            "signed": statistics.median(r.error for r in rows)}
+
+
+def per_source(rows: list[Row]) -> dict[str, dict[str, dict[str, float]]]:
+    """{source: {metric: summary}} and the same over all sources under "all"."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for src in sorted({r.source for r in rows}) + ["all"]:
+        mine = [r for r in rows if src in ("all", r.source)]
+        out[src] = {m: summary([r for r in mine if r.metric == m]) for m in METRICS
+                    if any(r.metric == m for r in mine)}
+    return out
+
+
+def loso_coverage(rows: list[Row]) -> dict[str, tuple[int, int]]:
+    """Per metric (and "all"): rows inside the 80 % interval built from the *other* sources'
+    residuals of that metric, and rows checked (leave-one-source-out split conformal)."""
+    out: dict[str, tuple[int, int]] = {}
+    total_in = total = 0
+    for metric in METRICS:
+        mine = [r for r in rows if r.metric == metric]
+        inside = checked = 0
+        for src in {r.source for r in mine}:
+            others = sorted(r.residual for r in mine if r.source != src)
+            if len(others) < 2:
+                continue
+            lo, hi = bounds_from(others, LEVEL)
+            for r in mine:
+                if r.source == src:
+                    checked += 1
+                    inside += lo <= r.residual <= hi
+        out[metric] = (inside, checked)
+        total_in, total = total_in + inside, total + checked
+    out["all"] = (total_in, total)
+    return out
+
+
+def table_json(rows: list[Row]) -> dict:
+    """The interval table ``partita serve`` reads (:mod:`partita.serve.intervals`)."""
+    cov = loso_coverage(rows)
+    metrics = {}
+    for m in METRICS:
+        mine = [r for r in rows if r.metric == m]
+        metrics[m] = {"residuals": sorted(round(r.residual, 5) for r in mine), "rows": len(mine),
+                      "sources": len({r.source for r in mine})}
+    return {"level": LEVEL,
+            "method": "split conformal on ln(measured / predicted) of data/published_serving.csv, nothing fitted "
+                      "on those rows (bench/serve_published.py)",
+            "metrics": metrics,
+            "loso_coverage": {k: {"inside": a, "rows": b} for k, (a, b) in cov.items()}}
+
+
+def report(rows: list[Row]) -> str:
+    lines = ["Published serving benchmarks vs partita serve - all out of sample (nothing is fitted on these rows)",
+             "error = predicted / measured - 1; median and p90 of |error|, signed = median signed error", ""]
+    for src, by_metric in per_source(rows).items():
+        lines.append(src if src != "all" else "ALL SOURCES")
+        for m, s in by_metric.items():
+            lines.append(f"  {m:10s} rows {s['rows']:3d}  median {s['median']:6.1%}  p90 {s['p90']:6.1%}  "
+                         f"signed {s['signed']:+6.1%}")
+    cov = loso_coverage(rows)
+    lines.append("")
+    lines.append("80 % intervals, coverage leave-one-source-out: " + ", ".join(
+        f"{k} {a}/{b}" + (f" ({a / b:.0%})" if b else "") for k, (a, b) in cov.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--write", action="store_true", help=f"rewrite {INTERVALS_FILE.relative_to(ROOT)}")
+    p.add_argument("--json", action="store_true", help="print the per-row predictions as JSON")
+    args = p.parse_args(argv)
+    rows = predict_all()
+    if args.json:
+        print(json.dumps([r.__dict__ | {"error": r.error} for r in rows], indent=1))
+    else:
+        print(report(rows))
+    if args.write:
+        INTERVALS_FILE.write_text(json.dumps(table_json(rows), indent=1) + "\n")
+        print(f"wrote {INTERVALS_FILE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
