@@ -38,7 +38,7 @@ def test_the_issue_command_prints_layouts_memory_latency_and_why_not(capsys):
     code, out, err = run(DONE_WHEN, capsys)
     assert code == 0, err
     for text in ("tp/pp/dpa/ep", "weights", "KV pool", "TTFT ms", "TPOT ms", "goodput", "why not",
-                 "intervals: not yet available", "no layout sustains 10 req/s"):
+                 "80 % intervals", "no layout sustains 10 req/s"):
         assert text in out, text
 
 
@@ -52,7 +52,7 @@ def test_json_ranks_fitting_layouts_first_and_explains(capsys):
     assert caps == sorted(caps, reverse=True)  # ranked by capacity among those that meet the targets
     mem = best["memory_bytes"]
     assert mem["weights"] + mem["kv"] + mem["activations"] + mem["workspace"] == pytest.approx(mem["limit"])
-    assert data["why_not"] and data["intervals"] is None
+    assert data["why_not"] and data["interval"]["level"] == 0.8
 
 
 def test_unknown_model_is_one_line_with_close_names(capsys):

@@ -15,9 +15,18 @@ from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_DEVICES_PER_NODE
 from .types import finite_float, positive_int
 
-INTERVALS_NOTE = ("intervals: not yet available - these are point estimates (partita.uncertainty's residuals are "
-                  "of training step times and memory; serving intervals need published serving runs, not yet "
-                  "collected)")
+INTERVALS_NOTE = ("intervals (in brackets): 80 %, split conformal on the out-of-sample errors of {rows} published serving "
+                  "benchmarks (vLLM, SGLang, TensorRT-LLM on A100/H100; none on Ascend yet), coverage "
+                  "leave-one-source-out {cov}; see docs/serve.md")
+
+
+def intervals_note() -> str:
+    """The last line of the text output: where the intervals come from and what they cover."""
+    from ..serve.intervals import table
+    tab = table()
+    cov = tab.get("loso_coverage", {}).get("all", {})
+    rows = sum(len(r.values) for r in tab["residuals"].values())
+    return INTERVALS_NOTE.format(rows=rows, cov=f"{cov['inside'] / cov['rows']:.0%}" if cov.get("rows") else "n/a")
 
 
 def add_parser(sub) -> None:
@@ -83,7 +92,7 @@ def _to_json(args, spec, device, work, result) -> dict:
             "layouts_considered": result.considered,
             "layouts": [r.to_dict() for r in result.results[:args.top]],
             "why_not": result.why_not, "devices_needed": devices_needed(result.best, work),
-            "intervals": None, "intervals_note": INTERVALS_NOTE}
+            "interval": result.best.interval(), "intervals_note": intervals_note()}
 
 
 def devices_needed(best, work) -> int | None:
@@ -122,7 +131,7 @@ def _print(args, spec, device, work, result) -> None:
     console.print(serve_table(result.results[:args.top], work))
     for line in summary_lines(spec, device, args.devices, work, result, devices_needed(result.best, work)):
         console.print(line, highlight=False)
-    console.print(INTERVALS_NOTE, highlight=False)
+    console.print(intervals_note(), highlight=False)
 
 
 GIB = 1024 ** 3
@@ -154,12 +163,27 @@ def serve_table(results, work):
     return t
 
 
+def _span(value: float, bounds, fmt) -> str:
+    return fmt(value) + (f" [{fmt(bounds[0])}-{fmt(bounds[1])}]" if bounds else "")
+
+
+def interval_line(best) -> str:
+    """The best layout's figures with their 80 % intervals, e.g. "TTFT 52 ms [50-248]"."""
+    iv = best.interval() or {}
+    parts = [f"TTFT {_span(best.ttft, iv.get('ttft_s'), lambda v: _ms(v))} ms",
+             f"TPOT {_span(best.tpot, iv.get('tpot_s'), lambda v: _ms(v))} ms",
+             f"capacity {_span(best.capacity, iv.get('capacity_rps'), lambda v: f'{v:.2f}')} req/s",
+             f"goodput {_span(best.goodput_per_device, iv.get('goodput_tokens_per_s_per_device'), lambda v: f'{v:.0f}')}"
+             " tok/s/device"]
+    return f"best layout, 80 % intervals: {', '.join(parts)}"
+
+
 def summary_lines(spec, device, devices, work, result, needed) -> list[str]:
     """The best layout in words, what the rate needs, the prefill time, and the why-not lines."""
     best = result.best
     head = (f"{spec.name} on {devices} x {device.name}: best {best.layout.describe()}; prefill of one prompt "
             f"{best.prefill * 1e3:.0f} ms; {result.considered} layouts considered")
-    lines = [head]
+    lines = [head, interval_line(best)]
     if not best.stable:
         more = f"; about {needed} devices for {work.rate:g} req/s" if needed else ""
         lines.append(f"no layout sustains {work.rate:g} req/s on {devices} devices: the best sustains "

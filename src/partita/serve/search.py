@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
 from . import latency
+from .intervals import serve_interval
 from .memory import GIB, ServeMemory, serve_memory
 from .queueing import Operating, colocated, colocated_rate, decode_only, md1_max_load, md1_wait
 from .workload import Layout, Workload
@@ -119,8 +120,15 @@ class ServeResult:
         out.update(decoding_seqs=_finite(self.seqs), latencies_at_rps=self.shown_rate, stable=self.stable,
                    meets_targets=self.meets,
                    capacity_rps=self.capacity, goodput_tokens_per_s_per_device=self.goodput_per_device,
-                   rejected=self.rejected or None)
+                   rejected=self.rejected or None, interval=self.interval())
         return out
+
+    def interval(self) -> dict[str, Any] | None:
+        """The 80 % interval of TTFT, TPOT, capacity and goodput (:mod:`.intervals`); None
+        for a layout that does not fit."""
+        if not self.memory.fits:
+            return None
+        return serve_interval(self.ttft, self.tpot, self.capacity, self.goodput_per_device)
 
 
 def _finite(x: float) -> float | None:
