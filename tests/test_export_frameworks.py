@@ -73,8 +73,26 @@ def test_plan_framework_then_export_passes_the_targets_checks(capsys, tmp_path, 
         path.write_text(json.dumps(row["plan"]))
         out = tmp_path / "out.txt"
         assert main(["export", "--to", target, str(path), "--model", model_name, "-o", str(out)]) == 0, plan.summary()
-        capsys.readouterr()
+        assert NOT_RUN not in capsys.readouterr().err  # a plan the search proposed for T is one T runs
         accept(target, out.read_text(), plan, model)
+
+
+NOT_RUN = "will not run this plan as estimated"
+
+
+@pytest.mark.parametrize("target,fields,reason", [
+    ("deepspeed", "tp=2,pp=2,dp=2,gbs=16,mbs=1", "deepspeed cannot run tp and pp together"),
+    ("torchtitan", "tp=2,dp=4,gbs=16,mbs=1,zero=2", "torchtitan has no ZeRO-2"),
+])
+def test_export_of_a_plan_the_framework_does_not_run_says_so_first(target, fields, reason):
+    """The exporters write their closest equivalent of a plan they can express (Megatron and
+    MindSpeed refuse the rest in one line), but one the search's table
+    (search/capabilities.py) says the target does not run is flagged first, with the reason
+    the search gives; the same plan for a framework that runs it is not flagged."""
+    plan, model = Plan.parse(fields), load_model("llama3-8b")
+    warnings = export(target, plan, model).warnings
+    assert warnings[0].startswith(reason) and NOT_RUN in warnings[0]
+    assert not any(NOT_RUN in w for w in export("megatron", plan.with_(zero=1), model).warnings)
 
 
 def test_plan_export_writes_plan_1_as_printed(capsys):

@@ -6,7 +6,8 @@ is for) searches only the layouts and knobs T runs, so that ``--export T`` write
 Each :class:`Capabilities` field names one thing a framework does or does not run, and
 ``sources`` cites, per field, the framework code or documentation that says so. The
 exporters (:mod:`partita.export`) keep their own refusals, worded for a plan file given by
-hand; tests/test_frameworks.py checks that every plan this table lets through exports to its
+hand, and flag first, with this table's reason, a plan they can write but the framework does
+not run as planned (DeepSpeed tp with pp, torchtitan ZeRO-1/2); tests/test_frameworks.py checks that every plan this table lets through exports to its
 framework and passes that framework's own parser (tests/export_oracles).
 
 The estimate-side differences of a framework (what it saves, recomputes, overlaps) are in
