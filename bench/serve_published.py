@@ -12,9 +12,14 @@ lengths, and the scenario the source ran:
 * ``poisson`` - requests at a rate: :func:`partita.serve.search.evaluate` (the M/D/1 prefill
   queue and the shared replica of :mod:`partita.serve.queueing`) gives TTFT and TPOT;
 * ``saturated`` - every request at once (rate ``inf``, offline): ``N`` = the KV pool's
-  sequences, capped by the engine's batch limit where the source names it; the replica
+  sequences, capped by the engine's batch limit and the number of prompts; the replica
   sustains ``lambda = N / (O t_dec(N) + N S)`` (queueing approximation 3), so
-  ``out_tok_s = lambda O`` and ``TPOT = t_dec(N) / (1 - lambda S)``.
+  ``out_tok_s = lambda O`` and ``TPOT = t_dec(N) / (1 - lambda S)``;
+* ``concurrency`` - a closed loop with ``N`` requests in flight: the same formulas with ``N``
+  fixed, and ``TTFT = S + t_dec(N) / 2`` (no queue; the decode step in flight finishes first).
+
+Mean lengths stand for each run's distribution (ShareGPT's spread is not modelled), and a
+burst of a few hundred prompts is read as a steady state: its ramp-up and tail are not.
 
 **Nothing is fitted on these rows**: every prediction uses the catalog's device files as
 they are (fitted on training runs, not on these). All errors are out of sample. The
@@ -43,7 +48,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from partita.models.registry import resolve_model  # noqa: E402
 from partita.serve import latency  # noqa: E402
-from partita.serve.intervals import INTERVALS_FILE, LEVEL, METRICS, bounds_from  # noqa: E402
+from partita.serve.intervals import (CLASSES, INTERVALS_FILE, LEVEL, METRICS, SATURATED, bounds_from,  # noqa: E402
+                                     interval_class)
 from partita.serve.memory import serve_memory  # noqa: E402
 from partita.serve.queueing import colocated_rate  # noqa: E402
 from partita.serve.search import evaluate  # noqa: E402
@@ -65,6 +71,11 @@ class Row:
     scenario: str
     measured: float
     predicted: float
+
+    @property
+    def cls(self) -> str | None:
+        """The interval class (:func:`partita.serve.intervals.interval_class`)."""
+        return interval_class(self.metric, self.scenario)
 
     @property
     def residual(self) -> float:
@@ -100,13 +111,14 @@ def predict(rec: dict[str, str]) -> float:
     if scenario == "poisson":
         res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node)
         return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
-    if scenario == "saturated":
+    if scenario in ("saturated", "concurrency"):
         n = serve_memory(model, device, layout, P + O).max_seqs
         if rec["batch"]:
             n = min(n, int(rec["batch"]))
         t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node)
         lam = colocated_rate(n, O, t_dec, prefill)
-        return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * prefill)}[metric]
+        return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * prefill),
+                "ttft_s": prefill + t_dec / 2}[metric]
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -134,12 +146,12 @@ def per_source(rows: list[Row]) -> dict[str, dict[str, dict[str, float]]]:
 
 
 def loso_coverage(rows: list[Row]) -> dict[str, tuple[int, int]]:
-    """Per metric (and "all"): rows inside the 80 % interval built from the *other* sources'
-    residuals of that metric, and rows checked (leave-one-source-out split conformal)."""
+    """Per interval class (and "all"): rows inside the 80 % interval built from the *other*
+    sources' residuals of that class, and rows checked (leave-one-source-out split conformal)."""
     out: dict[str, tuple[int, int]] = {}
     total_in = total = 0
-    for metric in METRICS:
-        mine = [r for r in rows if r.metric == metric]
+    for metric in CLASSES:
+        mine = [r for r in rows if r.cls == metric]
         inside = checked = 0
         for src in {r.source for r in mine}:
             others = sorted(r.residual for r in mine if r.source != src)
@@ -160,8 +172,8 @@ def table_json(rows: list[Row]) -> dict:
     """The interval table ``partita serve`` reads (:mod:`partita.serve.intervals`)."""
     cov = loso_coverage(rows)
     metrics = {}
-    for m in METRICS:
-        mine = [r for r in rows if r.metric == m]
+    for m in CLASSES:
+        mine = [r for r in rows if r.cls == m]
         metrics[m] = {"residuals": sorted(round(r.residual, 5) for r in mine), "rows": len(mine),
                       "sources": len({r.source for r in mine})}
     return {"level": LEVEL,
@@ -186,13 +198,48 @@ def report(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+SHORT = {"NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)", "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
+         "surajssd/llm-k8s": "vLLM nightly suite on 2 x ND96asr_v4",
+         "GPUStack performance lab: Optimizing Qwen3-30B": "GPUStack: Qwen3-30B-A3B, vLLM-Ascend, 910B",
+         "GPUStack performance lab: Optimizing Qwen3-235B": "GPUStack: Qwen3-235B-A22B, vLLM/SGLang, 8 x H100"}
+
+
+def short(source: str) -> str:
+    """A source's short name in the docs table (the CSV keeps the full one)."""
+    return next((v for k, v in SHORT.items() if source.startswith(k)), source)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The per-source table docs/serve.md quotes (tests/test_serve_published.py compares them)."""
+    out = ["| source | metric | rows | median \\|error\\| | p90 | median signed |", "|---|---|---|---|---|---|"]
+    for src, by_metric in per_source(rows).items():
+        for m, s in by_metric.items():
+            out.append(f"| {short(src) if src != 'all' else '**all**'} | {m} | {s['rows']} | {s['median']:.0%} | "
+                       f"{s['p90']:.0%} | {s['signed']:+.0%} |")
+    for label, saturated in (("sustained: a rate, batch 1 or fixed concurrency", False), ("saturated", True)):
+        for m in METRICS:
+            mine = [r for r in rows if r.metric == m and (r.scenario in SATURATED) == saturated]
+            if mine:
+                s = summary(mine)
+                out.append(f"| **all, {label}** | {m} | {s['rows']} | {s['median']:.0%} | {s['p90']:.0%} | "
+                           f"{s['signed']:+.0%} |")
+    cov = loso_coverage(rows)
+    out.append("")
+    out.append("Coverage of the 80 % intervals, leave-one-source-out: " + ", ".join(
+        f"{k} {a}/{b}" for k, (a, b) in cov.items()) + ".")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--write", action="store_true", help=f"rewrite {INTERVALS_FILE.relative_to(ROOT)}")
     p.add_argument("--json", action="store_true", help="print the per-row predictions as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the per-source table docs/serve.md quotes")
     args = p.parse_args(argv)
     rows = predict_all()
-    if args.json:
+    if args.markdown:
+        print(markdown_table(rows))
+    elif args.json:
         print(json.dumps([r.__dict__ | {"error": r.error} for r in rows], indent=1))
     else:
         print(report(rows))

@@ -128,7 +128,7 @@ class ServeResult:
         for a layout that does not fit."""
         if not self.memory.fits:
             return None
-        return serve_interval(self.ttft, self.tpot, self.capacity, self.goodput_per_device)
+        return serve_interval(self.ttft, self.tpot, self.capacity, self.goodput_per_device, self.stable)
 
 
 def _finite(x: float) -> float | None:
