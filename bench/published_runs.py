@@ -254,13 +254,21 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
         "nemo", flops="model", grad_dtype="bf16", tp_comm_overlap=True),
     "dgxc-24.11": SourceFacts(
         "dgxc-benchmarking v24.11.1", "NVIDIA/dgxc-benchmarking v24.11.1 READMEs (NeMo recipes); " + _NEMO_RECIPES,
-        "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+        "nemo", grad_dtype="bf16", tp_comm_overlap=True,
+        # Megatron-Core shards experts over the tp group when ETP is not set: initialize_model_parallel
+        # "if expert_tensor_parallel_size is None: expert_tensor_parallel_size = tensor_model_parallel_size"
+        # (megatron/core/parallel_state.py); v25.05's Grok row of the same recipe states ETP=4 = tp.
+        experts_split_by_tp=True),
     "dgxc-25.05": SourceFacts(
         "dgxc-benchmarking v25.05", "NVIDIA/dgxc-benchmarking v25.05 READMEs (NeMo recipes); " + _NEMO_RECIPES,
-        "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+        "nemo", grad_dtype="bf16", tp_comm_overlap=True,
+        # as dgxc-24.11: Megatron-Core's ETP default is tp
+        experts_split_by_tp=True),
     "dgxc-25.04": SourceFacts(
         "dgxc", "NVIDIA/dgxc-benchmarking v25.04.02 READMEs (NeMo recipes); " + _NEMO_RECIPES,
-        "nemo", grad_dtype="bf16", tp_comm_overlap=True),
+        "nemo", grad_dtype="bf16", tp_comm_overlap=True,
+        # as dgxc-24.11: Megatron-Core's ETP default is tp
+        experts_split_by_tp=True),
     "internlm": SourceFacts(
         "InternLM", "InternLM/InternLM doc/train_performance.md: InternLM trainer, TFLOPS in the Megatron-paper "
         "accounting (data/README.md)", "internlm"),
@@ -367,8 +375,9 @@ RUNS_AS: dict[str, tuple[str, str]] = {
                  "configs): cost/frameworks.py ``internevo``"),
     "composer": ("megatron", "Composer/llm-foundry: flash/triton attention and fused LayerNorm; the benchmark table "
                  "does not state its checkpoint flavour, kept at the reference (whole-forward recompute)"),
-    "mindformers": ("mindspeed", "MindSpore on Ascend: graph-mode fused kernels, recompute reruns the forward: "
-                    "MindSpeed's behaviour in every modelled term"),
+    "mindformers": ("mindformers", "MindSpore on Ascend: graph-mode fused kernels, recompute reruns the forward: "
+                    "MindSpeed's behaviour in every time term; its AdamW keeps no fp32 master "
+                    "(cost/frameworks.py ``mindformers``)"),
 }
 
 
@@ -475,8 +484,8 @@ def _int(value: str, default: int | None = None) -> int | None:
 def _etp(notes: str, tp: int = 1, experts_split_by_tp: bool = False) -> int:
     """The expert tensor parallel size the row's notes state ("ETP=4 (expert tensor parallel)",
     "ETP 1"); when they state none: ``tp`` for a framework that always shards experts over the
-    tensor-parallel group (:attr:`SourceFacts.experts_split_by_tp`: MindFormers), else 1 (the
-    plan default; Megatron's own default would be tp)."""
+    tensor-parallel group (:attr:`SourceFacts.experts_split_by_tp`: MindFormers, and the NeMo /
+    Megatron-Core dgxc recipes, whose ETP defaults to tp), else 1 (the plan default)."""
     m = re.search(r"\bETP[ =](\d+)", notes)
     return int(m.group(1)) if m else (tp if experts_split_by_tp else 1)
 
