@@ -46,15 +46,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from partita.models.registry import resolve_model  # noqa: E402
-from partita.serve import latency  # noqa: E402
-from partita.serve.intervals import (CLASSES, INTERVALS_FILE, LEVEL, METRICS, SATURATED, bounds_from,  # noqa: E402
-                                     interval_class)
-from partita.serve.memory import serve_memory  # noqa: E402
-from partita.serve.queueing import colocated_rate  # noqa: E402
-from partita.serve.search import evaluate  # noqa: E402
-from partita.serve.workload import Layout, Workload  # noqa: E402
-from partita.spec.hardware import load_device  # noqa: E402
+from partita.models.registry import resolve_model
+from partita.serve import latency
+from partita.serve.intervals import (
+    CLASSES,
+    INTERVALS_FILE,
+    LEVEL,
+    METRICS,
+    SATURATED,
+    bounds_from,
+    interval_class,
+)
+from partita.serve.memory import serve_memory
+from partita.serve.queueing import colocated_rate
+from partita.serve.search import evaluate
+from partita.serve.workload import Layout, Workload
+from partita.spec.hardware import load_device
 
 CSV = ROOT / "data" / "published_serving.csv"
 
@@ -198,7 +205,8 @@ def report(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-SHORT = {"NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)", "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
+SHORT = {"NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)",
+         "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
          "surajssd/llm-k8s": "vLLM nightly suite on 2 x ND96asr_v4",
          "GPUStack performance lab: Optimizing Qwen3-30B": "GPUStack: Qwen3-30B-A3B, vLLM-Ascend, 910B",
          "GPUStack performance lab: Optimizing Qwen3-235B": "GPUStack: Qwen3-235B-A22B, vLLM/SGLang, 8 x H100"}

@@ -15,9 +15,10 @@ from ..errors import PartitaError
 from ..inputs import MAX_DEGREE, MAX_DEVICES_PER_NODE
 from .types import finite_float, positive_int
 
-INTERVALS_NOTE = ("intervals (in brackets): 80 %, split conformal on the out-of-sample errors of {rows} published serving "
-                  "benchmarks (vLLM, SGLang, TensorRT-LLM on A100/H100; none on Ascend yet), coverage "
-                  "leave-one-source-out {cov}; see docs/serve.md")
+INTERVALS_NOTE = ("intervals (in brackets): 80 %, split conformal on the out-of-sample errors of {rows} "
+                  "published serving benchmarks (vLLM, SGLang, vLLM-Ascend, TensorRT-LLM on A100, H100 and "
+                  "Ascend 910B), coverage leave-one-source-out {cov}; wide where the model errs widely, "
+                  "see docs/serve.md")
 
 
 def intervals_note() -> str:
@@ -168,13 +169,13 @@ def _span(value: float, bounds, fmt) -> str:
 
 
 def interval_line(best) -> str:
-    """The best layout's figures with their 80 % intervals, e.g. "TTFT 52 ms [50-248]"."""
+    """The best layout's figures with their 80 % intervals, e.g. "TTFT 52 [50-248] ms"."""
     iv = best.interval() or {}
-    parts = [f"TTFT {_span(best.ttft, iv.get('ttft_s'), lambda v: _ms(v))} ms",
-             f"TPOT {_span(best.tpot, iv.get('tpot_s'), lambda v: _ms(v))} ms",
-             f"capacity {_span(best.capacity, iv.get('capacity_rps'), lambda v: f'{v:.2f}')} req/s",
-             f"goodput {_span(best.goodput_per_device, iv.get('goodput_tokens_per_s_per_device'), lambda v: f'{v:.0f}')}"
-             " tok/s/device"]
+    two, whole = (lambda v: f"{v:.2f}"), (lambda v: f"{v:.0f}")
+    parts = [f"TTFT {_span(best.ttft, iv.get('ttft_s'), _ms)} ms",
+             f"TPOT {_span(best.tpot, iv.get('tpot_s'), _ms)} ms",
+             f"capacity {_span(best.capacity, iv.get('capacity_rps'), two)} req/s",
+             f"goodput {_span(best.goodput_per_device, iv.get('goodput_tokens_per_s_per_device'), whole)} tok/s/device"]
     return f"best layout, 80 % intervals: {', '.join(parts)}"
 
 
