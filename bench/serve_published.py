@@ -209,7 +209,10 @@ SHORT = {"NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)",
          "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
          "surajssd/llm-k8s": "vLLM nightly suite on 2 x ND96asr_v4",
          "GPUStack performance lab: Optimizing Qwen3-30B": "GPUStack: Qwen3-30B-A3B, vLLM-Ascend, 910B",
-         "GPUStack performance lab: Optimizing Qwen3-235B": "GPUStack: Qwen3-235B-A22B, vLLM/SGLang, 8 x H100"}
+         "GPUStack performance lab: Optimizing Qwen3-235B-A22B Throughput on NVIDIA H100":
+             "GPUStack: Qwen3-235B-A22B, vLLM/SGLang, 8 x H100",
+         "GPUStack performance lab: Optimizing Qwen3-235B-A22B Throughput on NVIDIA A100":
+             "GPUStack: Qwen3-235B-A22B, vLLM/SGLang, 8 x A100"}
 
 
 def short(source: str) -> str:
