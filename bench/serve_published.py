@@ -7,6 +7,9 @@ device file from the catalog, the replica's tp / pp, the workload's mean prompt 
 lengths, and the scenario the source ran:
 
 * ``single_prefill`` - batch 1, one output token: TTFT = :func:`latency.prefill_time`;
+* ``batch_prefill`` / ``batch_decode`` - one prefill forward of ``B`` prompts (``B S``: a
+  prefill is compute-bound, so ``B`` prompts cost ``B`` times one) and one decode step of
+  ``B`` sequences at the mean context (:func:`latency.tpot`);
 * ``static_batch`` - TensorRT-LLM's ``gptSessionBenchmark``: ``B`` prompts prefill, then ``O``
   decode steps at batch ``B``: ``out_tok_s = B O / (B S + O t_dec(B))``;
 * ``poisson`` - requests at a rate: :func:`partita.serve.search.evaluate` (the M/D/1 prefill
@@ -111,6 +114,10 @@ def predict(rec: dict[str, str]) -> float:
     prefill = latency.prefill_time(model, device, layout, P, per_node)
     if scenario == "single_prefill":
         return prefill
+    if scenario == "batch_prefill":  # one forward over the batch's prompts: compute-bound, B prompts' time
+        return int(rec["batch"]) * prefill
+    if scenario == "batch_decode":  # one decode step of the batch at the mean context
+        return latency.tpot(model, device, layout, int(rec["batch"]), P + O / 2, per_node)
     if scenario == "static_batch":
         B = int(rec["batch"])
         t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node)
@@ -208,6 +215,7 @@ def report(rows: list[Row]) -> str:
 SHORT = {"NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)",
          "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
          "surajssd/llm-k8s": "vLLM nightly suite on 2 x ND96asr_v4",
+         "Ascend torchair": "Ascend torchair Llama 70B, 800I A2 (910B4 x 8)",
          "GPUStack performance lab: Optimizing Qwen3-30B": "GPUStack: Qwen3-30B-A3B, vLLM-Ascend, 910B",
          "GPUStack performance lab: Optimizing Qwen3-235B-A22B Throughput on NVIDIA H100":
              "GPUStack: Qwen3-235B-A22B, vLLM/SGLang, 8 x H100",
@@ -227,7 +235,7 @@ def markdown_table(rows: list[Row]) -> str:
         for m, s in by_metric.items():
             out.append(f"| {short(src) if src != 'all' else '**all**'} | {m} | {s['rows']} | {s['median']:.0%} | "
                        f"{s['p90']:.0%} | {s['signed']:+.0%} |")
-    for label, saturated in (("sustained: a rate, batch 1 or fixed concurrency", False), ("saturated", True)):
+    for label, saturated in (("not saturated: a rate, a fixed batch or concurrency", False), ("saturated", True)):
         for m in METRICS:
             mine = [r for r in rows if r.metric == m and (r.scenario in SATURATED) == saturated]
             if mine:

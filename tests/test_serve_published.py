@@ -62,7 +62,8 @@ def test_rows_name_a_registry_model_a_catalog_device_and_a_known_scenario():
     for r in _records():
         resolve_model(r["model"]).spec()
         load_device(r["hardware"])
-        assert r["scenario"] in ("single_prefill", "static_batch", "poisson", "saturated", "concurrency")
+        assert r["scenario"] in ("single_prefill", "batch_prefill", "batch_decode", "static_batch", "poisson",
+                                 "saturated", "concurrency")
         assert r["metric"] in ("ttft_s", "tpot_s", "out_tok_s") and float(r["value"]) > 0
         assert int(r["tp"]) * int(r["pp"]) >= 1 and int(r["prompt_len"]) >= 1 and int(r["output_len"]) >= 1
 
