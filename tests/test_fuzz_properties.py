@@ -11,6 +11,7 @@ working directory). ``bench/fuzz_cli.py`` is the wider, hand-written companion.
 """
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import math
@@ -62,8 +63,31 @@ def _hang_s(argv: list[str]) -> float:
     return HANG_S * (3 if argv[:1] == ["train"] else 1)
 
 
+def read_child(pid: int, read_fd: int, hang_s: float) -> bytes | None:
+    """Everything forked child ``pid`` writes to the pipe ``read_fd`` until it closes it, then
+    the child reaped; None when that takes over ``hang_s`` seconds (the child is killed: a
+    hang). One definition for both places that fork a case: :func:`run_cli` here and the
+    ``train`` server (its source is put into :data:`_TRAIN_SERVER`)."""
+    chunks, deadline = [], time.monotonic() + hang_s
+    with os.fdopen(read_fd, "rb") as r:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            chunk = os.read(r.fileno(), 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    return b"".join(chunks)
+
+
 _TRAIN_SERVER = """
+from __future__ import annotations
 import io, json, os, select, signal, sys, time, traceback
+""" + inspect.getsource(read_child) + """
 import partita.train.supervise as launch
 import partita.train.resolve, partita.runtime.parallelize  # what the launcher's checks import: loaded once
 from partita.cli import main
@@ -91,20 +115,10 @@ def served(argv, hang_s):
             w.write(json.dumps(one(argv)).encode())
         os._exit(0)
     os.close(write_fd)
-    chunks, deadline = [], time.monotonic() + hang_s
-    with os.fdopen(read_fd, "rb") as r:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
-            chunk = os.read(r.fileno(), 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    return dict(json.loads(b"".join(chunks)), hung=False)
+    data = read_child(pid, read_fd, hang_s)
+    if data is None:
+        return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
+    return dict(json.loads(data), hung=False)
 real = sys.stdout
 real.write("ready\\n")
 real.flush()
@@ -189,20 +203,10 @@ def run_cli(argv: list[str], no_launch: bool = False) -> dict:
             w.write(pickle.dumps(result))
         os._exit(0)
     os.close(write_fd)
-    chunks, deadline = [], time.monotonic() + _hang_s(argv)
-    with os.fdopen(read_fd, "rb") as r:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
-            chunk = os.read(r.fileno(), 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    result = pickle.loads(b"".join(chunks))
+    data = read_child(pid, read_fd, _hang_s(argv))
+    if data is None:
+        return {"rc": None, "hung": True, "raised": None, "stdout": "", "stderr": ""}
+    result = pickle.loads(data)
     result["hung"] = False
     return result
 
