@@ -20,9 +20,9 @@ def _stated_etp(notes: str) -> int | None:
 
 
 def test_unstated_etp_is_megatron_default_and_stated_etp_is_kept():
-    full_csv = FULL_CSV
-    rows = list(csv.DictReader(open(full_csv, newline="")))
-    cases, _ = load_cases(full_csv)
+    with open(FULL_CSV, newline="") as f:
+        rows = list(csv.DictReader(f))
+    cases, _ = load_cases(FULL_CSV)
     moe = [c for c in cases if c.model.moe and c.source.startswith("dgxc")]
     assert len({c.source for c in moe}) == 3  # dgxc v24.11.1, v25.04.02, v25.05
     # what the table states: every Grok-1 row of v25.05 that prints its ETP prints ETP = TP

@@ -58,6 +58,9 @@ field                       what it changes (where)
                             the activations - at one micro-batch per step the peak holds
                             ``max(activations, gradients)``, not their sum
                             (:meth:`.memory.MemoryParts.gradients_at_peak`)
+``fsdp2_stream_copies``     zero 3 is torch FSDP2: the all-gather's copy-out and the reduce-scatter's
+                            copy-in run on the compute stream, beside no overlap
+                            (:func:`.step._zero3_exposed`)
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
@@ -122,6 +125,9 @@ class Framework:
     grad_overlap_needs_ddp: bool = False
     #: gradients kept in a buffer across steps (Megatron main_grad); False: freed by zero_grad(set_to_none=True)
     persistent_grad_buffer: bool = True
+    #: ZeRO-3 is torch FSDP2 (``fully_shard``): the all-gather's copy-out into the parameters and
+    #: the reduce-scatter's copy-in of the gradients run on the compute stream (:mod:`.step`)
+    fsdp2_stream_copies: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -145,7 +151,20 @@ _MEGATRON_SOURCES = (
      "history the producing kernel records - no separate cast or amax pass"),
 )
 
-_TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0, sources=(
+#: Where FSDP2 runs its copies (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch 2.4+):
+#: ``foreach_reduce`` packs the gradients into the reduce-scatter input with
+#: ``foreach_reduce_scatter_copy_in`` on the current (compute) stream, and only then does
+#: ``reduce_scatter_stream.wait_stream(current_stream)``; ``FSDPParamGroup.wait_for_unshard`` calls
+#: ``foreach_all_gather_copy_out`` (split_with_sizes_copy of the gathered buffer into the parameters) on
+#: the compute stream after waiting for the all-gather; only the copy-in of the all-gather runs on its
+#: own ``all_gather_copy_in_stream``.
+_FSDP2_COPIES = ("torch FSDP2 (fully_shard): all-gather copy-out and reduce-scatter copy-in on the compute "
+                 "stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce, "
+                 "_fsdp_param_group.py wait_for_unshard)")
+
+_TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0,
+                        fsdp2_stream_copies=True, sources=(
+        ("fsdp2_stream_copies", _FSDP2_COPIES),
         ("eager_activations", "torchtitan compiles each TransformerBlock (apply_compile in "
          "torchtitan/models/llama3/infra/parallelize.py); the min-cut partitioner "
          "(torch/_functorch/partitioners.py min_cut_rematerialization_partition) recomputes the norm, RoPE, "
@@ -234,7 +253,9 @@ FRAMEWORKS: dict[str, Framework] = {
     "partita": Framework("partita", eager_activations=True, checkpoint_early_stop=True, zero0_autocast=True,
                          tp_comm_overlap=False, fp8_cast_bytes=0.0, cp_kv_all_gather=True,
                          param_gather_overlap=False, zero1_grad_all_reduce=True, param_broadcast_per_tensor=True,
-                         grad_overlap_needs_ddp=True, persistent_grad_buffer=False, sources=(
+                         grad_overlap_needs_ddp=True, persistent_grad_buffer=False,
+                         fsdp2_stream_copies=True, sources=(
+        ("fsdp2_stream_copies", "partita.runtime.data_parallel: zero 3 is torch fully_shard; " + _FSDP2_COPIES),
         ("eager_activations", "partita.models: nn.RMSNorm, repeat_interleave before SDPA, F.silu(w1 x) * w3 x, "
          "eager MoE routing (tests/data/cost_oracles.json: saved-tensor hooks)"),
         ("checkpoint_early_stop", "partita.runtime.recompute: torch.utils.checkpoint(use_reentrant=False), early "

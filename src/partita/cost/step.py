@@ -369,9 +369,12 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     are exposed; the other ``(1 - f) t`` runs on the compute's own cores (gloo on a CPU)
     and adds in full, with FSDP's own copies around the collectives (:func:`_zero3_copy_time`,
     ``k``): ``(1 - f) (t + k) + max(0, f t - C) + f t / n``. ``f = 1`` (accelerators) is the
-    fully overlapped form, ``f = 0`` the serial sum ``t + k``. Known gap: on an accelerator
-    FSDP2's copy-out runs on the compute stream (~2 % of a Llama-3-8B micro-batch on H100)
-    and is not charged; the published-run fits hold it in their efficiencies."""
+    fully overlapped form, ``f = 0`` the serial sum ``t + k``. Where ZeRO-3 is torch FSDP2
+    (:attr:`.frameworks.Framework.fsdp2_stream_copies`) the share of the copies FSDP2 issues
+    on the compute stream itself, ``k_s`` (the all-gather's copy-out forward and backward, the
+    reduce-scatter's copy-in: :func:`_zero3_copy_time` with ``stream_only``), is serial on an
+    accelerator too: ``+ f k_s`` (at ``f = 0`` it is already in ``t + k``). For Llama-3-8B on
+    8 H100 (fp32 reduce) that is 128 GB of HBM traffic, ~55 ms of a ~0.6 s micro-batch."""
     z3 = zero3_shape(plan, cluster.devices_per_node)
     reduce = not full_gradients(plan)
     lora = plan.finetune == "lora"  # every weight gathered, the adapters' gradients reduced (cost/finetune.py)
@@ -385,6 +388,8 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
     eff = cluster.device.efficiency
     f = eff.comm_overlap
     serial = (1.0 - f) * (t + copies) if f < 1.0 else 0.0
+    if FRAMEWORKS[plan.framework].fsdp2_stream_copies:
+        serial += f * _zero3_copy_time(model, cluster.device, shape, z3, reduce and not lora, True)
     # plus the host-side FSDP work per layer (hooks, gather/scatter launches), not overlapped
     framework = shape.n_layers * eff.zero3_framework_us_per_layer * 1e-6
     return serial + max(0.0, f * t - compute) + f * t / max(shape.n_layers, 1) + framework
@@ -392,7 +397,7 @@ def _zero3_exposed(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankSh
 
 @memoised
 def _zero3_copy_time(model: ModelSpec, device: Device, rank: RankShape, shape: Zero3Shape,
-                     reduce: bool = True) -> float:
+                     reduce: bool = True, stream_only: bool = False) -> float:
     """Seconds of FSDP2's copies around one micro-batch's gathers and reduce-scatters, at the
     device's element-wise bandwidth (what ``partita calibrate`` measures with a clone).
 
@@ -401,7 +406,9 @@ def _zero3_copy_time(model: ModelSpec, device: Device, rank: RankShape, shape: Z
     copies the local shard into the send buffer (``S / n`` read and written) and splits the
     gathered buffer into the parameters (``S`` read and written), forward and again backward;
     the reduce-scatter packs the gradients into its input (``G`` read and written) and
-    accumulates the received shard (``G / n``): ``2 (2 S / n + 2 S) + 2 G + 2 G / n`` bytes."""
+    accumulates the received shard (``G / n``): ``2 (2 S / n + 2 S) + 2 G + 2 G / n`` bytes.
+    ``stream_only``: the part FSDP2 runs on the compute stream, ``2 (2 S) + 2 G`` (copy-out and
+    reduce-scatter copy-in; :data:`.frameworks._FSDP2_COPIES`)."""
     dense, expert = shape_params(model, rank, shape.params)
     w = _working_weight_bytes(shape.dtype)
     gb = grad_bytes(shape.dtype, shape.grad_dtype) if reduce else 0
@@ -409,6 +416,8 @@ def _zero3_copy_time(model: ModelSpec, device: Device, rank: RankShape, shape: Z
     def moved(params: float, span: tuple[int, int]) -> float:
         n = span[0] * span[1]
         s, g = params * w, params * gb
+        if stream_only:
+            return 2 * (2 * s) + 2 * g
         return 2 * (2 * s / n + 2 * s) + 2 * g + 2 * g / n
     total = moved(dense, shape.dp_span) + (moved(expert, shape.expert_dp_span) if expert else 0.0)
     return total / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
