@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import statistics
 from collections import defaultdict
@@ -424,8 +425,9 @@ def date_drift(fits: Fits) -> dict[str, object]:
       user would have it), applied to the later rows;
     * leave one source out: each source corrected with the ``b`` of the other sources'
       leave-one-source-out residuals.
-    Beside them the one controlled pair in the table: the same dgxc Grok-1 runs (model,
-    layout, devices, precision) published in v24.11.1 and v25.04.02, five months apart."""
+    Beside them the controlled pairs in the table (:func:`controlled_pairs`): the same run -
+    model shape, layout, devices, precision - published by two sources at two dates; the ratio
+    of their step times is the software's drift with nothing else changed."""
     import math
     split = time_split_fits(fits)
     step = [c for c in fits.cases if c.metric == "step_time_s"]
@@ -447,11 +449,35 @@ def date_drift(fits: Fits) -> dict[str, object]:
         bs, ts = _slope(rest), statistics.fmean(x for x, _ in rest)
         corrected += [dataclasses.replace(r, predicted=r.predicted * math.exp(-bs * (_years(r.date) - ts)))
                       for r in loso if r.source == source]
-    pairs: dict[tuple, dict[str, float]] = defaultdict(dict)
-    for c in step:
-        if c.source in ("dgxc-24.11", "dgxc-25.04") and c.name.startswith("Grok"):
-            pairs[(c.name, c.cluster.world_size, c.plan.summary(), c.plan.dtype)][c.source] = c.measured
-    ratios = [v["dgxc-25.04"] / v["dgxc-24.11"] for v in pairs.values() if len(v) == 2]
     return {"slope_per_year": b, "time_split": summary(plain), "time_split_drift": summary(drifted),
-            "loso": summary(loso), "loso_drift": summary(corrected),
-            "paired_rows": len(ratios), "paired_median_ratio": statistics.median(ratios) if ratios else float("nan")}
+            "loso": summary(loso), "loso_drift": summary(corrected), "pairs": controlled_pairs(step)}
+
+
+def _run_key(c: Case) -> tuple:
+    """What makes two rows the same run: the model's shape (not its name: Llama-3 and -3.1 8B
+    share it), the sequence, the layout, the precision, the device and the world size."""
+    m = c.model
+    return (m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, bool(m.moe), c.plan.summary(),
+            c.plan.seq_len, c.plan.dtype, c.cluster.device.name, c.cluster.world_size)
+
+
+def controlled_pairs(step: list[Case]) -> list[dict]:
+    """Runs published by two sources at two dates with nothing else changed (:func:`_run_key`),
+    grouped by (model, earlier source, later source): rows paired, the median ratio of the later
+    step time to the earlier, and the years between them. Where several rows of one source share
+    a key (a table's repeated runs), their median step is used."""
+    by_key: dict[tuple, dict[str, list[Case]]] = defaultdict(lambda: defaultdict(list))
+    for c in step:
+        by_key[_run_key(c)][c.source].append(c)
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    gap: dict[tuple, float] = {}
+    for per_source in by_key.values():
+        runs = sorted(per_source.items(), key=lambda kv: tuple(kv[1][0].date))
+        for (s0, r0), (s1, r1) in itertools.pairwise(runs):
+            if tuple(r0[0].date) == tuple(r1[0].date):
+                continue
+            key = (r1[0].name.split(" (")[0], s0, s1)
+            groups[key].append(statistics.median(c.measured for c in r1) / statistics.median(c.measured for c in r0))
+            gap[key] = _years(r1[0].date) - _years(r0[0].date)
+    return [{"model": k[0], "earlier": k[1], "later": k[2], "rows": len(v), "years": gap[k],
+             "median_ratio": statistics.median(v)} for k, v in sorted(groups.items())]

@@ -109,8 +109,10 @@ def print_drift(fits: oos.Fits) -> None:
                        ("leave one source out", "loso"), ("LOSO + date term (b from the other sources)", "loso_drift")):
         st = d[key]
         print(f"  {label:44s} median {st['median']:6.1%}  p90 {st['p90']:6.1%}  median signed {st['median_signed']:+6.1%}")
-    print(f"  controlled pair: the same {d['paired_rows']} dgxc Grok-1 runs in v25.04.02 vs v24.11.1 take "
-          f"{d['paired_median_ratio']:.3f}x the step time (median)")
+    print("  controlled pairs (the same run - model shape, layout, devices, precision - in two releases):")
+    for p in d["pairs"]:
+        print(f"    {p['model'][:22]:22s} {p['earlier']} -> {p['later']} ({p['years']:.1f} y, {p['rows']} runs): "
+              f"later step / earlier {p['median_ratio']:.3f} (median)")
 
 
 def out_of_sample(csv_path: Path, refit: bool = False, show_rows: bool = False) -> dict[str, dict]:
