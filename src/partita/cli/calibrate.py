@@ -63,7 +63,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     returncode, stderr = _run_group(cmd, args.timeout_s)
     if returncode:
         from ..train.supervise import root_cause
-        raise PartitaError(f"calibration failed: {root_cause(stderr)}")
+        log = f"{args.output}.failed.log"  # every rank's output, for the cause one line cannot hold
+        with open(log, "w") as f:
+            f.write(stderr)
+        raise PartitaError(f"calibration failed: {root_cause(stderr)} (the workers' output: {log})")
     data = json.load(open(args.output))
     eff = data["efficiency"]
     print(f"wrote {args.output}: {data['peak_tflops']} TFLOPS peak, gemm efficiency {eff['gemm']:.3f} "

@@ -225,7 +225,9 @@ def root_cause(stderr: str) -> str:
     for rank, code in failures:
         if code < 0 and -code not in (signal.SIGTERM, signal.SIGINT):
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-            return (f"rank {rank} died (killed by {name}: out of memory, or killed from outside?); "
+            what = [ln.split("what():", 1)[1].strip() for ln in lines if "what():" in ln]
+            why = f"C++ exception: {what[0]}" if what else "out of memory, or killed from outside?"
+            return (f"rank {rank} died (killed by {name}: {why}); "
                     "the other ranks stopped because they lost it")
     pattern = re.compile(r"^(\[rank(\d+)\]:\s*)?[A-Za-z_.]*(Error|Exception|Interrupt): ")
     causes = [m for m in map(pattern.match, lines) if m and "ChildFailedError" not in m.string]
