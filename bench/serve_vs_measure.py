@@ -1,31 +1,39 @@
 """``partita serve``'s prefill and decode step times against measured forwards on this CPU.
 
-    python bench/serve_vs_measure.py [--hardware cpu] [--repeats 5] [--threads 1]
+    python bench/serve_vs_measure.py [--hardware cpu] [--repeats 5] [--nproc 2] [--timeout-s 900]
 
 A small Llama-shaped transformers model (fp32, eager attention, transformers' DynamicCache)
-runs forward only, one thread, as the CPU device file describes (one core per process):
+runs forward only, one thread per process, as the CPU device file describes (one core per
+process):
 
-* prefill: one prompt of P tokens, ``use_cache=True`` (the cache the decode reads);
+* prefill: one prompt of P tokens into an empty cache, logits of the last token only
+  (``logits_to_keep=1``, as ``generate`` and the serving engines compute them);
 * decode: B sequences after a prefill of L tokens, one token each per step, the cache
   growing - the median over the steps of one run.
 
-Times are the process's CPU time (one thread: the forward's time without the waits other
-processes on a shared machine impose); ``--wall`` for wall-clock.
+Layouts: ``tp1`` in this process; with ``--nproc 2`` also ``tp2`` (one replica over two gloo
+processes, Partita's runtime tensor parallel) and ``dp2`` (two replicas, one per process),
+each run by ``torchrun`` on ``bench/serve_measure_worker.py``. A time is the wall-clock minus
+the time the thread waited on the run queue (the worker's docstring): on a shared machine, what
+the forward would take with the cores to itself; the raw wall-clock is printed beside it.
 
 Each is predicted by :func:`partita.serve.latency.prefill_time` and
-:func:`partita.serve.latency.decode_stage_time` for ``Layout(1, 1, 1, dtype="fp32")`` on the
-device file (``--hardware``: the built-in ``cpu`` file, or the one ``partita calibrate``
-writes for this machine), with the eager framework entry (``partita``: unfused element-wise
-kernels, as transformers runs them). Prints predicted and measured side by side, the ratio
-and the median absolute error, and the load average (the figures move with it on a shared
+:func:`partita.serve.latency.decode_stage_time` for the layout in fp32 on the device file
+(``--hardware``: the built-in ``cpu`` file, or the one ``partita calibrate`` writes for this
+machine) with the ``partita`` framework entry (eager kernels and transformers' cache, as the
+measured runtime runs them). Prints predicted and measured side by side, the ratio, the median
+and worst absolute error, and the load average (the figures move with it on a shared
 machine). Timings belong here, not in tests.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
-import time
+import subprocess
+import sys
+import tempfile
 
 import torch
 import transformers
@@ -39,75 +47,96 @@ CONFIG = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidd
               num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False)
 PREFILL = (64, 256, 1024)
 DECODE = ((1, 256), (8, 256), (8, 1024), (32, 512))  # (batch, context)
-#: the process's CPU time by default: with one thread it is the forward's time without the
-#: waits a shared machine's other processes impose (``--wall`` measures wall-clock instead)
-CLOCK = time.process_time
+#: layouts measured: (name, tp, replicas); tp2 and dp2 need ``--nproc 2``
+LAYOUTS = (("tp1", 1, 1), ("tp2", 2, 1), ("dp2", 1, 2))
 
 
-def _model():
+def case_list() -> list[tuple[str, int, int]]:
+    """(kind, P or B, 0 or L) of every case, prefill first."""
+    return [("prefill", p, 0) for p in PREFILL] + [("decode", b, ctx) for b, ctx in DECODE]
+
+
+def build_model() -> transformers.LlamaForCausalLM:
+    """The bench's model, the same weights in every process (seed 0)."""
     config = transformers.LlamaConfig(**CONFIG, attn_implementation="eager")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    return model, parse_hf_config(config.to_dict(), "bench", "LlamaForCausalLM")
+    return transformers.LlamaForCausalLM(config).eval()
 
 
-def _ids(batch: int, length: int) -> torch.Tensor:
-    return torch.randint(0, CONFIG["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(batch))
+def model_spec():
+    """Partita's view of the bench's model (the same config)."""
+    return parse_hf_config(transformers.LlamaConfig(**CONFIG).to_dict(), "bench", "LlamaForCausalLM")
 
 
-def measure_prefill(model, length: int, repeats: int) -> float:
-    ids = _ids(1, length)
-    times = []
-    with torch.no_grad():
-        model(input_ids=ids, use_cache=True)  # warm-up
-        for _ in range(repeats):
-            start = CLOCK()
-            model(input_ids=ids, use_cache=True)
-            times.append(CLOCK() - start)
-    return statistics.median(times)
+def predict(spec, device, tp: int, kind: str, a: int, b: int, repeats: int) -> float:
+    """Seconds the serve model predicts for one case on a ``tp``-way replica (fp32, eager runtime)."""
+    layout = Layout(tp, 1, 1, kv_dtype="fp32", dtype="fp32")
+    if kind == "prefill":
+        return prefill_time(spec, device, layout, a, tp, framework="partita")
+    # the cache grows by one token a step: the mean context over the warm-up and timed steps
+    return decode_stage_time(spec, device, layout, a, b + (repeats + 1) / 2, tp, framework="partita")
 
 
-def measure_decode(model, batch: int, context: int, steps: int) -> float:
-    with torch.no_grad():
-        cache = model(input_ids=_ids(batch, context), use_cache=True).past_key_values
-        step = _ids(batch, 1)
-        times = []
-        for i in range(steps + 1):
-            start = CLOCK()
-            model(input_ids=step, cache=cache, use_cache=True)
-            if i:  # the first step warms up
-                times.append(CLOCK() - start)
-    return statistics.median(times)
+def measure_here(repeats: int) -> dict:
+    """The tp1 cases in this process (the worker's timing, no peer)."""
+    import serve_measure_worker as worker
+    model = build_model()
+    rows = []
+    for kind, a, b in case_list():
+        local = worker.measure_case(model, kind, a, b, repeats, a * 7 + b)
+        rows.append({"kind": kind, "a": a, "b": b, "busy_s": statistics.median(t[0] for t in local),
+                     "wall_s": statistics.median(t[1] for t in local)})
+    return {"mode": "tp1", "rows": rows, "load": os.getloadavg()[0]}
+
+
+def measure_torchrun(mode: str, repeats: int, timeout_s: float) -> dict:
+    """The cases of ``mode`` (tp or dp) on two gloo processes; raises on failure or timeout."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, f"{mode}.json")
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_measure_worker.py")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", worker,
+               "--mode", mode, "--repeats", str(repeats), "--out", out, "--timeout-s", str(timeout_s)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"{mode} workers failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        with open(out) as f:
+            data = json.load(f)
+    data["mode"] = f"{mode}2"
+    return data
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hardware", default="cpu")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--wall", action="store_true", help="wall-clock time instead of the process's CPU time")
+    ap.add_argument("--nproc", type=int, default=1, choices=(1, 2), help="2: also tp2 and dp2 on gloo")
+    ap.add_argument("--timeout-s", type=float, default=900, help="per torchrun launch")
+    ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
-    global CLOCK
-    if args.wall:
-        CLOCK = time.perf_counter
-    torch.set_num_threads(args.threads)
-    device = load_device(args.hardware)
-    model, spec = _model()
-    layout = Layout(1, 1, 1, kv_dtype="fp32", dtype="fp32")
+    torch.set_num_threads(1)
+    device, spec = load_device(args.hardware), model_spec()
+    runs = [measure_here(args.repeats)]
+    if args.nproc == 2:
+        runs += [measure_torchrun("tp", args.repeats, args.timeout_s), measure_torchrun("dp", args.repeats, args.timeout_s)]
+    tps = {name: tp for name, tp, _ in LAYOUTS}
+    print(f"{'layout':<7}{'case':<22}{'predicted ms':>14}{'measured ms':>13}{'wall ms':>10}{'pred/meas':>11}{'load':>6}")
     rows = []
-    for length in PREFILL:
-        pred = prefill_time(spec, device, layout, length, 1, framework="partita")
-        rows.append((f"prefill P={length}", pred, measure_prefill(model, length, args.repeats)))
-    for batch, context in DECODE:
-        pred = decode_stage_time(spec, device, layout, batch, context + args.repeats / 2, 1)
-        rows.append((f"decode B={batch} L={context}", pred, measure_decode(model, batch, context, args.repeats)))
-    print(f"{'case':<24}{'predicted ms':>14}{'measured ms':>14}{'pred/meas':>11}")
-    for name, pred, meas in rows:
-        print(f"{name:<24}{pred * 1e3:>14.2f}{meas * 1e3:>14.2f}{pred / meas:>11.2f}")
-    errors = [abs(p / m - 1) for _, p, m in rows]
-    print(f"median |error| {statistics.median(errors) * 100:.0f} %, worst {max(errors) * 100:.0f} %; "
-          f"hardware {device.name} ({device.source_file}); load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores; {args.threads} thread(s); {'wall-clock' if args.wall else 'process CPU'} time")
+    for run in runs:
+        for r in run["rows"]:
+            pred = predict(spec, device, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
+            name = f"P={r['a']}" if r["kind"] == "prefill" else f"B={r['a']} L={r['b']}"
+            rows.append({"layout": run["mode"], "case": f"{r['kind']} {name}", "predicted_s": pred,
+                         "measured_s": r["busy_s"], "wall_s": r["wall_s"], "load": run["load"]})
+            print(f"{run['mode']:<7}{r['kind'] + ' ' + name:<22}{pred * 1e3:>14.2f}{r['busy_s'] * 1e3:>13.2f}"
+                  f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}")
+    errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
+    print(f"median |error| {statistics.median(errors) * 100:.0f} %, worst {max(errors) * 100:.0f} % over "
+          f"{len(rows)} cases; hardware {device.name} ({device.source_file}); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"hardware": device.source_file, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

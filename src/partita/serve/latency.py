@@ -23,6 +23,22 @@ all-gather and reduce-scatter over the stage; with expert parallelism an all-to-
 and combine of the routed tokens (DeepSpeed-MoE, Rajbhandari et al. 2022 sec. 5); pipeline
 hops send the hidden states of the micro-batch to the next stage.
 
+The embedding is vocab-parallel under tensor parallelism, its output all-reduced once per
+forward (vLLM ``VocabParallelEmbedding``: ``tensor_model_parallel_all_reduce``; Partita's
+``apply_tp_hf``: a row-parallel ``embed_tokens``): one more all-reduce of the step's hidden
+states on the first stage.
+
+**Eager runtimes** (:data:`EAGER_RUNTIMES`: Partita's runtime serving a transformers model as
+transformers runs it - DynamicCache, eager attention, DTensor tensor parallel) differ from the
+engines in two documented places, each a count, not a fitted factor:
+
+* the KV cache is moved :func:`decode_kv_passes` times per decode step instead of once
+  (``DynamicLayer.update`` appends by ``torch.cat``; ``repeat_kv`` materialises GQA's K/V at the
+  query width; the two attention matmuls read the expanded copies);
+* every tensor-parallel layer pays the host-side DTensor work ``partita calibrate`` measures
+  (:func:`partita.cost.overheads.tp_framework_us` without sequence parallelism), its forward
+  share (``FORWARD_SHARE`` = 1/3 of the forward + backward the micro-run timed).
+
 With ``pp`` stages the engine keeps ``pp`` micro-batches in flight, so a sequence gets a token
 every ``pp`` stage steps: ``TPOT = pp x max_stage t_stage(N / pp) + hops``.
 """
@@ -32,6 +48,8 @@ import math
 
 from ..cost import comm
 from ..cost.compute import gemm_time, layer_forward
+from ..cost.overheads import tp_framework_us
+from ..cost.step import FORWARD_SHARE
 from ..cost.shape import LayerShape
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
@@ -39,6 +57,11 @@ from .memory import (mla_split_params, kv_bytes_per_token, kv_bytes_per_token_la
                      kv_heads_per_device, layer_weights, stage_layers)
 from .workload import Layout
 
+#: frameworks whose serving path is transformers' own: ``DynamicCache`` (``torch.cat`` per
+#: step), ``attn_implementation="eager"`` (``repeat_kv`` + two matmuls), DTensor tensor
+#: parallel (``partita.runtime.tensor_parallel.apply_tp_hf``) - what bench/serve_vs_measure.py
+#: measures. Every other framework name stands for an engine's fused paged attention.
+EAGER_RUNTIMES = frozenset({"partita"})
 
 
 def bandwidth(device: Device) -> float:
@@ -67,6 +90,40 @@ def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, 
     return t + (comm.all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0)
 
 
+def embedding_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
+    """The vocab-parallel embedding's all-reduce of ``tokens`` hidden states (module docstring)."""
+    if layout.tp == 1:
+        return 0.0
+    return comm.all_reduce(device, tokens * model.hidden * layout.weight_bytes, *span(layout.tp, per_node))
+
+
+def dtensor_overhead(device: Device, layout: Layout, framework: str) -> float:
+    """Seconds of host-side DTensor work per layer of a forward under tensor parallelism in an
+    eager runtime: the forward share of the calibrated per-layer term (0 on engines, at tp 1,
+    and on device files that do not measure it)."""
+    if layout.tp == 1 or framework not in EAGER_RUNTIMES:
+        return 0.0
+    return tp_framework_us(device, False) * 1e-6 * FORWARD_SHARE
+
+
+def decode_kv_passes(model: ModelSpec, tp: int, framework: str) -> float:
+    """Times a decode step moves each byte of a layer's cached K and V (read or written).
+
+    Engines (paged attention; Kwon et al. 2023 sec. 4.1, FlashAttention/FlashInfer decode
+    kernels) read the cache once, the new token's K/V written in place. transformers'
+    ``DynamicLayer.update`` (cache_utils.py) appends with ``torch.cat([self.keys, key_states])``
+    - reads the old cache and writes a new one (2); ``eager_attention_forward`` then calls
+    ``repeat_kv`` (modeling_llama.py: ``expand`` + ``reshape``, a copy when ``n_rep > 1``) -
+    reads it and writes ``n_rep`` copies (``1 + n_rep``) - and its two matmuls read the
+    expanded K and V (``n_rep``): ``3 + 2 n_rep`` with GQA, ``3`` without (``repeat_kv``
+    returns its input). ``n_rep``: query heads per kv head on one rank. MLA's latent cache
+    (absorbed form) is read once either way."""
+    if framework not in EAGER_RUNTIMES or model.mla:
+        return 1.0
+    n_rep = model.heads / tp / kv_heads_per_device(model, tp)
+    return 2 + (1 + 2 * n_rep if n_rep > 1 else 1)
+
+
 def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
     """One pipeline hop of ``tokens`` hidden states (crosses nodes when a replica does)."""
     if layout.pp == 1:
@@ -88,8 +145,9 @@ def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: i
             continue
         compute = layer_forward(model, device, shape, moe).time
         weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw
-        total += n * (max(compute, weights) + layer_comm(model, device, layout, prompt_len, moe, per_node))
-    total += _logits_time(model, device, layout, 1)
+        total += n * (max(compute, weights) + layer_comm(model, device, layout, prompt_len, moe, per_node)
+                      + dtensor_overhead(device, layout, framework))
+    total += _logits_time(model, device, layout, 1) + embedding_comm(model, device, layout, prompt_len, per_node)
     return total + (layout.pp - 1) * _hop(model, device, layout, prompt_len, per_node)
 
 
@@ -135,8 +193,9 @@ def attention_matmul_weights(model: ModelSpec, tp: int) -> float:
 
 
 def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float, moe: bool,
-                 per_node: int) -> float:
-    """Seconds of one layer of a decode step: ``batch`` sequences per attention group."""
+                 per_node: int, framework: str = "megatron") -> float:
+    """Seconds of one layer of a decode step: ``batch`` sequences per attention group
+    (``framework``: an engine, or an eager runtime - module docstring)."""
     bw, tp = bandwidth(device), layout.tp
     weights = layer_weights(model, layout, moe)
     if moe:  # only the experts some token routes to are read
@@ -149,20 +208,23 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
     gemm = max(gemm_time(device, flops, layout.dtype, gemms + 3), weights * layout.weight_bytes / bw)
     d_qk, d_v = decode_attention_dims(model)
     attn_flops = 2 * batch * context * model.heads / tp * (d_qk + d_v)
-    kv_read = batch * context * kv_bytes_per_token_layer(model, layout)
+    kv_read = batch * context * kv_bytes_per_token_layer(model, layout) * decode_kv_passes(model, tp, framework)
     attn = max(kv_read / bw, attn_flops / (device.peak_flops(layout.dtype) * device.efficiency.attention))
     overhead = device.efficiency.kernel_overhead_us_per_layer * 1e-6
+    overhead += dtensor_overhead(device, layout, framework)
     return gemm + attn + overhead + layer_comm(model, device, layout, batch, moe, per_node)
 
 
 def decode_stage_time(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float,
-                      per_node: int) -> float:
-    """Seconds of the slowest stage's step for ``batch`` sequences per attention group."""
-    dense_t = decode_layer(model, device, layout, batch, context, False, per_node)
-    moe_t = decode_layer(model, device, layout, batch, context, True, per_node) if model.moe else 0.0
+                      per_node: int, framework: str = "megatron") -> float:
+    """Seconds of the slowest stage's step for ``batch`` sequences per attention group: its
+    layers, the embedding's all-reduce on the first stage and the logits on the last."""
+    dense_t = decode_layer(model, device, layout, batch, context, False, per_node, framework)
+    moe_t = decode_layer(model, device, layout, batch, context, True, per_node, framework) if model.moe else 0.0
     logits = _logits_time(model, device, layout, batch)
+    embed = embedding_comm(model, device, layout, batch, per_node)
     stages = stage_layers(model, layout.pp)
-    return max(dense * dense_t + moe * moe_t + (logits if i == len(stages) - 1 else 0.0)
+    return max(dense * dense_t + moe * moe_t + (logits if i == len(stages) - 1 else 0.0) + (embed if i == 0 else 0.0)
                for i, (dense, moe) in enumerate(stages))
 
 

@@ -1,0 +1,117 @@
+"""One rank of ``bench/serve_vs_measure.py --nproc 2``: forward-only prefill and decode steps of
+the bench's tiny Llama on two gloo processes, under Partita's runtime.
+
+    torchrun --nproc-per-node 2 bench/serve_measure_worker.py --mode tp --out /tmp/x.json
+
+* ``--mode tp``: one replica over both ranks, tensor parallel by
+  :func:`partita.runtime.tensor_parallel.apply_tp_hf` (Megatron layout: column-parallel
+  q/k/v/gate/up, row-parallel o/down - two all-reduces per layer - and a vocab-parallel
+  head); transformers' DynamicCache holds each rank's half of the kv heads;
+* ``--mode dp``: two replicas, each rank its own model and sequences (nothing shared but the
+  machine's cores and memory bandwidth).
+
+Every timed call starts after a barrier. A rank's time is its wall-clock minus the time its
+thread waited on the run queue (``/proc/thread-self/schedstat`` field 2, Linux
+Documentation/scheduler/sched-stats.rst): on a machine other processes share, what is left is
+the time the forward ran or waited on its peer. A step's time is the smaller of the two
+ranks' (each is at most the unloaded time plus the peer's queueing it waited out), its raw
+wall-clock the larger; medians over the repeats. Rank 0 writes the cases as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from transformers import DynamicCache
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_vs_measure import CONFIG, build_model, case_list  # noqa: E402
+
+
+def run_delay() -> float:
+    """Seconds this thread has waited on a run queue (0 where the kernel does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall minus run-queue wait, wall) of one call of ``fn`` after a barrier."""
+    if dist.is_initialized():
+        dist.barrier()
+    d0, t0 = run_delay(), time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    return wall - (run_delay() - d0), wall
+
+
+def _ids(batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, CONFIG["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def measure_case(model, kind: str, a: int, b: int, repeats: int, seed: int) -> list[tuple[float, float]]:
+    """Per repeat (busy, wall) of a prefill of ``a`` tokens (``kind == 'prefill'``) or a decode
+    step of ``a`` sequences at context ``b`` (cache growing by one token a step); one warm-up."""
+    out = []
+    with torch.no_grad():
+        if kind == "prefill":
+            ids = _ids(1, a, seed)
+            for i in range(repeats + 1):
+                t = timed(lambda: model(input_ids=ids, cache=DynamicCache(config=model.config), use_cache=True,
+                                        logits_to_keep=1))
+                out += [t] if i else []
+            return out
+        cache = DynamicCache(config=model.config)
+        model(input_ids=_ids(a, b, seed), cache=cache, use_cache=True, logits_to_keep=1)
+        step = _ids(a, 1, seed + 1)
+        for i in range(repeats + 1):
+            t = timed(lambda: model(input_ids=step, cache=cache, use_cache=True, logits_to_keep=1))
+            out += [t] if i else []
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=("tp", "dp"), required=True)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout-s", type=float, default=300)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank = dist.get_rank()
+    try:
+        model = build_model()
+        if args.mode == "tp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from partita.runtime.tensor_parallel import apply_tp_hf
+            apply_tp_hf(model, init_device_mesh("cpu", (dist.get_world_size(),)))
+        rows = []
+        for kind, a, b in case_list():
+            seed = a * 7 + b + (rank if args.mode == "dp" else 0)  # dp: each replica its own tokens
+            local = measure_case(model, kind, a, b, args.repeats, seed)
+            both: list = [None] * dist.get_world_size()
+            dist.all_gather_object(both, local)
+            busy = statistics.median(min(r[i][0] for r in both) for i in range(len(local)))
+            wall = statistics.median(max(r[i][1] for r in both) for i in range(len(local)))
+            rows.append({"kind": kind, "a": a, "b": b, "busy_s": busy, "wall_s": wall})
+        if rank == 0:
+            with open(args.out, "w") as f:
+                json.dump({"mode": args.mode, "world": dist.get_world_size(), "rows": rows,
+                           "load": os.getloadavg()[0]}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
