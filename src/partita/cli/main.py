@@ -14,9 +14,9 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from ..errors import PartitaError
-from . import analyze, calibrate, estimate, export, hardware, import_cmd, models, plan, profile, serve, train
+from . import analyze, calibrate, estimate, export, hardware, import_cmd, infer, models, plan, profile, serve, train
 
-COMMANDS = (estimate, export, import_cmd, calibrate, models, hardware, plan, serve, train, profile, analyze)  # the order of --help
+COMMANDS = (estimate, export, import_cmd, calibrate, models, hardware, plan, serve, infer, train, profile, analyze)  # the order of --help
 
 
 class _Parser(argparse.ArgumentParser):
