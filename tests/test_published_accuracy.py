@@ -24,8 +24,11 @@ def test_median_error_on_published_runs(published_csv):
     # their stated 4x100 Gb/s per node, and Ampere was refitted on them; 27.9 %
     # p90 before the Nemotron-340B rows got their run config's vpp 12:
     # validation.published.ERRATA); peak memory median 7.5 % (8.6 % before the FSDP
-    # last-rank phases and the replicated tp norms)
-    assert statistics.median(step_err) < 0.0695
+    # last-rank phases and the replicated tp norms). Step median 6.98 % since FSDP2's
+    # compute-stream copies are charged (cost/step.py _zero3_exposed) and the shipped Hopper
+    # constants were not refitted on that: the out-of-sample figures (tests/test_out_of_sample.py)
+    # are the ones it improved
+    assert statistics.median(step_err) < 0.0700
     assert sorted(step_err)[int(round(0.9 * (len(step_err) - 1)))] < 0.2015
     assert statistics.median(mem_err) < 0.0755
 
