@@ -141,9 +141,11 @@ def test_serve_json_and_text_carry_the_intervals(capsys):
     assert data["interval"] == best["interval"]
     iv = best["interval"]
     assert set(iv) >= {"level", "ttft_s", "tpot_s", "capacity_rps", "goodput_tokens_per_s_per_device"}
-    assert iv["ttft_s"][0] <= best["ttft_ms"] / 1e3 <= iv["ttft_s"][1]
-    assert iv["tpot_s"][0] <= best["tpot_ms"] / 1e3 <= iv["tpot_s"][1]
-    assert iv["capacity_rps"][0] <= best["capacity_rps"] <= iv["capacity_rps"][1]
+    from partita.serve.intervals import serve_interval
+    again = serve_interval(best["ttft_ms"] / 1e3, best["tpot_ms"] / 1e3, best["capacity_rps"],
+                           best["goodput_tokens_per_s_per_device"], best["stable"])
+    for key in ("ttft_s", "tpot_s", "capacity_rps", "goodput_tokens_per_s_per_device"):
+        assert iv[key] == pytest.approx(again[key]) and iv[key][0] <= iv[key][1]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "best layout, 80 % intervals: TTFT" in out and "leave-one-source-out" in out
