@@ -1,6 +1,7 @@
 """``partita serve``'s prefill and decode step times against measured forwards on this CPU.
 
     python bench/serve_vs_measure.py [--hardware cpu] [--repeats 5] [--nproc 2] [--timeout-s 900]
+    python bench/serve_vs_measure.py --calibrate --nproc 2   # calibrate first, in the same run
 
 A small Llama-shaped transformers model (fp32, eager attention, transformers' DynamicCache)
 runs forward only, one thread per process, as the CPU device file describes (one core per
@@ -23,7 +24,9 @@ Each is predicted by :func:`partita.serve.latency.prefill_time` and
 machine) with the ``partita`` framework entry (eager kernels and transformers' cache, as the
 measured runtime runs them). Prints predicted and measured side by side, the ratio, the median
 and worst absolute error, and the load average (the figures move with it on a shared
-machine). Timings belong here, not in tests.
+machine). ``--calibrate`` runs ``partita calibrate --nproc 2`` first and predicts with the
+file it writes: the device figures and the measurements then come from the same minutes of
+the machine's load. Timings belong here, not in tests.
 """
 from __future__ import annotations
 
@@ -106,6 +109,15 @@ def measure_torchrun(mode: str, repeats: int, timeout_s: float) -> dict:
     return data
 
 
+def calibrate(out: str, timeout_s: float) -> None:
+    """``partita calibrate --nproc 2 -o out`` (its own timeout, and this one around it)."""
+    print(f"calibrating: partita calibrate --nproc 2 -o {out} (load average {os.getloadavg()[0]:.1f})", flush=True)
+    cmd = [sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "-o", out, "--timeout-s", str(timeout_s)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
+    if done.returncode != 0:
+        raise SystemExit(f"partita calibrate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hardware", default="cpu")
@@ -113,8 +125,13 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=1, choices=(1, 2), help="2: also tp2 and dp2 on gloo")
     ap.add_argument("--timeout-s", type=float, default=900, help="per torchrun launch")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--calibrate", metavar="OUT", nargs="?", const="serve_vs_measure_calibrated.json",
+                    help="run `partita calibrate --nproc 2 -o OUT` first and predict with OUT")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.calibrate:
+        calibrate(args.calibrate, args.timeout_s)
+        args.hardware = args.calibrate
     device, spec = load_device(args.hardware), model_spec()
     runs = [measure_here(args.repeats)]
     if args.nproc == 2:

@@ -17,7 +17,7 @@ import torch
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from partita.serve.latency import EAGER_RUNTIMES, decode_kv_passes, decode_stage_time, prefill_time
+from partita.serve.latency import EAGER_RUNTIMES, EAGER_SCORE_PASSES, decode_kv_passes, decode_stage_time, prefill_time
 from partita.serve.memory import kv_bytes_per_token_layer
 from partita.serve.workload import Layout
 from partita.spec.hardware import load_device
@@ -125,3 +125,18 @@ def test_dtensor_term_is_the_calibrated_forward_share():
                 == pytest.approx(layers * 1e-3, rel=1e-9))
         assert decode_stage_time(spec, with_term, tp1, 4, 64, 1, fw) == decode_stage_time(spec, without, tp1, 4, 64, 1, fw)
     assert decode_stage_time(spec, with_term, tp2, 4, 64, 2) == decode_stage_time(spec, without, tp2, 4, 64, 2)
+
+
+def test_eager_prefill_score_passes_match_transformers():
+    """A prefill of transformers' eager Llama moves ``EAGER_SCORE_PASSES`` x the ``P x P``
+    scores per head (+ one read of the mask) per layer in ``P x P``-shaped tensors, counted
+    op by op (the mask's construction, once per forward, is within the tolerance)."""
+    torch.manual_seed(0)
+    layers, prompt = 4, 48
+    config = transformers.LlamaConfig(**{**TINY, "num_hidden_layers": layers}, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(config).eval()
+    counter = _KVBytes({prompt}, prompt)  # tensors whose last two dims are P x P
+    with torch.no_grad(), counter:
+        model(input_ids=torch.randint(0, 256, (1, prompt)), use_cache=False)
+    per_layer = prompt * prompt * 4 * (TINY["num_attention_heads"] * EAGER_SCORE_PASSES + 1)
+    assert counter.bytes / (per_layer * layers) == pytest.approx(1.0, rel=0.06)

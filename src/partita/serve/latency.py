@@ -35,6 +35,9 @@ engines in two documented places, each a count, not a fitted factor:
 * the KV cache is moved :func:`decode_kv_passes` times per decode step instead of once
   (``DynamicLayer.update`` appends by ``torch.cat``; ``repeat_kv`` materialises GQA's K/V at the
   query width; the two attention matmuls read the expanded copies);
+* prefill attention is transformers' ``eager_attention_forward``: the whole ``P x P`` score
+  matrix (not flash attention's causal half) and its round trips through memory
+  (:func:`eager_prefill_attention`);
 * every tensor-parallel layer pays the host-side DTensor work ``partita calibrate`` measures
   (:func:`partita.cost.overheads.tp_framework_us` without sequence parallelism), its forward
   share (``FORWARD_SHARE`` = 1/3 of the forward + backward the micro-run timed).
@@ -124,6 +127,27 @@ def decode_kv_passes(model: ModelSpec, tp: int, framework: str) -> float:
     return 2 + (1 + 2 * n_rep if n_rep > 1 else 1)
 
 
+#: passes through memory over each element of eager attention's ``P x P`` scores per head,
+#: from ``eager_attention_forward`` (modeling_llama.py): the ``matmul`` writes (1), ``* scaling``
+#: reads and writes (2), ``+ attention_mask`` reads and writes (2), ``softmax`` reads and writes
+#: (2), ``dropout`` in eval returns its input (0), the second ``matmul`` reads (1)
+EAGER_SCORE_PASSES = 8
+
+
+def eager_prefill_attention(model: ModelSpec, device: Device, layout: Layout, prompt_len: int) -> float:
+    """Seconds one layer of an eager runtime's prefill adds to the flash-attention cost of
+    :func:`partita.cost.compute.layer_forward`: the masked half of the score matrix computed
+    anyway (``2 P (P - (P+1)/2) heads/tp (d_qk + d_v)`` FLOPs at the attention rate) and the
+    scores' :data:`EAGER_SCORE_PASSES` round trips plus one read of the ``P x P`` mask, at
+    the memory rate. MLA models: the same with their score and value head sizes."""
+    p, heads = float(prompt_len), model.heads / layout.tp
+    d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
+    flops = 2 * p * (p - (p + 1) / 2) * heads * (d_qk + d_v)
+    rate = device.peak_flops(layout.dtype) * device.efficiency.attention
+    scores = p * p * layout.weight_bytes * (heads * EAGER_SCORE_PASSES + 1)
+    return flops / rate + scores / bandwidth(device)
+
+
 def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
     """One pipeline hop of ``tokens`` hidden states (crosses nodes when a replica does)."""
     if layout.pp == 1:
@@ -146,7 +170,8 @@ def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: i
         compute = layer_forward(model, device, shape, moe).time
         weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw
         total += n * (max(compute, weights) + layer_comm(model, device, layout, prompt_len, moe, per_node)
-                      + dtensor_overhead(device, layout, framework))
+                      + dtensor_overhead(device, layout, framework)
+                      + (eager_prefill_attention(model, device, layout, prompt_len) if framework in EAGER_RUNTIMES else 0.0))
     total += _logits_time(model, device, layout, 1) + embedding_comm(model, device, layout, prompt_len, per_node)
     return total + (layout.pp - 1) * _hop(model, device, layout, prompt_len, per_node)
 
