@@ -41,7 +41,8 @@ def test_unknown_framework_is_one_line_listing_the_names():
     text = str(err.value)
     assert "\n" not in text and all(name in text for name in FRAMEWORKS)
     errs = validate(dataclasses.replace(BASE, framework="nemo-magic"))
-    names = "megatron, mindspeed, torchtitan, torchtitan-eager, torchtitan-eager-loss, deepspeed, partita, internevo"
+    names = "megatron, mindspeed, torchtitan, torchtitan-eager, torchtitan-eager-loss, deepspeed, partita, internevo, " \
+            "mindformers"
     assert any(f"framework must be one of {names}" in e for e in errs)
 
 

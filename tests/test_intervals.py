@@ -70,7 +70,9 @@ def test_p_fit_is_the_empirical_cdf_and_monotone_in_the_limit():
     assert ps == sorted(ps) and ps[0] == 0.0 and ps[-1] == 1.0
     for limit, p in zip(limits, ps):  # an independent count: the share of residuals at or below ln(limit/peak)
         below = sum(r <= math.log(limit / peak) for r in res.values)
-        assert below / (len(res.values) + 1) - 1e-12 <= p <= (below + 1) / (len(res.values) + 1) + 1e-12
+        scale = res.units / (res.units + 1) / len(res.values)  # positions (j / n) n_eff / (n_eff + 1)
+        top = 1.0 if below == len(res.values) else (below + 1) * scale  # 1 at and above the largest
+        assert below * scale - 1e-12 <= p <= top + 1e-12
     # the search's admission limit is where P(fit) crosses min_p_fit
     admit = unc.admission_limit(est.memory_limit_gib, res, 0.05)
     assert unc.p_fit(admit * 0.999, est.memory_limit_gib, res) >= 0.05 > unc.p_fit(admit * 1.02, est.memory_limit_gib, res)

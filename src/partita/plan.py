@@ -124,7 +124,8 @@ FINETUNES = ("none", "full", "lora")
 LORA_TARGETS = ("attention", "mlp", "all-linear")
 ZERO_STAGES = (0, 1, 2, 3)
 #: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
-FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo")
+FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo",
+              "mindformers")
 PLAN_FORMAT = "partita.plan/1"
 #: Upper bound of every degree and size of a plan: beyond any real run (2^24 devices,
 #: sequences or tokens), so that every estimate and export finishes in bounded time.
@@ -207,7 +208,7 @@ class Plan:
     #: differences in saved activations, recompute, state bytes and overlap)
     framework: str = _flag("megatron", "estimate as run by this framework: torchtitan-eager is torchtitan without "
                                        "torch.compile, torchtitan-eager-loss compiled blocks with an eager loss "
-                                       "(torchtitan before 2025-04), internevo the InternLM trainer; their documented "
+                                       "(torchtitan before 2025-04), internevo the InternLM trainer, mindformers MindSpore's; their documented "
                                        "differences: docs/cost_model.md (default megatron)",
                            choices=FRAMEWORKS, commands=_BOTH)
     #: expert tensor parallel (module docstring, ``etp``); 1 keeps every plan's JSON as before

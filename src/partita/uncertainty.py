@@ -5,21 +5,45 @@ Where the numbers come from. ``bench/fit_intervals.py`` predicts every published
 refitted on the *other* sources (``bench/fit.py``'s leave-one-source-out), peak memory
 with the memory model (no memory constant is fitted on those rows) - and stores, per
 feature class of the plan (:func:`step_classes`, :func:`memory_class_names`), the sorted
-log residuals ``r = ln(measured / predicted)`` in ``catalog/intervals.json``. Planning only
-reads that table: no fit runs at planning time, nothing imports torch.
+log residuals ``r = ln(measured / predicted)`` and their effective sample size in
+``catalog/intervals.json``. Planning only reads that table: no fit runs at planning time,
+nothing imports torch.
 
-* **80 % interval** (split conformal, equal-tailed): ``[pred * exp(r_(lo)), pred * exp(r_(hi)))]``
-  with the order statistics ``lo = floor((n + 1) * 0.1)`` and ``hi = ceil((n + 1) * 0.9)``
-  of the class's ``n`` residuals (Vovk et al. 2005; Lei et al. 2018, "Distribution-free
-  predictive inference for regression", sec. 2.2): if the next run's residual is
-  exchangeable with the stored ones, the interval holds it with probability >= 80 %.
+The method: split conformal prediction (Vovk et al. 2005; Lei et al. 2018, "Distribution-free
+predictive inference for regression", JASA 113, sec. 2.2; Angelopoulos & Bates 2021, "A gentle
+introduction to conformal prediction", sec. 1-2), its finite-sample correction counted in
+*effective* rows. Rows of one source share its accounting, its software version and its
+errors (the torchao Llama4-Scout memory rows are all 25 % under, the mxfp8 rows all 17 %
+over), so they are not exchangeable with each other - the sources are closer to it (a new run
+comes from a new source). Each class's residuals carry ``n_eff``, Kish's effective sample size
+of the clustered rows (:func:`effective_rows`): near the number of sources when a source's rows
+repeat one error, near the number of rows when they scatter independently.
+
+* **80 % interval** (equal-tailed): ``[pred * exp(r_lo), pred * exp(r_hi)]``, ``r_hi`` the
+  ``ceil(n q)``-th smallest of the class's ``n`` residuals with ``q = 0.9 (n_eff + 1) / n_eff``,
+  ``r_lo`` its mirror image (:meth:`Residuals.bounds`; with ``n_eff = n`` the order statistics
+  ``floor((n + 1) 0.1)`` and ``ceil((n + 1) 0.9)``). With ``n_eff < 9``, ``q > 1`` and the ends
+  are the extreme residuals: for ``k`` exchangeable sources a new one falls within their range
+  with probability ``(k - 1) / (k + 1)`` (7/9 at k = 8, the memory table).
 * **P(fit)** = P(true peak <= limit) = P(r <= ln(limit / predicted)) = F(ln(limit / pred)),
-  F the empirical CDF of the class's memory residuals (plotting positions i / (n + 1),
-  linear between them; 0 below the smallest, 1 above the largest). No normal is assumed:
-  the memory residuals are skewed (a cluster of MoE runs under-predicted by 30 %).
-* A class is used when it has at least :data:`MIN_ROWS` residuals from :data:`MIN_SOURCES`
-  sources; among the plan's
-  classes that do, the widest (the plan's worst-known feature decides); none: all rows.
+  F the empirical CDF of the class's memory residuals (plotting positions
+  ``(j / n) n_eff / (n_eff + 1)`` - ``j / (n + 1)`` when every row counts - linear between
+  them; 0 below the smallest, 1 at and above the largest). No normal is
+  assumed: the memory residuals are skewed (a cluster of MoE runs under-predicted by 25 %).
+* A class stands alone when it has at least :data:`MIN_ROWS` residuals from
+  :data:`MIN_SOURCES` sources and ``n_eff >= 9`` (:data:`MIN_EFFECTIVE`, the stated floor:
+  below it the class's 80 % ends fall outside its sample); among the plan's classes that do,
+  the best informed (largest ``n_eff``: its ends rest on the most evidence, where a thin class's
+  are pushed out by its finite-sample correction - choosing the widest covered 89 % held out,
+  the best informed 84 %); none: all rows pooled, whose ``n_eff`` may itself be below 9
+  (memory: 8) - then the pooled extremes, stated as above.
+* **Coverage is measured out of sample the same way** (``bench/fit_intervals.py``,
+  :func:`fit_intervals.loso_coverage`): each source's rows against the intervals built from
+  the other sources' residuals only, so no source's own rows set its interval. The figures
+  are in docs/accuracy.md ("Error bars"); the target is 70-90 % for both quantities.
+* A calibrated hardware file (``partita calibrate``) does *not* narrow them yet: the
+  calibrated loop's residuals (``bench/predict_vs_measure.py``) are 12 plans of one machine per
+  run and move 2x between runs (issue 33), too few and too unstable to stand as a class.
 
 The one "fits" (issue 32 item 5, issue 33 item 4): the limit is the device's usable memory
 (HBM less what the runtime keeps) less ``headroom`` (default :data:`DEFAULT_HEADROOM`,
@@ -51,6 +75,10 @@ LEVEL = 0.8
 MIN_ROWS = 15
 #: ... from at least this many sources: one source's rows share its accounting and its errors.
 MIN_SOURCES = 3
+#: ... and at least this effective sample (:func:`effective_rows`): the least n_eff for which
+#: the 80 % ends are inside the sample (``ceil(0.9 (n + 1)) <= n`` needs n >= 9); below it a
+#: class's interval would be its extreme rows, and the plan uses all rows pooled instead.
+MIN_EFFECTIVE = 9.0
 INTERVALS_FILE = Path(__file__).resolve().parent / "catalog" / "intervals.json"
 #: Step-time feature classes (issue 33's list), in the order they are reported.
 STEP_CLASSES = ("dense", "moe", "long_context", "vpp4", "fp8", "fsdp", "ascend")
@@ -93,49 +121,72 @@ class MemoryLimit:
 
 @dataclass(frozen=True)
 class Residuals:
-    """One class's sorted out-of-sample log residuals ``ln(measured / predicted)``."""
+    """One class's sorted out-of-sample log residuals ``ln(measured / predicted)``.
+
+    ``effective``: the effective number of exchangeable units among them (Kish's design
+    effect, :func:`effective_rows`) - rows of one source move together, so 70 rows of one
+    source are worth far fewer than 70 runs; 0: every row counts (``len(values)``).
+    ``sources``: how many sources the rows come from."""
 
     name: str
     values: tuple[float, ...]
     sources: int = 0
+    effective: float = 0.0
 
-    def order_stat(self, k: int) -> float:
-        """The k-th smallest (1-based), clamped to the sample (finite-sample conformal ends)."""
-        return self.values[min(max(k, 1), len(self.values)) - 1]
+    @property
+    def units(self) -> float:
+        """n_eff: the count conformal's finite-sample correction uses (module docstring)."""
+        return self.effective if self.effective > 0 else float(len(self.values))
 
     def bounds(self, level: float = LEVEL) -> tuple[float, float]:
-        """Split-conformal equal-tailed log bounds (module docstring)."""
-        n, tail = len(self.values), (1 - level) / 2
-        return self.order_stat(math.floor((n + 1) * tail)), self.order_stat(math.ceil((n + 1) * (1 - tail)))
+        """Split-conformal equal-tailed log bounds (module docstring): the upper end is the
+        ``ceil(n q)``-th smallest residual, ``q = (1 - tail) (n_eff + 1) / n_eff``, the lower end
+        its mirror image, the ``floor(n (1 - q)) + 1``-th; past the sample, the extreme residual.
+        With ``n_eff = n`` these are the order statistics ``floor((n + 1) tail)`` and
+        ``ceil((n + 1) (1 - tail))`` of Lei et al. 2018."""
+        n, units = len(self.values), self.units
+        q = (1 - (1 - level) / 2) * (units + 1) / units
+        hi = math.ceil(n * q - 1e-9)
+        lo = math.floor(n * (1 - q) + 1e-9) + 1
+        return self.values[min(max(lo, 1), n) - 1], self.values[min(max(hi, 1), n) - 1]
+
+    def _positions(self) -> list[float]:
+        """Plotting positions of the sorted residuals: ``(j / n) n_eff / (n_eff + 1)`` (``j / (n + 1)``
+        when every row counts)."""
+        n, units = len(self.values), self.units
+        return [j / n * units / (units + 1) for j in range(1, n + 1)]
 
     def cdf(self, x: float) -> float:
-        """Empirical CDF at x: plotting positions i/(n+1), linear between residuals."""
-        v, n = self.values, len(self.values)
+        """Empirical CDF at x: the plotting positions, linear between residuals; 0 below the
+        smallest, 1 at and above the largest."""
+        v = self.values
         if x < v[0]:
             return 0.0
         if x >= v[-1]:
             return 1.0
+        pos = self._positions()
         i = bisect.bisect_right(v, x)  # v[i-1] <= x < v[i]
         lo, hi = v[i - 1], v[i]
         frac = (x - lo) / (hi - lo) if hi > lo else 1.0
-        return (i + frac) / (n + 1)
+        return pos[i - 1] + frac * (pos[i] - pos[i - 1])
 
     def inverse_cdf(self, p: float) -> float:
         """The least x with cdf(x) >= p (0 < p <= 1): the inverse of :meth:`cdf`."""
-        v, n = self.values, len(self.values)
-        pos = p * (n + 1)
-        if pos <= 1:
+        v, pos = self.values, self._positions()
+        if p <= pos[0]:
             return v[0]
-        if pos >= n:
+        if p >= pos[-1]:
             return v[-1]
-        i = int(math.floor(pos))
-        return v[i - 1] + (pos - i) * (v[i] - v[i - 1])
+        i = bisect.bisect_left(pos, p)  # pos[i-1] < p <= pos[i]
+        span = pos[i] - pos[i - 1]
+        return v[i - 1] + ((p - pos[i - 1]) / span if span > 0 else 1.0) * (v[i] - v[i - 1])
 
 
 @lru_cache(maxsize=4)
 def _table(path: str) -> dict[str, dict[str, Residuals]]:
     raw = json.loads(Path(path).read_text())
-    return {metric: {name: Residuals(name, tuple(sorted(c["residuals"])), int(c.get("sources", 0)))
+    return {metric: {name: Residuals(name, tuple(sorted(c["residuals"])), int(c.get("sources", 0)),
+                               float(c.get("effective_rows", 0.0)))
                      for name, c in raw[metric].items()} for metric in ("step_time", "peak_memory")}
 
 
@@ -176,15 +227,47 @@ def memory_class_names(model: Any, seq_len: int, dtype: str, device: Any) -> lis
     return out
 
 
+def stands_alone(res: Residuals) -> bool:
+    """Whether a class has the rows, sources and effective sample to set its own interval
+    (:data:`MIN_ROWS`, :data:`MIN_SOURCES`, :data:`MIN_EFFECTIVE`)."""
+    return len(res.values) >= MIN_ROWS and res.sources >= MIN_SOURCES and res.units >= MIN_EFFECTIVE - 1e-9
+
+
+def effective_rows(by_source: dict[str, list[float]]) -> float:
+    """Kish's effective sample size of clustered residuals: ``n / deff``, the design effect
+    ``deff = 1 + (m - 1) rho`` with ``m = sum(n_s^2) / n`` the rows' mean cluster size and
+    ``rho`` the intra-source correlation of the residuals, the one-way ANOVA estimator
+    ``(MSB - MSW) / (MSB + (m0 - 1) MSW)``, ``m0 = (n - sum(n_s^2) / n) / (k - 1)`` (Kish 1965,
+    "Survey Sampling", sec. 5.4; Donner 1986 for unequal sizes), clamped to [0, 1]. Bounded by
+    the k sources below (rho = 1: each source one unit) and the n rows above (rho = 0). One
+    source: 1. Why: the sources are the exchangeable units a new run is drawn like, and their
+    rows repeat one error - the memory rows' rho is near 1 (35 rows are worth 8), the step
+    times' well below (417 rows worth about 34)."""
+    groups = [v for v in by_source.values() if v]
+    n, k = sum(len(v) for v in groups), len(groups)
+    if k < 2:
+        return 1.0
+    mean = sum(sum(v) for v in groups) / n
+    means = [sum(v) / len(v) for v in groups]
+    msb = sum(len(v) * (mu - mean) ** 2 for v, mu in zip(groups, means)) / (k - 1)
+    msw = sum((x - mu) ** 2 for v, mu in zip(groups, means) for x in v) / (n - k) if n > k else 0.0
+    sq = sum(len(v) ** 2 for v in groups) / n
+    m0 = (n - sq) / (k - 1)
+    denom = msb + (m0 - 1) * msw
+    rho = min(1.0, max(0.0, (msb - msw) / denom)) if denom > 0 else 1.0
+    return min(float(n), max(float(k), n / (1 + (sq - 1) * rho)))
+
+
 def pick(classes: list[str], metric: str, path: Path | None = None,
          tab: dict[str, Residuals] | None = None) -> Residuals:
-    """The residuals a plan is judged by: its widest class with >= MIN_ROWS rows, else all rows
-    (``tab``: a metric's table built in memory, as bench/fit_intervals.py's check does)."""
+    """The residuals a plan is judged by: of its classes that stand alone (:func:`stands_alone`),
+    the best informed (largest n_eff), else all rows (``tab``: a metric's table built in
+    memory, as bench/fit_intervals.py's check does)."""
     tab = table(path)[metric] if tab is None else tab
-    usable = [tab[c] for c in classes if c in tab and len(tab[c].values) >= MIN_ROWS and tab[c].sources >= MIN_SOURCES]
+    usable = [tab[c] for c in classes if c in tab and stands_alone(tab[c])]
     if not usable:
         return tab["all"]
-    return max(usable, key=lambda r: (r.bounds()[1] - r.bounds()[0], r.name))
+    return max(usable, key=lambda r: (r.units, r.name))
 
 
 def memory_residuals(model: Any, seq_len: int, dtype: str, device: Any) -> Residuals:

@@ -58,6 +58,10 @@ field                       what it changes (where)
                             the activations - at one micro-batch per step the peak holds
                             ``max(activations, gradients)``, not their sum
                             (:meth:`.memory.MemoryParts.gradients_at_peak`)
+``master_in_params``        16-bit training keeps no fp32 master weight: the bf16/fp16 parameters
+                            are the optimizer's copy, updated in fp32 and cast back, so the states
+                            are 2 + gradients + 8 (fp32 AdamW m, v) bytes per parameter, not
+                            Megatron's 2 + 4 + 12 (:func:`.states._state_bytes`; memory only)
 ``fsdp2_stream_copies``     zero 3 is torch FSDP2: the all-gather's copy-out and the reduce-scatter's
                             copy-in run on the compute stream, beside no overlap
                             (:func:`.step._zero3_exposed`)
@@ -66,6 +70,7 @@ field                       what it changes (where)
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
 default of its llama configs), ``torchtitan-eager`` (torchtitan without ``torch.compile``),
 ``torchtitan-eager-loss`` (compiled blocks, eager loss: torchtitan before 2025-04),
+``mindformers`` (MindSpore/MindFormers on Ascend: MindSpeed's terms, its own optimizer states),
 ``deepspeed``, ``partita`` (this project's eager runtime), ``internevo`` (the InternLM trainer:
 Megatron's kernels and checkpoint, its hybrid ZeRO-1 syncing parameters by per-owner
 broadcasts after the step).
@@ -128,6 +133,8 @@ class Framework:
     #: ZeRO-3 is torch FSDP2 (``fully_shard``): the all-gather's copy-out into the parameters and
     #: the reduce-scatter's copy-in of the gradients run on the compute stream (:mod:`.step`)
     fsdp2_stream_copies: bool = False
+    #: 16-bit parameters are the master copy (MindSpore): no separate fp32 master in the optimizer states
+    master_in_params: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -290,6 +297,16 @@ FRAMEWORKS: dict[str, Framework] = {
         ("param_broadcast_per_owner", "InternEvo internlm/solver/optimizer/hybrid_zero_optim.py broadcast_params: "
          "every rank of the zero1 group broadcasts the parameter shard it owns (dist.broadcast src=owner), one "
          "call per member of the group; zero1=-1 makes the group the whole data-parallel group, zero1=8 one node"),
+    )),
+    # MindSpore/MindFormers (graph mode on Ascend): every time term as MindSpeed's (the fused
+    # kernels and reentrant recompute the MindFormers rows were fitted with); its optimizer keeps
+    # no fp32 master weight.
+    "mindformers": Framework("mindformers", fp8_cast_bytes=0.0, master_in_params=True, sources=(
+        ("*", "as mindspeed: MindSpore graph mode fuses the element-wise ops and its recompute reruns the forward"),
+        ("master_in_params", "mindspore-lab/mindformers mindformers/core/optim/adamw.py AdamW: clone_state makes "
+         "exp_avg / exp_avg_sq with dtype=mstype.float32; _update_run_op casts the parameter to fp32, updates it "
+         "and assigns it back with F.assign(parameters, op_cast(return_param, F.dtype(parameters))) - the "
+         "param_init_type (bfloat16 / float16) parameter is the only weight copy"),
     )),
 }
 

@@ -187,6 +187,7 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
     # unpacked once: the search's hot path (every layout's ladder over every rank shape)
     grad_b, dense_shard, expert_shard, plan_buffers, full, fp8_cache, layer, zero0_autocast = \
         plan_terms(device, plan) if terms is None else terms
+    master = FRAMEWORKS[plan.framework].master_in_params  # MindSpore: the 16-bit parameters are the master
     chunks = in_flight_chunks(plan.schedule, plan.pp, plan.vpp, plan.grad_accum, rank)
     transient, buffers = _transient(model, plan, shape), plan_buffers + _knob_state(model, plan, shape)
     states: dict[int, tuple[float, float, float, float, float]] = {}
@@ -196,10 +197,10 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
         if zero not in states:
             autocast = zero == 0 and zero0_autocast
             weights, grads, optimizer = _state_bytes(plan.dtype, grad_b, zero, dense, dense_shard, full, autocast,
-                                                     fp8_cache, plan.fp8_param_gather, plan.reuse_fp32_param)
+                                                     fp8_cache, plan.fp8_param_gather, plan.reuse_fp32_param, master)
             if expert:
                 we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache,
-                                          plan.fp8_param_gather, plan.reuse_fp32_param)
+                                          plan.fp8_param_gather, plan.reuse_fp32_param, master)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
                             fsdp_stream_pool(model, plan, shape, zero)) if zero >= 3 else \

@@ -13,6 +13,8 @@ optimizer   12 (fp32 master + m + v);  zero 1, 2 and 3
             fp32 training: 8 (m + v)
 ==========  =========================  ======================================
 
+MindSpore/MindFormers keeps no fp32 master: its 16-bit parameters are the optimizer's copy
+(:attr:`.frameworks.Framework.master_in_params`): 2 + grads + 8 (m, v in fp32).
 fp8 training keeps bf16 weights and an fp8 copy of each (1 byte, :func:`fp8_weight_cache`);
 with Megatron's ``--fp8-param-gather`` the fp8 weight is the only one, and MindSpeed's
 ``--reuse-fp32-param`` stores the fp32 master as the bf16 weight plus a 16-bit residual
@@ -77,7 +79,8 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
     """
     weights, grads, optimizer = _state_bytes(plan.dtype, _grad_bytes(plan), plan.zero, params, shard,
                                              full_gradients(plan), _autocast(plan), fp8_weight_cache(plan),
-                                             plan.fp8_param_gather, plan.reuse_fp32_param)
+                                             plan.fp8_param_gather, plan.reuse_fp32_param,
+                                             FRAMEWORKS[plan.framework].master_in_params)
     return {"weights": weights, "gradients": grads, "optimizer": optimizer}
 
 
@@ -122,14 +125,19 @@ def fp8_weight_cache(plan: Plan) -> bool:
 def _state_bytes(dtype: str, grad_b: int, z: int, params: float, shard: int,
                  full_grads: bool = False, autocast: bool = False,
                  fp8_cache: bool = True, fp8_params: bool = False,
-                 reuse_fp32: bool = False) -> tuple[float, float, float]:
+                 reuse_fp32: bool = False, master_in_params: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of :func:`model_state_bytes` (the search's hot
     path); ``full_grads``: the gradients are held unsharded (:func:`full_gradients`);
     ``autocast`` (zero 0 only): fp32 parameters cast per op by torch.autocast, so fp32
-    weights (4), fp32 gradients (4, the parameters' own ``.grad``) and AdamW m, v (8)."""
+    weights (4), fp32 gradients (4, the parameters' own ``.grad``) and AdamW m, v (8).
+    ``master_in_params`` (MindSpore, :attr:`.frameworks.Framework.master_in_params`): a
+    16-bit run's parameters are the master copy, so 2 (weights, sharded only at zero 3) and
+    8 (AdamW m, v in fp32) - 4 bytes per parameter less than the 12-byte optimizer."""
     if autocast and z == 0:
         return params * 4, params * 4, params * 8
-    if dtype == "fp32" or z >= 3:
+    if master_in_params and dtype in ("bf16", "fp16"):
+        weight_b, opt_b = 2, 8
+    elif dtype == "fp32" or z >= 3:
         weight_b, opt_b = 4, 8
     else:
         weight_b, opt_b = 2, 12

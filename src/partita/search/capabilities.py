@@ -138,6 +138,7 @@ _TORCHTITAN = Capabilities("torchtitan", zero=frozenset({0, 3}), split="ends", e
 CAPABILITIES: dict[str, Capabilities | None] = {
     "megatron": _MEGATRON, "mindspeed": _MINDSPEED, "deepspeed": _DEEPSPEED, "torchtitan": _TORCHTITAN,
     "torchtitan-eager": _TORCHTITAN, "torchtitan-eager-loss": _TORCHTITAN, "partita": None, "internevo": None,
+    "mindformers": None,
 }
 
 
