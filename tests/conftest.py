@@ -43,12 +43,58 @@ def pytest_make_collect_report(collector):
         report.longrepr = f"module skipped, and this suite allows no skips (tests/conftest.py): {reason}"
 
 
+# -- independent launches started together ------------------------------------------------------
+
+def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None) -> list:
+    """Start every command at once (each with ``os.environ`` and its ``envs`` entry on top) and
+    wait for all (``subprocess.CompletedProcess`` each, in order). Why: a ``partita train`` spends its first seconds in one process at a time (the
+    launcher, then torchrun, import torch), and a one-process run keeps one core busy: on
+    the 2-core CI machine two such launches started together finish in little more than the
+    time of one. Only for launches that share no files (each its own run directory). Output
+    goes to files, not pipes, so no launch waits on a full pipe; after ``timeout`` every
+    launch still running is killed with its process group (torchrun, workers) and
+    ``subprocess.TimeoutExpired`` raised."""
+    import os
+    import signal
+    import subprocess
+    import tempfile
+    import time
+    started = []
+    try:
+        for cmd, extra in zip(cmds, envs or [{}] * len(cmds)):
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            started.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env={**os.environ, **extra},
+                                             start_new_session=True), out, err))
+        deadline = time.monotonic() + timeout
+        done = []
+        for proc, out, err in started:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            out.seek(0)
+            err.seek(0)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
+        return done
+    finally:
+        for proc, out, err in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+            out.close()
+            err.close()
+
+
+@pytest.fixture
+def together():
+    """:func:`run_together`: independent launches started at once."""
+    return run_together
+
+
 # -- one torchrun per world size for every equivalence case of the session ---------------------
 
-def _equivalence_specs(session) -> list[tuple[int, int, str]]:
-    """(world, steps, case) declared by the collected modules (``EQUIVALENCE_CASES``) whose
-    tests use the ``equivalence`` fixture, in collection order, without repeats."""
-    specs: list[tuple[int, int, str]] = []
+def _equivalence_specs(session) -> list[tuple]:
+    """(world, steps, case) or (world, steps, case, worker file) declared by the collected
+    modules (``EQUIVALENCE_CASES``) whose tests use the ``equivalence`` fixture, in collection
+    order, without repeats."""
+    specs: list[tuple] = []
     seen_modules = set()
     for item in session.items:
         module = getattr(item, "module", None)
@@ -59,22 +105,33 @@ def _equivalence_specs(session) -> list[tuple[int, int, str]]:
     return specs
 
 
-def _run_equivalence(world: int, specs: list[tuple[int, str]], out: Path) -> dict:
-    """One ``torchrun -m partita.runtime.equivalence`` for ``specs`` ((steps, case), each case
-    once): its results by (steps, case), and its stdout."""
+def _name(steps: int, case: str, worker: str) -> str:
+    """A case's key in the worker's results (``partita.runtime.equivalence.main``)."""
+    return f"{worker}::{case}" if worker else case
+
+
+def _run_equivalence(world: int, specs: list[tuple[int, str, str]], out: Path) -> dict:
+    """One ``torchrun -m partita.runtime.equivalence`` for ``specs`` ((steps, case, worker),
+    each name once): its results by (steps, case, worker), and its stdout. The module's own
+    cases run first (most steps first), then each worker file's."""
     import json
     import os
     import subprocess
     args: list[str] = []
-    for steps in sorted({s for s, _ in specs}, reverse=True):
-        args += [f"--steps={steps}", *(c for s, c in specs if s == steps)]
+    for steps in sorted({s for s, _, w in specs if not w}, reverse=True):
+        args += [f"--steps={steps}", *(c for s, c, w in specs if s == steps and not w)]
+    for worker in dict.fromkeys(w for _, _, w in specs if w):
+        args += [f"--worker={worker}", *(c for _, c, w in specs if w == worker)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300 + 60 * len(specs),
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+                                   PYTHONFAULTHANDLER="1"))  # a crashed rank prints its Python stack
+    crash = proc.stderr.find("Fatal Python error")  # a rank's own stack first, then the end
+    assert proc.returncode == 0, (proc.stderr[crash:crash + 4000] + "\n...\n" if crash >= 0 else "") + \
+        proc.stdout[-3000:] + proc.stderr[-6000:]
     results = json.loads(out.read_text())
-    return {"results": {(s, c): results[c] for s, c in specs}, "stdout": proc.stdout}
+    return {"results": {spec: results[_name(*spec)] for spec in specs}, "stdout": proc.stdout}
 
 
 @pytest.fixture(scope="session")
@@ -82,25 +139,29 @@ def equivalence(request, tmp_path_factory) -> dict:
     """Every equivalence case of this session (``partita.runtime.equivalence``: a plan's
     losses, parameters and optimizer state against single-process training), run in one
     torchrun per world size however many test files declare cases: the process group's
-    start-up (torch imported in every rank) is paid once per world size for the session.
+    start-up (torch imported in every rank, and in torchrun) is paid once per world size for
+    the session.
 
     Returns ``{"results": {(world, steps, case): result}, "stdout": {world: text}}``. A module
     takes part by declaring ``EQUIVALENCE_CASES = [(world, steps, case), ...]`` and using this
     fixture; a case asked for with two step counts runs in a second torchrun (its results
-    are keyed by case)."""
-    by_world: dict[int, list[tuple[int, str]]] = {}
-    for world, steps, case in _equivalence_specs(request.session):
-        by_world.setdefault(world, []).append((steps, case))
+    are keyed by case). A module with a worker of its own declares ``(world, 0, case, FILE)``:
+    FILE's ``run_case(case) -> dict`` runs the case in the same processes, after the
+    module's own cases (``partita.runtime.equivalence.main``'s ``--worker``), and its result
+    is keyed ``(world, 0, case, FILE)``."""
+    by_world: dict[int, list[tuple[int, str, str]]] = {}
+    for world, steps, case, *worker in _equivalence_specs(request.session):
+        by_world.setdefault(world, []).append((steps, case, worker[0] if worker else ""))
     merged: dict = {"results": {}, "stdout": {}}
     for world, specs in sorted(by_world.items()):
-        batches: list[list[tuple[int, str]]] = []
+        batches: list[list[tuple[int, str, str]]] = []
         for spec in specs:
-            batch = next((b for b in batches if all(c != spec[1] for _, c in b)), None)
+            batch = next((b for b in batches if all((c, w) != spec[1:] for _, c, w in b)), None)
             if batch is None:
                 batches.append(batch := [])
             batch.append(spec)
         for i, batch in enumerate(batches):
             run = _run_equivalence(world, batch, tmp_path_factory.mktemp(f"equivalence{world}_{i}") / "results.json")
-            merged["results"].update({(world, s, c): r for (s, c), r in run["results"].items()})
+            merged["results"].update({(world, s, c, *([w] if w else [])): r for (s, c, w), r in run["results"].items()})
             merged["stdout"][world] = merged["stdout"].get(world, "") + run["stdout"]
     return merged

@@ -246,6 +246,18 @@ def test_slurm_dry_run_and_detach(tmp_path, slurm):
     assert _queue_empty(slurm)
 
 
+def _wait_for_job(job: str, env: dict, timeout_s: float) -> None:
+    """Until ``job`` leaves the queue, looking every 0.5 s. Not ``sbatch --wait``: it looks
+    after 2 s, 8 s, then every 32 s (sbatch.c ``_job_wait``, up to MinJobAge / 2), so a job of
+    10 s was seen done after 42 s."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=60,
+                         env=env).stdout.strip():
+        assert time.monotonic() < deadline, f"Slurm job {job} still queued after {timeout_s} s"
+        time.sleep(0.5)
+
+
 def test_exported_sbatch_script_runs_to_completion(tmp_path, slurm):
     """`partita export --to slurm` (the script a user submits by hand) runs under sbatch."""
     from partita.plan import Plan
@@ -255,10 +267,11 @@ def test_exported_sbatch_script_runs_to_completion(tmp_path, slurm):
                   "--devices-per-node", "1", "--model", "tiny-llama", "-o", str(script), env=slurm, cwd=tmp_path,
                   timeout=300)
     assert out.returncode == 0, out.stderr
-    sub = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
-                         timeout=900, env=slurm, cwd=tmp_path)
-    assert sub.returncode == 0, sub.stderr + "".join(p.read_text()[-3000:] for p in tmp_path.glob("*.out"))
+    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         timeout=120, env=slurm, cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
+    _wait_for_job(job, slurm, timeout_s=900)
     from partita.train.slurm import job_exit
     env_before = dict(os.environ)
     os.environ.update(slurm)
@@ -267,7 +280,7 @@ def test_exported_sbatch_script_runs_to_completion(tmp_path, slurm):
     finally:
         os.environ.clear()
         os.environ.update(env_before)
-    assert (state, code) == ("COMPLETED", 0)
+    assert (state, code) == ("COMPLETED", 0), "".join(p.read_text()[-3000:] for p in tmp_path.glob("*.out"))
     log = "".join(p.read_text() for p in tmp_path.glob("*.out"))
     assert "done: 10 steps" in log
     assert _queue_empty(slurm)

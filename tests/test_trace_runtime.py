@@ -1,13 +1,10 @@
 """``parallelize(model, plan)`` on models Partita does not know (issue 19, item 3): a
 transformers ViT, a diffusers UNet2DConditionModel and a diffusers DiT, tiny configs built
 offline (examples/traced_models.py), trained with SGD + momentum on 2 gloo ranks against
-the same model trained in one process on the whole batch (tests/trace_runtime_worker.py;
-one torchrun for every case)."""
+the same model trained in one process on the whole batch (tests/trace_runtime_worker.py's
+``run_case``, in the session's shared torchrun of each world size: tests/conftest.py)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,27 +33,20 @@ CASES_4 = ["tiny_vit:dp=2,pp=2,zero=0,mbs=1,dtype=fp32", "tiny_dit:dp=2,pp=2,zer
 AUTO_PICKS["tiny_vit:auto,dtype=fp32,pp=2,dp=2"] = "z1"
 
 
-def _torchrun(tmp_path_factory, ranks: int, cases: list[str]) -> dict:
-    out = tmp_path_factory.mktemp(f"traced_runtime_{ranks}") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           f"--log-dir={out.parent / 'logs'}", str(WORKER), str(out), *cases]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                                   PYTHONFAULTHANDLER="1"))  # a crashed rank prints its Python stack
-    crash = proc.stderr.find("Fatal Python error")  # a rank's own stack first, then the end
-    assert proc.returncode == 0, (proc.stderr[crash:crash + 4000] + "\n...\n" if crash >= 0 else "") + \
-        proc.stderr[-6000:]
-    return json.loads(out.read_text())
+#: every case runs in the session's shared torchrun of its world size (tests/conftest.py
+#: ``equivalence``): tests/trace_runtime_worker.py's ``run_case`` in the processes the
+#: equivalence cases already started, after them
+EQUIVALENCE_CASES = [(2, 0, case, str(WORKER)) for case in CASES] + [(4, 0, case, str(WORKER)) for case in CASES_4]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return _torchrun(tmp_path_factory, 2, CASES)
+def results(equivalence):
+    return {case: equivalence["results"][(2, 0, case, str(WORKER))] for case in CASES}
 
 
 @pytest.fixture(scope="module")
-def results_4(tmp_path_factory):
-    return _torchrun(tmp_path_factory, 4, CASES_4)
+def results_4(equivalence):
+    return {case: equivalence["results"][(4, 0, case, str(WORKER))] for case in CASES_4}
 
 
 @pytest.mark.timeout(650)

@@ -1,4 +1,6 @@
-"""torchrun worker of tests/test_trace_runtime.py: every case in one process group.
+"""Worker of tests/test_trace_runtime.py: every case in one process group. The suite runs
+:func:`run_case` in the session's shared equivalence torchrun (tests/conftest.py, ``--worker``
+of partita.runtime.equivalence); on its own:
 
     torchrun --nproc-per-node=2 tests/trace_runtime_worker.py OUT.json MODEL:PLAN ...
 

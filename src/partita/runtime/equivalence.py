@@ -166,19 +166,42 @@ def run_case(case: str, steps: int = 5, seed: int = 0, max_grad_norm: float | No
             "model_param_bytes": model_param_bytes, "dp": plan.dp, "grad_accum": plan.grad_accum}
 
 
+def _load_worker(path: str) -> Callable[[str], dict]:
+    """The ``shared_case(case)`` (else ``run_case(case)``) of the Python file ``path``: a
+    test-suite worker that shares this process group (its cases skip a torchrun start-up of
+    their own). Its result is rank 0's; JSON-serialisable."""
+    import importlib.util
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, "shared_case", None) or module.run_case
+
+
 def main() -> None:
     """``torchrun ... -m partita.runtime.equivalence OUT.json [--steps=N] CASE [CASE ...]``
     (5 steps unless ``--steps`` says otherwise; a ``--steps=N`` between cases applies to
-    the cases after it, so one process group can serve cases of several step counts)."""
+    the cases after it, so one process group can serve cases of several step counts).
+
+    ``--worker=FILE`` hands the cases after it to ``shared_case(case)`` or ``run_case(case)`` of the Python file FILE
+    (``--worker=`` back to this module's): other test files' workers run their cases in the
+    same process group, after this module's, and their results are keyed ``FILE::CASE``; a
+    worker that writes files puts them in the folder named by ``PARTITA_WORKER_DIR`` (OUT's)."""
     out_path, args = sys.argv[1], sys.argv[2:]
-    steps = 5
+    os.environ["PARTITA_WORKER_DIR"] = os.path.dirname(os.path.abspath(out_path))
+    steps, worker, run_other = 5, "", None
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     results = {}
     for arg in args:
         if arg.startswith("--steps="):
             steps = int(arg.split("=", 1)[1])
             continue
-        results[arg] = run_case(arg, steps=steps)
+        if arg.startswith("--worker="):
+            worker = arg.split("=", 1)[1]
+            run_other = _load_worker(worker) if worker else None
+            continue
+        results[f"{worker}::{arg}" if worker else arg] = run_other(arg) if worker else run_case(arg, steps=steps)
         dist.barrier()
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
