@@ -53,6 +53,12 @@ class Knob:
     read: Callable[[nn.Module], Any]
     apply: Callable[[nn.Module, Any], None]
     doc: str = ""
+    #: ``(value, seq_len) -> bool``: whether a value differs from the others at that length (a
+    #: chunk at least as long as the sequence is one chunk, the same as any longer one)
+    relevant: Callable[[Any, int | None], bool] = lambda value, seq_len: True
+
+    def candidates(self, seq_len: int | None) -> tuple[Any, ...]:
+        return tuple(v for v in self.values if self.relevant(v, seq_len))
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,13 @@ def _esm_apply(model: nn.Module, value: Any) -> None:
 
 #: transformers' ESMFold trunk: axial attention in chunks of n rows (modeling_esmfold.py,
 #: ``EsmFoldingTrunk.set_chunk_size``: "more or less O(L) instead of O(L^2)" memory).
+def _esm_relevant(value: Any, seq_len: int | None) -> bool:
+    return value is None or seq_len is None or value < seq_len
+
+
 ESMFOLD_CHUNK = Knob("trunk.chunk_size", (None, 512, 256, 128, 64, 32, 16, 8), _esm_read, _esm_apply,
-                     "ESMFold trunk: axial (triangle) attention computed in chunks of this many rows")
+                     "ESMFold trunk: axial (triangle) attention computed in chunks of this many rows",
+                     _esm_relevant)
 
 #: class name -> its knobs (the first entry: ESMFold)
 KNOBS: dict[str, tuple[Knob, ...]] = {"EsmForProteinFolding": (ESMFOLD_CHUNK,)}
@@ -117,7 +128,7 @@ def settings(model: nn.Module, make_inputs: Callable[[], Any], device: Device, k
     before = [k.read(model) for k in knobs]
     out = []
     try:
-        for combo in itertools.product(*(k.values for k in knobs)):
+        for combo in itertools.product(*(k.candidates(seq_len) for k in knobs)):
             for knob, value in zip(knobs, combo):
                 knob.apply(model, value)
             trace = trace_inference(model, make_inputs(), seq_len=seq_len)
@@ -187,8 +198,10 @@ def sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequence
     for length in lengths:
         if length < 1:
             raise PartitaError(f"sequence length {length} is not positive; give lengths >= 1")
-        default = settings(model, lambda: make_inputs(length), device, (), length)[0]
         found = settings(model, lambda: make_inputs(length), device, knobs, length)
+        as_is = {k.name: k.read(model) for k in knobs}
+        same = [s for s in found if s.values == as_is]
+        default = same[0] if same else settings(model, lambda: make_inputs(length), device, (), length)[0]
         best = None
         one = fastest_fitting(found, limit)
         if one is not None:

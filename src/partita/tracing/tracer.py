@@ -25,7 +25,7 @@ import fnmatch
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -41,6 +41,9 @@ from .boundaries import BoundaryWatch
 from .fastmeta import FastMetaBackward
 from .owners import BackwardOwners, tag
 from .replay import Replays
+
+if TYPE_CHECKING:
+    from .inference import InferenceTrace
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -298,7 +301,8 @@ def _blocks(model: nn.Module, rec: _Recorder, fwd: dict, total: dict) -> tuple[T
 
 def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | None = None,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, name: str | None = None,
-          batch: int | None = None, on: str = "auto", replay: bool = True) -> TracedSpec:
+          batch: int | None = None, on: str = "auto", replay: bool = True, mode: str = "train",
+          seq_len: int | None = None) -> TracedSpec | InferenceTrace:
     """Trace ``model`` on ``example_inputs`` (a tensor, a tuple of positional inputs, or a
     dict of keyword inputs) and return its :class:`TracedSpec` for the planner.
 
@@ -307,8 +311,15 @@ def trace(model: nn.Module, example_inputs: Any, *, tp_plan: dict[str, str] | No
     scalar (default: the sum of the first floating output); ``batch``: samples in the
     example batch (default: the first input's first dimension); ``on``: ``"meta"``,
     ``"real"`` or ``"auto"`` (module docstring); ``replay``: trace each distinct block call
-    once and replay identical ones (:mod:`.replay`, meta only)."""
+    once and replay identical ones (:mod:`.replay`, meta only). ``mode="inference"``: the forward
+    only, under ``torch.no_grad`` - an :class:`.inference.InferenceTrace` (peak live bytes, FLOPs;
+    ``seq_len`` names the pair axes), see :mod:`.inference`."""
     args, kwargs = _split_inputs(example_inputs)
+    if mode not in ("train", "inference"):
+        raise PartitaError(f"trace(mode={mode!r}): use 'train' (forward and backward) or 'inference' (forward only)")
+    if mode == "inference":
+        from .inference import trace_inference
+        return trace_inference(model, args, kwargs, seq_len=seq_len, on="real" if on == "real" else "fake")
     if on not in ("auto", "meta", "real"):
         raise PartitaError(f"trace(on={on!r}): use 'meta', 'real' or 'auto'")
     layout = find_blocks(model)
