@@ -375,8 +375,9 @@ RUNS_AS: dict[str, tuple[str, str]] = {
                  "configs): cost/frameworks.py ``internevo``"),
     "composer": ("megatron", "Composer/llm-foundry: flash/triton attention and fused LayerNorm; the benchmark table "
                  "does not state its checkpoint flavour, kept at the reference (whole-forward recompute)"),
-    "mindformers": ("mindspeed", "MindSpore on Ascend: graph-mode fused kernels, recompute reruns the forward: "
-                    "MindSpeed's behaviour in every modelled term"),
+    "mindformers": ("mindformers", "MindSpore on Ascend: graph-mode fused kernels, recompute reruns the forward: "
+                    "MindSpeed's behaviour in every time term; its AdamW keeps no fp32 master "
+                    "(cost/frameworks.py ``mindformers``)"),
 }
 
 
