@@ -65,6 +65,7 @@ from partita.serve.queueing import colocated_rate
 from partita.serve.search import evaluate
 from partita.serve.workload import Layout, Workload
 from partita.spec.hardware import load_device
+from partita.uncertainty import effective_rows
 
 CSV = ROOT / "data" / "published_serving.csv"
 
@@ -159,6 +160,14 @@ def per_source(rows: list[Row]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def by_source(rows: list[Row]) -> dict[str, list[float]]:
+    """Residuals grouped by source (the clusters Kish's n_eff counts)."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        out.setdefault(r.source, []).append(r.residual)
+    return out
+
+
 def loso_coverage(rows: list[Row]) -> dict[str, tuple[int, int]]:
     """Per interval class (and "all"): rows inside the 80 % interval built from the *other*
     sources' residuals of that class, and rows checked (leave-one-source-out split conformal)."""
@@ -168,8 +177,8 @@ def loso_coverage(rows: list[Row]) -> dict[str, tuple[int, int]]:
         mine = [r for r in rows if r.cls == metric]
         inside = checked = 0
         for src in {r.source for r in mine}:
-            others = sorted(r.residual for r in mine if r.source != src)
-            if len(others) < 2:
+            others = by_source([r for r in mine if r.source != src])
+            if sum(len(v) for v in others.values()) < 2:
                 continue
             lo, hi = bounds_from(others, LEVEL)
             for r in mine:
@@ -189,7 +198,8 @@ def table_json(rows: list[Row]) -> dict:
     for m in CLASSES:
         mine = [r for r in rows if r.cls == m]
         metrics[m] = {"residuals": sorted(round(r.residual, 5) for r in mine), "rows": len(mine),
-                      "sources": len({r.source for r in mine})}
+                      "sources": len({r.source for r in mine}),
+                      "effective": round(effective_rows(by_source(mine)), 3)}
     return {"level": LEVEL,
             "method": "split conformal on ln(measured / predicted) of data/published_serving.csv, nothing fitted "
                       "on those rows (bench/serve_published.py)",

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from partita.uncertainty import effective_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "data" / "published_serving.csv"
 DOC = ROOT / "docs" / "serve.md"
@@ -85,12 +87,20 @@ def test_stored_residuals_are_the_scripts_out_of_sample_residuals(bench, rows):
     assert stored == fresh, "rerun: python bench/serve_published.py --write"
 
 
-def _conformal(values, level=0.8):
-    """Equal-tailed split-conformal order statistics, written out (Lei et al. 2018 sec. 2.2)."""
+def _conformal(values, level=0.8, n_eff=None):
+    """Equal-tailed split-conformal order statistics, written out (Lei et al. 2018 sec. 2.2),
+    the finite-sample correction counted in ``n_eff`` units (issue 33: Kish's n_eff)."""
     v, n = sorted(values), len(values)
-    k_lo = max(1, math.floor((n + 1) * (1 - level) / 2))
-    k_hi = min(n, math.ceil((n + 1) * (1 + level) / 2))
+    u = n_eff or n
+    q = (1 + level) / 2 * (u + 1) / u
+    k_hi = min(n, max(1, math.ceil(n * q - 1e-9)))
+    k_lo = min(n, max(1, math.floor(n * (1 - q) + 1e-9) + 1))
     return v[k_lo - 1], v[k_hi - 1]
+
+
+def test_conformal_ends_are_lei_et_al_order_statistics_when_every_row_counts():
+    values = list(range(1, 21))  # n = 20: floor(21 x 0.1) = 2nd, ceil(21 x 0.9) = 19th
+    assert _conformal(values) == (2, 19)
 
 
 def test_loso_coverage_recomputed_by_hand(bench, rows):
@@ -100,10 +110,14 @@ def test_loso_coverage_recomputed_by_hand(bench, rows):
         mine = [r for r in rows if r.cls == cls]
         hit = n = 0
         for src in {r.source for r in mine}:
-            others = [math.log(r.measured / r.predicted) for r in mine if r.source != src]
+            groups = {}
+            for r in mine:
+                if r.source != src:
+                    groups.setdefault(r.source, []).append(math.log(r.measured / r.predicted))
+            others = [x for v in groups.values() for x in v]
             if len(others) < 2:
                 continue
-            lo, hi = _conformal(others)
+            lo, hi = _conformal(others, n_eff=effective_rows(groups))
             for r in mine:
                 if r.source == src:
                     n += 1
@@ -116,17 +130,19 @@ def test_loso_coverage_recomputed_by_hand(bench, rows):
 def test_serve_interval_scales_the_point_by_the_conformal_bounds():
     from partita.serve.intervals import serve_interval
     stored = json.loads(STORED.read_text())["metrics"]
+    for cls, c in stored.items():  # the stored n_eff is Kish's of the stored rows' sources (>= sources)
+        assert c["sources"] <= c["effective"] + 1e-9 <= c["rows"] + 1e-9, cls
     iv = serve_interval(0.2, 0.03, 4.0, 500.0, stable=True)
     assert iv["level"] == 0.8
     for key, point, cls in (("ttft_s", 0.2, "ttft_s"), ("tpot_s", 0.03, "tpot_s"),
                             ("capacity_rps", 4.0, "out_tok_s_saturated"),
                             ("goodput_tokens_per_s_per_device", 500.0, "out_tok_s_saturated")):
-        lo, hi = _conformal(stored[cls]["residuals"])
+        lo, hi = _conformal(stored[cls]["residuals"], n_eff=stored[cls]["effective"])
         assert iv[key] == pytest.approx([point * math.exp(lo), point * math.exp(hi)])
         # the point lies inside exactly when the class's residuals straddle 0 (an unbiased class)
         assert (iv[key][0] <= point <= iv[key][1]) == (lo <= 0 <= hi)
     over = serve_interval(0.2, 0.03, 4.0, 500.0, stable=False)
-    lo, hi = _conformal(stored["tpot_s_saturated"]["residuals"])
+    lo, hi = _conformal(stored["tpot_s_saturated"]["residuals"], n_eff=stored["tpot_s_saturated"]["effective"])
     assert over["tpot_s"] == pytest.approx([0.03 * math.exp(lo), 0.03 * math.exp(hi)])
     assert serve_interval(math.inf, 0.03, 0.0, 0.0)["ttft_s"] is None
 

@@ -9,8 +9,10 @@ predicted)`` per metric in ``catalog/serve_intervals.json``. Planning only reads
 The interval is split conformal, equal-tailed, exactly as :mod:`partita.uncertainty` builds
 the training intervals (Vovk et al. 2005; Lei et al. 2018, "Distribution-free predictive
 inference for regression", sec. 2.2): ``[pred x exp(r_(lo)), pred x exp(r_(hi))]`` with the
-order statistics ``lo = floor((n + 1) 0.1)`` and ``hi = ceil((n + 1) 0.9)`` of the metric's
-``n`` residuals. If the next deployment errs like the published ones did, the interval holds
+order statistics of :meth:`partita.uncertainty.Residuals.bounds`, counted in effective rows
+(Kish's n_eff of the residuals clustered by source, as issue 33 defines the training
+intervals): with ``n_eff = n`` they are ``floor((n + 1) 0.1)`` and ``ceil((n + 1) 0.9)``;
+with few independent sources the ends move out to the extreme residuals. If the next deployment errs like the published ones did, the interval holds
 its figure with probability >= 80 %; the coverage measured leave-one-source-out is stored
 beside the residuals (``loso_coverage``) and quoted in docs/serve.md. A residual table that
 does not straddle 0 gives an interval that does not contain the point estimate: the model
@@ -30,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..uncertainty import LEVEL, Residuals
+from ..uncertainty import LEVEL, Residuals, effective_rows
 
 INTERVALS_FILE = Path(__file__).resolve().parents[1] / "catalog" / "serve_intervals.json"
 #: the metrics published rows measure: time to first token, time per output token, output tokens/s
@@ -48,15 +50,24 @@ def interval_class(metric: str, scenario: str) -> str | None:
     return name if name in CLASSES else None
 
 
-def bounds_from(values: list[float] | tuple[float, ...], level: float = LEVEL) -> tuple[float, float]:
-    """Split-conformal log bounds of a sample of residuals (:meth:`Residuals.bounds`)."""
-    return Residuals("sample", tuple(sorted(values))).bounds(level)
+def residuals_of(name: str, by_source: dict[str, list[float]]) -> Residuals:
+    """A class's residuals grouped by source, counted in effective rows (Kish's n_eff,
+    :func:`partita.uncertainty.effective_rows`): rows of one source repeat one error, so the
+    finite-sample correction counts sources' worth of rows, as the training intervals do."""
+    values = tuple(sorted(x for v in by_source.values() for x in v))
+    return Residuals(name, values, sum(1 for v in by_source.values() if v), effective_rows(by_source))
+
+
+def bounds_from(by_source: dict[str, list[float]], level: float = LEVEL) -> tuple[float, float]:
+    """Split-conformal log bounds of residuals grouped by source (:meth:`Residuals.bounds`)."""
+    return residuals_of("sample", by_source).bounds(level)
 
 
 @lru_cache(maxsize=2)
 def _table(path: str) -> dict[str, Any]:
     raw = json.loads(Path(path).read_text())
-    raw["residuals"] = {m: Residuals(m, tuple(sorted(c["residuals"])), int(c.get("sources", 0)))
+    raw["residuals"] = {m: Residuals(m, tuple(sorted(c["residuals"])), int(c.get("sources", 0)),
+                                     float(c.get("effective", 0.0)))
                         for m, c in raw["metrics"].items()}
     return raw
 
