@@ -92,6 +92,22 @@ def measure_here(repeats: int) -> dict:
     return {"mode": "tp1", "rows": rows, "load": os.getloadavg()[0]}
 
 
+def busy_clone_rate(repeats: int) -> float:
+    """Bytes/s of the clone ``partita calibrate`` times for ``memory.hbm_tbps`` (64 MB fp32,
+    read + write), timed here with the run-queue wait subtracted as the forwards are: the
+    calibrated figure is wall-clock, so on a loaded machine it carries the load's waits."""
+    import serve_measure_worker as worker
+    x = torch.randn(16_000_000)
+    x.clone()
+    return 2 * x.numel() * x.element_size() / statistics.median(
+        worker.timed(x.clone)[0] for _ in range(max(repeats, 5)))
+
+
+def _summary(rows: list[dict], key: str) -> str:
+    errors = [abs(r[key] / r["measured_s"] - 1) for r in rows]
+    return f"median |error| {statistics.median(errors) * 100:.0f} %, worst {max(errors) * 100:.0f} %"
+
+
 def measure_torchrun(mode: str, repeats: int, timeout_s: float) -> dict:
     """The cases of ``mode`` (tp or dp) on two gloo processes; raises on failure or timeout."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,24 +149,36 @@ def main() -> None:
         calibrate(args.calibrate, args.timeout_s)
         args.hardware = args.calibrate
     device, spec = load_device(args.hardware), model_spec()
-    runs = [measure_here(args.repeats)]
+    measures = [lambda: measure_here(args.repeats)]
     if args.nproc == 2:
-        runs += [measure_torchrun("tp", args.repeats, args.timeout_s), measure_torchrun("dp", args.repeats, args.timeout_s)]
+        measures += [lambda: measure_torchrun("tp", args.repeats, args.timeout_s),
+                     lambda: measure_torchrun("dp", args.repeats, args.timeout_s)]
     tps = {name: tp for name, tp, _ in LAYOUTS}
-    print(f"{'layout':<7}{'case':<22}{'predicted ms':>14}{'measured ms':>13}{'wall ms':>10}{'pred/meas':>11}{'load':>6}")
+    print(f"{'layout':<7}{'case':<22}{'predicted ms':>14}{'measured ms':>13}{'wall ms':>10}{'pred/meas':>11}{'load':>6}",
+          flush=True)
     rows = []
-    for run in runs:
+    for measure in measures:  # each layout's rows printed as soon as they are measured
+        run = measure()
         for r in run["rows"]:
             pred = predict(spec, device, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
             name = f"P={r['a']}" if r["kind"] == "prefill" else f"B={r['a']} L={r['b']}"
             rows.append({"layout": run["mode"], "case": f"{r['kind']} {name}", "predicted_s": pred,
                          "measured_s": r["busy_s"], "wall_s": r["wall_s"], "load": run["load"]})
             print(f"{run['mode']:<7}{r['kind'] + ' ' + name:<22}{pred * 1e3:>14.2f}{r['busy_s'] * 1e3:>13.2f}"
-                  f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}")
-    errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
-    print(f"median |error| {statistics.median(errors) * 100:.0f} %, worst {max(errors) * 100:.0f} % over "
+                  f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}", flush=True)
+    clone = busy_clone_rate(args.repeats)
+    busy_dev = load_device(args.hardware, {"memory": {"hbm_tbps": clone / 1e12}})
+    for r in rows:
+        kind, rest = r["case"].split(" ", 1)
+        ab = dict(x.split("=") for x in rest.split())
+        a, b = (int(ab["P"]), 0) if kind == "prefill" else (int(ab["B"]), int(ab["L"]))
+        r["predicted_busy_memory_s"] = predict(spec, busy_dev, tps[r["layout"]], kind, a, b, args.repeats)
+    print(f"{_summary(rows, 'predicted_s')} over "
           f"{len(rows)} cases; hardware {device.name} ({device.source_file}); load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process")
+    print(f"the file's memory rate {device.hbm_tbps * 1e3:.2f} GB/s (wall-clock); the same clone with "
+          f"the run-queue wait subtracted {clone / 1e9:.2f} GB/s; predicted with it: {_summary(rows, 'predicted_busy_memory_s')} "
+          f"(" + ", ".join(f"{r['predicted_busy_memory_s'] / r['measured_s']:.2f}" for r in rows) + ")")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"hardware": device.source_file, "rows": rows}, f, indent=1)
