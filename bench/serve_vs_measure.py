@@ -128,7 +128,7 @@ def measure_torchrun(mode: str, repeats: int, timeout_s: float) -> dict:
 def calibrate(out: str, timeout_s: float) -> None:
     """``partita calibrate --nproc 2 -o out`` (its own timeout, and this one around it)."""
     print(f"calibrating: partita calibrate --nproc 2 -o {out} (load average {os.getloadavg()[0]:.1f})", flush=True)
-    cmd = [sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "-o", out, "--timeout-s", str(timeout_s)]
+    cmd = [sys.executable, "-m", "partita", "calibrate", "--nproc", "2", "-o", out, "--timeout-s", str(int(timeout_s))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
     if done.returncode != 0:
         raise SystemExit(f"partita calibrate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
