@@ -5,9 +5,11 @@ the plan, reads only its own slices of the safetensors files, evaluates one batc
 the parallel model (forward only) and writes the model back with ``save_hf_weights``.
 Rank 0 compares with transformers itself: the loss of ``from_pretrained(MODEL_DIR)`` on
 the same batch, and every tensor of ``from_pretrained(OUT)`` against the source model.
-Usage: ``torchrun --nproc-per-node=4 tests/hf_weights_worker.py RESULTS.json OUT_ROOT CASE...``
+Usage: ``torchrun --nproc-per-node=4 tests/hf_weights_worker.py RESULTS.json OUT_ROOT CASE...``; the
+suite runs :func:`run_case` in its shared torchrun instead (tests/conftest.py ``equivalence``).
 """
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +17,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+TEXT = " ".join(f"the {w} number {i} goes to the market and buys {i % 7} apples." for i, w in
+                enumerate(["cat", "dog", "bird", "fish"] * 300))
+
+
+def hf_dir(root: Path, kind: str) -> Path:
+    """A tiny HF model written by transformers (5 KB shards: several files and an index) with
+    a tokenizer.json trained on the corpus."""
+    from partita.train.data import train_tokenizer
+    import transformers
+    configs = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "mixtral": lambda **kw: transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2)}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs[kind](**COMMON))
+    out = root / kind
+    model.save_pretrained(out, max_shard_size="100KB")
+    train_tokenizer([TEXT], 300).save(str(out / "tokenizer.json"))
+    return out
 
 
 def case(model_dir: str, plan_text: str, out: Path) -> dict:
@@ -43,6 +65,17 @@ def case(model_dir: str, plan_text: str, out: Path) -> dict:
     diff = max(float((back[k] - v).abs().max()) for k, v in ref.items())
     return {"loss": got, "hf_loss": want, "max_weight_diff": diff, "same_names": sorted(back) == sorted(ref),
             "files": sorted(p.name for p in out.iterdir())}
+
+
+def run_case(text: str) -> dict:
+    """A ``KIND|PLAN`` case in the suite's shared torchrun (tests/conftest.py): rank 0 writes
+    the tiny HF model of KIND (:func:`hf_dir`) under ``PARTITA_WORKER_DIR`` first."""
+    kind, plan_text = text.split("|")
+    root = Path(os.environ["PARTITA_WORKER_DIR"]) / "hf_weights"
+    if dist.get_rank() == 0 and not (root / kind).exists():
+        hf_dir(root, kind)
+    dist.barrier()
+    return case(str(root / kind), plan_text, root / ("out_" + plan_text.replace(",", "_").replace("=", "")))
 
 
 def main() -> None:

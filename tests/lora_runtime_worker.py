@@ -1,6 +1,7 @@
 """Run under torchrun (4 processes): LoRA through ``parallelize`` under each plan of argv, on
 packed SFT rows, against single-process PEFT (``get_peft_model``) trained with SGD on the
-same rows from the same base weights and adapters. One process group for all cases.
+same rows from the same base weights and adapters. One process group for all cases: the
+suite runs :func:`run_case` in its shared torchrun (tests/conftest.py ``equivalence``).
 
 Usage: python -m torch.distributed.run --nproc-per-node 4 tests/lora_runtime_worker.py OUT.json PLAN...
 Writes {plan: {"losses", "ref_losses", "adapter_max_diff", "base_changed", "trainable"}} from rank 0.
@@ -73,7 +74,17 @@ def reference(plan: Plan, rows: dict):
     return losses, adapters, trainable
 
 
-def run_case(text: str, rows: dict, out_dir: str) -> dict:
+#: the packed rows every case trains on (built on first use)
+_ROWS: dict = {}
+
+
+def run_case(text: str, rows: dict | None = None, out_dir: str | None = None) -> dict:
+    """One plan's LoRA run against PEFT. Without ``rows`` / ``out_dir`` (the suite's shared
+    torchrun, tests/conftest.py): the rows of :func:`main`, the adapter saved under
+    ``PARTITA_WORKER_DIR``; the result names the adapter's folder (``adapter_dir``)."""
+    if rows is None:
+        rows = _ROWS.setdefault("rows", sft_rows(STEPS * 4, 32, 256))
+    out_dir = out_dir or os.environ["PARTITA_WORKER_DIR"]
     plan = Plan.parse(f"{text},{LORA}", world_size=dist.get_world_size())
     model = build_tiny_hf(*LLAMA, seed=0, meta=True)
     pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), max_grad_norm=None)
@@ -94,7 +105,7 @@ def run_case(text: str, rows: dict, out_dir: str) -> dict:
     keys = ("inputs", "targets", "positions")
     evals = [tuple(rows[k][s * plan.gbs + start: s * plan.gbs + start + per] for k in keys) for s in range(STEPS)]
     result = {"losses": losses, "base_changed": base_changed, "trainable": trainable,
-              "eval_loss": evaluate_sft(pm, evals)}
+              "eval_loss": evaluate_sft(pm, evals), "adapter_dir": os.path.join(out_dir, case_dir(text))}
     if dist.get_rank() == 0:
         ref_losses, adapters, ref_trainable = reference(plan, rows)
         mine = {n: v for n, v in full.items() if ".lora_" in n}

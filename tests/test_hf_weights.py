@@ -14,25 +14,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 F = torch.nn.functional
-COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
-TEXT = " ".join(f"the {w} number {i} goes to the market and buys {i % 7} apples." for i, w in
-                enumerate(["cat", "dog", "bird", "fish"] * 300))
+from hf_weights_worker import TEXT, hf_dir  # noqa: E402  (tests/ is on the path: its conftest)
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-
-
-def hf_dir(root: Path, kind: str) -> Path:
-    """A tiny HF model written by transformers (5 KB shards: several files and an index) with
-    a tokenizer.json trained on the corpus."""
-    from partita.train.data import train_tokenizer
-    configs = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-               "mixtral": lambda **kw: transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2)}
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(configs[kind](**COMMON))
-    out = root / kind
-    model.save_pretrained(out, max_shard_size="100KB")
-    train_tokenizer([TEXT], 300).save(str(out / "tokenizer.json"))
-    return out
 
 
 def ce(model, x, y) -> float:
@@ -107,19 +90,16 @@ S = "gbs=8,mbs=1,seq_len=16,dtype=fp32"
 CASES = ["llama|dp=2,tp=2,zero=3,sp=false," + S, "qwen2|pp=2,dp=2," + S, "mixtral|dp=4,ep=2,zero=1," + S]
 
 
+#: the cases run in the session's shared 4-process torchrun (tests/conftest.py ``equivalence``):
+#: tests/hf_weights_worker.py's ``run_case`` in the processes the equivalence cases started
+WORKER = str(Path(__file__).with_name("hf_weights_worker.py"))
+EQUIVALENCE_CASES = [(4, 0, case, WORKER) for case in CASES]
+
+
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    """One torchrun (4 processes) for every (model type, plan) case (tests/hf_weights_worker.py)."""
-    tmp = tmp_path_factory.mktemp("hfplans")
-    dirs = {kind: hf_dir(tmp, kind) for kind in ("llama", "qwen2", "mixtral")}
-    cases = [f"{dirs[c.split('|')[0]]}|{c.split('|')[1]}" for c in CASES]
-    worker = Path(__file__).with_name("hf_weights_worker.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-           f"--log-dir={tmp / 'logs'}", str(worker), str(tmp / "results.json"), str(tmp / "out"), *cases]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    results = json.loads((tmp / "results.json").read_text())
-    return {c: results[full] for c, full in zip(CASES, cases)}
+def loaded(equivalence):
+    """Every (model type, plan) case, in 4 processes (tests/hf_weights_worker.py)."""
+    return {case: equivalence["results"][(4, 0, case, WORKER)] for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES)

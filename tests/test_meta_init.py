@@ -10,14 +10,14 @@ tensors still referenced); one SGD step is compared with single-process training
 rules are checked against transformers' own ``_init_weights``; an HF directory written by
 ``save_pretrained`` is loaded on tp=2 and its loss compared with ``from_pretrained``'s.
 
-This file is also the torchrun worker (``python -m torch.distributed.run ... test_meta_init.py
-RESULTS CASE...``): one torchrun per world size runs every case in one set of processes.
+This file is also the worker: the suite runs :func:`shared_case` in its shared 4-process torchrun
+(tests/conftest.py ``equivalence``); on its own, ``python -m torch.distributed.run ...
+test_meta_init.py RESULTS CASE...`` runs every case in one set of processes.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import weakref
 from pathlib import Path
@@ -30,7 +30,6 @@ transformers = pytest.importorskip("transformers")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
 SEED = 7
 #: tensors that live through parallelize besides parameters: the device mesh's rank tables
 #: (a few int64 each; measured 16 bytes in all on 4 ranks)
@@ -190,6 +189,45 @@ def hf_dir_case(model_dir: str) -> dict:
             "read": pm.init_read, "full": sum(p.numel() for p in src.parameters())}
 
 
+def _on_every_rank(text: str) -> list:
+    """One case (``MODEL|PLAN``, or ``dir:PATH`` for :func:`hf_dir_case`), each rank's result or
+    error (the other cases still run), gathered from every rank."""
+    import torch.distributed as dist
+    try:
+        res = hf_dir_case(text[len("dir:"):]) if text.startswith("dir:") else run_case(text)
+    except Exception as e:  # reported per case, the other cases still run
+        import traceback
+        res = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+    per_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, res)
+    return per_rank
+
+
+def write_hf_dir(folder: Path) -> None:
+    """The tiny HF Llama directory of :func:`hf_dir_case`, written by transformers (100 KB shards)."""
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False))
+    hf.save_pretrained(folder, max_shard_size="100KB")
+
+
+HF_CASE = "dir:hf"
+
+
+def shared_case(text: str) -> list:
+    """A case in the suite's shared 4-process torchrun (tests/conftest.py ``equivalence``);
+    :data:`HF_CASE` first has rank 0 write the HF directory under ``PARTITA_WORKER_DIR``."""
+    import torch.distributed as dist
+    if text == HF_CASE:
+        folder = Path(os.environ["PARTITA_WORKER_DIR"]) / "meta_init_hf"
+        if dist.get_rank() == 0 and not folder.exists():
+            write_hf_dir(folder)
+        dist.barrier()
+        text = f"dir:{folder}"
+    return _on_every_rank(text)
+
+
 def worker_main() -> None:
     from datetime import timedelta
     import torch.distributed as dist
@@ -197,14 +235,7 @@ def worker_main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     results: dict = {}
     for text in cases:
-        try:
-            res = hf_dir_case(text[len("dir:"):]) if text.startswith("dir:") else run_case(text)
-        except Exception as e:  # reported per case, the other cases still run
-            import traceback
-            res = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
-        per_rank: list = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, res)
-        results[text] = per_rank
+        results[text] = _on_every_rank(text)
         dist.barrier()
     if dist.get_rank() == 0:
         Path(results_path).write_text(json.dumps(results))
@@ -212,24 +243,14 @@ def worker_main() -> None:
     dist.destroy_process_group()
 
 
-def torchrun(tmp: Path, nproc: int, cases: list[str]) -> dict:
-    out = tmp / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--log-dir", str(tmp / "logs"), __file__, str(out), *cases]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+#: every case runs in the session's shared 4-process torchrun (tests/conftest.py ``equivalence``,
+#: this file's :func:`shared_case`), in the processes the equivalence cases started
+EQUIVALENCE_CASES = [(4, 0, case, str(Path(__file__).resolve())) for case in CASES_4 + [HF_CASE]]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("meta")
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False))
-    hf.save_pretrained(tmp / "hf", max_shard_size="100KB")
-    return torchrun(tmp, 4, CASES_4 + [f"dir:{tmp / 'hf'}"])
+def results(equivalence):
+    return {spec[2]: equivalence["results"][spec] for spec in EQUIVALENCE_CASES}
 
 
 @pytest.mark.timeout(900)
