@@ -75,9 +75,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
     print(f"{args.model} on {device.name}, {limit / GIB:.3g} GiB per device "
           f"(beyond one device: the pair track split by rows, DAP; docs/tracing.md)")
     print(f"{'L':>6} {'default GiB':>11} {'devices':>7} {'setting':<26} {'GiB/device':>10} {'time s':>9}  peak at")
+    top = "(the model's own forward)"
     for r in out:
         setting = ", ".join(f"{k}={v}" for k, v in (r["setting"] or {}).items()) or "-"
         print(f"{r['seq_len']:>6} {r['default_peak_gib']:>11.3g} "
               f"{r['devices'] if r['fits'] else f'>{args.max_devices}':>7} {setting:<26} "
-              f"{r['peak_gib_per_device'] or float('nan'):>10.3g} {r['seconds'] or float('nan'):>9.3g}  {r['peak_at']}")
+              f"{r['peak_gib_per_device'] or float('nan'):>10.3g} {r['seconds'] or float('nan'):>9.3g}  {r['peak_at'] or top}")
     return 0
