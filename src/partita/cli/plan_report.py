@@ -18,13 +18,17 @@ def add_report_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _scaling_search(args: argparse.Namespace, model, search):
-    """One search per scaling point (``search``: partita plan's, from the flags), dp free (it
-    follows the devices)."""
+    """One search per scaling point (``search``: partita plan's, from the flags, and its
+    gradient-knob pass), dp free (it follows the devices)."""
     scaled = argparse.Namespace(**vars(args))
-    scaled.dp, scaled.top, scaled.export = None, 1, None
+    # as many plans as partita plan keeps: the gradient-knob pass may lift a lower one to plan 1
+    scaled.dp, scaled.export = None, None
 
-    def run(cluster):
-        return search(scaled, model, cluster)[0]
+    def run(cluster):  # plan 1 as partita plan prints it: the gradient-knob pass included
+        from .plan import comm_knob_lines
+        result = search(scaled, model, cluster)[0]
+        comm_knob_lines(scaled, result)
+        return result
     return run
 
 
