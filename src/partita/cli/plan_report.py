@@ -25,9 +25,13 @@ def _scaling_search(args: argparse.Namespace, model, search):
     scaled.dp, scaled.export = None, None
 
     def run(cluster):  # plan 1 as partita plan prints it: the gradient-knob pass included
-        from .plan import comm_knob_lines
+        from ..search.capabilities import allowed_grad_knobs
+        from ..search.comm_knobs import parse_grad_knobs, try_comm_knobs
+        from .common import framework_arg
         result = search(scaled, model, cluster)[0]
-        comm_knob_lines(scaled, result)
+        knobs, _ = allowed_grad_knobs(framework_arg(scaled), parse_grad_knobs(scaled.grad_knobs))
+        if result.plans:  # as partita plan's comm_knob_lines (cli/plan.py), which imports this module
+            try_comm_knobs(result, knobs, scaled.powersgd_rank)
         return result
     return run
 
