@@ -45,7 +45,7 @@ def pytest_make_collect_report(collector):
 
 # -- independent launches started together ------------------------------------------------------
 
-def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None) -> list:
+def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None, cwd=None) -> list:
     """Start every command at once (each with ``os.environ`` and its ``envs`` entry on top) and
     wait for all (``subprocess.CompletedProcess`` each, in order). Why: a ``partita train`` spends its first seconds in one process at a time (the
     launcher, then torchrun, import torch), and a one-process run keeps one core busy: on
@@ -64,7 +64,7 @@ def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None 
         for cmd, extra in zip(cmds, envs or [{}] * len(cmds)):
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             started.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env={**os.environ, **extra},
-                                             start_new_session=True), out, err))
+                                             cwd=cwd, start_new_session=True), out, err))
         deadline = time.monotonic() + timeout
         done = []
         for proc, out, err in started:

@@ -10,9 +10,13 @@ import pytest
 pytest.importorskip("torch")
 
 
+def train_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "partita", "train", "--steps", "5", "--json", *args]
+
+
 def train(*args, env=None, timeout=600):
-    cmd = [sys.executable, "-m", "partita", "train", "--steps", "5", "--json", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(train_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def losses(proc):
@@ -29,9 +33,11 @@ def _in_tmp(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("model,plan,nproc", [("tiny-llama", "dp=2,tp=2", 4), ("tiny-moe", "dp=2,ep=2", 2)])
-def test_same_losses_as_one_process(model, plan, nproc):
-    parallel = losses(train("--model", model, "--plan", plan, "--nproc", str(nproc)))
-    single = losses(train("--model", model, "--plan", "dp=1", "--nproc", "1"))
+def test_same_losses_as_one_process(model, plan, nproc, together):
+    # the two runs are independent: started together (tests/conftest.py run_together)
+    parallel, single = map(losses, together([
+        train_cmd("--model", model, "--plan", plan, "--nproc", str(nproc), "--run-dir", "parallel"),
+        train_cmd("--model", model, "--plan", "dp=1", "--nproc", "1", "--run-dir", "single")], timeout=600))
     assert len(parallel) == len(single) == 5
     for a, b in zip(parallel, single):
         assert a == pytest.approx(b, rel=1e-5)
@@ -198,13 +204,19 @@ DONE_WHEN = ["--steps", "4", "--seed", "0", "--device", "cpu", "--optimizer", "s
              "--no-progress"]
 
 
-def test_hf_model_and_auto_plan_from_the_command_line():
+def test_hf_model_and_auto_plan_from_the_command_line(together):
     """Issue #13's command shape: `--model hf-llama` with pp=2 and `--plan "auto,gbs=8,mbs=1"` on
-    4 processes (it prints the chosen plan and the runner-up) train like one process."""
-    hf_pp = losses(train("--model", "hf-llama", "--plan", "pp=2,gbs=8,mbs=1", "--nproc", "2", *DONE_WHEN))
-    hf_one = losses(train("--model", "hf-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN))
-    auto = train("--model", "tiny-llama", "--plan", "auto,gbs=8,mbs=1", "--nproc", "4", *DONE_WHEN)
-    one = losses(train("--model", "tiny-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN))
+    4 processes (it prints the chosen plan and the runner-up) train like one process. Each
+    parallel run is started together with its one-process reference (independent runs)."""
+    hf_pp, hf_one = map(losses, together([
+        train_cmd("--model", "hf-llama", "--plan", "pp=2,gbs=8,mbs=1", "--nproc", "2", *DONE_WHEN, "--run-dir", "hf_pp"),
+        train_cmd("--model", "hf-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN, "--run-dir", "hf_one")],
+        timeout=600))
+    auto, one = together([
+        train_cmd("--model", "tiny-llama", "--plan", "auto,gbs=8,mbs=1", "--nproc", "4", *DONE_WHEN, "--run-dir", "auto"),
+        train_cmd("--model", "tiny-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN, "--run-dir", "one")],
+        timeout=600)
+    one = losses(one)
     assert len(hf_pp) == len(hf_one) == len(one) == 4
     assert hf_pp == pytest.approx(hf_one, rel=1e-5)
     assert losses(auto) == pytest.approx(one, rel=1e-5)
