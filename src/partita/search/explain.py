@@ -1,6 +1,7 @@
 """"Why not" explanations: for each knob, the nearest other choice and what binds it."""
 from __future__ import annotations
 
+from .. import uncertainty as unc
 from ..estimate import Estimate
 from .layouts import EXPLAINED_KNOBS as KNOBS
 from .result import Attempt, SearchResult
@@ -15,6 +16,23 @@ def _biggest_increase(alt: Estimate, best: Estimate) -> str:
     key = max(diffs, key=lambda k: diffs[k])
     share = alt.time.parts.get(key, 0.0) / alt.step_time_s
     return f"the largest increase is {key} ({share:.0%} of its step)"
+
+
+def _rank_key(est: Estimate) -> float:
+    """The search's ranking key (:func:`partita.uncertainty.risk_adjusted`: step time / P(fit))."""
+    return unc.risk_adjusted(est.step_time_s, est.p_fit)
+
+
+def _compared(alt: Estimate, best: Estimate) -> str:
+    """Why ``alt`` ranks below ``best``, in the ranking's own terms: slower, or - when it is
+    faster - riskier (its P(fit) costs more than its time saves: step time / P(fit), the
+    expected time per step counting the retries of a run that runs out of memory)."""
+    step = (f"{alt.step_time_s / best.step_time_s - 1:+.0%} step time "
+            f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s)")
+    if alt.step_time_s >= best.step_time_s:
+        return f"{step}; {_biggest_increase(alt, best)}"
+    return (f"{step} but P(fit) {alt.p_fit:.2f} vs {best.p_fit:.2f} (peak {alt.peak_memory_gib:.1f} GiB vs "
+            f"{best.peak_memory_gib:.1f} GiB): step time / P(fit) {_rank_key(alt):.2f} s vs {_rank_key(best):.2f} s")
 
 
 def grad_knobs(plan) -> str:
@@ -61,16 +79,13 @@ def _partial_lines(result: SearchResult, best: Estimate) -> list[str]:
         if not found:
             continue
         a = found[0]
-        if a.estimate is not None:
-            alt = a.estimate
-            lines.append(f"recompute_layers={k} ({alt.plan.summary()}): "
-                         f"{alt.step_time_s / best.step_time_s - 1:+.0%} step time "
-                         f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s); {_biggest_increase(alt, best)}")
-        else:
-            limit = result.confident_limit_gib or result.memory_limit_gib  # partial N: solved at P(fit) = 1
-            lines.append(f"recompute_layers={k} ({a.plan.summary()}): rank {a.peak_rank} needs {a.peak_gib:.1f} GiB > "
-                         f"{limit:.1f} GiB (P(fit) 1 under the {result.memory_limit_gib:.1f} GiB memory limit); "
-                         f"recompute_layers={n} is the fewest that fit")
+        limit = result.confident_limit_gib or result.memory_limit_gib  # partial N: solved at P(fit) = 1
+        if a.estimate is not None and (k == 0 or a.peak_gib <= limit):
+            lines.append(f"recompute_layers={k} ({a.estimate.plan.summary()}): {_compared(a.estimate, best)}")
+        elif a.peak_gib > limit:
+            lines.append(f"recompute_layers={k} ({a.plan.summary()}): rank {a.peak_rank} needs {a.peak_gib:.1f} GiB, "
+                         f"over the {limit:.1f} GiB that fit with P(fit) 1 under the {result.memory_limit_gib:.1f} GiB "
+                         f"memory limit; recompute_layers={n} is the fewest that do")
     return lines
 
 
@@ -98,13 +113,11 @@ def why_not(result: SearchResult) -> list[str]:
                 continue  # fits, but never closer than the plans already explained
             label = f"{knob}={value}"
             if fitting:
-                alt = min(fitting, key=lambda e: e.step_time_s)
-                slower = alt.step_time_s / best.step_time_s - 1
+                alt = min(fitting, key=_rank_key)  # the alternative the ranking itself would pick
                 cross = (knob == "tp" and value > result.cluster.devices_per_node)
                 where = " (crosses nodes)" if cross else ""
-                lines.append(f"{label}{where} ({alt.plan.summary()}): {slower:+.0%} step time "
-                             f"({alt.step_time_s:.2f} s vs {best.step_time_s:.2f} s); "
-                             f"{_biggest_increase(alt, best)}{_knob_note(alt.plan, best.plan)}")
+                lines.append(f"{label}{where} ({alt.plan.summary()}): {_compared(alt, best)}"
+                             f"{_knob_note(alt.plan, best.plan)}")
             else:
                 smallest: Attempt = min(group, key=lambda a: a.peak_gib)
                 lines.append(f"{label} ({smallest.plan.summary()}): rank {smallest.peak_rank} needs "
