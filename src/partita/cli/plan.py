@@ -58,7 +58,8 @@ def add_parser(sub) -> None:
 
 def search(args: argparse.Namespace, model, cluster):
     """The search the flags ask for; with --export, more ranked plans are kept (the best
-    one the target can express is exported). Returns (result with --top plans, all ranked)."""
+    one the target can express is exported). Returns (result with the best max(--top, KNOB_POOL)
+    plans, for the gradient-knob pass to re-rank and cut to --top; all ranked)."""
     from ..search.engine import search_plans
     from ..search.space import SearchSpace
     if args.global_batch is None or args.global_batch <= 0:
@@ -82,10 +83,11 @@ def search(args: argparse.Namespace, model, cluster):
         raise PartitaError(f"--ep {args.ep} needs a mixture-of-experts model; {model.name} is dense")
     if args.etp and args.etp > 1 and not model.moe:
         raise PartitaError(f"--etp {args.etp} needs a mixture-of-experts model; {model.name} is dense (use --tp)")
+    from ..search.comm_knobs import KNOB_POOL
     result = search_plans(model, cluster, args.global_batch, args.seq_len, space,
-                          top=max(args.top, 200) if args.export else args.top, min_p_fit=args.min_p_fit)
+                          top=max(args.top, 200) if args.export else max(args.top, KNOB_POOL), min_p_fit=args.min_p_fit)
     ranked_all = result.plans
-    result.plans = ranked_all[:args.top]
+    result.plans = ranked_all[:max(args.top, KNOB_POOL)]  # the knob pass (comm_knob_lines) keeps --top of them
     return result, ranked_all
 
 
@@ -119,7 +121,7 @@ def comm_knob_lines(args: argparse.Namespace, result) -> list[str]:
     from ..search.capabilities import allowed_grad_knobs
     from ..search.comm_knobs import parse_grad_knobs, try_comm_knobs
     knobs, left_out = allowed_grad_knobs(framework_arg(args), parse_grad_knobs(args.grad_knobs))
-    return (try_comm_knobs(result, knobs, args.powersgd_rank) if result.plans else []) + left_out
+    return try_comm_knobs(result, knobs, args.powersgd_rank, keep=args.top) + left_out
 
 
 #: The search's global batch when neither --global-batch nor your plan (--from-script / --plan) gives one.

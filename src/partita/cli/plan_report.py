@@ -30,8 +30,8 @@ def _scaling_search(args: argparse.Namespace, model, search):
         from .common import framework_arg
         result = search(scaled, model, cluster)[0]
         knobs, _ = allowed_grad_knobs(framework_arg(scaled), parse_grad_knobs(scaled.grad_knobs))
-        if result.plans:  # as partita plan's comm_knob_lines (cli/plan.py), which imports this module
-            try_comm_knobs(result, knobs, scaled.powersgd_rank)
+        # as partita plan's comm_knob_lines (cli/plan.py), which imports this module
+        try_comm_knobs(result, knobs, scaled.powersgd_rank, keep=scaled.top)
         return result
     return run
 

@@ -30,6 +30,7 @@ What ``partita plan`` tries by default (:data:`PRESETS`, ``--grad-knobs``):
 """
 from __future__ import annotations
 
+from .. import uncertainty as unc
 from ..estimate import Estimate, estimate
 from ..plan import validate
 from .engine import SearchResult
@@ -73,12 +74,19 @@ def knob_name(plan) -> str:
     return "grad_dtype=bf16" if plan.grad_dtype == "bf16" and plan.dtype != "fp32" else "none"
 
 
-def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4) -> list[str]:
-    """Add the knob variants of ``result.plans`` that fit, re-rank (keeping as many plans),
-    and return one "why not" line per knob."""
+#: How many of the search's best plans the knob pass tries, whatever ``--top`` shows: a knob
+#: variant of plan 3 can become plan 1, so with fewer tried plan 1 would depend on ``--top``.
+KNOB_POOL = 5
+
+
+def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4, keep: int | None = None) -> list[str]:
+    """Add the knob variants of ``result.plans`` that fit, re-rank (keeping ``keep`` plans,
+    default as many as given), and return one "why not" line per knob. Give it the best
+    :data:`KNOB_POOL` plans at least, whatever ``keep`` is."""
     if not knobs or not result.plans:
+        result.plans = result.plans[:keep]
         return []
-    top = len(result.plans)
+    top = keep or len(result.plans)
     base = list(result.plans)
     found: list[Estimate] = []
     skipped: list[Estimate] = []  # fit, but save less than MIN_GAIN
@@ -92,7 +100,7 @@ def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4) 
                 found.append(est)
             else:
                 skipped.append(est)
-    ranked = sorted(base + found, key=lambda e: e.step_time_s)
+    ranked = sorted(base + found, key=lambda e: unc.risk_adjusted(e.step_time_s, e.p_fit))  # the search's own key
     result.plans = ranked[:top]
     best = result.best
     _same_knob_for_alternatives(result, best.plan)
