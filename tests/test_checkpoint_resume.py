@@ -13,9 +13,13 @@ pytest.importorskip("torch")
 COMMON = ["--model", "tiny-llama", "--json", "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.1"]
 
 
+def train_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "partita", "train", *COMMON, *args]
+
+
 def train(*args, env=None, timeout=600):
-    cmd = [sys.executable, "-m", "partita", "train", *COMMON, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(train_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def losses(proc) -> dict[int, float]:
@@ -31,17 +35,30 @@ def _in_tmp(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted():
-    """6 steps with dp=2,tp=2 and no checkpoint: the reference every resumed run must match."""
-    return losses(train("--plan", "dp=2,tp=2", "--nproc", "4", "--steps", "6"))
+def _reference_runs(tmp_path_factory):
+    """The two independent runs below, started together (tests/conftest.py run_together); the
+    uninterrupted one writes its run directory in a temp folder (the module's fixtures run
+    before ``_in_tmp``)."""
+    from conftest import run_together
+    tmp = tmp_path_factory.mktemp("reference")
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    whole, first = run_together([
+        train_cmd("--plan", "dp=2,tp=2", "--nproc", "4", "--steps", "6", "--run-dir", str(tmp / "whole")),
+        train_cmd("--plan", "dp=2,tp=2", "--nproc", "4", "--steps", "3", "--checkpoint-dir", str(ckpt),
+                  "--checkpoint-every", "3")], timeout=600)
+    return losses(whole), (ckpt, losses(first))
 
 
 @pytest.fixture(scope="module")
-def first_half(tmp_path_factory):
-    ckpt = tmp_path_factory.mktemp("ckpt")
-    first = losses(train("--plan", "dp=2,tp=2", "--nproc", "4", "--steps", "3", "--checkpoint-dir", str(ckpt),
-                         "--checkpoint-every", "3"))
-    return ckpt, first
+def uninterrupted(_reference_runs):
+    """6 steps with dp=2,tp=2 and no checkpoint: the reference every resumed run must match."""
+    return _reference_runs[0]
+
+
+@pytest.fixture(scope="module")
+def first_half(_reference_runs):
+    """3 steps with dp=2,tp=2 and a checkpoint after the third: what the resumed runs start from."""
+    return _reference_runs[1]
 
 
 def _own_copy(ckpt: Path, tmp_path: Path) -> Path:
@@ -135,14 +152,17 @@ def _records(proc) -> dict[int, dict]:
     return {r["step"]: r for r in recs if "event" not in r}
 
 
-def test_resumed_cosine_run_has_the_uninterrupted_lr_cadence_and_a_final_checkpoint(tmp_path):
+def test_resumed_cosine_run_has_the_uninterrupted_lr_cadence_and_a_final_checkpoint(tmp_path, together):
     # issue 15: a cosine run interrupted at step 5 and resumed with no schedule flags (and
     # the helper's --lr 0.1) has the lr of the uninterrupted run at every step, keeps
-    # --checkpoint-every 2 and writes a final checkpoint
-    whole = _records(train(*COSINE, "--run-dir", str(tmp_path / "whole")))
+    # --checkpoint-every 2 and writes a final checkpoint. The uninterrupted and the crashing
+    # run are independent: started together (tests/conftest.py run_together)
     ckpt = tmp_path / "ckpt"
-    crashed = train(*COSINE, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
-                    env={"PARTITA_CRASH_RANK": "0", "PARTITA_CRASH_STEP": "5"})
+    whole, crashed = together([
+        train_cmd(*COSINE, "--run-dir", str(tmp_path / "whole")),
+        train_cmd(*COSINE, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2")], timeout=600,
+        envs=[{}, {"PARTITA_CRASH_RANK": "0", "PARTITA_CRASH_STEP": "5"}])
+    whole = _records(whole)
     assert crashed.returncode != 0 and "injected crash on rank 0" in crashed.stderr
     proc = train("--plan", "dp=1", "--nproc", "1", "--steps", "8", "--checkpoint-dir", str(ckpt), "--resume")
     resumed = _records(proc)

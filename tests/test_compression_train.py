@@ -13,26 +13,28 @@ COMMON = ["--model", "tiny-llama", "--json", "--optimizer", "sgd", "--momentum",
           "--plan", PLAN, "--nproc", "2", "--steps", "8"]
 
 
-def _train(tmp, *args, env=None):
-    cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--run-dir", str(tmp), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
 def _losses(path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in (json.loads(l) for l in path.read_text().splitlines()) if "event" not in r}
 
 
-def test_killed_powersgd_run_resumes_with_its_state(tmp_path):
+def _train_cmd(tmp, *args) -> list[str]:
+    return [sys.executable, "-m", "partita", "train", *COMMON, "--run-dir", str(tmp), *args]
+
+
+def test_killed_powersgd_run_resumes_with_its_state(tmp_path, together):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    _train(tmp_path / "a")
+    # the uninterrupted run (a) and the killed one (b) are independent: started together
+    # (tests/conftest.py run_together)
+    whole, proc = together([
+        _train_cmd(tmp_path / "a"),
+        _train_cmd(tmp_path / "b", "--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "3",
+                   "--max-restarts", "1")], timeout=600,
+        envs=[{"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "1", "PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "5",
+                                         "PARTITA_CRASH_SIGNAL": "KILL"}], cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    assert proc.returncode == 0, proc.stderr[-4000:]
     ref = _losses(tmp_path / "a" / "metrics.jsonl")
-    proc = _train(tmp_path / "b", "--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "3",
-                  "--max-restarts", "1",
-                  env={"PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "5", "PARTITA_CRASH_SIGNAL": "KILL"})
     assert "resumed from" in proc.stderr
     got = _losses(tmp_path / "b" / "metrics.jsonl")
     assert sorted(got) == list(range(8))
