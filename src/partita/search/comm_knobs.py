@@ -34,6 +34,8 @@ from .. import uncertainty as unc
 from ..estimate import Estimate, estimate
 from ..plan import validate
 from .engine import SearchResult
+from .layouts import EXPLAINED_KNOBS
+from .why_not import nearest_values
 
 KNOBS = ("bf16", "powersgd")
 #: a knob changes the numerics (bf16 rounding of the reduced gradients; PowerSGD's low-rank
@@ -90,12 +92,14 @@ def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4, 
     base = list(result.plans)
     found: list[Estimate] = []
     skipped: list[Estimate] = []  # fit, but save less than MIN_GAIN
+    origin: dict[int, Estimate] = {}  # variant -> the plan it is a variant of
     for e in base:
         for plan in variants(e.plan, knobs, rank):
             est = estimate(result.model, result.cluster, plan)
             est.memory_limit = result.memory_limit_gib
             if not est.fits:  # PowerSGD's state is in the memory model's buffers
                 continue
+            origin[id(est)] = e
             if est.step_time_s <= (1 - MIN_GAIN) * e.step_time_s:
                 found.append(est)
             else:
@@ -103,8 +107,11 @@ def try_comm_knobs(result: SearchResult, knobs: tuple[str, ...], rank: int = 4, 
     ranked = sorted(base + found, key=lambda e: unc.risk_adjusted(e.step_time_s, e.p_fit))  # the search's own key
     result.plans = ranked[:top]
     best = result.best
+    if origin.get(id(best), best) is not base[0]:  # a lower plan's variant won: explain around its layout
+        result.alternatives = {k: nearest_values(k, getattr(best.plan, k), {getattr(a.plan, k) for a in result.attempts})
+                               for k in EXPLAINED_KNOBS}
     _same_knob_for_alternatives(result, best.plan)
-    return _knob_lines(result, knobs, ranked, skipped)
+    return _knob_lines(result, knobs, ranked, skipped, origin)
 
 
 def _same_knob_for_alternatives(result: SearchResult, best) -> None:
@@ -128,8 +135,10 @@ def _same_knob_for_alternatives(result: SearchResult, best) -> None:
                     attempt.plan, attempt.estimate = plan, est
 
 
-def _knob_lines(result: SearchResult, knobs: tuple[str, ...], ranked: list, skipped: list) -> list[str]:
-    """One "why not" line per knob (module docstring)."""
+def _knob_lines(result: SearchResult, knobs: tuple[str, ...], ranked: list, skipped: list,
+               origin: dict[int, Estimate]) -> list[str]:
+    """One "why not" line per knob (module docstring); the best plan without its knob is
+    the plan it is a variant of (the same layout), so the line is the knob's own effect."""
     best = result.best
     lines = []
     for knob in knobs:
@@ -137,6 +146,8 @@ def _knob_lines(result: SearchResult, knobs: tuple[str, ...], ranked: list, skip
         without = [e for e in ranked if not _has(e.plan, knob)]
         if _has(best.plan, knob):
             plain = [e for e in without if knob_name(e.plan) == "none"]
+            if id(best) in origin:
+                plain = [origin[id(best)]]
             if plain or without:
                 alt = (plain or without)[0]
                 lines.append(f"{knob_name(alt.plan) if knob_name(alt.plan) != 'none' else _off(knob)} "
