@@ -7,6 +7,7 @@ the knob, not the post-pass's own numbers."""
 import pytest
 
 from partita.errors import PartitaError
+from partita.plan import Plan
 from partita.estimate import estimate
 from partita.search.comm_knobs import MIN_GAIN, parse_grad_knobs, try_comm_knobs
 from partita.search.engine import search_plans
@@ -95,3 +96,12 @@ def test_plan_1_does_not_depend_on_top(capsys):
         assert len(data["plans"]) == top
         firsts.append((data["plans"][0]["plan"], data["plans"][0]["step_time_s"]))
     assert firsts[0] == firsts[1]
+    # the why-not lines explain other values around plan 1's own layout (the knob pass made a
+    # lower plan's variant plan 1: they were the search's plan 1's, listing plan 1's own values)
+    best = Plan.from_dict(data["plans"][0]["plan"])
+    knobs = {"tp", "pp", "vpp", "mbs", "recompute", "zero"}
+    for line in data["why_not"]:
+        knob, _, rest = line.partition("=")
+        if knob in knobs:
+            value = rest.split(" ", 1)[0]
+            assert value != str(getattr(best, knob)), line
