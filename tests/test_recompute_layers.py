@@ -177,21 +177,24 @@ def test_least_recompute_layers_is_the_smallest_that_fits():
 
 
 def test_search_recomputes_just_enough_where_it_is_faster():
-    """Llama-3-70B on 16 H100 (seq 8192, batch 64) fits only with full recompute; with
-    ``partial_recompute`` (the default) the best plan recomputes fewer layers than its
-    stage holds, fits, and is faster than the best plan of the search without it."""
+    """Llama-3-70B on 32 A100-80GB (seq 8192, batch 64): with ``partial_recompute`` (the
+    default) the best plan recomputes fewer layers than its stage holds, fits, and is faster
+    than the best plan of the search without it (there: selective recompute). (16 H100 did
+    with full recompute as the plain best, until the memory intervals were held out: the
+    confident limit, usable / 1.35, now leaves full recompute there; tests/test_search.py
+    moved the same way.)"""
     from partita.search import search_plans
     from partita.search.space import SearchSpace
-    model, cluster = load_model("llama3-70b"), make_cluster("h100-sxm", devices=16)
+    model, cluster = load_model("llama3-70b"), make_cluster("a100-80gb", devices=32)
     assert SearchSpace().partial_recompute
     plain = search_plans(model, cluster, 64, 8192, SearchSpace(partial_recompute=False))
     partial = search_plans(model, cluster, 64, 8192)
-    assert plain.best.plan.recompute == "full" and plain.best.plan.recompute_layers == 0
+    assert plain.best.plan.recompute_layers == 0
     best = partial.best.plan
     assert best.recompute == "full" and 0 < best.recompute_layers < max(best.stage_layers(model.layers))
     assert partial.best.step_time_s < plain.best.step_time_s
     assert partial.best.peak_memory_gib <= partial.memory_limit_gib
-    check(best, model, 16)
+    check(best, model, 32)
 
 
 def test_estimate_cli_takes_recompute_layers(capsys):
