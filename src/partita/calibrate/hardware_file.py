@@ -50,15 +50,18 @@ REPEATS = 5
 
 
 def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, model: str = "tiny-llama") -> dict:
-    """Every raw measurement of this rank's device (collectives and micro-runs: the slowest rank)."""
+    """Every raw measurement of this rank's device (collectives and micro-runs: the smallest
+    rank's busy time), with the clock they were read on (``clock``: :data:`.busy_clock.SOURCE`)."""
     import torch
     import torch.distributed as dist
     from ..runtime.device import local_device
+    from .busy_clock import SOURCE
     from .measure import _time_calls, measure_collectives, measure_gemm, measure_optimizer, measure_runtime
     device = local_device(device_type)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     sync = (lambda: getattr(torch, device.type).synchronize()) if device.type != "cpu" else (lambda: None)
-    out: dict = {"device": device.type, "dtype": dtype_name, "world": dist.get_world_size(), "repeats": repeats}
+    out: dict = {"device": device.type, "dtype": dtype_name, "world": dist.get_world_size(), "repeats": repeats,
+                 "clock": SOURCE}
     out["gemm"] = measure_gemm(device, dtype, sync, repeats)
     x = torch.randn(16_000_000 // (1 if dtype_name == "fp32" else 2), device=device, dtype=dtype)
     copy = _time_calls(lambda: (x.clone(), sync()), repeats, min_time=0.1)

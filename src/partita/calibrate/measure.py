@@ -3,7 +3,10 @@
 Every term is timed in ``repeats`` separate repeats so the fits (:mod:`.fit`)
 get a spread, not just a number. Anything that communicates runs a fixed number of
 iterations on every rank (a time-based loop around a collective deadlocks when ranks
-disagree on when to stop), and each repeat's time is the slowest rank's.
+disagree on when to stop). Every time is read on :func:`.busy_clock.busy_clock` (wall minus
+the thread's run-queue wait), as the training worker's ``step_busy_s`` is, so a neighbour's
+load does not enter the fitted rates; a repeat's time is the smallest rank's busy time (each
+rank's is at most the unloaded time plus the peer's queueing it slept through).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from .busy_clock import busy_clock, run_queue_wait_s
 from .fit import PP_PROBE_MODEL, PROBE_MODELS, ZERO3_PROBE_MODEL, run_model
 
 #: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
@@ -32,26 +36,31 @@ RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5}
 
 
 def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
-    """Seconds per call in each of ``repeats`` repeats (time-based: no collectives in ``fn``)."""
+    """Busy seconds per call in each of ``repeats`` repeats (time-based: no collectives in
+    ``fn``). The loop stops on the wall clock (one read per call, cheap); the run-queue wait is
+    read once at each end of a repeat, so the file read is not inside the calls timed."""
     fn()
     out = []
     for _ in range(repeats):
-        n, t0 = 0, time.perf_counter()
+        n, q0, t0 = 0, run_queue_wait_s(), time.perf_counter()
         while True:
             fn()
             n += 1
             if time.perf_counter() - t0 >= min_time:
                 break
-        out.append((time.perf_counter() - t0) / n)
+        wall = time.perf_counter() - t0
+        out.append((wall - (run_queue_wait_s() - q0)) / n)
     return out
 
 
-def _slowest(samples: list[float], device) -> list[float]:
-    """Each repeat's time on the slowest rank (a collective step ends when the last one does)."""
+def _across_ranks(samples: list[float], device) -> list[float]:
+    """Each repeat's time across the ranks: the smallest busy time. A collective step ends on
+    every rank together, so unloaded the ranks agree; under load rank r's busy time is the
+    unloaded time plus the peer's queueing it slept through, and the smallest is the closest."""
     import torch
     import torch.distributed as dist
     t = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return t.tolist()
 
 
@@ -127,12 +136,12 @@ def measure_collectives(device, sync, repeats: int) -> list[dict]:
                 dist.barrier()
                 samples = []
                 for _ in range(repeats):
-                    t0 = time.perf_counter()
+                    t0 = busy_clock()
                     for _ in range(iters):
                         op()
                     sync()
-                    samples.append((time.perf_counter() - t0) / iters)
-                samples = _slowest(samples, device)
+                    samples.append((busy_clock() - t0) / iters)
+                samples = _across_ranks(samples, device)
                 # send/recv moves one message each way at once: the cost model's one transfer
                 rows.append({"kind": kind, "group": g, "bytes": size, "seconds": statistics.median(samples),
                              "samples": samples, "spread": (max(samples) - min(samples)) / 2})
@@ -178,7 +187,7 @@ def increment_plans(world: int) -> dict[str, str]:
 def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUNTIME_MODEL) -> dict[str, dict]:
     """Each mechanism's micro-run through :func:`partita.parallelize` (SGD, synthetic
     tokens), the repeats interleaved across mechanisms so a load change on the machine
-    hits all of them alike: seconds per training step, slowest rank, per repeat."""
+    hits all of them alike: busy seconds per training step, smallest rank, per repeat."""
     import torch
     import torch.distributed as dist
     from ..models.llama import TransformerConfig, build_model
@@ -207,12 +216,12 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
             dist.barrier()
             times = []
             for _ in range(n):
-                t0 = time.perf_counter()
+                t0 = busy_clock()
                 step()
-                times.append(time.perf_counter() - t0)
+                times.append(busy_clock() - t0)
             runs[mech]["samples"].append(statistics.median(times))
     for run in runs.values():
-        run["samples"] = _slowest(run["samples"], None)
+        run["samples"] = _across_ranks(run["samples"], None)
     for name in longer:  # the longer run travels with its mechanism's run
         runs[name.split("@")[0]]["long"] = runs.pop(name)
     return runs

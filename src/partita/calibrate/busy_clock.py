@@ -1,0 +1,65 @@
+"""A clock that stops while this thread waits for a CPU: wall time minus run-queue wait.
+
+On a machine other processes share (two cores, several jobs), a timed step is the work it did,
+the time it waited on its peers (collectives, the pipeline's bubble), and the time it was
+runnable but the scheduler ran someone else. Only the last moves with the neighbours' load.
+Linux counts it per thread: ``/proc/thread-self/schedstat`` holds three numbers, the second
+"time spent waiting on a runqueue" in nanoseconds (Documentation/scheduler/sched-stats.rst,
+``/proc/<pid>/schedstat``). Subtracting it keeps the time the thread ran *and* the time it
+slept waiting for a peer (a blocked ``recv`` is not on a run queue), so a pipeline's bubble
+still counts while a neighbour's time slice does not.
+
+``partita calibrate`` (:mod:`.measure`), the training worker's per-step record
+(``step_busy_s``) and ``bench/predict_vs_measure.py`` all time with this one clock, so the
+rates calibrate fits and the steps the loop measures carry the same (small) share of load.
+
+What it cannot remove: the wait of the *other* rank's queueing that this rank sleeps through
+(the step's time is therefore the smallest of the ranks' busy times: each is at most the
+unloaded time plus the peer's queueing it waited out), the wait of helper threads (gloo's)
+that are not this thread, and contention for caches and memory bandwidth. Where the file does
+not exist (not Linux, or a kernel without ``CONFIG_SCHED_INFO``), :func:`run_queue_wait_s`
+is 0 and the clock is the wall clock: :data:`SOURCE` says which.
+"""
+from __future__ import annotations
+
+import time
+
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def run_queue_wait_s(path: str = SCHEDSTAT) -> float:
+    """Seconds this thread has waited on a run queue since it started (0.0 where the kernel
+    does not say: the caller's clock falls back to the wall clock)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _available(path: str = SCHEDSTAT) -> bool:
+    try:
+        with open(path) as f:
+            int(f.read().split()[1])
+        return True
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+#: What :func:`busy_clock` measures on this machine (recorded in the calibrated file).
+SOURCE = ("wall clock minus run-queue wait (/proc/thread-self/schedstat)" if _available()
+          else "wall clock (no /proc/thread-self/schedstat on this platform: timings carry the machine's load)")
+
+
+def busy_clock() -> float:
+    """Seconds on a clock that advances with the wall clock except while this thread is
+    runnable but not running; only differences of two readings on one thread mean anything."""
+    return time.perf_counter() - run_queue_wait_s()
+
+
+def busy_call(fn) -> tuple[float, float]:
+    """``(busy seconds, wall seconds)`` of one call of ``fn`` on this thread."""
+    q0, t0 = run_queue_wait_s(), time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    return wall - (run_queue_wait_s() - q0), wall
