@@ -117,7 +117,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         from ..outputs import write_output
         write_output(args.output, plan.to_json() + "\n", "-o")
     script_model = read.model if model is None else None  # the model the file defines
-    fit = fit_of(args, model or script_model, plan)
+    fit = fit_of(args, model or script_model, plan, read.model_note)
     if args.json:
         import json
         extra = {"not_modelled": list(read.not_modelled), "model": script_model.to_dict() if script_model else None,
@@ -142,14 +142,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def fit_of(args: argparse.Namespace, model: Any, plan: Any) -> dict[str, Any]:
+def fit_of(args: argparse.Namespace, model: Any, plan: Any, model_note: str = "") -> dict[str, Any]:
     """With ``--hardware``: the one memory verdict (:mod:`partita.uncertainty`, as estimate and plan
     say it) of the plan read, as JSON fields; {} without --hardware."""
     if not getattr(args, "hardware", None):
         return {}
     from ..errors import PartitaError
     if model is None:
-        raise PartitaError(f"--hardware {args.hardware}: the file does not define the model; pass --model")
+        raise PartitaError(f"--hardware {args.hardware}: " + (model_note or "the file does not define the model; pass --model"))
     from ..estimate import estimate
     from ..spec.hardware import make_cluster
     est = estimate(model, make_cluster(args.hardware, plan.world_size), plan)

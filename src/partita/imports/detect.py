@@ -38,7 +38,10 @@ _TITAN = r"--(parallelism|training)\.|torchtitan\.train\b|--job\.config[_-]file"
 def detect(path: str, text: str) -> str:
     """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
     stripped = text.lstrip()
+    from .flagscale import is_flagscale
     from .llamafactory import is_llamafactory
+    if is_flagscale(path, text):  # FlagScale's Hydra YAML: Megatron-LM's flags in system/model/data (.flagscale)
+        return "megatron"
     if is_llamafactory(path, text):  # `stage:`, `finetuning_type:` ... in a .yaml: LLaMA-Factory's train config
         return "llamafactory"
     if stripped.startswith("{") or path.endswith(".json"):

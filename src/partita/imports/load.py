@@ -152,7 +152,11 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     target = source or detect(path, raw)
     text = raw if target in ("deepspeed", "llamafactory") else expand_variables(raw)
     world = devices or script_world_size(text)
-    if target in ("megatron", "mindspeed"):
+    from .flagscale import is_flagscale
+    if target in ("megatron", "mindspeed") and is_flagscale(path, raw):  # Megatron's flags in YAML (.flagscale)
+        from .flagscale import flagscale_command
+        text, world, reading = flagscale_command(path, raw, devices)
+    elif target in ("megatron", "mindspeed"):
         from .script import script_command
         read = script_command(path, raw, args, env, run_script, devices)  # None: no launch found, read as text
         text, world, reading = read if read is not None else (text, world, "")
@@ -166,13 +170,24 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as e:
         raise PartitaError(f"{path}: cannot read it as {target}: {type(e).__name__}: {e}"[:300]) from None
     except PartitaError as e:
-        raise world_hint(e, devices, world if target in ("megatron", "mindspeed") else None) from None
+        raise _with_reading(world_hint(e, devices, world if target in ("megatron", "mindspeed") else None),
+                            reading) from None
     _check_fill(path, plan, dict(fill or {}, **({"pp": pp} if pp else {})))
     try:
         check(plan, model, devices)
     except PartitaError as e:
-        raise world_hint(e, devices, world if target in ("megatron", "mindspeed") else None) from None
+        raise _with_reading(world_hint(e, devices, world if target in ("megatron", "mindspeed") else None),
+                            reading) from None
     return Imported(plan, target, notes, model, note, reading)
+
+
+def _with_reading(error: PartitaError, reading: str) -> PartitaError:
+    """``error`` with what the script's reading assumed (variables read unset, so empty as bash has
+    them): a layout refused because an option the script takes from the environment was not given
+    (Pai-Megatron-Patch's ``MP_PP0_LAYERS`` for an uneven pipeline split) names that variable too."""
+    if not reading or "unset" not in reading:
+        return error
+    return PartitaError(f"{error} [{reading}]")
 
 
 def _check_fill(path: str, plan: Plan, fill: dict[str, Any]) -> None:

@@ -239,6 +239,11 @@ def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = No
                  "megatron").with_(**_finetune(ns)[0])
 
 
+def switch_flags() -> set[str]:
+    """The flags of :func:`known_flags` that take no value (``store_true``): a word after one is not its value."""
+    return {s for action in _megatron_parser()._actions if action.nargs == 0 for s in action.option_strings}
+
+
 def known_flags() -> set[str]:
     """Every flag :func:`plan_from_megatron` reads (a value it cannot know is named, not guessed)."""
     return {s for action in _megatron_parser()._actions for s in action.option_strings}

@@ -48,16 +48,19 @@ def model_parser() -> argparse.ArgumentParser:
                  "--kv-channels", "--vocab-size", "--padded-vocab-size", "--seq-length", "--max-position-embeddings",
                  "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
                  "--n-shared-experts", "--first-k-dense-replace", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-                 "--qk-pos-emb-head-dim", "--v-head-dim", "--tensor-model-parallel-size", "--moe-intermediate-size"):
+                 "--qk-pos-emb-head-dim", "--v-head-dim", "--tensor-model-parallel-size", "--moe-intermediate-size",
+                 "--multiple-of"):
         p.add_argument(flag, type=int)
+    p.add_argument("--hidden-dim-multiplier", type=float)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
                  "--add-qkv-bias", "--disable-bias-linear", "--qk-layernorm", "--multi-latent-attention",
                  "--multi-head-latent-attention", "--use-rotary-position-embeddings", "--shared-expert-gate",
-                 "--geglu", "--gelu-tanh"):
+                 "--geglu", "--gelu-tanh", "--is-hybrid-model"):
         p.add_argument(flag, action="store_true")
     for flag in ("--normalization", "--position-embedding-type", "--moe-layer-freq", "--tokenizer-type",
-                 "--tokenizer-name-or-path", "--tokenizer-model", "--noop-layers", "--merge-file"):
+                 "--tokenizer-name-or-path", "--tokenizer-model", "--noop-layers", "--merge-file",
+                 "--patch-tokenizer-type", "--load", "--hybrid-override-pattern"):
         p.add_argument(flag, nargs="?")  # a path from an unset positional ($2) leaves the flag bare
     return p
 
@@ -113,8 +116,11 @@ def _vocab(ns: argparse.Namespace, tp: int) -> int | None:
 def unresolved_vocab(argv: list[str]) -> str:
     """The words naming what the script's vocabulary depends on, for a refusal."""
     ns, _ = model_parser().parse_known_args(argv)
-    source = ns.tokenizer_name_or_path or ns.tokenizer_model
-    what = f"tokenizer {ns.tokenizer_type or 'of the script'}" + (f" at {source}" if source else "")
+    # Pai-Megatron-Patch: --patch-tokenizer-type, its HF tokenizer read from --load, plus --extra-vocab-size
+    # (alibaba/Pai-Megatron-Patch@a098ca5 megatron_patch/tokenizer/__init__.py: padded = vocab + extra)
+    source = ns.tokenizer_name_or_path or ns.tokenizer_model or (ns.load if ns.patch_tokenizer_type else None)
+    what = f"tokenizer {ns.tokenizer_type or ns.patch_tokenizer_type or 'of the script'}" + \
+        (f" at {source}" if source else "")
     return (f"the vocabulary size is in the {what}, not on the command line: pass --model (a preset or the "
             "config.json, whose vocab is used) or add --padded-vocab-size / --vocab-size to the script")
 
@@ -161,6 +167,21 @@ def _position(ns: argparse.Namespace) -> str:
     return {"learned_absolute": "learned", "alibi": "alibi"}.get(kind, "rope")
 
 
+def _default_ffn(ns: argparse.Namespace, h: int) -> int:
+    """Megatron's FFN width where ``--ffn-hidden-size`` is absent: ``4h``; with ``--swiglu``
+    ``int(4h * 2/3 / 64) * 64``, or, with FlagScale's ``--multiple-of M`` (and ``--hidden-dim-multiplier``),
+    LLaMA's ``int(4h * 2/3)`` (times the multiplier) rounded up to a multiple of M
+    (FlagOpen/FlagScale@da4935e flagscale/backends/Megatron-LM/megatron/training/arguments.py.patch)."""
+    if not ns.swiglu:
+        return 4 * h
+    if ns.multiple_of:
+        dim = int(4 * h * 2 / 3)
+        if ns.hidden_dim_multiplier:
+            dim = int(dim * ns.hidden_dim_multiplier)
+        return ns.multiple_of * ((dim + ns.multiple_of - 1) // ns.multiple_of)
+    return int((4 * h * 2 / 3) / 64) * 64
+
+
 def model_from_megatron(argv: list[str], name: str = "script") -> ScriptModel:
     """The model of a Megatron / MindSpeed-LLM command line; ``spec`` None when the script does
     not give ``--num-layers``, ``--hidden-size`` and ``--num-attention-heads``."""
@@ -168,11 +189,18 @@ def model_from_megatron(argv: list[str], name: str = "script") -> ScriptModel:
     ns, _ = model_parser().parse_known_args(argv)
     if not (ns.num_layers and ns.hidden_size and ns.num_attention_heads):
         return ScriptModel(None)
+    if ns.is_hybrid_model or ns.hybrid_override_pattern:
+        # Megatron's hybrid stack (megatron/core/models/mamba): --num-layers counts Mamba, attention and MLP
+        # layers of the pattern separately; Partita's model is a transformer's (attention + MLP per layer)
+        return ScriptModel(None, "a hybrid Mamba/attention model (--is-hybrid-model / --hybrid-override-pattern "
+                           f"{(ns.hybrid_override_pattern or '')[:24]}...): Partita models transformer layers only, "
+                           "and --num-layers counts each Mamba, attention and MLP layer; pass --model for an "
+                           "estimate of a transformer of that size")
     vocab = _vocab(ns, ns.tensor_model_parallel_size or 1)
     if vocab is None:
         return ScriptModel(None, unresolved_vocab(argv))
     h, heads = ns.hidden_size, ns.num_attention_heads
-    ffn = ns.ffn_hidden_size or (int((4 * h * 2 / 3) / 64) * 64 if ns.swiglu else 4 * h)
+    ffn = ns.ffn_hidden_size or _default_ffn(ns, h)
     noop = len({x for x in (ns.noop_layers or "").split(",") if x.strip().isdigit()})
     layers = ns.num_layers - noop
     position = _position(ns)

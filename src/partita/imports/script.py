@@ -21,13 +21,13 @@ def script_command(path: str, raw: str, args: list[str] | tuple[str, ...] = (), 
     assumed or "") of the script at ``path``; None when no command of the script launches a training
     entry point or passes flags. A value that the importer reads but the script leaves unknown is one
     line naming what supplies it."""
-    from .megatron import known_flags
+    from .megatron import known_flags, switch_flags
     run = _run(path, raw, list(args), dict(env or {}), run_script)
     launch = find_launch(run)
     launcher, argv = launch if launch else ([], bare_arguments(run))
     if not argv:
         return None
-    _check_known(path, argv, known_flags(), run)
+    _check_known(path, argv, known_flags() - switch_flags(), run)
     if devices is None:
         _check_known(path, launcher, set(LAUNCHER_FLAGS), run, " (or --devices)")
     world = devices or launcher_world_size(launcher)

@@ -252,8 +252,7 @@ class _Evaluator(_Expander):
         if name in self.functions:
             return self.call_function(name, argv[1:])
         if name == "eval":
-            self.run.unknown.setdefault(f"eval at line {line}", "--run-script (eval builds code at run time)")
-            return 0
+            return self.eval_(" ".join(argv[1:]), line)
         if self.output is not None and name in _PRINTERS:
             return self.print_(argv)
         if name == "cd" and len(argv) > 1:
@@ -262,6 +261,23 @@ class _Evaluator(_Expander):
         if name not in _BUILTIN_QUIET or self.output is not None:
             self.run.commands.append(list(self.prefix) + argv)
         return 0
+
+    def eval_(self, text: str, line: int) -> int:
+        """``eval WORDS``: bash joins the expanded words with spaces and runs the result as script text
+        in the current shell (bash(1), "eval"), so a command line built in a string (``run_cmd="torchrun
+        ..."; eval ${run_cmd}``, Pai-Megatron-Patch's examples) is parsed and evaluated here the same way:
+        its quotes removed and its ``$`` expanded a second time."""
+        if self.depth >= _MAX_SOURCE_DEPTH:
+            self.run.unknown.setdefault(f"eval at line {line}", "--run-script (eval nested too deeply)")
+            return 0
+        self.depth += 1
+        try:
+            self.execute(_Parser(tokenize(text)).parse_list())
+        except ShellError:
+            self.run.unknown.setdefault(f"eval at line {line}", "--run-script (eval builds code the reader cannot parse)")
+        finally:
+            self.depth -= 1
+        return self.status
 
     def print_(self, argv: list[str]) -> int:
         """What a printing command writes, inside ``$(...)``."""

@@ -1,0 +1,217 @@
+"""FlagScale's Hydra YAML (FlagOpen/FlagScale ``examples/*/conf/train.yaml`` and ``conf/train/*.yaml``)
+read as the Megatron-LM command line FlagScale launches.
+
+FlagScale keeps Megatron's arguments in YAML: the experiment file names the launcher
+(``experiment.runner``: ``nnodes``, ``nproc_per_node``, ``hostfile``) and, through its Hydra
+``defaults`` list (``- train: 7b``), the training file ``conf/train/7b.yaml``, whose ``system``,
+``model`` and ``data`` sections are Megatron's flags. FlagScale turns them into the command line
+with ``flatten_dict_to_args`` (FlagOpen/FlagScale@da4935e flagscale/runner/utils.py, called by
+flagscale/runner/runner_train.py ``_get_args_megatron``): the three sections merged in that order
+(a later key replaces an earlier one), nested maps flattened (``precision: {bf16: true}`` is
+``--bf16``), ``_`` in a key written ``-``, ``true`` a bare flag, ``false`` left out, a list its
+items after the flag, anything else ``--key value``. That command line is then read by
+:mod:`.megatron` like any other.
+
+The world size is the runner's as ``runner_train.py`` computes it: without a hostfile, one node of
+``min(nproc_per_node, the count of *_VISIBLE_DEVICES)`` (either alone if only one is given, 1 if
+neither); with a hostfile, its node count, which only the cluster knows (``--devices``).
+
+The YAML here is the block subset these files use (maps by indentation, ``- item`` and ``[a, b]``
+lists, scalars, comments) and OmegaConf's absolute ``${a.b.c}`` interpolation; nothing else of
+YAML or Hydra (no anchors, no multi-line scalars, no ``??`` resolvers: such a value stays text).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..errors import PartitaError
+
+#: A FlagScale file: the experiment's Megatron task, or a training file's Megatron sections.
+_EXPERIMENT = re.compile(r"^experiment:\s*$(?s:.*)^\s+backend:\s*megatron\b", re.MULTILINE)
+_TRAIN = re.compile(r"^system:\s*$(?s:.*)^model:\s*$", re.MULTILINE)
+_LINE = re.compile(r"^(\s*)(- )?([^:#]+?|'[^']*'|\"[^\"]*\")\s*:(?:\s+(.*?))?\s*$")
+_REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+def is_flagscale(path: str, text: str) -> bool:
+    """Whether ``path`` is a FlagScale experiment or training YAML (Megatron backend)."""
+    return path.endswith((".yaml", ".yml")) and bool(_EXPERIMENT.search(text) or _TRAIN.search(text))
+
+
+def _scalar(text: str) -> Any:
+    """A YAML scalar as OmegaConf reads the forms FlagScale's files use."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if text.startswith("[") and text.endswith("]"):
+        return [_scalar(x) for x in text[1:-1].split(",") if x.strip()]
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "~", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` without a ``#`` comment outside quotes."""
+    quote = None
+    for i, ch in enumerate(line):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or line[i - 1] in " \t"):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def read_yaml(text: str, path: str) -> dict[str, Any]:
+    """The nested maps and lists of a block YAML file (the subset of the module docstring)."""
+    root: dict[str, Any] = {}
+    stack: list[tuple[int, Any]] = [(-1, root)]  # (indent of the keys, the container they go in)
+    pending: tuple[int, dict, str] | None = None  # a key whose block follows: (its indent, its map, key)
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _strip_comment(raw)
+        if not line.strip() or line.strip() == "---":
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = line.strip()
+        if pending is not None:
+            p_indent, p_map, p_key = pending
+            pending = None
+            if indent > p_indent or (indent == p_indent and body.startswith("- ")):
+                p_map[p_key] = [] if body.startswith("- ") else {}
+                stack.append((indent, p_map[p_key]))
+        while len(stack) > 1 and (indent < stack[-1][0] or (indent == stack[-1][0] and isinstance(stack[-1][1], list)
+                                                            and not body.startswith("- "))):
+            stack.pop()
+        container = stack[-1][1]
+        if body.startswith("- "):
+            if not isinstance(container, list):
+                raise PartitaError(f"{path}:{number}: a '- item' outside a list: {raw.strip()[:60]!r}")
+            item = body[2:].strip()
+            m = _LINE.match(" " * (indent + 2) + item)
+            if m and not item.startswith(("'", '"', "[")) and ": " in item + " ":
+                entry = {m.group(3).strip(): _scalar(m.group(4) or "")}
+                container.append(entry)
+            else:
+                container.append(_scalar(item))
+            continue
+        m = _LINE.match(line)
+        if not m or not isinstance(container, dict):
+            raise PartitaError(f"{path}:{number}: not a 'key: value' line of a FlagScale YAML: {raw.strip()[:60]!r}")
+        key, value = m.group(3).strip().strip("'\""), m.group(4)
+        if value and value[0] in "|>&*!":
+            raise PartitaError(f"{path}:{number}: {key}: block scalars, anchors and tags are not read; "
+                               "write the value on one line")
+        if value is None or value == "":
+            container[key] = None
+            pending = (indent, container, key)
+        else:
+            container[key] = _scalar(value)
+    return root
+
+
+def _lookup(root: dict[str, Any], dotted: str) -> Any:
+    node: Any = root
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def _resolve(node: Any, root: dict[str, Any], depth: int = 0) -> Any:
+    """OmegaConf's ``resolve=True`` for absolute ``${a.b}`` references (others stay text)."""
+    if isinstance(node, dict):
+        return {k: _resolve(v, root, depth) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, root, depth) for v in node]
+    if not isinstance(node, str) or depth > 10:
+        return node
+    whole = _REF.fullmatch(node)
+    try:
+        if whole:
+            return _resolve(_lookup(root, whole.group(1)), root, depth + 1)
+        return _REF.sub(lambda m: str(_resolve(_lookup(root, m.group(1)), root, depth + 1)), node)
+    except KeyError:
+        return node
+
+
+def _flatten(config: dict[str, Any]) -> list[str]:
+    """FlagScale's ``flatten_dict_to_args`` (module docstring)."""
+    args: list[str] = []
+    for key, value in config.items():
+        if key in ("log_dir", "details_dir", "scripts_dir", "pids_dir"):
+            continue
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, dict):
+            args.extend(_flatten(value))
+        elif isinstance(value, list):
+            args += [flag, *(str(v) for v in value)]
+        elif isinstance(value, bool):
+            args += [flag] if value else []
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def _train_file(path: str, doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the training config, the experiment config or None) of ``path``: an experiment file loads its
+    ``defaults`` entry ``train: NAME`` from ``train/NAME.yaml`` beside it."""
+    if "system" in doc and "model" in doc:
+        return doc, None
+    names = [e["train"] for e in doc.get("defaults") or [] if isinstance(e, dict) and "train" in e]
+    if not names:
+        raise PartitaError(f"{path}: a FlagScale experiment without a '- train: NAME' default (its training config)")
+    train = Path(path).resolve().parent / "train" / f"{names[-1]}.yaml"
+    if not train.is_file():
+        raise PartitaError(f"{path}: its training config {train} is not here (give that file and --devices)")
+    from .detect import read_text
+    return read_yaml(read_text(str(train)), str(train)), doc
+
+
+def _world(experiment: dict[str, Any] | None, path: str) -> int | None:
+    """The launcher's world size (module docstring), None where only the cluster knows it."""
+    if experiment is None:
+        return None
+    exp = experiment.get("experiment") or {}
+    runner, envs = exp.get("runner") or {}, exp.get("envs") or {}
+    if runner.get("hostfile") not in (None, "null"):
+        return None
+    visible = next((v for k, v in envs.items() if str(k).endswith("_VISIBLE_DEVICES")), None)
+    count = len(str(visible).split(",")) if visible is not None else None
+    nproc = runner.get("nproc_per_node")
+    if isinstance(nproc, str) and not nproc.isdigit():
+        return None
+    return min(int(nproc), count) if nproc is not None and count else int(nproc) if nproc is not None else count or 1
+
+
+def flagscale_command(path: str, raw: str, devices: int | None = None) -> tuple[str, int | None, str]:
+    """(``pretrain_gpt.py ARGS`` as FlagScale launches it, the world size, a note or ""); a world size
+    that only the cluster knows (a hostfile, a training file alone) without ``devices`` is one line."""
+    doc = read_yaml(raw, path)
+    train, experiment = _train_file(path, doc)
+    root = dict(experiment or {}, train=train)
+    train = _resolve(train, root)
+    if (train.get("system") or {}).get("enable_hetero") or "hetero_process_meshes" in str(train.get("system")):
+        raise PartitaError(f"{path}: a heterogeneous FlagScale run (enable_hetero, per-mesh parallel sizes): "
+                           "Partita plans one mesh; give a homogeneous training config")
+    merged: dict[str, Any] = {}
+    for section in ("system", "model", "data"):
+        merged.update(train.get(section) or {})
+    world = devices or _world(experiment, path)
+    if world is None:
+        runner = ((experiment or {}).get("experiment") or {}).get("runner") or {}
+        where = (f"the hostfile's node count ({runner.get('hostfile')}; runner nnodes {runner.get('nnodes', '-')}, "
+                 f"nproc_per_node {runner.get('nproc_per_node', '-')})") if experiment is not None else \
+            "the experiment file's runner (this is a training config alone)"
+        raise PartitaError(f"{path}: the device count is {where}, not in the file: pass --devices")
+    return shlex.join(["pretrain_gpt.py", *_flatten(merged)]), world, ""
