@@ -15,11 +15,8 @@ import io
 import json
 import os
 import pickle
-import select
-import signal
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -33,6 +30,7 @@ import partita.search.engine  # noqa: F401,E402
 import partita.search.explain  # noqa: F401,E402
 import partita.spec.hf_config  # noqa: F401,E402
 import rich.table  # noqa: F401,E402
+from child_io import read_child  # noqa: E402
 from partita.cli import main as partita_main  # noqa: E402
 
 TIMEOUT_S = 20.0
@@ -359,20 +357,10 @@ def run_case(argv: list[str], timeout_s: float = TIMEOUT_S) -> dict:
             w.write(pickle.dumps(result))
         os._exit(0)
     os.close(write_fd)
-    chunks, deadline = [], time.monotonic() + timeout_s
-    with os.fdopen(read_fd, "rb") as r:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return {"rc": None, "hung": True, "stdout": "", "stderr": "", "raised": None}
-            chunk = os.read(r.fileno(), 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    result = pickle.loads(b"".join(chunks)) if chunks else {"rc": None, "raised": "child died", "stdout": "",
+    raw = read_child(pid, read_fd, timeout_s)
+    if raw is None:
+        return {"rc": None, "hung": True, "stdout": "", "stderr": "", "raised": None}
+    result = pickle.loads(raw) if raw else {"rc": None, "raised": "child died", "stdout": "",
                                                             "stderr": ""}
     result["hung"] = False
     return result

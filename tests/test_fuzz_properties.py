@@ -20,11 +20,9 @@ import pickle
 import re
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from hypothesis import strategies as st
 
 import partita.estimate  # noqa: F401  (loaded before forking)
 import partita.export  # noqa: F401
+from child_io import read_child
 from partita.cli import main as partita_main
 from partita.errors import PartitaError
 from partita.plan import Plan, check
@@ -61,27 +60,6 @@ def _hang_s(argv: list[str]) -> float:
     """A ``train`` child runs the launcher's checks (0.2 s each measured, torch preloaded); CI
     once saw one take over 20 s with four other gloo processes on the 2 cores: 3x the margin."""
     return HANG_S * (3 if argv[:1] == ["train"] else 1)
-
-
-def read_child(pid: int, read_fd: int, hang_s: float) -> bytes | None:
-    """Everything forked child ``pid`` writes to the pipe ``read_fd`` until it closes it, then
-    the child reaped; None when that takes over ``hang_s`` seconds (the child is killed: a
-    hang). One definition for both places that fork a case: :func:`run_cli` here and the
-    ``train`` server (its source is put into :data:`_TRAIN_SERVER`)."""
-    chunks, deadline = [], time.monotonic() + hang_s
-    with os.fdopen(read_fd, "rb") as r:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return None
-            chunk = os.read(r.fileno(), 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    return b"".join(chunks)
 
 
 _TRAIN_SERVER = """
