@@ -3,6 +3,11 @@ packed SFT rows, against single-process PEFT (``get_peft_model``) trained with S
 same rows from the same base weights and adapters. One process group for all cases: the
 suite runs :func:`run_case` in its shared torchrun (tests/conftest.py ``equivalence``).
 
+Models per case (:data:`MODELS`): the tiny HF Llama (2 layers; 4 for the interleaved
+pipeline) on packed rows; under cp the reference tiny-llama on plain token rows (cp runs
+reference models; packed rows are refused there); under ep the tiny HF Qwen2-MoE with
+attention adapters (the runtime's one LoRA restriction on MoE models, runtime/lora.py).
+
 Usage: python -m torch.distributed.run --nproc-per-node 4 tests/lora_runtime_worker.py OUT.json PLAN...
 Writes {plan: {"losses", "ref_losses", "adapter_max_diff", "base_changed", "trainable"}} from rank 0.
 """
@@ -16,15 +21,43 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from partita.models.hf import build_tiny_hf
+from partita.errors import PartitaError
+from partita.models.hf import TINY_BASE, build_hf_from_config, build_tiny_hf
+from partita.models.llama import build_model
+from partita.models.registry import TINY_HF_MOE
 from partita.plan import Plan
-from partita.runtime.lora import lora_config, lora_init, save_adapter
+from partita.runtime.lora import adapter_state, lora_config, lora_init, merged_state, peft_key, save_adapter
 from partita.runtime.parallelize import parallelize
 from partita.train.sft_data import evaluate_sft, pack
 
 LLAMA = ("LlamaConfig", "LlamaForCausalLM", {})
 LORA = "dtype=fp32,finetune=lora,lora_rank=4,lora_alpha=8.0,gbs=4,mbs=1,seq_len=32"
 STEPS, LR = 3, 0.5
+
+
+def llama4(meta: bool = False):
+    """The tiny HF Llama with 4 layers (an interleaved pipeline of pp=2, vpp=2 needs 4 stages)."""
+    import transformers
+    return build_hf_from_config(transformers.LlamaConfig(**{**TINY_BASE, "num_hidden_layers": 4}),
+                                transformers.LlamaForCausalLM, 0, meta)
+
+
+#: case -> (model builder (meta), plan text added, packed rows)
+MODELS = {
+    "dp=2,pp=2": (lambda meta: build_tiny_hf(*LLAMA, seed=0, meta=meta), "", True),
+    "dp=2,pp=2,vpp=2,schedule=interleaved-1f1b": (llama4, "", True),
+    "dp=2,cp=2": (lambda meta: build_model("tiny-llama", seed=0, device="meta" if meta else "cpu"), "", False),
+    "dp=4,ep=2": (lambda meta: build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=meta),
+                  ",lora_targets=attention", True),
+}
+DEFAULT = (lambda meta: build_tiny_hf(*LLAMA, seed=0, meta=meta), "", True)
+
+
+def token_rows(n_rows: int, seq_len: int, vocab: int) -> dict:
+    """Plain next-token rows (every target counted): what context parallel trains on."""
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, vocab, (n_rows, seq_len + 1), generator=g)
+    return {"inputs": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous()}
 
 
 def case_dir(text: str) -> str:
@@ -45,15 +78,18 @@ def sft_rows(n_rows: int, seq_len: int, vocab: int) -> dict:
     return {k: torch.from_numpy(v[:n_rows]) for k, v in rows.items()}
 
 
-def reference(plan: Plan, rows: dict):
-    """Single-process PEFT with the adapters' initial values set to Partita's."""
+def reference(plan: Plan, rows: dict, build=DEFAULT[0]):
+    """Single-process PEFT (``get_peft_model`` on the whole model, no parallelism) with the
+    adapters' initial values set to Partita's."""
     from peft import get_peft_model
-    model = build_tiny_hf(*LLAMA, seed=0)
+    model = build(False)
     peft_model = get_peft_model(model, lora_config(model, plan))
+    initial = {}
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if p.requires_grad:
                 p.copy_(lora_init(name.removeprefix("base_model.model."), tuple(p.shape), 0))
+                initial[peft_key(name.removeprefix("base_model.model."))] = p.detach().clone()
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     opt = torch.optim.SGD([p for p in peft_model.parameters() if p.requires_grad], lr=LR)
     losses = []
@@ -61,17 +97,38 @@ def reference(plan: Plan, rows: dict):
         sl = slice(step * plan.gbs, (step + 1) * plan.gbs)
         total = 0.0
         for i in range(plan.gbs):  # each (dp rank, micro-batch) chunk of one row: the runtime's mean of means
-            x, y, pos = (rows[k][sl][i:i + 1] for k in ("inputs", "targets", "positions"))
-            out = peft_model(input_ids=x, position_ids=pos, use_cache=False).logits
+            x, y = rows["inputs"][sl][i:i + 1], rows["targets"][sl][i:i + 1]
+            if "positions" in rows:
+                out = peft_model(input_ids=x, position_ids=rows["positions"][sl][i:i + 1], use_cache=False).logits
+            else:  # a reference model: its forward takes the tokens
+                out = peft_model(x)
             loss = F.cross_entropy(out.flatten(0, 1), y.flatten())
             (loss / plan.gbs).backward()
             total += float(loss) / plan.gbs
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    adapters = {n.removeprefix("base_model.model."): p.detach() for n, p in peft_model.named_parameters()
+    adapters = {peft_key(n.removeprefix("base_model.model.")): p.detach() for n, p in peft_model.named_parameters()
                 if p.requires_grad}
-    return losses, adapters, trainable
+    merged = {k: v.detach().clone() for k, v in peft_model.merge_and_unload().state_dict().items()}
+    return losses, adapters, trainable, initial, merged
+
+
+def _named(pm) -> dict:
+    """This rank's parameters (every pipeline stage it holds), whole where DTensors."""
+    return {n.replace("_checkpoint_wrapped_module.", ""): (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+            for mod in pm.modules for n, p in mod.named_parameters()}
+
+
+def _packed_cp_refusal(pm, rows: dict) -> str:
+    """The one-line refusal of packed rows under context parallel (raised before any collective)."""
+    rows = _ROWS.setdefault("rows", sft_rows(STEPS * 4, 32, 256))
+    per = pm.plan.gbs // pm.plan.dp
+    try:
+        pm.train_step(rows["inputs"][:per], rows["targets"][:per], rows["positions"][:per])
+    except PartitaError as e:
+        return str(e)
+    return ""
 
 
 #: the packed rows every case trains on (built on first use)
@@ -82,37 +139,42 @@ def run_case(text: str, rows: dict | None = None, out_dir: str | None = None) ->
     """One plan's LoRA run against PEFT. Without ``rows`` / ``out_dir`` (the suite's shared
     torchrun, tests/conftest.py): the rows of :func:`main`, the adapter saved under
     ``PARTITA_WORKER_DIR``; the result names the adapter's folder (``adapter_dir``)."""
-    if rows is None:
-        rows = _ROWS.setdefault("rows", sft_rows(STEPS * 4, 32, 256))
+    build, extra, packed = MODELS.get(text, DEFAULT)
+    if rows is None or not packed:
+        rows = _ROWS.setdefault("rows", sft_rows(STEPS * 4, 32, 256)) if packed else token_rows(STEPS * 4, 32, 256)
     out_dir = out_dir or os.environ["PARTITA_WORKER_DIR"]
-    plan = Plan.parse(f"{text},{LORA}", world_size=dist.get_world_size())
-    model = build_tiny_hf(*LLAMA, seed=0, meta=True)
-    pm = parallelize(model, plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), max_grad_norm=None)
+    plan = Plan.parse(f"{text},{LORA}{extra}", world_size=dist.get_world_size())
+    pm = parallelize(build(True), plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), max_grad_norm=None)
     per = plan.gbs // plan.dp
     from partita.runtime.batches import dp_index
     start = dp_index(plan, dist.get_rank()) * per
-    base0 = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-             for n, p in pm.model.named_parameters() if ".lora_" not in n}
-    losses = []
-    for step in range(STEPS):
-        sl = slice(step * plan.gbs + start, step * plan.gbs + start + per)
-        losses.append(pm.train_step(rows["inputs"][sl], rows["targets"][sl], rows["positions"][sl]))
-    full = {n.replace("_checkpoint_wrapped_module.", ""): (p.full_tensor() if isinstance(p, DTensor) else p).detach()
-            for n, p in pm.model.named_parameters()}
+    base0 = {n: v.clone() for n, v in _named(pm).items() if ".lora_" not in n}
+    keys = ("inputs", "targets", "positions") if packed else ("inputs", "targets")
+    batches = [tuple(rows[k][s * plan.gbs + start: s * plan.gbs + start + per] for k in keys) for s in range(STEPS)]
+    losses = [pm.train_step(*batch) for batch in batches]
+    full = _named(pm)
     base_changed = max(float((full[n] - v).abs().max()) for n, v in base0.items())
-    trainable = sum(p.numel() for p in pm.model.parameters() if p.requires_grad)  # DTensor: the global numel
+    trainable = torch.tensor([sum(p.numel() for p in pm.parameters() if p.requires_grad)])  # DTensor: global numel
+    if pm.pp_group is not None:  # every stage's adapters
+        dist.all_reduce(trainable, group=pm.pp_group)
     save_adapter(pm, os.path.join(out_dir, case_dir(text)), pm.lora_config, None)
-    keys = ("inputs", "targets", "positions")
-    evals = [tuple(rows[k][s * plan.gbs + start: s * plan.gbs + start + per] for k in keys) for s in range(STEPS)]
-    result = {"losses": losses, "base_changed": base_changed, "trainable": trainable,
-              "eval_loss": evaluate_sft(pm, evals), "adapter_dir": os.path.join(out_dir, case_dir(text))}
+    mine = adapter_state(pm)  # the saved tensors: every stage's on rank 0
+    merged = merged_state(pm, pm.lora_config) if plan.pp > 1 else None
+    result = {"losses": losses, "base_changed": base_changed, "trainable": int(trainable),
+              "adapter_dir": os.path.join(out_dir, case_dir(text))}
+    if packed:
+        result["eval_loss"] = evaluate_sft(pm, batches)
+    elif plan.cp > 1:
+        result["packed_cp_refusal"] = _packed_cp_refusal(pm, rows)
     if dist.get_rank() == 0:
-        ref_losses, adapters, ref_trainable = reference(plan, rows)
-        mine = {n: v for n, v in full.items() if ".lora_" in n}
+        ref_losses, adapters, ref_trainable, initial, ref_merged = reference(plan, rows, build)
+        if merged is not None:  # --merge under pp: every stage's merged weights, gathered
+            result.update(merged_keys_match=sorted(merged) == sorted(ref_merged),
+                          merged_max_diff=max(float((merged[k] - ref_merged[k]).abs().max()) for k in merged))
         result.update(ref_losses=ref_losses, ref_trainable=ref_trainable, adapters_compared=len(mine),
-                      adapter_max_diff=max(float((mine[n] - adapters[n]).abs().max()) for n in mine),
-                      adapter_moved=max(float((mine[n] - lora_init(n, tuple(mine[n].shape), 0)).abs().max())
-                                        for n in mine))
+                      adapter_keys_match=sorted(mine) == sorted(adapters),
+                      adapter_max_diff=max(float((mine[k] - adapters[k]).abs().max()) for k in mine),
+                      adapter_moved=max(float((mine[k] - initial[k]).abs().max()) for k in mine))
     return result
 
 

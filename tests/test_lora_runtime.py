@@ -1,7 +1,9 @@
-"""Issue 36 items 3 and 5: LoRA with PEFT's own layers under Partita's parallelism, equal to
-single-process PEFT on the same packed SFT rows (SGD, 3 steps); the adapters it saves load
-with ``PeftModel.from_pretrained`` and give Partita's eval loss. The cases run in 4 gloo
-processes (tests/lora_runtime_worker.py), the session's shared torchrun (tests/conftest.py)."""
+"""Issue 36 items 3 and 5: LoRA with PEFT's own layers under Partita's parallelism (dp, ZeRO-3
+/ FSDP2, tp, pp and interleaved pp, cp, ep), equal to single-process PEFT on the same data
+(SGD, 3 steps; packed SFT rows, plain token rows under cp); the adapters it saves (under pp:
+every stage's, gathered) load with ``PeftModel.from_pretrained`` and give Partita's eval
+loss. The cases run in 4 gloo processes (tests/lora_runtime_worker.py), the session's shared
+torchrun (tests/conftest.py)."""
 import json
 import os
 import subprocess
@@ -15,7 +17,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 WORKER = Path(__file__).parent / "lora_runtime_worker.py"
-CASES = ["dp=2,tp=2", "dp=2,tp=2,sp=false", "dp=4,zero=3", "dp=2,tp=2,zero=3"]
+CASES = ["dp=2,tp=2", "dp=2,tp=2,sp=false", "dp=4,zero=3", "dp=2,tp=2,zero=3", "dp=2,pp=2",
+         "dp=2,pp=2,vpp=2,schedule=interleaved-1f1b", "dp=2,cp=2", "dp=4,ep=2"]
+#: adapter tensors (A and B) = 2 x targeted linears x layers: all-linear on the 2-layer HF
+#: Llama (7 linears), its 4-layer copy and the reference tiny-llama (4 layers); attention
+#: (4 linears) on the 2-layer Qwen2-MoE
+ADAPTERS = {"dp=2,pp=2,vpp=2,schedule=interleaved-1f1b": 2 * 7 * 4, "dp=2,cp=2": 2 * 7 * 4, "dp=4,ep=2": 2 * 4 * 2}
 
 
 #: the cases run in the session's shared 4-process torchrun (tests/conftest.py ``equivalence``):
@@ -32,25 +39,63 @@ def results(equivalence):
 def test_lora_matches_single_process_peft(results, case):
     r = results[case]
     assert max(abs(a - b) for a, b in zip(r["losses"], r["ref_losses"])) <= 1e-5, r
-    assert r["adapter_max_diff"] <= 1e-6 and r["adapters_compared"] == 28, r
+    assert r["adapter_max_diff"] <= 1e-6 and r["adapters_compared"] == ADAPTERS.get(case, 2 * 7 * 2), r
+    assert r["adapter_keys_match"]  # the saved (under pp: gathered) adapters are exactly PEFT's tensors
     assert r["adapter_moved"] > 1e-3  # the adapters did train
     assert r["base_changed"] == 0.0   # the base stayed frozen
     assert r["trainable"] == r["ref_trainable"]  # PEFT's own count of trainable parameters
 
 
-@pytest.mark.parametrize("case", ["dp=2,tp=2", "dp=4,zero=3"])
+@pytest.mark.parametrize("case", ["dp=2,pp=2,vpp=2,schedule=interleaved-1f1b"])
+def test_merged_weights_under_pp_equal_peft_merge_and_unload(results, case):
+    """--merge under pp: every stage's ``W + (alpha / r) B A`` gathered, equal to PEFT's own
+    ``merge_and_unload`` of the single-process run (every weight of the model)."""
+    r = results[case]
+    assert r["merged_keys_match"] and r["merged_max_diff"] <= 1e-6, r
+
+
+def test_packed_rows_under_cp_refused_in_one_line(results):
+    from partita.runtime.parallelize import PACKED_CP
+    msg = results["dp=2,cp=2"]["packed_cp_refusal"]
+    assert msg == PACKED_CP and "\n" not in msg and "cp=1" in msg
+
+
+def test_lora_on_moe_experts_refused_in_one_line():
+    """PEFT's ``target_modules`` cannot reach fused routed experts (its own injection on the
+    MoE model adapts no parameter under ``experts``), so the runtime refuses LoRA targets
+    other than attention on MoE models, in one line, before anything is built."""
+    from peft import get_peft_model, LoraConfig
+    from partita.errors import PartitaError
+    from partita.models.hf import build_tiny_hf
+    from partita.models.registry import TINY_HF_MOE
+    from partita.plan import Plan
+    from partita.runtime.lora import MOE_TARGETS
+    from partita.runtime.parallelize import runtime_check
+    model = build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=True)
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["gate_proj", "up_proj", "down_proj"]))
+    adapted = [n for n, p in peft.named_parameters() if p.requires_grad]
+    assert adapted and not any(".experts." in n for n in adapted)  # the shared expert's only
+    plan = Plan.parse("dp=4,ep=2,finetune=lora,lora_targets=mlp,gbs=4,mbs=1,seq_len=32", world_size=4)
+    with pytest.raises(PartitaError) as e:
+        runtime_check(plan, build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=True))
+    assert MOE_TARGETS in str(e.value) and "\n" not in str(e.value)
+    runtime_check(Plan.parse("dp=4,ep=2,finetune=lora,lora_targets=attention,gbs=4,mbs=1,seq_len=32", world_size=4),
+                  build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=True))  # attention: runs (dp=4,ep=2 case)
+
+
+@pytest.mark.parametrize("case", ["dp=2,tp=2", "dp=4,zero=3", "dp=2,pp=2", "dp=2,pp=2,vpp=2,schedule=interleaved-1f1b",
+                                  "dp=4,ep=2"])
 def test_saved_adapter_loads_in_peft_with_partitas_eval_loss(results, case):
     import torch.nn.functional as F
     from peft import PeftModel
 
     sys.path.insert(0, str(WORKER.parent))
     import lora_runtime_worker as w
-    from partita.models.hf import build_tiny_hf
     r = results
     adapter = Path(r[case]["adapter_dir"])
     assert adapter.name == w.case_dir(case)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(adapter))
-    model = PeftModel.from_pretrained(build_tiny_hf(*w.LLAMA, seed=0), str(adapter)).eval()
+    model = PeftModel.from_pretrained(w.MODELS.get(case, w.DEFAULT)[0](False), str(adapter)).eval()
     rows = w.sft_rows(w.STEPS * 4, 32, 256)
     with torch.no_grad():
         logits = [model(input_ids=rows["inputs"][i:i + 1], position_ids=rows["positions"][i:i + 1],

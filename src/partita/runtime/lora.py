@@ -29,7 +29,18 @@ Parallelism:
   with SP: its weight gradient is summed over the tp ranks). The adapters' activations
   therefore cost r/out of the base's, and the one extra collective is the row side's
   all-reduce of an r-wide tensor.
-* pipeline, context and expert parallel: refused in one line (:func:`lora_problem`).
+* pipeline parallel (interleaved too): each stage is a copy of the injected model keeping
+  its layers (names unchanged), so a stage holds and steps its own layers' adapters;
+  saving gathers every stage's adapters over the pipeline group (:func:`_gather_stages`);
+* context parallel (reference models): the adapters are per-token linears, so cp changes
+  nothing for them - each cp rank's adapter gradients cover its tokens and are averaged
+  over dp x cp like every gradient. Packed SFT rows do not run with cp (parallelize.PACKED_CP);
+* expert parallel (MoE models): adapters on attention only (:func:`lora_problem`). PEFT's
+  ``target_modules`` wraps ``nn.Linear`` modules; the routed experts are fused 3-D
+  parameters (HF ``Qwen2MoeExperts`` / ``MixtralExperts``, the reference ``Experts``), which
+  it cannot reach, so "mlp" would adapt the shared expert and the dense layers only while
+  the planner counts every routed expert's adapters (cost/finetune.py). The frozen experts
+  are sharded over ep as without LoRA.
 
 Saving (:func:`save_adapter`): the gathered adapters in PEFT's format -
 ``adapter_config.json`` (``LoraConfig.save_pretrained``) and ``adapter_model.safetensors``
@@ -78,15 +89,23 @@ def lora_config(model: nn.Module, plan):
                               target_modules=target_names(model, plan.lora_targets))
 
 
-def lora_problem(plan) -> str | None:
-    """Why this runtime cannot run LoRA under ``plan`` (None: it can)."""
-    if plan.finetune != "lora":
+#: the one LoRA restriction of this runtime (module docstring, "expert parallel")
+MOE_TARGETS = ("--finetune lora on an MoE model adapts attention only in this runtime (PEFT's target_modules cannot "
+               "reach the fused routed experts); pass --lora-targets attention")
+
+
+def lora_problem(plan, model: nn.Module | None = None) -> str | None:
+    """Why this runtime cannot run LoRA under ``plan`` on ``model`` (None: it can)."""
+    if plan.finetune != "lora" or plan.lora_targets == "attention" or model is None:
         return None
-    missing = [f"{a}={getattr(plan, a)}" for a in ("pp", "cp", "ep") if getattr(plan, a) > 1]
-    if missing:
-        return (f"--finetune lora runs with dp/zero/fsdp and tp in this runtime; {', '.join(missing)} not yet "
-                "(plan and estimate it)")
-    return None
+    return MOE_TARGETS if is_moe(model) else None
+
+
+def is_moe(model: nn.Module) -> bool:
+    """Whether ``model`` has routed experts (the reference ``MoE``, HF's fused expert modules)."""
+    from ..models.llama import MoE
+    from .hf_moe import FUSED_EXPERTS
+    return any(isinstance(m, MoE) or type(m).__name__ in FUSED_EXPERTS for m in model.modules())
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -252,7 +271,22 @@ def adapter_state(pm) -> dict[str, torch.Tensor]:
         for name, p in module.named_parameters():
             if ".lora_A." in name or ".lora_B." in name:
                 out[peft_key(_clean(name))] = _full(p)
-    return out
+    return _gather_stages(pm, out)
+
+
+def _gather_stages(pm, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Under pipeline parallel: every stage's ``state`` (whole tensors, on the CPU) on the
+    first rank of each pipeline group, merged (stages hold disjoint names); unchanged
+    without pp. The other ranks return their own part (only global rank 0 writes)."""
+    group = getattr(pm, "pp_group", None)
+    if group is None or dist.get_world_size(group) == 1:
+        return state
+    first = dist.get_rank(group) == 0
+    parts: list | None = [None] * dist.get_world_size(group) if first else None
+    dist.gather_object(state, parts, group=group, group_dst=0)
+    if not first:
+        return state
+    return {k: v for part in parts for k, v in part.items()}
 
 
 def save_adapter(pm, out: str | Path, config, base_name: str | None) -> None:
@@ -284,7 +318,7 @@ def merged_state(pm, config) -> dict[str, torch.Tensor]:
             w = w + scale * (b @ a)
             name = name.replace(".base_layer.", ".")
         out[name] = w
-    return out
+    return _gather_stages(pm, out)
 
 
 def save_merged(pm, out: str | Path, hf_config, source: str | None) -> None:

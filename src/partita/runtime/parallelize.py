@@ -36,6 +36,9 @@ from .recompute import apply_recompute
 from .traced import is_traced_model, parallelize_traced
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+#: packed SFT rows under context parallel: cp's attention masks by global position only
+PACKED_CP = ("packed SFT rows (position ids restarting per sample) run without cp in this runtime: its context-parallel "
+             "attention masks causally by global position, not per sample; run cp=1")
 
 
 def etp_refusal(plan: Plan) -> str:
@@ -70,8 +73,8 @@ def runtime_check(plan: Plan, model: nn.Module) -> None:
     if plan.etp > 1:
         errs.append(etp_refusal(plan))
     from .lora import lora_problem
-    if lora_problem(plan):
-        errs.append(lora_problem(plan))
+    if lora_problem(plan, model):
+        errs.append(lora_problem(plan, model))
     if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
             and plan.grad_accum_mode == "sharded":
         errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
@@ -143,14 +146,14 @@ class ParallelModel:
         if self.cp_positions is not None:  # context parallel: this rank's sequence chunks
             inputs, targets = inputs[:, self.cp_positions], targets[:, self.cp_positions]
         inputs, targets = inputs.to(self.device), targets.to(self.device)
-        if positions is not None and (self.schedule is not None or self.cp_positions is not None):
-            raise PartitaError("packed SFT data runs with dp/zero and tp in this runtime (not pp or cp yet)")
+        if positions is not None and self.cp_positions is not None:
+            raise PartitaError(PACKED_CP)
         m = plan.grad_accum
         if inputs.shape[0] != plan.mbs * m:
             raise PartitaError(f"train_step got {inputs.shape[0]} sequences, this rank needs gbs/dp = {plan.mbs * m}")
         with loss_parallel() if plan.tp > 1 else contextlib.nullcontext():
             if self.schedule is not None:
-                local = self._pipeline_step(inputs, targets)
+                local = self._pipeline_step(inputs, targets, positions)
             else:
                 local = self._accumulate(inputs, targets, positions)
         if self.grad_sync is not None:
@@ -193,16 +196,19 @@ class ParallelModel:
                 self.micro_batch_hook(i)
         return total
 
-    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None,
+                       forward_only: bool = False) -> float:
+        """One pipeline step (``forward_only``: the schedule's ``eval``, no backward); packed
+        rows' ``positions`` go to every stage as a keyword (HF stages mask samples from them)."""
         losses: list[torch.Tensor] = []
         self.aux_record.clear()
         is_first = any(_end(mod, "tok_embeddings", "embed_tokens") for mod in self.modules)
         is_last = any(_end(mod, "output", "lm_head") for mod in self.modules)
+        run = self.schedule.eval if forward_only else self.schedule.step
+        extra = {} if positions is None else {"position_ids": positions.to(self.device)}
         with self._autocast():
-            if is_first:
-                self.schedule.step(inputs, target=targets if is_last else None, losses=losses if is_last else None)
-            else:
-                self.schedule.step(target=targets if is_last else None, losses=losses if is_last else None)
+            args = (inputs,) if is_first else ()
+            run(*args, target=targets if is_last else None, losses=losses if is_last else None, **extra)
         m = self.plan.grad_accum
         local = sum(float(l.detach().float()) for l in losses) / m
         from .moe_aux import recorded_aux_sum

@@ -308,12 +308,16 @@ def evaluate_sft(pm, batches) -> float:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from ..runtime.parallelize import cross_entropy
+    from ..runtime.parallelize import PACKED_CP, cross_entropy
     model = pm.model.module if isinstance(pm.model, nn.parallel.DistributedDataParallel) else pm.model
-    if pm.schedule is not None or pm.cp_positions is not None:
-        raise PartitaError("packed SFT data runs with dp/zero and tp in this runtime (not pp or cp yet)")
+    if pm.cp_positions is not None:
+        raise PartitaError(PACKED_CP)
     values, m = [], pm.plan.grad_accum
     for x, y, pos in batches:
+        if pm.schedule is not None:  # pipeline: the schedule's forward-only pass, summed over the stages
+            with loss_parallel() if pm.plan.tp > 1 else contextlib.nullcontext():
+                values.append(pm._pipeline_step(x.to(pm.device), y.to(pm.device), pos, forward_only=True))
+            continue
         total = 0.0
         for xs, ys, ps in zip(x.chunk(m), y.chunk(m), pos.chunk(m)):
             with loss_parallel() if pm.plan.tp > 1 else contextlib.nullcontext(), pm._autocast():
