@@ -15,6 +15,13 @@ A training script is a ``.sh`` file under ``examples/`` that launches a ``pretra
 ``posttrain_gpt.py`` entry point; each construct is counted once per file (files using it).
 Without --compare it only reads: it prints a table, nothing is written.
 
+``--held-out NAME=PATH ...`` reads the held-out set (:data:`HELD_OUT`: public configs of repositories
+Partita was not developed against, each read by hand) from local checkouts or bare mirrors and counts,
+per repository, exact / misread / refused (named or not) / traceback::
+
+    python bench/launch_survey.py --held-out Pai-Megatron-Patch=/path/Pai-Megatron-Patch FlagScale=/path/FlagScale \
+        verl=/path/verl OpenRLHF=/path/OpenRLHF
+
 ``--estimate`` runs ``estimate --from-script`` on each training script as a user would, on the
 hardware it ships for (:func:`hardware_for`), and counts the verdicts (issue 32: no shipped
 config may be said not to fit unless the output names a feature Partita does not model).
@@ -145,7 +152,173 @@ def estimate_all(repo: Path) -> dict[str, int]:
     return counts
 
 
+#: The held-out set (issue 32 "done when"): public launch configs of repositories Partita was not developed
+#: against, each read by hand. repo key -> [(path in the checkout, --args, --env, --devices, expected)], where
+#: expected is {Plan field: value, "model": "read" | "named"} (the plan as the file runs it; "named": the model
+#: is left to --model with a one-line reason) or "named" (the file does not hold a layout Partita can read:
+#: a refusal naming what is missing and the flag that supplies it is the right answer).
+#: Pai-Megatron-Patch: the command lines of each example's README (its positional arguments); dsw is one
+#: 8-GPU node (--devices 8: the script asks python for the GPU count), dlc one node of 8 from the env.
+_PAI_DLC = {"WORLD_SIZE": "1", "RANK": "0", "KUBERNETES_CONTAINER_RESOURCE_GPU": "8"}
+_DATA = "/d /d /ckpt"
+HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
+    "alibaba/Pai-Megatron-Patch@a098ca5": [
+        ("examples/qwen3/run_mcore_qwen3.sh",
+         f"dlc A3B 1 8 1e-5 1e-6 128 128 bf16 4 2 1 1 4 true true true false sel false 100000 {_DATA} 10000 100 /o",
+         _PAI_DLC, None, dict(dp=1, tp=4, pp=2, cp=1, ep=4, etp=1, sp=True, zero=1, mbs=1, gbs=8, seq_len=128,
+                              recompute="selective", dtype="bf16", model="read")),
+        ("examples/llama3_1/run_mcore_llama3_1.sh",
+         f"dsw 8B 1 8 1e-5 1e-6 128 128 bf16 4 2 1 true true true false false false 100000 {_DATA} 10000 100 /o",
+         {}, 8, dict(dp=1, tp=4, pp=2, cp=1, sp=True, zero=1, mbs=1, gbs=8, seq_len=128, recompute="none",
+                     dtype="bf16", model="named")),
+        ("examples/mistral/run_mcore_mistral.sh",
+         f"dsw 7B 1 8 1e-5 1e-6 128 128 bf16 4 1 1 1 true true true false false false 100000 {_DATA} 10000 100 /o",
+         {}, 8, dict(dp=2, tp=4, pp=1, sp=True, zero=1, mbs=1, gbs=8, seq_len=128, dtype="bf16", model="named")),
+        ("examples/qwen2/run_mcore_qwen.sh",
+         f"dsw 0.5B 1 8 1e-5 1e-6 128 128 bf16 1 1 1 1 true true true false false false 100000 {_DATA} 10000 100 /o",
+         {}, 8, dict(dp=8, tp=1, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, model="named")),
+        ("examples/qwen2_5/run_mcore_qwen.sh",
+         f"dsw 0.5B 1 8 1e-5 1e-6 128 128 bf16 1 1 1 true true true false false false 100000 {_DATA} 10000 100 /o",
+         {}, 8, dict(dp=8, tp=1, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, model="named")),
+        ("examples/qwq/run_mcore_qwen.sh",
+         f"dsw 32B 1 8 1e-5 1e-6 128 128 bf16 4 1 1 true true true false false false 100000 {_DATA} 10000 100 /o",
+         {}, 8, dict(dp=2, tp=4, pp=1, sp=True, zero=1, mbs=1, gbs=8, seq_len=128, model="named")),
+        ("examples/qwen2_5_vl/run_mcore_qwen.sh",
+         f"dsw 3B 1 32 1e-5 1e-6 2048 2048 bf16 2 2 1 true true true false false 100000 {_DATA} 20000 200 /o",
+         {}, 8, dict(dp=2, tp=2, pp=2, sp=True, zero=1, mbs=1, gbs=32, seq_len=2048, model="read")),
+        ("examples/qwen2_vl/run_mcore_qwen.sh",
+         f"dsw 7B 1 32 1e-5 1e-6 2048 2048 bf16 2 2 1 true true true false false 100000 {_DATA} 20000 200 /o",
+         {}, 8, dict(dp=2, tp=2, pp=2, sp=True, zero=1, mbs=1, gbs=32, seq_len=2048, model="named")),
+        ("examples/llava_mcore/run_mcore_llava.sh",
+         f"dsw 7B 1 256 0.00015 1e-5 576 1024 bf16 4 1 1 true true true false 100000 {_DATA} 20000 200 /o",
+         {}, 8, dict(dp=2, tp=4, pp=1, sp=False, zero=1, mbs=1, gbs=256, seq_len=576, model="named")),
+        ("examples/moonlight/run_mcore_moonlight.sh",  # the README passes one argument more than the script
+         # reads: OPTIMIZER_OFFLOAD is "none" (not false), so bash turns on --optimizer-cpu-offload
+         f"dsw A3B 1 8 1e-5 1e-6 1024 1024 bf16 1 1 1 1 8 true true false false none false 100000 {_DATA} 1 1 /o",
+         {}, 8, dict(dp=8, tp=1, pp=1, ep=8, etp=1, zero=1, mbs=1, gbs=8, seq_len=1024, recompute="none",
+                     model="named")),
+        ("examples/qwen3_next/run_mcore_qwen3.sh",  # a hybrid Gated-DeltaNet/attention model
+         f"dsw A3B 1 8 1e-5 1e-6 1024 1024 bf16 1 1 1 1 8 true true false false none false 100000 {_DATA} 1 1 /o",
+         {}, 8, dict(dp=8, tp=1, pp=1, ep=8, mbs=1, gbs=8, seq_len=1024, model="named")),
+        ("examples/deepseek_v2/run_mcore_deepseek.sh",  # README: export MP_PP0_LAYERS=6 for 27 layers on pp 4
+         f"dsw A2.4B 1 8 1e-5 1e-6 1024 1024 bf16 1 4 1 2 true true true false sel false 100000 {_DATA} 1 1 /o",
+         {"MP_PP0_LAYERS": "6"}, 8, dict(dp=2, tp=1, pp=4, ep=2, etp=1, zero=1, mbs=1, gbs=8, seq_len=1024,
+                                         layer_split=(6, 7, 7, 7), recompute="selective", model="named")),
+        ("examples/deepseek_v3/run_mcore_deepseek.sh",  # README: MP_PP0_LAYERS=5, tp8 pp8 ep16 (128 GPUs)
+         f"dsw A37B 1 8 1e-5 1e-6 1024 1024 bf16 8 8 1 1 16 true true false false sel 1.0 100000 {_DATA} 1 1 /o",
+         {"MP_PP0_LAYERS": "5"}, 128, dict(dp=2, tp=8, pp=8, ep=16, etp=1, sp=True, zero=1, mbs=1, gbs=8,
+                                           seq_len=1024, layer_split=(5, 8, 8, 8, 8, 8, 8, 8), model="named")),
+    ],
+    "FlagOpen/FlagScale@da4935e": [
+        ("examples/aquila/conf/train.yaml", "", {}, None,
+         dict(dp=8, tp=1, pp=1, zero=1, mbs=2, gbs=1728, seq_len=2048, dtype="fp16", model="read")),
+        ("examples/deepseek_v3/conf/train.yaml", "", {}, None,
+         dict(dp=4, tp=1, pp=2, ep=4, zero=1, mbs=1, gbs=128, seq_len=4096, layer_split=(13, 14), dtype="bf16",
+              model="read")),
+        ("examples/deepseek_v3/conf/train_11b_a2b.yaml", "", {}, None,
+         dict(dp=2, tp=1, pp=4, ep=2, zero=1, mbs=1, gbs=256, seq_len=4096, model="read")),
+        ("examples/qwen3/conf/train.yaml", "", {}, None,
+         dict(dp=1, tp=8, pp=1, sp=True, zero=1, mbs=1, gbs=128, seq_len=4096, model="read")),
+        ("examples/qwq/conf/train.yaml", "", {}, None,
+         dict(dp=1, tp=8, pp=1, sp=True, zero=1, mbs=1, gbs=128, seq_len=4096, model="read")),
+        ("examples/llava_onevision/conf/train.yaml", "", {}, None,
+         dict(dp=8, tp=1, pp=1, zero=1, mbs=2, gbs=512, seq_len=12288, recompute="full", model="read")),
+        ("examples/qwen2_5_vl/conf/train.yaml", "", {}, None,
+         dict(dp=4, tp=2, pp=1, sp=True, zero=1, mbs=1, gbs=16, seq_len=2048, recompute="full", model="read")),
+        ("examples/llama3/conf/train.yaml", "", {}, 32,  # hostfile: the user gives the 4 x 8 GPUs
+         dict(dp=1, tp=8, pp=4, sp=True, zero=1, mbs=1, gbs=1024, seq_len=8192, model="read")),
+        ("examples/llama3/conf/train.yaml", "", {}, None, "named"),  # the hostfile's node count
+        ("examples/mixtral/conf/train.yaml", "", {}, 32,
+         dict(dp=4, tp=2, pp=4, ep=4, sp=True, zero=1, mbs=1, gbs=2048, seq_len=4096, model="named")),
+        ("examples/rwkv/conf/train.yaml", "", {}, None,  # RWKV: the layout read, the model not a transformer
+         dict(dp=1, tp=1, pp=1, zero=1, mbs=1, gbs=1, seq_len=4096, dtype="bf16", model="named")),
+        ("examples/aquila/conf/train_hetero.yaml", "", {}, None, "named"),  # heterogeneous meshes
+    ],
+    "volcengine/verl@b178a3c": [
+        ("examples/grpo_trainer/run_qwen2-7b_math_megatron.sh", "", {}, 8, "named"),
+        ("examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh", "", {}, None, "named"),
+        ("examples/grpo_trainer/run_qwen2-7b_math.sh", "", {}, 8, "named"),
+        ("examples/sft/gsm8k/run_qwen_05_sp2.sh", "", {}, 8, "named"),
+    ],
+    "OpenRLHF/OpenRLHF@3c3be62": [
+        ("examples/scripts/train_sft.sh", "", {}, 8, "named"),
+        ("examples/scripts/train_dpo_llama.sh", "", {}, 8, "named"),
+    ],
+}
+
+
+def _text_of(repo: Path, name: str) -> str | None:
+    """A file of a work tree, else of a bare mirror's HEAD; None when absent."""
+    if (repo / name).is_file():
+        return (repo / name).read_text(errors="replace")
+    out = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{name}"], capture_output=True, text=True,
+                         errors="replace")
+    return out.stdout if out.returncode == 0 else None
+
+
+def _classify(expected, read=None, error: str | None = None) -> str:
+    """exact / misread / refused, named / refused, not named / refused, avoidable (see :data:`HELD_OUT`)."""
+    if error is not None:
+        named = "--" in error or "pass " in error
+        if expected != "named":
+            return "refused, avoidable" if named else "refused, not named"
+        return "refused, named" if named else "refused, not named"
+    if expected == "named":
+        return "misread"
+    plan_ok = all(getattr(read.plan, k) == v for k, v in expected.items() if k != "model")
+    model = "read" if read.model is not None else "named" if read.model_note else "none"
+    return "exact" if plan_ok and model == expected.get("model", model) else "misread"
+
+
+def held_out(checkouts: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """Read each held-out file of each checkout (``repo key -> path``; keys of :data:`HELD_OUT` matched
+    on the repository's name) as a user would, and count the classes per repository."""
+    import tempfile
+    from partita.errors import PartitaError
+    from partita.imports import load_config
+    results: dict[str, dict[str, int]] = {}
+    for key, cases in HELD_OUT.items():
+        repo = next((p for name, p in checkouts.items() if name.lower() in key.lower()), None)
+        if repo is None:
+            continue
+        counts = results.setdefault(key, {})
+        with tempfile.TemporaryDirectory() as scratch:
+            for name, args, env, devices, expected in cases:
+                text = _text_of(repo, name)
+                if text is None:
+                    counts["missing"] = counts.get("missing", 0) + 1
+                    continue
+                path = Path(scratch) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                for extra in _sidecars(repo, name, text):  # FlagScale's conf/train/NAME.yaml
+                    (Path(scratch) / extra).parent.mkdir(parents=True, exist_ok=True)
+                    (Path(scratch) / extra).write_text(_text_of(repo, extra) or "")
+                try:
+                    verdict = _classify(expected, load_config(str(path), devices=devices, args=args.split(), env=env))
+                except PartitaError as e:
+                    verdict = _classify(expected, error=str(e))
+                except Exception as e:  # noqa: BLE001 - a traceback is what the survey counts
+                    verdict = f"traceback ({type(e).__name__})"
+                counts[verdict] = counts.get(verdict, 0) + 1
+                if verdict not in ("exact", "refused, named"):
+                    print(f"  {verdict}: {key}:{name}")
+        print(f"{key}: {len(cases)} configs, " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return results
+
+
+def _sidecars(repo: Path, name: str, text: str) -> list[str]:
+    """The files a held-out file reads beside itself: a FlagScale experiment's ``train/NAME.yaml``."""
+    found = re.findall(r"^\s*-\s*train:\s*(\S+)", text, re.MULTILINE)
+    return [str(Path(name).parent / "train" / f"{found[-1]}.yaml")] if found else []
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--held-out"]:
+        held_out({Path(p).name.split("+")[-1] if "+" in Path(p).name else Path(p).name: Path(p) for p in argv[1:]}
+                 if all("=" not in a for a in argv[1:]) else
+                 {a.split("=", 1)[0]: Path(a.split("=", 1)[1]) for a in argv[1:]})
+        return 0
     if argv[:1] == ["--estimate"]:
         for repo in map(Path, argv[1:]):
             estimate_all(repo)

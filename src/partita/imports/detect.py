@@ -35,6 +35,23 @@ MINDSPEED_MARKERS = (r"mindspeed|ascend-toolkit|NPUS_PER_NODE|PretrainedFromHF|-
 _TITAN = r"--(parallelism|training)\.|torchtitan\.train\b|--job\.config[_-]file"
 
 
+#: Trainers recognised but not read (their layouts are flags of their own, not a config Partita reads): the
+#: refusal names the trainer and what gives Partita the same layout.
+_NOT_READ = {
+    r"openrlhf\.cli\.\w+": "an OpenRLHF command line ({}): its DeepSpeed layout is OpenRLHF's own flags "
+                            "(--ds.zero_stage / --zero_stage, --train.micro_batch_size / --micro_train_batch_size, "
+                            "--train.batch_size / --train_batch_size, --ds.param_dtype), not read here: estimate it "
+                            "with partita estimate --model M --devices N --zero Z --mbs B --global-batch G --seq-len L",
+    r"verl\.trainer\.fsdp_sft_trainer": "a verl FSDP fine-tuning command line ({}): its layout is Hydra overrides "
+                                        "of its own (data.micro_batch_size_per_gpu, data.train_batch_size, "
+                                        "ulysses_sequence_parallel_size), not read here: estimate it with partita "
+                                        "estimate --model M --devices N --zero 3 --mbs B --global-batch G --seq-len L",
+    r"verl\.trainer\.\w+": "a verl command line ({}): an RL job (actor, rollout engine, reference and critic in one "
+                            "job) is not a layout Partita reads; estimate the actor's training layout with partita "
+                            "estimate --model M --devices N --tp T --pp P (its actor_rollout_ref.actor.* settings)",
+}
+
+
 def detect(path: str, text: str) -> str:
     """The framework a file is written for, from its content (and a ``.json``/``.toml`` name)."""
     stripped = text.lstrip()
@@ -57,6 +74,10 @@ def detect(path: str, text: str) -> str:
         return "mindspeed"
     if re.search(r"pretrain_gpt\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):
         return "megatron"
+    for pattern, what in _NOT_READ.items():
+        found = re.search(pattern, text)
+        if found:
+            raise PartitaError(f"{path}: {what.format(found.group(0))}")
     raise PartitaError(f"{path}: not a recognised launch config (no pretrain_gpt.py / --tensor-model-parallel-size "
                        "/ `megatron sft` for Megatron, no zero_optimization / train_batch_size for DeepSpeed, no "
                        "--parallelism.* / --training.* for torchtitan); name it with --from")

@@ -203,7 +203,7 @@ def flagscale_command(path: str, raw: str, devices: int | None = None) -> tuple[
     train = _resolve(train, root)
     if (train.get("system") or {}).get("enable_hetero") or "hetero_process_meshes" in str(train.get("system")):
         raise PartitaError(f"{path}: a heterogeneous FlagScale run (enable_hetero, per-mesh parallel sizes): "
-                           "Partita plans one mesh; give a homogeneous training config")
+                           "Partita plans one mesh; pass a homogeneous training config (no hetero_* keys) and --devices")
     merged: dict[str, Any] = {}
     for section in ("system", "model", "data"):
         merged.update(train.get(section) or {})
@@ -215,3 +215,20 @@ def flagscale_command(path: str, raw: str, devices: int | None = None) -> tuple[
             "the experiment file's runner (this is a training config alone)"
         raise PartitaError(f"{path}: the device count is {where}, not in the file: pass --devices")
     return shlex.join(["pretrain_gpt.py", *_flatten(merged)]), world, ""
+
+
+#: FlagScale training entry points whose model is not a transformer (flagscale/train/train_rwkv.py, ...).
+_NOT_TRANSFORMER = re.compile(r"rwkv|mamba|hybrid", re.IGNORECASE)
+
+
+def model_kind_note(path: str, raw: str) -> str:
+    """Why the model of a FlagScale experiment is not read from its flags (its entry point trains a
+    model that is not a transformer, e.g. ``train_rwkv.py``), or ""."""
+    try:
+        entry = ((read_yaml(raw, path).get("experiment") or {}).get("task") or {}).get("entrypoint") or ""
+    except PartitaError:
+        return ""
+    if not _NOT_TRANSFORMER.search(str(entry)):
+        return ""
+    return (f"the experiment trains with {entry}, not a transformer (its layer count and widths mean other "
+            "things): Partita models transformer layers only; pass --model for an estimate of a transformer")

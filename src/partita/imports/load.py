@@ -211,4 +211,8 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
         return None, f"the YAML names the model {name or '(none)'}: pass --model (a preset or its config.json)"
     if target not in ("megatron", "mindspeed") or swift.is_swift(raw):
         return given, ""
+    from .flagscale import is_flagscale, model_kind_note
+    kind = model_kind_note(path, raw) if is_flagscale(path, raw) else ""
+    if kind:
+        return given, "" if given is not None else kind
     return megatron.resolve_model(argv_from_script(text), given, path)

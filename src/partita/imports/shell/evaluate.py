@@ -168,6 +168,8 @@ class _Evaluator(_Expander):
         argv = [f for w in _drop_redirections(rest) for f in self.expand_word(w)]
         if argv and argv[0].rsplit("/", 1)[-1] in _JOB_RUNNERS:
             return self.job(argv, heredocs[-1] if heredocs else None)
+        if argv and argv[0] == "read" and heredocs:
+            return self.read_heredoc(argv, heredocs[-1])
         return self.call(argv, rest, line) if argv else 0
 
     def job(self, argv: list[str], heredoc: str | None) -> int:
@@ -196,6 +198,21 @@ class _Evaluator(_Expander):
             pass
         self.steps = sub.steps
         return 0
+
+    def read_heredoc(self, argv: list[str], heredoc: str) -> int:
+        """``read -r -d '' NAME <<EOF ... EOF``: NAME holds the here-document (OpenRLHF's example scripts
+        keep their command line so). With ``-d ''`` read stops at a NUL, so the whole text is read (less
+        its leading and trailing whitespace, IFS); without it, the first line. Status 1 as bash returns
+        at the end of input without a NUL (``set -e`` scripts follow it with ``|| true``)."""
+        names = [a for a in argv[1:] if not a.startswith("-") and a.isidentifier()]
+        body = heredoc[1:] if heredoc[0] == "Q" else self._heredoc_text(heredoc[1:])
+        whole = any(a == "-d" for a in argv[1:]) or any(a.startswith("-") and a.endswith("d") for a in argv[1:])
+        text = body if whole else body.split("\n", 1)[0]
+        if "-r" not in argv and not any(a.startswith("-") and "r" in a for a in argv[1:]):
+            text = text.replace("\\\n", "")
+        if names:
+            self.vars[names[-1]] = text.strip()
+        return 1 if whole else 0
 
     def inner_script(self, text: str, prefix: list[str]) -> int:
         """``bash -c TEXT`` (under ``srun``: each command of TEXT recorded after ``prefix``)."""
