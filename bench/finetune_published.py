@@ -14,6 +14,10 @@ rows keep tests/test_finetune_cost.py's settings).
 unchanged; every error is out of sample. Rows marked ``modelled=no`` (a state layout no Partita
 framework has, a saturated memory reading) are printed but left out of the statistics.
 
+Packed rows whose attention runs per sample carry ``sample_len`` (``sum(L^2) / sum(L)``, the plan
+field of that name); where the source does not publish its samples' lengths the value is an
+assumption the notes state, and ``--what-if-sample-len N`` shows how much it matters.
+
 Run ``python bench/finetune_published.py`` (about two seconds); ``--rows`` prints every row.
 """
 from __future__ import annotations
@@ -89,6 +93,8 @@ def plan_of(r: dict[str, str]) -> Plan:
         parts.append("sp=1")
     if r["method"] == "lora":
         parts += [f"lora_rank={r['lora_rank']}", f"lora_targets={r['lora_targets']}"]
+    if r["sample_len"]:  # packed samples, attention per sample (plan.sample_len)
+        parts.append(f"sample_len={r['sample_len']}")
     return Plan.parse(",".join(parts), int(r["devices"]))
 
 
@@ -132,10 +138,35 @@ def summary(results: list[Result]) -> dict[tuple[str, str], dict[str, float]]:
             for key, errs in sorted(groups.items())}
 
 
+def what_if_sample_len(n: int) -> int:
+    """Sensitivity of the packed rows (``sample_len`` set: NeMo 24.07's SQuAD, torchtune's
+    alpaca) to the assumed sample length: each row's error without per-sample attention
+    (``sample_len`` 0: attention over the whole packed sequence), at the CSV's value and at
+    ``n``. A diagnostic, not a fit."""
+    if n <= 0:
+        print(f"error: --what-if-sample-len must be a positive token count (got {n}); try 256 or 512", file=sys.stderr)
+        return 2
+    for r in read_rows():
+        if not r["sample_len"]:
+            continue
+        pub = float(r["published"])
+        if not r["metric"].startswith("tokens"):
+            continue
+        errs = [predict(dict(r, sample_len=v)) / pub - 1 for v in ("", r["sample_len"], str(n))]
+        print(f"{r['source']:38s} {r['model']:15s} {r['method']:5s} whole sequence {errs[0]:+7.1%}   "
+              f"sample_len {r['sample_len']}: {errs[1]:+7.1%}   sample_len {n}: {errs[2]:+7.1%}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    parser.add_argument("--what-if-sample-len", type=int, metavar="N",
+                        help="diagnostic: the packed rows' errors with attention over the whole sequence, at the "
+                             "CSV's sample_len and at N tokens per sample")
     args = parser.parse_args()
+    if args.what_if_sample_len:
+        return what_if_sample_len(args.what_if_sample_len)
     results = evaluate()
     if args.rows:
         for res in results:

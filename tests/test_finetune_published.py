@@ -36,9 +36,9 @@ CLAIMS = {
     ("llama-factory-readme", "memory"): (6, 0.05, 0.15),
     ("ms-swift-megatron-benchmark", "memory"): (2, 0.20, 0.25),
     ("ms-swift-megatron-benchmark", "throughput"): (3, 0.07, 0.13),
-    ("nemo-24.07-perf-summary", "throughput"): (6, 0.27, 0.33),
+    ("nemo-24.07-perf-summary", "throughput"): (6, 0.15, 0.19),
     ("nemo-automodel-perf-summary", "throughput"): (6, 0.13, 0.25),
-    ("torchtune-readme-optimization-flags", "throughput"): (3, 0.09, 0.17),
+    ("torchtune-readme-optimization-flags", "throughput"): (3, 0.10, 0.15),
 }
 
 
@@ -63,12 +63,20 @@ def test_per_source_errors_within_the_documented_tolerance(bench, results) -> No
         assert st["worst_abs"] <= worst_bound, (key, st)
 
 
-def test_nemo_packed_rows_are_under_predicted(results) -> None:
-    """The documented bias: NeMo 24.07's rows pack SQuAD samples of a few hundred tokens into
-    4096-token sequences whose attention runs per sample; Partita charges attention over the
-    whole 4096 tokens (and separate q/k/v/o adapters), so every row is predicted slower."""
-    nemo = [r for r in results if r.source == "nemo-24.07-perf-summary"]
-    assert len(nemo) == 6 and all(r.error < 0 for r in nemo)
+def test_per_sample_attention_is_what_closes_the_packed_rows(bench) -> None:
+    """NeMo 24.07 packs SQuAD samples of a few hundred tokens into 4096-token sequences and runs
+    attention per sample (THD): charged over the whole 4096 tokens instead (``sample_len`` 0),
+    every row is predicted slower than published, by 26 % at the median; per sample, within
+    the 15 % above. The assumed sample length hardly matters (200 to 512: under 2 points)."""
+    import statistics
+    rows = [r for r in bench.read_rows() if r["source"] == "nemo-24.07-perf-summary"]
+    def errors(sample_len: str | None) -> list[float]:
+        return [bench.predict(r if sample_len is None else dict(r, sample_len=sample_len)) / float(r["published"]) - 1
+                for r in rows]
+    whole = errors("")
+    assert len(whole) == 6 and all(e < 0 for e in whole) and statistics.median(abs(e) for e in whole) > 0.25
+    assert statistics.median(abs(e) for e in errors(None)) < 0.15
+    assert max(abs(a - b) for a, b in zip(errors("200"), errors("512"))) < 0.02
 
 
 def test_unknown_metric_is_a_one_line_error(bench) -> None:
@@ -76,3 +84,38 @@ def test_unknown_metric_is_a_one_line_error(bench) -> None:
     with pytest.raises(ValueError, match="use memory_gb, memory_gib") as err:
         bench.predict(row)
     assert "\n" not in str(err.value)
+
+
+def test_per_sample_attention_counts_the_runtime_document_mask() -> None:
+    """``sample_len`` (packed samples, attention per sample): the attention FLOPs Partita charges
+    equal 2 x heads x (d_qk + d_v) x the (query, key) pairs that the runtime's own document mask
+    allows on rows packed by the runtime's own ``pack`` - and with ``sample_len`` 0 the pairs of
+    one causal sequence (the previous count, unchanged)."""
+    import numpy as np
+
+    from partita.cost.compute import layer_forward
+    from partita.cost.shape import layer_shape
+    from partita.plan import Plan
+    from partita.runtime.hf_pipeline import document_mask
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    from partita.train.sft_data import pack
+    import torch
+
+    seq = 64
+    lengths = [48, 16, 40, 24]  # two full rows: 48 + 16 and 40 + 24
+    samples = [(np.arange(n), np.arange(n)) for n in lengths]
+    rows = pack(samples, seq, pad_id=0)
+    assert rows["inputs"].shape == (2, seq)
+    pairs = int(document_mask(torch.as_tensor(rows["positions"])).sum())
+    assert pairs == sum(n * (n + 1) // 2 for n in lengths)
+    sample_len = sum(n * n for n in lengths) / sum(lengths)
+    model, device = load_model("small-llama"), make_cluster("cpu", 1).device
+    per_pair = 2 * model.heads * (model.q_dim // model.heads + model.attn_out_dim // model.heads)
+    plan = Plan.parse(f"dp=1,gbs=2,mbs=2,seq_len={seq},dtype=fp32,sample_len={sample_len:g}", 1)
+    assert plan.sample_len == 37 and Plan.from_dict(plan.to_dict()) == plan
+    assert layer_forward(model, device, layer_shape(plan), False).attn_flops == per_pair * pairs
+    whole = Plan.parse(f"dp=1,gbs=2,mbs=2,seq_len={seq},dtype=fp32", 1)
+    causal_pairs = 2 * seq * (seq + 1) // 2
+    assert layer_forward(model, device, layer_shape(whole), False).attn_flops == per_pair * causal_pairs
+    assert "sample_len" not in whole.to_dict()

@@ -136,7 +136,7 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
                                          "recompute_layers": 0, "attention": "fused",
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
                                          "lora_targets": "all-linear", "fp8_param_gather": False,
-                                         "reuse_fp32_param": False}
+                                         "reuse_fp32_param": False, "sample_len": 0}
 
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
@@ -240,6 +240,13 @@ class Plan:
                                           "all-gather them in fp8 (Megatron --fp8-param-gather; needs zero >= 1)")
     reuse_fp32_param: bool = _flag(False, "keep the fp32 master weight as the bf16 weight plus a 16-bit residual "
                                           "(MindSpeed --reuse-fp32-param; bf16/fp8, zero 0-2)")
+    #: packed sequences whose attention runs per sample (document mask / varlen, as Partita's runtime,
+    #: NeMo's packed THD and LLaMA-Factory's neat_packing do): the samples' length-weighted mean length
+    #: sum(L^2) / sum(L), the causal attention span per token; 0: one sample fills the sequence (cost/compute.py)
+    sample_len: int = _flag(0, "packed samples with attention per sample: their length-weighted mean length "
+                               "sum(L^2)/sum(L) in tokens (0, the default: one sample per sequence)",
+                            bounds=(0, MAX_PLAN_SIZE), commands=_BOTH,
+                            bounds_text="must be 0 (one sample per sequence) or a sample length in tokens")
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""

@@ -69,7 +69,7 @@ def search(args: argparse.Namespace, model, cluster):
                         zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
-    for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets"):  # every candidate fine-tunes so (issue 36)
+    for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "sample_len"):  # every candidate fine-tunes so (issue 36)
         if getattr(args, name, None) is not None:
             space.options[name] = getattr(args, name)
     framework = framework_arg(args)

@@ -209,8 +209,11 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     cost.gemm_flops += attn_proj_flops
     cost.gemm_time += gemm_time(device, attn_proj_flops, dtype, n_gemms)
 
-    # ---- attention core (flash attention, causal: half the score matrix)
-    s_ctx = (shape.seq_len + 1) / 2
+    # ---- attention core (flash attention, causal: half the score matrix). Packed samples with
+    # attention per sample (plan.sample_len = sum(L^2)/sum(L)): a sample of L tokens has L(L+1)/2
+    # (query, key) pairs, sum(L(L+1)/2) / sum(L) = (sample_len + 1) / 2 per token
+    span = min(shape.sample_len, shape.seq_len) if shape.sample_len else shape.seq_len
+    s_ctx = (span + 1) / 2
     d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
     attn_flops = 2 * tokens * s_ctx * (model.heads / tp) * (d_qk + d_v)
     cost.attn_flops += attn_flops
