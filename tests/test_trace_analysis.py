@@ -184,6 +184,7 @@ def test_calibrate_writes_a_hardware_file_the_planner_reads(tmp_path):
     data = json.loads(out.read_text())
     raw, terms = data["calibration"]["raw"], data["calibration"]["terms"]
     assert data["extends"] == "cpu" and raw["world"] == 2 and raw["repeats"] == REPEATS
+    assert "run-queue" in raw["clock"]  # timed on calibrate/busy_clock.py (Linux: schedstat present)
     assert len(raw["gemm"]) == 12 and {r["kind"] for r in raw["collectives"]} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
     # one micro-run of Partita's runtime per mechanism, every repeat timed
