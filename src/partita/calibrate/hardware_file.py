@@ -66,6 +66,8 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     x = torch.randn(16_000_000 // (1 if dtype_name == "fp32" else 2), device=device, dtype=dtype)
     copy = _time_calls(lambda: (x.clone(), sync()), repeats, min_time=0.1)
     out["copy"] = [2 * x.numel() * x.element_size() / t for t in copy]
+    from .read_rate import measure_read_rate  # the streaming read rate beside the clone (read_rate.py)
+    out["read"] = measure_read_rate(device, dtype, sync, repeats)
     out["optimizer"] = measure_optimizer(device, sync, repeats)
     if out["world"] > 1:
         out["collectives"] = measure_collectives(device, sync, repeats)
@@ -112,6 +114,9 @@ def _base_fields(m: dict, base: str) -> tuple[dict, dict]:
         collectives = {}
         alpha, bw = dev.intra_latency_us * 1e-6, dev.intra_gbps * 1e9
     memory = {"hbm_tbps": terms["memory.hbm_tbps"]["value"]}
+    if m.get("read"):
+        from .read_rate import read_rate_fields
+        memory["read_tbps"], terms["memory.read_tbps"] = read_rate_fields(m["read"])
     if m.get("optimizer"):
         terms["memory.optimizer_tbps"] = summarize([b / 1e12 for b in m["optimizer"]], "TB/s",
                                                    "torch.optim.AdamW step over 4 M fp32 parameters in 40 tensors, "

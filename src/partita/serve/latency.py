@@ -68,8 +68,17 @@ EAGER_RUNTIMES = frozenset({"partita"})
 
 
 def bandwidth(device: Device) -> float:
-    """Achievable HBM bytes/s for streaming reads (weights, KV cache)."""
+    """Achievable HBM bytes/s of element-wise kernels writing fresh tensors (the device file's
+    copy rate: eager prefill's score passes)."""
     return device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth
+
+
+def read_bandwidth(device: Device) -> float:
+    """Bytes/s of streaming reads of memory already allocated (weights, the KV cache): the
+    calibrated ``memory.read_tbps`` where the file has it, else :func:`bandwidth` (one HBM rate
+    on accelerators; a CPU's copy into fresh pages runs ~3x slower than its reads:
+    :mod:`partita.calibrate.read_rate`)."""
+    return device.read_bytes_per_s()
 
 
 def span(members: int, per_node: int) -> tuple[int, int]:
@@ -158,7 +167,7 @@ def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_no
 def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int,
                  framework: str = "megatron") -> float:
     """Seconds to prefill one prompt on an idle replica (module docstring)."""
-    bw = bandwidth(device)
+    bw = read_bandwidth(device)
     shape = LayerShape(layout.tp, 1, max(layout.ep, 1), 1, prompt_len, False, layout.dtype, framework, 1)
     total = 0.0
     for moe in (False, True):
@@ -180,7 +189,7 @@ def _logits_time(model: ModelSpec, device: Device, layout: Layout, rows: float) 
     """The output projection for ``rows`` sampled tokens (weights read once)."""
     flops = 2 * rows * model.hidden * model.vocab / layout.tp
     weights = model.vocab * model.hidden / layout.tp * layout.weight_bytes
-    return max(gemm_time(device, flops, layout.dtype), weights / bandwidth(device))
+    return max(gemm_time(device, flops, layout.dtype), weights / read_bandwidth(device))
 
 
 def decode_attention_dims(model: ModelSpec) -> tuple[int, int]:
@@ -221,7 +230,7 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
                  per_node: int, framework: str = "megatron") -> float:
     """Seconds of one layer of a decode step: ``batch`` sequences per attention group
     (``framework``: an engine, or an eager runtime - module docstring)."""
-    bw, tp = bandwidth(device), layout.tp
+    bw, tp = read_bandwidth(device), layout.tp
     weights = layer_weights(model, layout, moe)
     if moe:  # only the experts some token routes to are read
         mo = model.moe

@@ -171,6 +171,18 @@ class Device:
     #: (:data:`partita.cost.step.ADAM_STEP_BYTES_PER_PARAM`), measured by ``partita calibrate``;
     #: 0 (every built-in device): the element-wise bandwidth ``hbm_tbps x memory_bandwidth``
     optimizer_tbps: float = 0.0
+    #: ``memory.read_tbps``: the rate of streaming reads of memory already allocated (weights,
+    #: a KV cache), measured by ``partita calibrate`` (:mod:`partita.calibrate.read_rate`);
+    #: 0 (every built-in device): the element-wise bandwidth ``hbm_tbps x memory_bandwidth``
+    read_tbps: float = 0.0
+
+    def read_bytes_per_s(self) -> float:
+        """Bytes per second of streaming reads: measured where the file says, else the
+        element-wise bandwidth (a GPU's HBM reads and copies run at one rate; a CPU's copy into
+        fresh pages does not: :mod:`partita.calibrate.read_rate`)."""
+        if self.read_tbps > 0:
+            return self.read_tbps * 1e12
+        return self.hbm_tbps * 1e12 * self.efficiency.memory_bandwidth
 
     def optimizer_bytes_per_s(self) -> float:
         """Bytes per second of the optimizer step: measured where the file says, else the
@@ -374,7 +386,7 @@ def _number(value: Any, where: str, source: str, low: float = 0.0, high: float =
 #: against these; peak_tflops takes any dtype of :data:`PEAK_DTYPES`).
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "memory": ("hbm_gib", "usable_gib", "hbm_tbps", "runtime_reserved_gib", "allocator_fragmentation",
-               "comm_buffer_mib_per_group", "optimizer_tbps"),
+               "comm_buffer_mib_per_group", "optimizer_tbps", "read_tbps"),
     "intra_node": ("link", "topology", "gbps_per_direction", "peer_gbps_per_direction", "devices_per_node",
                    "latency_us"),
     "inter_node": ("link", "gbps_per_direction", "latency_us"),
@@ -463,6 +475,7 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
         usable_gib=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source, high=hbm, open_low=True),
         hbm_tbps=_number(_get(raw, "memory", "hbm_tbps", source), "memory.hbm_tbps", source, open_low=True),
         optimizer_tbps=_number(mem.get("optimizer_tbps", 0.0), "memory.optimizer_tbps", source),
+        read_tbps=_number(mem.get("read_tbps", 0.0), "memory.read_tbps", source),
         runtime_reserved_gib=_number(mem.get("runtime_reserved_gib", 1.0), "memory.runtime_reserved_gib", source,
                                      high=_number(mem.get("usable_gib", hbm), "memory.usable_gib", source)),
         allocator_fragmentation=_number(mem.get("allocator_fragmentation", 0.05), "memory.allocator_fragmentation", source,

@@ -1,0 +1,72 @@
+"""The streaming read rate ``partita calibrate`` writes as ``memory.read_tbps``.
+
+Why a second memory rate beside the clone (``memory.hbm_tbps``): a decode step is bound by
+reading memory that already exists - the weights, the KV cache - while calibrate's clone
+writes into a freshly allocated 64 MB tensor. On a GPU the caching allocator hands back the
+same pages and reads and copies run at one HBM rate; on a CPU an allocation that large is
+served by ``mmap`` (glibc's ``M_MMAP_THRESHOLD`` caps at 32 MiB on 64-bit, mallopt(3)), so
+each clone first-touches 16 k fresh pages and the page faults, not the bus, set its rate.
+Measured on the 2-core development VM, one thread, run-queue wait subtracted: clone of
+64 MB 2.8 GB/s, ``copy_`` into an existing 64 MB tensor 9.9 GB/s, a sum over it 9.0 GB/s,
+the decode's weight GEMV (``x @ W``, 64 MB) 12.7 GB/s; clones of 1-16 MB (heap, no fresh
+pages) 7.9 GB/s. The serving model (:func:`partita.serve.latency.read_bandwidth`) prices a
+decode step's reads with this rate.
+
+The measurement: ``x.sum()`` over a 64 MB tensor (larger than a CPU's last-level cache and a
+GPU's L2, so the bytes come from memory), bytes read / seconds per call. On a CPU each call's
+time is its wall-clock minus the time the thread waited on the run queue
+(``/proc/thread-self/schedstat`` field 2, Linux Documentation/scheduler/sched-stats.rst): on
+a machine other jobs share, the rate the reads run at while they run, not the share of the
+cores the process got.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+#: bytes of the tensor read: above a CPU's last-level cache and a GPU's L2
+READ_BYTES = 64_000_000
+
+
+def run_queue_wait_s() -> float:
+    """Seconds this thread has waited on a run queue (0 where the kernel does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def busy_seconds(fn: Callable[[], object], repeats: int, min_time: float = 0.1) -> list[float]:
+    """Seconds per call of ``fn`` in each of ``repeats`` repeats, each repeat's wall-clock less
+    the run-queue wait it contained (time-based loop: no collectives in ``fn``)."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        n, d0, t0 = 0, run_queue_wait_s(), time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            if time.perf_counter() - t0 >= min_time:
+                break
+        busy = time.perf_counter() - t0 - (run_queue_wait_s() - d0)
+        out.append(max(busy, 1e-9) / n)
+    return out
+
+
+def measure_read_rate(device, dtype, sync: Callable[[], None], repeats: int) -> list[float]:
+    """Bytes/s of a sum over :data:`READ_BYTES` of ``dtype`` on ``device``, one per repeat."""
+    import torch
+    elem = torch.empty((), dtype=dtype).element_size()
+    x = torch.randn(READ_BYTES // elem, device=device, dtype=dtype)
+    seconds = busy_seconds(lambda: (x.sum(), sync()), repeats)
+    return [x.numel() * elem / t for t in seconds]
+
+
+def read_rate_fields(samples: list[float]) -> tuple[float, dict]:
+    """(``memory.read_tbps``, its term record) from the per-repeat rates in bytes/s."""
+    from .fit import summarize
+    term = summarize([b / 1e12 for b in samples], "TB/s",
+                     "sum over a 64 MB tensor (read only), run-queue wait subtracted on CPU")
+    return term["value"], term
