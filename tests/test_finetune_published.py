@@ -119,3 +119,21 @@ def test_per_sample_attention_counts_the_runtime_document_mask() -> None:
     causal_pairs = 2 * seq * (seq + 1) // 2
     assert layer_forward(model, device, layer_shape(whole), False).attn_flops == per_pair * causal_pairs
     assert "sample_len" not in whole.to_dict()
+
+
+def test_seq_lengths_report_the_sample_len_to_pass(tmp_path, capsys) -> None:
+    """``partita estimate --seq-lengths FILE --json`` reports ``attention_sample_len`` = sum L^2 / sum L
+    over the file's samples cut to the sequence (hand count), and estimating with it as
+    ``--sample-len`` prices a shorter attention, so a shorter step."""
+    import json
+
+    from partita.cli.main import main
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in [100, 300, 5000] * 10))
+    common = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--devices", "8", "--seq-lengths", str(lengths), "--json"]
+    plan = "dp=8,gbs=32,seq_len=4096,finetune=lora"
+    assert main(["estimate", *common, "--plan", plan]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dataset"]["attention_sample_len"] == round((100**2 + 300**2 + 4096**2) / (100 + 300 + 4096))
+    assert main(["estimate", *common, "--plan", f"{plan},sample_len={out['dataset']['attention_sample_len']}"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] < out["step_time_s"]

@@ -34,7 +34,15 @@ def dataset_report(args: argparse.Namespace, est) -> dict[str, Any] | None:
             "padded_efficiency": pk.padded_efficiency, "packed_efficiency": pk.packed_efficiency,
             "packed_steps_per_epoch": pk.packed_sequences / gbs, "padded_steps_per_epoch": pk.padded_sequences / gbs,
             "packed_days": days_for(step, gbs, pk.packed_sequences, epochs),
-            "padded_days": days_for(step, gbs, pk.padded_sequences, epochs)}
+            "padded_days": days_for(step, gbs, pk.padded_sequences, epochs),
+            "attention_sample_len": attention_sample_len(data.lengths, est.plan.seq_len)}
+
+
+def attention_sample_len(lengths, seq_len: int) -> int:
+    """``sum L^2 / sum L`` over the samples (each cut to ``seq_len``): the value of
+    ``--sample-len`` for packed sequences whose attention runs per sample (plan.py)."""
+    cut = [min(int(n), seq_len) for n in lengths]
+    return round(sum(n * n for n in cut) / max(1, sum(cut)))
 
 
 def dataset_lines(report: dict[str, Any] | None) -> list[str]:
@@ -47,7 +55,9 @@ def dataset_lines(report: dict[str, Any] | None) -> list[str]:
             f"  packed: {r['packed_efficiency']:.1%} of token slots used, {r['packed_steps_per_epoch']:,.0f} steps "
             f"per epoch, {r['packed_days']:.2f} days for {r['epochs']:g} epoch(s)",
             f"  padded (one sample per sequence): {r['padded_efficiency']:.1%} used, "
-            f"{r['padded_steps_per_epoch']:,.0f} steps per epoch, {r['padded_days']:.2f} days"]
+            f"{r['padded_steps_per_epoch']:,.0f} steps per epoch, {r['padded_days']:.2f} days",
+            f"  attention per sample when packed: --sample-len {r['attention_sample_len']} (sum L^2 / sum L; "
+            "docs/finetune.md)"]
 
 
 def finetune_lines(est) -> list[str]:
