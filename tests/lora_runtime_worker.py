@@ -3,7 +3,7 @@ packed SFT rows, against single-process PEFT (``get_peft_model``) trained with S
 same rows from the same base weights and adapters. One process group for all cases: the
 suite runs :func:`run_case` in its shared torchrun (tests/conftest.py ``equivalence``).
 
-Models per case (:data:`MODELS`): the tiny HF Llama (2 layers; 4 for the interleaved
+Models per case (:func:`setup`): the tiny HF Llama (2 layers; 4 for the interleaved
 pipeline) on packed rows; under cp the reference tiny-llama on plain token rows (cp runs
 reference models; packed rows are refused there); under ep the tiny HF Qwen2-MoE with
 attention adapters (the runtime's one LoRA restriction on MoE models, runtime/lora.py).
@@ -42,15 +42,22 @@ def llama4(meta: bool = False):
                                 transformers.LlamaForCausalLM, 0, meta)
 
 
-#: case -> (model builder (meta), plan text added, packed rows)
-MODELS = {
-    "dp=2,pp=2": (lambda meta: build_tiny_hf(*LLAMA, seed=0, meta=meta), "", True),
-    "dp=2,pp=2,vpp=2,schedule=interleaved-1f1b": (llama4, "", True),
-    "dp=2,cp=2": (lambda meta: build_model("tiny-llama", seed=0, device="meta" if meta else "cpu"), "", False),
-    "dp=4,ep=2": (lambda meta: build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=meta),
-                  ",lora_targets=attention", True),
-}
 DEFAULT = (lambda meta: build_tiny_hf(*LLAMA, seed=0, meta=meta), "", True)
+
+
+def setup(text: str) -> tuple:
+    """(model builder (meta), plan text added, packed rows) of a case: an interleaved
+    pipeline gets the 4-layer Llama, cp the reference tiny-llama on token rows, ep the
+    Qwen2-MoE with attention adapters, every other case the 2-layer HF Llama."""
+    fields = dict(kv.split("=") for kv in text.split(","))
+    if int(fields.get("vpp", 1)) > 1:
+        return llama4, "", True
+    if int(fields.get("cp", 1)) > 1:
+        return lambda meta: build_model("tiny-llama", seed=0, device="meta" if meta else "cpu"), "", False
+    if int(fields.get("ep", 1)) > 1:
+        return (lambda meta: build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=meta),
+                ",lora_targets=attention", True)
+    return DEFAULT
 
 
 def token_rows(n_rows: int, seq_len: int, vocab: int) -> dict:
@@ -139,7 +146,7 @@ def run_case(text: str, rows: dict | None = None, out_dir: str | None = None) ->
     """One plan's LoRA run against PEFT. Without ``rows`` / ``out_dir`` (the suite's shared
     torchrun, tests/conftest.py): the rows of :func:`main`, the adapter saved under
     ``PARTITA_WORKER_DIR``; the result names the adapter's folder (``adapter_dir``)."""
-    build, extra, packed = MODELS.get(text, DEFAULT)
+    build, extra, packed = setup(text)
     if rows is None or not packed:
         rows = _ROWS.setdefault("rows", sft_rows(STEPS * 4, 32, 256)) if packed else token_rows(STEPS * 4, 32, 256)
     out_dir = out_dir or os.environ["PARTITA_WORKER_DIR"]

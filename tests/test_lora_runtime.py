@@ -18,11 +18,12 @@ pytest.importorskip("peft")
 
 WORKER = Path(__file__).parent / "lora_runtime_worker.py"
 CASES = ["dp=2,tp=2", "dp=2,tp=2,sp=false", "dp=4,zero=3", "dp=2,tp=2,zero=3", "dp=2,pp=2",
-         "dp=2,pp=2,vpp=2,schedule=interleaved-1f1b", "dp=2,cp=2", "dp=4,ep=2"]
+         "dp=2,pp=2,vpp=2,zero=3,schedule=interleaved-1f1b", "dp=2,cp=2", "dp=4,ep=2"]
 #: adapter tensors (A and B) = 2 x targeted linears x layers: all-linear on the 2-layer HF
 #: Llama (7 linears), its 4-layer copy and the reference tiny-llama (4 layers); attention
 #: (4 linears) on the 2-layer Qwen2-MoE
-ADAPTERS = {"dp=2,pp=2,vpp=2,schedule=interleaved-1f1b": 2 * 7 * 4, "dp=2,cp=2": 2 * 7 * 4, "dp=4,ep=2": 2 * 4 * 2}
+ADAPTERS = {"dp=2,pp=2,vpp=2,zero=3,schedule=interleaved-1f1b": 2 * 7 * 4, "dp=2,cp=2": 2 * 7 * 4,
+            "dp=4,ep=2": 2 * 4 * 2}
 
 
 #: the cases run in the session's shared 4-process torchrun (tests/conftest.py ``equivalence``):
@@ -46,7 +47,7 @@ def test_lora_matches_single_process_peft(results, case):
     assert r["trainable"] == r["ref_trainable"]  # PEFT's own count of trainable parameters
 
 
-@pytest.mark.parametrize("case", ["dp=2,pp=2,vpp=2,schedule=interleaved-1f1b"])
+@pytest.mark.parametrize("case", ["dp=2,pp=2,vpp=2,zero=3,schedule=interleaved-1f1b"])
 def test_merged_weights_under_pp_equal_peft_merge_and_unload(results, case):
     """--merge under pp: every stage's ``W + (alpha / r) B A`` gathered, equal to PEFT's own
     ``merge_and_unload`` of the single-process run (every weight of the model)."""
@@ -83,8 +84,8 @@ def test_lora_on_moe_experts_refused_in_one_line():
                   build_tiny_hf(*TINY_HF_MOE["hf-qwen2-moe"], seed=0, meta=True))  # attention: runs (dp=4,ep=2 case)
 
 
-@pytest.mark.parametrize("case", ["dp=2,tp=2", "dp=4,zero=3", "dp=2,pp=2", "dp=2,pp=2,vpp=2,schedule=interleaved-1f1b",
-                                  "dp=4,ep=2"])
+@pytest.mark.parametrize("case", ["dp=2,tp=2", "dp=4,zero=3", "dp=2,pp=2",
+                                  "dp=2,pp=2,vpp=2,zero=3,schedule=interleaved-1f1b", "dp=4,ep=2"])
 def test_saved_adapter_loads_in_peft_with_partitas_eval_loss(results, case):
     import torch.nn.functional as F
     from peft import PeftModel
@@ -95,7 +96,7 @@ def test_saved_adapter_loads_in_peft_with_partitas_eval_loss(results, case):
     adapter = Path(r[case]["adapter_dir"])
     assert adapter.name == w.case_dir(case)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(adapter))
-    model = PeftModel.from_pretrained(w.MODELS.get(case, w.DEFAULT)[0](False), str(adapter)).eval()
+    model = PeftModel.from_pretrained(w.setup(case)[0](False), str(adapter)).eval()
     rows = w.sft_rows(w.STEPS * 4, 32, 256)
     with torch.no_grad():
         logits = [model(input_ids=rows["inputs"][i:i + 1], position_ids=rows["positions"][i:i + 1],

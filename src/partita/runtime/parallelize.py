@@ -37,8 +37,8 @@ from .traced import is_traced_model, parallelize_traced
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 #: packed SFT rows under context parallel: cp's attention masks by global position only
-PACKED_CP = ("packed SFT rows (position ids restarting per sample) run without cp in this runtime: its context-parallel "
-             "attention masks causally by global position, not per sample; run cp=1")
+PACKED_CP = ("packed SFT rows (position ids restarting per sample) run without cp in this runtime: its "
+             "context-parallel attention masks causally by global position, not per sample; run cp=1")
 
 
 def etp_refusal(plan: Plan) -> str:
