@@ -35,9 +35,10 @@ Parallelism:
 * context parallel (reference models): the adapters are per-token linears, so cp changes
   nothing for them - each cp rank's adapter gradients cover its tokens and are averaged
   over dp x cp like every gradient. Packed SFT rows do not run with cp (parallelize.PACKED_CP);
-* expert parallel (MoE models): adapters on attention only (:func:`lora_problem`). PEFT's
-  ``target_modules`` wraps ``nn.Linear`` modules; the routed experts are fused 3-D
-  parameters (HF ``Qwen2MoeExperts`` / ``MixtralExperts``, the reference ``Experts``), which
+* expert parallel, and MoE models under any plan: adapters on attention only
+  (:func:`lora_problem`). PEFT's ``target_modules`` wraps ``nn.Linear`` modules; the routed
+  experts are fused 3-D parameters (HF ``Qwen2MoeExperts`` / ``MixtralExperts``, the
+  reference ``GroupedExperts``), which
   it cannot reach, so "mlp" would adapt the shared expert and the dense layers only while
   the planner counts every routed expert's adapters (cost/finetune.py). The frozen experts
   are sharded over ep as without LoRA.
