@@ -174,8 +174,11 @@ def _train_file(path: str, doc: dict[str, Any]) -> tuple[dict[str, Any], dict[st
     train = Path(path).resolve().parent / "train" / f"{names[-1]}.yaml"
     if not train.is_file():
         raise PartitaError(f"{path}: its training config {train} is not here (give that file and --devices)")
-    from .detect import read_text
-    return read_yaml(read_text(str(train)), str(train)), doc
+    try:
+        text = train.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PartitaError(f"{path}: cannot read its training config {train}: {type(e).__name__}") from None
+    return read_yaml(text, str(train)), doc
 
 
 def _world(experiment: dict[str, Any] | None, path: str) -> int | None:
