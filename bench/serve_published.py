@@ -115,14 +115,14 @@ def predict(rec: dict[str, str]) -> float:
     prefill = latency.prefill_time(model, device, layout, P, per_node)
     if scenario == "single_prefill":
         return prefill
-    if scenario == "batch_prefill":  # one forward over the batch's prompts: compute-bound, B prompts' time
-        return int(rec["batch"]) * prefill
+    if scenario == "batch_prefill":  # one forward over the batch's prompts (the weights read once)
+        return latency.batch_prefill_time(model, device, layout, P, int(rec["batch"]), per_node)
     if scenario == "batch_decode":  # one decode step of the batch at the mean context
         return latency.tpot(model, device, layout, int(rec["batch"]), P + O / 2, per_node)
     if scenario == "static_batch":
         B = int(rec["batch"])
         t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node)
-        return B * O / (B * prefill + O * t_dec)
+        return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node) + O * t_dec)
     if scenario == "poisson":
         res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node)
         return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
@@ -131,8 +131,9 @@ def predict(rec: dict[str, str]) -> float:
         if rec["batch"]:
             n = min(n, int(rec["batch"]))
         t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node)
-        lam = colocated_rate(n, O, t_dec, prefill)
-        return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * prefill),
+        share = latency.prefill_share(model, device, layout, P, per_node)  # prompts packed per chunk
+        lam = colocated_rate(n, O, t_dec, share)
+        return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * share),
                 "ttft_s": prefill + t_dec / 2}[metric]
     raise ValueError(f"unknown scenario {scenario!r}")
 

@@ -87,11 +87,27 @@ def span(members: int, per_node: int) -> tuple[int, int]:
     return g, math.ceil(members / g)
 
 
+def all_reduce(device: Device, size: float, g: int, k: int) -> float:
+    """Seconds of a tensor-parallel all-reduce: :func:`partita.cost.comm.all_reduce`, except
+    that on a full-mesh node (HCCS on the 910B) without a calibrated fit the latency term is
+    HCCL's Mesh algorithm's ``2 alpha`` - a reduce-scatter and an all-gather, each one step in
+    which every rank talks to all peers at once - not the ring's ``2 (g - 1) alpha``. HCCL
+    picks Mesh inside an Atlas A2 server by topology (CANN HCCL user guide, "集合通信算法":
+    Server内 Mesh/Ring/Double-Ring/Star, chosen by the hardware topology; Ascend/cann-hccl
+    docs, Mesh: AllReduce ``2 alpha + 2/p n beta + (p-1)/p n gamma``, Ring
+    ``2 (p-1) alpha + ...``). A decode step's all-reduces are kilobytes: the latency is the
+    whole cost (Llama-2-70B tp 8, 160 per step: 45 ms at the ring's 14 alpha, 6 ms at 2)."""
+    t = comm.all_reduce(device, size, g, k)
+    if device.intra_topology == "full-mesh" and g > 2 and comm.collective_fit(device, "all_reduce", g) is None:
+        t -= (2 * (g - 1) - 2) * device.intra_latency_us * 1e-6
+    return t
+
+
 def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, moe: bool, per_node: int) -> float:
     """Seconds of one layer's collectives for ``tokens`` tokens per attention group."""
     h, tp, stage = model.hidden, layout.tp, layout.tp * layout.dp_attn
     size = tokens * h * layout.weight_bytes
-    t = comm.all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0  # attention output
+    t = all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0  # attention output
     if moe and layout.ep > 1:  # dispatch + combine: each rank sends its 1/tp of the tokens x top_k
         sent = tokens / tp * model.moe.top_k * h * layout.weight_bytes
         return t + 2 * comm.all_to_all(device, sent, *span(stage, per_node))
@@ -99,14 +115,14 @@ def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, 
         gathered = size * layout.dp_attn
         g, k = span(stage, per_node)
         return t + comm.all_gather(device, gathered, g, k) + comm.reduce_scatter(device, gathered, g, k)
-    return t + (comm.all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0)
+    return t + (all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0)
 
 
 def embedding_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
     """The vocab-parallel embedding's all-reduce of ``tokens`` hidden states (module docstring)."""
     if layout.tp == 1:
         return 0.0
-    return comm.all_reduce(device, tokens * model.hidden * layout.weight_bytes, *span(layout.tp, per_node))
+    return all_reduce(device, tokens * model.hidden * layout.weight_bytes, *span(layout.tp, per_node))
 
 
 def dtensor_overhead(device: Device, layout: Layout, framework: str) -> float:
@@ -164,11 +180,38 @@ def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_no
     return comm.send_recv(device, tokens * model.hidden * layout.weight_bytes, layout.replica_devices > per_node)
 
 
+#: prefill tokens one engine step takes (vLLM's ``--max-num-batched-tokens`` / SGLang's
+#: ``--chunked-prefill-size`` default on large GPUs: 8192; the activation term of :mod:`.memory`
+#: assumes the same chunk)
+CHUNK_TOKENS = 8192
+
+
 def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int,
                  framework: str = "megatron") -> float:
     """Seconds to prefill one prompt on an idle replica (module docstring)."""
+    return batch_prefill_time(model, device, layout, prompt_len, 1, per_node, framework)
+
+
+def prefill_share(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int,
+                  chunk_tokens: int = CHUNK_TOKENS, framework: str = "megatron") -> float:
+    """Seconds of a saturated replica's time one prompt takes when the engine packs prompts
+    into chunks of ``chunk_tokens`` (chunked prefill: vLLM's scheduler fills each step's token
+    budget with waiting prompts; SGLang's ``chunked_prefill_size``; Agrawal et al. 2024,
+    Sarathi-Serve sec. 4): a forward of ``floor(C / P)`` prompts shares one read of the
+    weights, one launch of each kernel and one collective latency per layer among them.
+    A prompt of ``C`` tokens or more fills chunks alone: :func:`prefill_time`."""
+    prompts = max(1, chunk_tokens // max(prompt_len, 1))
+    return batch_prefill_time(model, device, layout, prompt_len, prompts, per_node, framework) / prompts
+
+
+def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, prompts: int,
+                       per_node: int, framework: str = "megatron") -> float:
+    """Seconds of one prefill forward of ``prompts`` prompts of ``prompt_len`` tokens each
+    (attention within each prompt; the GEMMs, collectives and weight reads over all of them;
+    one logits row per prompt)."""
     bw = read_bandwidth(device)
-    shape = LayerShape(layout.tp, 1, max(layout.ep, 1), 1, prompt_len, False, layout.dtype, framework, 1)
+    shape = LayerShape(layout.tp, 1, max(layout.ep, 1), prompts, prompt_len, False, layout.dtype, framework, 1)
+    tokens = prompts * prompt_len
     total = 0.0
     for moe in (False, True):
         if moe and not model.moe:
@@ -178,11 +221,11 @@ def prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: i
             continue
         compute = layer_forward(model, device, shape, moe).time
         weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw
-        total += n * (max(compute, weights) + layer_comm(model, device, layout, prompt_len, moe, per_node)
-                      + dtensor_overhead(device, layout, framework)
-                      + (eager_prefill_attention(model, device, layout, prompt_len) if framework in EAGER_RUNTIMES else 0.0))
-    total += _logits_time(model, device, layout, 1) + embedding_comm(model, device, layout, prompt_len, per_node)
-    return total + (layout.pp - 1) * _hop(model, device, layout, prompt_len, per_node)
+        eager = prompts * eager_prefill_attention(model, device, layout, prompt_len) if framework in EAGER_RUNTIMES else 0.0
+        total += n * (max(compute, weights) + layer_comm(model, device, layout, tokens, moe, per_node)
+                      + dtensor_overhead(device, layout, framework) + eager)
+    total += _logits_time(model, device, layout, prompts) + embedding_comm(model, device, layout, tokens, per_node)
+    return total + (layout.pp - 1) * _hop(model, device, layout, tokens, per_node)
 
 
 def _logits_time(model: ModelSpec, device: Device, layout: Layout, rows: float) -> float:
@@ -226,6 +269,16 @@ def attention_matmul_weights(model: ModelSpec, tp: int) -> float:
     return 2 * h * model.q_dim / tp + 2 * h * model.kv_dim * kv_heads_per_device(model, tp) / model.kv_heads
 
 
+def decode_launch_overhead(device: Device, framework: str) -> float:
+    """Seconds of host-side kernel launches per layer of a decode step: the device file's
+    per-layer launch overhead in an eager runtime, none on an engine, whose decode step runs
+    as a captured graph - one launch per step, not per kernel (vLLM: CUDA graphs unless
+    ``--enforce-eager``, vLLM-Ascend: ACL graphs; SGLang: ``--cuda-graph-max-bs``; torchair:
+    graph mode, what its published Llama figures ran). The device-side gaps between a graph's
+    kernels (about a microsecond each) are not modelled."""
+    return device.efficiency.kernel_overhead_us_per_layer * 1e-6 if framework in EAGER_RUNTIMES else 0.0
+
+
 def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float, moe: bool,
                  per_node: int, framework: str = "megatron") -> float:
     """Seconds of one layer of a decode step: ``batch`` sequences per attention group
@@ -244,7 +297,7 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
     attn_flops = 2 * batch * context * model.heads / tp * (d_qk + d_v)
     kv_read = batch * context * kv_bytes_per_token_layer(model, layout) * decode_kv_passes(model, tp, framework)
     attn = max(kv_read / bw, attn_flops / (device.peak_flops(layout.dtype) * device.efficiency.attention))
-    overhead = device.efficiency.kernel_overhead_us_per_layer * 1e-6
+    overhead = decode_launch_overhead(device, framework)
     overhead += dtensor_overhead(device, layout, framework)
     return gemm + attn + overhead + layer_comm(model, device, layout, batch, moe, per_node)
 

@@ -22,8 +22,13 @@ take them. Three documented approximations:
 
    and at a given rate ``N`` is found by bisection (``lambda_r(N)`` increases with ``N``).
 
+With chunked prefill the engine packs waiting prompts into one forward of up to ``C`` tokens
+(:data:`partita.serve.latency.CHUNK_TOKENS`), so the replica time a prompt takes is its share
+of that forward (:func:`partita.serve.latency.prefill_share`), ``S_c <= S``: ``rho`` and
+``lambda_r(N)`` use ``S_c``; a prompt's own prefill latency stays ``S``.
+
 Known gaps: the spread of prompt and output lengths (an M/G/1 term ``C_s^2``), chunked
-prefill's finer interleaving, and preemption when the KV pool runs out are not modelled; the
+prefill's finer interleaving with decode steps, and preemption when the KV pool runs out are not modelled; the
 KV pool bounds ``N`` instead (:mod:`.memory`).
 """
 from __future__ import annotations
@@ -70,15 +75,19 @@ def colocated_rate(seqs: float, output_len: int, t_dec: float, prefill: float) -
 
 
 def colocated(rate: float, output_len: int, prefill: float, t_dec: Callable[[float], float],
-              max_seqs: float) -> Operating:
-    """The steady state of a replica that prefills and decodes, at ``rate`` requests/s."""
-    rho = rate * prefill
-    if rho >= 1 or rate >= colocated_rate(max_seqs, output_len, t_dec(max_seqs), prefill):
+              max_seqs: float, share: float | None = None) -> Operating:
+    """The steady state of a replica that prefills and decodes, at ``rate`` requests/s.
+    ``share``: the replica time one prompt takes when the engine packs prompts into chunks
+    (:func:`partita.serve.latency.prefill_share`; default ``prefill``): it sets the load
+    ``rho``, while a prompt's own latency and the M/D/1 wait stay ``prefill``."""
+    share = prefill if share is None else share
+    rho = rate * share
+    if rho >= 1 or rate >= colocated_rate(max_seqs, output_len, t_dec(max_seqs), share):
         return UNSTABLE
     lo, hi = 0.0, float(max_seqs)
     for _ in range(40):
         mid = (lo + hi) / 2
-        if colocated_rate(max(mid, 1e-9), output_len, t_dec(max(mid, 1.0)), prefill) < rate:
+        if colocated_rate(max(mid, 1e-9), output_len, t_dec(max(mid, 1.0)), share) < rate:
             lo = mid
         else:
             hi = mid

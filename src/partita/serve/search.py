@@ -99,6 +99,7 @@ class ServeResult:
     layout: Layout
     memory: ServeMemory
     prefill: float = math.inf
+    share: float = math.inf  # a prompt's share of a chunked prefill forward (latency.prefill_share)
     ttft: float = math.inf
     tpot: float = math.inf
     seqs: float = math.inf
@@ -163,6 +164,7 @@ def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, p
     core = Layout(layout.tp, layout.pp, 1, layout.kv_dtype, layout.ep, layout.dp_attn)
     t_dec = _curve(model, device, core, work.mean_context, per_node, mem.max_seqs)
     res.prefill = latency.prefill_time(model, device, layout, work.prompt_len, per_node)
+    res.share = latency.prefill_share(model, device, layout, work.prompt_len, per_node)
     ttft_t = work.ttft_ms / 1e3 if work.ttft_ms else None
     tpot_t = work.tpot_ms / 1e3 if work.tpot_ms else None
     if layout.disaggregated:
@@ -186,7 +188,7 @@ def _show_below_capacity(model: ModelSpec, device: Device, layout: Layout, work:
     """An overloaded layout's TTFT and TPOT at 90 % of its capacity (``shown_rate``); it stays
     marked unstable at the workload's rate."""
     rate = SHOWN_LOAD * res.capacity
-    probe = ServeResult(layout, res.memory, prefill=res.prefill)
+    probe = ServeResult(layout, res.memory, prefill=res.prefill, share=res.share)
     if layout.disaggregated:
         _disaggregated_at(layout, work, probe, t_dec, latency.kv_transfer_time(model, device, layout, work.prompt_len),
                           rate)
@@ -206,20 +208,20 @@ def _missed(res: ServeResult, ttft_t: float | None, tpot_t: float | None) -> str
 
 
 def _colocated_at(layout: Layout, work: Workload, res: ServeResult, t_dec: DecodeCurve, rate: float) -> None:
-    op = colocated(rate / layout.replicas, work.output_len, res.prefill, t_dec, t_dec.max_seqs)
+    op = colocated(rate / layout.replicas, work.output_len, res.prefill, t_dec, t_dec.max_seqs, res.share)
     res.ttft, res.tpot, res.seqs, res.stable = op.ttft, op.tpot, op.seqs * layout.replicas, op.stable
 
 
 def _colocated(layout: Layout, work: Workload, res: ServeResult, t_dec: DecodeCurve,
                ttft_t: float | None, tpot_t: float | None) -> None:
-    S, O, R = res.prefill, work.output_len, layout.replicas
+    S, Sc, O, R = res.prefill, res.share, work.output_len, layout.replicas
     _colocated_at(layout, work, res, t_dec, work.rate)
     res.meets = Operating(res.seqs, res.ttft, res.tpot, res.stable).meets(ttft_t, tpot_t)
     best = 0.0
     for n in t_dec.xs:
         step = t_dec(n)
-        rate = colocated_rate(n, O, step, S)
-        rho = rate * S
+        rate = colocated_rate(n, O, step, Sc)
+        rho = rate * Sc
         at = Operating(n, S + md1_wait(rho, S) + step / 2, step / (1 - rho) if rho < 1 else math.inf, rho < 1)
         if at.meets(ttft_t, tpot_t):
             best = max(best, rate)
@@ -233,7 +235,7 @@ def _disaggregated(model: ModelSpec, device: Device, layout: Layout, work: Workl
     _disaggregated_at(layout, work, res, t_dec, xfer, work.rate)
     res.meets = Operating(res.seqs, res.ttft, res.tpot, res.stable).meets(ttft_t, tpot_t)
     load = md1_max_load(ttft_t - S - xfer, S) if ttft_t else 1.0
-    prefill_cap = load / S * layout.prefill_replicas
+    prefill_cap = load / res.share * layout.prefill_replicas
     decode_cap = max((n / (O * t_dec(n)) for n in t_dec.xs if tpot_t is None or t_dec(n) <= tpot_t), default=0.0)
     res.capacity = min(prefill_cap, decode_cap * layout.decode_replicas)
     res.notes.append(f"KV transfer {xfer * 1e3:.1f} ms per prompt")
@@ -242,7 +244,7 @@ def _disaggregated(model: ModelSpec, device: Device, layout: Layout, work: Workl
 def _disaggregated_at(layout: Layout, work: Workload, res: ServeResult, t_dec: DecodeCurve, xfer: float,
                       rate: float) -> None:
     S = res.prefill
-    rho = rate / layout.prefill_replicas * S
+    rho = rate / layout.prefill_replicas * res.share
     seqs, tpot = decode_only(rate / layout.decode_replicas, work.output_len, t_dec, t_dec.max_seqs)
     res.ttft = S + md1_wait(rho, S) + xfer
     res.tpot, res.seqs = tpot, seqs * layout.decode_replicas
