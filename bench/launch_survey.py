@@ -161,6 +161,7 @@ def estimate_all(repo: Path) -> dict[str, int]:
 #: 8-GPU node (--devices 8: the script asks python for the GPU count), dlc one node of 8 from the env.
 _PAI_DLC = {"WORLD_SIZE": "1", "RANK": "0", "KUBERNETES_CONTAINER_RESOURCE_GPU": "8"}
 _DATA = "/d /d /ckpt"
+_OLD = "dsw ../../ {} 1 8 1e-5 1e-6 128 128 {} bf16 {} sel true false false false false 100000 /d /d /ckpt 100000000 10000 /o"
 HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
     "alibaba/Pai-Megatron-Patch@a098ca5": [
         ("examples/qwen3/run_mcore_qwen3.sh",
@@ -208,6 +209,22 @@ HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
          f"dsw A37B 1 8 1e-5 1e-6 1024 1024 bf16 8 8 1 1 16 true true false false sel 1.0 100000 {_DATA} 1 1 /o",
          {"MP_PP0_LAYERS": "5"}, 128, dict(dp=2, tp=8, pp=8, ep=16, etp=1, sp=True, zero=1, mbs=1, gbs=8,
                                            seq_len=1024, layer_split=(5, 8, 8, 8, 8, 8, 8, 8), model="named")),
+        # read only after the rules above were written (a fresh set): the older run_{pretrain,finetune}_mcore_*
+        # scripts, whose README command lines pass MEGATRON_PATCH_PATH as $2
+        ("examples/llama2/run_pretrain_mcore_llama.sh", _OLD.format("13B", "0", "8 1"), {}, 8,
+         dict(dp=1, tp=8, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, recompute="selective", model="named")),
+        ("examples/llama2/run_finetune_mcore_llama_withGA.sh", _OLD.format("13B", "0", "8 1"), {}, 8,
+         dict(dp=1, tp=8, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, recompute="selective", model="named")),
+        ("examples/llama3/run_pretrain_mcore_llama.sh", _OLD.format("8B", "256", "4 1"), {}, 8,
+         dict(dp=2, tp=4, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, recompute="selective", model="named")),
+        # its README passes MEGATRON_PATCH_PATH, which this script does not read: MODEL_SIZE is "../../", no
+        # model branch is taken, bash runs --num-layers with no value; the refusal names NUM_LAYERS
+        ("examples/llama3/run_finetune_mcore_llama_withGA.sh", _OLD.format("8B", "256", "4 1"), {}, 8, "named"),
+        ("examples/qwen1_5/run_pretrain_mcore_qwen.sh", _OLD.format("0.5B", "293", "1 1"), {}, 8,
+         dict(dp=8, tp=1, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, recompute="selective", model="named")),
+        # one argument (EP, ${20}) more in the script than in the README: read as bash reads it, shifted
+        ("examples/qwen1_5/run_finetune_mcore_qwen_withGA.sh", _OLD.format("0.5B", "293", "1 1"), {}, 8,
+         dict(dp=8, tp=1, pp=1, sp=False, zero=1, mbs=1, gbs=8, seq_len=128, recompute="selective", model="named")),
     ],
     "FlagOpen/FlagScale@da4935e": [
         ("examples/aquila/conf/train.yaml", "", {}, None,

@@ -116,3 +116,15 @@ def test_flagscale_world_size_from_a_hostfile_is_asked_for(tmp_path):
     read = load_config(str(exp), devices=16)
     # vocabulary 1000 padded to a multiple of 128 x tp 2 (Megatron's vocab_size_with_padding)
     assert (read.plan.dp, read.plan.tp, read.model.vocab) == (8, 2, 1024)
+
+
+def test_a_forks_finetune_entry_point_is_the_launch(tmp_path):
+    # Pai-Megatron-Patch's run_finetune_mcore_*.sh launch finetune_mcore_llama_withGA.py; read as a text
+    # without its launch, "$4" was taken for the micro-batch size
+    script = tmp_path / "run.sh"
+    script.write_text("BATCH_SIZE=$1\nTP=$2\ncmd=\"torchrun --nproc_per_node 8 finetune_mcore_llama_withGA.py "
+                      f"{MODEL} --micro-batch-size ${{BATCH_SIZE}} --tensor-model-parallel-size ${{TP}}\"\neval $cmd\n")
+    read = load_config(str(script), args=["2", "4"])
+    assert (read.plan.mbs, read.plan.tp, read.plan.dp) == (2, 4, 2)
+    static, bash = _both(tmp_path, script.read_text(), ["2", "4"])
+    assert static == bash

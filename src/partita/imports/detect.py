@@ -72,8 +72,9 @@ def detect(path: str, text: str) -> str:
         return "deepspeed"
     if re.search(MINDSPEED_MARKERS, text, re.IGNORECASE):
         return "mindspeed"
-    # Megatron's entry points and forks' (pretrain_gpt.py, pretrain_mamba.py, Pai-Megatron-Patch's pretrain_qwen.py)
-    if re.search(r"\b(?:pre|post)train_\w*\.py|--tensor-model-parallel-size|--pipeline-model-parallel-size", text):
+    # Megatron's entry points and forks' (pretrain_gpt.py, pretrain_mamba.py, Pai-Megatron-Patch's pretrain_qwen.py,
+    # finetune_mcore_llama_withGA.py)
+    if re.search(r"\b(?:(?:pre|post)train|finetune)_\w*\.py|--(?:tensor|pipeline)-model-parallel-size", text):
         return "megatron"
     for pattern, what in _NOT_READ.items():
         found = re.search(pattern, text)

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 _PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
 _NODES = ("--nnodes", "--num_nodes", "--num-nodes")
 LAUNCHER_FLAGS = _PER_NODE + _NODES + ("--ntasks-per-node", "--nodes", "--ntasks", "-np", "--worker_num")
-#: A training entry point of Megatron-LM / MindSpeed-LLM (pretrain_gpt.py, pretrain_mamba.py, posttrain_gpt.py).
-ENTRY = re.compile(r"(^|/)(pre|post)train_\w*\.py$")
+#: A training entry point of Megatron-LM / MindSpeed-LLM (pretrain_gpt.py, pretrain_mamba.py, posttrain_gpt.py)
+#: and of Megatron forks (Pai-Megatron-Patch's pretrain_qwen.py, finetune_mcore_llama_withGA.py).
+ENTRY = re.compile(r"(^|/)((pre|post)train|finetune)_\w*\.py$")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGN_HEAD = re.compile(rf"^({_NAME})(\[[^\]]*\])?(\+?)=")
 _MAX_STEPS = 100_000  # statements evaluated before giving up (a loop that never ends)
