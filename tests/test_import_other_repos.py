@@ -128,3 +128,15 @@ def test_a_forks_finetune_entry_point_is_the_launch(tmp_path):
     assert (read.plan.mbs, read.plan.tp, read.plan.dp) == (2, 4, 2)
     static, bash = _both(tmp_path, script.read_text(), ["2", "4"])
     assert static == bash
+
+
+@pytest.mark.parametrize("rlhf,listed", [("--rlhf_type grpo", "--rlhf_type grpo"), ("", "--rlhf_type dpo")])
+def test_megatron_swift_rlhf_is_named_and_its_model_named(tmp_path, rlhf, listed):
+    # ms-swift's `megatron rlhf` (dpo when --rlhf_type is absent) was read silently as supervised training
+    script = tmp_path / "rlhf.sh"
+    script.write_text(f"NPROC_PER_NODE=4 megatron rlhf {rlhf} --model Qwen/Qwen2.5-7B-Instruct "
+                      "--tensor_model_parallel_size 2 --micro_batch_size 1 --global_batch_size 8 --max_length 2048\n")
+    read = load_config(str(script))
+    assert (read.plan.tp, read.plan.dp) == (2, 2)
+    assert any(n.startswith(listed) for n in read.not_modelled)
+    assert read.model is None and "Qwen/Qwen2.5-7B-Instruct" in read.model_note and "--model" in read.model_note

@@ -87,7 +87,9 @@ def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None
     fields, note = swift.swift_finetune(argv, swift.swift_subcommand(raw), True, path)
     plan = megatron.plan_from_megatron(mega, world, layers).with_(framework=swift.swift_framework(env), **fields)
     flags = megatron.read_megatron(mega, world, None, plan.framework, path).not_modelled  # Megatron's own
-    return plan, swift.swift_not_modelled(argv) + swift.swift_spelling(flags) + ((note,) if note else ())
+    rlhf = swift.swift_not_modelled(["--rlhf_type", swift.RLHF_DEFAULT]) \
+        if swift.swift_subcommand(raw) == "rlhf" and not any(a.split("=")[0] == "--rlhf_type" for a in argv) else ()
+    return plan, swift.swift_not_modelled(argv) + rlhf + swift.swift_spelling(flags) + ((note,) if note else ())
 
 
 def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, pp: int | None,
@@ -209,6 +211,10 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
         from .llamafactory import read_yaml
         name = read_yaml(raw, path).get("model_name_or_path")
         return None, f"the YAML names the model {name or '(none)'}: pass --model (a preset or its config.json)"
+    if given is None and (swift.is_swift(raw) or (target == "deepspeed" and swift.is_swift_trainer(raw))):
+        found = re.search(r"--model[= ]+[\"']?([^\s\"'\\]+)", text)  # ms-swift's --model: a hub id or a path
+        return None, (f"the script names the model {found.group(1) if found else '(none)'}: pass --model "
+                      "(a preset or its config.json)")
     if target not in ("megatron", "mindspeed") or swift.is_swift(raw):
         return given, ""
     from .flagscale import is_flagscale, model_kind_note

@@ -44,7 +44,13 @@ _SWIFT_DEFAULTS = (("--use-distributed-optimizer", True), ("--recompute-granular
                    ("--global-batch-size", "16"))
 #: ms-swift flags that change memory or time that Partita does not model (name: what it changes).
 _NOT_MODELLED = {"--use_precision_aware_optimizer": "optimizer states in --exp_avg_dtype / --exp_avg_sq_dtype",
-                 "--optimizer_cpu_offload": "optimizer states and step on the host"}
+                 "--optimizer_cpu_offload": "optimizer states and step on the host",
+                 # `megatron rlhf` / `swift rlhf` (ms-swift's RLHFArguments: rlhf_type dpo by default)
+                 "--rlhf_type": "a preference or RL stage (DPO/KTO: a frozen reference model and chosen + rejected "
+                                "sequences; GRPO: rollouts by an inference engine beside the policy; GKD: a "
+                                "teacher model), estimated as supervised training of the policy alone"}
+#: what ``megatron rlhf`` / ``swift rlhf`` run without ``--rlhf_type`` (swift/arguments/rlhf_args.py)
+RLHF_DEFAULT = "dpo"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 
 
