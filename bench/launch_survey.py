@@ -257,9 +257,13 @@ HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
         ("examples/grpo_trainer/run_qwen2-7b_math.sh", "", {}, 8, "named"),
         ("examples/sft/gsm8k/run_qwen_05_sp2.sh", "", {}, 8, "named"),
     ],
-    "OpenRLHF/OpenRLHF@3c3be62": [
-        ("examples/scripts/train_sft.sh", "", {}, 8, "named"),
-        ("examples/scripts/train_dpo_llama.sh", "", {}, 8, "named"),
+    "OpenRLHF/OpenRLHF@3c3be62": [  # `deepspeed --module` takes every GPU of the node: --devices 8
+        ("examples/scripts/train_sft.sh", "", {}, 8, dict(dp=8, zero=2, mbs=2, gbs=256, seq_len=2048, dtype="bf16",
+                                                           recompute="full", finetune="full", model="named")),
+        ("examples/scripts/train_dpo_llama.sh", "", {}, 8,
+         dict(dp=8, zero=3, mbs=1, gbs=256, seq_len=8192, dtype="bf16", recompute="full", model="named")),
+        ("examples/scripts/train_sft.sh", "", {}, None, "named"),  # the device count: --devices
+        ("examples/scripts/train_ppo_ray_hybrid_engine.sh", "", {}, None, "named"),  # an RL job
     ],
 }
 

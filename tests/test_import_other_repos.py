@@ -88,7 +88,7 @@ def test_a_hybrid_mamba_model_is_named_not_read_as_a_transformer(tmp_path):
 
 
 @pytest.mark.parametrize("command,names", [
-    ("deepspeed --module openrlhf.cli.train_sft --ds.zero_stage 2 --train.batch_size 128", "openrlhf.cli.train_sft"),
+    ("deepspeed --module openrlhf.cli.train_ppo_ray --actor.num_nodes 1", "openrlhf.cli.train_ppo_ray"),
     ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
      "verl.trainer.main_ppo"),
     ("torchrun --nproc_per_node 8 -m verl.trainer.fsdp_sft_trainer data.train_batch_size=256",
@@ -140,3 +140,12 @@ def test_megatron_swift_rlhf_is_named_and_its_model_named(tmp_path, rlhf, listed
     assert (read.plan.tp, read.plan.dp) == (2, 2)
     assert any(n.startswith(listed) for n in read.not_modelled)
     assert read.model is None and "Qwen/Qwen2.5-7B-Instruct" in read.model_note and "--model" in read.model_note
+
+
+def test_openrlhf_refuses_what_it_cannot_read_exactly(tmp_path):
+    script = tmp_path / "sft.sh"
+    for flags, named in (("--ds.ring_attn_size 2", "--ds.ring_attn_size"), ("--micro_train_batch_size 2", "dotted"),
+                         ("--ds.tensor_parallel_size 2", "--ds.tensor_parallel_size")):
+        script.write_text(f"deepspeed --num_gpus 8 --module openrlhf.cli.train_sft --train.batch_size 64 {flags}\n")
+        with pytest.raises(PartitaError, match=named):
+            load_config(str(script))

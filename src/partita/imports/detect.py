@@ -38,10 +38,9 @@ _TITAN = r"--(parallelism|training)\.|torchtitan\.train\b|--job\.config[_-]file"
 #: Trainers recognised but not read (their layouts are flags of their own, not a config Partita reads): the
 #: refusal names the trainer and what gives Partita the same layout.
 _NOT_READ = {
-    r"openrlhf\.cli\.\w+": "an OpenRLHF command line ({}): its DeepSpeed layout is OpenRLHF's own flags "
-                            "(--ds.zero_stage / --zero_stage, --train.micro_batch_size / --micro_train_batch_size, "
-                            "--train.batch_size / --train_batch_size, --ds.param_dtype), not read here: estimate it "
-                            "with partita estimate --model M --devices N --zero Z --mbs B --global-batch G --seq-len L",
+    r"openrlhf\.cli\.\w+": "an OpenRLHF RL command line ({}): PPO / GRPO run an actor, a rollout engine, a "
+                            "reference and a critic in one job, not a layout Partita reads; estimate the actor's "
+                            "training with partita estimate --model M --devices N --zero Z --mbs B --global-batch G",
     r"verl\.trainer\.fsdp_sft_trainer": "a verl FSDP fine-tuning command line ({}): its layout is Hydra overrides "
                                         "of its own (data.micro_batch_size_per_gpu, data.train_batch_size, "
                                         "ulysses_sequence_parallel_size), not read here: estimate it with partita "
@@ -69,6 +68,9 @@ def detect(path: str, text: str) -> str:
     if SWIFT_COMMAND.search(text):  # Megatron-SWIFT's `megatron sft`: Megatron-LM underneath (.swift)
         return "megatron"
     if is_swift_trainer(text):  # ms-swift's `swift sft --deepspeed X`: a ds_config underneath (.swift)
+        return "deepspeed"
+    from .openrlhf import is_openrlhf
+    if is_openrlhf(text):  # OpenRLHF's SFT / RM / DPO trainers: the ds_config they build (.openrlhf)
         return "deepspeed"
     if re.search(MINDSPEED_MARKERS, text, re.IGNORECASE):
         return "mindspeed"

@@ -52,6 +52,9 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
         return _swift(path, raw, text, world, layers, seq_len, fill, env)
     if target == "deepspeed" and swift.is_swift_trainer(raw):
         return _swift_trainer(path, raw, world, seq_len, pp, fill, env)
+    from . import openrlhf
+    if target == "deepspeed" and openrlhf.is_openrlhf(raw):
+        return _openrlhf(path, raw, world, fill, env, args)
     check_kind(target, path, text)
     if target == "deepspeed":
         from ..inputs import read_json
@@ -112,6 +115,23 @@ def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, 
     plan = deepspeed.plan_from_ds_config(cfg, world, length, pp, fill, path).with_(**fields)
     notes = ((note,) if note else ()) + (() if "--deepspeed" in argv else (swift.DDP_NOTE,))
     return plan, deepspeed.ds_not_modelled(cfg) + swift.swift_not_modelled(argv) + notes
+
+
+def _openrlhf(path: str, raw: str, world: int | None, fill: dict[str, Any], env: dict[str, str],
+              args: list[str] | tuple[str, ...]) -> tuple[Plan, tuple[str, ...]]:
+    """OpenRLHF's ``deepspeed --module openrlhf.cli.train_sft ...`` as the ds_config it builds (:mod:`.openrlhf`)."""
+    from . import deepspeed, openrlhf
+    from .script import _run
+    from .shell import launcher_world_size
+    launcher, argv, trainer = openrlhf.trainer_argv(_run(path, raw, list(args), env, False).commands, path)
+    world = world or launcher_world_size(launcher)
+    if world is None:
+        raise PartitaError(f"{path}: the launcher does not say how many devices ({' '.join(launcher)[:60] or 'none'}; "
+                           "deepspeed without --num_gpus takes every GPU of the node): pass --devices")
+    cfg, length, fields = openrlhf.ds_config(argv, path)
+    deepspeed.check_ds_config(path, cfg)
+    plan = deepspeed.plan_from_ds_config(cfg, world, length, None, fill, path).with_(**fields)
+    return plan, deepspeed.ds_not_modelled(cfg) + openrlhf.not_modelled(argv, trainer)
 
 
 def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:
@@ -211,6 +231,11 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
         from .llamafactory import read_yaml
         name = read_yaml(raw, path).get("model_name_or_path")
         return None, f"the YAML names the model {name or '(none)'}: pass --model (a preset or its config.json)"
+    from . import openrlhf
+    if given is None and target == "deepspeed" and openrlhf.is_openrlhf(raw):
+        found = re.search(r"--model\.model_name_or_path[= ]+(\S+)", raw)
+        return None, (f"the script names the model {found.group(1) if found else '(none)'}: pass --model "
+                      "(a preset or its config.json)")
     if given is None and (swift.is_swift(raw) or (target == "deepspeed" and swift.is_swift_trainer(raw))):
         found = re.search(r"--model[= ]+[\"']?([^\s\"'\\]+)", text)  # ms-swift's --model: a hub id or a path
         return None, (f"the script names the model {found.group(1) if found else '(none)'}: pass --model "
