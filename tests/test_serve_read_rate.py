@@ -12,10 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from partita.calibrate.hardware_file import hardware_file
 from partita.calibrate.read_rate import busy_seconds, measure_read_rate, run_queue_wait_s
-from partita.serve.latency import decode_kv_passes, decode_stage_time, read_bandwidth
+from partita.serve.latency import (decode_kv_passes, decode_kv_writes, decode_stage_time,
+                                   fresh_write_seconds_per_byte, read_bandwidth)
+from partita.serve.memory import kv_bytes_per_token_layer
 from partita.serve.workload import Layout
 from partita.spec.hardware import load_device
 from partita.spec.hf_config import parse_hf_config
@@ -78,3 +81,48 @@ def test_read_rate_measures_a_read_and_subtracts_the_wait():
     busy = busy_seconds(lambda: x.sum(), 1, min_time=0.01)[0]
     assert busy > 0 and run_queue_wait_s() >= w0
     assert busy <= time.perf_counter() - t0
+
+
+class _FreshKV(TorchDispatchMode):
+    """Bytes of the K/V-shaped tensors the ops of a forward allocate and write (an output that
+    is a view of an input writes nothing)."""
+
+    def __init__(self, lengths: set[int], head: int):
+        super().__init__()
+        self.lengths, self.head, self.bytes = lengths, head, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        ptrs = {t.untyped_storage().data_ptr() for t in ins}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if (isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-2] in self.lengths
+                    and t.shape[-1] == self.head and t.untyped_storage().data_ptr() not in ptrs):
+                self.bytes += t.numel() * t.element_size()
+        return out
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_fresh_kv_writes_match_transformers(kv_heads):
+    """A decode step of transformers' eager Llama allocates and writes ``decode_kv_writes`` x
+    the cache's bytes in K/V-shaped tensors (``torch.cat``'s result, ``repeat_kv``'s copies),
+    counted op by op; those bytes cost ``2 / B_clone - 1 / B_read`` each."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**TINY, "num_key_value_heads": kv_heads}, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(config).eval()
+    batch, context = 2, 96
+    head = TINY["hidden_size"] // TINY["num_attention_heads"]
+    cache = transformers.DynamicCache(config=config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, 256, (batch, context)), cache=cache, use_cache=True)
+        counter = _FreshKV({context + 1}, head)
+        with counter:
+            model(input_ids=torch.randint(0, 256, (batch, 1)), cache=cache, use_cache=True)
+    spec = parse_hf_config(transformers.LlamaConfig(**{**TINY, "num_key_value_heads": kv_heads}).to_dict(), "tiny",
+                           "LlamaForCausalLM")
+    per_layer = batch * (context + 1) * kv_bytes_per_token_layer(spec, Layout(1, 1, 1, kv_dtype="fp32", dtype="fp32"))
+    assert counter.bytes / (per_layer * TINY["num_hidden_layers"]) == pytest.approx(
+        decode_kv_writes(spec, 1, "partita"), rel=1e-9)
+    assert decode_kv_writes(spec, 1, "megatron") == 0.0
+    dev = load_device("cpu", {"memory": {"hbm_tbps": 3e-3, "read_tbps": 9e-3}, "efficiency": {"memory_bandwidth": 1.0}})
+    assert fresh_write_seconds_per_byte(dev) == pytest.approx(2 / 3e9 - 1 / 9e9)

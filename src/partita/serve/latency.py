@@ -152,6 +152,27 @@ def decode_kv_passes(model: ModelSpec, tp: int, framework: str) -> float:
     return 2 + (1 + 2 * n_rep if n_rep > 1 else 1)
 
 
+def decode_kv_writes(model: ModelSpec, tp: int, framework: str) -> float:
+    """Of :func:`decode_kv_passes`, the passes that write a freshly allocated tensor: the
+    ``torch.cat`` result (1) and ``repeat_kv``'s ``n_rep`` copies with GQA; none on an engine
+    (the new token's K/V is written in place)."""
+    if framework not in EAGER_RUNTIMES or model.mla:
+        return 0.0
+    n_rep = model.heads / tp / kv_heads_per_device(model, tp)
+    return 1 + (n_rep if n_rep > 1 else 0)
+
+
+def fresh_write_seconds_per_byte(device: Device) -> float:
+    """Seconds per byte written into a freshly allocated tensor: the device file's clone
+    (``hbm_tbps``, read + write counted, into a fresh 64 MB tensor) less its read at the read
+    rate, ``2 / B_clone - 1 / B_read``; where the file has no separate read rate the two are one
+    rate and this is ``1 / B``. On this CPU (clone 2.85, read 8.66 GB/s): 1.7 GB/s - what an
+    eager decode step's KV slope measures at batch 8 (its ``cat`` and ``repeat_kv`` outputs,
+    context 256 -> 1024: 1.7 GB/s with the reads at 8.66)."""
+    read = read_bandwidth(device)
+    return max(2 / bandwidth(device) - 1 / read, 1 / read)
+
+
 #: passes through memory over each element of eager attention's ``P x P`` scores per head,
 #: from ``eager_attention_forward`` (modeling_llama.py): the ``matmul`` writes (1), ``* scaling``
 #: reads and writes (2), ``+ attention_mask`` reads and writes (2), ``softmax`` reads and writes
@@ -295,8 +316,10 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
     gemm = max(gemm_time(device, flops, layout.dtype, gemms + 3), weights * layout.weight_bytes / bw)
     d_qk, d_v = decode_attention_dims(model)
     attn_flops = 2 * batch * context * model.heads / tp * (d_qk + d_v)
-    kv_read = batch * context * kv_bytes_per_token_layer(model, layout) * decode_kv_passes(model, tp, framework)
-    attn = max(kv_read / bw, attn_flops / (device.peak_flops(layout.dtype) * device.efficiency.attention))
+    kv = batch * context * kv_bytes_per_token_layer(model, layout)
+    writes = decode_kv_writes(model, tp, framework)
+    kv_time = kv * (decode_kv_passes(model, tp, framework) - writes) / bw + kv * writes * fresh_write_seconds_per_byte(device)
+    attn = max(kv_time, attn_flops / (device.peak_flops(layout.dtype) * device.efficiency.attention))
     overhead = decode_launch_overhead(device, framework)
     overhead += dtensor_overhead(device, layout, framework)
     return gemm + attn + overhead + layer_comm(model, device, layout, batch, moe, per_node)
