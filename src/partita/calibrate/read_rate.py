@@ -15,27 +15,18 @@ decode step's reads with this rate.
 The measurement: ``x.sum()`` over a 64 MB tensor (larger than a CPU's last-level cache and a
 GPU's L2, so the bytes come from memory), bytes read / seconds per call. On a CPU each call's
 time is its wall-clock minus the time the thread waited on the run queue
-(``/proc/thread-self/schedstat`` field 2, Linux Documentation/scheduler/sched-stats.rst): on
-a machine other jobs share, the rate the reads run at while they run, not the share of the
-cores the process got.
+(:func:`.busy_clock.run_queue_wait_s`, as every other calibrated rate): on a machine other jobs
+share, the rate the reads run at while they run, not the share of the cores the process got.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
+from .busy_clock import run_queue_wait_s
+
 #: bytes of the tensor read: above a CPU's last-level cache and a GPU's L2
 READ_BYTES = 64_000_000
-
-
-def run_queue_wait_s() -> float:
-    """Seconds this thread has waited on a run queue (0 where the kernel does not say)."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) * 1e-9
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def busy_seconds(fn: Callable[[], object], repeats: int, min_time: float = 0.1) -> list[float]:
