@@ -16,9 +16,8 @@ The world size is the runner's as ``runner_train.py`` computes it: without a hos
 ``min(nproc_per_node, the count of *_VISIBLE_DEVICES)`` (either alone if only one is given, 1 if
 neither); with a hostfile, its node count, which only the cluster knows (``--devices``).
 
-The YAML here is the block subset these files use (maps by indentation, ``- item`` and ``[a, b]``
-lists, scalars, comments) and OmegaConf's absolute ``${a.b.c}`` interpolation; nothing else of
-YAML or Hydra (no anchors, no multi-line scalars, no ``??`` resolvers: such a value stays text).
+The YAML is loaded with PyYAML (:mod:`.yaml_file`), and OmegaConf's absolute ``${a.b.c}``
+interpolation is resolved here; nothing else of Hydra (no ``??`` resolvers: such a value stays text).
 """
 from __future__ import annotations
 
@@ -28,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PartitaError
+from .yaml_file import read_yaml_mapping
 
 #: A FlagScale file: the experiment's Megatron task, or a training file's Megatron sections.
 _EXPERIMENT = re.compile(r"^experiment:\s*$(?s:.*)^\s+backend:\s*megatron\b", re.MULTILINE)
 _TRAIN = re.compile(r"^system:\s*$(?s:.*)^model:\s*$", re.MULTILINE)
-_LINE = re.compile(r"^(\s*)(- )?([^:#]+?|'[^']*'|\"[^\"]*\")\s*:(?:\s+(.*?))?\s*$")
 _REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
@@ -41,82 +40,9 @@ def is_flagscale(path: str, text: str) -> bool:
     return path.endswith((".yaml", ".yml")) and bool(_EXPERIMENT.search(text) or _TRAIN.search(text))
 
 
-def _scalar(text: str) -> Any:
-    """A YAML scalar as OmegaConf reads the forms FlagScale's files use."""
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    if text.startswith("[") and text.endswith("]"):
-        return [_scalar(x) for x in text[1:-1].split(",") if x.strip()]
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "~", ""):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _strip_comment(line: str) -> str:
-    """``line`` without a ``#`` comment outside quotes."""
-    quote = None
-    for i, ch in enumerate(line):
-        if ch in "'\"" and quote in (None, ch):
-            quote = None if quote else ch
-        elif ch == "#" and quote is None and (i == 0 or line[i - 1] in " \t"):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
 def read_yaml(text: str, path: str) -> dict[str, Any]:
-    """The nested maps and lists of a block YAML file (the subset of the module docstring)."""
-    root: dict[str, Any] = {}
-    stack: list[tuple[int, Any]] = [(-1, root)]  # (indent of the keys, the container they go in)
-    pending: tuple[int, dict, str] | None = None  # a key whose block follows: (its indent, its map, key)
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw)
-        if not line.strip() or line.strip() == "---":
-            continue
-        indent = len(line) - len(line.lstrip())
-        body = line.strip()
-        if pending is not None:
-            p_indent, p_map, p_key = pending
-            pending = None
-            if indent > p_indent or (indent == p_indent and body.startswith("- ")):
-                p_map[p_key] = [] if body.startswith("- ") else {}
-                stack.append((indent, p_map[p_key]))
-        while len(stack) > 1 and (indent < stack[-1][0] or (indent == stack[-1][0] and isinstance(stack[-1][1], list)
-                                                            and not body.startswith("- "))):
-            stack.pop()
-        container = stack[-1][1]
-        if body.startswith("- "):
-            if not isinstance(container, list):
-                raise PartitaError(f"{path}:{number}: a '- item' outside a list: {raw.strip()[:60]!r}")
-            item = body[2:].strip()
-            m = _LINE.match(" " * (indent + 2) + item)
-            if m and not item.startswith(("'", '"', "[")) and ": " in item + " ":
-                entry = {m.group(3).strip(): _scalar(m.group(4) or "")}
-                container.append(entry)
-            else:
-                container.append(_scalar(item))
-            continue
-        m = _LINE.match(line)
-        if not m or not isinstance(container, dict):
-            raise PartitaError(f"{path}:{number}: not a 'key: value' line of a FlagScale YAML: {raw.strip()[:60]!r}")
-        key, value = m.group(3).strip().strip("'\""), m.group(4)
-        if value and value[0] in "|>&*!":
-            raise PartitaError(f"{path}:{number}: {key}: block scalars, anchors and tags are not read; "
-                               "write the value on one line")
-        if value is None or value == "":
-            container[key] = None
-            pending = (indent, container, key)
-        else:
-            container[key] = _scalar(value)
-    return root
+    """The nested maps and lists of a FlagScale YAML file, loaded as OmegaConf loads it (PyYAML)."""
+    return read_yaml_mapping(text, path, "a FlagScale YAML file")
 
 
 def _lookup(root: dict[str, Any], dotted: str) -> Any:

@@ -35,9 +35,9 @@ from typing import Any
 
 from ..errors import PartitaError
 from ..plan import Plan
+from .yaml_file import read_yaml_mapping
 
 #: A top-level ``key: value`` line (the value may be empty: a nested block follows).
-_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)\s*:\s*(.*)$")
 #: Keys only a LLaMA-Factory training YAML has together (detection).
 MARKERS = re.compile(r"^(stage|finetuning_type|cutoff_len|lora_target)\s*:", re.MULTILINE)
 #: LLaMA-Factory v1's configs (examples/v1/: ``peft_config:`` / ``dist_config:`` blocks), not this format.
@@ -68,51 +68,9 @@ def is_llamafactory(path: str, text: str) -> bool:
     return path.endswith((".yaml", ".yml")) and bool(MARKERS.search(text))
 
 
-def _scalar(text: str) -> Any:
-    """A YAML scalar as YAML 1.1 reads the forms LLaMA-Factory's files use."""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("null", "~", ""):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def read_yaml(text: str, path: str) -> dict[str, Any]:
-    """The top-level ``key: value`` pairs of a flat YAML file (comments dropped); a key whose block
-    follows holds the block's ``- item`` list (``fsdp:`` then ``- full_shard``), else ``{}`` (a
-    nested map, not read)."""
-    out: dict[str, Any] = {}
-    last = None
-    for number, line in enumerate(text.splitlines(), 1):
-        line = re.sub(r"\s+#.*$", "", line) if "'" not in line and '"' not in line else line
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line[0] in " \t-":  # inside the block of the last key
-            item = line.strip()
-            if last is not None and item.startswith("- "):
-                out[last] = (out[last] if isinstance(out[last], list) else []) + [_scalar(item[2:].strip())]
-            elif last is not None and not isinstance(out[last], list):
-                out[last] = {}
-            continue
-        match = _LINE.match(line)
-        if not match:
-            raise PartitaError(f"{path}:{number}: not a 'key: value' line of a LLaMA-Factory YAML: {line[:60]!r}")
-        value = match.group(2).strip()
-        if value and value[0] in "|>":
-            raise PartitaError(f"{path}:{number}: {match.group(1)} is a block scalar; write it on one line")
-        out[match.group(1)] = _scalar(value)
-        last = match.group(1) if not value else None
-    return out
+    """The training file's keys as LLaMA-Factory reads them (``yaml.safe_load``)."""
+    return read_yaml_mapping(text, path, "a LLaMA-Factory training file")
 
 
 def _whole(cfg: dict[str, Any], key: str, default: int, path: str) -> int:
