@@ -13,7 +13,7 @@ import sys
 import time
 
 from partita.calibrate import busy_clock
-from partita.calibrate.measure import _time_calls
+from partita.calibrate.busy_clock import seconds_per_call
 
 
 def _spin(n: int = 200_000) -> int:
@@ -66,8 +66,8 @@ def test_calibrates_rates_are_timed_on_the_busy_clock():
         _spin(20_000)
         calls.append(time.thread_time() - c0)
 
-    samples = _with_neighbour_on_my_cpu(lambda: _time_calls(fn, repeats=3, min_time=0.1))
-    cpu_per_call = sum(calls[1:]) / len(calls[1:])  # the first call is _time_calls' warm-up
+    samples = _with_neighbour_on_my_cpu(lambda: seconds_per_call(fn, repeats=3, min_time=0.1))
+    cpu_per_call = sum(calls[1:]) / len(calls[1:])  # the first call is seconds_per_call's warm-up
     per_call = sum(samples) / len(samples)
     # the wall clock read ~2x here (the neighbour holds the CPU half the time)
     assert abs(per_call - cpu_per_call) < 0.2 * cpu_per_call, (samples, cpu_per_call)

@@ -15,7 +15,8 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from partita.calibrate.hardware_file import hardware_file
-from partita.calibrate.read_rate import busy_seconds, measure_read_rate, run_queue_wait_s
+from partita.calibrate.busy_clock import run_queue_wait_s, seconds_per_call
+from partita.calibrate.read_rate import measure_read_rate
 from partita.serve.latency import (decode_kv_passes, decode_kv_writes, decode_stage_time,
                                    fresh_write_seconds_per_byte, read_bandwidth)
 from partita.serve.memory import kv_bytes_per_token_layer
@@ -78,7 +79,7 @@ def test_read_rate_measures_a_read_and_subtracts_the_wait():
     x = torch.randn(100_000)
     import time
     t0 = time.perf_counter()
-    busy = busy_seconds(lambda: x.sum(), 1, min_time=0.01)[0]
+    busy = seconds_per_call(lambda: x.sum(), 1, min_time=0.01)[0]
     assert busy > 0 and run_queue_wait_s() >= w0
     assert busy <= time.perf_counter() - t0
 

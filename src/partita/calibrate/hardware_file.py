@@ -55,8 +55,8 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     import torch
     import torch.distributed as dist
     from ..runtime.device import local_device
-    from .busy_clock import SOURCE
-    from .measure import _time_calls, measure_collectives, measure_gemm, measure_optimizer, measure_runtime
+    from .busy_clock import SOURCE, seconds_per_call
+    from .measure import measure_collectives, measure_gemm, measure_optimizer, measure_runtime
     device = local_device(device_type)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     sync = (lambda: getattr(torch, device.type).synchronize()) if device.type != "cpu" else (lambda: None)
@@ -64,7 +64,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
                  "clock": SOURCE}
     out["gemm"] = measure_gemm(device, dtype, sync, repeats)
     x = torch.randn(16_000_000 // (1 if dtype_name == "fp32" else 2), device=device, dtype=dtype)
-    copy = _time_calls(lambda: (x.clone(), sync()), repeats, min_time=0.1)
+    copy = seconds_per_call(lambda: (x.clone(), sync()), repeats, min_time=0.1)
     out["copy"] = [2 * x.numel() * x.element_size() / t for t in copy]
     from .read_rate import measure_read_rate  # the streaming read rate beside the clone (read_rate.py)
     out["read"] = measure_read_rate(device, dtype, sync, repeats)

@@ -11,10 +11,8 @@ rank's is at most the unloaded time plus the peer's queueing it slept through).
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 
-from .busy_clock import busy_clock, run_queue_wait_s
+from .busy_clock import busy_clock, seconds_per_call
 from .fit import PP_PROBE_MODEL, PROBE_MODELS, ZERO3_PROBE_MODEL, run_model
 
 #: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
@@ -35,24 +33,6 @@ RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "ti
 RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5}
 
 
-def _time_calls(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> list[float]:
-    """Busy seconds per call in each of ``repeats`` repeats (time-based: no collectives in
-    ``fn``). The loop stops on the wall clock (one read per call, cheap); the run-queue wait is
-    read once at each end of a repeat, so the file read is not inside the calls timed."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        n, q0, t0 = 0, run_queue_wait_s(), time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            if time.perf_counter() - t0 >= min_time:
-                break
-        wall = time.perf_counter() - t0
-        out.append((wall - (run_queue_wait_s() - q0)) / n)
-    return out
-
-
 def _across_ranks(samples: list[float], device) -> list[float]:
     """Each repeat's time across the ranks: the smallest busy time. A collective step ends on
     every rank together, so unloaded the ranks agree; under load rank r's busy time is the
@@ -71,7 +51,7 @@ def measure_gemm(device, dtype, sync, repeats: int) -> list[dict]:
     for cls, shapes in GEMM_SHAPES.items():
         for m, k, n in shapes:
             a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
-            samples = _time_calls(lambda: (a @ b, sync()), repeats)
+            samples = seconds_per_call(lambda: (a @ b, sync()), repeats)
             rows.append({"class": cls, "shape": [m, k, n], "gflop": 2 * m * k * n / 1e9,
                          "seconds": statistics.median(samples), "samples": samples})
     return rows
@@ -87,7 +67,7 @@ def measure_optimizer(device, sync, repeats: int) -> list[float]:
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-3)
-    seconds = _time_calls(lambda: (opt.step(), sync()), repeats, min_time=0.1)
+    seconds = seconds_per_call(lambda: (opt.step(), sync()), repeats, min_time=0.1)
     count = sum(p.numel() for p in params)
     return [ADAM_STEP_BYTES_PER_PARAM * count / t for t in seconds]
 

@@ -15,35 +15,17 @@ decode step's reads with this rate.
 The measurement: ``x.sum()`` over a 64 MB tensor (larger than a CPU's last-level cache and a
 GPU's L2, so the bytes come from memory), bytes read / seconds per call. On a CPU each call's
 time is its wall-clock minus the time the thread waited on the run queue
-(:func:`.busy_clock.run_queue_wait_s`, as every other calibrated rate): on a machine other jobs
+(:func:`.busy_clock.seconds_per_call`, as every other calibrated rate): on a machine other jobs
 share, the rate the reads run at while they run, not the share of the cores the process got.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
-from .busy_clock import run_queue_wait_s
+from .busy_clock import seconds_per_call
 
 #: bytes of the tensor read: above a CPU's last-level cache and a GPU's L2
 READ_BYTES = 64_000_000
-
-
-def busy_seconds(fn: Callable[[], object], repeats: int, min_time: float = 0.1) -> list[float]:
-    """Seconds per call of ``fn`` in each of ``repeats`` repeats, each repeat's wall-clock less
-    the run-queue wait it contained (time-based loop: no collectives in ``fn``)."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        n, d0, t0 = 0, run_queue_wait_s(), time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            if time.perf_counter() - t0 >= min_time:
-                break
-        busy = time.perf_counter() - t0 - (run_queue_wait_s() - d0)
-        out.append(max(busy, 1e-9) / n)
-    return out
 
 
 def measure_read_rate(device, dtype, sync: Callable[[], None], repeats: int) -> list[float]:
@@ -51,7 +33,7 @@ def measure_read_rate(device, dtype, sync: Callable[[], None], repeats: int) -> 
     import torch
     elem = torch.empty((), dtype=dtype).element_size()
     x = torch.randn(READ_BYTES // elem, device=device, dtype=dtype)
-    seconds = busy_seconds(lambda: (x.sum(), sync()), repeats)
+    seconds = seconds_per_call(lambda: (x.sum(), sync()), repeats)
     return [x.numel() * elem / t for t in seconds]
 
 
