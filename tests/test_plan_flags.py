@@ -84,3 +84,10 @@ def test_launcher_bridge_reads_plan_fields_by_flag():
     launch = LaunchConfig(global_batch=8, mbs=2, grad_dtype="bf16")
     assert plan_fields_of(launch, ("gbs", "seq_len", "mbs")) == {"gbs": 8, "mbs": 2}
     assert plan_fields_of(launch) == {"gbs": 8, "mbs": 2, "grad_dtype": "bf16"}
+
+
+def test_sample_len_longer_than_the_sequence_is_one_line(capsys):
+    code, out, err = run(E + ["--global-batch", "64", "--seq-len", "4096", "--sample-len", "99999"], capsys)
+    assert code != 0 and not out
+    assert "sample_len 99999 must be at most seq_len 4096" in err and len(err.splitlines()) == 1
+    assert run(E + ["--global-batch", "64", "--seq-len", "4096", "--sample-len", "4096"], capsys)[0] == 0

@@ -595,6 +595,9 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"interleaved 1F1B needs the micro-batch count ({plan.grad_accum}) to be a multiple of pp={plan.pp}")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         errs.append(f"seq_len {plan.seq_len} must be divisible by 2*cp = {2 * plan.cp} (load-balanced causal context parallel)")
+    if plan.sample_len > plan.seq_len:
+        errs.append(f"sample_len {plan.sample_len} must be at most seq_len {plan.seq_len} (packed samples fit in their "
+                    "sequence; 0: one sample per sequence)")
     errs += _validate_ep(plan)
     if model is not None:
         errs += _validate_against_model(plan, model)
