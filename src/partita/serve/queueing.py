@@ -27,9 +27,32 @@ With chunked prefill the engine packs waiting prompts into one forward of up to 
 of that forward (:func:`partita.serve.latency.prefill_share`), ``S_c <= S``: ``rho`` and
 ``lambda_r(N)`` use ``S_c``; a prompt's own prefill latency stays ``S``.
 
-Known gaps: the spread of prompt and output lengths (an M/G/1 term ``C_s^2``), chunked
-prefill's finer interleaving with decode steps, and preemption when the KV pool runs out are not modelled; the
-KV pool bounds ``N`` instead (:mod:`.memory`).
+**A finite burst** (a benchmark that sends ``M`` prompts at once and divides the tokens by
+the time the last one finishes: ``vllm bench serve`` / ``sglang.bench_serving`` at rate
+``inf``) is not the steady state (3) describes: it ends in a *drain*, when the queue is empty
+and the batch shrinks as requests finish while every step still reads the weights
+(:func:`burst_rate`). With FCFS admission up to ``n`` sequences and output lengths of mean
+``O``:
+
+* fixed lengths (the benchmarks' ``random`` datasets): requests run in ``ceil(M / n)`` waves
+  of ``O`` steps, the last one with the remainder ``M - (w - 1) n``;
+* lengths with the spread of a chat trace (ShareGPT): modelled as exponential with mean ``O``
+  (the maximum-entropy law for a positive length of known mean; an EOS drawn with a constant
+  chance per token). While prompts wait the batch stays full and ``M - n`` requests finish in
+  ``(M - n) O / n`` steps; then the ``n`` left drain, and since an exponential's residual is
+  again exponential with mean ``O`` (memorylessness), ``E[b_k] = n e^(-k/O)`` sequences remain
+  after ``k`` more steps, for ``O ln n`` steps::
+
+      T_drain = sum_k t_dec(n e^(-k/O))  ~  O integral_0^(ln n) t_dec(n e^(-u)) du
+
+  Every prompt still costs its prefill share ``S_c``: ``T = M S_c + (M - n)^+ O t_dec(n) / n
+  + T_drain`` and the published rate is ``M O / T``. With ``t_dec(b) = a + c b`` the drain
+  costs ``O a (ln n - 1)`` more than the steady state would: the weights read once per step
+  for steps that carry few tokens.
+
+Known gaps: the spread of prompt and output lengths in the steady state (an M/G/1 term
+``C_s^2``), chunked prefill's finer interleaving with decode steps, and preemption when the KV
+pool runs out are not modelled; the KV pool bounds ``N`` instead (:mod:`.memory`).
 """
 from __future__ import annotations
 
@@ -108,3 +131,36 @@ def decode_only(rate: float, output_len: int, t_dec: Callable[[float], float], m
         else:
             hi = mid
     return hi, t_dec(max(hi, 1.0))
+
+
+#: output-length laws :func:`burst_rate` knows: every request the same length (``random``
+#: datasets), or a chat trace's spread modelled as exponential (module docstring)
+SPREADS = ("fixed", "exponential")
+DRAIN_POINTS = 32  # midpoint rule over u in [0, ln n] (t_dec is smooth and monotone in the batch)
+
+
+def drain_time(seqs: float, output_len: float, t_dec: Callable[[float], float]) -> float:
+    """Seconds to finish ``seqs`` in-flight sequences whose residual lengths are exponential
+    with mean ``output_len``: ``O integral_0^(ln n) t_dec(n e^(-u)) du`` (module docstring)."""
+    if seqs <= 1:
+        return output_len * t_dec(1.0)
+    top = math.log(seqs)
+    du = top / DRAIN_POINTS
+    return output_len * du * sum(t_dec(max(1.0, seqs * math.exp(-(i + 0.5) * du))) for i in range(DRAIN_POINTS))
+
+
+def burst_rate(prompts: int, seqs: float, output_len: int, t_dec: Callable[[float], float], share: float,
+               spread: str = "exponential") -> float:
+    """Requests/s a benchmark measures when it sends ``prompts`` requests at once to a replica
+    that runs at most ``seqs`` of them (total requests over the time the last one finishes;
+    module docstring, "A finite burst")."""
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
+    n = max(1.0, min(float(seqs), float(prompts)))
+    if spread == "fixed":
+        waves = math.ceil(prompts / n)
+        last = prompts - (waves - 1) * n
+        decode = (waves - 1) * output_len * t_dec(n) + output_len * t_dec(last)
+    else:
+        decode = max(0.0, prompts - n) * output_len * t_dec(n) / n + drain_time(n, output_len, t_dec)
+    return prompts / (prompts * share + decode)
