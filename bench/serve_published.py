@@ -118,7 +118,8 @@ def predict(rec: dict[str, str]) -> float:
     model = resolve_model(rec["model"]).spec()
     device = load_device(rec["hardware"])
     tp, pp, per_node = int(rec["tp"]), int(rec["pp"]), int(rec["devices_per_node"])
-    layout = Layout(tp, pp, 1, "bf16", dtype=rec["dtype"])
+    layout = Layout(tp, pp, 1, rec["kv_dtype"], dtype=rec["dtype"])
+    per_device = tp * pp if rec["statistic"] == "per_device" else 1  # a table in tokens/s per GPU
     P, O, metric = int(rec["prompt_len"]), int(rec["output_len"]), rec["metric"]
     scenario = rec["scenario"]
     prefill = latency.prefill_time(model, device, layout, P, per_node)
@@ -131,7 +132,7 @@ def predict(rec: dict[str, str]) -> float:
     if scenario == "static_batch":
         B = int(rec["batch"])
         t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node)
-        return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node) + O * t_dec)
+        return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node) + O * t_dec) / per_device
     if scenario == "poisson":
         res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node)
         return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
@@ -261,7 +262,9 @@ def report(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-SHORT = {"NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)",
+SHORT = {"NVIDIA TensorRT-LLM docs/source/performance.md (v0.6.1 peak throughput; low latency from v0.5), H100":
+             "TensorRT-LLM perf tables (H100 FP8)",
+         "NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)",
          "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
          "surajssd/llm-k8s": "vLLM nightly suite on 2 x ND96asr_v4",
          "Ascend torchair": "Ascend torchair Llama 70B, 800I A2 (910B4 x 8)",

@@ -27,8 +27,10 @@ from typing import Any
 from ..errors import PartitaError
 
 KV_DTYPES = {"bf16": 2, "fp8": 1, "fp32": 4}  # bytes per cached element
-#: weight and activation dtypes: bf16 (every engine's default); fp32 for CPU measurements
-DTYPES = {"bf16": 2, "fp32": 4}
+#: weight and activation dtypes: bf16 (every engine's default); fp32 for CPU measurements; fp8
+#: (fp8 weights and GEMMs at the device's fp8 rate - TensorRT-LLM ``--enable_fp8``, vLLM
+#: ``--quantization fp8``), read by the published-benchmark check; the search does not offer it
+DTYPES = {"bf16": 2, "fp32": 4, "fp8": 1}
 
 
 @dataclass(frozen=True)
