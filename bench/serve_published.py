@@ -118,7 +118,7 @@ def predict(rec: dict[str, str]) -> float:
     model = resolve_model(rec["model"]).spec()
     device = load_device(rec["hardware"])
     tp, pp, per_node = int(rec["tp"]), int(rec["pp"]), int(rec["devices_per_node"])
-    layout = Layout(tp, pp, 1, rec["kv_dtype"], dtype=rec["dtype"])
+    layout = Layout(tp, pp, 1, rec["kv_dtype"], int(rec["ep"]), dtype=rec["dtype"])
     per_device = tp * pp if rec["statistic"] == "per_device" else 1  # a table in tokens/s per GPU
     P, O, metric = int(rec["prompt_len"]), int(rec["output_len"]), rec["metric"]
     scenario = rec["scenario"]
