@@ -21,7 +21,9 @@ lengths, and the scenario the source ran:
   the row's ``prompts`` divided by the time the last one finishes - so ``out_tok_s`` is
   :func:`partita.serve.queueing.burst_rate` times ``O``: the steady state while prompts wait,
   then the drain, when the batch shrinks and every step still reads the weights (``lengths``:
-  ``fixed`` for the benchmarks' random datasets, ``exponential`` for ShareGPT's spread);
+  ``fixed`` for the benchmarks' random datasets, ``exponential`` for ShareGPT's spread); the
+  mean TPOT of a burst the batch holds is :func:`partita.serve.queueing.burst_tpot` (the
+  backlog's prefill chunks ride beside the first decode steps);
 * ``concurrency`` - a closed loop with ``N`` requests in flight: the same formulas with ``N``
   fixed, and ``TTFT = S + t_dec(N) / 2`` (no queue; the decode step in flight finishes first).
 
@@ -68,7 +70,7 @@ from partita.serve.intervals import (
     interval_class,
 )
 from partita.serve.memory import serve_memory
-from partita.serve.queueing import burst_rate, colocated_rate
+from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate
 from partita.serve.search import evaluate
 from partita.serve.workload import Layout, Workload
 from partita.spec.hardware import load_device
@@ -143,8 +145,10 @@ def predict(rec: dict[str, str]) -> float:
         t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node)
         share = latency.prefill_share(model, device, layout, P, per_node)  # prompts packed per chunk
         lam = colocated_rate(n, O, t_dec, share)
-        if metric == "out_tok_s" and rec["prompts"] and not STEADY_BURST:  # a finite burst and its drain
+        if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
             curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node)  # noqa: E731
+            if metric == "tpot_s":
+                return burst_tpot(int(rec["prompts"]), n, O, curve, share, P, latency.CHUNK_TOKENS, rec["lengths"])
             return burst_rate(int(rec["prompts"]), n, O, curve, share, rec["lengths"]) * O
         return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * share),
                 "ttft_s": prefill + t_dec / 2}[metric]

@@ -50,6 +50,24 @@ and the batch shrinks as requests finish while every step still reads the weight
   costs ``O a (ln n - 1)`` more than the steady state would: the weights read once per step
   for steps that carry few tokens.
 
+The *mean TPOT* such a benchmark reports (``vllm bench serve``: per request ``(e2e - TTFT) /
+(O_i - 1)``, averaged over requests) differs from the steady state's when the whole burst
+fits the batch (``M <= n``): every prompt is admitted at once and the engine spends its first
+``K_A = M P / (C - b_A)`` steps prefilling the backlog: the step's token budget ``C``
+(vLLM's ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``; Agrawal et al. 2024,
+Sarathi-Serve sec. 4) less one token for each of the ``b_A`` sequences decoding beside it,
+``b_A = min(M / 2, O C / P)`` (half the burst on average, or as many as live ``O`` steps when
+``C / P`` prompts start each step); each step costs ``t_A = (C - b_A) / P x S_c + t_dec(b_A)``.
+The request admitted at ``x = i / M`` of the
+backlog gets its first token at step ``x K_A`` and lives through the ``(1 - x) K_A`` steps
+left in it, then through steps at ``t_B = t_dec(M a_i)``, ``a_i`` the share of the burst
+still decoding, averaged over its ``d_i = O_i - 1`` steps (with fixed lengths those started
+within ``d_i`` steps of it, ``min(1, d_i / K_A)``; with exponential ones
+``O (1 - e^(-d_i / O)) / d_i``): ``TPOT_i = t_B + (t_A - t_B)
+min(1, (1 - x) K_A / d_i)`` (:func:`burst_tpot`). Short requests spend their whole
+decode in the backlog, so the mean over requests leans on ``t_A``; with ``M > n`` prompts
+keep arriving at the batch as slots free and the steady state holds.
+
 Known gaps: the spread of prompt and output lengths in the steady state (an M/G/1 term
 ``C_s^2``), chunked prefill's finer interleaving with decode steps, and preemption when the KV
 pool runs out are not modelled; the KV pool bounds ``N`` instead (:mod:`.memory`).
@@ -164,3 +182,41 @@ def burst_rate(prompts: int, seqs: float, output_len: int, t_dec: Callable[[floa
     else:
         decode = max(0.0, prompts - n) * output_len * t_dec(n) / n + drain_time(n, output_len, t_dec)
     return prompts / (prompts * share + decode)
+
+
+BURST_POINTS = 16  # midpoints over the backlog position x and over the output-length quantiles
+
+
+def _decode_lengths(output_len: float, spread: str) -> list[float]:
+    """Decode steps ``O_i - 1`` at the midpoint quantiles of the length law (at least 1: a
+    one-token request has no TPOT and the benchmarks leave it out)."""
+    if spread == "fixed":
+        return [max(1.0, output_len - 1)]
+    return [max(1.0, -output_len * math.log(1 - (j + 0.5) / BURST_POINTS) - 1) for j in range(BURST_POINTS)]
+
+
+def burst_tpot(prompts: int, seqs: float, output_len: int, t_dec: Callable[[float], float], share: float,
+               prompt_len: int, chunk_tokens: int, spread: str = "exponential") -> float:
+    """Mean TPOT over the requests of a burst of ``prompts`` sent at once (module docstring,
+    "The mean TPOT"); the steady state's ``t_dec(n) / (1 - rho)`` when the burst exceeds the
+    batch ``seqs``."""
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
+    if prompts > seqs:
+        rate = colocated_rate(seqs, output_len, t_dec(seqs), share)
+        return t_dec(seqs) / (1 - rate * share)
+    per_chunk = chunk_tokens // prompt_len if prompt_len <= chunk_tokens else chunk_tokens / prompt_len
+    running = max(1.0, min(prompts / 2, per_chunk * output_len))  # decoding beside the backlog
+    budget = max(chunk_tokens - running, chunk_tokens / 2)
+    steps_a = prompts * prompt_len / budget
+    t_a = budget / prompt_len * share + t_dec(running)
+    total = 0.0
+    for d in _decode_lengths(output_len, spread):
+        if spread == "fixed":  # the others started within d steps of it are still decoding
+            alive = min(1.0, d / steps_a)
+        else:
+            alive = min(1.0, output_len * (1 - math.exp(-d / output_len)) / d)
+        t_b = t_dec(max(1.0, prompts * alive))  # the batch it shares after the backlog, on average
+        total += sum(t_b + (t_a - t_b) * min(1.0, (1 - (i + 0.5) / BURST_POINTS) * steps_a / d)
+                     for i in range(BURST_POINTS))
+    return total / (BURST_POINTS * len(_decode_lengths(output_len, spread)))
