@@ -3,16 +3,17 @@
 Every term is timed in ``repeats`` separate repeats so the fits (:mod:`.fit`)
 get a spread, not just a number. Anything that communicates runs a fixed number of
 iterations on every rank (a time-based loop around a collective deadlocks when ranks
-disagree on when to stop). Every time is read on :func:`.busy_clock.busy_clock` (wall minus
-the thread's run-queue wait), as the training worker's ``step_busy_s`` is, so a neighbour's
-load does not enter the fitted rates; a repeat's time is the smallest rank's busy time (each
-rank's is at most the unloaded time plus the peer's queueing it slept through).
+disagree on when to stop). Every time is read on the busy clock (:mod:`.busy_clock`), as the
+training worker's ``step_busy_s`` is, so a neighbour's load does not enter the fitted rates: a
+single thread's rate is its wall time less its run-queue wait; a collective interval's is
+:func:`.busy_clock.critical_busy_s` of every rank's ``[wall, run, wait]`` (each rank's time on a
+CPU plus its blocked time shrunk by the share of their runnable time the other ranks ran).
 """
 from __future__ import annotations
 
 import statistics
 
-from .busy_clock import busy_clock, seconds_per_call
+from .busy_clock import critical_busy_s, mark, seconds_per_call, since
 from .fit import PP_PROBE_MODEL, PROBE_MODELS, ZERO3_PROBE_MODEL, run_model
 
 #: GEMM shape classes (m, k, n): square; the MLP's wide ``tokens x h -> 4h``; few tokens.
@@ -33,15 +34,18 @@ RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "ti
 RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5}
 
 
-def _across_ranks(samples: list[float], device) -> list[float]:
-    """Each repeat's time across the ranks: the smallest busy time. A collective step ends on
-    every rank together, so unloaded the ranks agree; under load rank r's busy time is the
-    unloaded time plus the peer's queueing it slept through, and the smallest is the closest."""
+def _across_ranks(samples: list[list[float]], device) -> list[float]:
+    """Each interval's time across the ranks from every rank's ``[wall, run, wait]`` of it
+    (:func:`.busy_clock.since`): :func:`.busy_clock.critical_busy_s`, the interval without the
+    neighbours' load (a collective interval ends on every rank together; under load a rank's
+    wall holds its own queueing and the others' that it slept through)."""
     import torch
     import torch.distributed as dist
-    t = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return t.tolist()
+    t = torch.tensor(samples, dtype=torch.float64).reshape(-1)
+    out = torch.zeros(t.numel() * dist.get_world_size(), dtype=torch.float64)
+    dist.all_gather_into_tensor(out, t)
+    per_rank = out.reshape(dist.get_world_size(), len(samples), 3).tolist()
+    return [critical_busy_s([rank[i] for rank in per_rank]) for i in range(len(samples))]
 
 
 def measure_gemm(device, dtype, sync, repeats: int) -> list[dict]:
@@ -114,14 +118,14 @@ def measure_collectives(device, sync, repeats: int) -> list[dict]:
                     continue
                 op()
                 dist.barrier()
-                samples = []
+                sched = []
                 for _ in range(repeats):
-                    t0 = busy_clock()
+                    t0 = mark()
                     for _ in range(iters):
                         op()
                     sync()
-                    samples.append((busy_clock() - t0) / iters)
-                samples = _across_ranks(samples, device)
+                    sched.append([x / iters for x in since(t0)])
+                samples = _across_ranks(sched, device)
                 # send/recv moves one message each way at once: the cost model's one transfer
                 rows.append({"kind": kind, "group": g, "bytes": size, "seconds": statistics.median(samples),
                              "samples": samples, "spread": (max(samples) - min(samples)) / 2})
@@ -189,19 +193,19 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
         for _ in range(2):  # warm-up: first-call dispatch caches, allocator
             steps[mech]()
         runs[mech] = {"model": model_name, "plan": plan.summary(), "plan_text": text, "seq_len": RUNTIME_SEQ,
-                      "dtype": dtype, "world": world, "samples": []}
+                      "dtype": dtype, "world": world, "samples": [], "sched": []}
     for _ in range(repeats):
         for mech, step in steps.items():
             n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
             dist.barrier()
-            times = []
             for _ in range(n):
-                t0 = busy_clock()
+                t0 = mark()
                 step()
-                times.append(busy_clock() - t0)
-            runs[mech]["samples"].append(statistics.median(times))
-    for run in runs.values():
-        run["samples"] = _across_ranks(run["samples"], None)
+                runs[mech]["sched"].append(since(t0))
+    for mech, run in runs.items():  # each step across the ranks, then a repeat's median of its steps
+        n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
+        steps_busy = _across_ranks(run.pop("sched"), None)
+        run["samples"] = [statistics.median(steps_busy[i:i + n]) for i in range(0, len(steps_busy), n)]
     for name in longer:  # the longer run travels with its mechanism's run
         runs[name.split("@")[0]]["long"] = runs.pop(name)
     return runs

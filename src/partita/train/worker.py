@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..calibrate.busy_clock import run_queue_wait_s
+from ..calibrate.busy_clock import critical_busy_s, mark, since
 from ..errors import PartitaError
 from ..models.registry import family_of, resolve_model
 from ..plan import Plan
@@ -293,14 +293,14 @@ class Trainer:
         for group in self.pm.optimizer.param_groups:
             group["lr"] = lr
         faults.before_step(self.rank, step)
-        q0, t0 = run_queue_wait_s(), time.perf_counter()
+        s0, t0 = mark(), time.perf_counter()
         x, y, *pos = self.batch(step)
         self.guard.step = step
         if self.counter is not None:
             self.counter.set_step(step)
         loss = self._train_step(x, y, step, *pos)
         dt = time.perf_counter() - t0
-        self.busy = self.step_busy(dt - (run_queue_wait_s() - q0))
+        self.busy = self.step_busy(since(s0))
         if self.guard.nonfinite:
             self.skip_nonfinite(step, loss)
             return
@@ -314,18 +314,21 @@ class Trainer:
             if step == self.start and step + 1 < c.steps:
                 mark_process_groups(self.pm)  # inside the first recorded step
 
-    def step_busy(self, busy: float) -> float | None:
-        """The step's wall time less run-queue wait (calibrate/busy_clock.py), smallest over the
-        ranks - the clock ``partita calibrate`` times its micro-runs on, so the closed loop
-        compares like with like on a loaded machine. None under profiling (its collective
-        counter and trace must see only the step's own collectives)."""
+    def step_busy(self, sched: list[float]) -> float | None:
+        """The step's time without the neighbours' load, from every rank's ``[wall, run,
+        run-queue wait]`` (calibrate/busy_clock.py ``critical_busy_s``, kept as ``self.waits``) -
+        the clock ``partita calibrate`` times its micro-runs on, so the closed loop compares like
+        with like on a loaded machine. None under profiling (its collective counter and trace
+        must see only the step's own collectives)."""
         if self.counter is not None or self.profiler is not None:
             return None
-        if self.world == 1:
-            return busy
-        t = torch.tensor([busy], dtype=torch.float32, device=self.pm.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return float(t.item())
+        t = torch.tensor(sched, dtype=torch.float32, device=self.pm.device)
+        if self.world > 1:
+            out = torch.zeros(self.world * 3, dtype=torch.float32, device=self.pm.device)
+            dist.all_gather_into_tensor(out, t)
+            t = out
+        self.waits = t.view(-1, 3).cpu().tolist()
+        return critical_busy_s(self.waits)
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, step: int, pos: torch.Tensor | None = None) -> float:
         """One step; with --compile, a compiler failure on the first step is one line."""
@@ -375,6 +378,7 @@ class Trainer:
             record["predicted_step_time_s"] = c.predicted_step_s
         if getattr(self, "busy", None) is not None:
             record["step_busy_s"] = self.busy
+            record["step_sched_s"] = self.waits
         self.metrics.write(record)
         self.tb.scalars(step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": self.guard.grad_norm,
                                "perf/tokens_per_s": record["tokens_per_s"], "perf/peak_mem_gib": mem,
