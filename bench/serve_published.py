@@ -13,7 +13,9 @@ lengths, and the scenario the source ran:
 * ``static_batch`` - TensorRT-LLM's ``gptSessionBenchmark``: ``B`` prompts prefill, then ``O``
   decode steps at batch ``B``: ``out_tok_s = B O / (B S + O t_dec(B))``;
 * ``poisson`` - requests at a rate: :func:`partita.serve.search.evaluate` (the M/D/1 prefill
-  queue and the shared replica of :mod:`partita.serve.queueing`) gives TTFT and TPOT;
+  queue and the shared replica of :mod:`partita.serve.queueing`) gives TTFT and TPOT, with the
+  row's ``scheduler_steps`` (vLLM 0.6's ``--num-scheduler-steps``: a prompt waits for the
+  window of decode steps in flight);
 * ``saturated`` - every request at once (rate ``inf``, offline): ``N`` = the KV pool's
   sequences, capped by the engine's batch limit and the number of prompts; the replica
   sustains ``lambda = N / (O t_dec(N) + N S)`` (queueing approximation 3) and
@@ -136,7 +138,8 @@ def predict(rec: dict[str, str]) -> float:
         t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node)
         return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node) + O * t_dec) / per_device
     if scenario == "poisson":
-        res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node)
+        res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node,
+                       int(rec["scheduler_steps"]))
         return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
     if scenario in ("saturated", "concurrency"):
         n = serve_memory(model, device, layout, P + O).max_seqs

@@ -113,3 +113,21 @@ def test_burst_tpot_is_the_steady_state_when_prompts_outnumber_the_batch():
     t, share = _linear(0.03, 5e-5), 0.004
     steady = t(256) / (1 - colocated_rate(256, 200, t(256), share) * share)
     assert burst_tpot(1000, 256, 200, t, share, 216, 8192) == pytest.approx(steady)
+
+
+def test_a_scheduler_window_adds_its_mean_residual_to_the_first_token():
+    """vLLM 0.6 multi-step (``--num-scheduler-steps k``): a prompt arriving at a random time
+    is admitted at the next window boundary; the mean wait, simulated over Poisson arrivals
+    against a periodic window of ``k`` steps, is ``k t / 2`` - and only the TTFT moves."""
+    from partita.serve.queueing import colocated
+    t = _linear(0.014, 2e-5)
+    one = colocated(4.0, 194, 0.017, t, 1000.0, 0.013)
+    ten = colocated(4.0, 194, 0.017, t, 1000.0, 0.013, window=10)
+    step = t(one.seqs)
+    assert (ten.seqs, ten.tpot) == (one.seqs, one.tpot)
+    assert ten.ttft - one.ttft == pytest.approx(9 * step / 2, rel=1e-9)
+    rng, window, clock, waits = random.Random(5), 10 * step, 0.0, []
+    for _ in range(20000):
+        clock += rng.expovariate(4.0)
+        waits.append(math.ceil(clock / window) * window - clock)
+    assert sum(waits) / len(waits) == pytest.approx(window / 2, rel=0.03)

@@ -10,7 +10,11 @@ take them. Three documented approximations:
        W = rho S / (2 (1 - rho)),   rho = lambda_r S
 
    A replica that also decodes first finishes the decode step in flight: on average half of
-   one, ``t_dec / 2`` (the mean residual of a deterministic step).
+   one, ``t_dec / 2`` (the mean residual of a deterministic step). An engine that schedules
+   once per window of ``k`` decode steps (vLLM 0.6's multi-step scheduling,
+   ``--num-scheduler-steps k``: ``SchedulerConfig.num_scheduler_steps``, "maximum number of
+   forward steps per scheduler call") admits a new prompt only at a window's end: the
+   residual is that of the window, ``k t_dec / 2``.
 2. **Decode batch** - Little's law (Little 1961): ``N = lambda_r x O x TPOT`` sequences decode
    at once.
 3. **Prefill and decode on one replica** (continuous batching, Yu et al. OSDI'22 Orca; vLLM,
@@ -116,11 +120,12 @@ def colocated_rate(seqs: float, output_len: int, t_dec: float, prefill: float) -
 
 
 def colocated(rate: float, output_len: int, prefill: float, t_dec: Callable[[float], float],
-              max_seqs: float, share: float | None = None) -> Operating:
+              max_seqs: float, share: float | None = None, window: int = 1) -> Operating:
     """The steady state of a replica that prefills and decodes, at ``rate`` requests/s.
     ``share``: the replica time one prompt takes when the engine packs prompts into chunks
     (:func:`partita.serve.latency.prefill_share`; default ``prefill``): it sets the load
-    ``rho``, while a prompt's own latency and the M/D/1 wait stay ``prefill``."""
+    ``rho``, while a prompt's own latency and the M/D/1 wait stay ``prefill``. ``window``: the
+    decode steps the engine runs per scheduler call (approximation 1)."""
     share = prefill if share is None else share
     rho = rate * share
     if rho >= 1 or rate >= colocated_rate(max_seqs, output_len, t_dec(max_seqs), share):
@@ -133,7 +138,7 @@ def colocated(rate: float, output_len: int, prefill: float, t_dec: Callable[[flo
         else:
             hi = mid
     seqs, step = hi, t_dec(max(hi, 1.0))
-    ttft = prefill + md1_wait(rho, prefill) + step / 2
+    ttft = prefill + md1_wait(rho, prefill) + window * step / 2
     return Operating(seqs, ttft, step / (1 - rho), True)
 
 

@@ -151,8 +151,10 @@ def _curve(model: ModelSpec, device: Device, core: Layout, context: float, per_n
     return _CURVES[key]
 
 
-def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, per_node: int) -> ServeResult:
-    """Memory, TTFT and TPOT at the workload's rate, and the capacity under its targets."""
+def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, per_node: int,
+             window: int = 1) -> ServeResult:
+    """Memory, TTFT and TPOT at the workload's rate, and the capacity under its targets
+    (``window``: decode steps per scheduler call, :func:`partita.serve.queueing.colocated`)."""
     mem = serve_memory(model, device, layout, work.max_len)
     res = ServeResult(layout, mem)
     if not mem.fits:
@@ -170,7 +172,7 @@ def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, p
     if layout.disaggregated:
         _disaggregated(model, device, layout, work, per_node, res, t_dec, ttft_t, tpot_t)
     else:
-        _colocated(layout, work, res, t_dec, ttft_t, tpot_t)
+        _colocated(layout, work, res, t_dec, ttft_t, tpot_t, window)
     res.goodput_per_device = res.capacity * work.output_len / layout.devices
     res.shown_rate = work.rate
     if not res.stable and res.capacity > 0:  # show the latencies just below saturation instead
@@ -207,22 +209,23 @@ def _missed(res: ServeResult, ttft_t: float | None, tpot_t: float | None) -> str
     return "misses the targets: " + ", ".join(parts)
 
 
-def _colocated_at(layout: Layout, work: Workload, res: ServeResult, t_dec: DecodeCurve, rate: float) -> None:
-    op = colocated(rate / layout.replicas, work.output_len, res.prefill, t_dec, t_dec.max_seqs, res.share)
+def _colocated_at(layout: Layout, work: Workload, res: ServeResult, t_dec: DecodeCurve, rate: float,
+                  window: int = 1) -> None:
+    op = colocated(rate / layout.replicas, work.output_len, res.prefill, t_dec, t_dec.max_seqs, res.share, window)
     res.ttft, res.tpot, res.seqs, res.stable = op.ttft, op.tpot, op.seqs * layout.replicas, op.stable
 
 
 def _colocated(layout: Layout, work: Workload, res: ServeResult, t_dec: DecodeCurve,
-               ttft_t: float | None, tpot_t: float | None) -> None:
+               ttft_t: float | None, tpot_t: float | None, window: int = 1) -> None:
     S, Sc, O, R = res.prefill, res.share, work.output_len, layout.replicas
-    _colocated_at(layout, work, res, t_dec, work.rate)
+    _colocated_at(layout, work, res, t_dec, work.rate, window)
     res.meets = Operating(res.seqs, res.ttft, res.tpot, res.stable).meets(ttft_t, tpot_t)
     best = 0.0
     for n in t_dec.xs:
         step = t_dec(n)
         rate = colocated_rate(n, O, step, Sc)
         rho = rate * Sc
-        at = Operating(n, S + md1_wait(rho, S) + step / 2, step / (1 - rho) if rho < 1 else math.inf, rho < 1)
+        at = Operating(n, S + md1_wait(rho, S) + window * step / 2, step / (1 - rho) if rho < 1 else math.inf, rho < 1)
         if at.meets(ttft_t, tpot_t):
             best = max(best, rate)
     res.capacity = best * R
