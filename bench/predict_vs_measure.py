@@ -3,6 +3,7 @@ them, and compare.
 
     python bench/predict_vs_measure.py [--repeats 2] [--steps 6] [--hardware calibrated.json]
                                        [--calibrate-model small-llama] [--only 1,2,3]
+                                       [--neighbour N] [--out rows.json]
 
 1. `partita calibrate --nproc 2` writes a hardware file for this machine (unless
    --hardware gives one);
@@ -10,12 +11,18 @@ them, and compare.
    full recompute, mbs 2 and 4, cp; tiny-moe with ep and dp) is estimated on it and
    trained with `partita train` (gloo, AdamW: the optimizer a user trains with and the
    cost model's optimizer step), its step time the median over steps 2.. of
-   each run and the median over repeats, read as the worker's ``step_busy_s`` (wall less
-   run-queue wait, smallest rank: the clock calibrate times on, src/partita/calibrate/busy_clock.py;
-   the wall clock printed beside it);
+   each run and the median over repeats, read as the worker's ``step_busy_s`` (every rank's
+   time on a CPU plus its blocked time shrunk by the share of their runnable time the other
+   ranks ran, mean over ranks: ``critical_busy_s`` in src/partita/calibrate/busy_clock.py, the
+   clock calibrate times its collectives and micro-runs on; the wall clock printed beside it);
 3. the benchmark prints predicted and measured side by side, the median and worst
    absolute error, the Spearman rank correlation, how many plans are predicted under /
-   over, and the load average (timings on a shared machine move with it).
+   over, and ``/proc/loadavg`` before calibrating and after each plan (timings on a shared
+   machine move with it).
+
+``--neighbour N`` runs N CPU-bound processes (``while True: pass``) beside the whole run, the
+"neighbour load" issue 33 asks the loop to hold under; ``--out`` writes every plan's row
+(predicted, measured, wall, load, and each step's per-rank ``[wall, run, wait]``) as JSON.
 """
 from __future__ import annotations
 
@@ -54,8 +61,9 @@ def spearman(a: list[float], b: list[float]) -> float:
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
-def measure(model: str, plan: str, nproc: int, steps: int) -> tuple[float, float]:
-    """``(busy, wall)`` median step seconds of one ``partita train`` run, steps 2.. ."""
+def measure(model: str, plan: str, nproc: int, steps: int) -> tuple[float, float, list]:
+    """``(busy, wall, per-step ranks' [wall, run, wait])``: median step seconds of one
+    ``partita train`` run, steps 2.. ."""
     cmd = [sys.executable, "-m", "partita", "train", "--model", model, "--plan", plan + ",gbs=8,seq_len=128",
            "--nproc", str(nproc), "--steps", str(steps), "--json", "--optimizer", "adamw", "--lr", "1e-3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -63,14 +71,24 @@ def measure(model: str, plan: str, nproc: int, steps: int) -> tuple[float, float
         raise SystemExit(proc.stderr[-2000:])
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     steps = [r for r in records if "step_time_s" in r][2:]  # per-step lines, not the summary
-    # the step's busy time (wall less run-queue wait, smallest rank: calibrate/busy_clock.py),
-    # the clock calibrate's micro-runs are read on; its raw wall clock beside it
+    # the step's busy time (calibrate/busy_clock.py critical_busy_s), the clock calibrate's
+    # collectives and micro-runs are read on; its raw wall clock beside it
     busy = statistics.median(r.get("step_busy_s", r["step_time_s"]) for r in steps)
-    return busy, statistics.median(r["step_time_s"] for r in steps)
+    return busy, statistics.median(r["step_time_s"] for r in steps), [r.get("step_sched_s") for r in steps]
 
 
 def load() -> str:
-    return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    """``/proc/loadavg`` as the kernel writes it (os.getloadavg's three averages where absent)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return "loadavg " + f.read().strip()
+    except OSError:
+        return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def neighbours(n: int) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes, the neighbour load the loop is reported under (stopped by the caller)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def main() -> None:
@@ -81,7 +99,20 @@ def main() -> None:
     p.add_argument("--calibrate-model", default="tiny-llama",
                    help="partita calibrate --model: the dense model of the framework micro-runs")
     p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
+    p.add_argument("--neighbour", type=int, default=0, help="CPU-bound processes to run beside the whole run")
+    p.add_argument("--out", help="write every plan's row as JSON here")
     args = p.parse_args()
+    spinners = neighbours(args.neighbour)
+    try:
+        run(args)
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait(timeout=10)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Calibrate (unless given a file), then estimate and train each plan; print and check."""
     plans = [PLANS[int(i) - 1] for i in args.only.split(",")] if args.only else PLANS
     hardware = args.hardware
     if not hardware:
@@ -90,7 +121,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware,
                         "--model", args.calibrate_model, "--timeout-s", "900"], check=True, timeout=960)
     print_framework_terms(hardware)
-    rows = []
+    rows, out = [], []
     for model_name, text in plans:
         plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))
         predicted = estimate(load_model(model_name), make_cluster(hardware, NPROC), plan).step_time_s
@@ -99,7 +130,12 @@ def main() -> None:
         rows.append((f"{model_name} {plan.summary()}", predicted, measured))
         print(f"{rows[-1][0]:44s} predicted {predicted * 1e3:8.1f} ms   measured {measured * 1e3:8.1f} ms "
               f"(wall {wall * 1e3:8.1f})   error {(predicted - measured) / measured:+.0%}   ({load()})", flush=True)
+        out.append({"plan": rows[-1][0], "predicted_s": predicted, "measured_s": measured, "wall_s": wall,
+                    "load": load(), "steps_sched_s": [r[2] for r in runs]})
     summary(rows, args.repeats, hardware)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"hardware": hardware, "neighbour": args.neighbour, "rows": out}, f, indent=1)
 
 
 def print_framework_terms(hardware: str) -> None:

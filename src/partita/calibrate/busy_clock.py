@@ -58,7 +58,9 @@ def _available(path: str = SCHEDSTAT) -> bool:
 
 
 #: What :func:`busy_clock` measures on this machine (recorded in the calibrated file).
-SOURCE = ("wall clock minus run-queue wait (/proc/thread-self/schedstat)" if _available()
+SOURCE = ("wall clock minus run-queue wait (/proc/thread-self/schedstat); collective intervals: "
+          "each rank's run time plus its blocked time times the other ranks' run share (critical_busy_s)"
+          if _available()
           else "wall clock (no /proc/thread-self/schedstat on this platform: timings carry the machine's load)")
 
 
