@@ -149,7 +149,7 @@ def predict(rec: dict[str, str]) -> float:
         share = latency.prefill_share(model, device, layout, P, per_node)  # prompts packed per chunk
         lam = colocated_rate(n, O, t_dec, share)
         if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
-            curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node)  # noqa: E731
+            curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node)
             if metric == "tpot_s":
                 return burst_tpot(int(rec["prompts"]), n, O, curve, share, P, latency.CHUNK_TOKENS, rec["lengths"])
             return burst_rate(int(rec["prompts"]), n, O, curve, share, rec["lengths"]) * O

@@ -79,8 +79,8 @@ pool runs out are not modelled; the KV pool bounds ``N`` instead (:mod:`.memory`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 def md1_wait(rho: float, service: float) -> float:

@@ -15,15 +15,23 @@ capacity in output tokens per second per device (DistServe's "goodput", Zhong et
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
 from . import latency
 from .intervals import serve_interval
 from .memory import GIB, ServeMemory, serve_memory
-from .queueing import Operating, colocated, colocated_rate, decode_only, md1_max_load, md1_wait
+from .queueing import (
+    Operating,
+    colocated,
+    colocated_rate,
+    decode_only,
+    md1_max_load,
+    md1_wait,
+)
 from .workload import Layout, Workload
 
 SHOWN_LOAD = 0.9  # an overloaded layout's latencies are shown at this fraction of its capacity
