@@ -73,7 +73,7 @@ from partita.serve.intervals import (
 )
 from partita.serve.memory import serve_memory
 from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate
-from partita.serve.search import evaluate
+from partita.serve.search import evaluate, prefill_occupancy
 from partita.serve.workload import Layout, Workload
 from partita.spec.hardware import load_device
 from partita.uncertainty import effective_rows
@@ -146,7 +146,7 @@ def predict(rec: dict[str, str]) -> float:
         if rec["batch"]:
             n = min(n, int(rec["batch"]))
         t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node)
-        share = latency.prefill_share(model, device, layout, P, per_node)  # prompts packed per chunk
+        share = prefill_occupancy(model, device, layout, P, per_node)  # prompts packed per chunk, per stage
         lam = colocated_rate(n, O, t_dec, share)
         if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
             curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node)

@@ -131,3 +131,19 @@ def test_a_scheduler_window_adds_its_mean_residual_to_the_first_token():
         clock += rng.expovariate(4.0)
         waits.append(math.ceil(clock / window) * window - clock)
     assert sum(waits) / len(waits) == pytest.approx(window / 2, rel=0.03)
+
+
+def test_a_pipeline_holds_a_prompt_for_its_slowest_stage_only():
+    """search.prefill_occupancy against vLLM's contiguous stage split written out here
+    (``get_pp_indices``: the first ``layers % pp`` stages one layer longer): 80 layers over 2
+    stages hold a prompt 40/80 of its share, over 3 stages 27/80; one stage all of it."""
+    from partita.models.registry import resolve_model
+    from partita.serve import latency
+    from partita.serve.search import prefill_occupancy
+    from partita.serve.workload import Layout
+    from partita.spec.hardware import load_device
+    model, device = resolve_model("llama3-70b").spec(), load_device("a100-80gb")
+    for pp, longest in ((1, 80), (2, 40), (3, 27), (4, 20)):
+        lay = Layout(4, pp, 1)
+        share = latency.prefill_share(model, device, lay, 213, 8)
+        assert prefill_occupancy(model, device, lay, 213, 8) == pytest.approx(share * longest / 80, rel=1e-12)

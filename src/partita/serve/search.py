@@ -23,7 +23,7 @@ from ..spec.hardware import Device
 from ..spec.model import ModelSpec
 from . import latency
 from .intervals import serve_interval
-from .memory import GIB, ServeMemory, serve_memory
+from .memory import GIB, ServeMemory, serve_memory, stage_layers
 from .queueing import (
     Operating,
     colocated,
@@ -159,6 +159,19 @@ def _curve(model: ModelSpec, device: Device, core: Layout, context: float, per_n
     return _CURVES[key]
 
 
+def prefill_occupancy(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int) -> float:
+    """Seconds of a replica one prompt occupies: its share of a chunked-prefill forward
+    (:func:`partita.serve.latency.prefill_share`), of which a pipeline holds it only for the
+    slowest stage's layers - with ``pp`` stages the engine keeps ``pp`` micro-batches in
+    flight (vLLM's virtual engines; the decode side's ``TPOT = pp x max_stage``), so while one
+    stage works on this prompt the others work on other micro-batches. The prompt's own
+    latency (TTFT) still passes every stage (:func:`partita.serve.latency.prefill_time`)."""
+    share = latency.prefill_share(model, device, layout, prompt_len, per_node)
+    if layout.pp == 1:
+        return share
+    return share * max(sum(stage) for stage in stage_layers(model, layout.pp)) / model.layers
+
+
 def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, per_node: int,
              window: int = 1) -> ServeResult:
     """Memory, TTFT and TPOT at the workload's rate, and the capacity under its targets
@@ -174,7 +187,7 @@ def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, p
     core = Layout(layout.tp, layout.pp, 1, layout.kv_dtype, layout.ep, layout.dp_attn)
     t_dec = _curve(model, device, core, work.mean_context, per_node, mem.max_seqs)
     res.prefill = latency.prefill_time(model, device, layout, work.prompt_len, per_node)
-    res.share = latency.prefill_share(model, device, layout, work.prompt_len, per_node)
+    res.share = prefill_occupancy(model, device, layout, work.prompt_len, per_node)
     ttft_t = work.ttft_ms / 1e3 if work.ttft_ms else None
     tpot_t = work.tpot_ms / 1e3 if work.tpot_ms else None
     if layout.disaggregated:
