@@ -1,10 +1,14 @@
 """80 % intervals on ``partita serve``'s TTFT, TPOT and throughput, from published serving runs.
 
 Where the numbers come from. ``bench/serve_published.py`` predicts every row of
-``data/published_serving.csv`` (published vLLM, SGLang and TensorRT-LLM benchmarks, each with
-its source and quoted line) with the serving model - nothing is fitted on those rows, so every
-residual is out of sample - and stores the sorted log residuals ``r = ln(measured /
-predicted)`` per metric in ``catalog/serve_intervals.json``. Planning only reads that table.
+``data/published_serving.csv`` (published vLLM, vLLM-Ascend, SGLang, MindIE, TensorRT-LLM and
+torchair benchmarks on GPUs and Ascend NPUs, each with its source and quoted line) with the
+serving model - nothing is fitted on those rows, so every residual is out of sample - and
+stores the sorted log residuals ``r = ln(measured / predicted)`` per metric in
+``catalog/serve_intervals.json``. Planning only reads that table. A published saturated
+figure is a finite burst's (the script prices its drain, :func:`.queueing.burst_rate`), so the
+saturated output-rate residuals measure the step-time model's error, not the burst's; the
+capacity ``partita serve`` shows is the steady state and takes those residuals.
 
 The interval is split conformal, equal-tailed, exactly as :mod:`partita.uncertainty` builds
 the training intervals (Vovk et al. 2005; Lei et al. 2018, "Distribution-free predictive
