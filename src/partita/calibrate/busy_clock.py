@@ -11,14 +11,21 @@ still counts while a neighbour's time slice does not.
 
 ``partita calibrate`` (:mod:`.measure`), the training worker's per-step record
 (``step_busy_s``) and ``bench/predict_vs_measure.py`` all time with this one clock, so the
-rates calibrate fits and the steps the loop measures carry the same (small) share of load.
+rates calibrate fits and the steps the loop measures are read alike.
 
-What it cannot remove: the wait of the *other* rank's queueing that this rank sleeps through
-(the step's time is therefore the smallest of the ranks' busy times: each is at most the
-unloaded time plus the peer's queueing it waited out), the wait of helper threads (gloo's)
-that are not this thread, and contention for caches and memory bandwidth. Where the file does
-not exist (not Linux, or a kernel without ``CONFIG_SCHED_INFO``), :func:`run_queue_wait_s`
-is 0 and the clock is the wall clock: :data:`SOURCE` says which.
+An interval several ranks share (a collective, a training step) is read by
+:func:`critical_busy_s` from every rank's ``[wall, run, wait]`` (:func:`mark` / :func:`since`):
+a rank's own wait is not the whole story, since it also *sleeps* through the queueing of the
+ranks it waits for (a lock-step pair each half-served by the CPU: wall 4x the work, wall less
+own wait still 3x, ``critical_busy_s`` 1x: tests/test_calibrate_critical_clock.py).
+
+What it cannot remove: the scheduling latency of gloo's helper threads on the path of every
+collective (each hop main -> gloo run loop -> TCP loop -> the peer's wakes a thread that
+waits for a CPU; their own run-queue wait is not usable, since a TCP loop thread also wakes
+~90 times a second when idle), and contention for caches and memory bandwidth that slows
+``run`` itself. Where the file does not exist (not Linux, or a kernel without
+``CONFIG_SCHED_INFO``), run and wait read 0 and the clock is the wall clock: :data:`SOURCE`
+says which.
 """
 from __future__ import annotations
 
@@ -127,10 +134,12 @@ def critical_busy_s(ranks: Sequence[Sequence[float]]) -> float:
 
     What it assumes: the others' queueing falls evenly over what r waits for (a rank that is
     queued only while r computes is over-corrected, one queued only while r waits is
-    under-corrected); gloo's helper threads are not counted (their run-queue wait is mostly
-    idle wake-ups off the path: measured 1.6-1.8 s of it per 0.55 s step with the ranks at
-    real-time priority). Caches and memory bandwidth shared with neighbours still slow
-    ``run`` itself (~5-10 % measured at load 20-60 on this 2-core VM)."""
+    under-corrected); gloo's helper threads are not counted: their run-queue wait is not
+    the path's (an idle gloo TCP loop thread woke 181 times in 2 s and waited 0.18 s on this
+    VM), yet their wake-up latency is on it, so collective-heavy intervals keep part of the
+    load (tiny-llama-sized tp=2 steps read +64..+85 % at load 15-110 against the same step at
+    real-time priority, dp=2 -2..+8 %, pp=2 +15 %). Caches and memory bandwidth shared with
+    neighbours slow ``run`` itself (the main thread's CPU time +5..+30 % under that load)."""
     if not ranks:
         raise ValueError("critical_busy_s needs at least one rank's [wall, run, wait]")
     estimates = []
