@@ -273,7 +273,7 @@ SHORT = {"NVIDIA TensorRT-LLM docs/source/performance.md (v0.6.1 peak throughput
              "TensorRT-LLM perf tables (H100 FP8)",
          "NVIDIA TensorRT-LLM": "TensorRT-LLM perf tables (A100 FP16)",
          "SGLang benchmark": "SGLang vs vLLM (SGLang repo)",
-         "surajssd/llm-k8s": "vLLM nightly suite on 2 x ND96asr_v4",
+         "surajssd/llm-k8s": "vLLM nightly suite on ND96asr_v4 (tp 8; tp 4 x pp 2)",
          "Ascend torchair": "Ascend torchair Llama 70B, 800I A2 (910B4 x 8)",
          "GPUStack performance lab: Optimizing Qwen3-30B-A3B Throughput on ASCEND 910B NPUs (MindIE":
              "GPUStack: Qwen3-30B-A3B, MindIE 2.1RC1, 910B",
