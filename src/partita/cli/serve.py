@@ -16,7 +16,7 @@ from ..inputs import MAX_DEGREE, MAX_DEVICES_PER_NODE
 from .types import finite_float, positive_int
 
 INTERVALS_NOTE = ("intervals (in brackets): 80 %, split conformal on the out-of-sample errors of {rows} "
-                  "published serving figures (vLLM, SGLang, vLLM-Ascend, torchair, TensorRT-LLM on A100, H100, "
+                  "published serving figures (vLLM, SGLang, vLLM-Ascend, MindIE, torchair, TensorRT-LLM on A100, H100, "
                   "Ascend 910B), coverage leave-one-source-out {cov}; wide where the model errs widely, "
                   "see docs/serve.md")
 
