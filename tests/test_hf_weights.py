@@ -25,12 +25,13 @@ def ce(model, x, y) -> float:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One `partita train` of the done-when command (fewer steps): dp=2,tp=2 on 4 processes."""
+    """One `partita train` of the done-when command (fewer steps) on 4 processes, as pp=2,tp=2 (the
+    pipeline with tensor + sequence parallel, its eval and its --save-hf, issue: HF pp with tp)."""
     tmp = tmp_path_factory.mktemp("hfrun")
     model = hf_dir(tmp, "llama")
     (tmp / "corpus.txt").write_text(TEXT)
     (tmp / "eval.txt").write_text(TEXT[::-1])
-    cmd = [sys.executable, "-m", "partita", "train", "--model", str(model), "--plan", "dp=2,tp=2", "--nproc", "4",
+    cmd = [sys.executable, "-m", "partita", "train", "--model", str(model), "--plan", "pp=2,tp=2", "--nproc", "4",
            "--data", str(tmp / "corpus.txt"), "--steps", "6", "--eval-data", str(tmp / "eval.txt"),
            "--eval-every", "3", "--eval-batches", "2", "--save-hf", str(tmp / "out"), "--tensorboard", str(tmp / "tb"),
            "--run-dir", str(tmp / "run"), "--json"]

@@ -61,7 +61,7 @@ def test_save_hf_writes_a_config_only_directory(config_only):
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 64
 
 
-def test_hf_model_with_cp_is_refused_before_any_process(tmp_path, capsys, monkeypatch):
+def test_hf_moe_model_with_sp_is_refused_before_any_process(tmp_path, capsys, monkeypatch):
     # bug 3: the launcher checked a stand-in shape, and the refusal came from a worker
     from partita.cli.main import main
     monkeypatch.chdir(tmp_path)
@@ -69,10 +69,10 @@ def test_hf_model_with_cp_is_refused_before_any_process(tmp_path, capsys, monkey
     def no_process(*args, **kwargs):
         raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
     monkeypatch.setattr(subprocess, "Popen", no_process)
-    code = main(["train", "--model", "hf-llama", "--plan", "cp=2", "--nproc", "2", "--steps", "1"])
+    code = main(["train", "--model", "hf-mixtral", "--plan", "tp=2", "--nproc", "2", "--steps", "1"])  # HF cp runs now
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("partita: error:"), err
-    assert "no cp" in err[0], err[0]
+    assert "pass sp=false" in err[0], err[0]
     assert not (tmp_path / "runs").exists()
 
 

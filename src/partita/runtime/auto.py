@@ -71,11 +71,44 @@ def choose_plan(model: nn.Module, world_size: int, text: str = "auto", device_ty
     space: dict[str, Any] = {k: (v if k in ("recompute", "dtype") else int(v)) for k, v in fixed.items()}
     hardware = hardware or default_hardware(device_type)
     cluster = make_cluster(hardware, world_size)
-    result = search_plans(model_spec_of(model), cluster, gbs, seq_len, SearchSpace(fold_ep=False, **space), top=2)
+    spec, search_space = model_spec_of(model), SearchSpace(fold_ep=False, **space)
+    result, refused = _runnable_plans(model, lambda top: search_plans(spec, cluster, gbs, seq_len, search_space, top=top))
     if result.best is None:
-        raise PartitaError(f"--plan auto: no plan fits {world_size} x {cluster.device.name} "
-                           f"(gbs={gbs}, seq_len={seq_len}); try a smaller mbs or seq_len")
-    return result.best.plan, _report(result, hardware)
+        why = f"; the faster {refused[0]}" if refused else ""
+        raise PartitaError(f"--plan auto: no plan this runtime runs fits {world_size} x {cluster.device.name} "
+                           f"(gbs={gbs}, seq_len={seq_len}){why}; try a smaller mbs or seq_len")
+    report = _report(result, hardware)
+    if refused:
+        report += f"\nskipped {len(refused)} faster plan(s) this runtime does not run for this model, e.g. {refused[0]}"
+    return result.best.plan, report
+
+
+#: how many of the search's best plans are checked against the runtime's limits, tried in
+#: turn while fewer than two of them pass (0: every fitting plan; branch and bound
+#: evaluates more layouts for a larger count, so the common case stays cheap)
+_TOPS = (8, 64, 0)
+
+
+def _runnable_plans(model: nn.Module, search) -> tuple[Any, list[str]]:
+    """The search's result (``search(top)``) keeping only the plans :func:`.parallelize.runtime_check`
+    accepts for ``model`` (a planner layout this runtime refuses, e.g. HF MoE ep with tp, is
+    never chosen), and "plan: reason" for each faster plan it dropped."""
+    from dataclasses import replace
+
+    from .limits import runtime_check
+    for top in _TOPS:
+        result = search(top)
+        runnable, refused = [], []
+        for estimate in result.plans:
+            try:
+                runtime_check(estimate.plan, model)
+                runnable.append(estimate)
+            except PartitaError as err:
+                if not runnable:
+                    refused.append(f"{estimate.plan.summary()}: {str(err).removeprefix('plan not runnable: ')}")
+        if len(runnable) >= 2 or top == 0 or len(result.plans) < top:
+            return replace(result, plans=runnable), refused
+    raise AssertionError("unreachable: the last count searches every plan")
 
 
 def _report(result, hardware: str) -> str:

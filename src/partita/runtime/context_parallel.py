@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.llama import Attention, MoE, repeat_kv
+from ..models.registry import family_of
 
 
 def local_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
@@ -68,6 +69,9 @@ def apply_cp(model: nn.Module, group: dist.ProcessGroup, seq_len: int, cp: int) 
     rank = dist.get_rank(group)
     mine = local_positions(seq_len, cp, rank)
     everyone = torch.cat([local_positions(seq_len, cp, r) for r in range(cp)])  # all-gather order
+    if family_of(model).name == "hf":
+        apply_cp_hf(model, group, mine, everyone)
+        return mine
     for module in model.modules():
         if isinstance(module, Attention):
             module.rope_rows = types.MethodType(_rope_rows(mine), module)
@@ -112,3 +116,38 @@ def _attend(group: dist.ProcessGroup, mine: torch.Tensor, everyone: torch.Tensor
         mask = everyone.to(q.device)[None, :] <= mine.to(q.device)[:, None]  # causal on global positions
         return F.scaled_dot_product_attention(q, *repeat_kv(q, k, v), attn_mask=mask)
     return attend
+
+
+#: the transformers attention implementation :func:`apply_cp_hf` gives each attention layer
+HF_CP_ATTENTION = "partita_cp"
+
+
+def apply_cp_hf(stage: nn.Module, group: dist.ProcessGroup, mine: torch.Tensor, everyone: torch.Tensor) -> None:
+    """Context parallel for an HF dense model run as an :class:`~.hf_pipeline.HFStage`
+    (Llama, Qwen2): the stage takes RoPE positions and the causal mask from the global
+    positions of this rank's tokens (``mine`` against ``everyone``, the all-gather order),
+    and each attention layer all-gathers its K and V over ``group`` before transformers' own
+    SDPA attention (:func:`_cp_attention`, registered as an attention implementation and
+    set on a copy of the layer's config, so the model's config stays as it was)."""
+    import copy
+
+    from transformers import AttentionInterface
+    AttentionInterface.register(HF_CP_ATTENTION, _cp_attention)
+    stage.cp_positions = mine
+    stage.cp_mask = (everyone[None, :] <= mine[:, None])[None, None]  # (1, 1, s_local, s): causal, global
+    for layer in stage.model.layers.values():
+        attn = layer.self_attn
+        attn.config = copy.copy(attn.config)
+        attn.config._attn_implementation = HF_CP_ATTENTION
+        attn.partita_cp_group = group
+
+
+def _cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention over the K/V of the whole sequence: this rank's keys and
+    values (b, kv_heads, s_local, d) all-gathered over the cp group (backward: their
+    gradients reduce-scattered), attended under the stage's global-position causal mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    group = module.partita_cp_group
+    key, value = _GatherSeq.apply(key, group), _GatherSeq.apply(value, group)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

@@ -17,6 +17,15 @@ from torch import nn
 
 
 class HFStage(nn.Module):
+    #: how many sequence shards a hidden-state input is (tp under sequence parallel, set by
+    #: :func:`.tensor_parallel.apply_tp_hf`): a later pipeline stage receives the previous
+    #: stage's sequence shard, ``s / tp`` positions of the ``s`` the rotary table must cover
+    seq_shards: int = 1
+    #: context parallel (:func:`.context_parallel.apply_cp_hf`): the global positions of this
+    #: rank's tokens and the causal mask between them and the whole sequence's
+    cp_positions: torch.Tensor | None = None
+    cp_mask: torch.Tensor | None = None
+
     def __init__(self, model: nn.Module, keep: list[int], first: bool, last: bool):
         super().__init__()
         self.config = model.config
@@ -31,11 +40,15 @@ class HFStage(nn.Module):
                 position_ids: torch.Tensor | None = None, **_) -> torch.Tensor:
         x = x if x is not None else input_ids  # also callable as model(input_ids=...)
         h = self.model.embed_tokens(x) if self.model.embed_tokens is not None else x
-        # positions from the input's full length: with sequence parallel h holds only a shard
-        positions = torch.arange(x.shape[1], device=h.device)[None]
+        # positions from the input's full length: with sequence parallel h holds only a shard,
+        # and so does x on a stage after the first (the previous stage's output)
+        s = x.shape[1] if self.model.embed_tokens is not None else x.shape[1] * self.seq_shards
+        positions = torch.arange(s, device=h.device)[None]
         mask = None
         if position_ids is not None:  # packed SFT rows: positions restart per sample, attention stays inside it
             positions, mask = position_ids, document_mask(position_ids)
+        elif self.cp_positions is not None:  # context parallel: this rank's chunks of the sequence
+            positions, mask = self.cp_positions.to(h.device)[None], self.cp_mask.to(h.device)
         rotary = self.model.rotary_emb(h, positions)
         for layer in self.model.layers.values():
             out = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rotary)

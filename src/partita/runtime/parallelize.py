@@ -28,6 +28,7 @@ from ..plan import Plan, axis_index, check
 from .compression import apply_comm_knobs, ddp_kwargs, fsdp_kwargs
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
+from .limits import etp_refusal, runtime_check  # noqa: F401  (runtime_check: its home was here; callers import it from here)
 from .mesh import build_mesh, new_subgroups
 from ..models.registry import family_of
 from ..models.init import is_meta
@@ -39,50 +40,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 #: packed SFT rows under context parallel: cp's attention masks by global position only
 PACKED_CP = ("packed SFT rows (position ids restarting per sample) run without cp in this runtime: its "
              "context-parallel attention masks causally by global position, not per sample; run cp=1")
-
-
-def etp_refusal(plan: Plan) -> str:
-    """Why this runtime cannot run ``plan.etp > 1`` (what is missing, what to run instead)."""
-    return (f"etp={plan.etp}: expert tensor parallel is not implemented by this runtime (no etp mesh axis, no "
-            "column/row split of the experts, no token all-gather/reduce-scatter around them); it is planned and "
-            "exported to Megatron/MindSpeed only - run etp=1")
-
-
-def runtime_check(plan: Plan, model: nn.Module) -> None:
-    """Constraints of this runtime on top of :func:`partita.plan.validate` (one line each)."""
-    errs = []
-    if plan.dtype == "fp8":
-        errs.append("fp8 training is not implemented by the runtime yet (plan and estimate it; run bf16)")
-    if family_of(model).name == "hf":
-        if plan.cp > 1 or (plan.pp > 1 and (plan.tp > 1 or plan.ep > 1)):
-            errs.append("HF models run with dp/zero, tp, ep (Mixtral, Qwen-MoE), pp (without tp or ep) and recompute "
-                        "in this runtime (no cp)")
-        if plan.ep > 1 and (plan.tp > 1 or plan.zero >= 2):
-            errs.append("HF MoE models (Mixtral, Qwen-MoE) run ep with tp = 1 and zero 0/1 in this runtime")
-        if plan.tp > 1 and plan.sp and (plan.pp > 1 or plan.ep > 1):
-            errs.append("HF models run sequence parallel with pp = 1 and ep = 1 in this runtime")
-        if plan.tp > 1 and plan.sp and "MoeBlock" in " ".join(type(m).__name__ for m in model.modules()):
-            errs.append("HF MoE models run tp without sequence parallel in this runtime; pass sp=false")
-    if 0 < plan.dp_shard < plan.dp and (plan.cp > 1 or plan.ep > 1):
-        errs.append("HSDP (dp_shard < dp) runs with cp = 1 and ep = 1 in this runtime")
-    if 0 < plan.dp_shard < plan.dp and plan.zero < 2:  # zero 1 HSDP: plan.py allows it (Megatron, InternLM)
-        errs.append("HSDP (dp_shard < dp) runs with zero 2/3 in this runtime (zero 1 with dp_shard is planned only)")
-    if plan.ep > 1 and (plan.dp * plan.cp) % plan.ep:  # plan.ep_folded
-        errs.append(f"ep={plan.ep} must divide dp*cp = {plan.dp * plan.cp} in this runtime (ep folded into tp is "
-                    "planned and exported to Megatron only)")
-    if plan.etp > 1:
-        errs.append(etp_refusal(plan))
-    from .lora import lora_problem
-    if lora_problem(plan, model):
-        errs.append(lora_problem(plan, model))
-    if plan.pp > 1 and plan.dp > 1 and plan.zero >= 2 and plan.schedule == "zero-bubble" \
-            and plan.grad_accum_mode == "sharded":
-        errs.append("schedule zero-bubble with zero 2/3 accumulates gradients unsharded (torch's split backward); "
-                    "pass grad_accum_mode=unsharded")
-    if plan.dtype == "fp16" and plan.zero >= 1 and plan.dp > 1:
-        errs.append("fp16 with loss scaling runs with zero 0 in this runtime (use bf16 with sharded optimizers/FSDP)")
-    if errs:
-        raise PartitaError("plan not runnable: " + "; ".join(errs))
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -332,7 +289,7 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
     if plan.pp > 1:
         from .pipeline import stage_modules
         modules = [mod for _, mod in stage_modules(model, plan)]
-    elif family_of(model).positions_from_input and plan.tp > 1 and plan.sp:  # positions would come from the shard
+    elif positions_from_shard(model, plan):
         from .hf_pipeline import hf_stage
         modules = [hf_stage(model, list(range(len(model.model.layers))), True, True)]
     else:
@@ -376,6 +333,13 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
         pm.schedule = build_schedule(list(zip(virtual_stages_of_rank(plan), modules)), plan, device,
                                      mesh["pp"].get_group(), cross_entropy)
     return pm
+
+
+def positions_from_shard(model: nn.Module, plan: Plan) -> bool:
+    """Whether ``model``'s own forward would take token positions from the length of a
+    sequence-parallel or context-parallel shard (HF models): it then runs as a one-stage
+    :class:`~.hf_pipeline.HFStage`, which gets them from the full input or the cp chunks."""
+    return family_of(model).positions_from_input and (plan.tp > 1 and plan.sp or plan.cp > 1)
 
 
 def _inject_lora(model: nn.Module, plan: Plan) -> None:

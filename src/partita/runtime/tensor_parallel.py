@@ -81,6 +81,7 @@ def apply_tp_hf(model: nn.Module, tp_mesh: DeviceMesh, sp: bool = False) -> None
     }
     if sp:
         top["model.norm"] = SequenceParallel()
+        model.seq_shards = tp_mesh.size()  # an HFStage: a later stage's input is a sequence shard
     parallelize_module(model, tp_mesh, top)
     for layer in model.model.layers.values() if isinstance(model.model.layers, nn.ModuleDict) else model.model.layers:
         plan: dict[str, object] = {

@@ -44,7 +44,7 @@ def _pipeline_loss(pm, x: torch.Tensor, y: torch.Tensor) -> float:
     losses: list[torch.Tensor] = []
     is_first = any(_end(mod, "tok_embeddings", "embed_tokens") for mod in pm.modules)
     is_last = any(_end(mod, "output", "lm_head") for mod in pm.modules)
-    with pm._autocast():
+    with loss_parallel() if pm.plan.tp > 1 else contextlib.nullcontext(), pm._autocast():  # pp with tp: vocab-sharded
         args = (x,) if is_first else ()
         pm.schedule.eval(*args, target=y if is_last else None, losses=losses if is_last else None)
     value = torch.tensor([sum(float(l.float()) for l in losses) / pm.plan.grad_accum], dtype=torch.float64)

@@ -88,7 +88,7 @@ def resolve_plan(config: TrainConfig, launch: LaunchConfig, say: Callable[[str],
 def model_to_check(entry: ModelEntry):
     """The model the workers will train, on the meta device (:meth:`ModelEntry.check_model`),
     for the runtime's checks and the search: never a stand-in, so a limit of its family
-    (HF models run no cp) is refused here, not inside a worker after torchrun started."""
+    (HF MoE models run no sequence parallel) is refused here, not inside a worker after torchrun started."""
     _need_torch()
     with _skip_meta_fills():
         return entry.check_model()
