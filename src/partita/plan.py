@@ -82,7 +82,8 @@ fsdp_prefetch
            implicit one-block prefetch, the default)
 attention  fused (default: flash / fused attention, the scores never stored) | unfused
            (the softmax probabilities of every layer are kept for backward: Megatron-Core
-           ``--attention-backend unfused``, eager attention); memory: cost/memory.py
+           ``--attention-backend unfused``, eager attention); memory: cost/memory.py; time: the
+           full score square as GEMMs plus its HBM passes (cost/compute.py unfused_attention_core)
 fp8_param_gather
            fp8 plans with zero 1-3: the weights are TE fp8 tensors (1 byte), no bf16 copy
            (Megatron ``--fp8-param-gather``); bytes: cost/states.py

@@ -213,12 +213,15 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     # attention per sample (plan.sample_len = sum(L^2)/sum(L)): a sample of L tokens has L(L+1)/2
     # (query, key) pairs, sum(L(L+1)/2) / sum(L) = (sample_len + 1) / 2 per token
     span = min(shape.sample_len, shape.seq_len) if shape.sample_len else shape.seq_len
-    s_ctx = (span + 1) / 2
-    d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
-    attn_flops = 2 * tokens * s_ctx * (model.heads / tp) * (d_qk + d_v)
-    cost.attn_flops += attn_flops
     attn_dtype = "bf16" if dtype == "fp8" else dtype
-    cost.attn_time += attn_flops / (device.peak_flops(attn_dtype) * device.efficiency.attention)
+    if shape.attention == "unfused":
+        cost += unfused_attention_core(model, device, shape, span, attn_dtype)
+    else:
+        s_ctx = (span + 1) / 2
+        d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
+        attn_flops = 2 * tokens * s_ctx * (model.heads / tp) * (d_qk + d_v)
+        cost.attn_flops += attn_flops
+        cost.attn_time += attn_flops / (device.peak_flops(attn_dtype) * device.efficiency.attention)
 
     # ---- MLP / experts
     mats = 3 if model.gated else 2
@@ -259,6 +262,50 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
     cost.overhead_time += device.efficiency.kernel_overhead_us_per_layer * 1e-6
     return cost
+
+
+#: HBM bytes per element of the score matrix, per byte of activation dtype, of unfused
+#: attention's forward (:func:`unfused_attention_core`): the ``Q K^T`` GEMM writes the scores,
+#: the fused scale-mask-softmax reads them and writes the probabilities, ``P V`` reads those.
+UNFUSED_SCORE_PASSES = 4
+#: What attention dropout adds per element: it reads the probabilities and writes its output
+#: (2 passes) plus a 1-byte mask.
+UNFUSED_DROPOUT_PASSES, UNFUSED_DROPOUT_MASK_BYTES = 2, 1
+
+
+def unfused_attention_core(model: ModelSpec, device: Device, shape: LayerShape, span: int,
+                           dtype: str) -> LayerCost:
+    """Forward cost of the attention core when it runs unfused (``plan.attention ==
+    "unfused"``): two batched GEMMs over the whole score matrix and element-wise passes over it.
+
+    Derivation (Megatron-LM's ``ParallelSelfAttention.forward`` as of v2, 2021, and
+    Megatron-Core's ``DotProductAttention``, the ``--attention-backend unfused`` path):
+    ``scores = baddbmm(Q, K^T)`` [b a/tp, s_q, s_kv], ``probs = FusedScaleMaskSoftmax(scores)``,
+    ``attention_dropout(probs)``, ``context = bmm(probs, V)``. The GEMMs compute the whole
+    ``s_q x s_kv`` square - the causal mask is applied to the scores after the product, so
+    unlike a flash kernel nothing is skipped: ``2 s_q s_kv (d_qk + d_v)`` FLOPs per head,
+    charged as GEMMs (their backward, ``dQ dK dV dP``, is the usual 2x). The score matrix
+    itself, ``b a/tp s_q s_kv`` elements of ``e`` bytes, makes :data:`UNFUSED_SCORE_PASSES`
+    round trips to HBM in the forward (GEMM write, softmax read + write, ``P V`` read), two
+    more and a 1-byte mask with dropout (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1:
+    the same ``2as^2b + as^2b + 2as^2b`` tensors its activation count stores), at the device's
+    element-wise bandwidth; the backward is charged at twice the forward like every
+    element-wise term (by op count it is 7 passes against the forward's 4: ``dP`` written,
+    ``P`` read for ``dV`` and for the softmax backward, ``dP`` read, ``dS`` written and read
+    twice). With cp each rank's ``s/cp`` queries meet all ``span`` keys.
+
+    Flash kernels keep the scores on chip (Dao et al. 2022, arXiv:2205.14135): that is the
+    ``fused`` path of :func:`_layer_forward`, which halves the square for causal masks."""
+    heads = model.heads / shape.tp
+    d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
+    elements = shape.tokens * span * heads  # s_q (this rank's queries, x mbs) x s_kv x heads
+    flops = 2 * elements * (d_qk + d_v)
+    e = BYTES[dtype]
+    passes = UNFUSED_SCORE_PASSES * e
+    if model.dropout:
+        passes += UNFUSED_DROPOUT_PASSES * e + UNFUSED_DROPOUT_MASK_BYTES
+    return LayerCost(gemm_flops=flops, gemm_time=gemm_time(device, flops, dtype, 2),
+                     elementwise_time=elements * passes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth))
 
 
 @memoised

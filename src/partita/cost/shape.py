@@ -40,6 +40,7 @@ class LayerShape(NamedTuple):
     framework: str = "megatron"  # cost/frameworks.py: what the layer saves and recomputes
     etp: int = 1  # expert tensor parallel: each routed expert's FFN split etp ways (plan.py)
     sample_len: int = 0  # packed samples' sum(L^2)/sum(L): the attention span per sample (plan.py; 0: seq_len)
+    attention: str = "fused"  # plan.attention: "unfused" prices the score matrix (compute.unfused_attention_core)
 
     @property
     def tokens(self) -> float:
@@ -50,7 +51,7 @@ class LayerShape(NamedTuple):
 
 def layer_shape(plan: Plan) -> LayerShape:
     return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.framework, plan.etp,
-                      plan.sample_len)
+                      plan.sample_len, plan.attention)
 
 
 class CollectiveSpans(NamedTuple):
