@@ -1,8 +1,9 @@
 """Hugging Face models under the layouts the planner recommends for them: pipeline with
 tensor (+ sequence) parallel, and context parallel - against single-process training of
 the same transformers model (tiny random-init LlamaForCausalLM / Qwen2ForCausalLM /
-MixtralForCausalLM, SGD with momentum 0.9, 3 steps; losses, every rank's parameter and
-momentum-buffer slices compared with the reference's: partita.runtime.equivalence).
+MixtralForCausalLM of 2 layers, a 4-layer Llama for interleaved 1F1B; SGD with momentum
+0.9, 3 steps; losses, every rank's parameter and momentum-buffer slices compared with the
+reference's: partita.runtime.equivalence).
 
 What each layout needs beyond the pieces it combines:
 * pp with tp + sp: a later pipeline stage receives the previous stage's sequence shard, so
@@ -12,12 +13,15 @@ What each layout needs beyond the pieces it combines:
   transformers' own SDPA (runtime/context_parallel.py ``apply_cp_hf``).
 The cases run in the session's shared 4-process torchrun (tests/conftest.py ``equivalence``)."""
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 S = "gbs=4,mbs=1,seq_len=16"
+LLAMA4 = str(Path(__file__).resolve().parent / "data" / "hf_llama_4_layers")  # transformers' LlamaConfig, 4 layers
 CASES = [
     "hf-llama:pp=2,tp=2,sp=false," + S,
     "hf-llama:pp=2,tp=2,sp=true," + S,  # a stage after the first: sequence-sharded input, full-length RoPE
@@ -29,6 +33,10 @@ CASES = [
     "hf-mixtral:pp=2,tp=2,sp=false," + S,  # HF MoE: pp with tp, pp with ep, cp with ep
     "hf-mixtral:pp=2,ep=2," + S,
     "hf-mixtral:cp=2,ep=2," + S,
+    # interleaved 1F1B needs pp x vpp = 4 stages: a 4-layer Llama from a config.json (the registry's "hf-config"
+    # kind: no safetensors, weights from the seed); the middle stages get a sequence shard and give one
+    LLAMA4 + ":pp=2,vpp=2,tp=2,sp=true," + S,
+    LLAMA4 + ":pp=2,vpp=2,cp=2," + S,
 ]
 STEPS = 3
 
@@ -44,8 +52,8 @@ def results(equivalence):
 @pytest.mark.parametrize("case", CASES)
 def test_hf_layout_matches_single_process(results, case):
     """fp32 SGD + momentum: the parallel run sums the same gradients in another order, so
-    only float32 rounding separates it from the reference (measured <= 6.5e-8 relative on
-    the losses, <= 1.5e-8 on parameters, <= 2.3e-8 on momentum); asserted 1e-6, as
+    only float32 rounding separates it from the reference (measured <= 8.6e-8 relative on
+    the losses, <= 6e-8 on parameters, <= 3.4e-8 on momentum); asserted 1e-6, as
     tests/test_runtime_hf.py does. The momentum buffer after step 0 is that step's
     gradient, so the state check compares gradients too."""
     r = results[case]
