@@ -2,7 +2,8 @@
 
 The three bugs the spread of that resolution caused, each checked on the path a user takes:
 a config-only Hugging Face directory (``config.json``, no weights) is planned by ``--plan auto``
-as the model that is really trained, ``--save-hf`` writes it, and ``--model hf-llama --plan cp=2``
+as the model that is really trained, ``--save-hf`` writes it, and a plan the runtime refuses for
+the model (now ``--model hf-mixtral --plan tp=2``: HF MoE with sequence parallel; HF cp runs)
 is refused by the launcher in one line before any process starts."""
 import json
 import os

@@ -8,7 +8,10 @@ runs them the way ``LlamaModel.forward`` does for a batch without padding or cac
 positions ``0..s-1``, rotary tables from ``model.rotary_emb``, and no attention mask, which
 makes HF's SDPA attention causal (``is_causal`` when the mask is ``None``). Sequence
 parallel runs HF models through a one-stage :class:`HFStage` too: HF's own forward would
-take the positions from the sequence shard's length.
+take the positions from the sequence shard's length; a later pipeline stage under sequence
+parallel receives a shard, and ``seq_shards`` scales its length back. Context parallel
+(:func:`.context_parallel.apply_cp_hf`) sets the positions of the rank's chunks and their
+causal mask on the stage.
 """
 from __future__ import annotations
 
