@@ -10,12 +10,16 @@ the bench's tiny Llama on two gloo processes, under Partita's runtime.
 * ``--mode dp``: two replicas, each rank its own model and sequences (nothing shared but the
   machine's cores and memory bandwidth).
 
-Every timed call starts after a barrier. A rank's time is its wall-clock minus the time its
-thread waited on the run queue (``/proc/thread-self/schedstat`` field 2, Linux
-Documentation/scheduler/sched-stats.rst): on a machine other processes share, what is left is
-the time the forward ran or waited on its peer. A step's time is the smaller of the two
-ranks' (each is at most the unloaded time plus the peer's queueing it waited out), its raw
-wall-clock the larger; medians over the repeats. Rank 0 writes the cases as JSON.
+Every timed call starts after a barrier. A rank's time is read on the busy clock ``partita
+calibrate`` times every rate with (:func:`partita.calibrate.busy_clock.busy_call`: the
+wall-clock minus the time the thread waited on the run queue, ``/proc/thread-self/schedstat``
+field 2): on a machine other processes share, what is left is the time the forward ran or
+waited on its peer. A step's time is the smaller of the two ranks' (each is at most the
+unloaded time plus the peer's queueing it waited out), its raw wall-clock the larger; medians
+over the repeats. Each step also records the thread's minor page faults (``getrusage``
+``RUSAGE_THREAD``, ``ru_minflt``; the larger of the ranks'): pages the step touched for the
+first time, which :func:`partita.serve.latency.decode_kv_fresh_bytes` predicts. Rank 0 writes
+the cases as JSON.
 """
 from __future__ import annotations
 
@@ -23,43 +27,35 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 from transformers import DynamicCache
 
+from partita.calibrate.busy_clock import busy_call
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_vs_measure import CONFIG, build_model, case_list  # noqa: E402
 
 
-def run_delay() -> float:
-    """Seconds this thread has waited on a run queue (0 where the kernel does not say)."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) * 1e-9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def timed(fn) -> tuple[float, float]:
-    """(wall minus run-queue wait, wall) of one call of ``fn`` after a barrier."""
+def timed(fn) -> tuple[float, float, int]:
+    """(busy seconds, wall seconds, minor page faults) of one call of ``fn`` after a barrier."""
     if dist.is_initialized():
         dist.barrier()
-    d0, t0 = run_delay(), time.perf_counter()
-    fn()
-    wall = time.perf_counter() - t0
-    return wall - (run_delay() - d0), wall
+    f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    busy, wall = busy_call(fn)
+    return busy, wall, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
 
 
 def _ids(batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, CONFIG["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def measure_case(model, kind: str, a: int, b: int, repeats: int, seed: int) -> list[tuple[float, float]]:
-    """Per repeat (busy, wall) of a prefill of ``a`` tokens (``kind == 'prefill'``) or a decode
+def measure_case(model, kind: str, a: int, b: int, repeats: int, seed: int) -> list[tuple[float, float, int]]:
+    """Per repeat (busy, wall, minor faults) of a prefill of ``a`` tokens (``kind == 'prefill'``) or a decode
     step of ``a`` sequences at context ``b`` (cache growing by one token a step); one warm-up."""
     out = []
     with torch.no_grad():
@@ -103,7 +99,8 @@ def main() -> None:
             dist.all_gather_object(both, local)
             busy = statistics.median(min(r[i][0] for r in both) for i in range(len(local)))
             wall = statistics.median(max(r[i][1] for r in both) for i in range(len(local)))
-            rows.append({"kind": kind, "a": a, "b": b, "busy_s": busy, "wall_s": wall})
+            faults = statistics.median(max(r[i][2] for r in both) for i in range(len(local)))
+            rows.append({"kind": kind, "a": a, "b": b, "busy_s": busy, "wall_s": wall, "faults": faults})
         if rank == 0:
             with open(args.out, "w") as f:
                 json.dump({"mode": args.mode, "world": dist.get_world_size(), "rows": rows,

@@ -14,9 +14,15 @@ process):
 
 Layouts: ``tp1`` in this process; with ``--nproc 2`` also ``tp2`` (one replica over two gloo
 processes, Partita's runtime tensor parallel) and ``dp2`` (two replicas, one per process),
-each run by ``torchrun`` on ``bench/serve_measure_worker.py``. A time is the wall-clock minus
-the time the thread waited on the run queue (the worker's docstring): on a shared machine, what
-the forward would take with the cores to itself; the raw wall-clock is printed beside it.
+each run by ``torchrun`` on ``bench/serve_measure_worker.py``. A time is read on calibrate's
+busy clock, the wall-clock minus the time the thread waited on the run queue (the worker's
+docstring): on a shared machine, what the forward would take with the cores to itself; the raw
+wall-clock is printed beside it. Beside each decode case: the MB a step touched for the first
+time (the kernel's minor faults x the page size, median over the steps) and the MB the planner
+prices as first-touched (:func:`partita.serve.latency.decode_kv_fresh_bytes` x layers: the
+``repeat_kv`` / ``cat`` tensors above glibc's 32 MiB mmap cap); a step whose allocation a free
+heap chunk happens to fit touches none, so these two disagree run to run on the cases at the
+cap (batch 32, context 512: 33.6 MB copies).
 
 Each is predicted by :func:`partita.serve.latency.prefill_time` and
 :func:`partita.serve.latency.decode_stage_time` for the layout in fp32 on the device file
@@ -41,7 +47,9 @@ import tempfile
 import torch
 import transformers
 
-from partita.serve.latency import decode_stage_time, prefill_time
+from partita.calibrate.busy_clock import seconds_per_call
+from partita.serve.latency import decode_kv_fresh_bytes, decode_stage_time, prefill_time
+from partita.serve.memory import kv_bytes_per_token_layer
 from partita.serve.workload import Layout
 from partita.spec.hardware import load_device
 from partita.spec.hf_config import parse_hf_config
@@ -50,6 +58,8 @@ CONFIG = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidd
               num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False)
 PREFILL = (64, 256, 1024)
 DECODE = ((1, 256), (8, 256), (8, 1024), (32, 512))  # (batch, context)
+#: bytes per page of the kernel's fault count
+PAGE = os.sysconf("SC_PAGE_SIZE")
 #: layouts measured: (name, tp, replicas); tp2 and dp2 need ``--nproc 2``
 LAYOUTS = (("tp1", 1, 1), ("tp2", 2, 1), ("dp2", 1, 2))
 
@@ -80,6 +90,15 @@ def predict(spec, device, tp: int, kind: str, a: int, b: int, repeats: int) -> f
     return decode_stage_time(spec, device, layout, a, b + (repeats + 1) / 2, tp, framework="partita")
 
 
+def predicted_fresh_mb(spec, tp: int, kind: str, a: int, b: int, repeats: int) -> float:
+    """MB a decode step writes into first-touched pages by the serve model (0 for prefill)."""
+    if kind == "prefill":
+        return 0.0
+    layout = Layout(tp, 1, 1, kv_dtype="fp32", dtype="fp32")
+    kv = a * (b + (repeats + 1) / 2) * kv_bytes_per_token_layer(spec, layout)
+    return decode_kv_fresh_bytes(spec, tp, "partita", kv) * spec.layers / 1e6
+
+
 def measure_here(repeats: int) -> dict:
     """The tp1 cases in this process (the worker's timing, no peer)."""
     import serve_measure_worker as worker
@@ -88,19 +107,16 @@ def measure_here(repeats: int) -> dict:
     for kind, a, b in case_list():
         local = worker.measure_case(model, kind, a, b, repeats, a * 7 + b)
         rows.append({"kind": kind, "a": a, "b": b, "busy_s": statistics.median(t[0] for t in local),
-                     "wall_s": statistics.median(t[1] for t in local)})
+                     "wall_s": statistics.median(t[1] for t in local), "faults": statistics.median(t[2] for t in local)})
     return {"mode": "tp1", "rows": rows, "load": os.getloadavg()[0]}
 
 
 def busy_clone_rate(repeats: int) -> float:
     """Bytes/s of the clone ``partita calibrate`` times for ``memory.hbm_tbps`` (64 MB fp32,
-    read + write), timed here with the run-queue wait subtracted as the forwards are: the
-    calibrated figure is wall-clock, so on a loaded machine it carries the load's waits."""
-    import serve_measure_worker as worker
+    read + write, into first-touched pages), timed here on calibrate's loop right after the
+    forwards: the file's figure comes from the minutes calibrate ran, at that load."""
     x = torch.randn(16_000_000)
-    x.clone()
-    return 2 * x.numel() * x.element_size() / statistics.median(
-        worker.timed(x.clone)[0] for _ in range(max(repeats, 5)))
+    return 2 * x.numel() * x.element_size() / statistics.median(seconds_per_call(x.clone, max(repeats, 5)))
 
 
 def _summary(rows: list[dict], key: str) -> str:
@@ -154,18 +170,22 @@ def main() -> None:
         measures += [lambda: measure_torchrun("tp", args.repeats, args.timeout_s),
                      lambda: measure_torchrun("dp", args.repeats, args.timeout_s)]
     tps = {name: tp for name, tp, _ in LAYOUTS}
-    print(f"{'layout':<7}{'case':<22}{'predicted ms':>14}{'measured ms':>13}{'wall ms':>10}{'pred/meas':>11}{'load':>6}",
-          flush=True)
+    print(f"{'layout':<7}{'case':<22}{'predicted ms':>14}{'measured ms':>13}{'wall ms':>10}{'pred/meas':>11}{'load':>6}"
+          f"{'fresh MB pred/meas':>20}", flush=True)
     rows = []
     for measure in measures:  # each layout's rows printed as soon as they are measured
         run = measure()
         for r in run["rows"]:
             pred = predict(spec, device, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
             name = f"P={r['a']}" if r["kind"] == "prefill" else f"B={r['a']} L={r['b']}"
+            fresh = predicted_fresh_mb(spec, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
+            touched = r["faults"] * PAGE / 1e6
             rows.append({"layout": run["mode"], "case": f"{r['kind']} {name}", "predicted_s": pred,
-                         "measured_s": r["busy_s"], "wall_s": r["wall_s"], "load": run["load"]})
+                         "measured_s": r["busy_s"], "wall_s": r["wall_s"], "load": run["load"],
+                         "fresh_mb_predicted": fresh, "fresh_mb_measured": touched})
             print(f"{run['mode']:<7}{r['kind'] + ' ' + name:<22}{pred * 1e3:>14.2f}{r['busy_s'] * 1e3:>13.2f}"
-                  f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}", flush=True)
+                  f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}"
+                  f"{fresh:>11.0f} /{touched:>6.0f}", flush=True)
     clone = busy_clone_rate(args.repeats)
     busy_dev = load_device(args.hardware, {"memory": {"hbm_tbps": clone / 1e12}})
     for r in rows:
@@ -176,8 +196,8 @@ def main() -> None:
     print(f"{_summary(rows, 'predicted_s')} over "
           f"{len(rows)} cases; hardware {device.name} ({device.source_file}); load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process")
-    print(f"the file's memory rate {device.hbm_tbps * 1e3:.2f} GB/s (wall-clock); the same clone with "
-          f"the run-queue wait subtracted {clone / 1e9:.2f} GB/s; predicted with it: {_summary(rows, 'predicted_busy_memory_s')} "
+    print(f"the file's clone rate {device.hbm_tbps * 1e3:.2f} GB/s; the same clone timed now "
+          f"{clone / 1e9:.2f} GB/s; predicted with it: {_summary(rows, 'predicted_busy_memory_s')} "
           f"(" + ", ".join(f"{r['predicted_busy_memory_s'] / r['measured_s']:.2f}" for r in rows) + ")")
     if args.json:
         with open(args.json, "w") as f:
