@@ -95,3 +95,13 @@ def test_lock_step_ranks_beside_neighbours_read_their_cpu_time():
     assert min(walls) > 1.4 * cpu, (walls, cpu)  # the neighbours did take slices: the case is real
     assert abs(new - cpu) < 0.2 * cpu, (new, old, walls, cpu)
     assert abs(new - cpu) < abs(old - cpu), (new, old, cpu)  # the peer's queueing is no longer kept
+
+
+def test_the_run_share_is_read_over_the_window():
+    # rank 0 ran 1 s and was blocked 2 s; rank 1 ran 1 s and queued 2 s. Over the interval
+    # alone rank 1 ran a third of its runnable time: rank 0 -> 1 + 2 / 3, rank 1 (never
+    # blocked) -> 1. Over the window both ranks ran half of theirs: rank 0 -> 1 + 2 * 0.5
+    interval = [[3.0, 1.0, 0.0], [3.0, 1.0, 2.0]]
+    assert critical_busy_s(interval) == pytest.approx((1 + 2 / 3 + 1) / 2)
+    window = [[30.0, 10.0, 10.0], [30.0, 10.0, 10.0]]
+    assert critical_busy_s(interval, window) == pytest.approx((1 + 2 * 0.5 + 1) / 2)

@@ -117,7 +117,7 @@ def since(start: tuple[float, float, float]) -> list[float]:
     return [b - a for a, b in zip(start, now)]
 
 
-def critical_busy_s(ranks: Sequence[Sequence[float]]) -> float:
+def critical_busy_s(ranks: Sequence[Sequence[float]], window: Sequence[Sequence[float]] | None = None) -> float:
     """A collective interval's time without the neighbours' load, from every rank's
     ``[wall, run, wait]`` (:func:`since`): the mean over ranks of ``run + sleep * rho``.
 
@@ -139,12 +139,18 @@ def critical_busy_s(ranks: Sequence[Sequence[float]]) -> float:
     VM), yet their wake-up latency is on it, so collective-heavy intervals keep part of the
     load (tiny-llama-sized tp=2 steps read +64..+85 % at load 15-110 against the same step at
     real-time priority, dp=2 -2..+8 %, pp=2 +15 %). Caches and memory bandwidth shared with
-    neighbours slow ``run`` itself (the main thread's CPU time +5..+30 % under that load)."""
+    neighbours slow ``run`` itself (the main thread's CPU time +5..+30 % under that load).
+
+    ``window``: every rank's ``[wall, run, wait]`` over a longer stretch the interval is part of
+    (all repeats of one calibrated collective and size): ``rho`` is read there. A repeat of a
+    small collective lasts a few milliseconds, a scheduler slice or two, so its own ``rho`` is
+    0 or 1 by chance (calibrate's collective fits spread 86-711 % over repeats with it)."""
     if not ranks:
         raise ValueError("critical_busy_s needs at least one rank's [wall, run, wait]")
+    window = ranks if window is None else window
     estimates = []
     for r, (wall, run, wait) in enumerate(ranks):
-        others = [x for i, x in enumerate(ranks) if i != r]
+        others = [x for i, x in enumerate(window) if i != r]
         runnable = sum(o[1] + o[2] for o in others)
         rho = sum(o[1] for o in others) / runnable if runnable > 0 else 1.0
         estimates.append(run + max(wall - run - wait, 0.0) * rho)

@@ -38,14 +38,17 @@ def _across_ranks(samples: list[list[float]], device) -> list[float]:
     """Each interval's time across the ranks from every rank's ``[wall, run, wait]`` of it
     (:func:`.busy_clock.since`): :func:`.busy_clock.critical_busy_s`, the interval without the
     neighbours' load (a collective interval ends on every rank together; under load a rank's
-    wall holds its own queueing and the others' that it slept through)."""
+    wall holds its own queueing and the others' that it slept through), with the ranks' run
+    share read over all the intervals together (its ``window``: one interval of a small
+    collective is too short for it)."""
     import torch
     import torch.distributed as dist
     t = torch.tensor(samples, dtype=torch.float64).reshape(-1)
     out = torch.zeros(t.numel() * dist.get_world_size(), dtype=torch.float64)
     dist.all_gather_into_tensor(out, t)
     per_rank = out.reshape(dist.get_world_size(), len(samples), 3).tolist()
-    return [critical_busy_s([rank[i] for rank in per_rank]) for i in range(len(samples))]
+    window = [[sum(col) for col in zip(*rank)] for rank in per_rank]
+    return [critical_busy_s([rank[i] for rank in per_rank], window) for i in range(len(samples))]
 
 
 def measure_gemm(device, dtype, sync, repeats: int) -> list[dict]:
