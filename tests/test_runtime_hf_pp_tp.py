@@ -33,6 +33,8 @@ CASES = [
     "hf-mixtral:pp=2,tp=2,sp=false," + S,  # HF MoE: pp with tp, pp with ep, cp with ep
     "hf-mixtral:pp=2,ep=2," + S,
     "hf-mixtral:cp=2,ep=2," + S,
+    "hf-mixtral:ep=2,tp=2,sp=false," + S,  # ep over dp with tp: the experts' states over edp x tp
+    "hf-qwen3-moe:ep=2,tp=2,sp=false," + S,  # and Qwen3's per-head q/k norms under tp
     # interleaved 1F1B needs pp x vpp = 4 stages: a 4-layer Llama from a config.json (the registry's "hf-config"
     # kind: no safetensors, weights from the seed); the middle stages get a sequence shard and give one
     LLAMA4 + ":pp=2,vpp=2,tp=2,sp=true," + S,
@@ -52,8 +54,8 @@ def results(equivalence):
 @pytest.mark.parametrize("case", CASES)
 def test_hf_layout_matches_single_process(results, case):
     """fp32 SGD + momentum: the parallel run sums the same gradients in another order, so
-    only float32 rounding separates it from the reference (measured <= 8.6e-8 relative on
-    the losses, <= 6e-8 on parameters, <= 3.4e-8 on momentum); asserted 1e-6, as
+    only float32 rounding separates it from the reference (measured <= 1.1e-7 relative on
+    the losses, <= 1.2e-7 on parameters, <= 3.4e-8 on momentum); asserted 1e-6, as
     tests/test_runtime_hf.py does. The momentum buffer after step 0 is that step's
     gradient, so the state check compares gradients too."""
     r = results[case]
@@ -64,8 +66,8 @@ def test_hf_layout_matches_single_process(results, case):
 
 
 def test_planned_hf_layouts_pass_the_runtime_check():
-    """The layouts above pass ``runtime_check`` (before: HF models refused cp, and pp with tp
-    or ep); what still is refused is one line saying what to run instead."""
+    """The layouts above pass ``runtime_check`` (before: HF models refused cp, pp with tp or
+    ep, and MoE ep with tp); what still is refused is one line saying what to run instead."""
     from partita.errors import PartitaError
     from partita.models.registry import resolve_model
     from partita.plan import Plan
@@ -73,7 +75,7 @@ def test_planned_hf_layouts_pass_the_runtime_check():
     models = {name: resolve_model(name).build(meta=True) for name in ("hf-llama", "hf-mixtral")}
     for plan in ("pp=4,tp=8", "pp=2,tp=4,cp=2,dp=2", "pp=4,tp=4,sp=true,dp=2,zero=1"):
         runtime_check(Plan.parse(plan + ",gbs=64,mbs=1,seq_len=64", world_size=32), models["hf-llama"])
-    for plan, fix in (("dp=2,ep=2,tp=2,sp=false", "tp=1"), ("dp=2,tp=2", "sp=false"), ("dp=4,ep=2,zero=3", "zero<=1")):
+    for plan, fix in (("dp=2,ep=2,tp=2", "sp=false"), ("dp=2,tp=2", "sp=false"), ("dp=4,ep=2,zero=3", "zero<=1")):
         with pytest.raises(PartitaError) as err:
             runtime_check(Plan.parse(plan + ",gbs=4,mbs=1,seq_len=16", world_size=4), models["hf-mixtral"])
         assert fix in str(err.value) and "\n" not in str(err.value), str(err.value)
@@ -93,7 +95,7 @@ def test_auto_plan_skips_layouts_the_runtime_refuses_for_the_model():
     model = resolve_model("hf-mixtral").build(meta=True)
     fastest = search_plans(model_spec_of(model), make_cluster("cpu", 4), 8, 16,
                            SearchSpace(fold_ep=False, zero=3, dtype="fp32"), top=1).best.plan
-    with pytest.raises(PartitaError, match="ep with tp = 1 and zero 0/1"):
+    with pytest.raises(PartitaError, match="run ep with zero 0/1"):
         runtime_check(fastest, model)  # what auto returned before: the launcher then refused it
     plan, report = choose_plan(model, 4, "auto,gbs=8,seq_len=16,zero=3,dtype=fp32", "cpu", hardware="cpu")
     runtime_check(plan, model)
