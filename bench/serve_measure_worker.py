@@ -18,7 +18,7 @@ waited on its peer. A step's time is the smaller of the two ranks' (each is at m
 unloaded time plus the peer's queueing it waited out), its raw wall-clock the larger; medians
 over the repeats. Each step also records the thread's minor page faults (``getrusage``
 ``RUSAGE_THREAD``, ``ru_minflt``; the larger of the ranks'): pages the step touched for the
-first time, which :func:`partita.serve.latency.decode_kv_fresh_bytes` predicts. Rank 0 writes
+first time, beside what the serve model prices as first-touched. Rank 0 writes
 the cases as JSON.
 """
 from __future__ import annotations

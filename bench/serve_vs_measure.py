@@ -19,10 +19,10 @@ busy clock, the wall-clock minus the time the thread waited on the run queue (th
 docstring): on a shared machine, what the forward would take with the cores to itself; the raw
 wall-clock is printed beside it. Beside each decode case: the MB a step touched for the first
 time (the kernel's minor faults x the page size, median over the steps) and the MB the planner
-prices as first-touched (:func:`partita.serve.latency.decode_kv_fresh_bytes` x layers: the
-``repeat_kv`` / ``cat`` tensors above glibc's 32 MiB mmap cap); a step whose allocation a free
-heap chunk happens to fit touches none, so these two disagree run to run on the cases at the
-cap (batch 32, context 512: 33.6 MB copies).
+prices as first-touched (every ``cat`` / ``repeat_kv`` result:
+:func:`partita.serve.latency.decode_kv_writes` x the cache's bytes x layers); where the
+allocator reuses pages (below glibc's 32 MiB mmap cap, when the heap has a chunk that fits) the
+step touches far fewer (docs/serve.md, issue 37).
 
 Each is predicted by :func:`partita.serve.latency.prefill_time` and
 :func:`partita.serve.latency.decode_stage_time` for the layout in fp32 on the device file
@@ -48,7 +48,7 @@ import torch
 import transformers
 
 from partita.calibrate.busy_clock import seconds_per_call
-from partita.serve.latency import decode_kv_fresh_bytes, decode_stage_time, prefill_time
+from partita.serve.latency import decode_kv_writes, decode_stage_time, prefill_time
 from partita.serve.memory import kv_bytes_per_token_layer
 from partita.serve.workload import Layout
 from partita.spec.hardware import load_device
@@ -96,7 +96,7 @@ def predicted_fresh_mb(spec, tp: int, kind: str, a: int, b: int, repeats: int) -
         return 0.0
     layout = Layout(tp, 1, 1, kv_dtype="fp32", dtype="fp32")
     kv = a * (b + (repeats + 1) / 2) * kv_bytes_per_token_layer(spec, layout)
-    return decode_kv_fresh_bytes(spec, tp, "partita", kv) * spec.layers / 1e6
+    return decode_kv_writes(spec, tp, "partita") * kv * spec.layers / 1e6
 
 
 def measure_here(repeats: int) -> dict:

@@ -17,8 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from partita.calibrate.hardware_file import hardware_file
 from partita.calibrate.busy_clock import run_queue_wait_s, seconds_per_call
 from partita.calibrate.read_rate import measure_read_rate
-from partita.serve.latency import (FIRST_TOUCH_BYTES, decode_kv_allocations, decode_kv_fresh_bytes, decode_kv_passes,
-                                   decode_kv_seconds, decode_kv_writes, decode_stage_time,
+from partita.serve.latency import (decode_kv_allocations, decode_kv_passes, decode_kv_writes, decode_stage_time,
                                    fresh_write_seconds_per_byte, read_bandwidth)
 from partita.serve.memory import kv_bytes_per_token_layer
 from partita.serve.workload import Layout
@@ -167,31 +166,3 @@ def test_decode_kv_allocations_are_what_torch_allocates(kv_heads):
     seen = [e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage >= kv / 2]
     assert sorted(seen) == pytest.approx(sorted(expected), rel=1e-9)
     assert decode_kv_allocations(spec, 1, "megatron") == []
-
-
-def test_decode_kv_writes_reuse_pages_below_the_first_touch_size():
-    """Below :data:`FIRST_TOUCH_BYTES` the allocator hands a decode step's K/V tensors pages
-    the process has touched before: the kernel's minor-fault count over three steps (of a
-    growing cache, after two warm-up steps) is under a tenth of the pages those tensors write,
-    so the planner prices them at the read rate (no fresh bytes); above it a tensor's bytes
-    are fresh."""
-    import resource
-    batch, context = 4, 512
-    spec, cache, decode = _tiny_decode(2, batch, context)
-    decode(), decode()
-    kv = sum(t.numel() * t.element_size() for t in (cache.layers[0].keys, cache.layers[0].values))
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    for _ in range(3):
-        decode()
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
-    written = 3 * decode_kv_writes(spec, 1, "partita") * kv * TINY["num_hidden_layers"]
-    assert faults * resource.getpagesize() < written / 10
-    assert decode_kv_fresh_bytes(spec, 1, "partita", kv) == 0.0
-    # a layer's cache whose repeat_kv copies (n_rep / 2 = 1 x the cache each) exceed the size
-    # while the cat results (1/2 each) do not: the copies' bytes are fresh
-    big = 1.5 * FIRST_TOUCH_BYTES
-    assert decode_kv_fresh_bytes(spec, 1, "partita", big) == pytest.approx(2 * big)
-    dev = load_device("cpu", {"memory": {"hbm_tbps": 3e-3, "read_tbps": 9e-3}, "efficiency": {"memory_bandwidth": 1.0}})
-    passes = decode_kv_passes(spec, 1, "partita")
-    assert decode_kv_seconds(spec, dev, 1, "partita", big) == pytest.approx(
-        (passes - 2) * big / 9e9 + 2 * big * (2 / 3e9 - 1 / 9e9))

@@ -10,11 +10,11 @@ Measured on the 2-core development VM, one thread, run-queue wait subtracted: cl
 64 MB 2.8 GB/s, ``copy_`` into an existing 64 MB tensor 9.9 GB/s, a sum over it 9.0 GB/s,
 the decode's weight GEMV (``x @ W``, 64 MB) 12.7 GB/s; clones of 1-16 MB (heap, no fresh
 pages) 7.9 GB/s. The serving model (:func:`partita.serve.latency.read_bandwidth`) prices a
-decode step's reads with this rate, and its writes into tensors the allocator backs with pages
-it has touched before (an eager decode step's ``cat`` and ``repeat_kv`` results under glibc's
-32 MiB mmap cap: ``cat`` and ``copy_`` of 8-17 MB ran at 6.0-6.4 GB/s per byte written, a read
-and a write per byte, beside a sum at 12.8-14.6 GB/s in the same minute;
-:func:`partita.serve.latency.decode_kv_seconds`).
+decode step's reads with this rate. Writes into pages the allocator hands back run at it too (an
+eager decode step's ``cat`` and ``repeat_kv`` results under glibc's 32 MiB mmap cap: ``cat``
+and ``copy_`` of 8-17 MB at 6.0-6.4 GB/s per byte written, a read and a write per byte, beside
+a sum at 12.8-14.6 GB/s in the same minute); :func:`partita.serve.latency.decode_kv_seconds`
+still prices them at the first-touch rate, for the reason its docstring gives (docs/serve.md).
 
 The measurement: ``x.sum()`` over a 64 MB tensor (larger than a CPU's last-level cache and a
 GPU's L2, so the bytes come from memory), bytes read / seconds per call. On a CPU each call's

@@ -170,44 +170,25 @@ def decode_kv_allocations(model: ModelSpec, tp: int, framework: str) -> list[flo
     return [0.5, 0.5] + ([n_rep / 2, n_rep / 2] if n_rep > 1 else [])
 
 
-#: bytes above which a host allocation gets pages the process has never touched: glibc's
-#: ``malloc`` serves a request from ``mmap`` when no free heap chunk fits and it is at least
-#: ``M_MMAP_THRESHOLD``, whose dynamic value (raised to the size of each mmapped chunk freed)
-#: is capped at ``DEFAULT_MMAP_THRESHOLD_MAX`` = 4 MiB x sizeof(long) = 32 MiB on 64-bit
-#: (mallopt(3)); below it a freed chunk's pages are handed back to the next allocation. Measured
-#: on the development VM (``ru_minflt`` per decode step of bench/serve_vs_measure.py's model):
-#: batch 8 at context 1024 (8.4 MB per ``cat``, 16.8 MB per ``repeat_kv`` copy) 0-4 faults a
-#: step; batch 32 at context 515 (33.7 MB ``repeat_kv`` copies) 49-66 k faults, 200-270 MB, the
-#: eight copies' bytes. A caching GPU allocator reuses its blocks at any size, but there the
-#: clone and the read run at one rate and the threshold changes nothing
-#: (:func:`fresh_write_seconds_per_byte`).
-FIRST_TOUCH_BYTES = 32 * 2 ** 20
-
-
-def decode_kv_fresh_bytes(model: ModelSpec, tp: int, framework: str, kv: float) -> float:
-    """Bytes of one layer's decode-step K/V allocations (:func:`decode_kv_allocations`, ``kv``
-    the layer's cached K + V bytes) written into pages touched for the first time: those of
-    the tensors larger than :data:`FIRST_TOUCH_BYTES`."""
-    return sum(f * kv for f in decode_kv_allocations(model, tp, framework) if f * kv > FIRST_TOUCH_BYTES)
-
-
 def decode_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str, kv: float) -> float:
     """Seconds one layer of a decode step moves its K/V (``kv``: the layer's cached K + V bytes
-    for the step's sequences): :func:`decode_kv_passes` passes over them, each byte at the read
-    rate - a ``cat`` or ``copy_`` into pages the allocator reuses runs at the read rate per
-    byte moved, a read and a write each (measured on the development VM, 8-17 MB: ``cat`` and
-    ``copy_`` 6.0-6.4 GB/s per byte written, the sum 12.8-14.6 GB/s in the same minute) -
-    except the bytes written into first-touched pages (:func:`decode_kv_fresh_bytes`), which
-    cost :func:`fresh_write_seconds_per_byte` instead of a read's ``1 / B_read``."""
+    for the step's sequences): :func:`decode_kv_passes` passes, the :func:`decode_kv_writes`
+    ones into newly allocated tensors at :func:`fresh_write_seconds_per_byte`, the rest at the
+    read rate. Measured on this CPU (docs/serve.md, issue 37), the allocator often hands those
+    tensors reused pages (no first touch; a ``cat`` into them runs at the read rate), but pricing
+    them so (first-touch only above glibc's 32 MiB mmap cap) re-measured worse - median 13 % /
+    18.8 % / 18.2 % against 9.2 % / 7.3 % / 14.6 % on the same rows of three runs - because this
+    term also stands in for what the model does not price in an eager decode step: the
+    ``bmm``s' GEMV rate at q_len 1, the skinny GEMMs and the per-op host dispatch."""
     read = read_bandwidth(device)
-    fresh = decode_kv_fresh_bytes(model, tp, framework, kv)
-    return (kv * decode_kv_passes(model, tp, framework) - fresh) / read + fresh * fresh_write_seconds_per_byte(device)
+    writes = decode_kv_writes(model, tp, framework)
+    return kv * (decode_kv_passes(model, tp, framework) - writes) / read + kv * writes * fresh_write_seconds_per_byte(device)
 
 
 def fresh_write_seconds_per_byte(device: Device) -> float:
     """Seconds per byte written into pages touched for the first time: the device file's clone
-    (``hbm_tbps``, read + write counted, into a fresh 64 MB tensor - above
-    :data:`FIRST_TOUCH_BYTES`, so every page faults) less its read at the read rate,
+    (``hbm_tbps``, read + write counted, into a fresh 64 MB tensor - above glibc's 32 MiB mmap
+    cap, so every page faults) less its read at the read rate,
     ``2 / B_clone - 1 / B_read``; where the file has no separate read rate the two are one rate
     and this is ``1 / B``. On this CPU (clone 2.85, read 8.66 GB/s): 1.7 GB/s."""
     read = read_bandwidth(device)
