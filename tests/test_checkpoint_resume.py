@@ -66,15 +66,34 @@ def _own_copy(ckpt: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(ckpt, tmp_path / "ckpt"))
 
 
-@pytest.mark.parametrize("plan,nproc", [("dp=2,tp=2", 4), ("pp=2,dp=2", 4), ("dp=1", 1)],
-                         ids=["same-plan", "pp2-dp2", "one-process"])
-def test_resume_under_another_plan_matches_uninterrupted(uninterrupted, first_half, tmp_path, plan, nproc):
-    ckpt, first = first_half
-    ckpt = _own_copy(ckpt, tmp_path)  # a resumed run writes its own (final) checkpoints
-    resumed = losses(train("--plan", plan, "--nproc", str(nproc), "--steps", "6", "--checkpoint-dir", str(ckpt),
-                           "--resume", "--run-dir", str(tmp_path)))
-    assert sorted(first) == [0, 1, 2] and sorted(resumed) == [3, 4, 5]
-    for step, loss in {**first, **resumed}.items():
+RESUMED = {"same-plan": ("dp=2,tp=2", 4), "pp2-dp2": ("pp=2,dp=2", 4), "one-process": ("dp=1", 1),
+           "fewer-processes": (None, 2)}  # no --plan: re-planned for 2 processes
+
+
+@pytest.fixture(scope="module")
+def resumed(first_half, tmp_path_factory) -> dict:
+    """Every resumed run of the tests below (6 steps from ``first_half``'s checkpoint, each
+    on its own copy of it), started together (tests/conftest.py run_together: independent
+    launches, each its own run and checkpoint directory): id -> (CompletedProcess, its run
+    directory)."""
+    from conftest import run_together
+    ckpt, _ = first_half
+    cmds, dirs = [], []
+    for key, (plan, nproc) in RESUMED.items():
+        tmp = tmp_path_factory.mktemp(f"resumed-{key}")
+        own = _own_copy(ckpt, tmp)  # a resumed run writes its own (final) checkpoints
+        cmds.append(train_cmd(*(["--plan", plan] if plan else []), "--nproc", str(nproc), "--steps", "6",
+                              "--checkpoint-dir", str(own), "--resume", "--run-dir", str(tmp)))
+        dirs.append(tmp)
+    return {key: (proc, d) for key, proc, d in zip(RESUMED, run_together(cmds, timeout=600), dirs)}
+
+
+@pytest.mark.parametrize("key", ["same-plan", "pp2-dp2", "one-process"])
+def test_resume_under_another_plan_matches_uninterrupted(uninterrupted, first_half, resumed, key):
+    _, first = first_half
+    resumed_losses = losses(resumed[key][0])
+    assert sorted(first) == [0, 1, 2] and sorted(resumed_losses) == [3, 4, 5]
+    for step, loss in {**first, **resumed_losses}.items():
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5), step
 
 
@@ -129,12 +148,8 @@ def test_loss_goes_down_on_real_text(tmp_path):
     assert any((tmp_path / "run").glob("tokenizer-*.json"))  # a real BPE was trained on the corpus
 
 
-def test_resume_on_fewer_processes_replans_keeping_the_global_batch(uninterrupted, first_half, tmp_path):
-    ckpt, _ = first_half
-    ckpt = _own_copy(ckpt, tmp_path)
-    cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--nproc", "2", "--steps", "6",
-           "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+def test_resume_on_fewer_processes_replans_keeping_the_global_batch(uninterrupted, resumed):
+    proc = resumed["fewer-processes"][0]
     assert "re-planned for 2 keeping global batch 8" in proc.stderr
     got = losses(proc)
     assert sorted(got) == [3, 4, 5]

@@ -32,12 +32,26 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.mark.parametrize("model,plan,nproc", [("tiny-llama", "dp=2,tp=2", 4), ("tiny-moe", "dp=2,ep=2", 2)])
-def test_same_losses_as_one_process(model, plan, nproc, together):
-    # the two runs are independent: started together (tests/conftest.py run_together)
-    parallel, single = map(losses, together([
-        train_cmd("--model", model, "--plan", plan, "--nproc", str(nproc), "--run-dir", "parallel"),
-        train_cmd("--model", model, "--plan", "dp=1", "--nproc", "1", "--run-dir", "single")], timeout=600))
+SAME_LOSSES = [("tiny-llama", "dp=2,tp=2", 4), ("tiny-moe", "dp=2,ep=2", 2)]
+
+
+@pytest.fixture(scope="module")
+def same_losses_runs(tmp_path_factory) -> dict:
+    """Each case's parallel run and its one-process run: four independent runs, started
+    together (tests/conftest.py run_together), each in its own run directory."""
+    from conftest import run_together
+    cmds = []
+    for model, plan, nproc in SAME_LOSSES:
+        tmp = tmp_path_factory.mktemp(f"same-{model}")
+        cmds += [train_cmd("--model", model, "--plan", plan, "--nproc", str(nproc), "--run-dir", str(tmp / "parallel")),
+                 train_cmd("--model", model, "--plan", "dp=1", "--nproc", "1", "--run-dir", str(tmp / "single"))]
+    procs = run_together(cmds, timeout=600)
+    return {case: (procs[2 * i], procs[2 * i + 1]) for i, case in enumerate(SAME_LOSSES)}
+
+
+@pytest.mark.parametrize("model,plan,nproc", SAME_LOSSES)
+def test_same_losses_as_one_process(model, plan, nproc, same_losses_runs):
+    parallel, single = map(losses, same_losses_runs[(model, plan, nproc)])
     assert len(parallel) == len(single) == 5
     for a, b in zip(parallel, single):
         assert a == pytest.approx(b, rel=1e-5)
@@ -207,16 +221,14 @@ DONE_WHEN = ["--steps", "4", "--seed", "0", "--device", "cpu", "--optimizer", "s
 def test_hf_model_and_auto_plan_from_the_command_line(together):
     """Issue #13's command shape: `--model hf-llama` with pp=2 and `--plan "auto,gbs=8,mbs=1"` on
     4 processes (it prints the chosen plan and the runner-up) train like one process. Each
-    parallel run is started together with its one-process reference (independent runs)."""
-    hf_pp, hf_one = map(losses, together([
+    parallel run and its one-process reference are started together (four independent runs)."""
+    hf_pp, hf_one, auto, one = together([
         train_cmd("--model", "hf-llama", "--plan", "pp=2,gbs=8,mbs=1", "--nproc", "2", *DONE_WHEN, "--run-dir", "hf_pp"),
-        train_cmd("--model", "hf-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN, "--run-dir", "hf_one")],
-        timeout=600))
-    auto, one = together([
+        train_cmd("--model", "hf-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN, "--run-dir", "hf_one"),
         train_cmd("--model", "tiny-llama", "--plan", "auto,gbs=8,mbs=1", "--nproc", "4", *DONE_WHEN, "--run-dir", "auto"),
         train_cmd("--model", "tiny-llama", "--plan", "gbs=8,mbs=1", "--nproc", "1", *DONE_WHEN, "--run-dir", "one")],
         timeout=600)
-    one = losses(one)
+    hf_pp, hf_one, one = losses(hf_pp), losses(hf_one), losses(one)
     assert len(hf_pp) == len(hf_one) == len(one) == 4
     assert hf_pp == pytest.approx(hf_one, rel=1e-5)
     assert losses(auto) == pytest.approx(one, rel=1e-5)
