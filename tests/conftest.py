@@ -43,26 +43,6 @@ def pytest_make_collect_report(collector):
         report.longrepr = f"module skipped, and this suite allows no skips (tests/conftest.py): {reason}"
 
 
-# -- pytest-xdist: where each test runs ----------------------------------------------------------
-
-def _uses_equivalence(item) -> bool:
-    return "equivalence" in getattr(item, "fixturenames", ())
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n N --dist loadscope``: each module on one worker, so its
-    module-scoped fixtures run once) the modules whose tests use the session's
-    ``equivalence`` fixture come first: the longest set-up of the suite is started first
-    (a worker that took it last would finish alone), and the worker that waits for it
-    (``equivalence``: one run per session, shared through a file) waits at the start,
-    while the fixture's torchruns use both cores. Without xdist nothing changes."""
-    if not hasattr(config, "workerinput"):
-        return
-    shared = {item.nodeid.split("::")[0] for item in items if _uses_equivalence(item)}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in shared)
-
-
 # -- independent launches started together ------------------------------------------------------
 
 def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None, cwd=None) -> list:
@@ -169,22 +149,7 @@ def equivalence(request, tmp_path_factory) -> dict:
     FILE's ``run_case(case) -> dict`` runs the case in the same processes, after the
     module's own cases (``partita.runtime.equivalence.main``'s ``--worker``), and its result
     is keyed ``(world, 0, case, FILE)``."""
-    if not hasattr(request.config, "workerinput"):
-        return _equivalence_runs(request.session, tmp_path_factory)
-    # pytest-xdist: every worker collects every test, so each would set this fixture up; the
-    # first to need it runs it and leaves the result (pickled: tuple keys) for the others,
-    # in the base temp folder its workers share
-    import fcntl
-    import pickle
-    shared = tmp_path_factory.getbasetemp().parent
-    done = shared / "equivalence.pickle"
-    with open(shared / "equivalence.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if done.exists():
-            return pickle.loads(done.read_bytes())
-        merged = _equivalence_runs(request.session, tmp_path_factory)
-        done.write_bytes(pickle.dumps(merged))
-        return merged
+    return _equivalence_runs(request.session, tmp_path_factory)
 
 
 def _equivalence_runs(session, tmp_path_factory) -> dict:
