@@ -143,10 +143,10 @@ def _ms(seconds: float) -> str:
 
 
 def serve_table(results, work):
-    """The ranked layouts: degrees, replicas, batch, KV dtype, P/D split, memory, latencies."""
+    """The ranked layouts: degrees, replicas, batch, KV / weight dtypes, P/D split, memory, latencies."""
     from rich.table import Table
     t = Table(title=f"Serving layouts (prompt {work.prompt_len}, output {work.output_len}, {work.rate:g} req/s)")
-    cols = ("#", "tp/pp/dpa/ep", "repl", "batch", "KV", "P/D", "weights", "KV pool", "act", "wksp", "at req/s",
+    cols = ("#", "tp/pp/dpa/ep", "repl", "batch", "KV/wt", "P/D", "weights", "KV pool", "act", "wksp", "at req/s",
             "TTFT ms", "TPOT ms", "goodput", "cap req/s", "targets")
     for col in cols:
         t.add_column(col, justify="left" if col in ("tp/pp/dpa/ep", "targets") else "right", no_wrap=True)
@@ -156,7 +156,7 @@ def serve_table(results, work):
         if not r.stable and mem.fits:
             targets = "overloaded"
         t.add_row(str(i), f"{lay.tp}/{lay.pp}/{lay.dp_attn}/{lay.ep}", str(lay.replicas), str(mem.max_seqs),
-                  lay.kv_dtype, f"{lay.prefill_replicas}:{lay.decode_replicas}" if lay.disaggregated else "together",
+                  f"{lay.kv_dtype}/{lay.dtype}", f"{lay.prefill_replicas}:{lay.decode_replicas}" if lay.disaggregated else "together",
                   f"{mem.weights / GIB:.1f}", f"{mem.kv / GIB:.1f}", f"{mem.activations / GIB:.2f}",
                   f"{mem.workspace / GIB:.2f}", f"{r.shown_rate:.2g}" if r.shown_rate else "-", _ms(r.ttft),
                   _ms(r.tpot), f"{r.goodput_per_device:.0f}",

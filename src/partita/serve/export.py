@@ -3,8 +3,10 @@
 * **vLLM** (and vLLM-Ascend, a platform plugin that keeps ``vllm serve``'s flags):
   ``vllm serve MODEL --tensor-parallel-size --pipeline-parallel-size [--data-parallel-size
   --enable-expert-parallel] --max-num-seqs --max-model-len --max-num-batched-tokens
-  --kv-cache-dtype --gpu-memory-utilization``; disaggregated pools get ``--kv-transfer-config``
-  with ``kv_role`` kv_producer / kv_consumer (vLLM ``KVTransferConfig``): NixlConnector on GPUs,
+  --kv-cache-dtype --gpu-memory-utilization``, and ``--quantization fp8`` for fp8 weights
+  (online dynamic fp8 of a bf16 checkpoint: vLLM ``QuantizationMethods``, SGLang
+  ``QUANTIZATION_CHOICES`` "fp8"; ``--dtype bfloat16`` stays the activations' dtype);
+  disaggregated pools get ``--kv-transfer-config`` with ``kv_role`` kv_producer / kv_consumer (vLLM ``KVTransferConfig``): NixlConnector on GPUs,
   vLLM-Ascend's MooncakeConnectorV1 on NPUs. vLLM's data parallel with MoE models runs attention
   data parallel and spreads the experts over ``tp x dp`` (its expert-parallel docs).
 * **SGLang** ``python -m sglang.launch_server``: ``--tp-size`` is the whole engine (``tp x
@@ -58,7 +60,8 @@ def not_expressible(engine: str, layout: Layout) -> str | None:
     """Why ``engine`` cannot run ``layout`` (None: it can)."""
     if engine != "mindie":
         return None
-    for bad, what in ((layout.pp > 1, "pipeline stages"), (layout.dp_attn > 1, "attention data parallel"),
+    for bad, what in ((layout.dtype == "fp8", "fp8 weights"),
+                      (layout.pp > 1, "pipeline stages"), (layout.dp_attn > 1, "attention data parallel"),
                       (layout.ep > 1, "expert parallel"), (layout.disaggregated, "prefill/decode pools")):
         if bad:
             return f"MindIE's config.json has no field for {what}"
@@ -90,6 +93,8 @@ def vllm_argv(inp: ExportInput, role: str = "both") -> list[str]:
              "--max-num-batched-tokens", str(PREFILL_CHUNK), "--dtype", "bfloat16",
              "--kv-cache-dtype", "fp8" if lay.kv_dtype == "fp8" else "auto",
              "--gpu-memory-utilization", str(MEM_FRACTION)]
+    if lay.dtype == "fp8":
+        argv += ["--quantization", "fp8"]
     if role != "both":
         argv += ["--kv-transfer-config", _kv_transfer(inp, "kv_producer" if role == "prefill" else "kv_consumer")]
     return argv
@@ -107,6 +112,8 @@ def sglang_argv(inp: ExportInput, role: str = "both") -> list[str]:
              "--chunked-prefill-size", str(PREFILL_CHUNK), "--dtype", "bfloat16",
              "--kv-cache-dtype", "fp8_e4m3" if lay.kv_dtype == "fp8" else "auto",
              "--mem-fraction-static", str(MEM_FRACTION)]
+    if lay.dtype == "fp8":
+        argv += ["--quantization", "fp8"]
     if role != "both":
         argv += ["--disaggregation-mode", role]
     if is_npu(inp.device):

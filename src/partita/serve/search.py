@@ -3,8 +3,11 @@
 The space (:func:`candidate_layouts`): per replica ``tp`` in 1, 2, 4, ... up to a node, with
 the heads divisible; ``pp`` in powers of two up to the layers; for MoE models attention data
 parallel ``dp_attn`` and expert parallel ``ep`` in {1, tp x dp_attn}; replicas filling the
-devices; the KV-cache dtype (fp8 only where the device has fp8); and prefill-decode
-disaggregation with every split of the replicas into prefill and decode pools.
+devices; the KV-cache dtype and the weight dtype (fp8 only where the device has fp8 GEMMs:
+fp8 weights and GEMMs as vLLM's and SGLang's ``--quantization fp8`` run them - weights cast
+to fp8 at load with a per-tensor scale, activations quantized per step; vLLM docs,
+"FP8 W8A8", online dynamic quantization); and prefill-decode disaggregation with every split
+of the replicas into prefill and decode pools.
 
 Each layout is scored (:func:`evaluate`) by the steady state at the workload's rate
 (:mod:`.queueing`) and by its *capacity*: the largest rate at which it still meets the latency
@@ -36,7 +39,7 @@ from .workload import Layout, Workload
 
 SHOWN_LOAD = 0.9  # an overloaded layout's latencies are shown at this fraction of its capacity
 GRID = 24  # points of the decode-time curve over the batch
-KNOBS = ("tp", "pp", "dp_attn", "ep", "kv_dtype", "disaggregated")
+KNOBS = ("tp", "pp", "dp_attn", "ep", "kv_dtype", "dtype", "disaggregated")
 
 
 def _powers(limit: int) -> list[int]:
@@ -59,6 +62,7 @@ def candidate_layouts(model: ModelSpec, device: Device, devices: int, per_node: 
     """Every layout of the space (module docstring) that uses all ``devices``."""
     out = []
     kv_dtypes = [d for d in ("bf16", "fp8") if d != "fp8" or device.supports("fp8")]
+    weight_dtypes = kv_dtypes  # the same rule: fp8 where the device multiplies fp8
     attn_dp = _powers(per_node) if model.moe else [1]
     for tp in _powers(min(per_node, devices)):
         if model.heads % tp or (not model.mla and tp < model.kv_heads and model.kv_heads % tp):
@@ -74,8 +78,9 @@ def candidate_layouts(model: ModelSpec, device: Device, devices: int, per_node: 
                         continue
                     replicas = devices // size
                     for kv in kv_dtypes:
-                        for pre in prefill_splits(replicas):
-                            out.append(Layout(tp, pp, replicas, kv, ep, dp_attn, pre))
+                        for dtype in weight_dtypes:
+                            for pre in prefill_splits(replicas):
+                                out.append(Layout(tp, pp, replicas, kv, ep, dp_attn, pre, dtype))
     return out
 
 
@@ -184,7 +189,7 @@ def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, p
                         f"{mem.kv_per_token * work.max_len / GIB:.2f} GiB + activations and workspace = "
                         f"{need / GIB:.1f} GiB > {mem.limit / GIB:.1f} GiB per device")
         return res
-    core = Layout(layout.tp, layout.pp, 1, layout.kv_dtype, layout.ep, layout.dp_attn)
+    core = Layout(layout.tp, layout.pp, 1, layout.kv_dtype, layout.ep, layout.dp_attn, dtype=layout.dtype)
     t_dec = _curve(model, device, core, work.mean_context, per_node, mem.max_seqs)
     res.prefill = latency.prefill_time(model, device, layout, work.prompt_len, per_node)
     res.share = prefill_occupancy(model, device, layout, work.prompt_len, per_node)

@@ -29,7 +29,8 @@ from ..errors import PartitaError
 KV_DTYPES = {"bf16": 2, "fp8": 1, "fp32": 4}  # bytes per cached element
 #: weight and activation dtypes: bf16 (every engine's default); fp32 for CPU measurements; fp8
 #: (fp8 weights and GEMMs at the device's fp8 rate - TensorRT-LLM ``--enable_fp8``, vLLM
-#: ``--quantization fp8``), read by the published-benchmark check; the search does not offer it
+#: ``--quantization fp8``): the published-benchmark check's FP8 rows, and the search where the
+#: device has fp8 GEMMs
 DTYPES = {"bf16": 2, "fp32": 4, "fp8": 1}
 
 
@@ -116,6 +117,8 @@ class Layout:
             parts.append(f"ep={self.ep}")
         parts.append(f"x{self.replicas}")
         parts.append(f"kv {self.kv_dtype}")
+        if self.dtype != "bf16":
+            parts.append(f"weights {self.dtype}")
         if self.disaggregated:
             parts.append(f"P/D {self.prefill_replicas}:{self.decode_replicas}")
         return " ".join(parts)
