@@ -117,6 +117,13 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def engine_framework(engine: str) -> str:
+    """The serve model's runtime name for a row's engine: ``tensorrt-llm`` (its all-reduce is
+    NCCL's: :data:`partita.serve.latency.NCCL_ALL_REDUCE`), else the engines' default (vLLM's
+    custom all-reduce on NVLink switch nodes; HCCL's Mesh on the 910B)."""
+    return "tensorrt-llm" if engine.lower().startswith("tensorrt-llm") else "megatron"
+
+
 def predict(rec: dict[str, str]) -> float:
     """The serving model's figure for one CSV row (module docstring)."""
     model = resolve_model(rec["model"]).spec()
@@ -125,18 +132,18 @@ def predict(rec: dict[str, str]) -> float:
     layout = Layout(tp, pp, 1, rec["kv_dtype"], int(rec["ep"]), dtype=rec["dtype"])
     per_device = tp * pp if rec["statistic"] == "per_device" else 1  # a table in tokens/s per GPU
     P, O, metric = int(rec["prompt_len"]), int(rec["output_len"]), rec["metric"]
-    scenario = rec["scenario"]
-    prefill = latency.prefill_time(model, device, layout, P, per_node)
+    scenario, fw = rec["scenario"], engine_framework(rec["engine"])
+    prefill = latency.prefill_time(model, device, layout, P, per_node, fw)
     if scenario == "single_prefill":
         return prefill
     if scenario == "batch_prefill":  # one forward over the batch's prompts (the weights read once)
-        return latency.batch_prefill_time(model, device, layout, P, int(rec["batch"]), per_node)
+        return latency.batch_prefill_time(model, device, layout, P, int(rec["batch"]), per_node, fw)
     if scenario == "batch_decode":  # one decode step of the batch at the mean context
-        return latency.tpot(model, device, layout, int(rec["batch"]), P + O / 2, per_node)
+        return latency.tpot(model, device, layout, int(rec["batch"]), P + O / 2, per_node, fw)
     if scenario == "static_batch":
         B = int(rec["batch"])
-        t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node)
-        return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node) + O * t_dec) / per_device
+        t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node, fw)
+        return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node, fw) + O * t_dec) / per_device
     if scenario == "poisson":
         res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node,
                        int(rec["scheduler_steps"]))

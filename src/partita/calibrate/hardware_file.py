@@ -56,7 +56,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     import torch.distributed as dist
     from ..runtime.device import local_device
     from .busy_clock import SOURCE, seconds_per_call
-    from .measure import measure_collectives, measure_gemm, measure_optimizer, measure_runtime
+    from .measure import measure_collectives, measure_gemm, measure_optimizer, measure_runtime, measure_wakeup
     device = local_device(device_type)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     sync = (lambda: getattr(torch, device.type).synchronize()) if device.type != "cpu" else (lambda: None)
@@ -71,6 +71,7 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     out["optimizer"] = measure_optimizer(device, sync, repeats)
     if out["world"] > 1:
         out["collectives"] = measure_collectives(device, sync, repeats)
+        out["wakeup"] = measure_wakeup(device, sync, repeats)
     out["runtime"] = measure_runtime(device_type, dtype_name, repeats, model)
     # the GEMM rate again after the micro-runs, pooled with the first: a shared machine's
     # speed drifts by 10-20 % over a minute (2-core VM: 74 vs 94 GFLOP/s in two calibrations
@@ -106,6 +107,8 @@ def _base_fields(m: dict, base: str) -> tuple[dict, dict]:
         # the file gets the nearest physical value
         terms["intra_node.fit"] = {"latency_us": alpha * 1e6, "gbps": bw / 1e9 if bw < float("inf") else None,
                                    "method": "one (latency, bandwidth) pair fitted to every collective at once"}
+        if m.get("wakeup"):
+            terms["collective.wakeup"] = wakeup_term(m["wakeup"])
         alpha, bw = max(alpha, 0.0), bw if 0 < bw < float("inf") else dev.intra_gbps * 1e9
         collectives, skipped = fit_per_collective(m["collectives"])
         if skipped:
@@ -129,6 +132,24 @@ def _base_fields(m: dict, base: str) -> tuple[dict, dict]:
     if collectives:  # per collective and group size: what cost/comm.py reads instead of the joint pair
         fields["collectives"] = collectives
     return fields, terms
+
+
+def wakeup_term(w: dict) -> dict:
+    """The wake-up latency per latency step of a collective, as a term record: per repeat,
+    (smallest all-reduce after compute - the same back to back) / its ring steps ``2(n-1)``
+    (:data:`partita.cost.comm.ALGORITHM_FACTORS`). Not a separate field the cost model adds:
+    every collective above is timed after compute (:data:`.measure.COLLECTIVE_GAP_S`), so the
+    fitted per-step latencies (``collectives``) already hold it; this record says how much of
+    each ``latency_us`` it is (the back-to-back figures are what calibrate fitted before)."""
+    from ..cost.comm import ALGORITHM_FACTORS
+    steps = ALGORITHM_FACTORS["all_reduce"](w["group"])[0]
+    per = [(c - h) / steps * 1e6 for c, h in zip(w["after_compute"], w["back_to_back"])]
+    record = summarize(per, "us per latency step",
+                       f"{w['bytes']} B all-reduce on {w['group']} ranks, {len(w['after_compute'])} repeats of 20 calls: "
+                       f"time after the last rank arrived, each call after compute minus back to back, / {steps} steps")
+    record.update(back_to_back_us=statistics.median(w["back_to_back"]) * 1e6,
+                  after_compute_us=statistics.median(w["after_compute"]) * 1e6)
+    return record
 
 
 def predictor(base: str, fields: dict):

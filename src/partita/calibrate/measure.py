@@ -23,6 +23,16 @@ GEMM_SHAPES = {
     "skinny": [(8, h, h) for h in (256, 512, 1024)],
 }
 COLLECTIVE_BYTES = (4096, 65536, 1 << 20, 8 << 20)
+#: Seconds of compute every rank runs before each timed collective, as a training step runs
+#: its layers between two collectives. Timed back to back, a collective finds gloo's helper
+#: threads (the caller's gloo run loop, the TCP loop, the peer's) still awake; after compute
+#: they have gone to sleep and each hop of the path waits for one of them to be woken and
+#: scheduled. Measured on this 2-core VM (load 7, 4 KiB all-reduce on 2 ranks, time after the
+#: last rank arrived less the caller's own run-queue wait): 0.67 ms back to back, 1.3-2.6 ms with
+#: 1 to 256 256^3 GEMMs (1 to 250 ms) between calls - the latency a step sees is the second.
+#: 2 ms: past the point where the latency stops growing with the gap (1 GEMM, ~1 ms, already
+#: pays most of it), short enough that the 1380 calls of a calibration add about 3 s.
+COLLECTIVE_GAP_S = 2e-3
 #: Micro-run model, tokens per sequence and the steps each repeat times.
 #: A repeat's figure is the median of its steps, each timed on its own: one step that a
 #: scheduler hiccup doubles (two processes on two shared cores) moves a mean of 2 steps by
@@ -104,35 +114,120 @@ def _collective_ops(group, size: int, device):
             "broadcast": lambda: dist.broadcast(full, src=dist.get_global_rank(group, 0), group=group)}
 
 
+def _gap(device, sync):
+    """A callable that computes (GEMMs on ``device``) for :data:`COLLECTIVE_GAP_S` seconds of
+    wall time, then waits for the device: what a step does between two collectives."""
+    import time
+
+    import torch
+    a = torch.randn(256, 256, device=device)
+
+    def gap() -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < COLLECTIVE_GAP_S:
+            a @ a
+            sync()
+    return gap
+
+
+def trim_to_last_arrival(per_rank: list[list[list[float]]]) -> list[list[list[float]]]:
+    """Every rank's ``[enter, wall, run, wait]`` of each call (``per_rank[rank][call]``) as its
+    ``[wall, run, wait]`` from the moment the *last* rank entered the call: rank r's wall less
+    ``last enter - enter_r`` (the time it waited for the late rank to arrive), its run and wait
+    held within what is left. ``enter`` is ``time.perf_counter()``, a system-wide monotonic
+    clock on one machine, so the ranks' readings compare."""
+    out: list[list[list[float]]] = [[] for _ in per_rank]
+    for i in range(len(per_rank[0])):
+        last = max(rank[i][0] for rank in per_rank)
+        for r, rank in enumerate(per_rank):
+            enter, wall, run, wait = rank[i]
+            wall = max(wall - (last - enter), 0.0)
+            run = min(run, wall)
+            out[r].append([wall, run, min(wait, wall - run)])
+    return out
+
+
+def _after_last_arrival(calls: list[list[float]], device) -> list[float]:
+    """Each call's time from the moment the last rank entered it (:func:`trim_to_last_arrival`),
+    from every rank's ``[enter, wall, run, wait]``: the alpha-beta model's collective time. With
+    compute before every call the ranks arrive apart (one rank's GEMMs run while the other's
+    wait for a CPU); the early rank's wait for the late one is not the collective's. Read by
+    :func:`.busy_clock.critical_busy_s` with the ranks' run share over all the calls (its
+    ``window``), as every interval calibrate times."""
+    import torch
+    import torch.distributed as dist
+    n = dist.get_world_size()
+    t = torch.tensor(calls, dtype=torch.float64).reshape(-1)
+    out = torch.zeros(t.numel() * n, dtype=torch.float64)
+    dist.all_gather_into_tensor(out, t)
+    per_rank = out.reshape(n, len(calls), 4).tolist()
+    window = [[sum(c[k] for c in rank) for k in (1, 2, 3)] for rank in per_rank]
+    trimmed = trim_to_last_arrival(per_rank)
+    return [critical_busy_s([rank[i] for rank in trimmed], window) for i in range(len(calls))]
+
+
+def _timed_calls(op, gap, sync, iters: int) -> list[list[float]]:
+    """``[enter, wall, run, wait]`` of ``iters`` calls of ``op``, each after ``gap()`` (None: back to back)."""
+    import time
+    calls = []
+    for _ in range(iters):
+        if gap is not None:
+            gap()
+        t0 = mark()
+        op()
+        sync()
+        calls.append([t0[0], *since(t0)])
+    return calls
+
+
+def measure_collective(op, device, sync, repeats: int, iters: int, gap) -> list[float]:
+    """Seconds per call of the collective ``op`` in each of ``repeats`` repeats of ``iters``
+    calls, each call timed after the last rank arrived (:func:`_after_last_arrival`); with
+    ``gap`` (:func:`_gap`) every call follows a step-like stretch of compute, as in training."""
+    import torch.distributed as dist
+    op()
+    dist.barrier()
+    calls = [_timed_calls(op, gap, sync, iters) for _ in range(repeats)]
+    times = _after_last_arrival([c for rep in calls for c in rep], device)
+    return [statistics.mean(times[i * iters:(i + 1) * iters]) for i in range(repeats)]
+
+
 def measure_collectives(device, sync, repeats: int) -> list[dict]:
-    """Every collective at every size over the whole world and (for a world of 4+) pairs."""
+    """Every collective at every size over the whole world and (for a world of 4+) pairs, each
+    call after :data:`COLLECTIVE_GAP_S` of compute (:func:`measure_collective`)."""
     import torch.distributed as dist
     world = dist.get_world_size()
     groups = [(world, dist.group.WORLD)]
     if world >= 4:
         pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
         groups.append((2, pairs[dist.get_rank() // 2]))
-    rows = []
+    rows, gap = [], _gap(device, sync)
     for g, group in groups:
         for size in COLLECTIVE_BYTES:
             iters = max(2, min(20, (2 << 20) // size * 2))
             for kind, op in _collective_ops(group, size, device).items():
                 if kind == "send_recv" and g % 2:
                     continue
-                op()
-                dist.barrier()
-                sched = []
-                for _ in range(repeats):
-                    t0 = mark()
-                    for _ in range(iters):
-                        op()
-                    sync()
-                    sched.append([x / iters for x in since(t0)])
-                samples = _across_ranks(sched, device)
+                samples = measure_collective(op, device, sync, repeats, iters, gap)
                 # send/recv moves one message each way at once: the cost model's one transfer
                 rows.append({"kind": kind, "group": g, "bytes": size, "seconds": statistics.median(samples),
-                             "samples": samples, "spread": (max(samples) - min(samples)) / 2})
+                             "samples": samples, "spread": (max(samples) - min(samples)) / 2,
+                             "gap_s": COLLECTIVE_GAP_S})
     return rows
+
+
+def measure_wakeup(device, sync, repeats: int) -> dict:
+    """The smallest all-reduce over the world timed both ways, per repeat: back to back (the
+    helper threads stay awake) and after :data:`COLLECTIVE_GAP_S` of compute (they sleep between
+    calls): ``{"bytes", "back_to_back": [s...], "after_compute": [s...]}``. The difference per
+    latency step is the wake-up latency a step pays on every hop (``collective.wakeup`` in
+    the file's terms)."""
+    import torch.distributed as dist
+    size = COLLECTIVE_BYTES[0]
+    op = _collective_ops(dist.group.WORLD, size, device)["all_reduce"]
+    hot = measure_collective(op, device, sync, repeats, 20, None)
+    cold = measure_collective(op, device, sync, repeats, 20, _gap(device, sync))
+    return {"bytes": size, "group": dist.get_world_size(), "back_to_back": hot, "after_compute": cold}
 
 
 def runtime_plans(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str, str]]:

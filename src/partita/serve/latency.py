@@ -51,6 +51,7 @@ import math
 
 from ..cost import comm
 from ..cost.compute import gemm_time, layer_forward
+from ..cost.frameworks import FRAMEWORKS
 from ..cost.overheads import tp_framework_us
 from ..cost.step import FORWARD_SHARE
 from ..cost.shape import LayerShape
@@ -87,9 +88,10 @@ def span(members: int, per_node: int) -> tuple[int, int]:
     return g, math.ceil(members / g)
 
 
-def all_reduce(device: Device, size: float, g: int, k: int) -> float:
+def all_reduce(device: Device, size: float, g: int, k: int, framework: str = "megatron") -> float:
     """Seconds of a tensor-parallel all-reduce: :func:`partita.cost.comm.all_reduce`, except
-    that on a full-mesh node (HCCS on the 910B) without a calibrated fit the latency term is
+    on an NVLink switch node under an engine with a one-shot kernel (:func:`one_shot_all_reduce`),
+    and on a full-mesh node (HCCS on the 910B) without a calibrated fit the latency term is
     HCCL's Mesh algorithm's ``2 alpha`` - a reduce-scatter and an all-gather, each one step in
     which every rank talks to all peers at once - not the ring's ``2 (g - 1) alpha``. HCCL
     picks Mesh inside an Atlas A2 server by topology (CANN HCCL user guide, "集合通信算法":
@@ -97,17 +99,64 @@ def all_reduce(device: Device, size: float, g: int, k: int) -> float:
     docs, Mesh: AllReduce ``2 alpha + 2/p n beta + (p-1)/p n gamma``, Ring
     ``2 (p-1) alpha + ...``). A decode step's all-reduces are kilobytes: the latency is the
     whole cost (Llama-2-70B tp 8, 160 per step: 45 ms at the ring's 14 alpha, 6 ms at 2)."""
+    one_shot = one_shot_all_reduce(device, size, g, k, framework)
+    if one_shot is not None:
+        return one_shot
     t = comm.all_reduce(device, size, g, k)
     if device.intra_topology == "full-mesh" and g > 2 and comm.collective_fit(device, "all_reduce", g) is None:
         t -= (2 * (g - 1) - 2) * device.intra_latency_us * 1e-6
     return t
 
 
-def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, moe: bool, per_node: int) -> float:
+#: runtimes whose tensor-parallel all-reduce is the process group's collective (NCCL, HCCL,
+#: gloo) at every size: the eager runtimes, and TensorRT-LLM engines built without
+#: ``--use_custom_all_reduce`` (its v0.6.1 docs/source/performance.md Llama2-70b build command
+#: does not pass it, so its plugin calls NCCL)
+NCCL_ALL_REDUCE = EAGER_RUNTIMES | {"tensorrt-llm"}
+#: vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py;
+#: SGLang carries the same kernel): world sizes it runs (``_SUPPORTED_WORLD_SIZES``), the
+#: largest message (``max_size=8192 * 1024``; larger ones go to NCCL) and, per world size, the
+#: largest message of the one-stage kernel (csrc/custom_all_reduce.cuh ``allreduce``: ``bytes <
+#: 512 KiB`` up to 4 ranks, ``< 256 KiB`` up to 8; above: the two-stage kernel)
+ONE_SHOT_WORLD_SIZES = (2, 4, 6, 8)
+ONE_SHOT_MAX_BYTES = 8192 * 1024
+
+
+def one_shot_stage_limit(g: int) -> float:
+    """Largest message (bytes, exclusive) vLLM's custom all-reduce runs in one stage on ``g``
+    fully NVLinked ranks (two ranks: always one stage)."""
+    return math.inf if g == 2 else (512 if g <= 4 else 256) * 1024
+
+
+def one_shot_all_reduce(device: Device, size: float, g: int, k: int, framework: str) -> float | None:
+    """Seconds of vLLM's / SGLang's custom all-reduce, or None where the engine calls NCCL.
+
+    On one node of NVLink through NVSwitch (every pair of GPUs one hop apart: vLLM's
+    ``full_nvlink`` check), with ``g`` in :data:`ONE_SHOT_WORLD_SIZES` and a message of at most
+    :data:`ONE_SHOT_MAX_BYTES`, the engines run ``cross_device_reduce_1stage``: a
+    ``start_sync`` (each rank writes a flag to every peer at once - "Latency = 1 p2p write"),
+    every rank reading all ``g - 1`` peers' inputs over NVLink and reducing them, and an
+    ``end_sync`` (again 1 p2p write): two latencies whatever ``g``, where NCCL's ring takes
+    ``2 (g - 1)`` steps - the same count as HCCL's Mesh on the 910B (:func:`all_reduce`). Above
+    :func:`one_shot_stage_limit` the two-stage kernel (a reduce-scatter then an all-gather
+    through the peers' buffers, the ring's ``2 (g - 1)/g`` bytes) keeps the two syncs.
+    The latency is the device file's per-step ``intra_latency_us``, as for the ring."""
+    if framework in NCCL_ALL_REDUCE or k > 1 or g not in ONE_SHOT_WORLD_SIZES or size > ONE_SHOT_MAX_BYTES:
+        return None
+    if device.intra_topology != "switch" or "nvlink" not in device.intra_link.lower():
+        return None
+    if comm.collective_fit(device, "all_reduce", g) is not None:
+        return None  # a calibrated file measured its own all-reduce
+    peers = (g - 1) * size if size < one_shot_stage_limit(g) else 2 * (g - 1) / g * size
+    return peers / comm.intra_bandwidth(device, g) + 2 * device.intra_latency_us * 1e-6
+
+
+def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, moe: bool, per_node: int,
+               framework: str = "megatron") -> float:
     """Seconds of one layer's collectives for ``tokens`` tokens per attention group."""
     h, tp, stage = model.hidden, layout.tp, layout.tp * layout.dp_attn
     size = tokens * h * layout.weight_bytes
-    t = all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0  # attention output
+    t = all_reduce(device, size, *span(tp, per_node), framework) if tp > 1 else 0.0  # attention output
     if moe and layout.ep > 1:  # dispatch + combine: each rank sends its 1/tp of the tokens x top_k
         sent = tokens / tp * model.moe.top_k * h * layout.weight_bytes
         return t + 2 * comm.all_to_all(device, sent, *span(stage, per_node))
@@ -115,14 +164,15 @@ def layer_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, 
         gathered = size * layout.dp_attn
         g, k = span(stage, per_node)
         return t + comm.all_gather(device, gathered, g, k) + comm.reduce_scatter(device, gathered, g, k)
-    return t + (all_reduce(device, size, *span(tp, per_node)) if tp > 1 else 0.0)
+    return t + (all_reduce(device, size, *span(tp, per_node), framework) if tp > 1 else 0.0)
 
 
-def embedding_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
+def embedding_comm(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int,
+                   framework: str = "megatron") -> float:
     """The vocab-parallel embedding's all-reduce of ``tokens`` hidden states (module docstring)."""
     if layout.tp == 1:
         return 0.0
-    return all_reduce(device, tokens * model.hidden * layout.weight_bytes, *span(layout.tp, per_node))
+    return all_reduce(device, tokens * model.hidden * layout.weight_bytes, *span(layout.tp, per_node), framework)
 
 
 def dtensor_overhead(device: Device, layout: Layout, framework: str) -> float:
@@ -253,7 +303,8 @@ def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_
     (attention within each prompt; the GEMMs, collectives and weight reads over all of them;
     one logits row per prompt)."""
     bw = read_bandwidth(device)
-    shape = LayerShape(layout.tp, 1, max(layout.ep, 1), prompts, prompt_len, False, layout.dtype, framework, 1)
+    kernels = framework if framework in FRAMEWORKS else "megatron"  # an engine's fused kernels: Megatron's
+    shape = LayerShape(layout.tp, 1, max(layout.ep, 1), prompts, prompt_len, False, layout.dtype, kernels, 1)
     tokens = prompts * prompt_len
     total = 0.0
     for moe in (False, True):
@@ -265,9 +316,10 @@ def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_
         compute = layer_forward(model, device, shape, moe).time
         weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw
         eager = prompts * eager_prefill_attention(model, device, layout, prompt_len) if framework in EAGER_RUNTIMES else 0.0
-        total += n * (max(compute, weights) + layer_comm(model, device, layout, tokens, moe, per_node)
+        total += n * (max(compute, weights) + layer_comm(model, device, layout, tokens, moe, per_node, framework)
                       + dtensor_overhead(device, layout, framework) + eager)
-    total += _logits_time(model, device, layout, prompts) + embedding_comm(model, device, layout, tokens, per_node)
+    total += _logits_time(model, device, layout, prompts) + embedding_comm(model, device, layout, tokens, per_node,
+                                                                           framework)
     return total + (layout.pp - 1) * _hop(model, device, layout, tokens, per_node)
 
 
@@ -343,7 +395,7 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
     attn = max(kv_time, attn_flops / (device.peak_flops(layout.dtype) * device.efficiency.attention))
     overhead = decode_launch_overhead(device, framework)
     overhead += dtensor_overhead(device, layout, framework)
-    return gemm + attn + overhead + layer_comm(model, device, layout, batch, moe, per_node)
+    return gemm + attn + overhead + layer_comm(model, device, layout, batch, moe, per_node, framework)
 
 
 def decode_stage_time(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float,
@@ -353,17 +405,18 @@ def decode_stage_time(model: ModelSpec, device: Device, layout: Layout, batch: f
     dense_t = decode_layer(model, device, layout, batch, context, False, per_node, framework)
     moe_t = decode_layer(model, device, layout, batch, context, True, per_node, framework) if model.moe else 0.0
     logits = _logits_time(model, device, layout, batch)
-    embed = embedding_comm(model, device, layout, batch, per_node)
+    embed = embedding_comm(model, device, layout, batch, per_node, framework)
     stages = stage_layers(model, layout.pp)
     return max(dense * dense_t + moe * moe_t + (logits if i == len(stages) - 1 else 0.0) + (embed if i == 0 else 0.0)
                for i, (dense, moe) in enumerate(stages))
 
 
-def tpot(model: ModelSpec, device: Device, layout: Layout, seqs: float, context: float, per_node: int) -> float:
+def tpot(model: ModelSpec, device: Device, layout: Layout, seqs: float, context: float, per_node: int,
+         framework: str = "megatron") -> float:
     """Seconds between two tokens of a sequence when the replica decodes ``seqs`` sequences
     (``pp`` micro-batches of ``seqs / pp``, each split over the ``dp_attn`` attention copies)."""
     micro = max(seqs / layout.pp, 1.0) / layout.dp_attn
-    step = decode_stage_time(model, device, layout, micro, context, per_node)
+    step = decode_stage_time(model, device, layout, micro, context, per_node, framework)
     return layout.pp * step + layout.pp * _hop(model, device, layout, micro, per_node)
 
 
