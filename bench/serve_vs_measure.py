@@ -19,10 +19,10 @@ busy clock, the wall-clock minus the time the thread waited on the run queue (th
 docstring): on a shared machine, what the forward would take with the cores to itself; the raw
 wall-clock is printed beside it. Beside each decode case: the MB a step touched for the first
 time (the kernel's minor faults x the page size, median over the steps) and the MB the planner
-prices as first-touched (every ``cat`` / ``repeat_kv`` result:
-:func:`partita.serve.latency.decode_kv_writes` x the cache's bytes x layers); where the
-allocator reuses pages (below glibc's 32 MiB mmap cap, when the heap has a chunk that fits) the
-step touches far fewer (docs/serve.md, issue 37).
+prices as first-touched (:func:`partita.serve.latency.decode_kv_fresh_bytes` x layers: every
+``cat`` / ``repeat_kv`` result on a file without the ``eager_decode`` rates, those above
+glibc's 32 MiB mmap cap on one with them); where the allocator reuses pages (below the cap,
+when the heap has a chunk that fits) the step touches far fewer (docs/serve.md, issue 37).
 
 Each is predicted by :func:`partita.serve.latency.prefill_time` and
 :func:`partita.serve.latency.decode_stage_time` for the layout in fp32 on the device file
@@ -48,7 +48,7 @@ import torch
 import transformers
 
 from partita.calibrate.busy_clock import seconds_per_call
-from partita.serve.latency import decode_kv_writes, decode_stage_time, prefill_time
+from partita.serve.latency import decode_kv_fresh_bytes, decode_stage_time, prefill_time
 from partita.serve.memory import kv_bytes_per_token_layer
 from partita.serve.workload import Layout
 from partita.spec.hardware import load_device
@@ -90,13 +90,13 @@ def predict(spec, device, tp: int, kind: str, a: int, b: int, repeats: int) -> f
     return decode_stage_time(spec, device, layout, a, b + (repeats + 1) / 2, tp, framework="partita")
 
 
-def predicted_fresh_mb(spec, tp: int, kind: str, a: int, b: int, repeats: int) -> float:
+def predicted_fresh_mb(spec, device, tp: int, kind: str, a: int, b: int, repeats: int) -> float:
     """MB a decode step writes into first-touched pages by the serve model (0 for prefill)."""
     if kind == "prefill":
         return 0.0
     layout = Layout(tp, 1, 1, kv_dtype="fp32", dtype="fp32")
     kv = a * (b + (repeats + 1) / 2) * kv_bytes_per_token_layer(spec, layout)
-    return decode_kv_writes(spec, tp, "partita") * kv * spec.layers / 1e6
+    return decode_kv_fresh_bytes(spec, device, tp, "partita", kv) * spec.layers / 1e6
 
 
 def measure_here(repeats: int) -> dict:
@@ -178,7 +178,7 @@ def main() -> None:
         for r in run["rows"]:
             pred = predict(spec, device, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
             name = f"P={r['a']}" if r["kind"] == "prefill" else f"B={r['a']} L={r['b']}"
-            fresh = predicted_fresh_mb(spec, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
+            fresh = predicted_fresh_mb(spec, device, tps[run["mode"]], r["kind"], r["a"], r["b"], args.repeats)
             touched = r["faults"] * PAGE / 1e6
             rows.append({"layout": run["mode"], "case": f"{r['kind']} {name}", "predicted_s": pred,
                          "measured_s": r["busy_s"], "wall_s": r["wall_s"], "load": run["load"],
@@ -196,6 +196,11 @@ def main() -> None:
     print(f"{_summary(rows, 'predicted_s')} over "
           f"{len(rows)} cases; hardware {device.name} ({device.source_file}); load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process")
+    if device.eager_decode is not None:  # the eager decode step's rates calibrate measured
+        e = device.eager_decode
+        print("the file's eager_decode: GEMM GFLOP/s by rows " + ", ".join(f"{m}: {r / 1e9:.1f}" for m, r in e.gemm_by_rows)
+              + f"; attention at q_len 1 {e.attention_bytes_per_s / 1e9:.2f} GB/s; host {e.host_s_per_layer * 1e3:.2f} "
+              f"ms/layer + {e.host_s_per_step * 1e3:.2f} ms/step; read {device.read_bytes_per_s() / 1e9:.2f} GB/s")
     print(f"the file's clone rate {device.hbm_tbps * 1e3:.2f} GB/s; the same clone timed now "
           f"{clone / 1e9:.2f} GB/s; predicted with it: {_summary(rows, 'predicted_busy_memory_s')} "
           f"(" + ", ".join(f"{r['predicted_busy_memory_s'] / r['measured_s']:.2f}" for r in rows) + ")")

@@ -68,6 +68,8 @@ def measure(device_type: str, dtype_name: str = "fp32", repeats: int = REPEATS, 
     out["copy"] = [2 * x.numel() * x.element_size() / t for t in copy]
     from .read_rate import measure_read_rate  # the streaming read rate beside the clone (read_rate.py)
     out["read"] = measure_read_rate(device, dtype, sync, repeats)
+    from .decode_rates import measure_eager_decode  # an eager decode step's kernels (decode_rates.py)
+    out["eager_decode"] = measure_eager_decode(device, dtype, sync, repeats)
     out["optimizer"] = measure_optimizer(device, sync, repeats)
     if out["world"] > 1:
         out["collectives"] = measure_collectives(device, sync, repeats)
@@ -174,6 +176,10 @@ def hardware_file(m: dict, base: str, name: str) -> dict:
     """Turn measurements into a device file that extends ``base`` (no measuring here:
     tests feed synthetic measurements to it)."""
     fields, terms = _base_fields(m, base)
+    if m.get("eager_decode"):  # the eager_decode section (decode_rates.py)
+        from .decode_rates import eager_decode_fields
+        fields["eager_decode"], eager_terms = eager_decode_fields(m["eager_decode"])
+        terms.update(eager_terms)
     overheads = fit_with_overlap(m.get("runtime", {}), predictor(base, fields))
     for field, term in overheads.items():  # a value outside its range is written clamped (the record says so)
         fields["efficiency"][field] = term.get("clamped_to", term["value"]) if term["read_by_cost_model"] else 0.0

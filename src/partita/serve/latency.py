@@ -229,10 +229,63 @@ def decode_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str,
     them so (first-touch only above glibc's 32 MiB mmap cap) re-measured worse - median 13 % /
     18.8 % / 18.2 % against 9.2 % / 7.3 % / 14.6 % on the same rows of three runs - because this
     term also stands in for what the model does not price in an eager decode step: the
-    ``bmm``s' GEMV rate at q_len 1, the skinny GEMMs and the per-op host dispatch."""
+    ``bmm``s' GEMV rate at q_len 1, the skinny GEMMs and the per-op host dispatch. A file with
+    those rates measured (``eager_decode``) prices them instead: :func:`eager_kv_seconds`."""
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES and not model.mla:
+        return eager_kv_seconds(model, device, tp, framework, kv)
     read = read_bandwidth(device)
     writes = decode_kv_writes(model, tp, framework)
     return kv * (decode_kv_passes(model, tp, framework) - writes) / read + kv * writes * fresh_write_seconds_per_byte(device)
+
+
+#: bytes above which a host allocation gets pages the process has never touched: glibc's
+#: ``malloc`` serves a request from ``mmap`` when no free heap chunk fits and it is at least
+#: ``M_MMAP_THRESHOLD``, whose dynamic value (raised to the size of each mmapped chunk freed)
+#: is capped at ``DEFAULT_MMAP_THRESHOLD_MAX`` = 4 MiB x sizeof(long) = 32 MiB on 64-bit
+#: (mallopt(3)); below it a freed chunk's pages go to the next allocation. Measured on the
+#: development VM (``ru_minflt`` per decode step of bench/serve_vs_measure.py's model): batch 8
+#: at context 1024 (8.4 MB per ``cat``, 16.8 MB per ``repeat_kv`` copy) 0-4 faults a step in a
+#: fresh process; batch 32 at context 515 (33.7 MB copies) 49-66 k faults, the eight copies'
+#: bytes. A caching GPU allocator reuses its blocks at any size, but there the clone and the
+#: read run at one rate and the threshold changes nothing (:func:`fresh_write_seconds_per_byte`).
+FIRST_TOUCH_BYTES = 32 * 2 ** 20
+
+
+def eager_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str, kv: float) -> float:
+    """:func:`decode_kv_seconds` on a file with the ``eager_decode`` rates: of the
+    :func:`decode_kv_passes`, the attention's (``n_rep``: the two matmuls read the expanded K
+    and V; 1 without GQA) at the measured eager-attention rate at q_len 1
+    (``eager_decode.attention_tbps``: ``matmul``, ``softmax``, ``matmul`` over K and V), the
+    ``cat`` and ``repeat_kv`` passes at the read rate - a ``cat`` into pages the allocator
+    reuses moves a read and a write per byte at it (measured on the development VM, 8-17 MB:
+    ``cat`` and ``copy_`` 6.0-6.4 GB/s per byte written, a ``sum`` 12.8-14.6 GB/s in the same
+    minute) - and the writes of tensors above :data:`FIRST_TOUCH_BYTES` at
+    :func:`fresh_write_seconds_per_byte` instead of a read's."""
+    read = read_bandwidth(device)
+    passes = decode_kv_passes(model, tp, framework)
+    n_rep = model.heads / tp / kv_heads_per_device(model, tp)
+    attention = n_rep if n_rep > 1 else 1.0
+    fresh = decode_kv_fresh_bytes(model, device, tp, framework, kv)
+    return (kv * (passes - attention) - fresh) / read + fresh * fresh_write_seconds_per_byte(device) \
+        + kv * attention / device.eager_decode.attention_bytes_per_s
+
+
+def decode_kv_fresh_bytes(model: ModelSpec, device: Device, tp: int, framework: str, kv: float) -> float:
+    """Bytes of one layer's decode-step K/V allocations (``kv``: the layer's cached K + V bytes)
+    the model prices as written into first-touched pages: on a file with the ``eager_decode``
+    rates those of the tensors above :data:`FIRST_TOUCH_BYTES`, else every one
+    (:func:`decode_kv_seconds`)."""
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES:
+        return sum(f * kv for f in decode_kv_allocations(model, tp, framework) if f * kv > FIRST_TOUCH_BYTES)
+    return kv * decode_kv_writes(model, tp, framework)
+
+
+def eager_gemm_time(device: Device, flops: float, rows: float, weight_bytes: float) -> float:
+    """Seconds of a decode step's GEMMs with ``rows`` rows on a file with the ``eager_decode``
+    rates: their FLOPs at the rate measured for ``rows`` rows
+    (:meth:`partita.spec.eager_decode.EagerDecode.gemm_flops_per_s`), never faster than reading
+    their ``weight_bytes`` once at the read rate."""
+    return max(flops / device.eager_decode.gemm_flops_per_s(rows), weight_bytes / read_bandwidth(device))
 
 
 def fresh_write_seconds_per_byte(device: Device) -> float:
@@ -370,8 +423,24 @@ def decode_launch_overhead(device: Device, framework: str) -> float:
     as a captured graph - one launch per step, not per kernel (vLLM: CUDA graphs unless
     ``--enforce-eager``, vLLM-Ascend: ACL graphs; SGLang: ``--cuda-graph-max-bs``; torchair:
     graph mode, what its published Llama figures ran). The device-side gaps between a graph's
-    kernels (about a microsecond each) are not modelled."""
-    return device.efficiency.kernel_overhead_us_per_layer * 1e-6 if framework in EAGER_RUNTIMES else 0.0
+    kernels (about a microsecond each) are not modelled. A file with the host time of an eager
+    decode step measured (``eager_decode.host_us_per_layer``: a hidden-64 transformers Llama's
+    decode steps, :mod:`partita.calibrate.decode_rates`) gives it instead of the training
+    micro-runs' per-layer figure."""
+    if framework not in EAGER_RUNTIMES:
+        return 0.0
+    if device.eager_decode is not None and device.eager_decode.host_s_per_layer > 0:
+        return device.eager_decode.host_s_per_layer
+    return device.efficiency.kernel_overhead_us_per_layer * 1e-6
+
+
+def decode_step_host(device: Device, framework: str) -> float:
+    """Host seconds of an eager decode step outside its layers (embedding, rotary tables, mask,
+    final norm, logits, cache bookkeeping): ``eager_decode.host_us_per_step`` where the file
+    measured it, else 0 (engines: one graph launch a step)."""
+    if framework not in EAGER_RUNTIMES or device.eager_decode is None:
+        return 0.0
+    return device.eager_decode.host_s_per_step
 
 
 def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float, moe: bool,
@@ -387,7 +456,10 @@ def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float,
         weights -= routed * (1 - touched)
     flops = layer_gemm_flops(model, layout, batch, moe)
     gemms = 6 if model.mla else 4
-    gemm = max(gemm_time(device, flops, layout.dtype, gemms + 3), weights * layout.weight_bytes / bw)
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES:
+        gemm = eager_gemm_time(device, flops, batch, weights * layout.weight_bytes)
+    else:
+        gemm = max(gemm_time(device, flops, layout.dtype, gemms + 3), weights * layout.weight_bytes / bw)
     d_qk, d_v = decode_attention_dims(model)
     attn_flops = 2 * batch * context * model.heads / tp * (d_qk + d_v)
     kv = batch * context * kv_bytes_per_token_layer(model, layout)
@@ -405,10 +477,14 @@ def decode_stage_time(model: ModelSpec, device: Device, layout: Layout, batch: f
     dense_t = decode_layer(model, device, layout, batch, context, False, per_node, framework)
     moe_t = decode_layer(model, device, layout, batch, context, True, per_node, framework) if model.moe else 0.0
     logits = _logits_time(model, device, layout, batch)
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES:
+        logits = eager_gemm_time(device, 2 * batch * model.hidden * model.vocab / layout.tp, batch,
+                                 model.vocab * model.hidden / layout.tp * layout.weight_bytes)
     embed = embedding_comm(model, device, layout, batch, per_node, framework)
     stages = stage_layers(model, layout.pp)
+    host = decode_step_host(device, framework)
     return max(dense * dense_t + moe * moe_t + (logits if i == len(stages) - 1 else 0.0) + (embed if i == 0 else 0.0)
-               for i, (dense, moe) in enumerate(stages))
+               + host for i, (dense, moe) in enumerate(stages))
 
 
 def tpot(model: ModelSpec, device: Device, layout: Layout, seqs: float, context: float, per_node: int,

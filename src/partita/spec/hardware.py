@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import PartitaError, unknown_name
 from .collective_fits import CollectiveFit, parse_collective_fits
+from .eager_decode import EagerDecode, parse_eager_decode
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "catalog" / "devices"
 
@@ -175,6 +176,8 @@ class Device:
     #: a KV cache), measured by ``partita calibrate`` (:mod:`partita.calibrate.read_rate`);
     #: 0 (every built-in device): the element-wise bandwidth ``hbm_tbps x memory_bandwidth``
     read_tbps: float = 0.0
+    #: ``eager_decode``: rates of an eager decode step's kernels (:mod:`.eager_decode`), None unmeasured
+    eager_decode: EagerDecode | None = None
 
     def read_bytes_per_s(self) -> float:
         """Bytes per second of streaming reads: measured where the file says, else the
@@ -308,7 +311,7 @@ def _resolve_raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, s
 
 #: Top-level keys of a device file besides the sections of :data:`_SECTIONS`.
 _TOP_LEVEL = ("name", "description", "extends", "aliases", "sources", "confidence", "calibration",
-              "efficiency_provenance", "collectives")
+              "efficiency_provenance", "collectives", "eager_decode")
 
 
 def _check_schema(raw: dict, path: Path) -> None:
@@ -495,6 +498,7 @@ def load_device(name_or_path: str, overrides: dict | None = None) -> Device:
         efficiency=efficiency,
         source_file=source,
         collective_fits=parse_collective_fits(raw.get("collectives"), source),
+        eager_decode=parse_eager_decode(raw.get("eager_decode"), source),
     )
 
 
