@@ -20,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from partita.calibrate import decode_rates
 from partita.calibrate.hardware_file import hardware_file
+from partita.cli.calibrate import print_terms
 from partita.errors import PartitaError
 from partita.serve.latency import decode_stage_time
 from partita.serve.workload import Layout
@@ -47,6 +48,7 @@ def test_calibrate_writes_the_section_and_the_loader_reads_it():
                           "attention": [7e9, 8e9, 9e9],
                           "host_step": {"1": [2.4e-3] * 3, "4": [5.7e-3, 5.8e-3, 5.9e-3]}}}
     out = hardware_file(m, "cpu", "synthetic")
+    print_terms(out)  # `partita calibrate` prints every term it wrote (a scalar value each)
     section = out["eager_decode"]
     assert section["gemm_gflops_by_rows"] == pytest.approx({"1": 7.0, "8": 12.0, "64": 24.0})
     assert section["attention_tbps"] == pytest.approx(8e-3)

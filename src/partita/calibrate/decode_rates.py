@@ -141,8 +141,9 @@ def eager_decode_fields(raw: dict) -> tuple[dict, dict]:
                "attention_tbps": terms["eager_decode.attention"]["value"]}
     if raw.get("host_step"):
         section["host_us_per_layer"], section["host_us_per_step"] = host_fields(raw["host_step"])
-        terms["eager_decode.host"] = {"value": [section["host_us_per_layer"], section["host_us_per_step"]],
-                                      "unit": "us per layer, us per step",
-                                      "method": f"decode steps of a hidden-64 Llama with {HOST_LAYERS} layers "
-                                                f"(transformers, eager, DynamicCache): slope and intercept"}
+        for key, what in (("host_us_per_layer", "slope"), ("host_us_per_step", "intercept")):
+            terms[f"eager_decode.{key}"] = {
+                "value": section[key], "spread": 0.0, "repeats": len(next(iter(raw["host_step"].values()))),
+                "unit": "us", "method": f"decode steps of a hidden-64 Llama with {HOST_LAYERS} layers (transformers, "
+                                        f"eager, DynamicCache), medians: the line's {what}"}
     return section, terms
