@@ -47,8 +47,11 @@ DEFAULT = (lambda meta: build_tiny_hf(*LLAMA, seed=0, meta=meta), "", True)
 
 def setup(text: str) -> tuple:
     """(model builder (meta), plan text added, packed rows) of a case: an interleaved
-    pipeline gets the 4-layer Llama, cp the reference tiny-llama on token rows, ep the
-    Qwen2-MoE with attention adapters, every other case the 2-layer HF Llama."""
+    pipeline gets the 4-layer Llama, cp the reference tiny-llama on token rows (``hf:``
+    before the plan: the 2-layer HF Llama on token rows), ep the Qwen2-MoE with attention
+    adapters, every other case the 2-layer HF Llama."""
+    if text.startswith("hf:"):
+        return DEFAULT[0], "", False
     fields = dict(kv.split("=") for kv in text.split(","))
     if int(fields.get("vpp", 1)) > 1:
         return llama4, "", True
@@ -68,7 +71,7 @@ def token_rows(n_rows: int, seq_len: int, vocab: int) -> dict:
 
 
 def case_dir(text: str) -> str:
-    return text.replace(",", "_").replace("=", "")
+    return text.replace(",", "_").replace("=", "").replace(":", "_")
 
 
 def sft_rows(n_rows: int, seq_len: int, vocab: int) -> dict:
@@ -107,8 +110,9 @@ def reference(plan: Plan, rows: dict, build=DEFAULT[0]):
             x, y = rows["inputs"][sl][i:i + 1], rows["targets"][sl][i:i + 1]
             if "positions" in rows:
                 out = peft_model(input_ids=x, position_ids=rows["positions"][sl][i:i + 1], use_cache=False).logits
-            else:  # a reference model: its forward takes the tokens
+            else:  # token rows: a reference model's forward gives logits, an HF model's an output
                 out = peft_model(x)
+                out = getattr(out, "logits", out)
             loss = F.cross_entropy(out.flatten(0, 1), y.flatten())
             (loss / plan.gbs).backward()
             total += float(loss) / plan.gbs
@@ -150,7 +154,7 @@ def run_case(text: str, rows: dict | None = None, out_dir: str | None = None) ->
     if rows is None or not packed:
         rows = _ROWS.setdefault("rows", sft_rows(STEPS * 4, 32, 256)) if packed else token_rows(STEPS * 4, 32, 256)
     out_dir = out_dir or os.environ["PARTITA_WORKER_DIR"]
-    plan = Plan.parse(f"{text},{LORA}{extra}", world_size=dist.get_world_size())
+    plan = Plan.parse(f"{text.removeprefix('hf:')},{LORA}{extra}", world_size=dist.get_world_size())
     pm = parallelize(build(True), plan, make_optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), max_grad_norm=None)
     per = plan.gbs // plan.dp
     from partita.runtime.batches import dp_index

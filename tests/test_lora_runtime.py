@@ -1,6 +1,7 @@
 """Issue 36 items 3 and 5: LoRA with PEFT's own layers under Partita's parallelism (dp, ZeRO-3
 / FSDP2, tp, pp and interleaved pp, cp, ep), equal to single-process PEFT on the same data
-(SGD, 3 steps; packed SFT rows, plain token rows under cp); the adapters it saves (under pp:
+(SGD, 3 steps; packed SFT rows, plain token rows under cp - on the reference tiny-llama and,
+``hf:dp=2,cp=2``, on the HF Llama); the adapters it saves (under pp:
 every stage's, gathered) load with ``PeftModel.from_pretrained`` and give Partita's eval
 loss. The cases run in 4 gloo processes (tests/lora_runtime_worker.py), the session's shared
 torchrun (tests/conftest.py)."""
@@ -18,7 +19,7 @@ pytest.importorskip("peft")
 
 WORKER = Path(__file__).parent / "lora_runtime_worker.py"
 CASES = ["dp=2,tp=2", "dp=2,tp=2,sp=false", "dp=4,zero=3", "dp=2,tp=2,zero=3", "dp=2,pp=2",
-         "dp=2,pp=2,vpp=2,zero=3,schedule=interleaved-1f1b", "dp=2,cp=2", "dp=4,ep=2"]
+         "dp=2,pp=2,vpp=2,zero=3,schedule=interleaved-1f1b", "dp=2,cp=2", "hf:dp=2,cp=2", "dp=4,ep=2"]
 #: adapter tensors (A and B) = 2 x targeted linears x layers: all-linear on the 2-layer HF
 #: Llama (7 linears), its 4-layer copy and the reference tiny-llama (4 layers); attention
 #: (4 linears) on the 2-layer Qwen2-MoE
@@ -55,9 +56,10 @@ def test_merged_weights_under_pp_equal_peft_merge_and_unload(results, case):
     assert r["merged_keys_match"] and r["merged_max_diff"] <= 1e-6, r
 
 
-def test_packed_rows_under_cp_refused_in_one_line(results):
+@pytest.mark.parametrize("case", ["dp=2,cp=2", "hf:dp=2,cp=2"])
+def test_packed_rows_under_cp_refused_in_one_line(results, case):
     from partita.runtime.parallelize import PACKED_CP
-    msg = results["dp=2,cp=2"]["packed_cp_refusal"]
+    msg = results[case]["packed_cp_refusal"]
     assert msg == PACKED_CP and "\n" not in msg and "cp=1" in msg
 
 

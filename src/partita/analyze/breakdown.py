@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .events import (  # noqa: F401  (re-exported: callers import them from here)
-    COLLECTIVE_KINDS, CPU_COMM, DEVICE_CATS, DEVICE_COMM, EP_COMM, Interval, TraceBreakdown, clip, collective_kind,
+from .events import (
+    CPU_COMM, DEVICE_CATS, DEVICE_COMM, EP_COMM, Interval, TraceBreakdown, clip, collective_kind,
     intersect, length, load_trace, subtract, union,
 )
 

@@ -24,19 +24,20 @@ from typing import NamedTuple
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
+# noqa F401 below: re-exported, as tests/, cost/traced.py and the docs name them by this path
 from .activations import (_activations_per_chunk, activation_bytes, activation_bytes_per_layer,  # noqa: F401
-                          eager_extra_bytes, layer_working_bytes, unfused_attention_bytes)
+                          eager_extra_bytes, unfused_attention_bytes)
 from .compression import state_bytes, wire_count
 from .finetune import lora_memory_parts, trained_shape_params
 from .frameworks import FRAMEWORKS
 from .pipeline import in_flight_chunks
-from .placement import RankShape, all_rank_layers, distinct_shapes, rank_shapes, recomputed_layers  # noqa: F401
+from .placement import RankShape, distinct_shapes, rank_shapes
 from .shape import LayerShape, layer_shape
 from .step import _ddp_wraps
-from .states import (FP8_WEIGHT_CACHE, _grad_bytes, _shape_params, _state_bytes, expert_state_shard,  # noqa: F401
+from .states import (_grad_bytes, _shape_params, _state_bytes, expert_state_shard,  # noqa: F401
                      fp8_weight_cache, full_gradients, grad_bytes, model_state_bytes, shape_params, state_shard,
                      tp_replicated_params)
-from .transient import (FSDP2_FRAMEWORKS, LOSS_MODE, _transient, _zero3_gathered, fsdp_stream_pool,  # noqa: F401
+from .transient import (LOSS_MODE, _transient, _zero3_gathered, fsdp_stream_pool,  # noqa: F401
                         loss_bytes_per_logit)
 
 GIB = 1024 ** 3

@@ -116,6 +116,48 @@ class ParallelModel:
         if self.grad_sync is not None:
             self.grad_sync()
         self._clip_and_step(local)
+        return self._mean_over_dp(local)
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> float:
+        """Forward only, no update: the global mean language-model loss of one batch (same
+        arguments as :meth:`train_step`) - the mean over micro-batches and data-parallel (x cp)
+        ranks of each micro-batch's mean token cross-entropy. Unlike the training loss it
+        leaves out the MoE load-balancing losses (Megatron reports "lm loss" apart from them):
+        they are a training penalty, not a measure of fit, and this way the number is the same
+        with and without pipeline stages."""
+        if self.cp_positions is not None:  # context parallel: this rank's sequence chunks
+            if positions is not None:
+                raise PartitaError(PACKED_CP)
+            inputs, targets = inputs[:, self.cp_positions], targets[:, self.cp_positions]
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        with loss_parallel() if self.plan.tp > 1 else contextlib.nullcontext():
+            if self.schedule is not None:  # the last stage's loss (the other stages add 0)
+                local = self._sum_over_pipeline(self._run_schedule(self.schedule.eval, inputs, targets, positions))
+            else:
+                local = self._forward_loss(inputs, targets, positions)
+        return self._mean_over_dp(local)
+
+    def _forward_loss(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None) -> float:
+        """:meth:`eval_loss` without pipeline stages: the micro-batches' mean loss (no aux loss)."""
+        model = self.model
+        core = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        m = self.plan.grad_accum
+        total = 0.0
+        pos_chunks = positions.to(self.device).chunk(m) if positions is not None else [None] * m
+        for x, y, pos in zip(inputs.chunk(m), targets.chunk(m), pos_chunks):
+            with self._autocast():
+                if pos is not None:  # HF models: transformers masks packed samples from the position ids
+                    out = core(input_ids=x, position_ids=pos, use_cache=False)
+                else:
+                    out = logits_of(core, x)
+                loss = cross_entropy(out.logits if hasattr(out, "logits") else out, y)
+            total += float((loss.to_local() if isinstance(loss, DTensor) else loss).float()) / m
+        return total
+
+    def _mean_over_dp(self, local: float) -> float:
+        """This rank's loss averaged over the data-parallel (x cp) ranks: equal token counts,
+        so the mean of their means is the global mean."""
         loss = torch.tensor([local], dtype=torch.float64)
         if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
             dist.all_reduce(loss, group=self.dp_group)
@@ -153,24 +195,33 @@ class ParallelModel:
                 self.micro_batch_hook(i)
         return total
 
-    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None,
-                       forward_only: bool = False) -> float:
-        """One pipeline step (``forward_only``: the schedule's ``eval``, no backward); packed
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> float:
+        """One pipeline training step (the schedule's ``step``: forward and backward); its loss
+        includes the MoE load-balancing losses, as its gradients do."""
+        local = self._run_schedule(self.schedule.step, inputs, targets, positions)
+        from .moe_aux import recorded_aux_sum
+        m = self.plan.grad_accum
+        local += recorded_aux_sum(self.aux_record, m) / m  # MoE load-balancing losses of this rank's layers
+        # the loss lives on the last stage, the aux losses on every stage: sum along the pipeline
+        return self._sum_over_pipeline(local)
+
+    def _run_schedule(self, run: Callable, inputs: torch.Tensor, targets: torch.Tensor,
+                      positions: torch.Tensor | None) -> float:
+        """Run ``run`` (the schedule's ``step`` or forward-only ``eval``) over this rank's
+        micro-batches: the last stage's mean loss over them, 0 on the other stages. Packed
         rows' ``positions`` go to every stage as a keyword (HF stages mask samples from them)."""
         losses: list[torch.Tensor] = []
         self.aux_record.clear()
         is_first = any(_end(mod, "tok_embeddings", "embed_tokens") for mod in self.modules)
         is_last = any(_end(mod, "output", "lm_head") for mod in self.modules)
-        run = self.schedule.eval if forward_only else self.schedule.step
         extra = {} if positions is None else {"position_ids": positions.to(self.device)}
         with self._autocast():
             args = (inputs,) if is_first else ()
             run(*args, target=targets if is_last else None, losses=losses if is_last else None, **extra)
-        m = self.plan.grad_accum
-        local = sum(float(l.detach().float()) for l in losses) / m
-        from .moe_aux import recorded_aux_sum
-        local += recorded_aux_sum(self.aux_record, m) / m  # MoE load-balancing losses of this rank's layers
-        # the loss lives on the last stage, the aux losses on every stage: sum along the pipeline
+        return sum(float(l.detach().float()) for l in losses) / self.plan.grad_accum
+
+    def _sum_over_pipeline(self, local: float) -> float:
+        """``local`` summed over the pipeline group: every stage then reports the step's loss."""
         value = torch.tensor([local], dtype=torch.float64)
         dist.all_reduce(value, group=self.pp_group)
         return float(value.item())

@@ -296,37 +296,11 @@ CHATML_GENERATION = (
 CHATML = CHATML_GENERATION.replace("{% generation %}", "").replace("{% endgeneration %}", "")
 
 
-@torch.no_grad()
 def evaluate_sft(pm, batches) -> float:
-    """Held-out loss of packed SFT rows, defined as the training loss is: the mean over
-    micro-batches (and data-parallel ranks, and ``batches``) of each micro-batch's mean
-    cross-entropy over its assistant tokens."""
-    import contextlib
-
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from ..runtime.parallelize import PACKED_CP, cross_entropy
-    model = pm.model.module if isinstance(pm.model, nn.parallel.DistributedDataParallel) else pm.model
-    if pm.cp_positions is not None:
-        raise PartitaError(PACKED_CP)
-    values, m = [], pm.plan.grad_accum
-    for x, y, pos in batches:
-        if pm.schedule is not None:  # pipeline: the schedule's forward-only pass, summed over the stages
-            with loss_parallel() if pm.plan.tp > 1 else contextlib.nullcontext():
-                values.append(pm._pipeline_step(x.to(pm.device), y.to(pm.device), pos, forward_only=True))
-            continue
-        total = 0.0
-        for xs, ys, ps in zip(x.chunk(m), y.chunk(m), pos.chunk(m)):
-            with loss_parallel() if pm.plan.tp > 1 else contextlib.nullcontext(), pm._autocast():
-                out = model(input_ids=xs.to(pm.device), position_ids=ps.to(pm.device), use_cache=False)
-                loss = cross_entropy(getattr(out, "logits", out), ys.to(pm.device))
-            total += float((loss.to_local() if isinstance(loss, DTensor) else loss).float()) / m
-        values.append(total)
-    local = torch.tensor([sum(values) / max(len(values), 1)], dtype=torch.float64)
-    if pm.dp_group is not None and dist.get_world_size(pm.dp_group) > 1:
-        dist.all_reduce(local, group=pm.dp_group)
-        local /= dist.get_world_size(pm.dp_group)
-    return float(local.item())
+    """Held-out loss of packed SFT rows ((inputs, targets, positions) per batch), defined as
+    the training loss is - the mean over micro-batches (and data-parallel ranks, and
+    ``batches``) of each micro-batch's mean cross-entropy over its assistant tokens - less
+    MoE load-balancing losses (train/evaluate.py: one definition on every layout). Packed
+    rows under context parallel are refused (``PACKED_CP``)."""
+    from .evaluate import evaluate
+    return evaluate(pm, batches)
