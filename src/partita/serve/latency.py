@@ -367,6 +367,8 @@ def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_
         if not n:
             continue
         compute = layer_forward(model, device, shape, moe).time
+        if moe and framework not in EAGER_RUNTIMES:
+            compute += grouped_expert_gemms(model, device, layout, tokens) - per_expert_gemms(model, device, layout, tokens)
         weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw
         eager = prompts * eager_prefill_attention(model, device, layout, prompt_len) if framework in EAGER_RUNTIMES else 0.0
         total += n * (max(compute, weights) + layer_comm(model, device, layout, tokens, moe, per_node, framework)
@@ -374,6 +376,42 @@ def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_
     total += _logits_time(model, device, layout, prompts) + embedding_comm(model, device, layout, tokens, per_node,
                                                                            framework)
     return total + (layout.pp - 1) * _hop(model, device, layout, tokens, per_node)
+
+
+#: grouped GEMMs a MoE layer's routed experts run in an engine: the gate and up projections
+#: fused in one, the down projection in another - vLLM ``fused_moe.py`` ``fused_experts``: two
+#: ``invoke_fused_moe_kernel`` calls, each one Triton launch over every expert's tiles (rows
+#: sorted by expert, ``moe_align_block_size``); vLLM-Ascend / MindIE: ``torch_npu.
+#: npu_grouped_matmul`` for gate_up ("gmm1") and down ("gmm2"); SGLang the same fused_moe kernel
+GROUPED_EXPERT_GEMMS = 2
+
+
+def routed_expert_flops(model: ModelSpec, layout: Layout, tokens: float) -> float:
+    """FLOPs of one MoE layer's routed experts on one device for ``tokens`` tokens per
+    attention group: each token's ``top_k`` expert FFNs, the tokens split ``tp`` ways (as
+    :func:`partita.cost.compute.layer_forward` counts them at expert tensor parallel 1)."""
+    mo = model.moe
+    mats = 3 if model.gated else 2
+    return 2 * tokens * mo.top_k / layout.tp * mats * model.hidden * mo.expert_ffn_hidden
+
+
+def per_expert_gemms(model: ModelSpec, device: Device, layout: Layout, tokens: float) -> float:
+    """Seconds the training cost model gives the routed experts: one GEMM per local expert and
+    weight matrix, each at the efficiency of its own size (a training framework's loop over
+    experts; :func:`partita.cost.compute.layer_forward`)."""
+    mats = 3 if model.gated else 2
+    count = max(1, int(model.moe.num_experts / max(layout.ep, 1) * mats))
+    return gemm_time(device, routed_expert_flops(model, layout, tokens), layout.dtype, count)
+
+
+def grouped_expert_gemms(model: ModelSpec, device: Device, layout: Layout, tokens: float) -> float:
+    """Seconds of the routed experts as an engine runs them at prefill:
+    :data:`GROUPED_EXPERT_GEMMS` grouped GEMMs, each one kernel whose tiles over all experts
+    fill the device together, so its efficiency is that of its whole size, not of one expert's
+    few rows (a 217-token prompt routes ~14 rows to each of Qwen3-30B-A3B's 128 experts). The
+    weights are still read once: :func:`batch_prefill_time` keeps the layer's weight-read
+    bound (every expert of the stage, as the training model's forward)."""
+    return gemm_time(device, routed_expert_flops(model, layout, tokens), layout.dtype, GROUPED_EXPERT_GEMMS)
 
 
 def _logits_time(model: ModelSpec, device: Device, layout: Layout, rows: float) -> float:
