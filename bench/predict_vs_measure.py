@@ -147,6 +147,10 @@ def print_framework_terms(hardware: str) -> None:
         return
     clock = json.load(open(hardware)).get("calibration", {}).get("raw", {}).get("clock", "wall clock")
     print(f"  calibrated on: {clock}")
+    wake = terms.get("collective.wakeup")
+    if wake:  # calibrate times collectives after compute, as a step runs them (calibrate/measure.py)
+        print(f"  smallest all-reduce: {wake['back_to_back_us']:.0f} us back to back, {wake['after_compute_us']:.0f} us "
+              f"after compute: wake-up {wake['value']:.0f} +- {wake['spread']:.3g} us per latency step")
     for name, t in terms.items():
         if name.startswith("efficiency.") and "value" in t:
             note = "  (negative: written as 0)" if t["value"] < 0 else ""
