@@ -45,6 +45,9 @@ against bounds built from the other sources' residuals only.
 Run ``python bench/serve_published.py`` (prints the report; about a second);
 ``--write`` also rewrites ``src/partita/catalog/serve_intervals.json``; ``--json`` prints
 the per-row predictions as JSON. Rerun with ``--write`` whenever the serving model changes.
+``--memory`` prints data/published_serving_memory.csv - engines' own memory-profiling log
+lines (weights, non-torch buffers, activation peak, KV pool), each with its source - against
+:func:`partita.serve.memory.serve_memory` (no interval is built from them yet: too few rows).
 """
 from __future__ import annotations
 
@@ -79,6 +82,12 @@ from partita.spec.hardware import load_device
 from partita.uncertainty import effective_rows
 
 CSV = ROOT / "data" / "published_serving.csv"
+#: engines' own memory accounting lines (vLLM's memory-profiling log: weights, non-torch,
+#: activation peak, KV pool), one component a row, with sources: the oracle of serve_memory
+MEMORY_CSV = ROOT / "data" / "published_serving_memory.csv"
+#: serve_memory's field for each logged component (``non_torch``: CUDA context, NCCL and
+#: other allocator-external buffers = Partita's runtime workspace)
+MEMORY_FIELDS = {"weights": "weights", "non_torch": "workspace", "activations": "activations", "kv_pool": "kv"}
 #: True: predict a saturated burst as the steady state (the model before the drain term; `--steady`)
 STEADY_BURST = False
 
@@ -168,6 +177,34 @@ def predict(rec: dict[str, str]) -> float:
 def predict_all(path: Path = CSV) -> list[Row]:
     return [Row(r["source"], r["engine"], r["model"], r["hardware"], r["metric"], r["scenario"],
                 float(r["value"]), predict(r)) for r in load_rows(path)]
+
+
+def memory_rows(path: Path = MEMORY_CSV) -> list[dict]:
+    """Each published memory figure with :func:`partita.serve.memory.serve_memory`'s for the
+    same model, device, tp, dtypes, utilization and max model length (GiB; error = predicted /
+    published - 1)."""
+    out = []
+    for rec in load_rows(path):
+        model = resolve_model(rec["model"]).spec()
+        device = load_device(rec["hardware"])
+        layout = Layout(int(rec["tp"]), 1, 1, rec["kv_dtype"], dtype=rec["dtype"])
+        mem = serve_memory(model, device, layout, int(rec["max_model_len"]), float(rec["gpu_memory_utilization"]))
+        predicted = getattr(mem, MEMORY_FIELDS[rec["component"]]) / 2 ** 30
+        measured = float(rec["value_gib"])
+        out.append({"source": rec["source"], "model": rec["model"], "tp": int(rec["tp"]),
+                    "component": rec["component"], "measured_gib": measured, "predicted_gib": predicted,
+                    "error": predicted / measured - 1})
+    return out
+
+
+def memory_report(rows: list[dict]) -> str:
+    """The memory rows as a table (``--memory``)."""
+    lines = ["Published serving memory (engine logs) vs partita serve's memory model, GiB per device",
+             f"{'model':12s} {'tp':>3s} {'component':12s} {'published':>9s} {'predicted':>9s} {'error':>7s}"]
+    for r in rows:
+        lines.append(f"{r['model']:12s} {r['tp']:3d} {r['component']:12s} {r['measured_gib']:9.2f} "
+                     f"{r['predicted_gib']:9.2f} {r['error']:+7.1%}")
+    return "\n".join(lines)
 
 
 def summary(rows: list[Row]) -> dict[str, float]:
@@ -322,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help=f"rewrite {INTERVALS_FILE.relative_to(ROOT)}")
     p.add_argument("--json", action="store_true", help="print the per-row predictions as JSON")
     p.add_argument("--markdown", action="store_true", help="print the per-source table docs/serve.md quotes")
+    p.add_argument("--memory", action="store_true", help=f"print {MEMORY_CSV.relative_to(ROOT)} against the "
+                   "memory model instead")
     p.add_argument("--steady", action="store_true", help="predict saturated output rates as the steady state "
                    "(no burst drain), for comparison; not with --write")
     args = p.parse_args(argv)
@@ -329,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steady is a comparison: the interval table is written from the shipped model only")
     global STEADY_BURST
     STEADY_BURST = args.steady
+    if args.memory:
+        print(memory_report(memory_rows()))
+        return 0
     rows = predict_all()
     if args.markdown:
         print(markdown_table(rows))
