@@ -308,6 +308,11 @@ def unfused_attention_core(model: ModelSpec, device: Device, shape: LayerShape, 
                      elementwise_time=elements * passes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth))
 
 
+#: An end layer's time is its forward plus a backward at 2x (:func:`.step._end_terms`,
+#: ``step.BACKWARD_PER_FORWARD``): what a loss priced as forward + backward bytes is divided by.
+END_LAYER_PASSES = 3
+
+
 @memoised
 def output_forward(model: ModelSpec, device: Device, shape: LayerShape) -> LayerCost:
     """Final norm, output projection and cross-entropy for one micro-batch on the last stage."""
@@ -315,7 +320,11 @@ def output_forward(model: ModelSpec, device: Device, shape: LayerShape) -> Layer
     flops = 2 * tokens * model.hidden * model.vocab / shape.tp
     cost = LayerCost(gemm_flops=flops, gemm_time=gemm_time(device, flops, "bf16" if shape.dtype == "fp8" else shape.dtype))
     # softmax cross-entropy in fp32 over the vocab shard: read logits, write probs, read again for the loss
-    ce_bytes = tokens * model.vocab / shape.tp * (BYTES[shape.dtype] + 3 * FP32_BYTES)
+    per_logit = BYTES[shape.dtype] + 3 * FP32_BYTES
+    loss_bytes = FRAMEWORKS[shape.framework].ce_bytes_per_logit
+    if loss_bytes:  # the framework's own op-by-op loss, forward + backward: as a forward the end rule triples
+        per_logit = loss_bytes / END_LAYER_PASSES
+    ce_bytes = tokens * model.vocab / shape.tp * per_logit
     cost.elementwise_time = ce_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
     return cost
 

@@ -62,6 +62,10 @@ field                       what it changes (where)
                             are the optimizer's copy, updated in fp32 and cast back, so the states
                             are 2 + gradients + 8 (fp32 AdamW m, v) bytes per parameter, not
                             Megatron's 2 + 4 + 12 (:func:`.states._state_bytes`; memory only)
+``ce_bytes_per_logit``      HBM bytes per logit of the framework's own cross-entropy, forward and
+                            backward together, where it runs as separate primitive ops; 0: the
+                            fused fp32 softmax of :func:`.compute.output_forward` (2 + 12 B forward,
+                            backward 2x: 42 B)
 ``fsdp2_stream_copies``     zero 3 is torch FSDP2: the all-gather's copy-out and the reduce-scatter's
                             copy-in run on the compute stream, beside no overlap
                             (:func:`.step._zero3_exposed`)
@@ -135,6 +139,8 @@ class Framework:
     fsdp2_stream_copies: bool = False
     #: 16-bit parameters are the master copy (MindSpore): no separate fp32 master in the optimizer states
     master_in_params: bool = False
+    #: the loss's own HBM bytes per logit, forward + backward (:data:`MINDFORMERS_CE_BYTES`); 0: the fused count
+    ce_bytes_per_logit: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -226,6 +232,28 @@ _TORCHTITAN_SOURCES_EAGER_LOSS = _TORCHTITAN.sources + (
      "ran eager (F.cross_entropy(pred.flatten(0, 1).float(), ...)) while the blocks were compiled"),)
 
 #: The frameworks ``--framework`` accepts, by name.
+#: MindFormers' training cross-entropy, op by op, per logit of the rank's vocabulary shard
+#: (name, bytes read, bytes written), 16-bit logits. LlamaForCausalLM.construct casts the
+#: lm_head's compute-dtype logits to fp32 and calls CrossEntropyLoss, which is _LogSoftmax then
+#: _NLLLoss written as separate MindSpore primitives, each with a hand-written bprop
+#: (mindspore-lab/mindformers mindformers/core/loss/loss.py and mindformers/models/llama/llama.py,
+#: commit 9719c5cd2): forward Cast, ReduceMax, Sub, Exp, ReduceSum, Log (per row), Sub, OneHot
+#: (fp32 on/off values), Mul, Neg, ReduceSum; backward _NLLLoss.bprop's Exp, Sub, Mul by the
+#: expanded dout and Mul by ``repeat_loss`` (_LogSoftmax.bprop passes dout through), then the
+#: forward Cast's bprop back to 16 bits. Each primitive reads its N x V inputs and writes its
+#: N x V output once (per-row tensors are negligible); nothing in these files asks the graph
+#: compiler to fuse them. (tests/test_cost_mindformers_loss.py replays the chain in torch and
+#: counts each op's bytes.)
+MINDFORMERS_CE_OPS: tuple[tuple[str, float, float], ...] = (
+    ("Cast 16-bit -> fp32", 2, 4), ("ReduceMax", 4, 0), ("Sub max", 4, 4), ("Exp", 4, 4),
+    ("ReduceSum", 4, 0), ("Sub log-sum", 4, 4), ("OneHot", 0, 4), ("Mul one-hot", 8, 4), ("Neg", 4, 4),
+    ("ReduceSum", 4, 0),
+    ("bprop Exp", 4, 4), ("bprop Sub one-hot", 8, 4), ("bprop Mul dout", 4, 4), ("bprop Mul repeat_loss", 4, 4),
+    ("bprop Cast fp32 -> 16-bit", 4, 2),
+)
+MINDFORMERS_CE_BYTES = float(sum(r + w for _, r, w in MINDFORMERS_CE_OPS))  # 108 B per logit
+
+
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", fp8_cast_bytes=0.0, sources=_MEGATRON_SOURCES),
     # MindSpeed patches Megatron-LM on Ascend (torch_npu fused kernels npu_rms_norm,
@@ -301,8 +329,12 @@ FRAMEWORKS: dict[str, Framework] = {
     # MindSpore/MindFormers (graph mode on Ascend): every time term as MindSpeed's (the fused
     # kernels and reentrant recompute the MindFormers rows were fitted with); its optimizer keeps
     # no fp32 master weight.
-    "mindformers": Framework("mindformers", fp8_cast_bytes=0.0, master_in_params=True, sources=(
+    "mindformers": Framework("mindformers", fp8_cast_bytes=0.0, master_in_params=True,
+                             ce_bytes_per_logit=MINDFORMERS_CE_BYTES, sources=(
         ("*", "as mindspeed: MindSpore graph mode fuses the element-wise ops and its recompute reruns the forward"),
+        ("ce_bytes_per_logit", "mindspore-lab/mindformers mindformers/core/loss/loss.py CrossEntropyLoss = "
+         "_LogSoftmax + _NLLLoss, primitives with hand-written bprops, on the fp32 cast of the logits "
+         "(mindformers/models/llama/llama.py LlamaForCausalLM.construct): MINDFORMERS_CE_OPS"),
         ("master_in_params", "mindspore-lab/mindformers mindformers/core/optim/adamw.py AdamW: clone_state makes "
          "exp_avg / exp_avg_sq with dtype=mstype.float32; _update_run_op casts the parameter to fp32, updates it "
          "and assigns it back with F.assign(parameters, op_cast(return_param, F.dtype(parameters))) - the "
