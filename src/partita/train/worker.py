@@ -319,8 +319,11 @@ class Trainer:
         run-queue wait]`` (calibrate/busy_clock.py ``critical_busy_s``, kept as ``self.waits``) -
         the clock ``partita calibrate`` times its micro-runs on, so the closed loop compares like
         with like on a loaded machine. None under profiling (its collective counter and trace
-        must see only the step's own collectives)."""
-        if self.counter is not None or self.profiler is not None:
+        must see only the step's own collectives). None on an accelerator too: there the host
+        thread's run time is not the step's compute (kernels run asynchronously), so the clock
+        would mean nothing - and its per-step all-gather would add a collective and a device
+        sync to every step of a real run."""
+        if self.counter is not None or self.profiler is not None or self.pm.device.type != "cpu":
             return None
         t = torch.tensor(sched, dtype=torch.float32, device=self.pm.device)
         if self.world > 1:
