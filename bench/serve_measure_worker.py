@@ -14,9 +14,13 @@ Every timed call starts after a barrier. A rank's time is read on the busy clock
 calibrate`` times every rate with (:func:`partita.calibrate.busy_clock.busy_call`: the
 wall-clock minus the time the thread waited on the run queue, ``/proc/thread-self/schedstat``
 field 2): on a machine other processes share, what is left is the time the forward ran or
-waited on its peer. A step's time is the smaller of the two ranks' (each is at most the
-unloaded time plus the peer's queueing it waited out), its raw wall-clock the larger; medians
-over the repeats. Each step also records the thread's minor page faults (``getrusage``
+waited on its peer. A tp step's time is read as calibrate reads its collectives
+(:func:`partita.calibrate.busy_clock.critical_busy_s` of both ranks' ``[wall, run, wait]``, the
+ranks' run share over all the case's repeats): a rank's own busy clock still holds the time it
+slept through the peer's queueing at each all-reduce (issue 37: tp2 decode batch 1 read 48-98 ms
+between runs on it); ``busy_min_s`` keeps that earlier figure, the smaller of the two ranks'. A
+dp step's time is the smaller of the two ranks' busy clocks (no collective inside the step).
+The raw wall-clock is the larger of the two; medians over the repeats. Each step also records the thread's minor page faults (``getrusage``
 ``RUSAGE_THREAD``, ``ru_minflt``; the larger of the ranks'): pages the step touched for the
 first time, beside what the serve model prices as first-touched. Rank 0 writes
 the cases as JSON.
@@ -35,19 +39,36 @@ import torch
 import torch.distributed as dist
 from transformers import DynamicCache
 
-from partita.calibrate.busy_clock import busy_call
+from partita.calibrate.busy_clock import critical_busy_s, mark, since
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_vs_measure import CONFIG, build_model, case_list  # noqa: E402
 
 
-def timed(fn) -> tuple[float, float, int]:
-    """(busy seconds, wall seconds, minor page faults) of one call of ``fn`` after a barrier."""
+def timed(fn) -> tuple[float, float, int, list[float]]:
+    """(busy seconds, wall seconds, minor page faults, ``[wall, run, wait]``) of one call of
+    ``fn`` after a barrier; busy = wall less the run-queue wait (the thread's busy clock)."""
     if dist.is_initialized():
         dist.barrier()
     f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    busy, wall = busy_call(fn)
-    return busy, wall, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+    start = mark()
+    fn()
+    interval = since(start)
+    return interval[0] - interval[2], interval[0], resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0, interval
+
+
+def combine(both: list, tp: bool) -> tuple[float, float, float, float]:
+    """(step seconds, the smaller rank's busy seconds, wall, faults), medians over the repeats
+    of every rank's :func:`timed` records (module docstring)."""
+    n = len(both[0])
+    busy_min = statistics.median(min(r[i][0] for r in both) for i in range(n))
+    if tp:
+        window = [[sum(r[i][3][j] for i in range(n)) for j in range(3)] for r in both]
+        step = statistics.median(critical_busy_s([r[i][3] for r in both], window) for i in range(n))
+    else:
+        step = busy_min
+    return (step, busy_min, statistics.median(max(r[i][1] for r in both) for i in range(n)),
+            statistics.median(max(r[i][2] for r in both) for i in range(n)))
 
 
 def _ids(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -97,10 +118,9 @@ def main() -> None:
             local = measure_case(model, kind, a, b, args.repeats, seed)
             both: list = [None] * dist.get_world_size()
             dist.all_gather_object(both, local)
-            busy = statistics.median(min(r[i][0] for r in both) for i in range(len(local)))
-            wall = statistics.median(max(r[i][1] for r in both) for i in range(len(local)))
-            faults = statistics.median(max(r[i][2] for r in both) for i in range(len(local)))
-            rows.append({"kind": kind, "a": a, "b": b, "busy_s": busy, "wall_s": wall, "faults": faults})
+            busy, busy_min, wall, faults = combine(both, args.mode == "tp")
+            rows.append({"kind": kind, "a": a, "b": b, "busy_s": busy, "busy_min_s": busy_min, "wall_s": wall,
+                         "faults": faults})
         if rank == 0:
             with open(args.out, "w") as f:
                 json.dump({"mode": args.mode, "world": dist.get_world_size(), "rows": rows,
