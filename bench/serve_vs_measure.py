@@ -15,9 +15,10 @@ process):
 Layouts: ``tp1`` in this process; with ``--nproc 2`` also ``tp2`` (one replica over two gloo
 processes, Partita's runtime tensor parallel) and ``dp2`` (two replicas, one per process),
 each run by ``torchrun`` on ``bench/serve_measure_worker.py``. A time is read on calibrate's
-busy clock, the wall-clock minus the time the thread waited on the run queue (the worker's
-docstring): on a shared machine, what the forward would take with the cores to itself; the raw
-wall-clock is printed beside it. Beside each decode case: the MB a step touched for the first
+busy clock, the wall-clock minus the time the thread waited on the run queue, a tp step on its
+collective clock (``critical_busy_s``; the worker's docstring): on a shared machine, what the
+forward would take with the cores to itself; the raw wall-clock is printed beside it, and the
+summary on the earlier tp clock (the smaller rank's own busy time) below it. Beside each decode case: the MB a step touched for the first
 time (the kernel's minor faults x the page size, median over the steps) and the MB the planner
 prices as first-touched (:func:`partita.serve.latency.decode_kv_fresh_bytes` x layers: every
 ``cat`` / ``repeat_kv`` result on a file without the ``eager_decode`` rates, those above
@@ -182,7 +183,8 @@ def main() -> None:
             touched = r["faults"] * PAGE / 1e6
             rows.append({"layout": run["mode"], "case": f"{r['kind']} {name}", "predicted_s": pred,
                          "measured_s": r["busy_s"], "wall_s": r["wall_s"], "load": run["load"],
-                         "fresh_mb_predicted": fresh, "fresh_mb_measured": touched})
+                         "fresh_mb_predicted": fresh, "fresh_mb_measured": touched,
+                         "busy_min_s": r.get("busy_min_s", r["busy_s"])})
             print(f"{run['mode']:<7}{r['kind'] + ' ' + name:<22}{pred * 1e3:>14.2f}{r['busy_s'] * 1e3:>13.2f}"
                   f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}"
                   f"{fresh:>11.0f} /{touched:>6.0f}", flush=True)
@@ -196,6 +198,8 @@ def main() -> None:
     print(f"{_summary(rows, 'predicted_s')} over "
           f"{len(rows)} cases; hardware {device.name} ({device.source_file}); load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process")
+    earlier = [{**r, "measured_s": r["busy_min_s"]} for r in rows]  # tp read on each rank's own busy clock
+    print(f"on the earlier clock (tp: the smaller rank's busy time): {_summary(earlier, 'predicted_s')}")
     if device.eager_decode is not None:  # the eager decode step's rates calibrate measured
         e = device.eager_decode
         print("the file's eager_decode: GEMM GFLOP/s by rows " + ", ".join(f"{m}: {r / 1e9:.1f}" for m, r in e.gemm_by_rows)
