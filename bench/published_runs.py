@@ -512,6 +512,15 @@ def _precision(notes: str) -> str:
     return "bf16"
 
 
+def _fp8_recipe(notes: str) -> str:
+    """The fp8 scaling recipe a row's precision names (``Plan.fp8_recipe``): torchao's rowwise
+    recipes ("float8 rowwise", "rowwise_with_gw_hp") and MX ("mxfp8") by name, else tensorwise
+    (Transformer Engine's delayed / current scaling and torchao's default are per tensor)."""
+    m = re.match(r"precision=([^;]+)", notes)
+    text = (m.group(1) if m else "").lower()
+    return "rowwise" if "rowwise" in text else "mxfp8" if "mxfp8" in text else "tensorwise"
+
+
 def _zero(text: str, fsdp_hint: bool) -> int:
     """The ZeRO stage a row's ``zero_stage/fsdp`` cell describes.
 
@@ -714,6 +723,7 @@ def _case(row: dict) -> Case:
                 dp_shard=_dp_shard(row["zero_stage/fsdp"], dp), grad_accum_mode=_grad_accum_mode(row["zero_stage/fsdp"]),
                 mbs=mbs, gbs=gbs, seq_len=seq,
                 recompute=recompute, recompute_layers=rc_layers, dtype=_precision(row["notes"]),
+                fp8_recipe=_fp8_recipe(row["notes"]),
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 grad_dtype=facts.grad_dtype, tp_comm_overlap=facts.tp_comm_overlap,
                 overlap_grad_reduce=facts.overlap_grad_reduce, overlap_param_gather=facts.overlap_param_gather,

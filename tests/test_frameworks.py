@@ -126,8 +126,9 @@ def test_torchtitan_fp8_casts_are_their_own_hbm_passes():
     1); Transformer Engine fuses the cast into the producer. Llama-3-8B, tp 2, 4096 tokens
     per micro-batch, counted by hand: per token wq, wk, wv and w1, w3 each cast x (5 x 4096),
     wo its 4096/2 input, w2 its 14336/2; the weights (q, k, v, o and the three MLP matrices) 218,103,808/2. Forward
-    once, backward twice, per layer and micro-batch."""
-    plan = BASE.with_(dtype="fp8")
+    once, backward twice, per layer and micro-batch. (A rowwise recipe: torchtitan's regular TP; a
+    tensorwise one casts before the tp all-gather, tests/test_cost_fp8_tp_gather.py.)"""
+    plan = BASE.with_(dtype="fp8", fp8_recipe="rowwise")
     meg, tt = _est(plan, "megatron"), _est(plan, "torchtitan")
     assert _differing(meg.time.parts, tt.time.parts) <= {"compute", "pipeline bubble", "dp gradient sync"}
     per_token = 5 * 4096 + 4096 / 2 + 14336 / 2

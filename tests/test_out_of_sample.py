@@ -23,8 +23,10 @@ def _step(rows):
 
 
 def test_leave_one_source_out_error():
-    """Measured (python bench/validate_published.py): 417 step times, median 8.7 %, p90 27.1 %,
-    MoE 7.1 % (10.8 % / 27.8 %, MoE 9.6 % before the dgxc MoE rows ran with Megatron-Core's default
+    """Measured (python bench/validate_published.py): 417 step times, median 8.0 %, p90 24.9 %,
+    MoE 7.8 % (8.4 % / 27.0 % before MindFormers' op-by-op cross-entropy and torchtitan's fp8
+    all-gather for tensorwise TP were priced; 8.7 % / 27.1 %, MoE 7.1 %, before Hopper's gemm_fp8
+    was unfitted and unfused attention priced; 10.8 % / 27.8 %, MoE 9.6 % before the dgxc MoE rows ran with Megatron-Core's default
     etp = tp and FSDP2's compute-stream copies were charged; 11.0 % / 28.4 % while the
     power-limited B200's bf16 gemm was fitted: fit.NOT_FITTED);
     the bounds sit just above. (fit.py's old --loso said 9.9 % / 30.8 %: it refitted
@@ -33,7 +35,7 @@ def test_leave_one_source_out_error():
     rows = oos.loso_predictions(FITS)
     step = oos.summary(_step(rows))
     assert step["rows"] == 417
-    assert step["median"] < 0.0855 and step["p90"] < 0.2730
+    assert step["median"] < 0.0815 and step["p90"] <= 0.25  # issue 33's target: p90 <= 25 %
     moe = oos.summary([r for r in _step(rows) if "moe" in r.classes])
     assert moe["rows"] == 63 and moe["median"] < 0.0795
     mem = oos.summary([r for r in rows if r.metric == "peak_memory_gib"])
@@ -48,7 +50,7 @@ def test_time_split_error():
     (Oct-2024); on the same 143 rows the old pre-2025 fit gives 12.1 % / 42.3 %, +4.1 %."""
     step = oos.summary(_step(oos.time_split_predictions(FITS)))
     assert step["rows"] == 143
-    assert step["median"] < 0.1005 and step["p90"] < 0.4250
+    assert step["median"] < 0.0995 and step["p90"] < 0.4000  # 9.8 % / 39.6 % now
 
 
 def test_long_sequence_h100_rows_are_dated_by_first_publication():

@@ -117,6 +117,10 @@ DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
 ATTENTIONS = ("fused", "unfused")
+#: ``fp8_recipe``: how fp8 GEMM inputs are scaled: one scale per tensor (tensorwise, the default),
+#: per row (rowwise, torchao) or per 32-element block (mxfp8); torchtitan casts a tensorwise
+#: input to fp8 before the tp all-gather (cost/frameworks.py ``fp8_tp_gather``)
+FP8_RECIPES = ("tensorwise", "rowwise", "mxfp8")
 GRAD_DTYPES = ("fp32", "bf16")
 GRAD_COMPRESSIONS = ("none", "powersgd")
 #: ``finetune``: none (pre-training: every weight trained), full (SFT of every weight), lora (frozen
@@ -134,7 +138,7 @@ MAX_PLAN_SIZE = 1 << 24
 #: Fields written to JSON only when set to something else than this default.
 _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
-                                         "recompute_layers": 0, "attention": "fused",
+                                         "recompute_layers": 0, "attention": "fused", "fp8_recipe": "tensorwise",
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
                                          "lora_targets": "all-linear", "fp8_param_gather": False,
                                          "reuse_fp32_param": False, "sample_len": 0}
@@ -224,6 +228,9 @@ class Plan:
     #: attention kernel: fused (flash) or unfused (probabilities kept; module docstring)
     attention: str = _flag("fused", "attention kernel: fused (flash; default) or unfused (the softmax "
                                     "probabilities kept for backward)", choices=ATTENTIONS)
+    #: with dtype fp8: the scaling recipe (FP8_RECIPES)
+    fp8_recipe: str = _flag("tensorwise", "with --dtype fp8: scaling recipe, tensorwise (one scale per tensor; "
+                                          "default), rowwise or mxfp8", choices=FP8_RECIPES)
     #: fine-tuning: none (pre-training), full SFT or LoRA (partita.cost.finetune: frozen weights
     #: without gradients or optimizer states, adapters with theirs; docs/finetune.md)
     finetune: str = _flag("none", "fine-tuning: none (pre-training; default), full (SFT, every weight trained) or "

@@ -113,6 +113,9 @@ def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
         attn_in = 2 * h + (ml.q_lora_rank or 0) + ml.kv_lora_rank + model.attn_out_dim / tp
     else:
         attn_in = 3 * h + model.attn_out_dim / tp
+    gathered = fp8_tp_gathered(shape)
+    if gathered and not ml:  # one cast of the sequence shard feeds wq, wk and wv (after the all-gather)
+        attn_in = h / tp + model.attn_out_dim / tp
     weights = (h * (model.q_dim + 2 * model.kv_dim) + model.attn_out_dim * h) / tp
     if moe and model.moe:
         mo = model.moe
@@ -122,10 +125,20 @@ def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
         per_token += mo.shared_experts * ((mats - 1) * h + mo.shared_ffn_hidden / tp)
         weights += mats * h * (mo.num_experts / (shape.ep * shape.etp) * mo.expert_ffn_hidden
                                + mo.shared_experts * mo.shared_ffn_hidden / tp)
-    else:
-        per_token = attn_in + (mats - 1) * h + model.ffn_hidden / tp
+    else:  # w1 (and w3) cast x, or with fp8_tp_gather share one cast of its sequence shard
+        per_token = attn_in + (h / tp if gathered else (mats - 1) * h) + model.ffn_hidden / tp
         weights += mats * h * model.ffn_hidden / tp
     return shape.tokens * per_token + weights
+
+
+def fp8_tp_gathered(shape: LayerShape) -> bool:
+    """Whether the layer's tp blocks take their input cast to fp8 before the tp all-gather
+    (:attr:`.frameworks.Framework.fp8_tp_gather`): an fp8 tensorwise plan with sequence-parallel
+    tp under a framework that does so. Then the attention and MLP inputs are cast once per
+    block on the ``tokens / tp`` shard (``h / tp`` elements per token, not one full ``h`` per
+    column-parallel linear), and those all-gathers move 1-byte elements (:mod:`.step`)."""
+    return (shape.dtype == "fp8" and shape.fp8_recipe == "tensorwise" and shape.tp > 1 and shape.sp
+            and FRAMEWORKS[shape.framework].fp8_tp_gather)
 
 
 @memoised

@@ -62,6 +62,12 @@ field                       what it changes (where)
                             are the optimizer's copy, updated in fp32 and cast back, so the states
                             are 2 + gradients + 8 (fp32 AdamW m, v) bytes per parameter, not
                             Megatron's 2 + 4 + 12 (:func:`.states._state_bytes`; memory only)
+``fp8_tp_gather``           fp8 tensorwise with tp and SP: the sequence-sharded input of the
+                            attention / MLP block is cast to fp8 once, before the tp all-gather
+                            (torchao ``PrepareFloat8ModuleInput``), so q/k/v and w1/w3 share one
+                            cast of ``h / tp`` per token and the forward all-gathers (and the
+                            gradients' all-gathers before wo / w2's backward) move 1-byte
+                            elements (:func:`.compute.fp8_tp_gathered`, :mod:`.step`)
 ``ce_bytes_per_logit``      HBM bytes per logit of the framework's own cross-entropy, forward and
                             backward together, where it runs as separate primitive ops; 0: the
                             fused fp32 softmax of :func:`.compute.output_forward` (2 + 12 B forward,
@@ -141,6 +147,8 @@ class Framework:
     master_in_params: bool = False
     #: the loss's own HBM bytes per logit, forward + backward (:data:`MINDFORMERS_CE_BYTES`); 0: the fused count
     ce_bytes_per_logit: float = 0.0
+    #: fp8 tensorwise + tp: inputs cast before the tp all-gather (torchao float8 TP, torchtitan)
+    fp8_tp_gather: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -176,7 +184,7 @@ _FSDP2_COPIES = ("torch FSDP2 (fully_shard): all-gather copy-out and reduce-scat
                  "_fsdp_param_group.py wait_for_unshard)")
 
 _TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0,
-                        fsdp2_stream_copies=True, sources=(
+                        fsdp2_stream_copies=True, fp8_tp_gather=True, sources=(
         ("fsdp2_stream_copies", _FSDP2_COPIES),
         ("eager_activations", "torchtitan compiles each TransformerBlock (apply_compile in "
          "torchtitan/models/llama3/infra/parallelize.py); the min-cut partitioner "
@@ -201,6 +209,15 @@ _TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast
          "scale exists) and then casts, so per element one 2-byte read for the amax and a 2-byte read plus "
          "1-byte write for the cast; every linear casts its own input (wq, wk, wv and w1, w3 each cast the "
          "same x) - torchao/float8/float8_linear.py, torchao/float8/float8_scaling_utils.py"),
+        ("fp8_tp_gather", "torchtitan/models/llama3/infra/parallelize.py (Jun-2025, 6b11290c1e) apply_tp: with "
+         "float8 and a tensorwise recipe ('For now, float8 all-gather with TP is only supported for tensorwise "
+         "float8 scaling recipes. For rowwise recipes, we use regular TP and all-gather happens in high "
+         "precision') the plan is PrepareFloat8ModuleInput on attention / feed_forward, Float8ColwiseParallel on "
+         "wq, wk, wv, w1, w3 and Float8RowwiseParallel on wo, w2; torchao/float8/float8_tensor_parallel.py: "
+         "PrepareFloat8ModuleInput casts the Shard(1) input with hp_tensor_to_float8_dynamic and then "
+         "redistributes it to Replicate ('the float8 cast happens before the all-gather'), the colwise "
+         "linears skip an input already cast (tensor_already_casted_to_fp8), and the rowwise output's "
+         "NoopFwToFloat8BwDynamic casts its gradient before the redistribute's backward all-gather"),
     ))
 
 #: What changes when torchtitan runs without ``torch.compile`` (``--compile.enable`` off),

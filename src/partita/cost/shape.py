@@ -41,6 +41,7 @@ class LayerShape(NamedTuple):
     etp: int = 1  # expert tensor parallel: each routed expert's FFN split etp ways (plan.py)
     sample_len: int = 0  # packed samples' sum(L^2)/sum(L): the attention span per sample (plan.py; 0: seq_len)
     attention: str = "fused"  # plan.attention: "unfused" prices the score matrix (compute.unfused_attention_core)
+    fp8_recipe: str = "tensorwise"  # plan.fp8_recipe: where torchao casts a tp input (compute.fp8_tp_gathered)
 
     @property
     def tokens(self) -> float:
@@ -51,7 +52,7 @@ class LayerShape(NamedTuple):
 
 def layer_shape(plan: Plan) -> LayerShape:
     return LayerShape(plan.tp, plan.cp, plan.ep, plan.mbs, plan.seq_len, plan.sp, plan.dtype, plan.framework, plan.etp,
-                      plan.sample_len, plan.attention)
+                      plan.sample_len, plan.attention, plan.fp8_recipe)
 
 
 class CollectiveSpans(NamedTuple):

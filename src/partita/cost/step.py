@@ -61,8 +61,8 @@ from ..plan import Plan, group_span
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
 from . import comm, compression
-from .compute import (BYTES, LayerCost, embedding_forward, last_gemm, layer_forward, output_forward,
-                      selective_gemm_fraction)
+from .compute import (BYTES, LayerCost, embedding_forward, fp8_tp_gathered, last_gemm, layer_forward,
+                      output_forward, selective_gemm_fraction)
 from .finetune import lora_shape, lora_stage_terms, rank_adapter_params, trained_shape_params
 from .frameworks import FRAMEWORKS
 from .memo import memoised
@@ -86,6 +86,10 @@ FORWARD_SHARE = 1 / (1 + BACKWARD_PER_FORWARD)
 #: "backward ... 2.5x the forward FLOPs"; the same count in FlashAttention-3, Shah et al.
 #: 2024]. This is what makes long sequences slower than a 3x-forward count predicts.
 FLASH_BACKWARD_PER_FORWARD = 2.5
+#: Share of a block's tp traffic left when its all-gathers carry fp8 (:func:`.compute.fp8_tp_gathered`):
+#: with SP a block's ``tp_coll`` is one all-gather and one reduce-scatter of the same activation,
+#: half each; the all-gather at 1 byte instead of 2 leaves ``0.5 / 2 + 0.5``.
+FP8_GATHERED_TP_SHARE = 0.75
 #: Bytes of HBM traffic per local parameter in the Adam step (fused multi-tensor Adam,
 #: e.g. apex FusedAdam / Megatron's distributed optimizer, HBM-bound): read the fp32 main
 #: gradient, master weight and both moments (4 x 4), write the master weight and both
@@ -272,8 +276,11 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     skip_dense = last_gemm(model, dev, layer, False) if early and dense else (0.0, 0.0)
     skip_moe = last_gemm(model, dev, layer, True) if early and moe else (0.0, 0.0)
     n_dense_tp = 2 * (2 + rc_full) - ((0.5 if layer.sp else 1.0) if early else 0.0)
+    # fp8 tensorwise tp under torchao's float8 TP: each block's all-gather (forward, and the
+    # gradient's before wo / w2 backward) moves 1-byte elements; its reduce-scatter stays 16-bit
+    dense_tp = tp_coll * FP8_GATHERED_TP_SHARE if fp8_tp_gathered(layer) else tp_coll
     return add_framework(TermsByKind(
-        dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), tp_coll, n_dense_tp,
+        dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), dense_tp, n_dense_tp,
                            tp_framework, cp_pass, 0.0, skip_dense) if dense else _ZERO,
         moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), tp_coll, 2 + rc_full,
                          tp_framework, cp_pass, a2a, skip_moe) if moe else _ZERO,
