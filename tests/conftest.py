@@ -98,7 +98,7 @@ def _equivalence_specs(session) -> list[tuple]:
     seen_modules = set()
     for item in session.items:
         module = getattr(item, "module", None)
-        if module is None or module in seen_modules or "equivalence" not in getattr(item, "fixturenames", ()):
+        if module is None or module in seen_modules or not _uses_equivalence(item):
             continue
         seen_modules.add(module)
         specs += [s for s in module.EQUIVALENCE_CASES if s not in specs]
@@ -113,7 +113,12 @@ def _name(steps: int, case: str, worker: str) -> str:
 def _run_equivalence(world: int, specs: list[tuple[int, str, str]], out: Path) -> dict:
     """One ``torchrun -m partita.runtime.equivalence`` for ``specs`` ((steps, case, worker),
     each name once): its results by (steps, case, worker), and its stdout. The module's own
-    cases run first (most steps first), then each worker file's."""
+    cases run first (most steps first), then each worker file's.
+
+    Until a test waits for the runs, the torchrun and its ranks run at the lowest CPU priority
+    (nice 19, set on torchrun before it has imported torch and started any rank, so every rank
+    inherits it): they run in the background of the session (:func:`pytest_collection_finish`)
+    and take only the CPU the tests in the foreground leave idle."""
     import json
     import os
     import subprocess
@@ -124,14 +129,132 @@ def _run_equivalence(world: int, specs: list[tuple[int, str, str]], out: Path) -
         args += [f"--worker={worker}", *(c for _, c, w in specs if w == worker)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            f"--log-dir={out.parent / 'logs'}", "-m", "partita.runtime.equivalence", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300 + 60 * len(specs),
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
-                                   PYTHONFAULTHANDLER="1"))  # a crashed rank prints its Python stack
-    crash = proc.stderr.find("Fatal Python error")  # a rank's own stack first, then the end
-    assert proc.returncode == 0, (proc.stderr[crash:crash + 4000] + "\n...\n" if crash >= 0 else "") + \
-        proc.stdout[-3000:] + proc.stderr[-6000:]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+               PYTHONFAULTHANDLER="1")  # a crashed rank prints its Python stack
+    with _BACKGROUND["lock"]:
+        if _BACKGROUND["stopping"]:
+            raise RuntimeError("the test session ended before the equivalence runs")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)  # its own process group: ended whole at session end
+        _BACKGROUND["procs"].append(proc)
+        if not _BACKGROUND["waited"]:  # once a test waits for them, nothing else wants the CPU more
+            _set_priority([proc.pid], 19)
+    try:
+        stdout, stderr = proc.communicate(timeout=300 + 60 * len(specs))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise
+    crash = stderr.find("Fatal Python error")  # a rank's own stack first, then the end
+    assert proc.returncode == 0, (stderr[crash:crash + 4000] + "\n...\n" if crash >= 0 else "") + \
+        stdout[-3000:] + stderr[-6000:]
     results = json.loads(out.read_text())
-    return {"results": {spec: results[_name(*spec)] for spec in specs}, "stdout": proc.stdout}
+    return {"results": {spec: results[_name(*spec)] for spec in specs}, "stdout": stdout}
+
+
+def _kill_group(proc) -> None:
+    """End ``proc`` (a torchrun started in its own session) with its ranks, and reap it:
+    SIGTERM first (torchrun then stops its ranks, which run in process groups of their own),
+    SIGKILL to its group if it is still there after 30 s."""
+    import os
+    import signal
+    import subprocess
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 60)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _set_priority(pids: list[int], nice: int) -> None:
+    """Set the nice value of ``pids``; silently not where the platform or the permissions
+    refuse (raising it back to 0 needs root or CAP_SYS_NICE)."""
+    import os
+    for pid in pids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+        except (AttributeError, OSError):
+            pass
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its descendants (Linux ``/proc``; only ``root`` elsewhere): torchrun's
+    ranks run in process groups of their own."""
+    import os
+    children: dict[int, list[int]] = {}
+    try:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+    except OSError:
+        pass
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+#: the session's equivalence runs, started in the background when collection ends
+#: (:func:`pytest_collection_finish`): the thread, its value or error, the torchruns it started
+_BACKGROUND: dict = {"thread": None, "value": None, "error": None, "procs": [], "stopping": False,
+                     "waited": False, "lock": __import__("threading").Lock()}
+
+
+def _uses_equivalence(item) -> bool:
+    return "equivalence" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The test modules that read the ``equivalence`` fixture run last (each module whole, in
+    collection order; the others keep theirs): the fixture's torchruns, started in the
+    background as collection ends, then have the rest of the session to finish in."""
+    late = {item.module for item in items if _uses_equivalence(item) and getattr(item, "module", None)}
+    items.sort(key=lambda item: getattr(item, "module", None) in late)
+
+
+def pytest_collection_finish(session):
+    """Start the session's equivalence runs (:func:`_equivalence_runs`) in a background thread,
+    their processes at nice 19. Why: most of the suite runs one process at a time (the pytest
+    process, a one-process CLI), leaving the second core of the 2-core CI machine idle, and the
+    equivalence torchruns (about 550 CPU-seconds, once per session) fill it; a test that
+    reads the fixture waits for what is left. Nothing starts when no collected test uses the
+    fixture, nor under ``--collect-only``."""
+    import threading
+    specs = _equivalence_specs(session)
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's tmp_path_factory
+    if not specs or session.config.option.collectonly or factory is None:
+        return  # (no factory: the fixture runs them itself when first read)
+    factory.getbasetemp()  # made here, not by two threads at once
+
+    def run() -> None:
+        try:
+            _BACKGROUND["value"] = _equivalence_runs(specs, factory)
+        except BaseException as e:  # re-raised in the test that reads the fixture
+            _BACKGROUND["error"] = e
+
+    _BACKGROUND["thread"] = threading.Thread(target=run, name="equivalence", daemon=True)
+    _BACKGROUND["thread"].start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A session that ends early (``-x``, Ctrl-C) ends the background torchruns still running."""
+    with _BACKGROUND["lock"]:
+        _BACKGROUND["stopping"] = True
+        procs = list(_BACKGROUND["procs"])
+    for proc in procs:
+        _kill_group(proc)
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +263,8 @@ def equivalence(request, tmp_path_factory) -> dict:
     losses, parameters and optimizer state against single-process training), run in one
     torchrun per world size however many test files declare cases: the process group's
     start-up (torch imported in every rank, and in torchrun) is paid once per world size for
-    the session.
+    the session. The runs started in the background when collection ended
+    (:func:`pytest_collection_finish`); this waits for them.
 
     Returns ``{"results": {(world, steps, case): result}, "stdout": {world: text}}``. A module
     takes part by declaring ``EQUIVALENCE_CASES = [(world, steps, case), ...]`` and using this
@@ -149,19 +273,30 @@ def equivalence(request, tmp_path_factory) -> dict:
     FILE's ``run_case(case) -> dict`` runs the case in the same processes, after the
     module's own cases (``partita.runtime.equivalence.main``'s ``--worker``), and its result
     is keyed ``(world, 0, case, FILE)``."""
-    return _equivalence_runs(request.session, tmp_path_factory)
+    with _BACKGROUND["lock"]:  # the session now waits for them: the runs still to come start at normal
+        _BACKGROUND["waited"] = True  # priority, and the one running gets it back where permitted
+        running = [proc for proc in _BACKGROUND["procs"] if proc.poll() is None]
+    for proc in running:
+        _set_priority(_process_tree(proc.pid), 0)
+    thread = _BACKGROUND["thread"]
+    if thread is None:  # not started at collection (no tmp_path_factory then): run them now
+        return _equivalence_runs(_equivalence_specs(request.session), tmp_path_factory)
+    thread.join()  # each torchrun has its own timeout (_run_equivalence)
+    if _BACKGROUND["error"] is not None:
+        raise _BACKGROUND["error"]
+    return _BACKGROUND["value"]
 
 
-def _equivalence_runs(session, tmp_path_factory) -> dict:
-    """The ``equivalence`` fixture's value: the session's cases, one torchrun per world size
-    (more where a case is asked for with two step counts)."""
+def _equivalence_runs(specs: list[tuple], tmp_path_factory) -> dict:
+    """The ``equivalence`` fixture's value: the session's cases (``specs``, :func:`_equivalence_specs`),
+    one torchrun per world size (more where a case is asked for with two step counts)."""
     by_world: dict[int, list[tuple[int, str, str]]] = {}
-    for world, steps, case, *worker in _equivalence_specs(session):
+    for world, steps, case, *worker in specs:
         by_world.setdefault(world, []).append((steps, case, worker[0] if worker else ""))
     merged: dict = {"results": {}, "stdout": {}}
-    for world, specs in sorted(by_world.items()):
+    for world, world_specs in sorted(by_world.items()):
         batches: list[list[tuple[int, str, str]]] = []
-        for spec in specs:
+        for spec in world_specs:
             batch = next((b for b in batches if all((c, w) != spec[1:] for _, c, w in b)), None)
             if batch is None:
                 batches.append(batch := [])
