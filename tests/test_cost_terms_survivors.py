@@ -293,13 +293,15 @@ def test_fp8_casts_of_a_moe_layer_under_tensor_parallel_by_hand():
     inputs; the rank's tokens / 2 routed copies (top-2) go through w1 and w3 (64 each) and w2
     (64): 2 x 192 / 2; the shared expert is column/row parallel: w1, w3 read x (64 each), w2
     its 64 / 2. Weights: (q, k, v, o) / 2, all 4 experts' 3 x 64 x 64 and half of the shared
-    expert's."""
+    expert's. (A rowwise recipe: torchtitan's regular TP; tensorwise casts the attention input
+    before the tp all-gather, tests/test_cost_fp8_tp_gather.py.)"""
     from partita.cost.compute import fp8_cast_elements
     from partita.cost.shape import LayerShape
     from partita.spec.load import load_model
 
     model = load_model("tiny-moe")
-    shape = LayerShape(tp=2, cp=1, ep=1, mbs=2, seq_len=32, sp=True, dtype="fp8", framework="torchtitan", etp=1)
+    shape = LayerShape(tp=2, cp=1, ep=1, mbs=2, seq_len=32, sp=True, dtype="fp8", framework="torchtitan", etp=1,
+                       fp8_recipe="rowwise")
     per_token = (3 * 64 + 64 / 2) + 2 * (64 + 64 + 64) / 2 + (64 + 64 + 64 / 2)
     weights = (64 * 64 + 2 * 32 * 64 + 64 * 64) / 2 + 3 * 64 * 64 * 4 + 3 * 64 * 64 / 2
     assert fp8_cast_elements(model, shape, True) == pytest.approx(64 * per_token + weights, rel=1e-12)
