@@ -14,7 +14,9 @@ decode step's reads with this rate. Writes into pages the allocator hands back r
 eager decode step's ``cat`` and ``repeat_kv`` results under glibc's 32 MiB mmap cap: ``cat``
 and ``copy_`` of 8-17 MB at 6.0-6.4 GB/s per byte written, a read and a write per byte, beside
 a sum at 12.8-14.6 GB/s in the same minute); :func:`partita.serve.latency.decode_kv_seconds`
-still prices them at the first-touch rate, for the reason its docstring gives (docs/serve.md).
+prices them at the first-touch rate on a file without the ``eager_decode`` rates, for the reason
+its docstring gives, and at this rate on a file with them (first touch only above glibc's 32 MiB
+mmap cap: :func:`partita.serve.latency.eager_kv_seconds`, docs/serve.md).
 
 The measurement: ``x.sum()`` over a 64 MB tensor (larger than a CPU's last-level cache and a
 GPU's L2, so the bytes come from memory), bytes read / seconds per call. On a CPU each call's
