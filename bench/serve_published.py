@@ -161,11 +161,11 @@ def predict(rec: dict[str, str]) -> float:
         n = serve_memory(model, device, layout, P + O).max_seqs
         if rec["batch"]:
             n = min(n, int(rec["batch"]))
-        t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node)
+        t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node, fw)
         share = prefill_occupancy(model, device, layout, P, per_node)  # prompts packed per chunk, per stage
         lam = colocated_rate(n, O, t_dec, share)
         if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
-            curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node)
+            curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node, fw)
             if metric == "tpot_s":
                 return burst_tpot(int(rec["prompts"]), n, O, curve, share, P, latency.CHUNK_TOKENS, rec["lengths"])
             return burst_rate(int(rec["prompts"]), n, O, curve, share, rec["lengths"]) * O

@@ -18,11 +18,10 @@ Oracles outside the code under test:
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from test_serve_published import _bench
 
 from partita.cost import comm
 from partita.serve import latency
@@ -72,18 +71,10 @@ def test_nccl_keeps_the_ring_where_the_engine_calls_it():
         comm.all_reduce(npu, size, 8, 1) - 12 * npu.intra_latency_us * 1e-6)
 
 
-def _published():
-    spec = importlib.util.spec_from_file_location("serve_published", ROOT / "bench" / "serve_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serve_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_vllm_suite_tp8_rows_and_tensorrt_llm_rows():
     """The vLLM suite's tp 8 TPOT at 1 and 4 req/s was +62 % with the ring's 14 latencies per
     all-reduce; with vLLM's kernel it is within 25 %. TensorRT-LLM's rows do not move."""
-    bench = _published()
+    bench = _bench()
     with (ROOT / "data" / "published_serving.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     tp8 = [r for r in rows if r["source"].startswith("surajssd/llm-k8s") and r["tp"] == "8"

@@ -8,12 +8,11 @@ put at +115 %.
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_serve_published import _bench
 from torch.utils.flop_counter import FlopCounterMode
 
 from partita.models.registry import resolve_model
@@ -67,10 +66,7 @@ def test_eager_runtimes_keep_the_loop_over_experts():
 
 
 def test_the_mindie_first_token_row():
-    spec = importlib.util.spec_from_file_location("serve_published", ROOT / "bench" / "serve_published.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["serve_published"] = bench
-    spec.loader.exec_module(bench)
+    bench = _bench()  # bench/serve_published.py, loaded as test_serve_published loads it
     with (ROOT / "data" / "published_serving.csv").open(newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["engine"].startswith("MindIE") and r["metric"] == "ttft_s")
     error = bench.predict(row) / float(row["value"]) - 1

@@ -6,22 +6,18 @@ in data/published_serving_memory.csv (python bench/serve_published.py --memory p
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from test_serve_published import _bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def rows():
-    spec = importlib.util.spec_from_file_location("serve_published", ROOT / "bench" / "serve_published.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["serve_published"] = bench
-    spec.loader.exec_module(bench)
+    bench = _bench()  # bench/serve_published.py, loaded as test_serve_published loads it
     out = bench.memory_rows()
     assert len(out) == len(bench.load_rows(bench.MEMORY_CSV)) and all(math.isfinite(r["error"]) for r in out)
     return out

@@ -53,8 +53,8 @@ def _across_ranks(samples: list[list[float]], device) -> list[float]:
     collective is too short for it)."""
     import torch
     import torch.distributed as dist
-    t = torch.tensor(samples, dtype=torch.float64).reshape(-1)
-    out = torch.zeros(t.numel() * dist.get_world_size(), dtype=torch.float64)
+    t = torch.tensor(samples, dtype=torch.float64, device=device).reshape(-1)  # nccl/hccl gather device tensors
+    out = torch.zeros(t.numel() * dist.get_world_size(), dtype=torch.float64, device=device)
     dist.all_gather_into_tensor(out, t)
     per_rank = out.reshape(dist.get_world_size(), len(samples), 3).tolist()
     window = [[sum(col) for col in zip(*rank)] for rank in per_rank]
@@ -157,8 +157,8 @@ def _after_last_arrival(calls: list[list[float]], device) -> list[float]:
     import torch
     import torch.distributed as dist
     n = dist.get_world_size()
-    t = torch.tensor(calls, dtype=torch.float64).reshape(-1)
-    out = torch.zeros(t.numel() * n, dtype=torch.float64)
+    t = torch.tensor(calls, dtype=torch.float64, device=device).reshape(-1)  # float64: enter is a clock reading
+    out = torch.zeros(t.numel() * n, dtype=torch.float64, device=device)
     dist.all_gather_into_tensor(out, t)
     per_rank = out.reshape(n, len(calls), 4).tolist()
     window = [[sum(c[k] for c in rank) for k in (1, 2, 3)] for rank in per_rank]
@@ -168,7 +168,6 @@ def _after_last_arrival(calls: list[list[float]], device) -> list[float]:
 
 def _timed_calls(op, gap, sync, iters: int) -> list[list[float]]:
     """``[enter, wall, run, wait]`` of ``iters`` calls of ``op``, each after ``gap()`` (None: back to back)."""
-    import time
     calls = []
     for _ in range(iters):
         if gap is not None:
@@ -289,6 +288,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
         probe = model_name in PROBE_MODELS
         model = build_model(TransformerConfig.from_spec(run_model(model_name)) if probe else model_name)
         pm = parallelize(model, plan, lambda p: torch.optim.SGD(p, lr=0.01), device_type=device_type)
+        device = pm.device  # the rank's device: where the timings are gathered
         x, y = synthetic_batch(0, plan.gbs, plan.seq_len, model.cfg.vocab, 0)
         x, y = dp_shard(x, plan, rank), dp_shard(y, plan, rank)
         steps[mech] = (lambda pm=pm, x=x, y=y: pm.train_step(x, y))
@@ -306,7 +306,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
                 runs[mech]["sched"].append(since(t0))
     for mech, run in runs.items():  # each step across the ranks, then a repeat's median of its steps
         n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
-        steps_busy = _across_ranks(run.pop("sched"), None)
+        steps_busy = _across_ranks(run.pop("sched"), device)
         run["samples"] = [statistics.median(steps_busy[i:i + n]) for i in range(0, len(steps_busy), n)]
     for name in longer:  # the longer run travels with its mechanism's run
         runs[name.split("@")[0]]["long"] = runs.pop(name)
