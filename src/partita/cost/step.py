@@ -277,12 +277,16 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     skip_moe = last_gemm(model, dev, layer, True) if early and moe else (0.0, 0.0)
     n_dense_tp = 2 * (2 + rc_full) - ((0.5 if layer.sp else 1.0) if early else 0.0)
     # fp8 tensorwise tp under torchao's float8 TP: each block's all-gather (forward, and the
-    # gradient's before wo / w2 backward) moves 1-byte elements; its reduce-scatter stays 16-bit
+    # gradient's before wo / w2 backward) moves 1-byte elements; its reduce-scatter stays 16-bit.
+    # A MoE layer's tp collectives are its attention block's, and torchtitan's apply_non_moe_tp
+    # (torchtitan/models/llama4/infra/parallelize.py, 05a6cb3895) gives the attention of *every*
+    # block the float8 PrepareModuleInput / colwise / rowwise styles - only the dense MLP's are
+    # conditional on ``not transformer_block.moe_enabled`` - so both kinds take the share
     dense_tp = tp_coll * FP8_GATHERED_TP_SHARE if fp8_tp_gathered(layer) else tp_coll
     return add_framework(TermsByKind(
         dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), dense_tp, n_dense_tp,
                            tp_framework, cp_pass, 0.0, skip_dense) if dense else _ZERO,
-        moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), tp_coll, 2 + rc_full,
+        moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), dense_tp, 2 + rc_full,
                          tp_framework, cp_pass, a2a, skip_moe) if moe else _ZERO,
         embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
         output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
