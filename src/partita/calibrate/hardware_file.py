@@ -140,7 +140,9 @@ def wakeup_term(w: dict) -> dict:
     """The wake-up latency per latency step of a collective, as a term record: per repeat,
     (smallest all-reduce after compute - the same back to back) / its ring steps ``2(n-1)``
     (:data:`partita.cost.comm.ALGORITHM_FACTORS`). Not a separate field the cost model adds:
-    every collective above is timed after compute (:data:`.measure.COLLECTIVE_GAP_S`), so the
+    every collective above but the broadcast and the all-to-all (timed as the runtime issues
+    them: back to back, after the count exchange) is timed after compute
+    (:data:`.measure.COLLECTIVE_GAP_S`), so the
     fitted per-step latencies (``collectives``) already hold it; this record says how much of
     each ``latency_us`` it is (the back-to-back figures are what calibrate fitted before)."""
     from ..cost.comm import ALGORITHM_FACTORS

@@ -40,8 +40,12 @@ COLLECTIVE_GAP_S = 2e-3
 RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "tiny-moe", 128, 3
 #: Mechanisms timed over more steps per repeat: the ZeRO-3 pair is fitted in turn
 #: (:mod:`.overlap`), where the overlap's weight is ~15 % of the probe's step, so a
-#: repeat's noise on a 2-core machine (~6 %) would move it by ~0.4.
-RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5}
+#: repeat's noise on a 2-core machine (~6 %) would move it by ~0.4. The ep term is a
+#: difference of two increments (ep's less the moe run's) and the tp terms carry most of
+#: their step (tiny-llama's tp step is ~70 % framework term): with 3 steps their repeats
+#: spread 0.4-9.8 ms per layer (ep, one calibration at load 8-12) and 15 % (tp); 5 steps
+#: add ~25 s to a calibration.
+RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5, "moe": 5, "ep": 5, "tp": 5, "tp_nosp": 5}
 
 
 def _across_ranks(samples: list[list[float]], device) -> list[float]:
@@ -191,10 +195,30 @@ def measure_collective(op, device, sync, repeats: int, iters: int, gap) -> list[
     return [statistics.mean(times[i * iters:(i + 1) * iters]) for i in range(repeats)]
 
 
+def _after_count_exchange(group, device, gap):
+    """What precedes an expert-parallel all-to-all in a step: compute (``gap``), then the
+    exchange of the per-expert token counts, a tiny all-to-all of ``int64`` that
+    :func:`partita.runtime.expert_parallel.exchange` runs right before the tokens' all-to-all
+    (its split sizes come from it). The tokens' all-to-all so finds gloo's helper threads
+    awake: measured on this 2-core VM (load 1.4-1.7, 2 ranks, 4 KiB-1 MiB) 0.35-0.40 ms per call
+    after the count exchange, 0.24-0.40 ms back to back, 0.95-1.22 ms after compute alone."""
+    import torch
+    import torch.distributed as dist
+    g = dist.get_world_size(group)
+    send = torch.ones(2 * g, dtype=torch.int64, device=device)
+    recv = torch.empty_like(send)
+
+    def before() -> None:
+        gap()
+        dist.all_to_all_single(recv, send, group=group)
+    return before
+
+
 def measure_collectives(device, sync, repeats: int) -> list[dict]:
     """Every collective at every size over the whole world and (for a world of 4+) pairs, each
     call after :data:`COLLECTIVE_GAP_S` of compute (:func:`measure_collective`) as a step
-    issues it, but the broadcast, which the runtime issues back to back."""
+    issues it, but the broadcast, which the runtime issues back to back, and the all-to-all,
+    which follows its count exchange (:func:`_after_count_exchange`)."""
     import torch.distributed as dist
     world = dist.get_world_size()
     groups = [(world, dist.group.WORLD)]
@@ -203,6 +227,7 @@ def measure_collectives(device, sync, repeats: int) -> list[dict]:
         groups.append((2, pairs[dist.get_rank() // 2]))
     rows, gap = [], _gap(device, sync)
     for g, group in groups:
+        before = {"broadcast": None, "all_to_all": _after_count_exchange(group, device, gap)}
         for size in COLLECTIVE_BYTES:
             iters = max(2, min(20, (2 << 20) // size * 2))
             for kind, op in _collective_ops(group, size, device).items():
@@ -210,12 +235,15 @@ def measure_collectives(device, sync, repeats: int) -> list[dict]:
                     continue
                 # a broadcast is priced only as ZeRO-1's per-tensor sync, a loop of calls back
                 # to back (runtime/data_parallel.py ShardedOptimizer): timed so, its helper
-                # threads awake; every other collective follows compute in a step
-                samples = measure_collective(op, device, sync, repeats, iters, None if kind == "broadcast" else gap)
+                # threads awake; an all-to-all is expert parallelism's, right after the count
+                # exchange; every other collective follows compute in a step
+                samples = measure_collective(op, device, sync, repeats, iters, before.get(kind, gap))
                 # send/recv moves one message each way at once: the cost model's one transfer
                 rows.append({"kind": kind, "group": g, "bytes": size, "seconds": statistics.median(samples),
                              "samples": samples, "spread": (max(samples) - min(samples)) / 2,
-                             "gap_s": COLLECTIVE_GAP_S})
+                             "gap_s": COLLECTIVE_GAP_S,
+                             "after": {"broadcast": "the previous call", "all_to_all": "compute, then the count exchange"}
+                             .get(kind, "compute")})
     return rows
 
 
