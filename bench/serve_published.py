@@ -37,10 +37,11 @@ was chosen knowing this table: it is an assumption, not a fit).
 
 **Nothing is fitted on these rows**: every prediction uses the catalog's device files as
 they are (fitted on training runs, not on these). All errors are out of sample. The
-intervals are split conformal (Vovk et al. 2005; Lei et al. 2018, sec. 2.2) on the log
-residuals ``r = ln(measured / predicted)`` per metric, as :mod:`partita.uncertainty` does for
-training; their coverage is measured leave-one-source-out: each source's rows are checked
-against bounds built from the other sources' residuals only.
+intervals are split conformal (Vovk et al. 2005; Lei et al. 2018, sec. 2.2) on the absolute
+log residuals ``|r|``, ``r = ln(measured / predicted)``, per class, counted in effective rows
+as :mod:`partita.uncertainty` does for training (:mod:`partita.serve.intervals` says why the
+score is absolute, not equal-tailed); their coverage is measured leave-one-source-out: each
+source's rows are checked against bounds built from the other sources' residuals only.
 
 Run ``python bench/serve_published.py`` (prints the report; about a second);
 ``--write`` also rewrites ``src/partita/catalog/serve_intervals.json``; ``--json`` prints
@@ -126,11 +127,24 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+#: engines whose scheduler loop waits on the host for each step's tokens, by the release the
+#: row names (:data:`partita.serve.latency.ENGINE_HOST_SECONDS` / ``ENGINE_HOST_FRACTION``):
+#: vLLM's V0 engine up to 0.6 (V1 became the default in 0.8; no source gives V1's bubble, and
+#: the rows that name no release are not assumed to be V0) and SGLang before v0.4's overlap
+#: scheduler
+SYNC_ENGINES = {"vllm v0.6.": "vllm-v0", "sglang v0.3.": "sglang-sync"}
+
+
 def engine_framework(engine: str) -> str:
     """The serve model's runtime name for a row's engine: ``tensorrt-llm`` (its all-reduce is
-    NCCL's: :data:`partita.serve.latency.NCCL_ALL_REDUCE`), else the engines' default (vLLM's
-    custom all-reduce on NVLink switch nodes; HCCL's Mesh on the 910B)."""
-    return "tensorrt-llm" if engine.lower().startswith("tensorrt-llm") else "megatron"
+    NCCL's: :data:`partita.serve.latency.NCCL_ALL_REDUCE`), a synchronous engine's release
+    (:data:`SYNC_ENGINES`: its host bubble per step, :func:`partita.serve.latency.engine_host`),
+    else the engines' default (vLLM's custom all-reduce on NVLink switch nodes; HCCL's Mesh on
+    the 910B; no host bubble)."""
+    low = engine.lower()
+    if low.startswith("tensorrt-llm"):
+        return "tensorrt-llm"
+    return next((fw for prefix, fw in SYNC_ENGINES.items() if low.startswith(prefix)), "megatron")
 
 
 def predict(rec: dict[str, str]) -> float:
@@ -142,6 +156,7 @@ def predict(rec: dict[str, str]) -> float:
     per_device = tp * pp if rec["statistic"] == "per_device" else 1  # a table in tokens/s per GPU
     P, O, metric = int(rec["prompt_len"]), int(rec["output_len"]), rec["metric"]
     scenario, fw = rec["scenario"], engine_framework(rec["engine"])
+    k = int(rec["scheduler_steps"] or 1)  # decode steps per scheduler call
     prefill = latency.prefill_time(model, device, layout, P, per_node, fw)
     if scenario == "single_prefill":
         return prefill
@@ -154,18 +169,17 @@ def predict(rec: dict[str, str]) -> float:
         t_dec = latency.tpot(model, device, layout, B, P + O / 2, per_node, fw)
         return B * O / (latency.batch_prefill_time(model, device, layout, P, B, per_node, fw) + O * t_dec) / per_device
     if scenario == "poisson":
-        res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node,
-                       int(rec["scheduler_steps"]))
+        res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node, k, fw)
         return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
     if scenario in ("saturated", "concurrency"):
         n = serve_memory(model, device, layout, P + O).max_seqs
         if rec["batch"]:
             n = min(n, int(rec["batch"]))
-        t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node, fw)
-        share = prefill_occupancy(model, device, layout, P, per_node)  # prompts packed per chunk, per stage
+        t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node, fw, k)
+        share = prefill_occupancy(model, device, layout, P, per_node, fw)  # prompts packed per chunk, per stage
         lam = colocated_rate(n, O, t_dec, share)
         if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
-            curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node, fw)
+            curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node, fw, k)
             if metric == "tpot_s":
                 return burst_tpot(int(rec["prompts"]), n, O, curve, share, P, latency.CHUNK_TOKENS, rec["lengths"])
             return burst_rate(int(rec["prompts"]), n, O, curve, share, rec["lengths"]) * O
@@ -286,8 +300,8 @@ def table_json(rows: list[Row]) -> dict:
                       "sources": len({r.source for r in mine}),
                       "effective": round(effective_rows(by_source(mine)), 3)}
     return {"level": LEVEL,
-            "method": "split conformal on ln(measured / predicted) of data/published_serving.csv, nothing fitted "
-                      "on those rows (bench/serve_published.py)",
+            "method": "split conformal on |ln(measured / predicted)| of data/published_serving.csv (the interval "
+                      "[pred / exp(d), pred x exp(d)]), nothing fitted on those rows (bench/serve_published.py)",
             "metrics": metrics,
             "loso_coverage": {k: {"inside": a, "rows": b} for k, (a, b) in cov.items()}}
 

@@ -88,19 +88,23 @@ def test_stored_residuals_are_the_scripts_out_of_sample_residuals(bench, rows):
 
 
 def _conformal(values, level=0.8, n_eff=None):
-    """Equal-tailed split-conformal order statistics, written out (Lei et al. 2018 sec. 2.2),
-    the finite-sample correction counted in ``n_eff`` units (issue 33: Kish's n_eff)."""
-    v, n = sorted(values), len(values)
+    """Split-conformal bounds on the absolute residual, written out (Lei et al. 2018 sec. 2.2:
+    the ``ceil((n + 1)(1 - alpha))``-th smallest ``|r|``), the finite-sample correction counted
+    in ``n_eff`` units (issue 33: Kish's n_eff)."""
+    v, n = sorted(abs(x) for x in values), len(values)
     u = n_eff or n
-    q = (1 + level) / 2 * (u + 1) / u
-    k_hi = min(n, max(1, math.ceil(n * q - 1e-9)))
-    k_lo = min(n, max(1, math.floor(n * (1 - q) + 1e-9) + 1))
-    return v[k_lo - 1], v[k_hi - 1]
+    k = min(n, max(1, math.ceil(n * level * (u + 1) / u - 1e-9)))
+    return -v[k - 1], v[k - 1]
 
 
 def test_conformal_ends_are_lei_et_al_order_statistics_when_every_row_counts():
-    values = list(range(1, 21))  # n = 20: floor(21 x 0.1) = 2nd, ceil(21 x 0.9) = 19th
-    assert _conformal(values) == (2, 19)
+    values = [(-1) ** i * i for i in range(1, 21)]  # |r| = 1..20, n = 20: ceil(21 x 0.8) = 17th
+    assert _conformal(values) == (-17, 17)
+    from partita.serve.intervals import absolute_bounds
+    from partita.uncertainty import Residuals
+    assert absolute_bounds(Residuals("x", tuple(sorted(values)))) == (-17, 17)
+    # few independent sources: the finite-sample correction reaches the largest |r|
+    assert absolute_bounds(Residuals("x", tuple(sorted(values)), 2, 2.0)) == (-20, 20)
 
 
 def test_loso_coverage_recomputed_by_hand(bench, rows):
@@ -139,8 +143,8 @@ def test_serve_interval_scales_the_point_by_the_conformal_bounds():
                             ("goodput_tokens_per_s_per_device", 500.0, "out_tok_s_saturated")):
         lo, hi = _conformal(stored[cls]["residuals"], n_eff=stored[cls]["effective"])
         assert iv[key] == pytest.approx([point * math.exp(lo), point * math.exp(hi)])
-        # the point lies inside exactly when the class's residuals straddle 0 (an unbiased class)
-        assert (iv[key][0] <= point <= iv[key][1]) == (lo <= 0 <= hi)
+        # a factor either way: the point is the interval's geometric centre
+        assert iv[key][0] * iv[key][1] == pytest.approx(point ** 2)
     over = serve_interval(0.2, 0.03, 4.0, 500.0, stable=False)
     lo, hi = _conformal(stored["tpot_s_saturated"]["residuals"], n_eff=stored["tpot_s_saturated"]["effective"])
     assert over["tpot_s"] == pytest.approx([0.03 * math.exp(lo), 0.03 * math.exp(hi)])

@@ -60,6 +60,7 @@ from ..spec.model import ModelSpec
 from .memory import (mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
                      kv_heads_per_device, layer_weights, stage_layers)
 from .workload import Layout
+from . import eager_step
 
 #: frameworks whose serving path is transformers' own: ``DynamicCache`` (``torch.cat`` per
 #: step), ``attn_implementation="eager"`` (``repeat_kv`` + two matmuls), DTensor tensor
@@ -275,8 +276,8 @@ def decode_kv_fresh_bytes(model: ModelSpec, device: Device, tp: int, framework: 
     the model prices as written into first-touched pages: on a file with the ``eager_decode``
     rates those of the tensors above :data:`FIRST_TOUCH_BYTES`, else every one
     (:func:`decode_kv_seconds`)."""
-    if device.eager_decode is not None and framework in EAGER_RUNTIMES:
-        return sum(f * kv for f in decode_kv_allocations(model, tp, framework) if f * kv > FIRST_TOUCH_BYTES)
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES:  # pages reused: eager_step
+        return eager_step.fresh_decode_bytes(device, True)
     return kv * decode_kv_writes(model, tp, framework)
 
 
@@ -316,7 +317,7 @@ def eager_prefill_attention(model: ModelSpec, device: Device, layout: Layout, pr
     flops = 2 * p * (p - (p + 1) / 2) * heads * (d_qk + d_v)
     rate = device.peak_flops(layout.dtype) * device.efficiency.attention
     scores = p * p * layout.weight_bytes * (heads * EAGER_SCORE_PASSES + 1)
-    return flops / rate + scores / bandwidth(device)
+    return flops / rate + scores / eager_step.score_bytes_per_s(device, True, bandwidth(device))
 
 
 def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
@@ -375,6 +376,7 @@ def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_
                       + dtensor_overhead(device, layout, framework) + eager)
     total += _logits_time(model, device, layout, prompts) + embedding_comm(model, device, layout, tokens, per_node,
                                                                            framework)
+    total += engine_host(framework, total)  # a prefill forward is a scheduler call of its own
     return total + (layout.pp - 1) * _hop(model, device, layout, tokens, per_node)
 
 
@@ -481,6 +483,35 @@ def decode_step_host(device: Device, framework: str) -> float:
     return device.eager_decode.host_s_per_step
 
 
+#: Exposed host seconds per scheduler call of engines whose loop waits for each step's sampled
+#: tokens on the host before it builds the next step (the GPU idles meanwhile). vLLM's V0 engine:
+#: "GPU is often idle, waiting for CPU operations (5-13ms of GPU bubble)"; "each highlighted
+#: redbox is about 4ms of GPU bubble ... for baseline, this overhead is incurred on every
+#: decode. With multi-step-8, the 4ms only needs to be incurred once for every 8 decode"
+#: (vllm-project/vllm issue #6854, the multi-step scheduling RFC, Llama-3-8B on one H100: the
+#: sampled tokens' device-to-host copy, their pythonization, the next step's input metadata,
+#: the scheduler) - so ``--num-scheduler-steps k`` (vLLM 0.6) pays it once per ``k`` steps.
+ENGINE_HOST_SECONDS = {"vllm-v0": 4e-3}
+#: The same bubble as a fraction of the device step where the source gives a ratio: SGLang
+#: before its overlap scheduler - v0.3.x ``ModelTpServer.forward_decode_batch`` calls
+#: ``next_token_ids.tolist()`` (a device sync) and loops over the batch's requests
+#: (``check_finished``, ``handle_finished_requests``, ``filter_batch``) before the next
+#: ``prepare_for_decode`` - and SGLang v0.4's release blog (lmsys.org 2024-12-04, "Zero-overhead
+#: batch scheduler: 1.1x increase in throughput", the scheduler run one batch ahead): the
+#: synchronous loop costs 0.1 of the device step. From v0.4 the overlap hides it (not priced).
+ENGINE_HOST_FRACTION = {"sglang-sync": 0.1}
+
+
+def engine_host(framework: str, device_seconds: float, window: int = 1) -> float:
+    """Host seconds a synchronous engine adds to one step of ``device_seconds`` on the device
+    (:data:`ENGINE_HOST_SECONDS` once per scheduler call of ``window`` steps,
+    :data:`ENGINE_HOST_FRACTION` of the step); 0 for every other framework name (an engine
+    whose host work hides behind the device, or whose bubble no source gives)."""
+    if framework in ENGINE_HOST_SECONDS:
+        return ENGINE_HOST_SECONDS[framework] / max(window, 1)
+    return ENGINE_HOST_FRACTION.get(framework, 0.0) * device_seconds
+
+
 def decode_layer(model: ModelSpec, device: Device, layout: Layout, batch: float, context: float, moe: bool,
                  per_node: int, framework: str = "megatron") -> float:
     """Seconds of one layer of a decode step: ``batch`` sequences per attention group
@@ -526,11 +557,14 @@ def decode_stage_time(model: ModelSpec, device: Device, layout: Layout, batch: f
 
 
 def tpot(model: ModelSpec, device: Device, layout: Layout, seqs: float, context: float, per_node: int,
-         framework: str = "megatron") -> float:
+         framework: str = "megatron", window: int = 1) -> float:
     """Seconds between two tokens of a sequence when the replica decodes ``seqs`` sequences
-    (``pp`` micro-batches of ``seqs / pp``, each split over the ``dp_attn`` attention copies)."""
+    (``pp`` micro-batches of ``seqs / pp``, each split over the ``dp_attn`` attention copies),
+    with a synchronous engine's host bubble per step (:func:`engine_host`; ``window``: decode
+    steps per scheduler call)."""
     micro = max(seqs / layout.pp, 1.0) / layout.dp_attn
     step = decode_stage_time(model, device, layout, micro, context, per_node, framework)
+    step += engine_host(framework, step, window)
     return layout.pp * step + layout.pp * _hop(model, device, layout, micro, per_node)
 
 

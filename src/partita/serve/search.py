@@ -153,34 +153,37 @@ _CURVES: dict[tuple, DecodeCurve] = {}
 
 
 def _curve(model: ModelSpec, device: Device, core: Layout, context: float, per_node: int,
-           max_seqs: int) -> DecodeCurve:
+           max_seqs: int, framework: str = "megatron", window: int = 1) -> DecodeCurve:
     """The decode curve of a replica layout (independent of replicas and the P/D split),
     memoised on the model's and device's content keys."""
-    key = (model.cache_key, device.cache_key, core, context, per_node, max_seqs)
+    key = (model.cache_key, device.cache_key, core, context, per_node, max_seqs, framework, window)
     if key not in _CURVES:
         if len(_CURVES) > 4096:
             _CURVES.clear()
-        _CURVES[key] = DecodeCurve(lambda n: latency.tpot(model, device, core, n, context, per_node), max_seqs)
+        _CURVES[key] = DecodeCurve(lambda n: latency.tpot(model, device, core, n, context, per_node, framework,
+                                                          window), max_seqs)
     return _CURVES[key]
 
 
-def prefill_occupancy(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int) -> float:
+def prefill_occupancy(model: ModelSpec, device: Device, layout: Layout, prompt_len: int, per_node: int,
+                      framework: str = "megatron") -> float:
     """Seconds of a replica one prompt occupies: its share of a chunked-prefill forward
     (:func:`partita.serve.latency.prefill_share`), of which a pipeline holds it only for the
     slowest stage's layers - with ``pp`` stages the engine keeps ``pp`` micro-batches in
     flight (vLLM's virtual engines; the decode side's ``TPOT = pp x max_stage``), so while one
     stage works on this prompt the others work on other micro-batches. The prompt's own
     latency (TTFT) still passes every stage (:func:`partita.serve.latency.prefill_time`)."""
-    share = latency.prefill_share(model, device, layout, prompt_len, per_node)
+    share = latency.prefill_share(model, device, layout, prompt_len, per_node, framework=framework)
     if layout.pp == 1:
         return share
     return share * max(sum(stage) for stage in stage_layers(model, layout.pp)) / model.layers
 
 
 def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, per_node: int,
-             window: int = 1) -> ServeResult:
+             window: int = 1, framework: str = "megatron") -> ServeResult:
     """Memory, TTFT and TPOT at the workload's rate, and the capacity under its targets
-    (``window``: decode steps per scheduler call, :func:`partita.serve.queueing.colocated`)."""
+    (``window``: decode steps per scheduler call, :func:`partita.serve.queueing.colocated`;
+    ``framework``: the engine, :mod:`partita.serve.latency` - the search keeps the default)."""
     mem = serve_memory(model, device, layout, work.max_len)
     res = ServeResult(layout, mem)
     if not mem.fits:
@@ -190,9 +193,9 @@ def evaluate(model: ModelSpec, device: Device, layout: Layout, work: Workload, p
                         f"{need / GIB:.1f} GiB > {mem.limit / GIB:.1f} GiB per device")
         return res
     core = Layout(layout.tp, layout.pp, 1, layout.kv_dtype, layout.ep, layout.dp_attn, dtype=layout.dtype)
-    t_dec = _curve(model, device, core, work.mean_context, per_node, mem.max_seqs)
-    res.prefill = latency.prefill_time(model, device, layout, work.prompt_len, per_node)
-    res.share = prefill_occupancy(model, device, layout, work.prompt_len, per_node)
+    t_dec = _curve(model, device, core, work.mean_context, per_node, mem.max_seqs, framework, window)
+    res.prefill = latency.prefill_time(model, device, layout, work.prompt_len, per_node, framework)
+    res.share = prefill_occupancy(model, device, layout, work.prompt_len, per_node, framework)
     ttft_t = work.ttft_ms / 1e3 if work.ttft_ms else None
     tpot_t = work.tpot_ms / 1e3 if work.tpot_ms else None
     if layout.disaggregated:
