@@ -52,7 +52,10 @@ recompute_layers
            layer (k layers share one checkpoint): recompute full with N = 0, whose
            activation count (one input per layer) is then an upper bound.
 dtype      bf16 | fp16 | fp8 (GEMMs in fp8, the rest bf16) | fp32
-schedule   1f1b | gpipe | interleaved-1f1b | zero-bubble
+schedule   1f1b | gpipe | interleaved-1f1b | zero-bubble | dualpipev (DeepSeek's V-shaped bidirectional
+           schedule: vpp 2, chunk ``j`` of ``2 pp`` on rank ``j`` for ``j < pp`` else ``2 pp - 1 - j``, so rank 0
+           holds the first and the last chunk; >= 2 pp micro-batches; torch ``ScheduleDualPipeV``;
+           bubble and overlap: cost/pipeline.py)
 grad_accum_mode
            with zero 2/3 and gradient accumulation: ``sharded`` (default) reduce-
            scatters every micro-batch into the gradient shard (gradients held:
@@ -114,7 +117,7 @@ MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
 #: search and the training config import them; :func:`field_problem` checks them).
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble", "dualpipev")
 GRAD_ACCUM_MODES = ("sharded", "unsharded")
 ATTENTIONS = ("fused", "unfused")
 #: ``fp8_recipe``: how fp8 GEMM inputs are scaled: one scale per tensor (tensorwise, the default),
@@ -351,6 +354,8 @@ class Plan:
             plan = replace(plan, sp=plan.tp > 1)
         if "schedule" not in data and plan.vpp > 1:
             plan = replace(plan, schedule="interleaved-1f1b")
+        if plan.schedule == "dualpipev" and "vpp" not in data:  # its two chunks per rank are implied
+            plan = replace(plan, vpp=2)
         return plan
 
     @classmethod
@@ -566,7 +571,8 @@ def _typed(name: str, value: Any) -> Any:
         return number
     text = str(value).lower()
     text = {"1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zb": "zero-bubble",
-            "zbv": "zero-bubble", "sel": "selective"}.get(text, text)
+            "zbv": "zero-bubble", "sel": "selective",
+            "dualpipe-v": "dualpipev", "dualpipe_v": "dualpipev"}.get(text, text)
     return text
 
 
@@ -596,8 +602,11 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
         errs.append(f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)")
     if model is None and plan.layer_split and len(plan.layer_split) != plan.pp * plan.vpp:  # with a model: below
         errs.append(f"layer_split has {len(plan.layer_split)} entries, needs pp*vpp = {plan.pp * plan.vpp}")
-    if plan.vpp > 1 and plan.schedule not in ("interleaved-1f1b", "zero-bubble"):
-        errs.append(f"vpp={plan.vpp} needs schedule interleaved-1f1b or zero-bubble, not {plan.schedule}")
+    if plan.schedule == "dualpipev":
+        errs += _validate_dualpipev(plan)
+    elif plan.vpp > 1 and plan.schedule not in ("interleaved-1f1b", "zero-bubble"):
+        errs.append(f"vpp={plan.vpp} needs schedule interleaved-1f1b, zero-bubble or dualpipev (vpp 2), "
+                    f"not {plan.schedule}")
     if plan.schedule == "interleaved-1f1b" and plan.vpp > 1 and plan.gbs % (plan.dp * plan.mbs) == 0 \
             and plan.grad_accum % plan.pp:
         errs.append(f"interleaved 1F1B needs the micro-batch count ({plan.grad_accum}) to be a multiple of pp={plan.pp}")
@@ -610,6 +619,33 @@ def validate(plan: Plan, model: Any = None, world_size: int | None = None) -> li
     if model is not None:
         errs += _validate_against_model(plan, model)
     return errs
+
+
+def _validate_dualpipev(plan: Plan) -> list[str]:
+    """DualPipeV's constraints, as torch's ``ScheduleDualPipeV.__init__`` (torch 2.13,
+    torch/distributed/pipelining/schedules.py) checks them: exactly 2 stages per rank ("ZBV
+    requires exactly 2 stages per rank") and at least as many micro-batches as stages
+    (``n_microbatches >= 2 pp``); a V needs two ranks to turn at. torch asks for no even
+    micro-batch count (its order covers odd ones), so neither do we."""
+    errs = []
+    if plan.pp < 2:
+        errs.append(f"schedule dualpipev needs pp >= 2 (two chunks per rank in a V over the pipeline), got pp={plan.pp}")
+    if plan.vpp != 2:
+        errs.append(f"schedule dualpipev needs vpp=2 (chunks r and 2*pp-1-r on rank r), got vpp={plan.vpp}")
+    if plan.gbs % (plan.dp * plan.mbs) == 0 and plan.grad_accum < 2 * plan.pp:
+        errs.append(f"schedule dualpipev needs at least 2*pp = {2 * plan.pp} micro-batches (torch's ScheduleDualPipeV), "
+                    f"the plan has {plan.grad_accum}")
+    return errs
+
+
+def chunk_ranks(pp: int, vpp: int, schedule: str) -> tuple[int, ...]:
+    """Pipeline rank of each of the ``pp * vpp`` virtual stages (model chunks), in layer
+    order: ``j mod pp`` (Megatron's interleaving), or with ``dualpipev`` the V of torch's
+    ``generate_stage_to_rank_mapping(pp, 2 pp, style="v")``: chunk ``j`` on rank ``j`` for
+    ``j < pp``, else on rank ``2 pp - 1 - j`` (rank 0 holds the first and the last chunk)."""
+    if schedule == "dualpipev" and vpp == 2:
+        return tuple(j if j < pp else 2 * pp - 1 - j for j in range(2 * pp))
+    return tuple(j % pp for j in range(pp * vpp))
 
 
 def _field_problems(plan: Plan) -> list[str]:

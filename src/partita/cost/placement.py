@@ -15,18 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..plan import Plan
+from ..plan import Plan, chunk_ranks
 from ..spec.model import ModelSpec
 from .memo import memoised
 
 
 @lru_cache(maxsize=4096)
-def all_rank_layers(layers: int, pp: int, split: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """Layer indices of every pipeline rank for a given virtual-stage split."""
+def all_rank_layers(layers: int, pp: int, split: tuple[int, ...], v_shape: bool = False) -> tuple[tuple[int, ...], ...]:
+    """Layer indices of every pipeline rank for a given virtual-stage split (``v_shape``:
+    DualPipeV's V placement, :func:`partita.plan.chunk_ranks`)."""
     out: list[list[int]] = [[] for _ in range(pp)]
+    owner = chunk_ranks(pp, len(split) // pp, "dualpipev" if v_shape else "")
     start = 0
     for j, n in enumerate(split):
-        out[j % pp].extend(range(start, start + n))
+        out[owner[j]].extend(range(start, start + n))
         start += n
     return tuple(tuple(ids) for ids in out)
 
@@ -49,10 +51,12 @@ class RankShape:
 
 def rank_shapes(model: ModelSpec, plan: Plan) -> tuple[RankShape, ...]:
     """The :class:`RankShape` of every pipeline rank (memoised per model and split)."""
-    return _rank_shapes(model, plan.pp, plan.stage_layers(model.layers), plan.recompute_layers)
+    return _rank_shapes(model, plan.pp, plan.stage_layers(model.layers), plan.recompute_layers,
+                        plan.schedule == "dualpipev")
 
 
-def recomputed_layers(layers: int, pp: int, split: tuple[int, ...], n: int) -> tuple[tuple[int, ...], ...]:
+def recomputed_layers(layers: int, pp: int, split: tuple[int, ...], n: int,
+                      v_shape: bool = False) -> tuple[tuple[int, ...], ...]:
     """Layer indices each pipeline rank recomputes when only ``n`` layers per stage are
     (``plan.recompute_layers``): the first ``min(n, len)`` layers of every virtual chunk
     (``split`` entry) the rank runs. Megatron-LM's block method, TransformerBlock
@@ -63,22 +67,25 @@ def recomputed_layers(layers: int, pp: int, split: tuple[int, ...], n: int) -> t
     (``recompute_skip_num_layers``); the count, which is what memory and time depend on,
     stays N."""
     out: list[list[int]] = [[] for _ in range(pp)]
+    owner = chunk_ranks(pp, len(split) // pp, "dualpipev" if v_shape else "")
     start = 0
     for j, size in enumerate(split):
-        out[j % pp].extend(range(start, start + min(n, size)))
+        out[owner[j]].extend(range(start, start + min(n, size)))
         start += size
     return tuple(tuple(ids) for ids in out)
 
 
 @memoised
-def _rank_shapes(model: ModelSpec, pp: int, split: tuple[int, ...], rc_layers: int = 0) -> tuple[RankShape, ...]:
+def _rank_shapes(model: ModelSpec, pp: int, split: tuple[int, ...], rc_layers: int = 0,
+                 v_shape: bool = False) -> tuple[RankShape, ...]:
     flags = model.moe_flags
     out = []
-    rc = recomputed_layers(model.layers, pp, split, rc_layers) if rc_layers else ((),) * pp
-    for r, ids in enumerate(all_rank_layers(model.layers, pp, split)):
+    rc = recomputed_layers(model.layers, pp, split, rc_layers, v_shape) if rc_layers else ((),) * pp
+    last_rank = 0 if v_shape else pp - 1  # DualPipeV: the last chunk (output layer, loss) is on rank 0
+    for r, ids in enumerate(all_rank_layers(model.layers, pp, split, v_shape)):
         edges = tuple(flags[i] for i in sorted({ids[0], ids[-1]})) if ids else ()
         rc_moe = sum(flags[i] for i in rc[r])
-        out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == pp - 1,
+        out.append(RankShape(len(ids), sum(flags[i] for i in ids), edges, r == 0, r == last_rank,
                              len(rc[r]) - rc_moe, rc_moe))
     return tuple(out)
 
@@ -87,15 +94,16 @@ def distinct_shapes(model: ModelSpec, plan: Plan) -> tuple[tuple[int, RankShape,
     """(first rank, shape, number of ranks) for each distinct rank shape (memoised). Ranks
     of one shape differ only in their in-flight micro-batches, which never grow with the
     rank (see :func:`.pipeline.in_flight_chunks`), so the first is the most loaded."""
-    return _distinct_shapes(model, plan.pp, plan.stage_layers(model.layers), plan.recompute_layers)
+    return _distinct_shapes(model, plan.pp, plan.stage_layers(model.layers), plan.recompute_layers,
+                            plan.schedule == "dualpipev")
 
 
 @memoised
 def _distinct_shapes(model: ModelSpec, pp: int, split: tuple[int, ...],
-                     rc_layers: int = 0) -> tuple[tuple[int, RankShape, int], ...]:
+                     rc_layers: int = 0, v_shape: bool = False) -> tuple[tuple[int, RankShape, int], ...]:
     first: dict[RankShape, int] = {}
     count: dict[RankShape, int] = {}
-    for r, shape in enumerate(_rank_shapes(model, pp, split, rc_layers)):
+    for r, shape in enumerate(_rank_shapes(model, pp, split, rc_layers, v_shape)):
         first.setdefault(shape, r)
         count[shape] = count.get(shape, 0) + 1
     return tuple((r, shape, count[shape]) for shape, r in first.items())

@@ -67,7 +67,7 @@ from .finetune import lora_shape, lora_stage_terms, rank_adapter_params, trained
 from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .overheads import add_framework
-from .pipeline import pipeline_time, pipeline_time_of
+from .pipeline import fb_overlap_share, hide_all_to_all, pipeline_time, pipeline_time_of
 from .placement import RankShape, distinct_shapes, rank_shapes
 from .shape import LayerShape, StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
 from .states import (_grad_bytes, _shape_params, expert_state_shard, full_gradients, grad_bytes, shape_params,
@@ -210,7 +210,9 @@ def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[TermsBy
     shape = stage_shape(plan, cluster.devices_per_node)
     terms = _terms_of_shape(model, cluster.device, shape)
     if plan.finetune == "lora":  # frozen weights: input gradients only; adapter GEMMs (cost/finetune.py)
-        return lora_stage_terms(model, cluster.device, shape, lora_shape(plan), terms, FLASH_BACKWARD_PER_FORWARD)
+        terms = lora_stage_terms(model, cluster.device, shape, lora_shape(plan), terms, FLASH_BACKWARD_PER_FORWARD)
+    if plan.schedule == "dualpipev":  # overlapped forward+backward pairs hide the all-to-all (cost/pipeline.py)
+        terms = hide_all_to_all(*terms, fb_overlap_share(plan.schedule, plan.pp, plan.grad_accum))
     return terms
 
 
