@@ -56,6 +56,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -128,11 +129,12 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
 
 
 #: engines whose scheduler loop waits on the host for each step's tokens, by the release the
-#: row names (:data:`partita.serve.latency.ENGINE_HOST_SECONDS` / ``ENGINE_HOST_FRACTION``):
-#: vLLM's V0 engine up to 0.6 (V1 became the default in 0.8; no source gives V1's bubble, and
-#: the rows that name no release are not assumed to be V0) and SGLang before v0.4's overlap
-#: scheduler
-SYNC_ENGINES = {"vllm v0.6.": "vllm-v0", "sglang v0.3.": "sglang-sync"}
+#: row names (:data:`partita.serve.latency.ENGINE_HOST_SECONDS` / ``ENGINE_HOST_FRACTION``;
+#: regular expressions on the lower-cased engine): vLLM's V0 engine - every release before
+#: 0.8, and 0.8+ where the row's log shows the V0 fallback ("(V0 engine)"); V1 became the
+#: default in 0.8 and no source gives its bubble, and a row that names no release is not
+#: assumed to be V0 - and SGLang before v0.4's overlap scheduler
+SYNC_ENGINES = {r"vllm v0\.[0-7]\.": "vllm-v0", r"vllm .*\(v0 engine\)": "vllm-v0", r"sglang v0\.[0-3]\.": "sglang-sync"}
 
 
 def engine_framework(engine: str) -> str:
@@ -144,7 +146,7 @@ def engine_framework(engine: str) -> str:
     low = engine.lower()
     if low.startswith("tensorrt-llm"):
         return "tensorrt-llm"
-    return next((fw for prefix, fw in SYNC_ENGINES.items() if low.startswith(prefix)), "megatron")
+    return next((fw for pattern, fw in SYNC_ENGINES.items() if re.match(pattern, low)), "megatron")
 
 
 def predict(rec: dict[str, str]) -> float:

@@ -75,10 +75,31 @@ def test_the_bench_maps_each_release_to_the_loop_it_ran():
     assert fw("vLLM v0.6.0") == "vllm-v0"
     assert fw("vLLM v0.11.0") == "megatron"  # V1: no sourced bubble
     assert fw("vLLM") == "megatron"  # a row naming no release is not assumed to be V0
+    assert fw("vLLM v0.8.3") == "megatron"  # V1 by default from 0.8
+    assert fw("vLLM v0.8.3 (V0 engine)") == "vllm-v0"  # the run's log shows the V0 fallback
+    assert fw("vLLM-Ascend v0.9.1") == "megatron"
     assert fw("TensorRT-LLM v0.6.1") == "tensorrt-llm"
     engines = {r["engine"] for r in bench.load_rows()}
     assert {e for e in engines if bench.engine_framework(e) == "sglang-sync"} == {"SGLang v0.3.0"}
-    assert {e for e in engines if bench.engine_framework(e) == "vllm-v0"} == {"vLLM v0.6.0"}
+    assert {e for e in engines if bench.engine_framework(e) == "vllm-v0"} == {"vLLM v0.6.0", "vLLM v0.8.3 (V0 engine)"}
+
+
+def test_the_v0_fallback_rows_cite_the_log_line_that_shows_it():
+    """The tp4 x pp2 rows are marked V0 from the run's own server log, quoted in their notes."""
+    bench = _bench()
+    rows = [r for r in bench.load_rows() if r["engine"] == "vLLM v0.8.3 (V0 engine)"]
+    assert rows and all(r["tp"] == "4" and r["pp"] == "2" for r in rows)
+    for r in rows:
+        assert "Falling back to V0" in r["notes"] and "num_scheduler_steps=1" in r["notes"]
+
+
+def test_a_pipeline_pays_the_bubble_once_per_token_not_per_stage():
+    """vLLM V0 runs one scheduler loop per virtual engine (pp micro-batches in flight): a
+    micro-batch's host turn lengthens its own cycle once."""
+    model, dev = resolve_model("llama3-70b").spec(), load_device("a100-40gb")
+    lay = Layout(4, 2, 1)
+    diff = latency.tpot(model, dev, lay, 32, 300, 4, "vllm-v0") - latency.tpot(model, dev, lay, 32, 300, 4)
+    assert diff == pytest.approx(RFC_BUBBLE_S, rel=1e-9)
 
 
 def test_the_sglang_v030_rows_move_toward_their_measured_figures():

@@ -564,8 +564,11 @@ def tpot(model: ModelSpec, device: Device, layout: Layout, seqs: float, context:
     steps per scheduler call)."""
     micro = max(seqs / layout.pp, 1.0) / layout.dp_attn
     step = decode_stage_time(model, device, layout, micro, context, per_node, framework)
-    step += engine_host(framework, step, window)
-    return layout.pp * step + layout.pp * _hop(model, device, layout, micro, per_node)
+    # the host bubble once per token of a sequence: with pp micro-batches in flight (vLLM V0's
+    # virtual engines, one scheduler loop each) a micro-batch's host turn falls while the
+    # stages run the others', so it lengthens its own cycle, not every stage step
+    return layout.pp * step + layout.pp * _hop(model, device, layout, micro, per_node) + engine_host(
+        framework, layout.pp * step, window)
 
 
 def kv_transfer_time(model: ModelSpec, device: Device, layout: Layout, prompt_len: int) -> float:
