@@ -60,7 +60,6 @@ from ..spec.model import ModelSpec
 from .memory import (mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
                      kv_heads_per_device, layer_weights, stage_layers)
 from .workload import Layout
-from . import eager_step
 
 #: frameworks whose serving path is transformers' own: ``DynamicCache`` (``torch.cat`` per
 #: step), ``attn_implementation="eager"`` (``repeat_kv`` + two matmuls), DTensor tensor
@@ -276,8 +275,8 @@ def decode_kv_fresh_bytes(model: ModelSpec, device: Device, tp: int, framework: 
     the model prices as written into first-touched pages: on a file with the ``eager_decode``
     rates those of the tensors above :data:`FIRST_TOUCH_BYTES`, else every one
     (:func:`decode_kv_seconds`)."""
-    if device.eager_decode is not None and framework in EAGER_RUNTIMES:  # pages reused: eager_step
-        return eager_step.fresh_decode_bytes(device, True)
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES:
+        return sum(f * kv for f in decode_kv_allocations(model, tp, framework) if f * kv > FIRST_TOUCH_BYTES)
     return kv * decode_kv_writes(model, tp, framework)
 
 
@@ -317,7 +316,7 @@ def eager_prefill_attention(model: ModelSpec, device: Device, layout: Layout, pr
     flops = 2 * p * (p - (p + 1) / 2) * heads * (d_qk + d_v)
     rate = device.peak_flops(layout.dtype) * device.efficiency.attention
     scores = p * p * layout.weight_bytes * (heads * EAGER_SCORE_PASSES + 1)
-    return flops / rate + scores / eager_step.score_bytes_per_s(device, True, bandwidth(device))
+    return flops / rate + scores / bandwidth(device)
 
 
 def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
