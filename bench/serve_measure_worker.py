@@ -42,7 +42,7 @@ from transformers import DynamicCache
 from partita.calibrate.busy_clock import critical_busy_s, mark, since
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_vs_measure import CONFIG, build_model, case_list  # noqa: E402
+from serve_vs_measure import CONFIG, build_model, case_list, steady_heap  # noqa: E402
 
 
 def timed(fn) -> tuple[float, float, int, list[float]]:
@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=300)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    steady_heap()  # pages reused after the warm-up step, as an engine's (serve_vs_measure.steady_heap)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
     try:

@@ -21,9 +21,11 @@ forward would take with the cores to itself; the raw wall-clock is printed besid
 summary on the earlier tp clock (the smaller rank's own busy time) below it. Beside each decode case: the MB a step touched for the first
 time (the kernel's minor faults x the page size, median over the steps) and the MB the planner
 prices as first-touched (:func:`partita.serve.latency.decode_kv_fresh_bytes` x layers: every
-``cat`` / ``repeat_kv`` result on a file without the ``eager_decode`` rates, those above
-glibc's 32 MiB mmap cap on one with them); where the allocator reuses pages (below the cap,
-when the heap has a chunk that fits) the step touches far fewer (docs/serve.md, issue 37).
+``cat`` / ``repeat_kv`` result on a file without the ``eager_decode`` rates, none on one with
+them). Every process that runs the forwards first calls :func:`steady_heap` (glibc: no mmap, no
+heap trimming): after the warm-up step a step's tensors land in pages the process touched
+before, as a serving engine's do; under glibc's defaults the heap's history decided it
+(docs/serve.md, issue 37).
 
 Each is predicted by :func:`partita.serve.latency.prefill_time` and
 :func:`partita.serve.latency.decode_stage_time` for the layout in fp32 on the device file
@@ -38,6 +40,8 @@ the machine's load. Timings belong here, not in tests.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import statistics
@@ -63,6 +67,41 @@ DECODE = ((1, 256), (8, 256), (8, 1024), (32, 512))  # (batch, context)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: layouts measured: (name, tp, replicas); tp2 and dp2 need ``--nproc 2``
 LAYOUTS = (("tp1", 1, 1), ("tp2", 2, 1), ("dp2", 1, 2))
+
+
+#: mallopt(3) parameters (glibc malloc.h): ``M_TRIM_THRESHOLD``, ``M_MMAP_MAX``
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+
+
+def steady_heap() -> bool:
+    """Make the process's host allocator reuse its pages, as a serving engine's memory does;
+    True where glibc took the settings (False elsewhere: the allocator left as it is).
+
+    Why: an eager decode step allocates its K/V anew (``DynamicLayer.update``'s ``torch.cat``,
+    ``repeat_kv``'s copies), and under glibc's defaults whether those tensors get pages the
+    process has touched before depends on the heap's history, not on the step: a request of at
+    least the dynamic ``M_MMAP_THRESHOLD`` (raised to each freed mmapped chunk's size, capped at
+    32 MiB) is mmapped fresh when no free heap chunk fits, and free memory at the heap's top
+    beyond ``M_TRIM_THRESHOLD`` is given back to the kernel and faults again when the heap
+    regrows. Measured in the bench's long-lived process (issue 37, docs/serve.md): decode batch
+    8 at context 1024 first-touched 0-143 MB a step and batch 32 at context 512 0-287 MB, from
+    run to run at the same shapes, moving the step by up to 1.7x. A serving engine does not see
+    this: it preallocates its KV cache and its allocator keeps freed blocks (vLLM's block pool;
+    PyTorch's caching allocator on an accelerator never returns a block to the driver between
+    steps). ``M_MMAP_MAX = 0`` serves every request from the heap and the largest
+    ``M_TRIM_THRESHOLD`` never shrinks it, so after the warm-up step every allocation of a
+    step lands in pages the process already touched - what the serve model prices
+    (:func:`partita.serve.latency.decode_kv_fresh_bytes`: none on a file with the
+    ``eager_decode`` rates). Call it before the model is built."""
+    path = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(path) if path else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None:
+        return False
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
 def case_list() -> list[tuple[str, int, int]]:
@@ -114,8 +153,9 @@ def measure_here(repeats: int) -> dict:
 
 def busy_clone_rate(repeats: int) -> float:
     """Bytes/s of the clone ``partita calibrate`` times for ``memory.hbm_tbps`` (64 MB fp32,
-    read + write, into first-touched pages), timed here on calibrate's loop right after the
-    forwards: the file's figure comes from the minutes calibrate ran, at that load."""
+    read + write, into first-touched pages), timed here on calibrate's loop before the forwards
+    (and before :func:`steady_heap`, under which the clone would reuse its pages): the file's
+    figure comes from the minutes calibrate ran, at that load."""
     x = torch.randn(16_000_000)
     return 2 * x.numel() * x.element_size() / statistics.median(seconds_per_call(x.clone, max(repeats, 5)))
 
@@ -166,6 +206,8 @@ def main() -> None:
         calibrate(args.calibrate, args.timeout_s)
         args.hardware = args.calibrate
     device, spec = load_device(args.hardware), model_spec()
+    clone = busy_clone_rate(args.repeats)  # into fresh pages: before steady_heap, which reuses them
+    heap = steady_heap()  # calibrate's subprocess ran under glibc's defaults
     measures = [lambda: measure_here(args.repeats)]
     if args.nproc == 2:
         measures += [lambda: measure_torchrun("tp", args.repeats, args.timeout_s),
@@ -188,7 +230,6 @@ def main() -> None:
             print(f"{run['mode']:<7}{r['kind'] + ' ' + name:<22}{pred * 1e3:>14.2f}{r['busy_s'] * 1e3:>13.2f}"
                   f"{r['wall_s'] * 1e3:>10.1f}{pred / r['busy_s']:>11.2f}{run['load']:>6.1f}"
                   f"{fresh:>11.0f} /{touched:>6.0f}", flush=True)
-    clone = busy_clone_rate(args.repeats)
     busy_dev = load_device(args.hardware, {"memory": {"hbm_tbps": clone / 1e12}})
     for r in rows:
         kind, rest = r["case"].split(" ", 1)
@@ -197,7 +238,7 @@ def main() -> None:
         r["predicted_busy_memory_s"] = predict(spec, busy_dev, tps[r["layout"]], kind, a, b, args.repeats)
     print(f"{_summary(rows, 'predicted_s')} over "
           f"{len(rows)} cases; hardware {device.name} ({device.source_file}); load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; 1 thread per process; heap steady: {heap}")
     earlier = [{**r, "measured_s": r["busy_min_s"]} for r in rows]  # tp read on each rank's own busy clock
     print(f"on the earlier clock (tp: the smaller rank's busy time): {_summary(earlier, 'predicted_s')}")
     if device.eager_decode is not None:  # the eager decode step's rates calibrate measured
@@ -205,7 +246,7 @@ def main() -> None:
         print("the file's eager_decode: GEMM GFLOP/s by rows " + ", ".join(f"{m}: {r / 1e9:.1f}" for m, r in e.gemm_by_rows)
               + f"; attention at q_len 1 {e.attention_bytes_per_s / 1e9:.2f} GB/s; host {e.host_s_per_layer * 1e3:.2f} "
               f"ms/layer + {e.host_s_per_step * 1e3:.2f} ms/step; read {device.read_bytes_per_s() / 1e9:.2f} GB/s")
-    print(f"the file's clone rate {device.hbm_tbps * 1e3:.2f} GB/s; the same clone timed now "
+    print(f"the file's clone rate {device.hbm_tbps * 1e3:.2f} GB/s; the same clone timed before the forwards "
           f"{clone / 1e9:.2f} GB/s; predicted with it: {_summary(rows, 'predicted_busy_memory_s')} "
           f"(" + ", ".join(f"{r['predicted_busy_memory_s'] / r['measured_s']:.2f}" for r in rows) + ")")
     if args.json:

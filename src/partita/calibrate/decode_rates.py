@@ -5,7 +5,7 @@ Why: a decode step that transformers runs eagerly (the ``partita`` serving frame
 training curves do not describe (measured op by op on the 2-core development VM, docs/serve.md,
 issue 37):
 
-* GEMMs with ``M`` = the batch rows (1-64): ``F.linear`` runs at 7 GFLOP/s at one row, 12 at 8,
+* GEMMs with ``M`` = the batch rows (1-64; a prefill's tokens, 256-1024): ``F.linear`` runs at 7 GFLOP/s at one row, 12 at 8,
   21 at 32, 26-30 at 64-128 (weights of 16 MB, beyond the 8 MiB L3) - a rate set by the rows a
   weight tile is reused for, not by the GEMM's FLOP count the training curve is indexed by;
 * attention at a query length of one: ``matmul(q, k^T)``, ``softmax``, ``matmul(p, v)`` read
@@ -25,7 +25,12 @@ The measurement, each timed on calibrate's busy clock (:func:`.busy_clock.second
   (:data:`HOST_CONFIG`: its kernels take microseconds, the step is the Python and dispatch
   around them) with :data:`HOST_LAYERS` decoder layers; the slope over the layers is the host
   time per layer, the rest the host time per step. Skipped (the fields absent) where
-  transformers is not installed.
+  transformers is not installed;
+* :data:`SOFTMAX_SHAPE`: ``torch.softmax`` in fp32 over the last dim (eager prefill attention's
+  scores: heads x query rows x keys, 16.8 MB); the rate is elements over the time. On the
+  development VM it is bound by the ``exp``, ~0.4 G elements/s on one thread, where its two
+  passes at the read rate would take a quarter of the time (prefill of 1024 tokens, torch's
+  profiler: ``_softmax`` 21 ms a layer, issue 37).
 """
 from __future__ import annotations
 
@@ -33,8 +38,11 @@ from collections.abc import Callable
 
 from .busy_clock import seconds_per_call
 
-#: rows of the timed GEMMs (a decode step's batch per attention group)
-GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64)
+#: rows of the timed GEMMs (a decode step's batch per attention group; 256 and 1024: a prefill's
+#: prompt tokens, where the calibrated curve, one rate per GFLOP fitted over square and wide
+#: classes up to h 1024, read 30.7 GFLOP/s while ``mm`` at a 256- and 1024-token prefill's shapes
+#: ran at 35-36 under torch's profiler on the development VM, issue 37)
+GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
 #: ``h`` of the ``[M, h] x [h, 4h]`` GEMMs (calibrate's square / skinny / wide classes go to 1024)
 GEMM_HIDDEN = (512, 1024)
 #: (batch, heads, context, head dim) of the timed attention
@@ -47,6 +55,8 @@ HOST_CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_at
 HOST_LAYERS = (1, 4)
 #: prompt tokens before the timed steps (the cache grows by one a step)
 HOST_CONTEXT = 16
+#: (heads, query rows, keys) of the timed softmax: above a CPU's last-level cache in fp32
+SOFTMAX_SHAPE = (8, 512, 1024)
 
 
 def measure_gemm_rows(device, dtype, sync: Callable[[], None], repeats: int) -> dict[int, list[float]]:
@@ -85,6 +95,14 @@ def measure_attention(device, dtype, sync: Callable[[], None], repeats: int) -> 
     return [moved / t for t in seconds_per_call(lambda: (eager_attention(q, k, v), sync()), repeats)]
 
 
+def measure_softmax(device, sync: Callable[[], None], repeats: int) -> list[float]:
+    """Elements per second of fp32 ``torch.softmax`` over :data:`SOFTMAX_SHAPE`'s last dim,
+    one per repeat (eager attention softmaxes in fp32 whatever the model's dtype)."""
+    import torch
+    x = torch.randn(*SOFTMAX_SHAPE, device=device, dtype=torch.float32)
+    return [x.numel() / t for t in seconds_per_call(lambda: (torch.softmax(x, dim=-1), sync()), repeats)]
+
+
 def measure_host_step(device, dtype, sync: Callable[[], None], repeats: int) -> dict[int, list[float]] | None:
     """``{layers: [seconds per decode step per repeat]}`` of the :data:`HOST_CONFIG` Llama
     (module docstring); None without transformers."""
@@ -115,6 +133,7 @@ def measure_eager_decode(device, dtype, sync: Callable[[], None], repeats: int) 
     host = measure_host_step(device, dtype, sync, repeats)
     return {"gemm_rows": {str(m): r for m, r in measure_gemm_rows(device, dtype, sync, repeats).items()},
             "attention": measure_attention(device, dtype, sync, repeats),
+            "softmax": measure_softmax(device, sync, repeats),
             **({"host_step": {str(n): t for n, t in host.items()}} if host else {})}
 
 
@@ -139,6 +158,10 @@ def eager_decode_fields(raw: dict) -> tuple[dict, dict]:
                                                 f"{ATTENTION_SHAPE}: bytes of K + V / s")
     section = {"gemm_gflops_by_rows": {m: terms[f"eager_decode.gemm_rows_{m}"]["value"] for m in raw["gemm_rows"]},
                "attention_tbps": terms["eager_decode.attention"]["value"]}
+    if raw.get("softmax"):
+        terms["eager_decode.softmax"] = summarize([e / 1e9 for e in raw["softmax"]], "G elements/s",
+                                                  f"torch.softmax fp32 over the last dim of {SOFTMAX_SHAPE}")
+        section["softmax_gelems"] = terms["eager_decode.softmax"]["value"]
     if raw.get("host_step"):
         section["host_us_per_layer"], section["host_us_per_step"] = host_fields(raw["host_step"])
         for key, what in (("host_us_per_layer", "slope"), ("host_us_per_step", "intercept")):

@@ -60,6 +60,7 @@ from ..spec.model import ModelSpec
 from .memory import (mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
                      kv_heads_per_device, layer_weights, stage_layers)
 from .workload import Layout
+from . import eager_step
 
 #: frameworks whose serving path is transformers' own: ``DynamicCache`` (``torch.cat`` per
 #: step), ``attn_implementation="eager"`` (``repeat_kv`` + two matmuls), DTensor tensor
@@ -275,8 +276,8 @@ def decode_kv_fresh_bytes(model: ModelSpec, device: Device, tp: int, framework: 
     the model prices as written into first-touched pages: on a file with the ``eager_decode``
     rates those of the tensors above :data:`FIRST_TOUCH_BYTES`, else every one
     (:func:`decode_kv_seconds`)."""
-    if device.eager_decode is not None and framework in EAGER_RUNTIMES:
-        return sum(f * kv for f in decode_kv_allocations(model, tp, framework) if f * kv > FIRST_TOUCH_BYTES)
+    if device.eager_decode is not None and framework in EAGER_RUNTIMES:  # pages reused: eager_step
+        return eager_step.fresh_decode_bytes(device, True)
     return kv * decode_kv_writes(model, tp, framework)
 
 
@@ -311,12 +312,16 @@ def eager_prefill_attention(model: ModelSpec, device: Device, layout: Layout, pr
     anyway (``2 P (P - (P+1)/2) heads/tp (d_qk + d_v)`` FLOPs at the attention rate) and the
     scores' :data:`EAGER_SCORE_PASSES` round trips plus one read of the ``P x P`` mask, at
     the memory rate. MLA models: the same with their score and value head sizes."""
+    if device.eager_decode is not None:  # the measured eager rates: all of it, less layer_forward's attention
+        shape = LayerShape(layout.tp, 1, max(layout.ep, 1), 1, prompt_len, False, layout.dtype, "partita", 1)
+        return eager_step.prefill_attention(model, device, layout.tp, layout.dtype, layout.weight_bytes, prompt_len) \
+            - layer_forward(model, device, shape, False).attn_time
     p, heads = float(prompt_len), model.heads / layout.tp
     d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
     flops = 2 * p * (p - (p + 1) / 2) * heads * (d_qk + d_v)
     rate = device.peak_flops(layout.dtype) * device.efficiency.attention
     scores = p * p * layout.weight_bytes * (heads * EAGER_SCORE_PASSES + 1)
-    return flops / rate + scores / bandwidth(device)
+    return flops / rate + scores / eager_step.score_bytes_per_s(device, True, bandwidth(device))
 
 
 def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:
@@ -366,7 +371,8 @@ def batch_prefill_time(model: ModelSpec, device: Device, layout: Layout, prompt_
         n = sum(stage[moe] for stage in stage_layers(model, layout.pp))
         if not n:
             continue
-        compute = layer_forward(model, device, shape, moe).time
+        compute = eager_step.prefill_layer(layer_forward(model, device, shape, moe), device, tokens,
+                                           framework in EAGER_RUNTIMES and not moe)
         if moe and framework not in EAGER_RUNTIMES:
             compute += grouped_expert_gemms(model, device, layout, tokens) - per_expert_gemms(model, device, layout, tokens)
         weights = layer_weights(model, layout, moe) * layout.weight_bytes / bw

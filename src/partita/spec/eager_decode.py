@@ -15,7 +15,11 @@ the training cost model never meets at these shapes, each measured by ``partita 
 * ``host_us_per_layer`` and ``host_us_per_step`` (optional, 0 where transformers was not
   installed when calibrating): the host time of an eager decode step of a hidden-64 Llama
   (compute negligible), per decoder layer and per step outside the layers (embedding, rotary
-  tables, mask, final norm, logits, the cache's bookkeeping): on that VM ~1.5 ms and ~1.3 ms.
+  tables, mask, final norm, logits, the cache's bookkeeping): on that VM ~1.5 ms and ~1.3 ms;
+* ``softmax_gelems`` (optional, 0 where not measured): G elements/s of ``torch.softmax`` in fp32
+  over rows of 1024 (eager prefill attention's ``P x P`` scores): on that VM the softmax is
+  bound by its ``exp``, not by memory - at P = 1024 ~21 ms a layer against 5 ms for its two
+  passes at the read rate (torch's profiler, issue 37).
 
 Absent (every built-in file, and files calibrated before the section existed): the serving
 model prices these as before (:mod:`partita.serve.latency`).
@@ -41,6 +45,8 @@ class EagerDecode:
     host_s_per_layer: float = 0.0
     #: host seconds of an eager decode step outside its layers (0: not measured)
     host_s_per_step: float = 0.0
+    #: elements per second of fp32 softmax over rows of 1024 (0: not measured)
+    softmax_elems_per_s: float = 0.0
 
     def gemm_flops_per_s(self, rows: float) -> float:
         """FLOP/s of a GEMM with ``rows`` rows: linear in ``log rows`` between the measured row
@@ -56,7 +62,7 @@ class EagerDecode:
 
 
 #: the keys of the section
-_KEYS = ("gemm_gflops_by_rows", "attention_tbps", "host_us_per_layer", "host_us_per_step")
+_KEYS = ("gemm_gflops_by_rows", "attention_tbps", "host_us_per_layer", "host_us_per_step", "softmax_gelems")
 
 
 def parse_eager_decode(raw: Any, source: str) -> EagerDecode | None:
@@ -83,5 +89,8 @@ def parse_eager_decode(raw: Any, source: str) -> EagerDecode | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
             raise PartitaError(f"{where}.{key} must be a number of microseconds >= 0, got {v!r}")
         host[key] = float(v) * 1e-6
+    soft = raw.get("softmax_gelems", 0.0)
+    if isinstance(soft, bool) or not isinstance(soft, (int, float)) or not (math.isfinite(soft) and soft >= 0):
+        raise PartitaError(f"{where}.softmax_gelems must be a number of G elements/s >= 0, got {soft!r}")
     return EagerDecode(tuple((m, r * 1e9) for m, r in rows), float(att) * 1e12,
-                       host["host_us_per_layer"], host["host_us_per_step"])
+                       host["host_us_per_layer"], host["host_us_per_step"], float(soft) * 1e9)
