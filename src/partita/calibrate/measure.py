@@ -48,21 +48,40 @@ RUNTIME_MODEL, RUNTIME_MOE_MODEL, RUNTIME_SEQ, RUNTIME_STEPS = "tiny-llama", "ti
 RUNTIME_STEPS_OF = {"zero3": 5, "comm_overlap": 5, "moe": 5, "ep": 5, "tp": 5, "tp_nosp": 5}
 
 
-def _across_ranks(samples: list[list[float]], device) -> list[float]:
+def busy_in_windows(per_rank: list[list[list[float]]], per: int | None = None) -> list[float]:
+    """Each interval's :func:`.busy_clock.critical_busy_s` from every rank's ``[wall, run, wait]``
+    of it (``per_rank[rank][interval]``), the ranks' run share read over a window of intervals:
+    every ``per`` consecutive intervals (one repeat's steps of a micro-run, back to back in
+    time), or all of them (``per`` None: the repeats of one collective and size).
+
+    Why a repeat's steps and not all of a micro-run's: the repeats are interleaved across the
+    mechanisms over the 2-4 minutes of the runtime phase, and the load moves within them
+    (1-minute load 5-25 in one calibration here); one run share over all of them corrects each
+    repeat by the average load, not its own. The training worker reads each step's clock over
+    the step itself (``train/worker.py``), the clock the loop compares with; a repeat's 3-5
+    steps (0.05-4 s) are as close to that as stays above a scheduler slice or two."""
+    n = len(per_rank[0])
+    size = per or n
+    out = []
+    for lo in range(0, n, size):
+        window = [[sum(col) for col in zip(*rank[lo:lo + size])] for rank in per_rank]
+        out += [critical_busy_s([rank[i] for rank in per_rank], window) for i in range(lo, min(lo + size, n))]
+    return out
+
+
+def _across_ranks(samples: list[list[float]], device, per: int | None = None) -> list[float]:
     """Each interval's time across the ranks from every rank's ``[wall, run, wait]`` of it
     (:func:`.busy_clock.since`): :func:`.busy_clock.critical_busy_s`, the interval without the
     neighbours' load (a collective interval ends on every rank together; under load a rank's
     wall holds its own queueing and the others' that it slept through), with the ranks' run
-    share read over all the intervals together (its ``window``: one interval of a small
-    collective is too short for it)."""
+    share read over a window of ``per`` consecutive intervals or all of them
+    (:func:`busy_in_windows`: one interval of a small collective is too short for it)."""
     import torch
     import torch.distributed as dist
     t = torch.tensor(samples, dtype=torch.float64, device=device).reshape(-1)  # nccl/hccl gather device tensors
     out = torch.zeros(t.numel() * dist.get_world_size(), dtype=torch.float64, device=device)
     dist.all_gather_into_tensor(out, t)
-    per_rank = out.reshape(dist.get_world_size(), len(samples), 3).tolist()
-    window = [[sum(col) for col in zip(*rank)] for rank in per_rank]
-    return [critical_busy_s([rank[i] for rank in per_rank], window) for i in range(len(samples))]
+    return busy_in_windows(out.reshape(dist.get_world_size(), len(samples), 3).tolist(), per)
 
 
 def measure_gemm(device, dtype, sync, repeats: int) -> list[dict]:
@@ -334,7 +353,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
                 runs[mech]["sched"].append(since(t0))
     for mech, run in runs.items():  # each step across the ranks, then a repeat's median of its steps
         n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
-        steps_busy = _across_ranks(run.pop("sched"), device)
+        steps_busy = _across_ranks(run.pop("sched"), device, per=n)  # run share over each repeat's steps
         run["samples"] = [statistics.median(steps_busy[i:i + n]) for i in range(0, len(steps_busy), n)]
     for name in longer:  # the longer run travels with its mechanism's run
         runs[name.split("@")[0]]["long"] = runs.pop(name)
