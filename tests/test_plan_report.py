@@ -10,7 +10,7 @@ import re
 import pytest
 
 from partita.cli.main import main
-from partita.report.schedule import simulate
+from partita.report.schedule import MAX_DRAWN_OPS, simulate
 
 PLAN = ["plan", "--model", "llama-65b", "--hardware", "ascend-910b2", "--devices", "512", "--global-batch", "2048",
         "--tokens", "1.4T", "--top", "4"]  # partita plan's default scenario, fixed here
@@ -107,7 +107,11 @@ def test_plan_report_timeline_is_one_step_of_plan_1(plan_pages, tmp_path, capsys
         assert rows == {f"rank {r}" for r in range(plan["plan"]["pp"])}
         compute = next(t for t in traces if t["name"] == "compute")
         forwards = {(y, text) for y, text in zip(compute["y"], compute["text"]) if text.startswith("forward")}
-        assert len(forwards) == plan["plan"]["pp"] * plan["plan"]["grad_accum"] * plan["plan"]["vpp"]
+        n_forward = plan["plan"]["pp"] * plan["plan"]["grad_accum"] * plan["plan"]["vpp"]
+        if 2 * n_forward <= MAX_DRAWN_OPS:  # beyond it the page draws runs of passes (report/schedule.py _spans)
+            assert len(forwards) == n_forward
+        else:
+            assert compute["text"] and all("forward/backward passes" in t for t in compute["text"])
     # plan 1 always; when plan 1 has no pipeline, the best pipelined plan shown too
     assert "partita-timeline" in figs and ("partita-timeline-2" in figs) == (best["pp"] == 1 and any(
         p["plan"]["pp"] > 1 for p in js["plans"]))

@@ -512,6 +512,43 @@ def _exposed_behind(t: float, window: float, n_layers: int, overlap: float) -> f
     return (t - hidden) + max(hidden / n_layers, hidden - window)
 
 
+def _exposed_by_chunk(t: float, window: float, n_layers: int, overlap: float, vpp: int, group: int) -> float:
+    """Exposed seconds of ``t`` of data-parallel traffic when the rank holds ``vpp`` model
+    chunks of an interleaved pipeline, each chunk's share synchronised on its own
+    (``window``: one chunk's backward - or forward - of one micro-batch; ``group``:
+    micro-batches per chunk in a row). With ``vpp`` 1 it is :func:`_exposed_behind`.
+
+    Megatron-Core's interleaved schedule (``forward_backward_pipelining_with_interleaving``,
+    megatron/core/pipeline_parallel/schedules.py, NVIDIA/Megatron-LM 00611e6eeb) keeps grad
+    sync disabled until a chunk's last micro-batch: ``backward_step_helper_preprocess`` calls
+    ``enable_grad_sync()`` when ``is_last_microbatch_for_model_chunk`` (or, with
+    ``align_grad_reduce``, ``grad_sync_func[chunk]`` right after it), so each chunk's buckets are
+    reduced as soon as that chunk's own last backward is done, not after the whole rank's.
+    The schedule table runs ``microbatch_group_size_per_vp_stage`` (default ``pp``) micro-batches
+    of a chunk in a row and backward visits the chunks last to first, so after chunk ``j``'s
+    last backward ``j * group`` chunk-backwards of the other chunks remain to hide it. The
+    reductions share one communication stream, so chunk ``j`` (and the ``j`` chunks still to
+    come: ``(j + 1) / vpp`` of the hidden traffic) must fit in ``(j group + 1)`` windows; the
+    exposed part is the worst such overflow. The parameter all-gather mirrors it in forward
+    (``param_sync_func`` of chunks 0 and 1 at the start, of chunk ``j + 1`` with chunk ``j``'s
+    first micro-batch in ``forward_step_helper_preprocess``): chunk ``j``'s weights are due
+    ``j group`` chunk-forwards in. The serial share ``1 - overlap`` stays exposed."""
+    if vpp <= 1:
+        return _exposed_behind(t, window, n_layers, overlap)
+    hidden = overlap * t
+    overflow = max((j + 1) * hidden / vpp - (j * group + 1) * window for j in range(vpp))
+    return (t - hidden) + max(hidden / n_layers, overflow)
+
+
+def _exposed_in_plan(t: float, window: float, n_layers: int, dev: Device, plan: Plan) -> float:
+    """:func:`_exposed_by_chunk` with the plan's chunks and Megatron's default
+    ``microbatch_group_size_per_vp_stage`` (``pp``, at most the micro-batch count). DualPipeV's
+    two chunks per rank run in a V, not Megatron's table: pooled as one, the rule before."""
+    chunks = plan.vpp if plan.schedule != "dualpipev" else 1
+    group = max(1, min(plan.pp, plan.grad_accum))
+    return _exposed_by_chunk(t, window, n_layers, dev.efficiency.comm_overlap, chunks, group)
+
+
 def _ddp_wraps(plan: Plan) -> bool:
     """Whether Partita's runtime wraps the model in DDP (zero 0, no tp / pp / ep), the only
     case its gradient reduction overlaps the backward: the condition of
@@ -693,7 +730,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         bwd_window = st.backward / plan.vpp
         fwd_window = st.forward / plan.vpp
         overlaps = plan.overlap_grad_reduce and not (fw.grad_overlap_needs_ddp and not _ddp_wraps(plan))
-        exp_rs = _exposed_behind(t_rs, bwd_window, n_layers, dev.efficiency.comm_overlap) if overlaps else t_rs
+        exp_rs = _exposed_in_plan(t_rs, bwd_window, n_layers, dev, plan) if overlaps else t_rs
         if plan.zero == 2 and not full_gradients(plan) and plan.overlap_grad_reduce:
             # sharded accumulation: every micro-batch reduce-scatters into the shard (m times
             # the traffic); each of the first m - 1 runs behind its own backward and the next
@@ -702,8 +739,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
             exp_rs += (plan.grad_accum - 1) * max(0.0, t_rs - bwd_window - fwd_window)
         elif plan.zero == 2 and not full_gradients(plan):
             exp_rs *= plan.grad_accum  # not overlapped: every micro-batch's reduce-scatter waits
-        exp_ag = (_exposed_behind(t_ag, fwd_window, n_layers, dev.efficiency.comm_overlap)
-                  if _param_gather_overlaps(plan) else t_ag)
+        exp_ag = _exposed_in_plan(t_ag, fwd_window, n_layers, dev, plan) if _param_gather_overlaps(plan) else t_ag
         worst_dp = max(worst_dp, exp_rs + exp_ag + t_psgd)  # PowerSGD's GEMMs share the compute stream
         shard_dense = dense / state_shard(plan) if plan.zero >= 1 else dense
         shard_expert = expert / expert_state_shard(plan) if plan.zero >= 1 else expert
