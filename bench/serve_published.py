@@ -27,7 +27,10 @@ lengths, and the scenario the source ran:
   mean TPOT of a burst the batch holds is :func:`partita.serve.queueing.burst_tpot` (the
   backlog's prefill chunks ride beside the first decode steps);
 * ``concurrency`` - a closed loop with ``N`` requests in flight: the same formulas with ``N``
-  fixed, and ``TTFT = S + t_dec(N) / 2`` (no queue; the decode step in flight finishes first).
+  fixed, and ``TTFT = S + t_dec(N) / 2`` (no queue; the decode step in flight finishes first),
+  ``S + t_dec(N) / 2 + D`` where the engine holds a waiting prompt back ``D`` seconds before it
+  runs its prefill (MindIE's ``maxQueueDelayMicroseconds``: :data:`QUEUE_DELAY_S`,
+  :func:`partita.serve.queueing.held_prefill_wait`);
 
 Mean lengths stand for each run's distribution in the step times; the spread enters only
 the burst's drain. ``--steady`` predicts the saturated rows as the steady state instead (the
@@ -77,7 +80,7 @@ from partita.serve.intervals import (
     interval_class,
 )
 from partita.serve.memory import serve_memory
-from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate
+from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate, held_prefill_wait
 from partita.serve.search import evaluate, prefill_occupancy
 from partita.serve.workload import Layout, Workload
 from partita.spec.hardware import load_device
@@ -137,6 +140,23 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
 SYNC_ENGINES = {r"vllm v0\.[0-7]\.": "vllm-v0", r"vllm .*\(v0 engine\)": "vllm-v0", r"sglang v0\.[0-3]\.": "sglang-sync"}
 
 
+#: seconds a waiting prompt is held back before the scheduler runs its prefill, by engine
+#: (regular expressions on the lower-cased engine; :func:`partita.serve.queueing.held_prefill_wait`):
+#: MindIE's ``maxQueueDelayMicroseconds`` - GPUStack's MindIE backend (the GPUStack 910B page's
+#: engine) writes 5000 into ``ScheduleConfig`` (gpustack/worker/backends/ascend_mindie.py at
+#: 7b50d506: ``max_queue_delay_microseconds: int = 5000`` and its config template's
+#: ``"maxQueueDelayMicroseconds" : 5000``), MindIE's own default (Ascend/MindIE-LLM
+#: docs/zh/user_guide/user_manual/service_parameter_configuration.md; ``scheduler.h``
+#: ``defaultMaxQueueDelayMicroseconds = 5000``)
+QUEUE_DELAY_S = {r"mindie": 5000e-6}
+
+
+def queue_delay(engine: str) -> float:
+    """The row's engine's hold on a waiting prompt (:data:`QUEUE_DELAY_S`; 0 for the others)."""
+    low = engine.lower()
+    return next((d for pattern, d in QUEUE_DELAY_S.items() if re.match(pattern, low)), 0.0)
+
+
 def engine_framework(engine: str) -> str:
     """The serve model's runtime name for a row's engine: ``tensorrt-llm`` (its all-reduce is
     NCCL's: :data:`partita.serve.latency.NCCL_ALL_REDUCE`), a synchronous engine's release
@@ -186,7 +206,7 @@ def predict(rec: dict[str, str]) -> float:
                 return burst_tpot(int(rec["prompts"]), n, O, curve, share, P, latency.CHUNK_TOKENS, rec["lengths"])
             return burst_rate(int(rec["prompts"]), n, O, curve, share, rec["lengths"]) * O
         return {"out_tok_s": lam * O, "tpot_s": t_dec / (1 - lam * share),
-                "ttft_s": prefill + t_dec / 2}[metric]
+                "ttft_s": prefill + held_prefill_wait(t_dec, queue_delay(rec["engine"]))}[metric]
     raise ValueError(f"unknown scenario {scenario!r}")
 
 

@@ -97,6 +97,29 @@ def md1_max_load(wait_budget: float, service: float) -> float:
     return 2 * wait_budget / (service + 2 * wait_budget)
 
 
+def held_prefill_wait(step: float, max_delay: float) -> float:
+    """Mean seconds from a prompt's arrival to the start of its prefill on a replica that is
+    decoding in steps of ``step`` seconds, when the scheduler (deciding at each step's end)
+    runs a prefill only once the oldest waiting request has queued ``max_delay`` seconds and
+    otherwise runs one more decode step.
+
+    This is MindIE's mixed prefill/decode scheduling with ``supportSelectBatch`` off:
+    ``Scheduler::DecidePDPriority`` picks ``DECODE_FIRST`` while ``!ShouldImmediatePrefill()``,
+    which is true only when ``now - waiting_.Front()->arriveTime >= maxQueueDelayMicroseconds``
+    (or, for a delay above the 5000 us default, once ``maxPrefillBatchSize`` prompts wait) -
+    Ascend/MindIE-LLM ``src/scheduler/scheduler.cpp`` at v3.0.0 (8b4871ad), the same at the
+    first public sync 40fb063; the service docs (``service_parameter_configuration.md``):
+    "the longest a request waits in the queue before maxBatchSize, maxPrefillBatchSize or
+    maxPrefillTokens is reached", default 5000 us.
+
+    Derivation: the arrival falls uniformly within a step, so the residual ``r ~ U(0, t)``
+    ends the step in flight; ``k = max(0, ceil((D - r) / t))`` more steps follow before the
+    prompt's age reaches ``D``. For ``D = q t + f`` (``0 <= f < t``) ``k = q + 1`` when
+    ``r < f`` and ``q`` otherwise, so ``E[k] = q + f / t = D / t`` and the mean wait is
+    ``t / 2 + t E[k] = t / 2 + D`` for every ``D >= 0`` (``D = 0``: the plain step residual)."""
+    return step / 2 + max_delay
+
+
 @dataclass(frozen=True)
 class Operating:
     """A replica's steady state at one rate: decoding sequences, TTFT and TPOT (seconds)."""
