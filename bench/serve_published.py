@@ -80,7 +80,7 @@ from partita.serve.intervals import (
     interval_class,
 )
 from partita.serve.memory import serve_memory
-from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate, held_prefill_wait
+from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate, held_prefill_wait, refill_prefill_share
 from partita.serve.search import evaluate, prefill_occupancy
 from partita.serve.workload import Layout, Workload
 from partita.spec.hardware import load_device
@@ -151,6 +151,36 @@ SYNC_ENGINES = {r"vllm v0\.[0-7]\.": "vllm-v0", r"vllm .*\(v0 engine\)": "vllm-v
 QUEUE_DELAY_S = {r"mindie": 5000e-6}
 
 
+#: engines that run each prefill as a forward of its own (no chunk beside the decodes), with
+#: the most prompts and tokens one such forward takes: MindIE's "Standard" template (GPUStack's
+#: ``"templateType" : "Standard"``) with GPUStack's ``maxPrefillBatchSize`` 50 and
+#: ``maxPrefillTokens`` = ``maxSeqLen`` (the model's, capped at 8192; a run with longer prompts
+#: had it raised - one prompt a forward either way) - gpustack/worker/backends/ascend_mindie.py
+#: at 7b50d506; :func:`partita.serve.queueing.refill_prefill_share`
+SEPARATE_PREFILL = {r"mindie": (50, 8192)}
+
+
+def separate_prefill(engine: str) -> tuple[int, int] | None:
+    """``(maxPrefillBatchSize, maxPrefillTokens)`` of an engine in :data:`SEPARATE_PREFILL`, else None."""
+    low = engine.lower()
+    return next((caps for pattern, caps in SEPARATE_PREFILL.items() if re.match(pattern, low)), None)
+
+
+def separate_prefill_share(model, device, layout, rec: dict[str, str], seqs: int, per_node: int, fw: str,
+                           caps: tuple[int, int]) -> float:
+    """Replica seconds per prompt on an engine that prefills in forwards of its own: with the
+    chat trace's spread (``lengths`` exponential, or a closed loop on ShareGPT) it admits the
+    slots each decode step freed (:func:`partita.serve.queueing.refill_prefill_share`); with
+    fixed lengths a wave frees every slot at once and the forwards are full (``min(batch cap,
+    token cap // P)`` prompts each)."""
+    P, O = int(rec["prompt_len"]), int(rec["output_len"])
+    most = max(1, min(caps[0], caps[1] // P))
+    forward = lambda k: latency.batch_prefill_time(model, device, layout, P, k, per_node, fw)
+    if rec["lengths"] == "fixed":
+        return forward(most) / most
+    return refill_prefill_share(forward, seqs, O, most)
+
+
 def queue_delay(engine: str) -> float:
     """The row's engine's hold on a waiting prompt (:data:`QUEUE_DELAY_S`; 0 for the others)."""
     low = engine.lower()
@@ -199,6 +229,9 @@ def predict(rec: dict[str, str]) -> float:
             n = min(n, int(rec["batch"]))
         t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node, fw, k)
         share = prefill_occupancy(model, device, layout, P, per_node, fw)  # prompts packed per chunk, per stage
+        caps = separate_prefill(rec["engine"])
+        if caps is not None and layout.pp == 1:  # prefill forwards of their own (MindIE's Standard template)
+            share = separate_prefill_share(model, device, layout, rec, n, per_node, fw, caps)
         lam = colocated_rate(n, O, t_dec, share)
         if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
             curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node, fw, k)

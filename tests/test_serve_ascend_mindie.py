@@ -88,3 +88,66 @@ def test_the_mindie_row_moves_by_the_hold_and_no_other_row_moves(bench):
     row, shift = moved[0]
     assert shift == pytest.approx(GPUSTACK_MINDIE_QUEUE_DELAY_US * 1e-6)
     assert "Mean TTFT (ms): 112.38" in row["quote"] and math.isclose(float(row["value"]), 0.11238)
+
+
+# --- prefills in forwards of their own (MindIE's "Standard" template) -------------------------
+GPUSTACK_MINDIE_MAX_PREFILL_BATCH = 50  # ascend_mindie.py: max_prefill_batch_size: int = 50
+GPUSTACK_MINDIE_MAX_SEQ_LEN_CAP = 8192  # ascend_mindie.py: "if max_seq_len > 8192: max_seq_len = 8192";
+#                                          schedule_config["maxPrefillTokens"] = max_seq_len
+
+
+def replay_refill(seqs: int, output_len: float, cap: int, forward, steps: int, seed: int) -> float:
+    """MindIE's loop in a burst, replayed: each decode step every running sequence ends with
+    chance 1 / output_len (exponential lengths); the freed slots are refilled by prefill
+    forwards of at most ``cap`` prompts before the next decode step. Returns prefill seconds
+    per admitted prompt."""
+    import random
+    rng = random.Random(seed)
+    spent, admitted = 0.0, 0
+    for _ in range(steps):
+        freed = sum(rng.random() < 1 / output_len for _ in range(seqs))
+        while freed:
+            k = min(freed, cap)
+            spent += forward(k)
+            admitted += k
+            freed -= k
+    return spent / admitted
+
+
+def test_refill_share_is_linearity_of_expectation_for_a_linear_forward():
+    """T_p(k) = a + b k, no cap binding: E[T_p(K); K >= 1] = a P(K >= 1) + b E[K]."""
+    from partita.serve.queueing import refill_prefill_share
+    a, b, n, out = 0.031, 0.002, 200, 202.0
+    p = 1 / out
+    expected = (a * (1 - (1 - p) ** n) + b * n * p) / (n * p)
+    assert refill_prefill_share(lambda k: a + b * k, n, out, 50) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("seqs,out,cap", [(8, 5.0, 2), (6, 3.0, 50), (10, 20.0, 1)])
+def test_refill_share_is_the_loop_replayed(seqs, out, cap):
+    from partita.serve.queueing import refill_prefill_share
+    forward = lambda k: 0.04 + 0.003 * k ** 1.5  # any increasing forward time
+    sim = replay_refill(seqs, out, cap, forward, steps=20000, seed=7)
+    assert refill_prefill_share(forward, seqs, out, cap) == pytest.approx(sim, rel=0.03)
+
+
+def test_the_bench_prefills_mindie_prompts_in_forwards_capped_as_gpustack_configures(bench):
+    assert bench.separate_prefill("MindIE 2.1RC1") == (GPUSTACK_MINDIE_MAX_PREFILL_BATCH, GPUSTACK_MINDIE_MAX_SEQ_LEN_CAP)
+    for engine in ("vLLM-Ascend v0.9.1", "vLLM v0.6.0", "SGLang v0.3.0", "TensorRT-LLM v0.6.1"):
+        assert bench.separate_prefill(engine) is None
+
+
+def test_a_fixed_length_wave_fills_each_forward_to_the_first_cap_reached(bench):
+    """maxPrefillBatchSize and maxPrefillTokens: "whichever reaches its value first completes
+    the batch" - 128-token prompts: 50 a forward (not 8192 // 128 = 64); 2000-token: 4."""
+    from partita.models.registry import resolve_model
+    from partita.serve import latency
+    from partita.serve.workload import Layout
+    from partita.spec.hardware import load_device
+    model, device, layout = resolve_model("qwen3-30b-a3b").spec(), load_device("ascend-910b3"), Layout(2, 1, 1)
+    caps = bench.separate_prefill("MindIE 2.1RC1")
+    for prompt_len, per_forward in ((128, 50), (2000, 4), (32000, 1)):
+        rec = {"prompt_len": str(prompt_len), "output_len": "100", "lengths": "fixed"}
+        share = bench.separate_prefill_share(model, device, layout, rec, 200, 8, "megatron", caps)
+        forward = latency.batch_prefill_time(model, device, layout, prompt_len, per_forward, 8, "megatron")
+        assert share == pytest.approx(forward / per_forward)

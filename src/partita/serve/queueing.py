@@ -120,6 +120,40 @@ def held_prefill_wait(step: float, max_delay: float) -> float:
     return step / 2 + max_delay
 
 
+def refill_prefill_share(batch_prefill: Callable[[int], float], seqs: int, output_len: float,
+                         max_prompts: int) -> float:
+    """Replica seconds per admitted prompt when the engine runs prefills as forwards of their
+    own (no chunking beside the decodes) and, with prompts always waiting, admits only the
+    slots the last decode step freed: a full batch of ``seqs`` sequences whose output lengths
+    are exponential with mean ``output_len`` (the chat-trace law of :func:`burst_rate`) ends
+    ``K ~ Binomial(seqs, 1 / output_len)`` of them a step; when ``K >= 1`` the next forward
+    prefills those ``K`` prompts (in forwards of at most ``max_prompts``), so a step carries
+    ``E[T_p(K); K >= 1]`` of prefill for ``E[K] = seqs / output_len`` prompts::
+
+        share = sum_k P(K = k) T_p(k) / E[K]
+
+    ``T_p(k)`` = ``batch_prefill(k)`` for ``k <= max_prompts``, whole forwards of
+    ``max_prompts`` plus the remainder beyond. MindIE's "Standard" template ("Prefill
+    requests and Decode requests each form their own batch", service_parameter_configuration.md)
+    with ``supportSelectBatch`` off runs a prefill as soon as the oldest waiting prompt is
+    ``maxQueueDelayMicroseconds`` old (:func:`held_prefill_wait`) - in a burst, at every step -
+    and a forward takes at most ``maxPrefillBatchSize`` prompts and ``maxPrefillTokens`` tokens
+    ("whichever is reached first completes the batch"); the slots are ``maxBatchSize``.
+    Each such forward reads the weights again: with one or two prompts it costs nearly a full
+    weight read, where a chunked-prefill engine packs the same prompts into one chunk."""
+    p = 1.0 / max(output_len, 1.0)
+    mean = seqs * p
+    total, prob, k = 0.0, (1 - p) ** seqs, 0
+    while k < seqs:
+        prob *= (seqs - k) / (k + 1) * p / (1 - p) if p < 1 else 0.0
+        k += 1
+        full, rest = divmod(k, max_prompts)
+        total += prob * (full * batch_prefill(max_prompts) + (batch_prefill(rest) if rest else 0.0))
+        if k > mean and prob < 1e-12:
+            break
+    return total / mean
+
+
 @dataclass(frozen=True)
 class Operating:
     """A replica's steady state at one rate: decoding sequences, TTFT and TPOT (seconds)."""
