@@ -168,15 +168,17 @@ def separate_prefill(engine: str) -> tuple[int, int] | None:
 
 def separate_prefill_share(model, device, layout, rec: dict[str, str], seqs: int, per_node: int, fw: str,
                            caps: tuple[int, int]) -> float:
-    """Replica seconds per prompt on an engine that prefills in forwards of its own: with the
-    chat trace's spread (``lengths`` exponential, or a closed loop on ShareGPT) it admits the
-    slots each decode step freed (:func:`partita.serve.queueing.refill_prefill_share`); with
-    fixed lengths a wave frees every slot at once and the forwards are full (``min(batch cap,
-    token cap // P)`` prompts each)."""
+    """Replica seconds per prompt on an engine that prefills in forwards of its own. In a
+    burst every prompt waits from the start and the engine prefills whatever its KV cache holds
+    before it decodes (MindIE: ``PREFILL_FIRST`` while a prompt waits, ``maxBatchSize`` capping
+    only the decode batch - the GPUStack page's P99 TTFT, 11.3 s of an 89 s ShareGPT burst, is
+    that prefill phase), so its forwards are full: ``min(batch cap, token cap // P)`` prompts
+    each. In a closed loop a prompt arrives alone and takes a forward of its own when a slot
+    frees (:func:`partita.serve.queueing.refill_prefill_share`: one prompt, rarely two)."""
     P, O = int(rec["prompt_len"]), int(rec["output_len"])
     most = max(1, min(caps[0], caps[1] // P))
     forward = lambda k: latency.batch_prefill_time(model, device, layout, P, k, per_node, fw)
-    if rec["lengths"] == "fixed":
+    if rec["scenario"] == "saturated":
         return forward(most) / most
     return refill_prefill_share(forward, seqs, O, most)
 

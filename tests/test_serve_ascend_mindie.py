@@ -137,17 +137,25 @@ def test_the_bench_prefills_mindie_prompts_in_forwards_capped_as_gpustack_config
         assert bench.separate_prefill(engine) is None
 
 
-def test_a_fixed_length_wave_fills_each_forward_to_the_first_cap_reached(bench):
+def test_a_burst_fills_each_forward_to_the_first_cap_reached_and_a_closed_loop_prefills_alone(bench):
     """maxPrefillBatchSize and maxPrefillTokens: "whichever reaches its value first completes
-    the batch" - 128-token prompts: 50 a forward (not 8192 // 128 = 64); 2000-token: 4."""
+    the batch" - in a burst (every prompt waiting; MindIE prefills what its KV cache holds
+    before decoding) 128-token prompts go 50 a forward (not 8192 // 128 = 64), 2000-token 4,
+    217-token 37, whatever the length law; at 4 in flight a prompt mostly has a forward to
+    itself (two of four sequences end in the same step with chance ~ 6 / 202^2)."""
     from partita.models.registry import resolve_model
     from partita.serve import latency
     from partita.serve.workload import Layout
     from partita.spec.hardware import load_device
     model, device, layout = resolve_model("qwen3-30b-a3b").spec(), load_device("ascend-910b3"), Layout(2, 1, 1)
     caps = bench.separate_prefill("MindIE 2.1RC1")
-    for prompt_len, per_forward in ((128, 50), (2000, 4), (32000, 1)):
-        rec = {"prompt_len": str(prompt_len), "output_len": "100", "lengths": "fixed"}
-        share = bench.separate_prefill_share(model, device, layout, rec, 200, 8, "megatron", caps)
+    for prompt_len, per_forward in ((128, 50), (2000, 4), (217, 37), (32000, 1)):
         forward = latency.batch_prefill_time(model, device, layout, prompt_len, per_forward, 8, "megatron")
-        assert share == pytest.approx(forward / per_forward)
+        for lengths in ("fixed", "exponential"):
+            rec = {"prompt_len": str(prompt_len), "output_len": "100", "lengths": lengths, "scenario": "saturated"}
+            share = bench.separate_prefill_share(model, device, layout, rec, 200, 8, "megatron", caps)
+            assert share == pytest.approx(forward / per_forward)
+    rec = {"prompt_len": "217", "output_len": "202", "lengths": "", "scenario": "concurrency"}
+    alone = latency.batch_prefill_time(model, device, layout, 217, 1, 8, "megatron")
+    share = bench.separate_prefill_share(model, device, layout, rec, 4, 8, "megatron", caps)
+    assert share == pytest.approx(alone, rel=0.01) and share <= alone  # two in one forward share its weight read

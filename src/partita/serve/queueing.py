@@ -123,24 +123,25 @@ def held_prefill_wait(step: float, max_delay: float) -> float:
 def refill_prefill_share(batch_prefill: Callable[[int], float], seqs: int, output_len: float,
                          max_prompts: int) -> float:
     """Replica seconds per admitted prompt when the engine runs prefills as forwards of their
-    own (no chunking beside the decodes) and, with prompts always waiting, admits only the
-    slots the last decode step freed: a full batch of ``seqs`` sequences whose output lengths
-    are exponential with mean ``output_len`` (the chat-trace law of :func:`burst_rate`) ends
-    ``K ~ Binomial(seqs, 1 / output_len)`` of them a step; when ``K >= 1`` the next forward
-    prefills those ``K`` prompts (in forwards of at most ``max_prompts``), so a step carries
-    ``E[T_p(K); K >= 1]`` of prefill for ``E[K] = seqs / output_len`` prompts::
+    own (no chunking beside the decodes) and a prompt is there for each slot as it frees - a
+    closed loop, whose client sends the next request when one ends: a batch of ``seqs``
+    sequences whose output lengths are exponential with mean ``output_len`` (the chat-trace
+    law of :func:`burst_rate`) ends ``K ~ Binomial(seqs, 1 / output_len)`` of them a step, and
+    when ``K >= 1`` the next forward prefills those ``K`` prompts (in forwards of at most
+    ``max_prompts``), so a step carries ``E[T_p(K); K >= 1]`` of prefill for
+    ``E[K] = seqs / output_len`` prompts::
 
         share = sum_k P(K = k) T_p(k) / E[K]
 
     ``T_p(k)`` = ``batch_prefill(k)`` for ``k <= max_prompts``, whole forwards of
     ``max_prompts`` plus the remainder beyond. MindIE's "Standard" template ("Prefill
     requests and Decode requests each form their own batch", service_parameter_configuration.md)
-    with ``supportSelectBatch`` off runs a prefill as soon as the oldest waiting prompt is
-    ``maxQueueDelayMicroseconds`` old (:func:`held_prefill_wait`) - in a burst, at every step -
-    and a forward takes at most ``maxPrefillBatchSize`` prompts and ``maxPrefillTokens`` tokens
-    ("whichever is reached first completes the batch"); the slots are ``maxBatchSize``.
-    Each such forward reads the weights again: with one or two prompts it costs nearly a full
-    weight read, where a chunked-prefill engine packs the same prompts into one chunk."""
+    runs a prefill once the oldest waiting prompt is ``maxQueueDelayMicroseconds`` old
+    (:func:`held_prefill_wait`), a forward taking at most ``maxPrefillBatchSize`` prompts and
+    ``maxPrefillTokens`` tokens ("whichever is reached first completes the batch"); each such
+    forward reads the weights again, so with one prompt it costs nearly a full weight read where
+    a chunked-prefill engine folds the prompt into a decode step. (In a burst every prompt waits
+    from the start and MindIE prefills all its KV cache holds first, in full forwards: not this.)"""
     p = 1.0 / max(output_len, 1.0)
     mean = seqs * p
     total, prob, k = 0.0, (1 - p) ** seqs, 0
