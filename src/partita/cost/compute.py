@@ -131,6 +131,20 @@ def fp8_cast_elements(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
     return shape.tokens * per_token + weights
 
 
+def fp8_grouped_quantized_elements(model: ModelSpec, shape: LayerShape) -> float:
+    """Elements one MoE layer's forward quantizes to fp8 per micro-batch on one rank in
+    Transformer Engine's ``GroupedLinear`` (:attr:`.frameworks.Framework.fp8_grouped_quantize_bytes`
+    bytes each): fc1's input, the ``top_k`` routed copies of each token (``h`` wide; with etp the
+    rank's etp-gathered tokens), and fc2's input, the activation's output (``f_e / etp`` wide per
+    routed copy). The backward quantizes fc2's and fc1's output gradients (``h`` and
+    ``(mats - 1) f_e / etp`` wide): the step model charges it as twice the forward, like all
+    element-wise work. The shared experts and the attention are TE ``LayerNormLinear`` /
+    ``LayerNormMLP`` / ``Linear`` modules whose casts the producing kernels fuse."""
+    mo = model.moe
+    routed = shape.tokens * mo.top_k * shape.etp / shape.tp  # type: ignore[union-attr]
+    return routed * (model.hidden + mo.expert_ffn_hidden / shape.etp)  # type: ignore[union-attr]
+
+
 def fp8_tp_gathered(shape: LayerShape) -> bool:
     """Whether the layer's tp blocks take their input cast to fp8 before the tp all-gather
     (:attr:`.frameworks.Framework.fp8_tp_gather`): an fp8 tensorwise plan with sequence-parallel
@@ -272,6 +286,9 @@ def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: boo
     elem_bytes += unfused_elementwise_bytes(model, shape, moe, e)  # eager frameworks: op-by-op HBM traffic
     if dtype == "fp8":
         elem_bytes += FRAMEWORKS[shape.framework].fp8_cast_bytes * fp8_cast_elements(model, shape, moe)
+        if moe and model.moe:  # Transformer Engine's GroupedLinear quantizes the experts' inputs itself
+            elem_bytes += (FRAMEWORKS[shape.framework].fp8_grouped_quantize_bytes
+                           * fp8_grouped_quantized_elements(model, shape))
     cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
     cost.overhead_time += device.efficiency.kernel_overhead_us_per_layer * 1e-6
     return cost

@@ -62,6 +62,11 @@ field                       what it changes (where)
                             are the optimizer's copy, updated in fp32 and cast back, so the states
                             are 2 + gradients + 8 (fp32 AdamW m, v) bytes per parameter, not
                             Megatron's 2 + 4 + 12 (:func:`.states._state_bytes`; memory only)
+``fp8_grouped_quantize_bytes`` fp8 MoE: HBM bytes per element of the routed experts' GEMM inputs
+                            that the framework quantizes in a separate kernel (Transformer Engine's
+                            ``GroupedLinear``: ``fused_multi_quantize`` reads the 16-bit input and
+                            writes its fp8 rows and their transpose, 2 + 1 + 1 B), where no
+                            producing kernel fuses the cast (:func:`.compute.fp8_grouped_quantized_elements`)
 ``fp8_tp_gather``           fp8 tensorwise with tp and SP: the sequence-sharded input of the
                             attention / MLP block is cast to fp8 once, before the tp all-gather
                             (torchao ``PrepareFloat8ModuleInput``), so q/k/v and w1/w3 share one
@@ -149,6 +154,8 @@ class Framework:
     ce_bytes_per_logit: float = 0.0
     #: fp8 tensorwise + tp: inputs cast before the tp all-gather (torchao float8 TP, torchtitan)
     fp8_tp_gather: bool = False
+    #: fp8 MoE: bytes per routed-expert GEMM input element quantized in its own kernel (TE GroupedLinear)
+    fp8_grouped_quantize_bytes: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -170,6 +177,12 @@ _MEGATRON_SOURCES = (
     ("fp8_cast_bytes", "Transformer Engine fp8: LayerNormLinear / LayerNormMLP emit the norm's and the "
      "activation's output in fp8 from the same kernel, and delayed scaling takes the scale from the amax "
      "history the producing kernel records - no separate cast or amax pass"),
+    ("fp8_grouped_quantize_bytes", "Transformer Engine transformer_engine/pytorch/module/grouped_linear.py "
+     "(NVIDIA/TransformerEngine 0069563f60) _GroupedLinear.forward: the routed experts' inputs arrive in the "
+     "activation dtype (Megatron-Core TEGroupedMLP: the permuted tokens for fc1, the bias-SwiGLU output for fc2) "
+     "and are quantized by tex.fused_multi_quantize with rowwise and, for the weight gradient, columnwise "
+     "usage - read 2 B, write the fp8 rows and their transpose (1 + 1 B); backward quantizes grad_output the "
+     "same way. Weights: cached per step (is_first_microbatch), not charged"),
 )
 
 #: Where FSDP2 runs its copies (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch 2.4+):
@@ -272,7 +285,7 @@ MINDFORMERS_CE_BYTES = float(sum(r + w for _, r, w in MINDFORMERS_CE_OPS))  # 10
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", fp8_cast_bytes=0.0, sources=_MEGATRON_SOURCES),
+    "megatron": Framework("megatron", fp8_cast_bytes=0.0, fp8_grouped_quantize_bytes=4.0, sources=_MEGATRON_SOURCES),
     # MindSpeed patches Megatron-LM on Ascend (torch_npu fused kernels npu_rms_norm,
     # npu_swiglu, npu_fusion_attention with GQA; Megatron's reentrant checkpoint and
     # distributed optimizer; MC2 for tp overlap): every modelled term as Megatron's.
