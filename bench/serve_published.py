@@ -80,7 +80,8 @@ from partita.serve.intervals import (
     interval_class,
 )
 from partita.serve.memory import serve_memory
-from partita.serve.queueing import burst_rate, burst_tpot, colocated_rate, held_prefill_wait, refill_prefill_share
+from partita.serve.queueing import (backlog_tpot, burst_rate, burst_tpot, colocated_rate, held_prefill_wait,
+                                    refill_prefill_share)
 from partita.serve.search import evaluate, prefill_occupancy
 from partita.serve.workload import Layout, Workload
 from partita.spec.hardware import load_device
@@ -183,6 +184,18 @@ def separate_prefill_share(model, device, layout, rec: dict[str, str], seqs: int
     return refill_prefill_share(forward, seqs, O, most)
 
 
+def prefilled_burst_tpot(model, device, layout, rec: dict[str, str], seqs: int, t_dec: float, per_node: int,
+                         fw: str, caps: tuple[int, int]) -> float:
+    """Mean TPOT of a burst that an engine prefilling in forwards of its own takes in whole
+    before it decodes (its KV cache holds every prompt: MindIE's ``PREFILL_FIRST`` while a prompt
+    waits, ``maxBatchSize`` the decode batch): :func:`partita.serve.queueing.backlog_tpot` with
+    full forwards of ``min(batch cap, token cap // P)`` prompts."""
+    P, O = int(rec["prompt_len"]), int(rec["output_len"])
+    most = max(1, min(caps[0], caps[1] // P))
+    forward = latency.batch_prefill_time(model, device, layout, P, most, per_node, fw)
+    return backlog_tpot(int(rec["prompts"]), seqs, O, t_dec, forward, most, rec["lengths"])
+
+
 def queue_delay(engine: str) -> float:
     """The row's engine's hold on a waiting prompt (:data:`QUEUE_DELAY_S`; 0 for the others)."""
     low = engine.lower()
@@ -226,7 +239,7 @@ def predict(rec: dict[str, str]) -> float:
         res = evaluate(model, device, layout, Workload(P, O, float(rec["rate_rps"])), per_node, k, fw)
         return {"ttft_s": res.ttft, "tpot_s": res.tpot}[metric]
     if scenario in ("saturated", "concurrency"):
-        n = serve_memory(model, device, layout, P + O).max_seqs
+        held = n = serve_memory(model, device, layout, P + O).max_seqs  # sequences the KV cache holds
         if rec["batch"]:
             n = min(n, int(rec["batch"]))
         t_dec = latency.tpot(model, device, layout, n, P + O / 2, per_node, fw, k)
@@ -237,6 +250,8 @@ def predict(rec: dict[str, str]) -> float:
         lam = colocated_rate(n, O, t_dec, share)
         if metric in ("out_tok_s", "tpot_s") and rec["prompts"] and not STEADY_BURST:  # a finite burst
             curve = lambda b: latency.tpot(model, device, layout, b, P + O / 2, per_node, fw, k)
+            if metric == "tpot_s" and caps is not None and layout.pp == 1 and held >= int(rec["prompts"]):
+                return prefilled_burst_tpot(model, device, layout, rec, n, t_dec, per_node, fw, caps)
             if metric == "tpot_s":
                 return burst_tpot(int(rec["prompts"]), n, O, curve, share, P, latency.CHUNK_TOKENS, rec["lengths"])
             return burst_rate(int(rec["prompts"]), n, O, curve, share, rec["lengths"]) * O

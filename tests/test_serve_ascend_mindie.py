@@ -159,3 +159,65 @@ def test_a_burst_fills_each_forward_to_the_first_cap_reached_and_a_closed_loop_p
     alone = latency.batch_prefill_time(model, device, layout, 217, 1, 8, "megatron")
     share = bench.separate_prefill_share(model, device, layout, rec, 4, 8, "megatron", caps)
     assert share == pytest.approx(alone, rel=0.01) and share <= alone  # two in one forward share its weight read
+
+
+# --- a burst prefilled whole before it decodes (MindIE, KV cache holding every prompt) --------
+def replay_backlog(prompts, seqs, out, t_dec, forward, per_forward, spread, seed):
+    """The burst replayed: prefill forwards of ``per_forward`` prompts one after another (each
+    prompt's first token at its forward's end), then decode steps of ``t_dec`` over at most
+    ``seqs`` sequences, first come first served; lengths fixed or geometric with mean ``out``.
+    Returns ``vllm bench serve``'s mean TPOT, (e2e - TTFT) / (O_i - 1) over O_i > 1."""
+    import random
+    rng = random.Random(seed)
+    if spread == "fixed":
+        lengths = [out] * prompts
+    else:
+        lengths = [1 + int(math.log(1 - rng.random()) / math.log(1 - 1 / out)) for _ in range(prompts)]
+    first = [math.ceil((i + 1) / per_forward) * forward for i in range(prompts)]
+    now = math.ceil(prompts / per_forward) * forward
+    left = [n - 1 for n in lengths]
+    queue = [i for i in range(prompts) if left[i] > 0]
+    running, end = [], {}
+    while queue or running:
+        while queue and len(running) < seqs:
+            running.append(queue.pop(0))
+        now += t_dec
+        for i in running:
+            left[i] -= 1
+            if left[i] == 0:
+                end[i] = now
+        running = [i for i in running if left[i] > 0]
+    tpots = [(end[i] - first[i]) / (lengths[i] - 1) for i in range(prompts) if lengths[i] > 1]
+    return sum(tpots) / len(tpots)
+
+
+@pytest.mark.parametrize("args", [(1000, 200, 4, 0.041, 0.13, 50), (200, 50, 10, 0.02, 0.1, 8)])
+def test_backlog_tpot_with_fixed_lengths_is_the_burst_replayed(args):
+    from partita.serve.queueing import backlog_tpot
+    assert backlog_tpot(*args, spread="fixed") == pytest.approx(replay_backlog(*args, "fixed", 0), rel=1e-9)
+
+
+def test_backlog_tpot_with_a_chat_spread_is_the_burst_replayed():
+    """The ShareGPT burst's shape (1000 prompts, 200 decode slots, mean 202 tokens, 37 prompts a
+    forward): the closed form takes the full batch's completion rate for the slots' release;
+    the replay draws every length (mean over seeds)."""
+    from partita.serve.queueing import backlog_tpot
+    args = (1000, 200, 202, 0.043, 0.37, 37)
+    replayed = sum(replay_backlog(*args, "exponential", seed) for seed in range(3)) / 3
+    assert backlog_tpot(*args, spread="exponential") == pytest.approx(replayed, rel=0.05)
+
+
+def test_only_the_bursts_mindies_kv_cache_holds_whole_are_priced_as_prefilled_first(bench):
+    """The backlog term applies where the KV cache holds every prompt of the burst (ShareGPT's
+    1000 x 419 tokens, 1000 x 132), not to the 2K / 4K / 32K bursts, which it holds in part."""
+    rows = [r for r in bench.load_rows() if r["engine"].startswith("MindIE") and r["scenario"] == "saturated"
+            and r["metric"] == "tpot_s"]
+    calls = []
+    saved = bench.prefilled_burst_tpot
+    bench.prefilled_burst_tpot = lambda *a, **kw: calls.append(a[3]["prompt_len"]) or saved(*a, **kw)
+    try:
+        for r in rows:
+            bench.predict(r)
+    finally:
+        bench.prefilled_burst_tpot = saved
+    assert sorted(calls) == ["128", "217"]

@@ -155,6 +155,47 @@ def refill_prefill_share(batch_prefill: Callable[[int], float], seqs: int, outpu
     return total / mean
 
 
+def backlog_tpot(prompts: int, seqs: int, output_len: int, t_dec: float, forward: float, per_forward: int,
+                 spread: str = "exponential") -> float:
+    """Mean TPOT over a burst's requests when the engine prefills the whole burst first and
+    then decodes at most ``seqs`` sequences a step, first come first served - MindIE with every
+    prompt waiting and its KV cache holding them all (``PREFILL_FIRST`` while a prompt waits;
+    ``maxBatchSize`` the decode batch). ``vllm bench serve``'s TPOT is ``(e2e - TTFT) / (O_i -
+    1)`` over the requests with ``O_i > 1``, so a request prefilled early that waits, first
+    token in hand, for a decode slot counts that wait in its TPOT.
+
+    Prompt ``i`` (1-based) gets its first token at the end of forward ``ceil(i / k)`` (``k`` =
+    ``per_forward`` prompts a forward of ``forward`` seconds); the prefill phase lasts ``T0 =
+    ceil(M / k) forward``. Its decoding starts at ``T0`` for the first ``seqs``; after them, with
+    fixed lengths, in waves of ``seqs`` every ``O - 1`` steps, and with exponential lengths
+    (mean ``O``; the chat-trace law of :func:`burst_rate`) when the ``(i - seqs)``-th request
+    ends, at the full batch's completion rate ``seqs / O`` a step. With ``t`` = ``t_dec`` and
+    ``w_i`` = start - first token::
+
+        TPOT = t + mean_i(w_i) E[1 / (O_i - 1) | O_i > 1]
+
+    (lengths drawn independently of the position: geometric with mean ``O`` for exponential)."""
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
+    k = max(1, per_forward)
+    t0 = math.ceil(prompts / k) * forward
+    if spread == "fixed":
+        inv = 1.0 / max(output_len - 1, 1)
+    else:
+        p = 1.0 / max(output_len, 1.0)
+        terms = [p * (1 - p) ** (j - 1) / (j - 1) for j in range(2, int(60 * output_len) + 2)]
+        inv = sum(terms) / (1 - p)  # E[1 / (O - 1) | O > 1]
+    wait = 0.0
+    for i in range(1, prompts + 1):
+        first = math.ceil(i / k) * forward
+        if spread == "fixed":
+            start = t0 + (i - 1) // seqs * max(output_len - 1, 1) * t_dec
+        else:
+            start = t0 + max(0, i - seqs) * output_len * t_dec / seqs
+        wait += start - first
+    return t_dec + wait / prompts * inv
+
+
 @dataclass(frozen=True)
 class Operating:
     """A replica's steady state at one rate: decoding sequences, TTFT and TPOT (seconds)."""
