@@ -19,7 +19,7 @@ The space, as ``space.py`` states it for the ranked plans:
 * ep divides tp*dp*cp and the expert count (MoE only): carved out of dp*cp, or folded
   into tp (Megatron-Core's MoE parallel folding, expert tensor parallel 1);
 * mbs divides the per-replica batch with ``mbs * seq <= MAX_TOKENS_PER_MICROBATCH`` (or is 1);
-* vpp from 1 to ``MAX_VPP`` when pp > 1;
+* vpp from 1 to ``MAX_VPP`` when pp > 1; with vpp 2 the DualPipeV schedule as well as interleaved 1F1B;
 * zero 0..3 (3 only with data or context parallelism); recompute none/selective/full;
 * with full recompute, ``recompute_layers`` N from 1 to the largest stage/chunk (only the
   first N layers of each chunk recomputed, Megatron's ``--recompute-method block
@@ -106,13 +106,15 @@ def plans(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, dtype: str = "
         if pp * vpp > model.layers + 2:
             continue
         for split in layer_splits(model.layers, pp * vpp):
-            for sp, zero, (recompute, n) in itertools.product(
-                    sorted({False, tp > 1}), (0, 1, 2, 3), recompute_settings(model, pp * vpp, split, partial)):
+            schedules = ("interleaved-1f1b", "dualpipev") if vpp == 2 else ("interleaved-1f1b" if vpp > 1 else "1f1b",)
+            for sp, zero, (recompute, n), schedule in itertools.product(
+                    sorted({False, tp > 1}), (0, 1, 2, 3), recompute_settings(model, pp * vpp, split, partial),
+                    schedules):
                 if zero == 3 and dp * cp == 1:
                     continue
                 plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero=zero, mbs=mbs, gbs=gbs,
                             seq_len=seq, recompute=recompute, recompute_layers=n, dtype=dtype, layer_split=split,
-                            schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **options)
+                            schedule=schedule, **options)
                 if not validate(plan, model, cluster.world_size):
                     yield plan
 
@@ -126,13 +128,13 @@ class BruteForce:
     enumerated: int
 
     def per_layout_best(self) -> list[Estimate]:
-        """The fastest plan of each structural layout (tp, cp, pp, dp, ep, mbs, vpp),
+        """The fastest plan of each structural layout (tp, cp, pp, dp, ep, mbs, vpp, schedule),
         fastest first: what a top-K list of distinct layouts must match."""
         seen: set[tuple] = set()
         out = []
         for est in self.fitting:
             p = est.plan
-            key = (p.tp, p.cp, p.pp, p.dp, p.ep, p.mbs, p.vpp)
+            key = (p.tp, p.cp, p.pp, p.dp, p.ep, p.mbs, p.vpp, p.schedule)
             if key not in seen:
                 seen.add(key)
                 out.append(est)

@@ -146,3 +146,17 @@ def test_all_to_all_hidden_by_the_overlapped_share() -> None:
     a2a = "ep all-to-all"
     assert dual.time.parts[a2a] == pytest.approx(inter.time.parts[a2a] * (1 - share), rel=1e-9)
     assert dual.step_time_s < inter.step_time_s
+
+
+def test_no_all_to_all_hidden_where_torch_runs_the_pairs_in_turn() -> None:
+    # torchtitan and Partita's runtime run torch's ScheduleDualPipeV with no OVERLAP_F_B callback
+    import inspect
+
+    from torch.distributed.pipelining import schedules
+    assert "OVERLAP_F_B" in inspect.getsource(schedules._PipelineScheduleRuntime)  # the pair is a runtime action
+    model, cluster = load_model("mixtral-8x7b"), make_cluster("h100-sxm", 64)
+    base = Plan(dp=8, tp=2, pp=4, vpp=2, ep=8, gbs=256, seq_len=4096, framework="torchtitan")
+    inter = estimate(model, cluster, base.with_(schedule="interleaved-1f1b"))
+    dual = estimate(model, cluster, base.with_(schedule="dualpipev"))
+    assert fb_overlap_share("dualpipev", 4, 32, "torchtitan") == 0.0
+    assert dual.time.parts["ep all-to-all"] == pytest.approx(inter.time.parts["ep all-to-all"], rel=1e-12)

@@ -15,7 +15,7 @@ DEEPSEEK = ["plan", "--model", "deepseek-v3", "--hardware", "h800", "--devices",
             "--seq-len", "4096"]  # bench/search_speed.py's scenario
 SCENARIOS = {"default": (DEFAULT, 512, "ascend-910b2"), "deepseek-v3": (DEEPSEEK, 2048, "h800")}
 CATALOG = Path(__file__).resolve().parents[1] / "src" / "partita" / "catalog" / "devices"
-LAYOUT = re.compile(r"\((dp(\d+) tp(\d+)(?:\+sp)? pp(\d+)(?:v\d+)?(?: cp(\d+))?(?: ep\d+)? z[0-3] mbs\d+x\d+[^)]*)\)")
+LAYOUT = re.compile(r"\((dp(\d+) tp(\d+)(?:\+sp)? pp(\d+)(?:v\d+|-dualpipev)?(?: cp(\d+))?(?: ep\d+)? z[0-3] mbs\d+x\d+[^)]*)\)")
 
 
 def _usable_gib(device: str) -> float:

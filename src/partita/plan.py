@@ -189,8 +189,8 @@ class Plan:
     seq_len: int = _flag(2048, "sequence length in tokens", bounds=_DEGREE, commands=_BOTH)
     recompute: str = _flag("none", "activation recomputation", choices=RECOMPUTE, commands=_BOTH)
     dtype: str = _flag("bf16", "training precision", choices=DTYPES, commands=_BOTH)
-    schedule: str = _flag("1f1b", "pipeline schedule (default: interleaved-1f1b with vpp > 1, else 1f1b)",
-                          choices=SCHEDULES)
+    schedule: str = _flag("1f1b", "pipeline schedule (default: interleaved-1f1b with vpp > 1, else 1f1b; "
+                                  "dualpipev: vpp 2 in a V)", choices=SCHEDULES, commands=_BOTH)
     # layers per virtual stage, pp*vpp entries, in pipeline order
     layer_split: tuple[int, ...] | None = _flag(None, "layers per virtual stage, e.g. 9,10,10,9")
     # main-gradient buffer and reduction dtype (Megatron-LM fp32; NeMo bf16)
@@ -297,7 +297,8 @@ class Plan:
         parts = [f"dp{self.dp}", f"tp{self.tp}"]
         if self.sp and self.tp > 1:
             parts[-1] += "+sp"
-        parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else ""))
+        parts.append(f"pp{self.pp}" + ("-dualpipev" if self.schedule == "dualpipev" and self.pp > 1
+                                       else f"v{self.vpp}" if self.vpp > 1 else ""))
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
         if self.ep > 1:

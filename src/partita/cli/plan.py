@@ -64,11 +64,14 @@ def search(args: argparse.Namespace, model, cluster):
     from ..search.space import SearchSpace
     if args.global_batch is None or args.global_batch <= 0:
         raise PartitaError("--global-batch must be a positive number of sequences")
-    space = SearchSpace(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp, dp=args.dp,
+    dualpipev = getattr(args, "schedule", None) == "dualpipev"  # its two chunks per rank: vpp 2
+    space = SearchSpace(tp=args.tp, pp=args.pp, vpp=2 if dualpipev and not args.vpp else args.vpp, cp=args.cp,
+                        ep=args.ep, etp=args.etp, dp=args.dp,
                         mbs=args.mbs,
                         zero=args.zero, recompute=args.recompute, dtype=args.dtype or "bf16",
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
-                        max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom)
+                        max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom,
+                        schedule=getattr(args, "schedule", None))
     for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "sample_len"):  # every candidate fine-tunes so (issue 36)
         if getattr(args, name, None) is not None:
             space.options[name] = getattr(args, name)

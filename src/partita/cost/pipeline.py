@@ -103,7 +103,14 @@ def fb_overlap_pairs(p: int, m: int) -> int:
     return max(0, 2 * m - 3 * p + 1)
 
 
-def fb_overlap_share(schedule: str, p: int, m: int) -> float:
+#: frameworks that run DualPipeV as torch's ``ScheduleDualPipeV`` with no overlap callback: its
+#: ``OVERLAP_F_B`` pair's forward and backward run one after the other (torch 2.13
+#: schedules.py ``_PipelineScheduleRuntime``; torchtitan 0.3.0 distributed/pipeline_parallel.py
+#: registers none; Partita's runtime neither), so nothing is hidden - the bubble still applies
+SEQUENTIAL_PAIRS = frozenset({"partita", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss"})
+
+
+def fb_overlap_share(schedule: str, p: int, m: int, framework: str = "") -> float:
     """Share of a rank's chunk passes (``2m`` forwards and ``2m`` backwards per step) that run
     inside an overlapped forward+backward pair, whose MoE all-to-all hides under the other
     pass's compute: ``2 pairs / 4m`` = ``(2m - 3p + 1) / (2m)`` with DualPipeV (0 for every
@@ -113,8 +120,9 @@ def fb_overlap_share(schedule: str, p: int, m: int) -> float:
     (1F1B) phase, 100 % of the A2A hidden, and 50 % in warm-up/cool-down from a layer's own
     shared-expert and weight-gradient work, which we do not credit (torch's order has none).
     The share assumes the partner pass's compute is at least the all-to-all it hides (the
-    caller bounds the hidden time by the layer's compute)."""
-    if schedule != "dualpipev" or p < 2 or m <= 0:
+    caller bounds the hidden time by the layer's compute). 0 under a ``framework`` of
+    :data:`SEQUENTIAL_PAIRS`."""
+    if schedule != "dualpipev" or p < 2 or m <= 0 or framework in SEQUENTIAL_PAIRS:
         return 0.0
     return fb_overlap_pairs(p, m) / (2 * m)
 

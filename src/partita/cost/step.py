@@ -212,7 +212,7 @@ def stage_terms(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[TermsBy
     if plan.finetune == "lora":  # frozen weights: input gradients only; adapter GEMMs (cost/finetune.py)
         terms = lora_stage_terms(model, cluster.device, shape, lora_shape(plan), terms, FLASH_BACKWARD_PER_FORWARD)
     if plan.schedule == "dualpipev":  # overlapped forward+backward pairs hide the all-to-all (cost/pipeline.py)
-        terms = hide_all_to_all(*terms, fb_overlap_share(plan.schedule, plan.pp, plan.grad_accum))
+        terms = hide_all_to_all(*terms, fb_overlap_share(plan.schedule, plan.pp, plan.grad_accum, plan.framework))
     return terms
 
 

@@ -23,6 +23,7 @@ field                       what the search leaves out when it is off / what it 
 ``fsdp2_zero3``             ZeRO-3 is torch FSDP2 under Megatron's ``--use-torch-fsdp2`` asserts:
                             pp 1, ep 1, no fp16, untied embeddings
 ``vpp``                     an interleaved pipeline (vpp > 1)
+``dualpipev``               the DualPipeV schedule (``schedule="dualpipev"``, cost/pipeline.py)
 ``split``                   which layer splits the pipeline can be given: ``any`` (Megatron's
                             layout), ``even`` (no boundary list), ``ends`` (uniform middle,
                             lighter first/last stages: torchtitan), ``noop`` (MindSpeed-LLM:
@@ -58,6 +59,7 @@ class Capabilities:
     sharded_with_pp: bool = True
     fsdp2_zero3: bool = False
     vpp: bool = True
+    dualpipev: bool = True
     split: str = "any"
     cp: bool = True
     ep: bool = True
@@ -73,7 +75,9 @@ class Capabilities:
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
-_MEGATRON = Capabilities("megatron", sharded_with_pp=False, sources=(
+_MEGATRON = Capabilities("megatron", sharded_with_pp=False, dualpipev=False, sources=(
+    ("dualpipev", "Megatron-LM core_v0.16.1 pipeline schedules are 1F1B and interleaved 1F1B (--schedules-method "
+     "dualpipev is MindSpeed's); export/megatron.py refuses it"),
     ("zero", "Megatron-LM core_v0.16.1: --use-distributed-optimizer (ZeRO-1); Megatron-FSDP "
      "--data-parallel-sharding-strategy optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3), "
      "docs/user-guide/features/megatron_fsdp.md"),
@@ -101,12 +105,13 @@ _MINDSPEED = Capabilities("mindspeed", zero=frozenset({0, 1, 3}), sharded_with_p
     ("dtypes", "Ascend 910B/910C have no fp8 matrix units"),
 ))
 
-_DEEPSPEED = Capabilities("deepspeed", sharded_with_pp=False, vpp=False, split="even", cp=False, ep=False, etp=False,
+_DEEPSPEED = Capabilities("deepspeed", sharded_with_pp=False, vpp=False, dualpipev=False, split="even", cp=False,
+                          ep=False, etp=False,
                           sp=False, tp_with_pp=False, recompute=frozenset({"none", "full"}),
                           dtypes=frozenset({"bf16", "fp16", "fp32"}), sources=(
     ("sharded_with_pp", "deepspeed/runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
      "parallelism'"),
-    ("vpp", "deepspeed/runtime/pipe/schedule.py TrainSchedule: 1F1B, no interleaved schedule"),
+    ("vpp/dualpipev", "deepspeed/runtime/pipe/schedule.py TrainSchedule: 1F1B, no interleaved schedule, no DualPipeV"),
     ("split", "PipelineModule(partition_method='uniform'|'parameters'|'type:...'): no explicit boundary list"),
     ("cp/ep/etp", "ring context parallelism and expert parallelism are not ds_config options (Ulysses is another "
      "algorithm; DeepSpeed-MoE experts live in model code, split by ep only)"),
@@ -185,7 +190,8 @@ def _first_dense_problem(plan: Plan, model: ModelSpec) -> str | None:
 def layout_problem(caps: Capabilities, plan: Plan, model: ModelSpec) -> str | None:
     """Why ``caps`` cannot run the layout of ``plan`` (degrees, split, dtype), or None."""
     name = caps.name
-    for bad, why in ((plan.vpp > 1 and not caps.vpp, "an interleaved pipeline (vpp > 1)"),
+    for bad, why in ((plan.schedule == "dualpipev" and not caps.dualpipev, "the DualPipeV schedule"),
+                     (plan.vpp > 1 and not caps.vpp, "an interleaved pipeline (vpp > 1)"),
                      (plan.cp > 1 and not caps.cp, "context parallelism (cp > 1)"),
                      (plan.ep > 1 and not caps.ep, "expert parallelism (ep > 1)"),
                      (plan.etp > 1 and not caps.etp, "expert tensor parallelism (etp > 1)"),
@@ -194,6 +200,10 @@ def layout_problem(caps: Capabilities, plan: Plan, model: ModelSpec) -> str | No
                      (plan.recompute_layers > 0 and not caps.recompute_layers, "a per-stage recompute layer count")):
         if bad:
             return f"{name} cannot run {why}"
+    if plan.schedule == "dualpipev" and caps.name == "mindspeed" and (plan.cp > 1 or plan.etp > 1 and plan.ep > 1):
+        # Ascend/MindSpeed docs/features/dualpipev.md (not with context parallelism) and
+        # megatron_moe/megatron-moe-fb-overlap.md (--moe-fb-overlap: expert tp 1)
+        return f"{name} cannot run DualPipeV with context parallelism or with expert tensor parallelism"
     problem = _split_problem(caps, plan, model)
     if problem is None and caps.first_dense_stage:
         problem = _first_dense_problem(plan, model)

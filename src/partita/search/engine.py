@@ -137,7 +137,7 @@ class _Search:
         # layers, m scaling with p at fixed devices), and interleaving only adds
         # activations. Once the leanest setting of a layout fails, every layout it
         # dominates fails too.
-        self.failed: dict[tuple, list[tuple[int, int, int, int, int]]] = {}
+        self.failed: dict[tuple, list[tuple[int, int, int, int, int, str]]] = {}
         self.best_by_knob: dict[tuple[str, object], float] = {}
         self.tried: set[tuple[str, object]] = set()  # knob values with at least one attempt
         self.top_heap: list[float] = []  # negated step times of the best `top` rankable plans
@@ -182,8 +182,9 @@ class _Search:
         # etp: only within one etp value (it divides the expert states but gathers etp
         # times the routed inputs, so memory is not monotone in it)
         return any(mbs_f <= plan.mbs and ep_f >= plan.ep and (plan.ep > 1 or ep_f == 1) and etp_f == plan.etp
-                   and ((pp_f == plan.pp and vpp_f == plan.vpp) or (vpp_f == 1 and pp_f >= plan.pp > 1))
-                   for pp_f, vpp_f, ep_f, mbs_f, etp_f in self.failed.get((plan.tp, plan.cp), ()))
+                   and ((pp_f == plan.pp and vpp_f == plan.vpp and sched_f == plan.schedule)
+                        or (vpp_f == 1 and pp_f >= plan.pp > 1))  # DualPipeV holds more than 1F1B deeper
+                   for pp_f, vpp_f, ep_f, mbs_f, etp_f, sched_f in self.failed.get((plan.tp, plan.cp), ()))
 
     def evaluate(self, layout: Layout, wanted: list[tuple[str, object]] | None = None) -> bool:
         """Memory of the layout's settings, then the estimate of the first that fits in
@@ -265,7 +266,8 @@ class _Search:
             self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
                                          peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
             if layout.primary:  # the dominance rules reason about the structure's own split
-                self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs, base.etp))
+                self.failed.setdefault((base.tp, base.cp), []).append((base.pp, base.vpp, base.ep, base.mbs, base.etp,
+                                                                       base.schedule))
             return True
         layout.peaks = peaks
         floor = max(layout.floor, self._least_first_bound(layout))

@@ -77,12 +77,13 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
                                                                      dp * cp)
                 vpps = [1]
                 if pp > 1:
-                    vpps = [space.vpp] if space.vpp else virtual_stages(model.layers, pp, space.max_vpp)
+                    vpps = ([space.vpp] if space.vpp <= (model.layers + 2) // pp else []) if space.vpp \
+                        else virtual_stages(model.layers, pp, space.max_vpp)  # (a fixed vpp: only pipelines it splits)
                 for ep in eps:
                     for mbs in mbss:
                         m = per_replica // mbs
                         for vpp in vpps:
-                            if vpp > 1 and m % pp:
+                            if vpp > 1 and m % pp and not (vpp == 2 and m >= 2 * pp):  # DualPipeV: any m >= 2 pp
                                 continue
                             yield tp, cp, pp, dp, ep, mbs, vpp
 
@@ -385,9 +386,25 @@ class _LayoutBuilder:
         """The layouts of one structure, for each expert tensor-parallel degree it allows
         (:meth:`etps`)."""
         tp, cp, pp, dp, ep, mbs, vpp = structure
-        return [lay for etp in self.etps(tp, cp, dp, ep) for lay in self._layouts(structure, etp)]
+        return [lay for etp in self.etps(tp, cp, dp, ep) for sched in self.schedules(structure)
+                for lay in self._layouts(structure, etp, sched)]
 
-    def _layouts(self, structure: tuple, etp: int) -> list[Layout]:
+    def schedules(self, structure: tuple) -> tuple[str, ...]:
+        """The pipeline schedules tried on a structure (:mod:`.space`, ``schedule``): the
+        user's, else 1F1B (interleaved with vpp > 1), and DualPipeV beside it where it is
+        valid (vpp 2, at least 2 pp micro-batches) and the framework runs it."""
+        tp, cp, pp, dp, ep, mbs, vpp = structure
+        if self.space.schedule == "dualpipev" and pp == 1:
+            return ()  # the user asked for a pipeline schedule
+        if self.space.schedule and pp > 1:
+            return (self.space.schedule,)
+        m = self.proto.gbs // (dp * mbs)
+        out = ("interleaved-1f1b",) if vpp > 1 and m % pp == 0 else ("1f1b",) if vpp == 1 else ()
+        if vpp == 2 and m >= 2 * pp and (self.caps is None or self.caps.dualpipev):
+            out += ("dualpipev",)
+        return out
+
+    def _layouts(self, structure: tuple, etp: int, schedule: str = "") -> list[Layout]:
         """The layouts of one structure and etp: one per layer split tried (the even or
         min-max split; every split when there are few, :func:`few_splits`), invalid ones
         left out with the reason in ``invalid``."""
@@ -399,7 +416,7 @@ class _LayoutBuilder:
             return []
         sp = tp > 1 and (self.caps is None or self.caps.sp)
         base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero=1 if replicated else 0,
-                                mbs=mbs, schedule="interleaved-1f1b" if vpp > 1 else "1f1b", etp=etp)
+                                mbs=mbs, schedule=schedule or ("interleaved-1f1b" if vpp > 1 else "1f1b"), etp=etp)
         ladder_values = self.ladder_values[replicated]
         if self.caps is not None:  # the settings the framework runs on this layout
             problems = [setting_problem(self.caps, base.with_(recompute=rc, zero=z), model) for rc, z in ladder]
@@ -439,9 +456,11 @@ class _LayoutBuilder:
         (the per-stage constant counts once per pipeline rank). Saves the cost model's
         lookup with the model and device keys."""
         shape = stage_shape(base, self.cluster.devices_per_node) if shape is None else shape
-        entry = self.stage_terms.get(shape)
+        # DualPipeV's terms also read pp and the micro-batch count (the hidden all-to-all share)
+        key = (shape, base.pp, base.grad_accum) if base.schedule == "dualpipev" else shape
+        entry = self.stage_terms.get(key)
         if entry is None:
-            entry = self.stage_terms[shape] = (stage_terms(self.model, self.cluster, base), {})
+            entry = self.stage_terms[key] = (stage_terms(self.model, self.cluster, base), {})
         terms, totals = entry
         total = totals.get(base.pp)
         if total is None:

@@ -14,6 +14,11 @@
   evenly with the embedding and the loss counted as a layer each; a deep pipeline whose
   layer count allows neither gets one uneven value
   (:func:`partita.search.layouts.virtual_stages`).
+* schedule: interleaved 1F1B with vpp > 1, else 1F1B; with vpp 2 and at least 2 pp
+  micro-batches also DualPipeV (``dualpipev``: the same two chunks per rank placed in a V,
+  its bubble a third of 1F1B's and its overlapped forward/backward pairs hiding the MoE
+  all-to-all, :mod:`partita.cost.pipeline`), where the framework runs it. ``--schedule``
+  fixes it (dualpipev: vpp 2).
 * ep: divisors of dp*cp that divide the expert count (MoE only), and - with
   ``fold_ep`` - divisors of tp*dp*cp beyond them: ep folded into tp (Megatron-Core's MoE
   parallel folding, expert tensor parallel 1; :func:`partita.plan.ep_folded`).
@@ -63,6 +68,9 @@ class SearchSpace:
     tp: int | None = None
     pp: int | None = None
     vpp: int | None = None
+    #: the pipeline schedule every candidate runs (None: 1f1b / interleaved-1f1b, and dualpipev
+    #: beside interleaved-1f1b where it is valid)
+    schedule: str | None = None
     cp: int | None = None
     ep: int | None = None
     etp: int | None = None
