@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from ..errors import PartitaError
-from ..plan import Plan, axis_index, check
+from ..plan import Plan, axis_index, check, chunk_ranks
 from .compression import apply_comm_knobs, ddp_kwargs, fsdp_kwargs
 from .data_parallel import GradientSync, ShardedOptimizer, apply_fsdp
 from .device import detect_device_type, local_device
@@ -510,9 +510,10 @@ def _build_optimizer(modules: list[nn.Module], plan: Plan, make_optimizer, dp_gr
 
 
 def virtual_stages_of_rank(plan: Plan) -> list[int]:
-    """Virtual stage indices this pipeline rank holds (stage j on rank j % pp), in order."""
+    """Virtual stage indices this pipeline rank holds (stage j on rank j % pp; DualPipeV's V:
+    :func:`partita.plan.chunk_ranks`), in order."""
     pp_rank = axis_index(plan, "pp", dist.get_rank())
-    return [j for j in range(plan.pp * plan.vpp) if j % plan.pp == pp_rank]
+    return [j for j, rank in enumerate(chunk_ranks(plan.pp, plan.vpp, plan.schedule)) if rank == pp_rank]
 
 
 class _Wrapped:

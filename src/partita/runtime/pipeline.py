@@ -2,7 +2,13 @@
 
 The model is split into ``pp * vpp`` virtual stages by the plan's layer split; virtual
 stage ``j`` runs on pipeline rank ``j % pp`` (Megatron's interleaving, the same
-placement the cost model assumes). Each stage is a copy of the model that keeps only its
+placement the cost model assumes), or with ``schedule="dualpipev"`` on the rank of
+DualPipeV's V (:func:`partita.plan.chunk_ranks`: ``j`` for ``j < pp``, else ``2 pp - 1 - j``;
+torch's ``ScheduleDualPipeV`` places stages so, and it runs the plan's two chunks per
+rank). torch runs DualPipeV's overlapped forward+backward pairs one after the other unless
+a custom ``OVERLAP_F_B`` function is registered: the all-to-all hiding the cost model
+credits (cost/pipeline.py) is not done by this runtime, its schedule and results are.
+Each stage is a copy of the model that keeps only its
 layers (names unchanged), the embedding on the first and the norm + output on the last.
 """
 from __future__ import annotations
@@ -12,15 +18,16 @@ import copy
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble)
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
 
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining._backward import stage_backward
+from torch.distributed.pipelining.schedules import FORWARD, _Action, _add_send_recv, _add_unshard_reshard
 
 from ..errors import PartitaError
 from ..models.registry import family_of
-from ..plan import Plan, axis_index
+from ..plan import Plan, axis_index, chunk_ranks
 from .hf_pipeline import hf_stage
 from .modules import blocks
 
@@ -43,16 +50,44 @@ class ShardedAccumulationStage(PipelineStage):
         return grads, None
 
 
+class DualPipeVSchedule(ScheduleDualPipeV):
+    """torch's ScheduleDualPipeV with a forward-only order for ``eval``: torch 2.13 runs eval
+    through the training order (its backward actions fail with "can't steal_bwd_input if this
+    stage doesn't have backward"), so eval lowers, for the time of the call, an order of
+    forwards only - every micro-batch through the rank's first chunk, then through its second
+    (the V's descending then ascending leg; no cycle: a second-leg chunk waits only on chunks
+    that finished their first leg) - lowered by torch's own ``_add_unshard_reshard`` and
+    ``_add_send_recv`` (``_prepare_schedule_with_comms`` would first validate it as a training
+    order, which demands every backward)."""
+
+    def eval(self, *args, **kwargs):
+        train = self.pipeline_order_with_comms
+        m = self._n_microbatches
+        ranks = self.pp_group_size
+        forward: dict[int, list] = {}
+        for r in range(ranks):
+            first, second = r, 2 * ranks - 1 - r
+            forward[r] = [_Action(s, FORWARD, i) for s in (first, second) for i in range(m)]
+        try:
+            self.pipeline_order_with_comms = _add_send_recv(
+                {r: _add_unshard_reshard(ops) for r, ops in forward.items()},
+                stage_to_rank=lambda s: self.stage_index_to_group_rank[s], num_stages=self._num_stages)
+            return super().eval(*args, **kwargs)
+        finally:
+            self.pipeline_order_with_comms = train
+
+
 def stage_modules(model: nn.Module, plan: Plan) -> list[tuple[int, nn.Module]]:
     """(virtual stage index, module) for the stages of this pipeline rank."""
     split = plan.stage_layers(len(blocks(model)))
     pp_rank = _pp_rank(plan)
+    owner = chunk_ranks(plan.pp, plan.vpp, plan.schedule)
     out = []
     start = 0
     for j, n in enumerate(split):
         keep = {str(i) for i in range(start, start + n)}
         start += n
-        if j % plan.pp != pp_rank:
+        if owner[j] != pp_rank:
             continue
         if family_of(model).name == "hf":
             out.append((j, hf_stage(model, [int(i) for i in sorted(keep, key=int)], j == 0, j == len(split) - 1)))
@@ -92,4 +127,6 @@ def build_schedule(stages: list[tuple[int, nn.Module]], plan: Plan, device: torc
         return ScheduleInterleaved1F1B(pipe_stages, m, loss_fn=loss_fn)
     if plan.schedule == "zero-bubble":
         return ScheduleInterleavedZeroBubble(pipe_stages, m, loss_fn=loss_fn)
+    if plan.schedule == "dualpipev":  # stages r and 2pp-1-r on this rank (stage_modules)
+        return DualPipeVSchedule(pipe_stages, m, loss_fn=loss_fn)
     raise PartitaError(f"unknown pipeline schedule {plan.schedule}")
