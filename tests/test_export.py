@@ -107,6 +107,8 @@ def _stage_layers_of(ns) -> list[int]:
         return _layout_stages(ns.pipeline_model_parallel_layout)
     pp, nlpvs = ns.pipeline_model_parallel_size, ns.num_layers_per_virtual_pipeline_stage
     chunks = pp * ((ns.num_layers // pp) // nlpvs if nlpvs else 1)
+    if getattr(ns, "schedules_method", None) == "dualpipev":  # MindSpeed: 2 pp equal chunks, in layer order
+        chunks = 2 * pp
     per, noop = ns.num_layers // chunks, _noop(ns)
     return [sum(i not in noop for i in range(c * per, (c + 1) * per)) for c in range(chunks)]
 
@@ -134,6 +136,9 @@ def _check_megatron_namespace(ns, env, plan, model):
         assert sum(stages) == model.layers and len(stages) == plan.pp * plan.vpp
         assert max(units) - min(units) <= 1 and min(stages[1:-1]) >= 1
         assert units[0] <= units[1] and units[-1] <= units[-2]
+    elif plan.schedule == "dualpipev":  # MindSpeed's DualPipeV: its own 2 pp chunks, no vpp flag
+        assert ns.schedules_method == "dualpipev" and ns.num_layers_per_virtual_pipeline_stage is None
+        assert _stage_layers_of(ns) == list(plan.stage_layers(model.layers))
     elif plan.vpp > 1:
         assert ns.num_layers_per_virtual_pipeline_stage == model.layers // (plan.pp * plan.vpp)
         assert _stage_layers_of(ns) == list(plan.stage_layers(model.layers))

@@ -116,9 +116,14 @@ def test_dualpipev_puts_two_v_chunks_on_each_rank():
     text = DSV3.replace("--num-layers 61", "--num-layers 64") + ("--noop-layers 61,62,63 --pipeline-model-parallel-size 8 "
                                                                 "--schedules-method dualpipev --moe-fb-overlap")
     r = read(text, 64)
-    assert r.plan.layer_split == (5, 8, 8, 8, 8, 8, 8, 8) and r.plan.vpp == 1
-    named = [n.split(" ")[0].rstrip(":") for n in r.not_modelled]
-    assert "--schedules-method" in named and "--moe-fb-overlap" in named
+    # the 16 chunks in layer order (chunk j on rank j, or 15 - j past the turn): rank 0 holds chunks 0 and 15
+    assert r.plan.layer_split == (4,) * 15 + (1,) and r.plan.vpp == 2 and r.plan.schedule == "dualpipev"
+    from partita.cost.placement import all_rank_layers
+    assert [len(ids) for ids in all_rank_layers(61, 8, r.plan.layer_split, True)] == [5, 8, 8, 8, 8, 8, 8, 8]
+    named = [n.split(" ")[0].rstrip(":") for n in r.not_modelled]  # both modelled: schedule=dualpipev and its pairs
+    assert "--schedules-method" not in named and "--moe-fb-overlap" not in named
+    without = read(text.replace(" --moe-fb-overlap", ""), 64)  # the overlap the plan prices is then missing
+    assert any(n.startswith("--schedules-method dualpipev without --moe-fb-overlap") for n in without.not_modelled)
 
 
 # ---------------------------------------------------------------- degrees and knobs

@@ -43,6 +43,9 @@ MINDSPEED_FLAGS = [
     ("--num-layer-list", "store", str, None),                   # num_layer_list.py NumLayerListFeature
     ("--noop-layers", "store", str, None),                      # _add_training_args: identity layers
     ("--reuse-fp32-param", "store_true", None, None),           # Ascend/MindSpeed 028de58 mindspeed/arguments.py
+    # mindspeed_llm/training/arguments.py (and MindSpeed's features_manager ChimeraFeature, which adds "chimera")
+    ("--schedules-method", "store", str, ["dualpipev"]),
+    ("--moe-fb-overlap", "store_true", None, None),             # MindSpeed MoEFwdBwdOverlapFeature
 ]
 
 
@@ -73,6 +76,19 @@ def mindspeed_validate(ns: argparse.Namespace) -> None:
         if sum(counts) != ns.num_layers:
             raise ValueError(f"Incorrect num_layer_list config since its sum({sum(counts)} is unequal to total num "
                              f"layers({ns.num_layers}).")
+    if ns.schedules_method == "dualpipev":  # Ascend/MindSpeed docs/features/dualpipev.md 使用方法 / 使用约束
+        if ns.num_layers_per_virtual_pipeline_stage is not None:
+            raise ValueError("dualpipev is incompatible with --num-layers-per-virtual-pipeline-stage (VPP)")
+        if ns.num_layers % (2 * pp):
+            raise ValueError("dualpipev: num_layers must be a multiple of pipeline_model_parallel_size * 2")
+        if ns.context_parallel_size > 1 or ns.overlap_grad_reduce:
+            raise ValueError("dualpipev is not compatible with context parallel or asynchronous DDP")
+    if ns.moe_fb_overlap:  # docs/features/megatron_moe/megatron-moe-fb-overlap.md 使用约束 1, 3, 5, 7, 10
+        if ns.moe_token_dispatcher_type != "alltoall" or not ns.moe_grouped_gemm:
+            raise ValueError("--moe-fb-overlap needs --moe-token-dispatcher-type alltoall and --moe-grouped-gemm")
+        if (ns.expert_tensor_parallel_size or 1) != 1 or ns.overlap_grad_reduce or ns.moe_alltoall_overlap_comm:
+            raise ValueError("--moe-fb-overlap needs expert tp 1, no --overlap-grad-reduce, no "
+                             "--moe-alltoall-overlap-comm")
     if ns.pipeline_model_parallel_layout is not None:  # not an option of Megatron core_v0.12.1, MindSpeed-LLM's base
         raise ValueError("--pipeline-model-parallel-layout: not a MindSpeed-LLM (Megatron core_v0.12.1) argument")
     if ns.use_torch_fsdp2:

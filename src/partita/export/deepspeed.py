@@ -32,6 +32,10 @@ def _check_expressible(plan: Plan) -> None:
     if plan.layer_split and len(set(plan.layer_split)) > 1:
         raise PartitaError("an uneven layer split cannot be expressed in DeepSpeed's PipelineModule "
                            "(no explicit boundary list); re-plan with an even split or export to megatron")
+    if plan.schedule == "dualpipev":
+        raise PartitaError("schedule=dualpipev: DeepSpeed pipelines run 1F1B only (no DualPipeV, no vpp > 1; "
+                           "deepspeed/runtime/pipe/schedule.py TrainSchedule); re-plan with --schedule 1f1b --vpp 1, "
+                           "or export --to torchtitan or mindspeed")
     if plan.vpp > 1:
         raise PartitaError("vpp > 1: DeepSpeed pipelines have no interleaved schedule; re-plan with --vpp 1")
     if plan.ep > 1:

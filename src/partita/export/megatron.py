@@ -117,7 +117,7 @@ def _layout_args(plan: Plan, model: ModelSpec | None) -> MegatronArgs:
         layers = model.layers if model else None
         if plan.layer_split:
             a.set("--pipeline-model-parallel-layout", _layout(plan, sum(plan.layer_split) if layers is None else layers))
-        elif plan.vpp > 1:
+        elif plan.vpp > 1 and plan.schedule != "dualpipev":  # DualPipeV's two chunks come with its schedule
             if layers is None:
                 raise PartitaError("exporting vpp > 1 to Megatron needs --model (layers per virtual stage)")
             a.set("--num-layers-per-virtual-pipeline-stage", layers // (plan.pp * plan.vpp))
@@ -338,6 +338,11 @@ def comm_knob_warnings(plan: Plan) -> list[str]:
 
 def export_megatron(ctx: ExportContext) -> Export:
     """Megatron-LM ``pretrain_gpt.py`` arguments (the model shape too when a model is given)."""
+    if ctx.plan.schedule == "dualpipev":
+        raise PartitaError("schedule=dualpipev: Megatron-LM (core_v0.16.1) has no DualPipeV schedule (1F1B and "
+                           "interleaved 1F1B; its MoE all-to-all overlap is --overlap-moe-expert-parallel-comm with "
+                           "interleaving); re-plan with --schedule interleaved-1f1b, or export --to mindspeed or "
+                           "torchtitan")
     args, warn = megatron_args(ctx.plan, ctx.model)
     return Export("megatron", _render(args, warn, "megatron", env_vars(ctx.plan)), warn, args.argv())
 
@@ -421,9 +426,39 @@ def _mindspeed_split(plan: Plan, args: MegatronArgs) -> Overlay:
     if noop:
         add.set("--num-layers", total)
         add.set("--noop-layers", ",".join(map(str, noop)))
-    if plan.vpp > 1:
+    if plan.vpp > 1 and plan.schedule != "dualpipev":  # MindSpeed: dualpipev and vpp-stage are incompatible
         add.set("--num-layers-per-virtual-pipeline-stage", max(split))
     return Overlay(add, frozenset({"--pipeline-model-parallel-layout"}))
+
+
+def _dualpipev_args(plan: Plan, model: ModelSpec | None, args: MegatronArgs, warn: list[str]) -> MegatronArgs:
+    """MindSpeed-LLM's DualPipeV (Ascend/MindSpeed docs/features/dualpipev.md): ``--schedules-method
+    dualpipev`` (layers a multiple of 2 pp, at least 2 pp micro-batches, no vpp stage; incompatible
+    with context parallelism and asynchronous DDP), and for a MoE plan with ep > 1 its cross-micro-batch
+    all-to-all overlap ``--moe-fb-overlap`` (docs/features/megatron_moe/megatron-moe-fb-overlap.md:
+    alltoall dispatcher, grouped GEMM, expert tp 1, no ``--overlap-grad-reduce``, not with
+    ``--moe-alltoall-overlap-comm``), which the plan's cost model credits (cost/pipeline.py)."""
+    if plan.cp > 1:
+        raise PartitaError(f"schedule=dualpipev with cp={plan.cp}: MindSpeed-LLM's DualPipeV does not run with context "
+                           "parallelism (docs/features/dualpipev.md); re-plan with --cp 1 or --schedule "
+                           "interleaved-1f1b")
+    num_layers = int(args["--num-layers"][0]) if "--num-layers" in args else sum(plan.stage_layers(
+        model.layers if model is not None else sum(plan.layer_split or ())))
+    if num_layers % (2 * plan.pp):
+        raise PartitaError(f"schedule=dualpipev: MindSpeed-LLM needs the layers ({num_layers}) to be a multiple of "
+                           f"2*pp = {2 * plan.pp}; re-plan with a pp that divides them, or --schedule interleaved-1f1b")
+    out = MegatronArgs()
+    out.set("--schedules-method", "dualpipev")
+    moe = model is not None and model.moe is not None
+    if moe and plan.ep > 1:
+        if plan.etp > 1:
+            raise PartitaError(f"schedule=dualpipev with etp={plan.etp}: MindSpeed's --moe-fb-overlap (the all-to-all "
+                               "overlap the plan prices) needs --expert-tensor-parallel-size 1; re-plan with --etp 1")
+        out.set("--moe-fb-overlap")
+    if "--overlap-grad-reduce" in args:
+        warn.append("schedule=dualpipev: MindSpeed-LLM's DualPipeV does not run with asynchronous DDP; emitted "
+                    "without --overlap-grad-reduce (the dp gradient sync is exposed where the plan overlapped it)")
+    return out
 
 
 def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[MegatronArgs, list[str]]:
@@ -453,6 +488,19 @@ def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[Megatron
         args.set(flag, *values)
     warn += tune_warn
     overlay = mindspeed_overlay(plan, model)
+    if plan.schedule == "dualpipev":
+        for flag, values in _dualpipev_args(plan, model, args, warn).items():
+            args.set(flag, *values)
+        remove, keep = {"--overlap-grad-reduce", "--overlap-param-gather"}, set()
+        if "--moe-fb-overlap" in args:  # it needs grouped GEMM, which MindSpeed refuses beside MC2 in a MoE model
+            remove |= {"--moe-alltoall-overlap-comm", "--use-ascend-mc2"}
+            keep.add("--moe-grouped-gemm")
+            if "--use-ascend-mc2" in overlay.add:
+                warn.append("schedule=dualpipev: --moe-fb-overlap needs --moe-grouped-gemm, which MindSpeed-LLM "
+                            "refuses with --use-ascend-mc2 in a MoE model: emitted without MC2 (the tp "
+                            "communication the plan overlapped is exposed)")
+        overlay = Overlay(MegatronArgs((k, v) for k, v in overlay.add.items() if k not in remove),
+                          (overlay.remove | remove) - keep)
     if "--moe-grouped-gemm" in overlay.remove and "--moe-grouped-gemm" in args:
         warn.append("MindSpeed-LLM refuses --moe-grouped-gemm with --use-ascend-mc2 in a MoE model: emitted MC2 "
                     "(the plan's tp communication overlap) without grouped GEMM")

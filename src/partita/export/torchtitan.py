@@ -48,7 +48,10 @@ def _check_expressible(plan: Plan) -> None:
 def _pipeline(plan: Plan, layers: int | None, warn: list[str]) -> dict:
     """Schedule, micro-batch and the exact layers of every virtual stage."""
     par: dict = {"pipeline_parallel_microbatch_size": plan.mbs}
-    if plan.vpp > 1:
+    if plan.schedule == "dualpipev":  # torch's ScheduleDualPipeV by name (get_schedule_class); torchtitan places
+        # its two stages per rank in a V (distributed/pipeline_parallel.py: style "v" for ScheduleDualPipeV)
+        par["pipeline_parallel_schedule"] = "DualPipeV"
+    elif plan.vpp > 1:
         par["pipeline_parallel_schedule"] = "InterleavedZeroBubble" if plan.schedule == "zero-bubble" else "Interleaved1F1B"
         if plan.schedule == "gpipe":
             warn.append("schedule=gpipe with vpp > 1: emitted Interleaved1F1B")

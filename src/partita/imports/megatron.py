@@ -136,10 +136,11 @@ def _layout(ns: argparse.Namespace, num_layers: int | None, pp: int) -> tuple[in
                         ns.account_for_embedding_in_pipeline_split, ns.account_for_loss_in_pipeline_split,
                         _int_list("--num-layer-list", ns.num_layer_list),
                         frozenset(_int_list("--noop-layers", ns.noop_layers) or ()), dualpipev)
+    vpp = 2 if dualpipev else flags.vpp  # DualPipeV: two chunks per rank
     if not num_layers:
-        return flags.vpp, None, 0
+        return vpp, None, 0
     largest = max(len(r) for r in chunk_ranges(flags))
-    return flags.vpp, split_of(flags), largest
+    return vpp, split_of(flags), largest
 
 
 def _recompute(ns: argparse.Namespace, largest_chunk: int) -> tuple[str, int]:
@@ -177,7 +178,9 @@ def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: 
                 seq_len=ns.seq_length, recompute=recompute, recompute_layers=rc_layers,
                 dtype="fp8" if ns.fp8_format else "bf16" if ns.bf16 else "fp16" if ns.fp16 else "fp32",
                 grad_dtype="bf16" if ns.grad_reduce_in_bf16 else "fp32",
-                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layer_split=split,
+                schedule=("dualpipev" if ns.schedules_method == "dualpipev"
+                          else "interleaved-1f1b" if vpp > 1 else "1f1b"),
+                layer_split=split,
                 tp_comm_overlap=ns.tp_comm_overlap or ns.use_ascend_mc2, overlap_grad_reduce=ns.overlap_grad_reduce,
                 overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused",
                 fp8_param_gather=ns.fp8_param_gather and bool(ns.fp8_format), reuse_fp32_param=ns.reuse_fp32_param)

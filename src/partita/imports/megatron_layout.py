@@ -23,8 +23,9 @@ Each layout flag is read the way its framework reads it (facts cited, no code co
   the split and cost nothing, so the model has ``num_layers - len(noop)`` layers.
 - ``--schedules-method dualpipev`` (MindSpeed, mindspeed/core/pipeline_parallel/dualpipev/
   dualpipev_chunks.py ``get_transformer_layer_offset``): rank ``r`` holds two chunks of
-  ``num_layers / (2 pp)`` layers, ``[r c, (r+1) c)`` and ``[L - (r+1) c, L - r c)``; read as one
-  stage per rank holding both (the V schedule itself is not modelled: :mod:`.megatron_features`).
+  ``num_layers / (2 pp)`` layers, ``[r c, (r+1) c)`` and ``[L - (r+1) c, L - r c)``; read as
+  ``schedule="dualpipev"`` with vpp 2, the ``2 pp`` chunks in layer order (chunk ``j`` on rank ``j``,
+  or ``2 pp - 1 - j`` past the turn: :func:`partita.plan.chunk_ranks`).
 """
 from __future__ import annotations
 
@@ -147,6 +148,7 @@ def split_of(f: LayoutFlags) -> tuple[int, ...] | None:
     if plain or f.num_layers is None:
         return None
     ranges = chunk_ranges(f)
-    if f.dualpipev:  # one stage per rank holding its two V chunks
-        ranges = [[*ranges[r], *ranges[f.pp + r]] for r in range(f.pp)]
-    return tuple(sum(1 for i in r if i not in f.noop) for r in ranges)
+    if f.dualpipev:  # the V's chunks in layer order: the first pp as they come, the returning pp reversed
+        ranges = ranges[:f.pp] + ranges[f.pp:][::-1]
+    split = tuple(sum(1 for i in r if i not in f.noop) for r in ranges)
+    return None if f.dualpipev and len(set(split)) == 1 else split
