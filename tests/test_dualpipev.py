@@ -160,3 +160,18 @@ def test_no_all_to_all_hidden_where_torch_runs_the_pairs_in_turn() -> None:
     dual = estimate(model, cluster, base.with_(schedule="dualpipev"))
     assert fb_overlap_share("dualpipev", 4, 32, "torchtitan") == 0.0
     assert dual.time.parts["ep all-to-all"] == pytest.approx(inter.time.parts["ep all-to-all"], rel=1e-12)
+
+
+def test_plan_cli_schedule_dualpipev_searches_v_pipelines_only(capsys) -> None:
+    import json
+
+    from partita.cli.main import main
+    argv = ["--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "64", "--global-batch", "256",
+            "--seq-len", "4096"]
+    assert main(["plan", *argv, "--schedule", "dualpipev", "--top", "3", "--json"]) == 0
+    plans = [Plan.from_dict(row["plan"]) for row in json.loads(capsys.readouterr().out)["plans"]]
+    assert plans and all(p.schedule == "dualpipev" and p.vpp == 2 and p.pp >= 2 for p in plans)
+    assert all(validate(p) == [] for p in plans)
+    assert main(["estimate", *argv, "--pp", "4", "--tp", "2", "--ep", "8", "--schedule", "dualpipev"]) == 0
+    out = capsys.readouterr().out
+    assert "pp4-dualpipev" in out
