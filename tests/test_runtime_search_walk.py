@@ -76,6 +76,8 @@ def scaled_case(plan, moe: bool) -> tuple[int, str]:
         deg["dp"], hsdp = 1, False
     vpp = 2 if plan.vpp > 1 else 1
     accum = 2 if plan.grad_accum > 1 else 1  # interleaved 1F1B needs a multiple of pp = 2
+    if plan.schedule == "dualpipev":
+        accum = 2 * deg["pp"]  # DualPipeV needs at least 2 pp micro-batches (torch's ScheduleDualPipeV)
     items = [f"{a}={deg[a]}" for a in AXES] + [
         f"vpp={vpp}", f"zero={plan.zero}", f"recompute={plan.recompute}", f"schedule={plan.schedule}",
         f"sp={'true' if plan.sp and deg['tp'] > 1 else 'false'}", f"grad_accum_mode={plan.grad_accum_mode}",
