@@ -260,7 +260,7 @@ def eager_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str, 
     ``cat`` and ``repeat_kv`` passes at the read rate - a ``cat`` into pages the allocator
     reuses moves a read and a write per byte at it (measured on the development VM, 8-17 MB:
     ``cat`` and ``copy_`` 6.0-6.4 GB/s per byte written, a ``sum`` 12.8-14.6 GB/s in the same
-    minute) - and the writes of tensors above :data:`FIRST_TOUCH_BYTES` at
+    minute) - and the :func:`decode_kv_fresh_bytes` (none: :mod:`.eager_step`) at
     :func:`fresh_write_seconds_per_byte` instead of a read's."""
     read = read_bandwidth(device)
     passes = decode_kv_passes(model, tp, framework)
@@ -274,7 +274,7 @@ def eager_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str, 
 def decode_kv_fresh_bytes(model: ModelSpec, device: Device, tp: int, framework: str, kv: float) -> float:
     """Bytes of one layer's decode-step K/V allocations (``kv``: the layer's cached K + V bytes)
     the model prices as written into first-touched pages: on a file with the ``eager_decode``
-    rates those of the tensors above :data:`FIRST_TOUCH_BYTES`, else every one
+    rates none (the runtime's heap is steady: :mod:`.eager_step`), else every one
     (:func:`decode_kv_seconds`)."""
     if device.eager_decode is not None and framework in EAGER_RUNTIMES:  # pages reused: eager_step
         return eager_step.fresh_decode_bytes(device, True)
