@@ -15,26 +15,17 @@ against the closed form under test:
 * GPUStack's MindIE run at 4 requests in flight quotes "Mean TTFT (ms): 112.38"."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from test_serve_published import _bench
 
 from partita.serve.queueing import held_prefill_wait
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUSTACK_MINDIE_QUEUE_DELAY_US = 5000  # ascend_mindie.py: max_queue_delay_microseconds: int = 5000
 MINDIE_QUEUE_DELAY_RANGE_US = (500, 1_000_000)  # schedule_config.cpp CheckMaxMinValue(..., 1000000U, 500U)
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("serve_published", ROOT / "bench" / "serve_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serve_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

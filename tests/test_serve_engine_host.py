@@ -11,11 +11,10 @@ against the figures its sources give, not against the code's own constants:
 and the bench's mapping of each published row's engine release to the loop it ran."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from test_serve_published import _bench
 
 from partita.models.registry import resolve_model
 from partita.serve import latency
@@ -25,14 +24,6 @@ from partita.spec.hardware import load_device
 ROOT = Path(__file__).resolve().parents[1]
 RFC_BUBBLE_S = 4e-3  # issue #6854: "about 4ms of GPU bubble" per scheduler call
 SGLANG_OVERLAP_SPEEDUP = 1.1  # SGLang v0.4 blog: "1.1x increase in throughput"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("serve_published", ROOT / "bench" / "serve_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serve_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
