@@ -114,6 +114,34 @@ def test_refill_share_is_linearity_of_expectation_for_a_linear_forward():
     assert refill_prefill_share(lambda k: a + b * k, n, out, 50) == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("n,out", [(2000, 2.0), (8, 1.0), (8, 0.5)])
+def test_refill_share_at_the_edges_is_still_linearity_of_expectation(n, out):
+    """A large batch ((1 - p)^n underflows a float) and one-token outputs (every sequence
+    ends each step, K = n): the same closed form as above, no cap binding."""
+    from partita.serve.queueing import refill_prefill_share
+    a, b = 0.031, 0.002
+    p = 1 / max(out, 1.0)
+    expected = (a * (1 - (1 - p) ** n) + b * n * p) / (n * p)
+    assert refill_prefill_share(lambda k: a + b * k, n, out, 10 ** 6) == pytest.approx(expected, rel=1e-9)
+
+
+def test_queueing_formulas_refuse_an_empty_batch_in_one_line():
+    from partita.serve.queueing import backlog_tpot, refill_prefill_share
+    with pytest.raises(ValueError, match="seqs >= 1"):
+        refill_prefill_share(lambda k: 1.0, 0, 5.0, 50)
+    with pytest.raises(ValueError, match="max_prompts >= 1"):
+        refill_prefill_share(lambda k: 1.0, 8, 5.0, 0)
+    with pytest.raises(ValueError, match="prompts >= 1"):
+        backlog_tpot(0, 8, 5, 0.01, 0.05, 4)
+
+
+def test_backlog_tpot_of_one_token_outputs_is_the_decode_step():
+    """With every output one token long no request has a TPOT (vllm bench serve averages over
+    O_i > 1), so nothing waits in one: the decode step alone, not a division by zero."""
+    from partita.serve.queueing import backlog_tpot
+    assert backlog_tpot(100, 10, 1, 0.01, 0.05, 4, spread="exponential") == 0.01
+
+
 @pytest.mark.parametrize("seqs,out,cap", [(8, 5.0, 2), (6, 3.0, 50), (10, 20.0, 1)])
 def test_refill_share_is_the_loop_replayed(seqs, out, cap):
     from partita.serve.queueing import refill_prefill_share

@@ -120,7 +120,7 @@ def test_prefill_attention_prices_transformers_eager_attention(prompt):
     spec = parse_hf_config(transformers.LlamaConfig(**{**TINY, "hidden_size": heads * d}).to_dict(), "t",
                            "LlamaForCausalLM")
     dev = _eager_file(gemm=10.0, softmax=0.5, read=4.0)
-    priced = eager_step.prefill_attention(spec, dev, 1, "fp32", 4, prompt)
+    priced = eager_step.prefill_attention(spec, dev, 1, 4, prompt)
     want = flops.get_total_flops() / 10e9 + counted.softmax / 0.5e9 + counted.bytes / 4e9
     assert priced == pytest.approx(want, rel=1e-9)
 

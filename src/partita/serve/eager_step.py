@@ -30,20 +30,6 @@ def reuses_pages(device: Device, eager: bool) -> bool:
     return eager and device.eager_decode is not None
 
 
-def fresh_decode_bytes(device: Device, eager: bool) -> float | None:
-    """Bytes of a decode step's K/V allocations written into first-touched pages: 0 where
-    :func:`reuses_pages`, None (the caller's own pricing) elsewhere."""
-    return 0.0 if reuses_pages(device, eager) else None
-
-
-def score_bytes_per_s(device: Device, eager: bool, fresh_rate: float) -> float:
-    """Bytes/s of an eager prefill's passes over its attention scores: the read rate where
-    :func:`reuses_pages` (each pass a read or a write into reused pages: a ``cat`` into them
-    moves a read and a write per byte at it, ``partita.calibrate.read_rate``), else
-    ``fresh_rate`` (the file's clone rate: pages touched the first time)."""
-    return device.read_bytes_per_s() if reuses_pages(device, eager) else fresh_rate
-
-
 #: elementwise passes over the ``P x P`` scores per head besides the two matmuls and the
 #: softmax in ``eager_attention_forward`` (modeling_llama.py): ``* scaling`` reads and writes
 #: (2), ``+ attention_mask`` reads and writes (2); the first matmul's write and the second's
@@ -52,7 +38,7 @@ def score_bytes_per_s(device: Device, eager: bool, fresh_rate: float) -> float:
 SCORE_PASSES = 4
 
 
-def prefill_attention(model, device: Device, tp: int, dtype: str, weight_bytes: float, prompt_len: int) -> float:
+def prefill_attention(model, device: Device, tp: int, weight_bytes: float, prompt_len: int) -> float:
     """Seconds of one layer's eager prefill attention on one rank, on a file with the
     ``eager_decode`` rates: the two ``torch.matmul``s over the whole ``P x P`` score matrix,
     masked half included (``2 P^2 heads/tp (d_qk + d_v)`` FLOPs: ``Q K^T`` and ``P V``), at the
@@ -80,6 +66,6 @@ def prefill_layer(cost, device: Device, tokens: float, eager: bool) -> float:
     that rate for ``tokens`` rows instead of the calibrated curve, one rate per GFLOP fitted over
     square and wide shapes (30.7 GFLOP/s on the development VM's file of 12:20 UTC, where ``mm``
     at a 256- / 1024-token prefill's shapes ran at 35-36 under torch's profiler, issue 37)."""
-    if not reuses_pages(device, eager) or max(m for m, _ in device.eager_decode.gemm_by_rows) < 256:
+    if not reuses_pages(device, eager) or device.eager_decode.gemm_by_rows[-1][0] < 256:
         return cost.time
     return cost.time - cost.gemm_time + cost.gemm_flops / device.eager_decode.gemm_flops_per_s(tokens)

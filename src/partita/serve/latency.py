@@ -239,19 +239,6 @@ def decode_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str,
     return kv * (decode_kv_passes(model, tp, framework) - writes) / read + kv * writes * fresh_write_seconds_per_byte(device)
 
 
-#: bytes above which a host allocation gets pages the process has never touched: glibc's
-#: ``malloc`` serves a request from ``mmap`` when no free heap chunk fits and it is at least
-#: ``M_MMAP_THRESHOLD``, whose dynamic value (raised to the size of each mmapped chunk freed)
-#: is capped at ``DEFAULT_MMAP_THRESHOLD_MAX`` = 4 MiB x sizeof(long) = 32 MiB on 64-bit
-#: (mallopt(3)); below it a freed chunk's pages go to the next allocation. Measured on the
-#: development VM (``ru_minflt`` per decode step of bench/serve_vs_measure.py's model): batch 8
-#: at context 1024 (8.4 MB per ``cat``, 16.8 MB per ``repeat_kv`` copy) 0-4 faults a step in a
-#: fresh process; batch 32 at context 515 (33.7 MB copies) 49-66 k faults, the eight copies'
-#: bytes. A caching GPU allocator reuses its blocks at any size, but there the clone and the
-#: read run at one rate and the threshold changes nothing (:func:`fresh_write_seconds_per_byte`).
-FIRST_TOUCH_BYTES = 32 * 2 ** 20
-
-
 def eager_kv_seconds(model: ModelSpec, device: Device, tp: int, framework: str, kv: float) -> float:
     """:func:`decode_kv_seconds` on a file with the ``eager_decode`` rates: of the
     :func:`decode_kv_passes`, the attention's (``n_rep``: the two matmuls read the expanded K
@@ -277,7 +264,7 @@ def decode_kv_fresh_bytes(model: ModelSpec, device: Device, tp: int, framework: 
     rates none (the runtime's heap is steady: :mod:`.eager_step`), else every one
     (:func:`decode_kv_seconds`)."""
     if device.eager_decode is not None and framework in EAGER_RUNTIMES:  # pages reused: eager_step
-        return eager_step.fresh_decode_bytes(device, True)
+        return 0.0
     return kv * decode_kv_writes(model, tp, framework)
 
 
@@ -314,14 +301,14 @@ def eager_prefill_attention(model: ModelSpec, device: Device, layout: Layout, pr
     the memory rate. MLA models: the same with their score and value head sizes."""
     if device.eager_decode is not None:  # the measured eager rates: all of it, less layer_forward's attention
         shape = LayerShape(layout.tp, 1, max(layout.ep, 1), 1, prompt_len, False, layout.dtype, "partita", 1)
-        return eager_step.prefill_attention(model, device, layout.tp, layout.dtype, layout.weight_bytes, prompt_len) \
+        return eager_step.prefill_attention(model, device, layout.tp, layout.weight_bytes, prompt_len) \
             - layer_forward(model, device, shape, False).attn_time
     p, heads = float(prompt_len), model.heads / layout.tp
     d_qk, d_v = model.q_dim // model.heads, model.attn_out_dim // model.heads
     flops = 2 * p * (p - (p + 1) / 2) * heads * (d_qk + d_v)
     rate = device.peak_flops(layout.dtype) * device.efficiency.attention
     scores = p * p * layout.weight_bytes * (heads * EAGER_SCORE_PASSES + 1)
-    return flops / rate + scores / eager_step.score_bytes_per_s(device, True, bandwidth(device))
+    return flops / rate + scores / bandwidth(device)
 
 
 def _hop(model: ModelSpec, device: Device, layout: Layout, tokens: float, per_node: int) -> float:

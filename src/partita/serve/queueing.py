@@ -142,14 +142,22 @@ def refill_prefill_share(batch_prefill: Callable[[int], float], seqs: int, outpu
     forward reads the weights again, so with one prompt it costs nearly a full weight read where
     a chunked-prefill engine folds the prompt into a decode step. (In a burst every prompt waits
     from the start and MindIE prefills all its KV cache holds first, in full forwards: not this.)"""
-    p = 1.0 / max(output_len, 1.0)
-    mean = seqs * p
-    total, prob, k = 0.0, (1 - p) ** seqs, 0
-    while k < seqs:
-        prob *= (seqs - k) / (k + 1) * p / (1 - p) if p < 1 else 0.0
-        k += 1
+    if seqs < 1 or max_prompts < 1:
+        raise ValueError(f"refill_prefill_share needs seqs >= 1 and max_prompts >= 1, got {seqs} and {max_prompts}")
+
+    def t_p(k: int) -> float:
         full, rest = divmod(k, max_prompts)
-        total += prob * (full * batch_prefill(max_prompts) + (batch_prefill(rest) if rest else 0.0))
+        return full * batch_prefill(max_prompts) + (batch_prefill(rest) if rest else 0.0)
+
+    p = 1.0 / max(output_len, 1.0)
+    if p >= 1.0:  # every sequence ends each step: K = seqs always
+        return t_p(seqs) / seqs
+    mean, log_p, log_q = seqs * p, math.log(p), math.log1p(-p)
+    total = 0.0
+    for k in range(1, seqs + 1):  # P(K = k) in log space: (1 - p)^seqs underflows for large batches
+        prob = math.exp(math.lgamma(seqs + 1) - math.lgamma(k + 1) - math.lgamma(seqs - k + 1)
+                        + k * log_p + (seqs - k) * log_q)
+        total += prob * t_p(k)
         if k > mean and prob < 1e-12:
             break
     return total / mean
@@ -177,14 +185,18 @@ def backlog_tpot(prompts: int, seqs: int, output_len: int, t_dec: float, forward
     (lengths drawn independently of the position: geometric with mean ``O`` for exponential)."""
     if spread not in SPREADS:
         raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
+    if prompts < 1 or seqs < 1:
+        raise ValueError(f"backlog_tpot needs prompts >= 1 and seqs >= 1, got {prompts} and {seqs}")
     k = max(1, per_forward)
     t0 = math.ceil(prompts / k) * forward
     if spread == "fixed":
         inv = 1.0 / max(output_len - 1, 1)
     else:
         p = 1.0 / max(output_len, 1.0)
-        terms = [p * (1 - p) ** (j - 1) / (j - 1) for j in range(2, int(60 * output_len) + 2)]
-        inv = sum(terms) / (1 - p)  # E[1 / (O - 1) | O > 1]
+        if p >= 1.0:  # every output one token long: no request has a TPOT to wait in
+            return t_dec
+        # E[1 / (O - 1) | O > 1] for P(O = j) = p q^(j-1): sum_{m>=1} p q^m / m / q = -p ln(p) / q
+        inv = -p * math.log(p) / (1 - p)
     wait = 0.0
     for i in range(1, prompts + 1):
         first = math.ceil(i / k) * forward
