@@ -355,7 +355,7 @@ class Plan:
             plan = replace(plan, sp=plan.tp > 1)
         if "schedule" not in data and plan.vpp > 1:
             plan = replace(plan, schedule="interleaved-1f1b")
-        if plan.schedule == "dualpipev" and "vpp" not in data:  # its two chunks per rank are implied
+        if plan.schedule == "dualpipev" and "vpp" not in data and plan.pp > 1:  # its two chunks per rank are implied
             plan = replace(plan, vpp=2)
         return plan
 
@@ -631,7 +631,7 @@ def _validate_dualpipev(plan: Plan) -> list[str]:
     errs = []
     if plan.pp < 2:
         errs.append(f"schedule dualpipev needs pp >= 2 (two chunks per rank in a V over the pipeline), got pp={plan.pp}")
-    if plan.vpp != 2:
+    elif plan.vpp != 2:
         errs.append(f"schedule dualpipev needs vpp=2 (chunks r and 2*pp-1-r on rank r), got vpp={plan.vpp}")
     if plan.gbs % (plan.dp * plan.mbs) == 0 and plan.grad_accum < 2 * plan.pp:
         errs.append(f"schedule dualpipev needs at least 2*pp = {2 * plan.pp} micro-batches (torch's ScheduleDualPipeV), "

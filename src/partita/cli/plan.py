@@ -56,6 +56,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_plan)
 
 
+
+def _check_dualpipev_flags(args: argparse.Namespace) -> None:
+    """DualPipeV's constraints on the flags the user fixed (:func:`partita.plan._validate_dualpipev`),
+    said before the search: a structure that breaks them is never enumerated, so the search alone
+    would explain the failure with an unrelated candidate's reason."""
+    if args.pp is not None and args.pp < 2:
+        raise PartitaError(f"--schedule dualpipev needs --pp >= 2 (two chunks per rank in a V over the pipeline), got {args.pp}")
+    if args.vpp is not None and args.vpp != 2:
+        raise PartitaError(f"--schedule dualpipev runs 2 chunks per rank: --vpp must be 2 or left out, got {args.vpp}")
+    if args.pp and args.dp and args.global_batch // args.dp < 2 * args.pp:
+        raise PartitaError(f"--schedule dualpipev needs at least 2*pp = {2 * args.pp} micro-batches; "
+                           f"--global-batch {args.global_batch} over --dp {args.dp} gives at most "
+                           f"{args.global_batch // args.dp}")
+
 def search(args: argparse.Namespace, model, cluster):
     """The search the flags ask for; with --export, more ranked plans are kept (the best
     one the target can express is exported). Returns (result with the best max(--top, KNOB_POOL)
@@ -65,6 +79,8 @@ def search(args: argparse.Namespace, model, cluster):
     if args.global_batch is None or args.global_batch <= 0:
         raise PartitaError("--global-batch must be a positive number of sequences")
     dualpipev = getattr(args, "schedule", None) == "dualpipev"  # its two chunks per rank: vpp 2
+    if dualpipev:
+        _check_dualpipev_flags(args)
     space = SearchSpace(tp=args.tp, pp=args.pp, vpp=2 if dualpipev and not args.vpp else args.vpp, cp=args.cp,
                         ep=args.ep, etp=args.etp, dp=args.dp,
                         mbs=args.mbs,

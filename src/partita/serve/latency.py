@@ -53,14 +53,20 @@ from ..cost import comm
 from ..cost.compute import gemm_time, layer_forward
 from ..cost.frameworks import FRAMEWORKS
 from ..cost.overheads import tp_framework_us
-from ..cost.step import FORWARD_SHARE
 from ..cost.shape import LayerShape
+from ..cost.step import FORWARD_SHARE
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
-from .memory import (mla_split_params, kv_bytes_per_token, kv_bytes_per_token_layer,
-                     kv_heads_per_device, layer_weights, stage_layers)
-from .workload import Layout
 from . import eager_step
+from .memory import (
+    kv_bytes_per_token,
+    kv_bytes_per_token_layer,
+    kv_heads_per_device,
+    layer_weights,
+    mla_split_params,
+    stage_layers,
+)
+from .workload import Layout
 
 #: frameworks whose serving path is transformers' own: ``DynamicCache`` (``torch.cat`` per
 #: step), ``attn_implementation="eager"`` (``repeat_kv`` + two matmuls), DTensor tensor
