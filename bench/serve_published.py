@@ -64,6 +64,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -141,6 +142,9 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
 SYNC_ENGINES = {r"vllm v0\.[0-7]\.": "vllm-v0", r"vllm .*\(v0 engine\)": "vllm-v0", r"sglang v0\.[0-3]\.": "sglang-sync"}
 
 
+T = TypeVar("T")
+
+
 #: seconds a waiting prompt is held back before the scheduler runs its prefill, by engine
 #: (regular expressions on the lower-cased engine; :func:`partita.serve.queueing.held_prefill_wait`):
 #: MindIE's ``maxQueueDelayMicroseconds`` - GPUStack's MindIE backend (the GPUStack 910B page's
@@ -161,10 +165,18 @@ QUEUE_DELAY_S = {r"mindie": 5000e-6}
 SEPARATE_PREFILL = {r"mindie": (50, 8192)}
 
 
+def engine_entry(table: dict[str, T], engine: str, default: T) -> T:
+    """The value of the first pattern of ``table`` (regular expressions matched at the start
+    of the lower-cased engine, in the table's order) that the row's engine matches, else
+    ``default``: the one lookup :data:`SYNC_ENGINES`, :data:`QUEUE_DELAY_S` and
+    :data:`SEPARATE_PREFILL` are read with."""
+    low = engine.lower()
+    return next((value for pattern, value in table.items() if re.match(pattern, low)), default)
+
+
 def separate_prefill(engine: str) -> tuple[int, int] | None:
     """``(maxPrefillBatchSize, maxPrefillTokens)`` of an engine in :data:`SEPARATE_PREFILL`, else None."""
-    low = engine.lower()
-    return next((caps for pattern, caps in SEPARATE_PREFILL.items() if re.match(pattern, low)), None)
+    return engine_entry(SEPARATE_PREFILL, engine, None)
 
 
 def separate_prefill_share(model, device, layout, rec: dict[str, str], seqs: int, per_node: int, fw: str,
@@ -198,8 +210,7 @@ def prefilled_burst_tpot(model, device, layout, rec: dict[str, str], seqs: int, 
 
 def queue_delay(engine: str) -> float:
     """The row's engine's hold on a waiting prompt (:data:`QUEUE_DELAY_S`; 0 for the others)."""
-    low = engine.lower()
-    return next((d for pattern, d in QUEUE_DELAY_S.items() if re.match(pattern, low)), 0.0)
+    return engine_entry(QUEUE_DELAY_S, engine, 0.0)
 
 
 def engine_framework(engine: str) -> str:
@@ -208,10 +219,9 @@ def engine_framework(engine: str) -> str:
     (:data:`SYNC_ENGINES`: its host bubble per step, :func:`partita.serve.latency.engine_host`),
     else the engines' default (vLLM's custom all-reduce on NVLink switch nodes; HCCL's Mesh on
     the 910B; no host bubble)."""
-    low = engine.lower()
-    if low.startswith("tensorrt-llm"):
+    if engine.lower().startswith("tensorrt-llm"):
         return "tensorrt-llm"
-    return next((fw for pattern, fw in SYNC_ENGINES.items() if re.match(pattern, low)), "megatron")
+    return engine_entry(SYNC_ENGINES, engine, "megatron")
 
 
 def predict(rec: dict[str, str]) -> float:
