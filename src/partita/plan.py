@@ -93,6 +93,10 @@ fp8_param_gather
 reuse_fp32_param
            bf16 plans with zero 0-2: the fp32 master weight is the bf16 weight plus a
            16-bit residual (MindSpeed ``--reuse-fp32-param``); bytes: cost/states.py
+optimizer_offload
+           the fraction of the optimizer states (fp32 master weight, Adam moments) held in
+           host memory (Megatron ``--optimizer-cpu-offload --optimizer-offload-fraction``);
+           bytes: cost/states.py (memory only: the host step and copies are not timed)
 =========  ===================================================================
 
 The mesh axis order (outermost first) is :data:`MESH_AXES`; the cost model (which link
@@ -144,7 +148,8 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
                                          "recompute_layers": 0, "attention": "fused", "fp8_recipe": "tensorwise",
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
                                          "lora_targets": "all-linear", "fp8_param_gather": False,
-                                         "reuse_fp32_param": False, "sample_len": 0}
+                                         "reuse_fp32_param": False, "sample_len": 0,
+                                         "optimizer_offload": 0.0}
 
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
@@ -251,6 +256,11 @@ class Plan:
                                           "all-gather them in fp8 (Megatron --fp8-param-gather; needs zero >= 1)")
     reuse_fp32_param: bool = _flag(False, "keep the fp32 master weight as the bf16 weight plus a 16-bit residual "
                                           "(MindSpeed --reuse-fp32-param; bf16/fp8, zero 0-2)")
+    #: the fraction of the optimizer states kept in host memory (Megatron --optimizer-cpu-offload, whose
+    #: HybridDeviceOptimizer steps that share on the CPU; --optimizer-offload-fraction, default 1.0)
+    optimizer_offload: float = _flag(0.0, "fraction (0-1) of the optimizer states (fp32 master, Adam moments) kept "
+                                          "in host memory (Megatron --optimizer-cpu-offload "
+                                          "--optimizer-offload-fraction; memory only, the host step is not timed)")
     #: packed sequences whose attention runs per sample (document mask / varlen, as Partita's runtime,
     #: NeMo's packed THD and LLaMA-Factory's neat_packing do): the samples' length-weighted mean length
     #: sum(L^2) / sum(L), the causal attention span per token; 0: one sample fills the sequence (cost/compute.py)
@@ -685,6 +695,9 @@ def _validate_weight_storage(plan: Plan) -> list[str]:
     if plan.reuse_fp32_param and (plan.dtype not in ("bf16", "fp8") or plan.zero > 2):
         errs.append(f"reuse_fp32_param needs dtype bf16 (or fp8 over bf16) and zero 0-2 (MindSpeed refuses it with "
                     f"fp16 and ZeRO-3), got dtype {plan.dtype}, zero {plan.zero}")
+    if not 0.0 <= plan.optimizer_offload <= 1.0:  # Megatron's --optimizer-offload-fraction is a ratio
+        errs.append(f"optimizer_offload is the fraction of the optimizer states in host memory, 0 to 1; "
+                    f"got {plan.optimizer_offload}")
     return errs
 
 

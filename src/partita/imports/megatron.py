@@ -41,6 +41,11 @@ from .megatron_features import unmodelled
 from .megatron_layout import LayoutFlags, chunk_ranges, layout_split, split_of
 from .megatron_model import ScriptModel, contradiction, model_from_megatron
 
+#: ``--optimizer-cpu-offload``: its memory is the plan's ``optimizer_offload`` (cost/states.py), its time is not
+#: modelled - still named, with what is left out.
+OFFLOAD_TIME_NOTE = ("--optimizer-cpu-offload: the optimizer step on the host and its device-host copies take time "
+                     "the estimate does not count (the states' memory is modelled)")
+
 FSDP_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
 #: Size flags of a Megatron/MindSpeed command line: each a whole number from 1 (a 0 divides by zero).
@@ -68,8 +73,10 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "--bf16", "--fp16", "--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
                  "--recompute-activations", "--checkpoint-activations", "--grad-reduce-in-bf16", "--use-ascend-mc2",
                  "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
-                 "--account-for-loss-in-pipeline-split", "--fp8-param-gather", "--reuse-fp32-param"):
+                 "--account-for-loss-in-pipeline-split", "--fp8-param-gather", "--reuse-fp32-param",
+                 "--optimizer-cpu-offload"):
         p.add_argument(flag, action="store_true")
+    p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # arguments.py: default 1.0
     for flag in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
                  "--num-layer-list", "--noop-layers", "--schedules-method", "--attention-backend"):
         p.add_argument(flag, default=None)
@@ -183,7 +190,8 @@ def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: 
                 layer_split=split,
                 tp_comm_overlap=ns.tp_comm_overlap or ns.use_ascend_mc2, overlap_grad_reduce=ns.overlap_grad_reduce,
                 overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused",
-                fp8_param_gather=ns.fp8_param_gather and bool(ns.fp8_format), reuse_fp32_param=ns.reuse_fp32_param)
+                fp8_param_gather=ns.fp8_param_gather and bool(ns.fp8_format), reuse_fp32_param=ns.reuse_fp32_param,
+                optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0)
 
 
 @dataclass(frozen=True)
@@ -214,7 +222,8 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     fields, lora_note = _finetune(ns)
     plan = _plan(ns, world_size, num_layers, moe, framework).with_(**fields)
     skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
-    notes = tuple(n for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
+    notes = tuple(OFFLOAD_TIME_NOTE if n.startswith("--optimizer-cpu-offload") else n
+                  for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
     return MegatronRead(plan, script.spec, notes + ((lora_note,) if lora_note else ()), script.missing_vocab)
 
 
