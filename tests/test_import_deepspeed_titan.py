@@ -296,7 +296,7 @@ def test_swift_world_from_env_and_ascend_is_mindspeed(tmp_path):
 
 def test_swift_false_flags_defaults_and_lora(tmp_path):
     path = tmp_path / "sft.sh"
-    path.write_text(SWIFT.replace("--packing true", "--use_distributed_optimizer false --fp16 true "
+    path.write_text(SWIFT.replace("--packing true", "--use_distributed_optimizer false --fp16 true --padding_free false "
                                   "--expert_model_parallel_size 2 --tuner_type lora --recompute_granularity none"))
     read = load_config(str(path))
     plan = read.plan

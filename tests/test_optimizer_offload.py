@@ -66,3 +66,36 @@ def test_optimizer_offload_fraction_is_a_ratio():
     with pytest.raises(PartitaError) as e:
         check(Plan(dp=8, gbs=8, optimizer_offload=1.5), None, 8)
     assert "optimizer_offload is the fraction" in str(e.value) and "\n" not in str(e.value)
+
+
+SWIFT = """NPROC_PER_NODE=8 \\
+megatron sft \\
+    --model Qwen/Qwen2.5-72B-Instruct \\
+    --tensor_model_parallel_size 8 \\
+    --micro_batch_size 1 \\
+    --max_length 8192 \\
+    --recompute_granularity full \\
+    --recompute_method uniform \\
+    --recompute_num_layers 1 \\
+    --sequence_parallel true \\
+    --optimizer_cpu_offload true \\
+    --use_precision_aware_optimizer true \\
+    --optimizer_offload_fraction 1 \\
+"""
+
+
+@pytest.mark.parametrize("batching,padding_free", [("--packing true", False), ("", True),
+                                                   ("--padding_free false", False)])
+def test_megatron_swift_offload_and_padding_free(tmp_path, batching, padding_free):
+    # ms-swift@3602360 examples/megatron/dense/72b_offload.sh (measured "8 * 65GiB"): ms-swift passes
+    # --optimizer_cpu_offload / --optimizer_offload_fraction to Megatron as its own flags. Megatron-SWIFT's
+    # padding_free is True by default (swift/megatron/arguments/megatron_args.py) and moot with packing.
+    from partita.imports import load_config
+    path = tmp_path / "sft.sh"
+    path.write_text(SWIFT + f"    {batching}\n")
+    read = load_config(str(path))
+    assert read.plan.optimizer_offload == 1.0
+    names = [n.split(" ")[0].rstrip(":") for n in read.not_modelled]
+    assert ("--padding_free" in names) is padding_free
+    assert names.count("--optimizer_cpu_offload") == 1  # the host step's time, named once
+    assert "--use_precision_aware_optimizer" in names

@@ -92,7 +92,8 @@ def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None
     flags = megatron.read_megatron(mega, world, None, plan.framework, path).not_modelled  # Megatron's own
     rlhf = swift.swift_not_modelled(["--rlhf_type", swift.RLHF_DEFAULT]) \
         if swift.swift_subcommand(raw) == "rlhf" and not any(a.split("=")[0] == "--rlhf_type" for a in argv) else ()
-    return plan, swift.swift_not_modelled(argv) + rlhf + swift.swift_spelling(flags) + ((note,) if note else ())
+    return plan, swift.swift_not_modelled(argv, megatron=True) + rlhf + swift.swift_spelling(flags) + \
+        ((note,) if note else ())
 
 
 def _swift_trainer(path: str, raw: str, world: int | None, seq_len: int | None, pp: int | None,

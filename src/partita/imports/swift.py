@@ -44,11 +44,19 @@ _SWIFT_DEFAULTS = (("--use-distributed-optimizer", True), ("--recompute-granular
                    ("--global-batch-size", "16"))
 #: ms-swift flags that change memory or time that Partita does not model (name: what it changes).
 _NOT_MODELLED = {"--use_precision_aware_optimizer": "optimizer states in --exp_avg_dtype / --exp_avg_sq_dtype",
-                 "--optimizer_cpu_offload": "optimizer states and step on the host",
                  # `megatron rlhf` / `swift rlhf` (ms-swift's RLHFArguments: rlhf_type dpo by default)
                  "--rlhf_type": "a preference or RL stage (DPO/KTO: a frozen reference model and chosen + rejected "
                                 "sequences; GRPO: rollouts by an inference engine beside the policy; GKD: a "
                                 "teacher model), estimated as supervised training of the policy alone"}
+#: ``--optimizer_cpu_offload`` is Megatron's ``--optimizer-cpu-offload`` (the plan's ``optimizer_offload``; its
+#: untimed host step is named by the Megatron reader). Padding-free batches (ms-swift's ``padding_free``:
+#: "flattens the data within a batch to avoid padding", swift/arguments/base_args/template_args.py; True by
+#: default under ``megatron sft|pt|rlhf``, swift/megatron/arguments/megatron_args.py, False for ``swift sft``):
+#: a micro-batch is its samples' own lengths, not micro_batch_size x max_length; with ``--packing true`` the
+#: sequence is filled to the packing length, which is what the estimate counts.
+PADDING_FREE_NOTE = ("--padding_free true: a micro-batch is its samples flattened at their own lengths, not "
+                     "micro_batch_size x max_length (less activation memory and time than estimated; the "
+                     "estimate is the bound where every sample is max_length long)")
 #: what ``megatron rlhf`` / ``swift rlhf`` run without ``--rlhf_type`` (swift/arguments/rlhf_args.py)
 RLHF_DEFAULT = "dpo"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
@@ -162,10 +170,11 @@ def megatron_argv(argv: list[str], seq_len: int | None, dtype: str | None, path:
     return out
 
 
-def swift_not_modelled(argv: list[str]) -> tuple[str, ...]:
+def swift_not_modelled(argv: list[str], megatron: bool = False) -> tuple[str, ...]:
     """``"--flag value: what it changes"`` for the ms-swift flags in ``argv`` that Partita does not model
-    (a LoRA run, precision-aware optimizer states, host offload); ``false`` / ``full`` values are not features."""
-    notes = []
+    (precision-aware optimizer states, an RLHF stage, padding-free batches - on by default under
+    ``megatron``, :data:`PADDING_FREE_NOTE`); ``false`` / ``full`` values are not features."""
+    notes = [PADDING_FREE_NOTE] if padding_free(argv, megatron) else []
     for i, word in enumerate(argv):
         name, eq, inline = word.partition("=")
         if name in _NOT_MODELLED:
@@ -173,6 +182,15 @@ def swift_not_modelled(argv: list[str]) -> tuple[str, ...]:
             if value.lower() not in ("false", "full"):
                 notes.append(f"{name} {value}: {_NOT_MODELLED[name]}")
     return tuple(notes)
+
+
+def padding_free(argv: list[str], megatron: bool) -> bool:
+    """Whether the run flattens each micro-batch's samples at their own lengths: ``--padding_free``
+    as given, else ms-swift's default (True under ``megatron``, False for ``swift sft``), never with
+    ``--packing true`` (the packed sequence is filled to its length)."""
+    given = {f: (v or ["true"])[-1].lower() == "true" for f in ("--padding_free", "--packing")
+             if (v := _values(argv, f)) is not None}
+    return not given.get("--packing", False) and given.get("--padding_free", megatron)
 
 
 def _values(argv: list[str], flag: str) -> list[str] | None:
