@@ -39,3 +39,22 @@ def test_summary_checks_the_issue_targets(capsys):
 def test_the_load_is_the_kernels_line():
     text = pvm.load()
     assert text.startswith("loadavg ") and len(text.split()) == 6  # three averages, running/total, last pid
+
+
+def test_round_robin_runs_every_plan_once_a_round_with_the_same_mean_position():
+    n, repeats = 12, 4
+    order = pvm.round_robin(n, repeats)
+    assert len(order) == n * repeats
+    for rnd in range(repeats):  # each round holds every plan once
+        assert sorted(i for r, i in order if r == rnd) == list(range(n))
+    # a load that drifts linearly over the run: every plan's repeats sit at the same mean slot,
+    # the middle of the run ((n * repeats - 1) / 2), so the drift lands on every plan alike
+    for i in range(n):
+        slots = [k for k, (_, j) in enumerate(order) if j == i]
+        assert len(slots) == repeats and statistics.mean(slots) == (n * repeats - 1) / 2
+    assert pvm.round_robin(3, 1) == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_calibrates_on_the_plans_own_dense_model():
+    dense = {model for model, _ in pvm.PLANS if model != "tiny-moe"}
+    assert dense == {pvm.DENSE_MODEL}
