@@ -25,6 +25,13 @@ per repository, exact / misread / refused (named or not) / traceback::
 ``--estimate`` runs ``estimate --from-script`` on each training script as a user would, on the
 hardware it ships for (:func:`hardware_for`), and counts the verdicts (issue 32: no shipped
 config may be said not to fit unless the output names a feature Partita does not model).
+
+``--zoo PATH`` (a Megatron-MoE-ModelZoo checkout or bare mirror) estimates every layout its
+``best_practice/*/run_*.sh`` launch through ``sbatch_benchmarking.sh``, with the Megatron command line
+that script builds (:func:`zoo_command`), on the GPU each line is written for, and counts fits / does
+not fit (issue 33: a layout that ran must not have P(fit) below 5 %).
+``--swift-peaks PATH`` (an ms-swift checkout) estimates the ``examples/megatron`` scripts whose first
+line gives a measured peak (``# 8 * 65GiB``) and prints predicted against measured.
 """
 from __future__ import annotations
 
@@ -194,10 +201,11 @@ HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
          f"dsw 7B 1 256 0.00015 1e-5 576 1024 bf16 4 1 1 true true true false 100000 {_DATA} 20000 200 /o",
          {}, 8, dict(dp=2, tp=4, pp=1, sp=False, zero=1, mbs=1, gbs=256, seq_len=576, model="named")),
         ("examples/moonlight/run_mcore_moonlight.sh",  # the README passes one argument more than the script
-         # reads: OPTIMIZER_OFFLOAD is "none" (not false), so bash turns on --optimizer-cpu-offload
+         # reads: OPTIMIZER_OFFLOAD is "none" (not false), so bash turns on --optimizer-cpu-offload with
+         # --optimizer-offload-fraction none, which Megatron's argparse refuses (type=float, arguments.py):
+         # a refusal naming that flag is the right answer (read as exact before the fraction was read)
          f"dsw A3B 1 8 1e-5 1e-6 1024 1024 bf16 1 1 1 1 8 true true false false none false 100000 {_DATA} 1 1 /o",
-         {}, 8, dict(dp=8, tp=1, pp=1, ep=8, etp=1, zero=1, mbs=1, gbs=8, seq_len=1024, recompute="none",
-                     model="named")),
+         {}, 8, "named"),
         ("examples/qwen3_next/run_mcore_qwen3.sh",  # a hybrid Gated-DeltaNet/attention model
          f"dsw A3B 1 8 1e-5 1e-6 1024 1024 bf16 1 1 1 1 8 true true false false none false 100000 {_DATA} 1 1 /o",
          {}, 8, dict(dp=8, tp=1, pp=1, ep=8, mbs=1, gbs=8, seq_len=1024, model="named")),
@@ -334,6 +342,182 @@ def _sidecars(repo: Path, name: str, text: str) -> list[str]:
     return [str(Path(name).parent / "train" / f"{found[-1]}.yaml")] if found else []
 
 
+#: ModelZoo's model names -> Partita presets (the YAMLs leave the vocabulary to the tokenizer).
+ZOO_PRESETS = {"DeepSeek-V3": "deepseek-v3", "Qwen3-235B-A22B": "qwen3-235b-a22b", "Qwen3-30B-A3B": "qwen3-30b-a3b",
+               "Mixtral-8x22B": "mixtral-8x22b", "Mixtral-8x7B": "mixtral-8x7b"}
+#: a comment naming the GPU a ModelZoo line is for -> Partita's device file
+ZOO_GPUS = (("GB300", None), ("GB200", "gb200"), ("B200", "b200"), ("H100", "h100-sxm"))
+
+
+def zoo_command(repo: Path, env: dict[str, str], extra: list[str]) -> tuple[str, int] | None:
+    """(the ``torchrun ... pretrain_gpt.py`` line ``sbatch_benchmarking.sh`` runs, devices) for one launch:
+    the model's row of ``runtime_configs/benchmarking/runtime.conf`` under the line's variables, the YAML's
+    MODEL_ARGS with ``${VAR}`` substituted (true: the bare flag, false: dropped), the appended arguments, then
+    the flags the script adds (VPP, uneven PP, optimizer offload, dispatcher, precision, A2A overlap) - read
+    off sbatch_benchmarking.sh and runtime.conf by hand. None for a model without a YAML."""
+    import shlex
+    import yaml
+    rows = {}
+    for line in (_text_of(repo, "runtime_configs/benchmarking/runtime.conf") or "").splitlines():
+        m = re.match(r'\s*\[([\w.-]+)\]="\s*(.*?)"', line)
+        if m:
+            rows[m.group(1)] = m.group(2).split()
+    keys = ("TP PP EP CP VPP MBS GBS NUM_LAYERS MOE_TOKEN_DISPATCHER MOE_GROUPED_GEMM NNODES RUN_TIME PRETRAIN "
+            "SEQ_LEN DATASET PP_FIRST PP_LAST").split()
+    text = _text_of(repo, f"model_configs/benchmarking/{env.get('MODEL')}.yaml")
+    if text is None or env.get("MODEL") not in rows:
+        return None
+    e = dict(zip(keys, rows[env["MODEL"]]))
+    e.update(env)
+    layers, pp, vpp = int(e["NUM_LAYERS"]), int(e["PP"]), int(e["VPP"])
+    e["LAYERS_PER_VP"] = str(layers // pp // vpp) if vpp > 1 else "false"
+    args = []
+    for k, v in yaml.safe_load(text)["MODEL_ARGS"].items():
+        v = re.sub(r"\$\{(\w+)\}", lambda m: e.get(m.group(1), ""), str(v).lower() if isinstance(v, bool) else str(v))
+        if v != "false":
+            args += [k] if v == "true" else [k, v]
+    args += extra
+    if vpp > 1 and not {"--pipeline-model-parallel-layout", "--num-virtual-stages-per-pipeline-rank",
+                        "--num-layers-per-virtual-pipeline-stage"} & set(args):
+        args += ["--num-virtual-stages-per-pipeline-rank", str(vpp)]
+    if layers % pp and "--pipeline-model-parallel-layout" not in args:
+        args += ["--decoder-first-pipeline-num-layers", e["PP_FIRST"],
+                 "--decoder-last-pipeline-num-layers", e["PP_LAST"]]
+    offload = e.get("OPTIMIZER_OFFLOAD", "0") == "1"
+    args += ["--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d"] if offload else []
+    args += {"alltoall": ["--moe-token-dispatcher-type", "alltoall"],
+             "deepep": ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]}.get(
+        e.get("DISPATCHER", "deepep"), [])
+    precision = e.get("PR", "bf16")
+    if precision in ("fp8", "mxfp8"):
+        args += ["--fp8-recipe", "blockwise" if precision == "fp8" else "mxfp8", "--fp8-format", "e4m3"]
+        args += [] if offload else ["--fp8-param-gather"]
+        args += ["--use-precision-aware-optimizer", "--main-grads-dtype", "fp32", "--main-params-dtype", "fp32",
+                 "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    elif precision == "bf16":
+        args += ["--tp-comm-overlap"]
+    if e.get("A2A_OVERLAP") == "1":
+        args += ["--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm"]
+    nodes, per_node = int(e["NNODES"]), 4 if e.get("GB200_CLUSTER") == "1" else 8  # sbatch: N_TASKS_PER_NODE
+    return (f"torchrun --nproc-per-node {per_node} --nnodes {nodes} pretrain_gpt.py " + shlex.join(args) + "\n",
+            per_node * nodes)
+
+
+def zoo_launches(repo: Path) -> list[tuple[str, str | None, dict[str, str], list[str]]]:
+    """(file:line, device, variables, appended arguments) of every ``sbatch_benchmarking.sh`` launch in
+    ``best_practice/``: the file's exports, then the line's own assignments; the device from the nearest
+    comment above naming a GPU, else the file name (None: a GPU Partita has no file for)."""
+    import shlex
+    names = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "best_practice"],
+                           capture_output=True, text=True).stdout.split() if not (repo / "best_practice").is_dir() \
+        else [str(p.relative_to(repo)) for p in (repo / "best_practice").rglob("*.sh")]
+    out = []
+    for name in sorted(n for n in names if n.endswith(".sh")):
+        text = (_text_of(repo, name) or "").replace("\\\n", " ")
+        env: dict[str, str] = {}
+        gpu = next((dev for key, dev in ZOO_GPUS if key.lower() in name.lower()), "h100-sxm")
+        for n, line in enumerate(text.splitlines(), 1):
+            words = line.strip()
+            if words.startswith("#"):
+                gpu = next((dev for key, dev in ZOO_GPUS if key in words), gpu)
+                continue
+            if words.startswith("export ") and "=" in words:
+                k, _, v = words[7:].partition("=")
+                v = v.split("#")[0].strip().strip('"')
+                env[k.strip()] = re.sub(r"\$\{\w+:-\"?([^}\"]*)\"?\}", r"\1", v)
+                continue
+            if "sbatch_benchmarking.sh" not in words:
+                continue
+            toks = shlex.split(words, comments=True)
+            at = next(i for i, t in enumerate(toks) if t.endswith("sbatch_benchmarking.sh"))
+            local = dict(t.split("=", 1) for t in toks[:at] if "=" in t)
+            local = {**env, **local}
+            if gpu == "gb200":  # a GB200 tray's 4 GPUs per node (sbatch_benchmarking.sh GB200_CLUSTER)
+                local.setdefault("GB200_CLUSTER", "1")
+            out.append((f"{name}:{n}", gpu, local, toks[at + 1:]))
+    return out
+
+
+def zoo(repo: Path) -> dict[str, int]:
+    """``estimate`` on every ModelZoo launch (:func:`zoo_launches`): counts and one line per launch."""
+    import tempfile
+    from partita.errors import PartitaError
+    from partita.estimate import estimate
+    from partita.imports import load_config
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    counts: dict[str, int] = {}
+    for where, gpu, env, extra in zoo_launches(repo):
+        built = zoo_command(repo, env, extra)
+        preset = ZOO_PRESETS.get(env.get("MODEL", ""))
+        if gpu is None or built is None or preset is None:
+            verdict, line = "skipped (no device file / model YAML / preset)", ""
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                path = Path(scratch) / "launch.sh"
+                path.write_text(built[0])
+                try:
+                    read = load_config(str(path), model=load_model(preset))
+                    per_node = 4 if env.get("GB200_CLUSTER") == "1" else 8
+                    est = estimate(read.model, make_cluster(gpu, read.plan.world_size, per_node), read.plan)
+                except PartitaError as e:
+                    verdict, line = "refused", str(e).replace(str(path), "")[:140]
+                else:
+                    verdict = "fits" if est.fits else ("does not fit, names a feature" if read.not_modelled
+                                                       else "does not fit, names none")
+                    line = (f"{read.plan.summary()} on {gpu}: {est.peak_memory_gib:.1f} GiB, P(fit) {est.p_fit:.2f}"
+                            + (f"; names {', '.join(n.split(':')[0] for n in read.not_modelled)}"
+                               if not est.fits else ""))
+        counts[verdict] = counts.get(verdict, 0) + 1
+        print(f"  {verdict}: {where} {env.get('MODEL', '')} {line}")
+    print(f"{repo}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return counts
+
+
+def swift_peaks(repo: Path) -> list[tuple[str, float, float, float]]:
+    """(file, measured GiB, predicted GiB, P(fit)) of each ``examples/megatron`` script of ms-swift whose first
+    line is a measured peak (``# 8 * 65GiB``), estimated on an 80 GB H100 (a peak above 80 GiB: H20, 96 GB) with
+    the preset its ``--model`` names; scripts whose model has no preset are counted, not estimated."""
+    import json
+    import tempfile
+    from partita.errors import PartitaError
+    from partita.estimate import estimate
+    from partita.imports import load_config
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    presets = json.loads((Path(__file__).resolve().parents[1] / "src/partita/catalog/models/presets.json").read_text())
+    names = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "examples/megatron"],
+                           capture_output=True, text=True).stdout.split()
+    out, no_model = [], 0
+    for name in sorted(n for n in names if n.endswith(".sh")):
+        text = _text_of(repo, name) or ""
+        m = re.match(r"# *(\d+) *\* *([\d.]+) *GiB", text)
+        if not m:
+            continue
+        measured = float(m.group(2))
+        hub = re.search(r"--model\s+(\S+)", text)
+        key = hub.group(1).split("/")[-1].lower().replace("-instruct", "") if hub else ""
+        if key not in presets:
+            no_model += 1
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / Path(name).name
+            path.write_text(text)
+            try:
+                read = load_config(str(path), model=load_model(key))
+                est = estimate(read.model, make_cluster("h20" if measured > 80 else "h100-sxm", read.plan.world_size),
+                               read.plan)
+            except PartitaError as e:
+                print(f"  refused: {name}: {e}")
+                continue
+        out.append((name, measured, est.peak_memory_gib, est.p_fit))
+        print(f"  {name}: measured {measured:.0f} GiB, predicted {est.peak_memory_gib:.1f} GiB "
+              f"({est.peak_memory_gib / measured - 1:+.0%}), P(fit) {est.p_fit:.2f}; "
+              f"names {', '.join(n.split(':')[0] for n in read.not_modelled) or 'nothing'}")
+    print(f"{repo}: {len(out)} scripts with a measured peak estimated, {no_model} name a model without a preset")
+    return out
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--held-out"]:
         held_out({Path(p).name.split("+")[-1] if "+" in Path(p).name else Path(p).name: Path(p) for p in argv[1:]}
@@ -343,6 +527,14 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--estimate"]:
         for repo in map(Path, argv[1:]):
             estimate_all(repo)
+        return 0
+    if argv[:1] == ["--zoo"]:
+        for repo in map(Path, argv[1:]):
+            zoo(repo)
+        return 0
+    if argv[:1] == ["--swift-peaks"]:
+        for repo in map(Path, argv[1:]):
+            swift_peaks(repo)
         return 0
     if argv[:1] == ["--compare"]:
         for repo in map(Path, argv[1:]):

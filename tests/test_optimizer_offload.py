@@ -99,3 +99,15 @@ def test_megatron_swift_offload_and_padding_free(tmp_path, batching, padding_fre
     assert ("--padding_free" in names) is padding_free
     assert names.count("--optimizer_cpu_offload") == 1  # the host step's time, named once
     assert "--use_precision_aware_optimizer" in names
+
+
+def test_a_fraction_megatron_cannot_parse_is_refused_in_one_line(tmp_path):
+    # Pai-Megatron-Patch@a098ca5 examples/moonlight/run_mcore_moonlight.sh with its README's arguments
+    # passes "--optimizer-offload-fraction none"; Megatron's argparse (type=float) refuses it too
+    from partita.imports import load_config
+    path = tmp_path / "run.sh"
+    path.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 8 " + LLAMA70 +
+                    "--use-distributed-optimizer --optimizer-cpu-offload --optimizer-offload-fraction none\n")
+    with pytest.raises(PartitaError) as e:
+        load_config(str(path))
+    assert "--optimizer-offload-fraction" in str(e.value) and "\n" not in str(e.value)
