@@ -193,3 +193,68 @@ def test_dualpipev_flags_it_cannot_run_end_in_one_line_naming_the_constraint(cap
     assert main([flags[0], *argv, *flags[1:]]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1 and "KV heads" not in err and err.count("needs") <= 1
+
+
+# ------------------------------------------------- one placement, read by the runtime, the cost model and the search
+def test_runtime_eval_order_is_the_plans_placement() -> None:
+    """The pipeline's forward-only eval order (runtime/pipeline.py) is built from the plan's
+    placement, not a V of its own: each rank runs, for every micro-batch, exactly the chunks
+    torch's own V mapping gives it, in layer order; given another placement it follows that."""
+    from partita.runtime.pipeline import forward_only_order
+    for p, m in ((2, 4), (3, 7), (4, 8)):
+        mapping = generate_stage_to_rank_mapping(p, 2 * p, style="v")  # torch's, the oracle
+        order = forward_only_order(chunk_ranks(p, 2, "dualpipev"), m)
+        assert sorted(order) == list(range(p))
+        for r, actions in order.items():
+            mine = sorted(j for j in range(2 * p) if mapping[j] == r)
+            assert [(a.stage_index, a.microbatch_index) for a in actions] == [(j, i) for j in mine for i in range(m)]
+            assert all(a.computation_type == FORWARD for a in actions)
+    assert [a.stage_index for a in forward_only_order((0, 1, 0, 1), 1)[0]] == [0, 2]  # Megatron's j mod pp
+
+
+def test_rank_layers_follow_the_placement_given() -> None:
+    """placement.all_rank_layers takes the chunk placement, not a V flag: 8 layers in 4
+    chunks of 2 (hand-counted), interleaved and in a V."""
+    from partita.cost.placement import all_rank_layers
+    assert all_rank_layers(8, 2, (2, 2, 2, 2), (0, 1, 0, 1)) == ((0, 1, 4, 5), (2, 3, 6, 7))
+    assert all_rank_layers(8, 2, (2, 2, 2, 2), (0, 1, 1, 0)) == ((0, 1, 6, 7), (2, 3, 4, 5))
+    with pytest.raises(ValueError, match="does not place"):
+        all_rank_layers(8, 2, (2, 2, 2, 2), (0, 1))
+
+
+def test_a_schedule_is_priced_as_it_places_its_chunks(monkeypatch) -> None:
+    """A schedule whose placement differs (here zero-bubble made to place its chunks in a
+    reversed V: chunk 0 and the last on rank 3) is priced so: the embedding and the output
+    layer on the rank that holds the first and last chunk. With the old ``v_shape`` flag
+    anything but dualpipev was priced as Megatron's j mod pp, ends on ranks 0 and pp-1."""
+    from partita.cost import placement
+    reversed_v = (3, 2, 1, 0, 0, 1, 2, 3)
+    monkeypatch.setattr(placement, "chunk_ranks", lambda pp, vpp, schedule: reversed_v)
+    placement._placement.cache_clear()
+    try:
+        model = load_model("mixtral-8x7b")
+        shapes = rank_shapes(model, Plan(dp=2, pp=4, vpp=2, ep=2, gbs=16, schedule="zero-bubble"))
+        assert shapes[3].first and shapes[3].last and not any(s.first or s.last for s in shapes[:3])
+        assert [s.n_layers for s in shapes] == [8, 8, 8, 8]
+    finally:
+        placement._placement.cache_clear()
+
+
+def test_dualpipev_limits_come_from_the_framework_table() -> None:
+    """MindSpeed runs no DualPipeV with cp > 1 (docs/features/dualpipev.md) or etp > 1
+    (--moe-fb-overlap needs expert tp 1): the capability table says so, as for every other
+    limit, so another framework's entry can carry the same limits by its fields alone."""
+    import dataclasses
+
+    from partita.search.capabilities import CAPABILITIES, layout_problem
+    model, mindspeed = load_model("mixtral-8x7b"), CAPABILITIES["mindspeed"]
+    base = Plan(dp=4, tp=2, pp=2, vpp=2, ep=4, gbs=64, seq_len=4096, schedule="dualpipev")
+    assert layout_problem(mindspeed, base, model) is None
+    cp = base.with_(cp=2, dp=2, ep=2)
+    etp = base.with_(etp=2)
+    assert "DualPipeV with context parallelism" in layout_problem(mindspeed, cp, model)
+    assert "DualPipeV with expert tensor parallelism" in layout_problem(mindspeed, etp, model)
+    other = dataclasses.replace(CAPABILITIES["torchtitan"], name="other", dualpipev_cp=False, dualpipev_etp=False)
+    assert "other cannot run DualPipeV with context parallelism" in layout_problem(other, cp, model)
+    lifted = dataclasses.replace(mindspeed, dualpipev_cp=True, dualpipev_etp=True)
+    assert layout_problem(lifted, cp, model) is None and layout_problem(lifted, etp, model) is None

@@ -60,14 +60,21 @@ def unmodelled(argv: list[str]) -> list[str]:
         found[name] = f"{name}{' ' + value if value else ''}: {NOT_MODELLED[name]}"
     if "--moe-fb-overlap" in found and _dualpipev(argv):
         del found["--moe-fb-overlap"]  # DualPipeV's overlapped pairs are the schedule Partita prices
-    elif _dualpipev(argv) and "--num-experts" in argv:
+    elif _dualpipev(argv) and _given(argv, "--num-experts"):
         found["--schedules-method"] = ("--schedules-method dualpipev without --moe-fb-overlap: Partita's dualpipev "
                                        "hides the MoE all-to-all in the overlapped forward/backward pairs, which "
                                        "MindSpeed does only with --moe-fb-overlap (the estimate is optimistic)")
     return list(found.values())
 
 
+def _given(argv: list[str], flag: str) -> bool:
+    """Whether ``argv`` sets ``flag``, as ``--flag value`` or ``--flag=value`` (argparse
+    takes both; Megatron's parser has ``allow_abbrev=False``, so no shorter prefix counts)."""
+    return any(tok == flag or tok.startswith(flag + "=") for tok in argv)
+
+
 def _dualpipev(argv: list[str]) -> bool:
-    """Whether ``argv`` asks for MindSpeed's DualPipeV schedule."""
+    """Whether ``argv`` asks for MindSpeed's DualPipeV schedule (``--schedules-method
+    dualpipev`` or ``--schedules-method=dualpipev``)."""
     return any(tok == "--schedules-method=dualpipev"
                or (tok == "--schedules-method" and argv[i + 1:i + 2] == ["dualpipev"]) for i, tok in enumerate(argv))

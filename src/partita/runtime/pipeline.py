@@ -50,28 +50,41 @@ class ShardedAccumulationStage(PipelineStage):
         return grads, None
 
 
+def forward_only_order(owner: tuple[int, ...], m: int) -> dict[int, list[_Action]]:
+    """Each pipeline rank's forward-only order for ``m`` micro-batches, chunk ``j`` on rank
+    ``owner[j]`` (the plan's placement, :func:`partita.plan.chunk_ranks`): every micro-batch
+    through the rank's chunks in layer order. Under DualPipeV's V that is the first chunk
+    (the descending leg), then the second (the ascending leg); no cycle: a chunk waits only
+    on chunks of lower index, which every rank runs before its later ones."""
+    return {r: [_Action(j, FORWARD, i) for j in range(len(owner)) if owner[j] == r for i in range(m)]
+            for r in range(max(owner) + 1)}
+
+
 class DualPipeVSchedule(ScheduleDualPipeV):
     """torch's ScheduleDualPipeV with a forward-only order for ``eval``: torch 2.13 runs eval
     through the training order (its backward actions fail with "can't steal_bwd_input if this
-    stage doesn't have backward"), so eval lowers, for the time of the call, an order of
-    forwards only - every micro-batch through the rank's first chunk, then through its second
-    (the V's descending then ascending leg; no cycle: a second-leg chunk waits only on chunks
-    that finished their first leg) - lowered by torch's own ``_add_unshard_reshard`` and
+    stage doesn't have backward"), so eval lowers, for the time of the call, the order of
+    :func:`forward_only_order` on the plan's placement (``placement``: the rank of each
+    chunk, :func:`partita.plan.chunk_ranks` - the one definition the stages are built from,
+    checked against torch's own V mapping here) by torch's own ``_add_unshard_reshard`` and
     ``_add_send_recv`` (``_prepare_schedule_with_comms`` would first validate it as a training
     order, which demands every backward)."""
 
+    def __init__(self, stages: list[PipelineStage], n_microbatches: int, *, placement: tuple[int, ...], **kwargs):
+        super().__init__(stages, n_microbatches, **kwargs)
+        self.placement = tuple(placement)
+        torch_v = [self.stage_index_to_group_rank[j] for j in sorted(self.stage_index_to_group_rank)]
+        if list(self.placement) != torch_v:  # the stages were built for the plan's placement
+            raise PartitaError(f"the plan places the DualPipeV chunks on ranks {list(self.placement)}, torch's "
+                               f"ScheduleDualPipeV on {torch_v}")
+
     def eval(self, *args, **kwargs):
         train = self.pipeline_order_with_comms
-        m = self._n_microbatches
-        ranks = self.pp_group_size
-        forward: dict[int, list] = {}
-        for r in range(ranks):
-            first, second = r, 2 * ranks - 1 - r
-            forward[r] = [_Action(s, FORWARD, i) for s in (first, second) for i in range(m)]
+        forward = forward_only_order(self.placement, self._n_microbatches)
         try:
             self.pipeline_order_with_comms = _add_send_recv(
                 {r: _add_unshard_reshard(ops) for r, ops in forward.items()},
-                stage_to_rank=lambda s: self.stage_index_to_group_rank[s], num_stages=self._num_stages)
+                stage_to_rank=lambda s: self.placement[s], num_stages=self._num_stages)
             return super().eval(*args, **kwargs)
         finally:
             self.pipeline_order_with_comms = train
@@ -127,6 +140,7 @@ def build_schedule(stages: list[tuple[int, nn.Module]], plan: Plan, device: torc
         return ScheduleInterleaved1F1B(pipe_stages, m, loss_fn=loss_fn)
     if plan.schedule == "zero-bubble":
         return ScheduleInterleavedZeroBubble(pipe_stages, m, loss_fn=loss_fn)
-    if plan.schedule == "dualpipev":  # stages r and 2pp-1-r on this rank (stage_modules)
-        return DualPipeVSchedule(pipe_stages, m, loss_fn=loss_fn)
+    if plan.schedule == "dualpipev":  # this rank's chunks of the plan's V (stage_modules)
+        return DualPipeVSchedule(pipe_stages, m, loss_fn=loss_fn,
+                                 placement=chunk_ranks(plan.pp, plan.vpp, plan.schedule))
     raise PartitaError(f"unknown pipeline schedule {plan.schedule}")

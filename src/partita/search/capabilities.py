@@ -24,6 +24,8 @@ field                       what the search leaves out when it is off / what it 
                             pp 1, ep 1, no fp16, untied embeddings
 ``vpp``                     an interleaved pipeline (vpp > 1)
 ``dualpipev``               the DualPipeV schedule (``schedule="dualpipev"``, cost/pipeline.py)
+``dualpipev_cp`` /          DualPipeV with context parallelism / with expert tensor parallelism
+``dualpipev_etp``           (etp > 1 with ep > 1)
 ``split``                   which layer splits the pipeline can be given: ``any`` (Megatron's
                             layout), ``even`` (no boundary list), ``ends`` (uniform middle,
                             lighter first/last stages: torchtitan), ``noop`` (MindSpeed-LLM:
@@ -60,6 +62,8 @@ class Capabilities:
     fsdp2_zero3: bool = False
     vpp: bool = True
     dualpipev: bool = True
+    dualpipev_cp: bool = True
+    dualpipev_etp: bool = True
     split: str = "any"
     cp: bool = True
     ep: bool = True
@@ -89,7 +93,8 @@ _MEGATRON = Capabilities("megatron", sharded_with_pp=False, dualpipev=False, sou
 ))
 
 _MINDSPEED = Capabilities("mindspeed", zero=frozenset({0, 1, 3}), sharded_with_pp=False, fsdp2_zero3=True,
-                          split="noop", dtypes=frozenset({"bf16", "fp16", "fp32"}), first_dense_stage=True, sources=(
+                          dualpipev_cp=False, dualpipev_etp=False, split="noop",
+                          dtypes=frozenset({"bf16", "fp16", "fp32"}), first_dense_stage=True, sources=(
     ("zero", "MindSpeed-LLM (github Ascend/MindSpeed-LLM c77308a, on Megatron core_v0.12.1): the distributed optimizer "
      "(ZeRO-1; --use-distributed-optimizer in all 101 examples/mcore scripts that shard) or torch FSDP2 "
      "(--use-torch-fsdp2, ZeRO-3: parameters sharded too); no ZeRO-2"),
@@ -103,6 +108,10 @@ _MINDSPEED = Capabilities("mindspeed", zero=frozenset({0, 1, 3}), sharded_with_p
     ("first_dense_stage", "transformer_block.py validate_args: 'When using first-k-dense-replace, it is not allowed for "
      "all layers within a pp stage to be dense layers' (first_k_dense_replace >= num_layers // pp is refused)"),
     ("dtypes", "Ascend 910B/910C have no fp8 matrix units"),
+    ("dualpipev_cp", "Ascend/MindSpeed docs/features/dualpipev.md: DualPipeV is not supported with context "
+     "parallelism"),
+    ("dualpipev_etp", "Ascend/MindSpeed docs/features/megatron_moe/megatron-moe-fb-overlap.md: --moe-fb-overlap "
+     "(the overlapped pairs DualPipeV runs) needs expert tensor parallel 1"),
 ))
 
 _DEEPSPEED = Capabilities("deepspeed", sharded_with_pp=False, vpp=False, dualpipev=False, split="even", cp=False,
@@ -191,6 +200,10 @@ def layout_problem(caps: Capabilities, plan: Plan, model: ModelSpec) -> str | No
     """Why ``caps`` cannot run the layout of ``plan`` (degrees, split, dtype), or None."""
     name = caps.name
     for bad, why in ((plan.schedule == "dualpipev" and not caps.dualpipev, "the DualPipeV schedule"),
+                     (plan.schedule == "dualpipev" and plan.cp > 1 and not caps.dualpipev_cp,
+                      "DualPipeV with context parallelism (cp > 1)"),
+                     (plan.schedule == "dualpipev" and plan.etp > 1 and plan.ep > 1 and not caps.dualpipev_etp,
+                      "DualPipeV with expert tensor parallelism (etp > 1)"),
                      (plan.vpp > 1 and not caps.vpp, "an interleaved pipeline (vpp > 1)"),
                      (plan.cp > 1 and not caps.cp, "context parallelism (cp > 1)"),
                      (plan.ep > 1 and not caps.ep, "expert parallelism (ep > 1)"),
@@ -200,10 +213,6 @@ def layout_problem(caps: Capabilities, plan: Plan, model: ModelSpec) -> str | No
                      (plan.recompute_layers > 0 and not caps.recompute_layers, "a per-stage recompute layer count")):
         if bad:
             return f"{name} cannot run {why}"
-    if plan.schedule == "dualpipev" and caps.name == "mindspeed" and (plan.cp > 1 or plan.etp > 1 and plan.ep > 1):
-        # Ascend/MindSpeed docs/features/dualpipev.md (not with context parallelism) and
-        # megatron_moe/megatron-moe-fb-overlap.md (--moe-fb-overlap: expert tp 1)
-        return f"{name} cannot run DualPipeV with context parallelism or with expert tensor parallelism"
     problem = _split_problem(caps, plan, model)
     if problem is None and caps.first_dense_stage:
         problem = _first_dense_problem(plan, model)

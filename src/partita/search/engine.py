@@ -58,7 +58,7 @@ from .partial_recompute import PartialPlans, partial_lower_bound
 from .result import Attempt, SearchResult
 from .why_not import alternatives as why_not_alternatives
 from .why_not import partial_neighbours
-from .space import SearchSpace
+from .space import SearchSpace, fixed_vpp_problem
 
 
 def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, int]], bool],
@@ -534,6 +534,9 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     ``risk=False``: the limit alone decides and plans rank by step time (the brute-force
     oracle's reading, tests/brute_force_search.py)."""
     space = space or SearchSpace()
+    problem = fixed_vpp_problem(space, model.name, model.layers)  # said first: never enumerated (space.py)
+    if problem:
+        raise PartitaError(problem)
     t0 = time.perf_counter()
     dev = cluster.device
     if not dev.supports(space.dtype):

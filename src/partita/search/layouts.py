@@ -61,7 +61,7 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
             # deepest pipeline first: memory per rank only grows as pp shrinks (see search_plans)
             pps = [space.pp] if space.pp else sorted((p for p in divisors(rest) if p <= model.layers), reverse=True)
             for pp in pps:
-                if rest % pp:
+                if rest % pp or (space.vpp and space.vpp > 1 and pp == 1):  # a fixed vpp > 1 needs a pipeline
                     continue
                 dp = rest // pp
                 if space.dp and dp != space.dp:

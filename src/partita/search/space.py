@@ -101,6 +101,37 @@ class SearchSpace:
     partial_recompute: bool = True
 
 
+def fixed_vpp_problem(space: SearchSpace, model_name: str, layers: int) -> str | None:
+    """Why the user's fixed ``vpp`` admits no layout, in one line, or None. Every one of the
+    ``pp * vpp`` model chunks holds at least one layer, the embedding and the loss counting as
+    one each at the ends (Megatron's ``--account-for-embedding/loss-in-pipeline-split``), so
+    ``pp * vpp <= layers + 2`` - the rule :func:`.layouts.structures` enumerates by. A value
+    that breaks it for every pipeline the user allows is never enumerated, and the search
+    alone would explain its empty result with an unrelated candidate's reason (a tp that
+    does not divide the KV heads), so it is said first, with the vpp values whose chunks
+    split the layers evenly (``layers`` or ``layers + 2`` a multiple of ``pp * vpp``, the
+    values :func:`.layouts.virtual_stages` searches)."""
+    vpp, pp = space.vpp, space.pp
+    if not vpp or vpp == 1:
+        return None
+    if pp == 1:
+        return f"vpp {vpp} needs pp > 1 (virtual stages interleave a pipeline)"
+    least = pp or 2  # the shallowest pipeline a free pp can take
+    if least * vpp <= layers + 2:
+        return None
+    most = (layers + 2) // least
+    chunks = f"{least * vpp} model chunks" if pp else f"at least {least * vpp} model chunks (pp >= 2)"
+    head = (f"vpp {vpp} makes {chunks} of {model_name}'s {layers} layers: every chunk needs a layer (pp*vpp at most "
+            f"{layers + 2}, the embedding and the loss counted as a layer each)")
+    if most < 2:
+        return f"{head}; pp {least} leaves no room for interleaving: use vpp 1 or a smaller pp"
+    even = [v for v in range(2, most + 1) if layers % (least * v) == 0 or (layers + 2) % (least * v) == 0]
+    uneven = "vpp 2 splits" if most == 2 else f"vpp 2..{most} split"
+    fix = (f"the vpp values that split the layers evenly with pp {least}: {', '.join(map(str, even))}" if even else
+           f"no vpp > 1 splits them evenly with pp {least} ({uneven} them unevenly)")
+    return f"{head}, so vpp <= {most} with pp {least}{'' if pp else ' (the shallowest pipeline)'}; {fix}"
+
+
 @lru_cache(maxsize=65536)
 def best_split(layers: int, chunks: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
     """Exact contiguous split of ``layers`` unit-cost layers into ``chunks`` stages that
