@@ -23,8 +23,9 @@ def _step(rows):
 
 
 def test_leave_one_source_out_error():
-    """Measured (python bench/validate_published.py): 417 step times, median 7.0 %, p90 22.5 %,
-    MoE 4.9 % (7.6 % / 22.9 %, MoE 8.2 % before TE's grouped-GEMM fp8 quantize was priced -
+    """Measured (python bench/validate_published.py): 417 step times, median 6.9 %, p90 22.5 %,
+    MoE 4.9 % (7.0 % / 22.5 % before Blackwell's unfitted values were Hopper's fit scaled by the
+    MAMF ratio - tests/test_blackwell_prior.py; 7.6 % / 22.9 %, MoE 8.2 % before TE's grouped-GEMM fp8 quantize was priced -
     cost/frameworks.py fp8_grouped_quantize_bytes; 8.0 % / 24.9 %, MoE 7.8 % before interleaved pipelines synchronised each model
     chunk's gradients on their own - cost/step.py _exposed_by_chunk: the MoE vpp rows of Grok-1
     and Llama4-Maverick, already too fast, moved further; 8.4 % / 27.0 % before MindFormers' op-by-op cross-entropy and torchtitan's fp8
@@ -38,7 +39,7 @@ def test_leave_one_source_out_error():
     rows = oos.loso_predictions(FITS)
     step = oos.summary(_step(rows))
     assert step["rows"] == 417
-    assert step["median"] < 0.0715 and step["p90"] <= 0.25  # issue 33's target: p90 <= 25 %
+    assert step["median"] < 0.0695 and step["p90"] <= 0.25  # issue 33's target: p90 <= 25 %
     moe = oos.summary([r for r in _step(rows) if "moe" in r.classes])
     assert moe["rows"] == 63 and moe["median"] < 0.0515
     mem = oos.summary([r for r in rows if r.metric == "peak_memory_gib"])
