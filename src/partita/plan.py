@@ -93,6 +93,10 @@ fp8_param_gather
 reuse_fp32_param
            bf16 plans with zero 0-2: the fp32 master weight is the bf16 weight plus a
            16-bit residual (MindSpeed ``--reuse-fp32-param``); bytes: cost/states.py
+recompute_modules
+           with recompute selective under Megatron: the ``--recompute-modules`` it recomputes,
+           comma-separated (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
+           shared_experts); empty: Partita's op-level selective; bytes: cost/activations.py
 optimizer_offload
            the fraction of the optimizer states (fp32 master weight, Adam moments) held in
            host memory (Megatron ``--optimizer-cpu-offload --optimizer-offload-fraction``);
@@ -142,6 +146,8 @@ PLAN_FORMAT = "partita.plan/1"
 #: Upper bound of every degree and size of a plan: beyond any real run (2^24 devices,
 #: sequences or tokens), so that every estimate and export finishes in bounded time.
 MAX_PLAN_SIZE = 1 << 24
+#: Megatron-Core's ``--recompute-modules`` choices whose memory Partita models (transformer_config.py).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 #: Fields written to JSON only when set to something else than this default.
 _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "powersgd_rank": 4, "ddp_bucket_mb": 0,
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
@@ -149,7 +155,7 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
                                          "lora_targets": "all-linear", "fp8_param_gather": False,
                                          "reuse_fp32_param": False, "sample_len": 0,
-                                         "optimizer_offload": 0.0}
+                                         "optimizer_offload": 0.0, "recompute_modules": ""}
 
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
@@ -256,6 +262,10 @@ class Plan:
                                           "all-gather them in fp8 (Megatron --fp8-param-gather; needs zero >= 1)")
     reuse_fp32_param: bool = _flag(False, "keep the fp32 master weight as the bf16 weight plus a 16-bit residual "
                                           "(MindSpeed --reuse-fp32-param; bf16/fp8, zero 0-2)")
+    #: Megatron-Core's module-level selective recompute (--recompute-modules; cost/activations.py)
+    recompute_modules: str = _flag("", "with --recompute selective: Megatron's --recompute-modules, comma-separated "
+                                       "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts); "
+                                       "empty (default): Partita's op-level selective checkpointing")
     #: the fraction of the optimizer states kept in host memory (Megatron --optimizer-cpu-offload, whose
     #: HybridDeviceOptimizer steps that share on the CPU; --optimizer-offload-fraction, default 1.0)
     optimizer_offload: float = _flag(0.0, "fraction (0-1) of the optimizer states (fp32 master, Adam moments) kept "
@@ -695,6 +705,12 @@ def _validate_weight_storage(plan: Plan) -> list[str]:
     if plan.reuse_fp32_param and (plan.dtype not in ("bf16", "fp8") or plan.zero > 2):
         errs.append(f"reuse_fp32_param needs dtype bf16 (or fp8 over bf16) and zero 0-2 (MindSpeed refuses it with "
                     f"fp16 and ZeRO-3), got dtype {plan.dtype}, zero {plan.zero}")
+    if plan.recompute_modules:
+        unknown = sorted(set(plan.recompute_modules.split(",")) - set(RECOMPUTE_MODULES))
+        if unknown or plan.recompute != "selective":
+            errs.append(f"recompute_modules {plan.recompute_modules!r} needs recompute selective and modules among "
+                        f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core transformer_config.py); got recompute "
+                        f"{plan.recompute}" + (f", unknown {', '.join(unknown)}" if unknown else ""))
     if not 0.0 <= plan.optimizer_offload <= 1.0:  # Megatron's --optimizer-offload-fraction is a ratio
         errs.append(f"optimizer_offload is the fraction of the optimizer states in host memory, 0 to 1; "
                     f"got {plan.optimizer_offload}")

@@ -29,8 +29,57 @@ from .shape import LayerShape, layer_shape
 
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool, recompute: str | None = None) -> float:
     """Bytes one layer keeps for backward, per micro-batch, on one rank; ``recompute``
-    overrides the plan's mode (:func:`activation_bytes` for the plan's layer shape)."""
-    return activation_bytes(model, layer_shape(plan), recompute or plan.recompute, moe)
+    overrides the plan's mode (:func:`activation_bytes` for the plan's layer shape, or
+    :func:`module_recompute_bytes` for a selective plan that names Megatron's modules)."""
+    return _layer_bytes(model, plan, layer_shape(plan), recompute or plan.recompute, moe)
+
+
+def _layer_bytes(model: ModelSpec, plan: Plan, layer: LayerShape, mode: str, moe: bool) -> float:
+    """:func:`activation_bytes`, or with ``mode`` selective and ``plan.recompute_modules`` set,
+    :func:`module_recompute_bytes` of those modules."""
+    if mode == "selective" and plan.recompute_modules:
+        return module_recompute_bytes(model, layer, frozenset(plan.recompute_modules.split(",")), moe)
+    return activation_bytes(model, layer, mode, moe)
+
+
+@memoised
+def module_recompute_bytes(model: ModelSpec, shape: LayerShape, modules: frozenset, moe: bool) -> float:
+    """Bytes one layer keeps per micro-batch on one rank under Megatron-Core's module-level selective
+    recompute (``--recompute-granularity selective --recompute-modules ...``): the layer's
+    recompute-none bytes (:func:`activation_bytes`) less what each named module no longer stores.
+
+    Megatron-Core's modules (megatron/core/transformer/transformer_config.py, ``recompute_modules``):
+    "layernorm" recomputes input_layernorm and pre_mlp_layernorm (output-discarding checkpoints:
+    their two outputs, the QKV and MLP inputs, are not kept: ``2h``); "core_attn" the core attention
+    (with a fused kernel: its log-sum-exp; Q, K, V stay as the checkpoint's input, the output as
+    the out-projection's); "mla_up_proj" the MLA up projections and RoPE (Q, K, V not kept; their
+    low-rank inputs, which the model does not count either way, stay); "moe_act" the experts'
+    activation function (its output, ``top_k x f_e``, not kept); "mlp" the dense MLP and "moe" the
+    MoE layer (normal checkpoints: everything inside the block goes, its input - the norm output -
+    stays); "shared_experts" the shared experts. Default (no modules): ``core_attn``.
+    Known gaps: the recompute's time is Partita's selective's (cost/compute.py), and fp8 activations
+    stored by Transformer Engine in 1 byte are counted at the plan's activation width."""
+    tp, e = shape.tp, BYTES[shape.dtype]
+    h, out_div = model.hidden, (tp if shape.sp else 1)
+    kept = activation_bytes(model, shape, "none", moe) / shape.tokens  # per token
+    if "layernorm" in modules:
+        kept -= 2 * e * h / out_div
+    if "core_attn" in modules:
+        kept -= FP32_BYTES * model.heads / tp
+    if "mla_up_proj" in modules and model.mla:
+        kept -= e * (model.q_dim + 2 * model.kv_dim) / tp
+    if moe and model.moe:
+        mo, mats = model.moe, (3 if model.gated else 2)
+        routed = mo.top_k * (e * h * shape.etp + e * mats * mo.expert_ffn_hidden) / tp
+        shared = mo.shared_experts * e * mats * mo.shared_ffn_hidden / tp
+        if "moe" in modules:
+            kept -= routed + shared + FP32_BYTES * mo.num_experts / tp
+        else:
+            kept -= (mo.top_k * e * mo.expert_ffn_hidden / tp if "moe_act" in modules else 0.0) \
+                + (shared if "shared_experts" in modules else 0.0)
+    elif "mlp" in modules:
+        kept -= e * (3 if model.gated else 2) * model.ffn_hidden / tp
+    return shape.tokens * kept
 
 
 @memoised
@@ -123,8 +172,8 @@ def _activations_per_chunk(model: ModelSpec, plan: Plan, shape: RankShape, recom
         per_chunk = _partial_layers(model, plan, shape) / plan.vpp
     else:
         layer = layer_shape(plan) if layer is None else layer
-        per_chunk = (n_dense * activation_bytes(model, layer, mode, False)
-                     + (shape.n_moe * activation_bytes(model, layer, mode, True) if shape.n_moe else 0.0)
+        per_chunk = (n_dense * _layer_bytes(model, plan, layer, mode, False)
+                     + (shape.n_moe * _layer_bytes(model, plan, layer, mode, True) if shape.n_moe else 0.0)
                      ) / plan.vpp
     if plan.attention == "unfused":  # fused: unfused_attention_bytes is 0, adding 0.0 changes nothing
         per_chunk += _kept_attention_layers(plan, shape, mode) * unfused_attention_bytes(model, plan)

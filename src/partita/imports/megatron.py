@@ -46,6 +46,10 @@ from .megatron_model import ScriptModel, contradiction, model_from_megatron
 OFFLOAD_TIME_NOTE = ("--optimizer-cpu-offload: the optimizer step on the host and its device-host copies take time "
                      "the estimate does not count (the states' memory is modelled)")
 
+#: ``--recompute-modules`` Partita models: the memory (plan ``recompute_modules``, cost/activations.py), not the time.
+MODULES_TIME_NOTE = ("--recompute-modules {}: the recompute's time is estimated as Partita's selective "
+                     "(the modules' memory is modelled)")
+
 FSDP_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
 #: Size flags of a Megatron/MindSpeed command line: each a whole number from 1 (a 0 divides by zero).
@@ -77,6 +81,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "--optimizer-cpu-offload"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # arguments.py: default 1.0
+    p.add_argument("--recompute-modules", nargs="*", default=None)  # arguments.py: nargs="*"
     for flag in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
                  "--num-layer-list", "--noop-layers", "--schedules-method", "--attention-backend"):
         p.add_argument(flag, default=None)
@@ -163,6 +168,17 @@ def _recompute(ns: argparse.Namespace, largest_chunk: int) -> tuple[str, int]:
     return "full", 0 if every else ns.recompute_num_layers
 
 
+def _modules(ns: argparse.Namespace, recompute: str) -> str:
+    """``recompute_modules`` of the plan: Megatron's ``--recompute-modules`` with selective recompute
+    when Partita models every module named (:data:`partita.plan.RECOMPUTE_MODULES`), else "" (the
+    plan's op-level selective; the flag stays named)."""
+    from ..plan import RECOMPUTE_MODULES
+    mods = [m for word in (ns.recompute_modules or ()) for m in word.split(",") if m]
+    if recompute != "selective" or not mods or not set(mods) <= set(RECOMPUTE_MODULES):
+        return ""
+    return ",".join(dict.fromkeys(mods))
+
+
 def _zero(ns: argparse.Namespace) -> int:
     """ZeRO stage: Megatron-FSDP's sharding strategy, torch FSDP2 (3), the distributed optimizer (1)."""
     if ns.use_megatron_fsdp:
@@ -191,7 +207,8 @@ def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: 
                 tp_comm_overlap=ns.tp_comm_overlap or ns.use_ascend_mc2, overlap_grad_reduce=ns.overlap_grad_reduce,
                 overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused",
                 fp8_param_gather=ns.fp8_param_gather and bool(ns.fp8_format), reuse_fp32_param=ns.reuse_fp32_param,
-                optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0)
+                optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
+                recompute_modules=_modules(ns, recompute))
 
 
 @dataclass(frozen=True)
@@ -222,7 +239,9 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     fields, lora_note = _finetune(ns)
     plan = _plan(ns, world_size, num_layers, moe, framework).with_(**fields)
     skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
-    notes = tuple(OFFLOAD_TIME_NOTE if n.startswith("--optimizer-cpu-offload") else n
+    notes = tuple(OFFLOAD_TIME_NOTE if n.startswith("--optimizer-cpu-offload")
+                  else MODULES_TIME_NOTE.format(plan.recompute_modules.replace(",", " "))
+                  if n.startswith("--recompute-modules") and plan.recompute_modules else n
                   for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
     return MegatronRead(plan, script.spec, notes + ((lora_note,) if lora_note else ()), script.missing_vocab)
 
