@@ -9,6 +9,10 @@ bench/compression.py's byte check: each communication knob of issue 17 on tiny-l
    the PowerSGD state after loading (losses must not).
 
 usage: torchrun --nproc-per-node 2 tests/compression_worker.py OUT.json TMPDIR
+
+tests/test_compression_runtime.py runs the same cases one at a time through
+:func:`shared_case`, in the session's 2-rank equivalence processes (tests/conftest.py), so
+they pay no torchrun start-up of their own.
 """
 import json
 import os
@@ -135,6 +139,23 @@ def resume_case(tmp: Path) -> dict:
         out[name] = _train(pm, plan, range(5, 8))
         out[name + "_iter"] = int(pm.compression_state.state.iter)
     return out
+
+
+def shared_case(case: str) -> dict:
+    """One case of :func:`main` in a process group that is already up (the test suite's
+    shared equivalence processes, ``partita.runtime.equivalence --worker``): ``equivalence|PLAN``
+    (an EQUIVALENCE entry, 5 steps), ``bytes|KNOB`` (a BYTES key) or ``resume``. Files go
+    under ``$PARTITA_WORKER_DIR/compression_worker``."""
+    tmp = Path(os.environ["PARTITA_WORKER_DIR"]) / "compression_worker"
+    tmp.mkdir(parents=True, exist_ok=True)
+    kind, _, name = case.partition("|")
+    if kind == "equivalence":
+        return run_case(name, steps=5)
+    if kind == "bytes":
+        return measure_bytes(BYTES[name], tmp)
+    if kind == "resume":
+        return resume_case(tmp)
+    raise ValueError(f"unknown compression case {case!r}")
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """Issue 17, runtime side: each communication knob trains on 2 gloo ranks like single-process
 training (within the stated tolerance), sends the bytes recorded in
 tests/data/compression_oracle.json (which the planning tests compare with the cost model),
-and PowerSGD's state survives a checkpoint resume. One torchrun runs every case
-(tests/compression_worker.py); workers end with barrier + destroy_process_group."""
+and PowerSGD's state survives a checkpoint resume. Every case runs in the session's shared
+2-rank equivalence processes (tests/conftest.py ``equivalence``;
+tests/compression_worker.py's ``shared_case``), not in a torchrun of its own."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from compression_worker import BYTES, EQUIVALENCE  # noqa: E402  (tests/compression_worker.py, after torch)
 
 HERE = Path(__file__).parent
 ORACLE = json.loads((HERE / "data" / "compression_oracle.json").read_text())["bytes"]
@@ -25,16 +27,24 @@ ORACLE = json.loads((HERE / "data" / "compression_oracle.json").read_text())["by
 TOLERANCE = {"fp32": (1e-6, 1e-6), "bf16": (1e-3, 5e-3), "powersgd": (5e-3, 5e-2)}
 
 
+WORKER = str(HERE / "compression_worker.py")
+#: the worker's cases (tests/compression_worker.py EQUIVALENCE, BYTES, resume), as its shared_case names them
+EQUIVALENCE_CASES = [(2, 0, f"{kind}|{name}", WORKER) for kind, names in (("equivalence", EQUIVALENCE), ("bytes", BYTES))
+                     for name in names] + [(2, 0, "resume", WORKER)]
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("compression")
-    out = tmp / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={tmp / 'logs'}", str(HERE / "compression_worker.py"), str(out), str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(out.read_text())
+def results(equivalence) -> dict:
+    """{"equivalence": {plan: result}, "bytes": {knob: result}, "resume": result}: what the
+    worker's ``main`` writes, gathered from the session's shared processes."""
+    out: dict = {"equivalence": {}, "bytes": {}}
+    for spec in EQUIVALENCE_CASES:
+        kind, _, name = spec[2].partition("|")
+        if kind == "resume":
+            out["resume"] = equivalence["results"][spec]
+        else:
+            out[kind][name] = equivalence["results"][spec]
+    return out
 
 
 def _kind(case: str) -> str:
