@@ -98,7 +98,8 @@ def test_megatron_swift_offload_and_padding_free(tmp_path, batching, padding_fre
     names = [n.split(" ")[0].rstrip(":") for n in read.not_modelled]
     assert ("--padding_free" in names) is padding_free
     assert names.count("--optimizer_cpu_offload") == 1  # the host step's time, named once
-    assert "--use_precision_aware_optimizer" in names
+    assert "--use_precision_aware_optimizer" not in names  # Megatron's flag: moment_dtype, fp32 by default
+    assert read.plan.moment_dtype == "fp32"
 
 
 def test_a_fraction_megatron_cannot_parse_is_refused_in_one_line(tmp_path):
@@ -111,3 +112,20 @@ def test_a_fraction_megatron_cannot_parse_is_refused_in_one_line(tmp_path):
     with pytest.raises(PartitaError) as e:
         load_config(str(path))
     assert "--optimizer-offload-fraction" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype,moment_bytes", [("bf16", 2), ("fp8", 1)])
+def test_precision_aware_moments_hold_what_megatron_stores(dtype, moment_bytes):
+    # Megatron-LM@d98e8a6 arguments.py: --exp-avg-dtype / --exp-avg-sq-dtype (fp32, fp16, bf16, fp8) store
+    # Adam's moments "in memory during training" with --use-precision-aware-optimizer; the fp32 master
+    # stays (--main-params-dtype fp32): 6 + (4 + 2 x bytes) / d per parameter, against 6 + 12/d
+    params = load_model("llama3-8b").total_params()
+    r = read(LLAMA70 + f"--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype {dtype} "
+             f"--exp-avg-sq-dtype {dtype}", 8)
+    assert r.plan.moment_dtype == dtype and r.not_modelled == ()
+    states = _states("llama3-8b", 8, zero=1, moment_dtype=dtype)
+    assert sum(states.values()) == pytest.approx(params * (6 + (4 + 2 * moment_bytes) / 8))
+    mixed = read(LLAMA70 + "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16", 8)
+    assert mixed.plan.moment_dtype == "fp32" and mixed.not_modelled[0].startswith("--exp-avg-dtype bf16")
+    assert read(LLAMA70 + "--use-distributed-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
+                8).plan.moment_dtype == "fp32"  # without the precision-aware optimizer the dtypes are unused

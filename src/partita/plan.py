@@ -93,6 +93,10 @@ fp8_param_gather
 reuse_fp32_param
            bf16 plans with zero 0-2: the fp32 master weight is the bf16 weight plus a
            16-bit residual (MindSpeed ``--reuse-fp32-param``); bytes: cost/states.py
+moment_dtype
+           the storage dtype of Adam's two moments (Megatron ``--use-precision-aware-optimizer
+           --exp-avg-dtype X --exp-avg-sq-dtype X``): fp32 (default), bf16, fp16, fp8;
+           bytes: cost/states.py
 recompute_modules
            with recompute selective under Megatron: the ``--recompute-modules`` it recomputes,
            comma-separated (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
@@ -155,7 +159,8 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
                                          "lora_targets": "all-linear", "fp8_param_gather": False,
                                          "reuse_fp32_param": False, "sample_len": 0,
-                                         "optimizer_offload": 0.0, "recompute_modules": ""}
+                                         "optimizer_offload": 0.0, "recompute_modules": "",
+                                         "moment_dtype": "fp32"}
 
 
 #: The commands whose flags are generated from a field (:func:`_flag`): ``estimate`` takes
@@ -262,6 +267,10 @@ class Plan:
                                           "all-gather them in fp8 (Megatron --fp8-param-gather; needs zero >= 1)")
     reuse_fp32_param: bool = _flag(False, "keep the fp32 master weight as the bf16 weight plus a 16-bit residual "
                                           "(MindSpeed --reuse-fp32-param; bf16/fp8, zero 0-2)")
+    #: Adam's moments stored in a narrower dtype (Megatron --use-precision-aware-optimizer; cost/states.py)
+    moment_dtype: str = _flag("fp32", "storage dtype of Adam's exp_avg and exp_avg_sq (Megatron "
+                                      "--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype; zero 1-2)",
+                              choices=("fp32", "bf16", "fp16", "fp8"))
     #: Megatron-Core's module-level selective recompute (--recompute-modules; cost/activations.py)
     recompute_modules: str = _flag("", "with --recompute selective: Megatron's --recompute-modules, comma-separated "
                                        "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts); "

@@ -81,7 +81,27 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
                                              full_gradients(plan), _autocast(plan), fp8_weight_cache(plan),
                                              plan.fp8_param_gather, plan.reuse_fp32_param,
                                              FRAMEWORKS[plan.framework].master_in_params)
+    optimizer -= moment_saving(plan.moment_dtype, plan.zero, params, shard)
     return {"weights": weights, "gradients": grads, "optimizer": optimizer * device_optimizer_share(plan)}
+
+
+#: bytes of one Adam moment per parameter in each ``plan.moment_dtype`` (fp8: Megatron's uint8 storage)
+MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def moment_saving(moment_dtype: str, zero: int, params: float, shard: int) -> float:
+    """Optimizer bytes that Adam's two moments stored in ``moment_dtype`` (the plan's) save against fp32:
+    ``2 x (4 - bytes) x params / shard`` (zero 1-2: the distributed optimizer's shard).
+
+    Megatron's ``--use-precision-aware-optimizer`` hands the distributed optimizer's states to
+    Transformer Engine's FusedAdam, which stores ``exp_avg`` / ``exp_avg_sq`` in ``--exp-avg-dtype`` /
+    ``--exp-avg-sq-dtype`` ("used for storing the optimizer state in memory during training but does
+    not affect the precision in the kernel computation", NVIDIA/Megatron-LM@d98e8a6
+    megatron/training/arguments.py; choices fp32, fp16, bf16, fp8); the fp32 master weight stays
+    (``--main-params-dtype`` fp32). Only below ZeRO-3 (Megatron's distributed optimizer)."""
+    if moment_dtype == "fp32" or zero >= 3 or zero < 1:
+        return 0.0
+    return 2 * (4 - MOMENT_BYTES[moment_dtype]) * params / shard
 
 
 def device_optimizer_share(plan: Plan) -> float:

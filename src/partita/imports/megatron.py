@@ -50,6 +50,10 @@ OFFLOAD_TIME_NOTE = ("--optimizer-cpu-offload: the optimizer step on the host an
 MODULES_TIME_NOTE = ("--recompute-modules {}: the recompute's time is estimated as Partita's selective "
                      "(the modules' memory is modelled)")
 
+#: Adam's two moments in different dtypes: the plan has one moment dtype.
+MOMENTS_NOTE = ("--exp-avg-dtype {} / --exp-avg-sq-dtype {}: moments in two dtypes, estimated in fp32 "
+                "(more optimizer memory than the run)")
+
 FSDP_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
 #: Size flags of a Megatron/MindSpeed command line: each a whole number from 1 (a 0 divides by zero).
@@ -82,6 +86,9 @@ def _megatron_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # arguments.py: default 1.0
     p.add_argument("--recompute-modules", nargs="*", default=None)  # arguments.py: nargs="*"
+    p.add_argument("--use-precision-aware-optimizer", action="store_true")
+    for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):  # arguments.py: fp32 by default
+        p.add_argument(flag, default="fp32", choices=("fp32", "fp16", "bf16", "fp8"))
     for flag in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
                  "--num-layer-list", "--noop-layers", "--schedules-method", "--attention-backend"):
         p.add_argument(flag, default=None)
@@ -179,6 +186,14 @@ def _modules(ns: argparse.Namespace, recompute: str) -> str:
     return ",".join(dict.fromkeys(mods))
 
 
+def _moment_dtype(ns: argparse.Namespace) -> str:
+    """``moment_dtype``: Adam's moments' storage dtype under ``--use-precision-aware-optimizer`` when
+    ``--exp-avg-dtype`` and ``--exp-avg-sq-dtype`` agree (else fp32, and :data:`MOMENTS_NOTE` says so)."""
+    if ns.use_precision_aware_optimizer and ns.exp_avg_dtype == ns.exp_avg_sq_dtype:
+        return ns.exp_avg_dtype
+    return "fp32"
+
+
 def _zero(ns: argparse.Namespace) -> int:
     """ZeRO stage: Megatron-FSDP's sharding strategy, torch FSDP2 (3), the distributed optimizer (1)."""
     if ns.use_megatron_fsdp:
@@ -208,7 +223,8 @@ def _plan(ns: argparse.Namespace, world_size: int, num_layers: int | None, moe: 
                 overlap_param_gather=ns.overlap_param_gather, attention="unfused" if unfused else "fused",
                 fp8_param_gather=ns.fp8_param_gather and bool(ns.fp8_format), reuse_fp32_param=ns.reuse_fp32_param,
                 optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
-                recompute_modules=_modules(ns, recompute))
+                recompute_modules=_modules(ns, recompute),
+                moment_dtype=_moment_dtype(ns))
 
 
 @dataclass(frozen=True)
@@ -243,6 +259,8 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
                   else MODULES_TIME_NOTE.format(plan.recompute_modules.replace(",", " "))
                   if n.startswith("--recompute-modules") and plan.recompute_modules else n
                   for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
+    if ns.use_precision_aware_optimizer and ns.exp_avg_dtype != ns.exp_avg_sq_dtype:
+        notes += (MOMENTS_NOTE.format(ns.exp_avg_dtype, ns.exp_avg_sq_dtype),)
     return MegatronRead(plan, script.spec, notes + ((lora_note,) if lora_note else ()), script.missing_vocab)
 
 

@@ -43,17 +43,18 @@ _SWIFT_DEFAULTS = (("--use-distributed-optimizer", True), ("--recompute-granular
                    ("--expert-tensor-parallel-size", "1"), ("--micro-batch-size", "1"),
                    ("--global-batch-size", "16"))
 #: ms-swift flags that change memory or time that Partita does not model (name: what it changes).
-_NOT_MODELLED = {"--use_precision_aware_optimizer": "optimizer states in --exp_avg_dtype / --exp_avg_sq_dtype",
-                 # `megatron rlhf` / `swift rlhf` (ms-swift's RLHFArguments: rlhf_type dpo by default)
+_NOT_MODELLED = {  # `megatron rlhf` / `swift rlhf` (ms-swift's RLHFArguments: rlhf_type dpo by default)
                  "--rlhf_type": "a preference or RL stage (DPO/KTO: a frozen reference model and chosen + rejected "
                                 "sequences; GRPO: rollouts by an inference engine beside the policy; GKD: a "
                                 "teacher model), estimated as supervised training of the policy alone"}
 #: ``--optimizer_cpu_offload`` is Megatron's ``--optimizer-cpu-offload`` (the plan's ``optimizer_offload``; its
-#: untimed host step is named by the Megatron reader). Padding-free batches (ms-swift's ``padding_free``:
-#: "flattens the data within a batch to avoid padding", swift/arguments/base_args/template_args.py; True by
-#: default under ``megatron sft|pt|rlhf``, swift/megatron/arguments/megatron_args.py, False for ``swift sft``):
-#: a micro-batch is its samples' own lengths, not micro_batch_size x max_length; with ``--packing true`` the
-#: sequence is filled to the packing length, which is what the estimate counts.
+#: untimed host step is named by the Megatron reader), ``--use_precision_aware_optimizer`` with
+#: ``--exp_avg_dtype`` / ``--exp_avg_sq_dtype`` Megatron's (the plan's ``moment_dtype``). Padding-free
+#: batches (ms-swift's ``padding_free``: "flattens the data within a batch to avoid padding",
+#: swift/arguments/base_args/template_args.py; True by default under ``megatron sft|pt|rlhf``,
+#: swift/megatron/arguments/megatron_args.py, False for ``swift sft``): a micro-batch is its samples' own
+#: lengths, not micro_batch_size x max_length; with ``--packing true`` the sequence is filled to the packing
+#: length, which is what the estimate counts.
 PADDING_FREE_NOTE = ("--padding_free true: a micro-batch is its samples flattened at their own lengths, not "
                      "micro_batch_size x max_length (less activation memory and time than estimated; the "
                      "estimate is the bound where every sample is max_length long)")
@@ -172,7 +173,7 @@ def megatron_argv(argv: list[str], seq_len: int | None, dtype: str | None, path:
 
 def swift_not_modelled(argv: list[str], megatron: bool = False) -> tuple[str, ...]:
     """``"--flag value: what it changes"`` for the ms-swift flags in ``argv`` that Partita does not model
-    (precision-aware optimizer states, an RLHF stage, padding-free batches - on by default under
+    (an RLHF stage, padding-free batches - on by default under
     ``megatron``, :data:`PADDING_FREE_NOTE`); ``false`` / ``full`` values are not features."""
     notes = [PADDING_FREE_NOTE] if padding_free(argv, megatron) else []
     for i, word in enumerate(argv):
