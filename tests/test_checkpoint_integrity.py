@@ -2,8 +2,9 @@
 good checkpoint bit-exactly, damaged ones are renamed (never deleted), the keep rule never
 deletes the last verified checkpoint, a failed save is one line.
 
-One torchrun with 2 gloo ranks runs every scenario at the library level (this file is the
-rank script, see ``main``): it trains tiny-llama under tp=2 (DTensor shards on both ranks)
+Every scenario runs at the library level on 2 gloo ranks, in the session's shared 2-rank
+processes (tests/conftest.py ``equivalence``; this file's ``shared_case``, or under a torchrun
+of its own through ``main``): it trains tiny-llama under tp=2 (DTensor shards on both ranks)
 with SGD + momentum, saves step 0 (state A) and step 1 (state B), then for each scenario
 copies those two checkpoints, damages step 1 in one way, sets the live model to B and
 resumes. The oracle is the tensors themselves: after a fallback the loaded parameters and
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,16 +35,13 @@ FALLBACK = {
 }
 
 
+#: every scenario is one case of the session's shared 2-rank processes (no torchrun of its own)
+EQUIVALENCE_CASES = [(2, 0, "all", str(Path(__file__).resolve()))]
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("ckpt-integrity")
-    out = tmp / "results.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", f"--log-dir={tmp / 'logs'}", __file__,
-           str(out), str(tmp / "work")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(out.read_text())
+def results(equivalence) -> dict:
+    return equivalence["results"][EQUIVALENCE_CASES[0]]
 
 
 @pytest.mark.parametrize("scenario", sorted(FALLBACK))
@@ -482,15 +479,10 @@ def _crc32_case(pm, step, snaps: dict, work: Path) -> tuple[dict, dict]:
     return _resume_case("flipped-tensor-bytes", master, work / "crc32", pm, snaps), {"path": str(master / STEP1)}
 
 
-def main() -> None:
-    """``torchrun --nproc-per-node=2 tests/test_checkpoint_integrity.py OUT.json WORKDIR``"""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+def run_all(work: Path) -> dict:
+    """Every scenario, in a process group that is up (2 gloo ranks); files under ``work``.
+    Rank 0's result is the one reported."""
     from partita.runtime.checkpoint import save_checkpoint
-    out_path, work = Path(sys.argv[1]), Path(sys.argv[2])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=180))
     pm, step = _setup()
     master = work / "master"
     step(0)
@@ -510,6 +502,25 @@ def main() -> None:
     for name in ("save-file-too-large", "save-dir-not-creatable"):
         results[name] = _failed_save(name, pm, snaps, master, work)
     results["save-nan"] = _save_nan(pm, snaps, master, work)
+    return results
+
+
+def shared_case(case: str) -> dict:
+    """``all``: :func:`run_all` in the session's shared 2-rank processes
+    (``partita.runtime.equivalence --worker``), its files under ``$PARTITA_WORKER_DIR``."""
+    assert case == "all", case
+    return run_all(Path(os.environ["PARTITA_WORKER_DIR"]) / "checkpoint_integrity")
+
+
+def main() -> None:
+    """``torchrun --nproc-per-node=2 tests/test_checkpoint_integrity.py OUT.json WORKDIR``"""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    out_path, work = Path(sys.argv[1]), Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=180))
+    results = run_all(work)
     if dist.get_rank() == 0:
         out_path.write_text(json.dumps(results, indent=1))
     dist.barrier()

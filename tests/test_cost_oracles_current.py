@@ -55,9 +55,26 @@ def test_activations_current(case):
     assert REC.measure_activations(*case) == recorded
 
 
-def test_model_states_current():
-    cases = [("tiny-llama", "dp=2,zero=2,dtype=fp32,gbs=2,mbs=1,seq_len=16"),
-             ("tiny-moe", "dp=2,ep=2,zero=1,dtype=fp32,gbs=2,mbs=1,seq_len=16")]
-    measured = REC.measure_states(2, cases, timeout=300)
+STATE_CASES = [("tiny-llama", "dp=2,zero=2,dtype=fp32,gbs=2,mbs=1,seq_len=16"),
+               ("tiny-moe", "dp=2,ep=2,zero=1,dtype=fp32,gbs=2,mbs=1,seq_len=16")]
+#: the model-state cases run on the session's shared 2-rank processes (tests/conftest.py
+#: ``equivalence``; this file's :func:`shared_case`), not in a torchrun of their own
+EQUIVALENCE_CASES = [(2, 0, f"{model}:{plan}", str(Path(__file__).resolve())) for model, plan in STATE_CASES]
+
+
+def shared_case(case: str) -> dict:
+    """In the shared 2-rank process group: what the recorder's own ``states_worker`` records for
+    ``case`` (``MODEL:PLAN``) - its ``_state_case`` on every rank, gathered."""
+    import torch.distributed as dist
+    model_name, plan_text = case.split(":", 1)
+    mine = REC._state_case(model_name, plan_text)
+    ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    return {"model": model_name, "plan": plan_text, "world": dist.get_world_size(), "ranks": ranks}
+
+
+def test_model_states_current(equivalence):
+    measured = [equivalence["results"][spec] for spec in EQUIVALENCE_CASES]
+    assert [(m["model"], m["plan"]) for m in measured] == STATE_CASES
     for m in measured:
         assert m == _recorded("model_states", model=m["model"], plan=m["plan"], world=2)

@@ -4,7 +4,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -80,27 +79,35 @@ def test_real_gpu_traces_match_an_independent_count(name):
         assert {"all_to_all", "all_gather", "all_reduce"} <= set(b.by_collective_us)
 
 
-def test_cpu_trace_recorded_with_gloo(tmp_path):
-    script = tmp_path / "rec.py"
-    script.write_text(textwrap.dedent('''
-        import os, sys, torch, torch.distributed as dist
-        from datetime import timedelta
-        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-        model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
-        out = sys.argv[1] + f"/rank{dist.get_rank()}.json"
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
-                                    on_trace_ready=lambda p: p.export_chrome_trace(out)) as prof:
-            for _ in range(3):
-                ddp(torch.randn(64, 256)).sum().backward()
-                prof.step()
-        dist.barrier(); dist.destroy_process_group(); os._exit(0)
-    '''))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})  # torchrun's torchelastic_* logs
-    assert proc.returncode == 0, proc.stderr[-3000:]
+#: the gloo trace is recorded on the session's shared 2-rank processes (tests/conftest.py
+#: ``equivalence``; this file's :func:`shared_case`), not in a torchrun of its own
+EQUIVALENCE_CASES = [(2, 0, "gloo-trace", str(Path(__file__).resolve()))]
+
+
+def shared_case(case: str) -> dict:
+    """``gloo-trace``: a 4-layer DDP model on the 2 gloo ranks of the process group that is
+    up, 3 steps under torch.profiler (wait 0, warmup 1, active 2); each rank exports its
+    Chrome trace under ``$PARTITA_WORKER_DIR/trace_analysis``. Returns that folder."""
+    import torch
+    import torch.distributed as dist
+    assert case == "gloo-trace", case
+    folder = Path(os.environ["PARTITA_WORKER_DIR"]) / "trace_analysis"
+    folder.mkdir(parents=True, exist_ok=True)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    out = str(folder / f"rank{dist.get_rank()}.json")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
+                                on_trace_ready=lambda p: p.export_chrome_trace(out)) as prof:
+        for _ in range(3):
+            ddp(torch.randn(64, 256)).sum().backward()
+            prof.step()
+    dist.barrier()
+    return {"folder": str(folder)}
+
+
+def test_cpu_trace_recorded_with_gloo(equivalence):
+    tmp_path = Path(equivalence["results"][EQUIVALENCE_CASES[0]]["folder"])
     b = analyze_trace(tmp_path / "rank0.json")
     assert b.kind == "cpu" and b.steps == 2
     assert b.compute_us > 0 and b.communication_us > 0
