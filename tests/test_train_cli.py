@@ -62,25 +62,43 @@ def test_same_losses_as_one_process(model, plan, nproc, same_losses_runs):
     ("tp=3", 3, "attention heads (4) must be divisible by tp=3"),
     ("pp=7", 7, "4 layers cannot be split over pp*vpp = 7*1 = 7 stages"),
 ])
-def test_bad_plan_fails_before_launch(plan, nproc, needle):
-    proc = train("--model", "tiny-llama", "--plan", plan, "--nproc", str(nproc), timeout=60)
-    assert proc.returncode == 2
+def test_bad_plan_fails_before_launch(plan, nproc, needle, capfd):
+    # in-process (the launcher's own main); capfd reads file descriptors 1 and 2, so a
+    # torchrun or worker started from here would show its output there too
+    from partita.cli.main import main
+    code = main(train_cmd("--model", "tiny-llama", "--plan", plan, "--nproc", str(nproc))[3:])
+    err = capfd.readouterr().err
+    assert code == 2
     # one line and nothing from torchrun or a worker: refused before any process started
-    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_crashing_rank_ends_the_job_with_its_error():
-    proc = train("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--timeout-s", "60",
-                 env={"PARTITA_CRASH_RANK": "1"}, timeout=240)  # a job that did not end raises TimeoutExpired
+@pytest.fixture(scope="module")
+def failing_runs(tmp_path_factory) -> dict:
+    """The crashing and the hung job below: independent launches (each its own run directory),
+    started together (tests/conftest.py run_together); a job that did not end in 240 s
+    raises TimeoutExpired."""
+    from conftest import run_together
+    tmp = tmp_path_factory.mktemp("failing")
+    crash, hung = run_together([
+        train_cmd("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--timeout-s", "60",
+                  "--run-dir", str(tmp / "crash")),
+        # every rank stops making progress at step 2 (no collective fails, so no process-group
+        # timeout fires): the launcher's watchdog ends the job 2 x --timeout-s after step 1
+        train_cmd("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--steps", "4", "--timeout-s", "5",
+                  "--run-dir", str(tmp / "hung"))],
+        timeout=240, envs=[{"PARTITA_CRASH_RANK": "1"}, {"PARTITA_HANG_STEP": "2"}])
+    return {"crash": crash, "hung": hung}
+
+
+def test_crashing_rank_ends_the_job_with_its_error(failing_runs):
+    proc = failing_runs["crash"]
     assert proc.returncode != 0
     assert "injected crash on rank 1" in proc.stderr
 
 
-def test_hung_job_is_stopped_with_a_clear_error():
-    # every rank stops making progress at step 2 (no collective fails, so no process-group
-    # timeout fires): the launcher's watchdog ends the job 2 x --timeout-s after step 1
-    proc = train("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--steps", "4", "--timeout-s", "5",
-                 env={"PARTITA_HANG_STEP": "2"}, timeout=240)  # a job that did not end raises TimeoutExpired
+def test_hung_job_is_stopped_with_a_clear_error(failing_runs):
+    proc = failing_runs["hung"]
     assert proc.returncode == 1
     assert "no training step finished in" in proc.stderr and "hung" in proc.stderr
 
