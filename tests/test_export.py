@@ -164,6 +164,7 @@ def test_megatron_export_parses_with_megatrons_option_table(pid, model_name, pla
     model = load_model(model_name)
     args, env = _args(export("megatron", plan, model).text)
     ns = megatron_oracle.megatron_parser().parse_args(args)  # SystemExit on an unknown flag or bad value
+    megatron_oracle.optimizer_and_recompute_validate(ns)  # validate_args / Optimizer- / TransformerConfig rules
     _check_megatron_namespace(ns, env, plan, model)
     assert ns.use_distributed_optimizer == (plan.zero >= 1)
     assert ns.use_megatron_fsdp == (plan.zero >= 2)

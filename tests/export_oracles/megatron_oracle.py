@@ -46,7 +46,51 @@ MINDSPEED_FLAGS = [
     # mindspeed_llm/training/arguments.py (and MindSpeed's features_manager ChimeraFeature, which adds "chimera")
     ("--schedules-method", "store", str, ["dualpipev"]),
     ("--moe-fb-overlap", "store_true", None, None),             # MindSpeed MoEFwdBwdOverlapFeature
+    # Megatron core_v0.12.1 (MindSpeed-LLM's base) arguments.py l.2689-2692: no bf16 moments yet
+    ("--exp-avg-dtype", "store", str, ["fp32", "fp16", "fp8"]),
+    ("--exp-avg-sq-dtype", "store", str, ["fp32", "fp16", "fp8"]),
 ]
+
+#: Megatron-Core TransformerConfig's ``allowed_modules`` for --recompute-modules: core_v0.16.1
+#: transformer_config.py l.1198 and core_v0.12.1 l.728 (MindSpeed-LLM's base; no shared_experts)
+RECOMPUTE_MODULES = {"core_v0.16.1": {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                                      "shared_experts"},
+                     "core_v0.12.1": {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe"}}
+
+
+def optimizer_and_recompute_validate(ns: argparse.Namespace, release: str = RELEASE) -> None:
+    """Megatron's own rules on the optimizer-state and module-recompute flags, transcribed:
+    validate_args (arguments.py core_v0.16.1 l.1190-1198, core_v0.12.1 l.955-960; MindSpeed-LLM
+    mindspeed_llm/core/layerwise_disaggregated_training/initialize.py l.1068 repeats it):
+    --optimizer-cpu-offload needs --use-precision-aware-optimizer, and with --fp8-param-gather the
+    delayed recipe; OptimizerConfig.__post_init__ (optimizer_config.py): the precision-aware
+    optimizer needs the distributed optimizer; TransformerConfig.__post_init__
+    (transformer_config.py): the module list, moe_act only with --moe-grouped-gemm, mla_up_proj only
+    with --multi-latent-attention, fp8 moe_act/layernorm recompute not with the delayed recipe.
+    Raises AssertionError / ValueError as Megatron does."""
+    if ns.optimizer_cpu_offload:
+        if not ns.use_precision_aware_optimizer:
+            raise AssertionError("The optimizer cpu offload must be used in conjunction with "
+                                 "`--use-precision-aware-optimizer`")
+        if ns.fp8_param_gather and getattr(ns, "fp8_recipe", "delayed") != "delayed":
+            raise AssertionError("When `--fp8-param-gather` is enabled, the optimizer cpu offload must be used in "
+                                 "conjunction with `--fp8-recipe delayed`.")
+    if ns.use_precision_aware_optimizer and not ns.use_distributed_optimizer:
+        raise AssertionError("--use-precision-aware-optimizer only supported with distributed optimizer")
+    if not ns.use_precision_aware_optimizer and {ns.exp_avg_dtype, ns.exp_avg_sq_dtype} - {"fp32", None}:
+        # not an assert in Megatron: the dtypes are silently unused without the precision-aware optimizer
+        raise ValueError("--exp-avg-dtype has no effect without --use-precision-aware-optimizer")
+    if ns.recompute_granularity == "selective" and ns.recompute_modules:
+        bad = set(ns.recompute_modules) - RECOMPUTE_MODULES[release]
+        if bad:
+            raise AssertionError(f"Invalid choices for recompute_modules: {bad}")
+        if "moe_act" in ns.recompute_modules and not ns.moe_grouped_gemm:
+            raise ValueError("moe_act in recompute_modules is only supported with moe_grouped_gemm.")
+        if "mla_up_proj" in ns.recompute_modules and not ns.multi_latent_attention:
+            raise ValueError("mla_up_proj in recompute_modules is only supported with multi_latent_attention.")
+        if ns.fp8 and {"moe_act", "layernorm"} & set(ns.recompute_modules) and \
+                getattr(ns, "fp8_recipe", "delayed") == "delayed":
+            raise ValueError("Delayed scaling does not support moe_act and layernorm recompute for fp8.")
 
 
 def mindspeed_validate(ns: argparse.Namespace) -> None:
@@ -57,6 +101,7 @@ def mindspeed_validate(ns: argparse.Namespace) -> None:
     (validate_args; mirrored in mindspeed_llm/core/layerwise_disaggregated_training/initialize.py).
     Raises AssertionError / ValueError with MindSpeed's message, as MindSpeed does."""
     pp = ns.pipeline_model_parallel_size
+    optimizer_and_recompute_validate(ns, "core_v0.12.1")
     if ns.first_k_dense_replace and ns.num_layers <= ns.first_k_dense_replace:
         raise AssertionError(f"Num-layer ({ns.num_layers}) must be greater than first-k-dense-replace "
                              f"({ns.first_k_dense_replace}) when first-k-dense-replace is set.")

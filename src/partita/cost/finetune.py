@@ -19,7 +19,11 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   fp32; no fp32 master, no gradient, no optimizer state), sharded over the state shard
   group only at ZeRO-3 / FSDP (frozen and trainable parameters in one FSDP unit);
   adapters carry the full pre-training states (working weight, main gradient, fp32 master
-  and Adam m, v: :func:`.states._state_bytes`) with the plan's ZeRO sharding.
+  and Adam m, v: :func:`.states._state_bytes`) with the plan's ZeRO sharding, and the
+  pre-training rules for those states: moments in ``plan.moment_dtype``
+  (:func:`.states.moment_saving`, zero 1-2) and the ``plan.optimizer_offload`` share on the
+  host (:func:`.states.device_optimizer_share`) - Megatron's distributed optimizer and
+  HybridDeviceOptimizer step whatever parameters require a gradient, adapters included.
 * **Tensor parallel**: the adapters follow their base linear as Megatron / NeMo's
   ``ParallelLinearAdapter`` does, and as Partita's runtime does (partita.runtime.lora): on
   a column-parallel base (q, k, v, gate, up) ``A`` is replicated (it reads the whole input)
@@ -62,7 +66,7 @@ from .compute import BYTES, LayerCost, embedding_forward, gemm_time, layer_forwa
 from .memo import memoised
 from .placement import RankShape
 from .shape import LayerShape
-from .states import _shape_params, _state_bytes
+from .states import _shape_params, _state_bytes, device_optimizer_share, moment_saving
 
 
 class LoraLinear(NamedTuple):
@@ -220,7 +224,8 @@ def lora_states(model: ModelSpec, plan: Plan, shape: RankShape, zero: int, grad_
                 params: tuple[tuple[float, float], tuple[float, float]] | None = None) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of a LoRA rank at ZeRO stage ``zero``: frozen
     base weights (sharded at ZeRO-3 only, plus the fp8 cache of an fp8 plan whose framework
-    keeps one) and the adapters' full states (:func:`.states._state_bytes`); ``shards``: the
+    keeps one) and the adapters' full states (:func:`.states._state_bytes`, less the narrower
+    moments' saving and the host-offloaded share, as for the full model); ``shards``: the
     (dense, expert) state shard groups; ``params``: the rank's (frozen, adapter) (dense,
     expert) parameters when the caller has them."""
     frozen, adapters = params or (_shape_params(model, plan, shape), rank_adapter_params(model, plan, shape))
@@ -230,8 +235,9 @@ def lora_states(model: ModelSpec, plan: Plan, shape: RankShape, zero: int, grad_
     for count, shard in zip(adapters, shards):
         if count:
             aw, ag, ao = _state_bytes(plan.dtype, grad_b, zero, count, shard, full_grads, autocast, False)
+            ao -= moment_saving(plan.moment_dtype, zero, count, shard)  # as cost/memory.py for the full model
             weights, grads, optimizer = weights + aw, grads + ag, optimizer + ao
-    return weights, grads, optimizer
+    return weights, grads, optimizer * device_optimizer_share(plan)
 
 
 def lora_memory_parts(model: ModelSpec, plan: Plan, shape: RankShape, parts: dict, grad_b: int,

@@ -65,8 +65,45 @@ def _comm_knobs(plan: Plan, cfg: dict, warn: list[str]) -> None:
                     "(stage3_prefetch_bucket_size), not blocks; emitted its default")
 
 
+def _optimizer_states(plan: Plan, cfg: dict, warn: list[str]) -> None:
+    """``plan.optimizer_offload`` as ZeRO-Offload (``zero_optimization.offload_optimizer``, device
+    cpu: the fp32 master and Adam moments in pinned host memory, stepped by DeepSpeedCPUAdam;
+    runtime/zero/offload_config.py ``DeepSpeedZeroOffloadOptimizerConfig``, "valid with stage 1,
+    2, and 3"). DeepSpeed offloads all of it; a fraction is its ``ratio`` ("percentage of
+    offloaded optimizer states to CPU Adam. Only valid with ZeRO Stage 3", ZeRO-Offload++), so a
+    fraction below 1 at zero 1-2 is refused. ``plan.moment_dtype``: ds_config keeps Adam's
+    moments in bf16 only with the master weights and gradients in bf16 too
+    (``bf16.bf16_optimizer_states`` needs ``bf16_master_weights_and_grads``,
+    runtime/precision_config.py), not the fp32 master the plan prices: refused where the
+    estimate priced narrower moments (zero 1-2), a warning elsewhere."""
+    f = plan.optimizer_offload
+    if f:
+        if plan.zero == 0:
+            raise PartitaError(f"optimizer_offload={f:g}: DeepSpeed offloads the optimizer (offload_optimizer) with "
+                               "ZeRO stage 1, 2 or 3 only; re-plan with --zero 1")
+        if f < 1 and plan.zero < 3:
+            raise PartitaError(f"optimizer_offload={f:g} with zero={plan.zero}: DeepSpeed offloads all of the "
+                               "optimizer states (a fraction, offload_optimizer.ratio, is ZeRO-3 only); re-plan with "
+                               "--optimizer-offload 1 or --zero 3")
+        off = {"device": "cpu", "pin_memory": True}
+        if f < 1:
+            off["ratio"] = f
+        cfg["zero_optimization"]["offload_optimizer"] = off
+    if plan.moment_dtype != "fp32":
+        if 1 <= plan.zero <= 2:
+            raise PartitaError(f"moment_dtype={plan.moment_dtype}: ds_config stores Adam's moments narrower only with "
+                               "bf16 master weights and gradients (bf16_optimizer_states, runtime/precision_config.py), "
+                               "not beside an fp32 master; re-plan with --moment-dtype fp32, or export --to megatron")
+        warn.append(f"moment_dtype={plan.moment_dtype}: not emitted (ds_config has no moments-only dtype); the "
+                    f"estimate priced fp32 moments at zero={plan.zero} too")
+
+
 def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     _check_expressible(plan)
+    if plan.recompute_modules and plan.recompute == "selective":
+        raise PartitaError(f"recompute_modules {plan.recompute_modules}: DeepSpeed checkpoints the whole blocks the "
+                           "model code wraps (deepspeed.checkpointing.checkpoint; ds_config has no module list); "
+                           "re-plan with --recompute full, or export --to megatron")
     warn: list[str] = []
     cfg: dict = {
         # DeepSpeedConfig checks train_batch_size == micro x accumulation x its world size, which
@@ -95,6 +132,7 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
         cfg["bf16"] = {"enabled": True}
         warn.append("dtype=fp8: ds_config has no fp8 GEMM switch (use Transformer Engine layers); emitted bf16")
     _comm_knobs(plan, cfg, warn)
+    _optimizer_states(plan, cfg, warn)
     if plan.etp > 1:
         warn.append(f"etp={plan.etp}: ds_config has no expert tensor parallel option (DeepSpeed-MoE splits "
                     "experts by expert parallel only, in layer code); emitted none: every rank holds whole experts")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import PartitaError
+from ..cost.states import MOMENT_BYTES
 from ..plan import Plan
 from .context import ExportContext
 from .result import Export
@@ -99,12 +100,81 @@ def _recompute_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> Meg
         a.set("--recompute-granularity", "full")
         a.set("--recompute-method", "block" if plan.recompute_layers else "uniform")
         a.set("--recompute-num-layers", plan.recompute_layers or 1)
+    elif plan.recompute == "selective" and plan.recompute_modules:  # the modules the estimate priced
+        modules = plan.recompute_modules.split(",")
+        _check_modules(plan, modules, model)
+        a.set("--recompute-granularity", "selective")
+        a.set("--recompute-modules", *modules)
     elif plan.recompute == "selective":
         modules = ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])
         warn.append(f"recompute=selective: Megatron recomputes whole modules ({', '.join(modules)}); "
                     "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
         a.set("--recompute-granularity", "selective")
         a.set("--recompute-modules", *modules)
+    return a
+
+
+def _check_modules(plan: Plan, modules: list[str], model: ModelSpec | None) -> None:
+    """Megatron-Core's TransformerConfig.__post_init__ rules on ``--recompute-modules``
+    (transformer_config.py core_v0.16.1): moe_act needs grouped GEMM (which this export writes
+    for a MoE model only), mla_up_proj needs multi-latent attention, and with fp8 moe_act /
+    layernorm refuse the delayed recipe (``--fp8-recipe`` defaults to delayed: the export
+    writes the plan's recipe then, :func:`_overlap_and_precision_args`)."""
+    if model is not None and "moe_act" in modules and not model.moe:
+        raise PartitaError("recompute_modules moe_act: Megatron-Core accepts moe_act only with --moe-grouped-gemm, a "
+                           "MoE model's (transformer_config.py); the model is dense: re-plan without moe_act")
+    if model is not None and "mla_up_proj" in modules and not model.mla:
+        raise PartitaError("recompute_modules mla_up_proj: Megatron-Core accepts it only with "
+                           "--multi-latent-attention (transformer_config.py); re-plan without mla_up_proj")
+    if plan.dtype == "fp8" and {"moe_act", "layernorm"} & set(modules) and plan.fp8_recipe not in FP8_RECIPES:
+        raise PartitaError(f"recompute_modules {plan.recompute_modules} with fp8_recipe {plan.fp8_recipe}: Megatron's "
+                           "--fp8-recipe has no such recipe and its default (delayed) refuses moe_act and layernorm "
+                           "recompute (transformer_config.py); re-plan with --fp8-recipe tensorwise or mxfp8")
+
+
+#: the plan's fp8 recipes that Megatron's ``--fp8-recipe`` names alike (arguments.py core_v0.16.1 choices)
+FP8_RECIPES = ("tensorwise", "mxfp8")
+
+
+def _optimizer_state_args(plan: Plan, args: MegatronArgs, fsdp: str, warn: list[str]) -> MegatronArgs:
+    """Where the optimizer states live and in what dtype: ``plan.optimizer_offload`` as
+    ``--optimizer-cpu-offload --optimizer-offload-fraction f`` and ``plan.moment_dtype`` as
+    ``--exp-avg-dtype / --exp-avg-sq-dtype``, both with ``--use-precision-aware-optimizer``:
+    validate_args asserts it beside the offload ("the hybrid device optimizer reuses the code path
+    of this flag", arguments.py core_v0.16.1 l.1190) and OptimizerConfig.__post_init__ asserts the
+    distributed optimizer under it (megatron/core/optimizer/optimizer_config.py). Without the
+    distributed optimizer (zero 0, torch FSDP2) an offload is refused (its launch would hold every
+    state on the device); narrower moments are dropped with a warning there, where the estimate
+    priced fp32 moments too (cost/states.moment_saving: zero 1-2 only)."""
+    a = MegatronArgs()
+    if not plan.optimizer_offload and plan.moment_dtype == "fp32":
+        return a
+    if "--use-distributed-optimizer" not in args:
+        how = "no distributed optimizer" if plan.zero == 0 else target_fsdp(fsdp)
+        if plan.optimizer_offload:
+            raise PartitaError(f"optimizer_offload={plan.optimizer_offload:g}: --optimizer-cpu-offload needs "
+                               "--use-precision-aware-optimizer, which needs the distributed optimizer "
+                               f"(optimizer_config.py), and zero={plan.zero} exports {how}; re-plan with --zero 1")
+        warn.append(f"moment_dtype={plan.moment_dtype}: --exp-avg-dtype needs the distributed optimizer and "
+                    f"zero={plan.zero} exports {how}: emitted fp32 moments, as the estimate priced them")
+        return a
+    a.set("--use-precision-aware-optimizer")
+    if plan.optimizer_offload:
+        a.set("--optimizer-cpu-offload")
+        a.set("--optimizer-offload-fraction", f"{plan.optimizer_offload:g}")
+        if plan.fp8_param_gather and args.get("--fp8-recipe", ("delayed",)) != ("delayed",):
+            raise PartitaError(f"optimizer_offload with fp8_param_gather and fp8_recipe {plan.fp8_recipe}: Megatron "
+                               "asserts --fp8-recipe delayed beside --fp8-param-gather under --optimizer-cpu-offload "
+                               "(arguments.py validate_args); re-plan without fp8_param_gather or the offload")
+    if plan.moment_dtype != "fp32":
+        a.set("--exp-avg-dtype", plan.moment_dtype)
+        a.set("--exp-avg-sq-dtype", plan.moment_dtype)
+        if 0 < plan.optimizer_offload < 1:
+            warn.append(f"moment_dtype={plan.moment_dtype} with optimizer_offload={plan.optimizer_offload:g}: "
+                        "Megatron's HybridDeviceOptimizer builds its device Adam without --exp-avg-dtype "
+                        "(megatron/core/optimizer/__init__.py), so the device share keeps fp32 moments: "
+                        f"{2 * (4 - MOMENT_BYTES[plan.moment_dtype]) * (1 - plan.optimizer_offload):g} bytes per "
+                        "sharded parameter more than planned")
     return a
 
 
@@ -181,6 +251,8 @@ def _overlap_and_precision_args(plan: Plan, sharded_optimizer: bool) -> Megatron
         a.set("--fp16")
     if plan.dtype == "fp8":
         a.set("--fp8-format", "hybrid")
+        if {"moe_act", "layernorm"} & set(plan.recompute_modules.split(",")) and plan.fp8_recipe in FP8_RECIPES:
+            a.set("--fp8-recipe", plan.fp8_recipe)  # the default, delayed, refuses their recompute
     if plan.fp8_param_gather:  # fp8 weights only, gathered in fp8 (megatron/training/arguments.py)
         a.set("--fp8-param-gather")
     if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
@@ -199,6 +271,7 @@ def megatron_args(plan: Plan, model: ModelSpec | None = None, fsdp: str = "megat
     args.merge(_recompute_args(plan, model, warn))
     args.merge(_sharding_args(plan, model, fsdp, warn))
     args.merge(_overlap_and_precision_args(plan, "--use-distributed-optimizer" in args))
+    args.merge(_optimizer_state_args(plan, args, fsdp, warn))
     warn += comm_knob_warnings(plan)
     if plan.reuse_fp32_param:
         warn.append("reuse_fp32_param is MindSpeed's --reuse-fp32-param (fp32 master = bf16 weight + 16-bit "
@@ -461,11 +534,35 @@ def _dualpipev_args(plan: Plan, model: ModelSpec | None, args: MegatronArgs, war
     return out
 
 
+#: ``--recompute-modules`` choices of Megatron core_v0.12.1, MindSpeed-LLM's base
+#: (transformer_config.py: ``allowed_modules``; shared_experts came later)
+MINDSPEED_RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe")
+
+
+def _mindspeed_optimizer_checks(plan: Plan) -> None:
+    """What MindSpeed-LLM (on Megatron core_v0.12.1) lacks of the optimizer-state and recompute
+    fields, one line each. It has ``--optimizer-cpu-offload`` (its own
+    mindspeed_llm/core/optimizer/__init__.py builds Megatron's HybridDeviceOptimizer) but not
+    narrower Adam moments: core_v0.12.1's ``--exp-avg-dtype`` offers fp32/fp16/fp8 only, and its
+    OptimizerConfig takes them from Transformer Engine's FusedAdam, which Ascend has not
+    (MindSpeed-LLM builds apex's FusedAdam, which has no ``exp_avg_dtype``)."""
+    if plan.moment_dtype != "fp32" and plan.zero == 1:
+        raise PartitaError(f"moment_dtype={plan.moment_dtype}: MindSpeed-LLM has no narrower Adam moments (its "
+                           "Megatron core_v0.12.1 takes --exp-avg-dtype from Transformer Engine's FusedAdam, absent on "
+                           "Ascend); re-plan with --moment-dtype fp32, or export --to megatron")
+    extra = [m for m in plan.recompute_modules.split(",") if m and m not in MINDSPEED_RECOMPUTE_MODULES]
+    if extra and plan.recompute == "selective":
+        raise PartitaError(f"recompute_modules {plan.recompute_modules}: MindSpeed-LLM's Megatron core_v0.12.1 has no "
+                           f"--recompute-modules {' '.join(extra)} (transformer_config.py allows "
+                           f"{', '.join(MINDSPEED_RECOMPUTE_MODULES)}); re-plan without it, or export --to megatron")
+
+
 def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[MegatronArgs, list[str]]:
     """(arguments, warnings) for MindSpeed-LLM: Megatron's, with ZeRO-3 as torch FSDP2 (what
     MindSpeed-LLM runs), its layer split (:func:`_mindspeed_split`) and :func:`mindspeed_overlay`
     applied."""
     _mindspeed_checks(plan, model, None)  # before Megatron's FSDP2 rules: ZeRO-2 is refused as such
+    _mindspeed_optimizer_checks(plan)
     args, warn = megatron_args(plan, model, fsdp="torch")
     args = _mindspeed_split(plan, args).apply(args)
     _mindspeed_checks(plan, model, int(args["--num-layers"][0]) if "--num-layers" in args else None)
@@ -501,6 +598,11 @@ def mindspeed_args(plan: Plan, model: ModelSpec | None = None) -> tuple[Megatron
                             "communication the plan overlapped is exposed)")
         overlay = Overlay(MegatronArgs((k, v) for k, v in overlay.add.items() if k not in remove),
                           (overlay.remove | remove) - keep)
+    if "--moe-grouped-gemm" in overlay.remove and "--moe-grouped-gemm" in args and \
+            "moe_act" in plan.recompute_modules.split(","):
+        raise PartitaError("recompute_modules moe_act with tp and sp in a MoE model: MindSpeed-LLM refuses grouped "
+                           "GEMM beside --use-ascend-mc2, and Megatron-Core accepts moe_act only with grouped GEMM "
+                           "(transformer_config.py); re-plan without moe_act, or with --no-sp")
     if "--moe-grouped-gemm" in overlay.remove and "--moe-grouped-gemm" in args:
         warn.append("MindSpeed-LLM refuses --moe-grouped-gemm with --use-ascend-mc2 in a MoE model: emitted MC2 "
                     "(the plan's tp communication overlap) without grouped GEMM")

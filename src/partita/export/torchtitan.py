@@ -45,6 +45,39 @@ def _check_expressible(plan: Plan) -> None:
                            "(dp_shard = dp) or export to megatron")
 
 
+def _optimizer_states(plan: Plan, train: dict, warn: list[str]) -> None:
+    """The optimizer-state fields as torchtitan 0.3.0 can run them (one-line refusals otherwise).
+
+    ``optimizer_offload``: torchtitan's only offload is ``training.enable_cpu_offload`` (FSDP2's
+    ``CPUOffloadPolicy``, given to ``apply_fsdp`` by each model's parallelize.py: "CPU offloading of
+    parameters, gradients, and optimizer states in FSDP", config/configs.py), all or nothing and
+    only where FSDP wraps the model (``ParallelDims.fsdp_enabled``: dp_shard > 1 or cp > 1). So a
+    whole offload under FSDP maps to it (the device then also sheds the parameters and gradients:
+    less memory than planned, more host traffic); a fraction, or no FSDP, is refused.
+    ``moment_dtype``: torchtitan's optimizers (components/optimizer) keep torch's Adam states in the
+    parameters' fp32 dtype and have no option for it: refused where the estimate priced narrower
+    moments (zero 1-2, cost/states.moment_saving), a warning elsewhere."""
+    f = plan.optimizer_offload
+    if f:
+        fsdp = plan.zero >= 1 and (plan.dp > 1 or plan.cp > 1)
+        if f < 1 or not fsdp:
+            raise PartitaError(f"optimizer_offload={f:g}: torchtitan 0.3.0 offloads only everything FSDP holds "
+                               "(training.enable_cpu_offload: parameters, gradients and optimizer states) and only "
+                               "under FSDP; re-plan with --optimizer-offload 1 and --zero >= 1 with dp or cp > 1, "
+                               "or export --to megatron")
+        train["enable_cpu_offload"] = True
+        warn.append("optimizer_offload=1: emitted training.enable_cpu_offload (FSDP2 CPUOffloadPolicy), which "
+                    "offloads the parameters and gradients too: less device memory than planned, more host "
+                    "traffic, and the optimizer step on the CPU")
+    if plan.moment_dtype != "fp32":
+        if 1 <= plan.zero <= 2:
+            raise PartitaError(f"moment_dtype={plan.moment_dtype}: torchtitan 0.3.0 has no optimizer-state dtype "
+                               "option (its Adam keeps fp32 moments); re-plan with --moment-dtype fp32, or export "
+                               "--to megatron")
+        warn.append(f"moment_dtype={plan.moment_dtype}: not emitted (torchtitan has no option for it); the estimate "
+                    f"priced fp32 moments at zero={plan.zero} too")
+
+
 def _pipeline(plan: Plan, layers: int | None, warn: list[str]) -> dict:
     """Schedule, micro-batch and the exact layers of every virtual stage."""
     par: dict = {"pipeline_parallel_microbatch_size": plan.mbs}
@@ -86,6 +119,11 @@ def _pipeline(plan: Plan, layers: int | None, warn: list[str]) -> dict:
 def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, list[str]]:
     """({section: {field: value}}, activation-checkpoint subcommand, warnings)."""
     _check_expressible(plan)
+    if plan.recompute_modules and plan.recompute == "selective":
+        raise PartitaError(f"recompute_modules {plan.recompute_modules}: torchtitan 0.3.0's activation checkpointing "
+                           "is none, selective (per-op), full or memory-budget, with no module list "
+                           "(distributed/activation_checkpoint.py); re-plan with --recompute full, or export --to "
+                           "megatron")
     warn: list[str] = []
     if plan.zero in (1, 2):
         warn.append(f"zero={plan.zero}: torchtitan shards with FSDP2 only; emitted FSDP without resharding after "
@@ -118,6 +156,7 @@ def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, l
     if plan.grad_compression == "powersgd" or plan.fsdp_prefetch != 1 or plan.ddp_bucket_mb:
         warn.append("grad_compression / fsdp_prefetch / ddp_bucket_mb: torchtitan has no option for them "
                     "(FSDP2/DDP from its own parallelize code); emitted its defaults, uncompressed")
+    _optimizer_states(plan, train, warn)
     if plan.pp > 1 or plan.ep > 1:
         train["disable_cuda_graphs"] = True  # Trainer.Config._validate_cuda_graphs
     if plan.dtype == "fp8":
