@@ -2,8 +2,6 @@
 its checkpoint with the PowerSGD state and ends with the losses of an uninterrupted run."""
 import json
 import math
-import os
-import subprocess
 import sys
 
 import pytest
@@ -21,17 +19,42 @@ def _train_cmd(tmp, *args) -> list[str]:
     return [sys.executable, "-m", "partita", "train", *COMMON, "--run-dir", str(tmp), *args]
 
 
-def test_killed_powersgd_run_resumes_with_its_state(tmp_path, together):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    # the uninterrupted run (a) and the killed one (b) are independent: started together
-    # (tests/conftest.py run_together)
-    whole, proc = together([
-        _train_cmd(tmp_path / "a"),
-        _train_cmd(tmp_path / "b", "--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "3",
-                   "--max-restarts", "1")], timeout=600,
-        envs=[{"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "1", "PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "5",
-                                         "PARTITA_CRASH_SIGNAL": "KILL"}], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Every launch of this module - independent of each other, each its own run directory -
+    started together (tests/conftest.py run_together): name -> (CompletedProcess, folder).
+
+    - ``whole`` / ``killed``: the PowerSGD run uninterrupted (run dir ``a``), and with rank 1
+      SIGKILLed at step 5 and restarted once from its checkpoint every 3 steps (``b``);
+    - ``flags``: ``partita train --grad-compression powersgd --powersgd-rank 2`` on a plan
+      without compression;
+    - ``profile``: ``partita profile --grad-dtype bf16`` over a plan with fp32 reduction (its
+      run directory goes under runs/ of the working directory, ``profile``'s folder)."""
+    from conftest import run_together
+    tmp = tmp_path_factory.mktemp("compression-train")
+    for d in ("a", "b", "flags", "profile"):
+        (tmp / d).mkdir()
+    cmds = {
+        "whole": (_train_cmd(tmp / "a"), {}),
+        "killed": (_train_cmd(tmp / "b", "--checkpoint-dir", str(tmp / "b"), "--checkpoint-every", "3",
+                              "--max-restarts", "1"),
+                   {"PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "5", "PARTITA_CRASH_SIGNAL": "KILL"}),
+        "flags": ([sys.executable, "-m", "partita", "train", "--model", "tiny-llama", "--json", "--optimizer", "sgd",
+                   "--lr", "0.1", "--plan", "dp=2,zero=0,gbs=4,mbs=2,seq_len=32", "--nproc", "2", "--steps", "4",
+                   "--run-dir", str(tmp / "flags" / "run"), "--checkpoint-dir", str(tmp / "flags" / "ckpt"),
+                   "--grad-compression", "powersgd", "--powersgd-rank", "2", "--timeout-s", "120"], {}),
+        "profile": ([sys.executable, "-m", "partita", "profile", "--model", "tiny-llama", "--plan",
+                     "dp=2,zero=0,dtype=bf16,gbs=4,mbs=1,seq_len=16", "--nproc", "2", "--steps", "3", "--json",
+                     "--grad-dtype", "bf16", "--timeout-s", "120"], {}),
+    }
+    procs = run_together([cmd for cmd, _ in cmds.values()], timeout=600,
+                         envs=[{"OMP_NUM_THREADS": "1", **env} for _, env in cmds.values()], cwd=tmp / "profile")
+    return {name: (proc, tmp) for name, proc in zip(cmds, procs)}
+
+
+def test_killed_powersgd_run_resumes_with_its_state(runs):
+    whole, tmp_path = runs["whole"]  # the uninterrupted run (a) and the killed one (b): independent launches
+    proc, _ = runs["killed"]
     assert whole.returncode == 0, whole.stderr[-4000:]
     assert proc.returncode == 0, proc.stderr[-4000:]
     ref = _losses(tmp_path / "a" / "metrics.jsonl")
@@ -43,19 +66,14 @@ def test_killed_powersgd_run_resumes_with_its_state(tmp_path, together):
     assert abs(got[7] - got[6]) > 0  # a real run, not a constant
 
 
-def test_train_flags_override_the_plan_and_apply_powersgd(tmp_path):
+def test_train_flags_override_the_plan_and_apply_powersgd(runs):
     """`partita train --grad-compression powersgd --powersgd-rank 2` on a plan without
     compression: the run's plan.json carries the flags, and the checkpoint holds PowerSGD's
     state as torch's PowerSGDState wrote it (error feedback, P and Q per parameter, iteration
     4 after 4 steps) - which a run that ignored the flags would not have."""
     import torch.distributed.checkpoint as dcp
-    plan = "dp=2,zero=0,gbs=4,mbs=2,seq_len=32"
-    cmd = [sys.executable, "-m", "partita", "train", "--model", "tiny-llama", "--json", "--optimizer", "sgd",
-           "--lr", "0.1", "--plan", plan, "--nproc", "2", "--steps", "4", "--run-dir", str(tmp_path / "run"),
-           "--checkpoint-dir", str(tmp_path / "ckpt"), "--grad-compression", "powersgd", "--powersgd-rank", "2",
-           "--timeout-s", "120"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc, tmp = runs["flags"]
+    tmp_path = tmp / "flags"
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "--grad-compression powersgd overrides the plan's grad_compression=none" in proc.stderr
     saved = json.loads((tmp_path / "run" / "plan.json").read_text())
@@ -74,15 +92,11 @@ def test_train_flags_override_the_plan_and_apply_powersgd(tmp_path):
             assert tuple(meta[mine + "error." + name].size) == (n * m,), name
 
 
-def test_profile_grad_dtype_flag_halves_the_measured_bytes(tmp_path):
+def test_profile_grad_dtype_flag_halves_the_measured_bytes(runs):
     """`partita profile --grad-dtype bf16` over a plan with fp32 reduction: the bytes the
     collective counter saw are half the uncompressed fp32 gradients (a run that ignored the
     flag would send them all)."""
-    plan = "dp=2,zero=0,dtype=bf16,gbs=4,mbs=1,seq_len=16"
-    cmd = [sys.executable, "-m", "partita", "profile", "--model", "tiny-llama", "--plan", plan, "--nproc", "2",
-           "--steps", "3", "--json", "--grad-dtype", "bf16", "--timeout-s", "120"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc, _ = runs["profile"]
     assert proc.returncode == 0, proc.stderr[-4000:]
     section = json.loads(proc.stdout)["dp_bytes"]
     assert section["knob"] == "bf16"
