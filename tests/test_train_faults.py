@@ -35,9 +35,13 @@ def _no_temp_litter(tmp: Path) -> None:
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchelastic_")]
 
 
+def _cmd(*args, steps=STEPS) -> list[str]:
+    return [sys.executable, "-m", "partita", "train", *COMMON, "--steps", str(steps), *args]
+
+
 def train(tmp: Path, *args, env=None, steps=STEPS) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "partita", "train", *COMMON, "--steps", str(steps), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(tmp / "tmp", env))
+    proc = subprocess.run(_cmd(*args, steps=steps), capture_output=True, text=True, timeout=TIMEOUT,
+                          env=_env(tmp / "tmp", env))
     _no_temp_litter(tmp / "tmp")
     return proc
 
@@ -91,12 +95,41 @@ def job_pids(marker: str) -> list[int]:
     return [p for p in out if p != os.getpid()]
 
 
+#: the scenarios whose one run depends on nothing else: name -> (train args, extra env). Their
+#: runs and the baseline are started together (tests/conftest.py run_together), each with its
+#: own folder and TMPDIR: on the 2-core CI machine a 2-rank run leaves a core idle during its
+#: start-up, which the next run then uses (each run still checks its own TMPDIR for litter).
+SCENARIOS = {
+    "baseline": (lambda d: ["--checkpoint-dir", str(d / "ckpt"), "--checkpoint-every", "2", "--keep", "0"], None),
+    "killed-rank": (lambda d: ["--run-dir", str(d / "run")],
+                    {"PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "2", "PARTITA_CRASH_SIGNAL": "KILL"}),
+    "nan-stops": (lambda d: ["--checkpoint-dir", str(d / "ckpt"), "--checkpoint-every", "2"],
+                  {"PARTITA_NAN_STEP": "4"}),
+    "nan-skipped": (lambda d: ["--run-dir", str(d / "run"), "--skip-nonfinite", "1"],
+                    {"PARTITA_NAN_STEP": "4", "PARTITA_NAN_RANK": "1"}),
+    "write-fails": (lambda d: ["--checkpoint-dir", str(d / "ckpt"), "--checkpoint-every", "2"],
+                    {"PARTITA_FSIZE_STEP": "2"}),
+}
+
+
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
+def scenario_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """name -> (the finished run, its folder) for every entry of SCENARIOS, started together."""
+    from conftest import run_together
+    dirs = {name: tmp_path_factory.mktemp(name) for name in SCENARIOS}
+    cmds = [_cmd(*args(dirs[name])) for name, (args, _) in SCENARIOS.items()]
+    envs = [_env(dirs[name] / "tmp", env) for name, (_, env) in SCENARIOS.items()]
+    procs = run_together(cmds, timeout=2 * TIMEOUT, envs=envs)
+    for name in SCENARIOS:
+        _no_temp_litter(dirs[name] / "tmp")
+    return {name: (proc, dirs[name]) for name, proc in zip(SCENARIOS, procs)}
+
+
+@pytest.fixture(scope="module")
+def baseline(scenario_runs):
     """One uninterrupted run: its losses are the oracle; its checkpoints (steps 1, 3, 5, 7)
     are copied by the scenarios that damage them."""
-    tmp = tmp_path_factory.mktemp("baseline")
-    proc = train(tmp, "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "2", "--keep", "0")
+    proc, tmp = scenario_runs["baseline"]
     got = losses(proc)
     assert sorted(got) == list(range(STEPS))
     assert f"run dir {tmp / 'ckpt'}" in proc.stderr  # --json: the run dir is said on stderr
@@ -120,16 +153,62 @@ def _overwrite_tensor_bytes(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_damaged_checkpoints_fall_back_with_exact_losses_and_torn_metrics_line(baseline, tmp_path):
-    oracle, ckpt = baseline
-    d = _copy(ckpt, tmp_path / "ckpt")
+def _damage_three(d: Path) -> None:
+    """Step 7 with overwritten tensor bytes, step 5 truncated, step 3 missing a file, and a
+    metrics line torn by a crash mid-write."""
     _overwrite_tensor_bytes(d / "step_00000007" / "__1_0.distcp")
     size = (d / "step_00000005" / "__0_0.distcp").stat().st_size
     os.truncate(d / "step_00000005" / "__0_0.distcp", size // 2)
     (d / "step_00000003" / "__1_0.distcp").unlink()
     with open(d / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "loss": 5.1, "l')  # a crash mid-write
-    proc = train(tmp_path, "--checkpoint-dir", str(d), "--resume")
+
+
+def _damage_all(d: Path) -> None:
+    """Only steps 5 and 7 kept, both damaged."""
+    (d / "step_00000007" / ".metadata").write_bytes(os.urandom(300))
+    os.truncate(d / "step_00000005" / "__1_0.distcp", 100)
+
+
+#: resumes from a copy of the baseline's checkpoints: name -> (steps kept, damage, extra train args,
+#: whether the run gets its own TMPDIR checked for litter as ``train`` does)
+RESUMES = {
+    "damaged": ((1, 3, 5, 7), _damage_three, [], True),
+    "no-good": ((5, 7), _damage_all, [], True),
+    "other-model": ((7,), None, ["--model", "tiny-moe"], False),
+    "other-gbs": ((7,), None, ["--plan", "dp=2,gbs=16"], True),
+}
+
+
+@pytest.fixture(scope="module")
+def resume_runs(baseline, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """name -> (the finished ``--resume`` run, its checkpoint copy) for every entry of RESUMES:
+    each on its own copy of the baseline's checkpoints, damaged as the entry says, the runs
+    started together (tests/conftest.py run_together; one job per checkpoint directory)."""
+    from conftest import run_together
+    _, ckpt = baseline
+    dirs, cmds, envs = {}, [], []
+    for name, (keep, damage, extra, own_tmp) in RESUMES.items():
+        tmp = tmp_path_factory.mktemp(name)
+        d = dirs[name] = _copy(ckpt, tmp / "ckpt", keep_steps=keep)
+        if damage:
+            damage(d)
+        if own_tmp:
+            cmds.append(_cmd("--checkpoint-dir", str(d), "--resume", *extra))
+            envs.append(_env(tmp / "tmp", None))
+        else:  # as a user would type it: no --steps, the environment as it is
+            cmds.append([sys.executable, "-m", "partita", "train", *COMMON, *extra, "--checkpoint-dir", str(d), "--resume"])
+            envs.append({})
+    procs = run_together(cmds, timeout=2 * TIMEOUT, envs=envs)
+    for name, (_, _, _, own_tmp) in RESUMES.items():
+        if own_tmp:
+            _no_temp_litter(dirs[name].parent / "tmp")
+    return {name: (proc, dirs[name]) for name, proc in zip(RESUMES, procs)}
+
+
+def test_damaged_checkpoints_fall_back_with_exact_losses_and_torn_metrics_line(baseline, resume_runs):
+    oracle, _ = baseline
+    proc, d = resume_runs["damaged"]  # _damage_three
     got = losses(proc)
     assert sorted(got) == list(range(2, STEPS))
     for step, loss in got.items():
@@ -145,12 +224,8 @@ def test_damaged_checkpoints_fall_back_with_exact_losses_and_torn_metrics_line(b
     assert logged_steps(d / "metrics.jsonl") == list(range(STEPS))  # every step once, the torn line gone
 
 
-def test_no_good_checkpoint_is_one_line_exit_2(baseline, tmp_path):
-    _, ckpt = baseline
-    d = _copy(ckpt, tmp_path / "ckpt", keep_steps=(5, 7))
-    (d / "step_00000007" / ".metadata").write_bytes(os.urandom(300))
-    os.truncate(d / "step_00000005" / "__1_0.distcp", 100)
-    proc = train(tmp_path, "--checkpoint-dir", str(d), "--resume")
+def test_no_good_checkpoint_is_one_line_exit_2(resume_runs):
+    proc, d = resume_runs["no-good"]  # _damage_all
     assert proc.returncode == 2
     assert errors(proc) == [f"partita: error: no usable checkpoint in {d}: every checkpoint there is damaged "
                             "(2 renamed corrupt-* now); resume is impossible, start without --resume or restore a copy"]
@@ -158,20 +233,18 @@ def test_no_good_checkpoint_is_one_line_exit_2(baseline, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_resume_under_another_model_or_global_batch_is_refused(baseline, tmp_path):
-    _, ckpt = baseline
-    d = _copy(ckpt, tmp_path / "ckpt", keep_steps=(7,))
-    other = subprocess.run([sys.executable, "-m", "partita", "train", *COMMON, "--model", "tiny-moe",
-                            "--checkpoint-dir", str(d), "--resume"], capture_output=True, text=True, timeout=TIMEOUT)
+def test_resume_under_another_model_or_global_batch_is_refused(resume_runs):
+    other, d = resume_runs["other-model"]
     assert other.returncode == 2
     assert errors(other) == [f"partita: error: cannot resume from {d}: it holds model tiny-llama, this run trains "
                              "tiny-moe (start a new run or pass --model tiny-llama)"]
-    gbs = train(tmp_path, "--checkpoint-dir", str(d), "--resume", "--plan", "dp=2,gbs=16")
+    gbs, d2 = resume_runs["other-gbs"]
     assert gbs.returncode == 2
-    assert errors(gbs) == [f"partita: error: cannot resume from {d}: it was trained with global batch 8, this run "
+    assert errors(gbs) == [f"partita: error: cannot resume from {d2}: it was trained with global batch 8, this run "
                            "uses 16: the data position (step x global batch) and the schedule would not continue; "
                            "resume with gbs=8 in --plan (or no --plan) or start a new run"]
-    assert sorted(p.name for p in d.glob("step_*")) == ["step_00000007"]  # nothing renamed or deleted
+    for copy in (d, d2):
+        assert sorted(p.name for p in copy.glob("step_*")) == ["step_00000007"]  # nothing renamed or deleted
 
 
 def test_sigterm_saves_the_step_reached_and_resume_continues_exactly(baseline, tmp_path):
@@ -242,18 +315,17 @@ def test_kill_9_of_the_launchers_process_group_takes_the_workers_down(tmp_path):
     assert logged_steps(run / "metrics.jsonl") == steps_then  # nobody is training any more
 
 
-def test_killed_rank_is_named_as_the_one_that_died(tmp_path):
-    proc = train(tmp_path, "--run-dir", str(tmp_path / "run"),
-                 env={"PARTITA_CRASH_RANK": "1", "PARTITA_CRASH_STEP": "2", "PARTITA_CRASH_SIGNAL": "KILL"})
+def test_killed_rank_is_named_as_the_one_that_died(scenario_runs):
+    proc, tmp_path = scenario_runs["killed-rank"]  # rank 1 SIGKILLed at step 2 (SCENARIOS)
     assert proc.returncode == 1
     assert errors(proc) == ["partita: error: rank 1 died (killed by SIGKILL: out of memory, or killed from "
                             "outside?); the other ranks stopped because they lost it"]
     assert not (tmp_path / "run" / "torchelastic").exists()
 
 
-def test_nan_at_step_k_stops_before_saving_it(baseline, tmp_path):
+def test_nan_at_step_k_stops_before_saving_it(scenario_runs):
+    proc, tmp_path = scenario_runs["nan-stops"]  # a NaN at step 4, checkpoints every 2 steps (SCENARIOS)
     d = tmp_path / "ckpt"
-    proc = train(tmp_path, "--checkpoint-dir", str(d), "--checkpoint-every", "2", env={"PARTITA_NAN_STEP": "4"})
     assert proc.returncode == 2
     assert errors(proc) == ["partita: error: step 4: not finite: loss nan, gradient norm nan; stopped before the "
                             "optimizer update (--skip-nonfinite 0 allows 0 such step(s)); newest checkpoint of "
@@ -262,10 +334,9 @@ def test_nan_at_step_k_stops_before_saving_it(baseline, tmp_path):
     assert sorted(p.name for p in d.iterdir() if p.name.startswith("step_")) == ["step_00000001", "step_00000003"]
 
 
-def test_nan_skipped_with_skip_nonfinite(baseline, tmp_path):
+def test_nan_skipped_with_skip_nonfinite(baseline, scenario_runs):
     oracle, _ = baseline
-    proc = train(tmp_path, "--run-dir", str(tmp_path / "run"), "--skip-nonfinite", "1",
-                 env={"PARTITA_NAN_STEP": "4", "PARTITA_NAN_RANK": "1"})
+    proc, tmp_path = scenario_runs["nan-skipped"]  # rank 1's NaN at step 4, --skip-nonfinite 1 (SCENARIOS)
     got = losses(proc)
     assert sorted(got) == [0, 1, 2, 3, 5, 6, 7]  # step 4 reported, not printed as a loss
     assert all(got[s] == oracle[s] for s in range(4))
@@ -277,9 +348,9 @@ def test_nan_skipped_with_skip_nonfinite(baseline, tmp_path):
     assert {"event": "skipped_nonfinite", "step": 4, "reason": reason} in records
 
 
-def test_a_checkpoint_write_that_fails_is_one_line_and_earlier_ones_stay(tmp_path):
+def test_a_checkpoint_write_that_fails_is_one_line_and_earlier_ones_stay(scenario_runs):
+    proc, tmp_path = scenario_runs["write-fails"]  # a file-size limit from step 2 on (SCENARIOS)
     d = tmp_path / "ckpt"
-    proc = train(tmp_path, "--checkpoint-dir", str(d), "--checkpoint-every", "2", env={"PARTITA_FSIZE_STEP": "2"})
     assert proc.returncode == 2
     [line] = errors(proc)
     assert line.startswith(f"partita: error: could not write checkpoint {d / 'step_00000003.partial'} "
