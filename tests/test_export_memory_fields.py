@@ -202,3 +202,11 @@ def test_lora_optimizer_states_follow_offload_and_moment_dtype(dp, fields, per_p
     adapters = trainable_params(model, plan)
     parts = estimate_rank_memory(model, make_cluster("h100-sxm", dp).device, plan, 0).parts
     assert parts["optimizer"] == pytest.approx(adapters * per_param, rel=1e-9, abs=1e-6)
+
+
+@pytest.mark.parametrize("fields,words", [({"optimizer_offload": 1.0}, "optimizer_offload=1: this export writes"),
+                                          ({"moment_dtype": "bf16"}, "moment_dtype=bf16: the Hugging Face Trainer")])
+def test_llamafactory_refuses_the_optimizer_fields(fields, words):
+    with pytest.raises(PartitaError) as err:
+        export("llamafactory", Plan(dp=8, zero=2, gbs=64, finetune="lora", **fields), load_model("llama3-8b"))
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)

@@ -60,7 +60,7 @@ RECOMPUTE_MODULES = {"core_v0.16.1": {"core_attn", "moe_act", "layernorm", "mla_
 
 def optimizer_and_recompute_validate(ns: argparse.Namespace, release: str = RELEASE) -> None:
     """Megatron's own rules on the optimizer-state and module-recompute flags, transcribed:
-    validate_args (arguments.py core_v0.16.1 l.1190-1198, core_v0.12.1 l.955-960; MindSpeed-LLM
+    validate_args (arguments.py core_v0.16.1 l.1190-1198, core_v0.12.1 l.945-949; MindSpeed-LLM
     mindspeed_llm/core/layerwise_disaggregated_training/initialize.py l.1068 repeats it):
     --optimizer-cpu-offload needs --use-precision-aware-optimizer, and with --fp8-param-gather the
     delayed recipe; OptimizerConfig.__post_init__ (optimizer_config.py): the precision-aware

@@ -36,6 +36,13 @@ def _check_expressible(plan: Plan) -> None:
     if plan.dtype == "fp8":
         raise PartitaError("dtype fp8: export a bf16 plan to LLaMA-Factory (its fp8 path is a separate "
                            "DeepSpeed/Accelerate setup this export does not write)")
+    if plan.optimizer_offload:  # the ZeRO presets above keep the optimizer states on the device
+        raise PartitaError(f"optimizer_offload={plan.optimizer_offload:g}: this export writes LLaMA-Factory's ZeRO "
+                           "presets, which keep the optimizer states on the device; re-plan without it, or export "
+                           "--to deepspeed (zero_optimization.offload_optimizer)")
+    if plan.moment_dtype != "fp32" and plan.zero == 2:  # priced at zero 1-2 (cost/states.moment_saving)
+        raise PartitaError(f"moment_dtype={plan.moment_dtype}: the Hugging Face Trainer's AdamW under DeepSpeed keeps "
+                           "fp32 moments beside the fp32 master; re-plan with --moment-dtype fp32")
     if plan.recompute == "selective" or plan.recompute_layers:
         raise PartitaError(f"recompute {plan.recompute}{f' of {plan.recompute_layers} layers' if plan.recompute_layers else ''}: "
                            "LLaMA-Factory's gradient checkpointing recomputes every layer (recompute full) or none")
