@@ -101,6 +101,14 @@ REFUSED = [
     ("megatron", "llama3-8b", dict(dp=8, zero=1, recompute="selective", recompute_modules="mla_up_proj"),
      "recompute_modules mla_up_proj: Megatron-Core accepts it only with --multi-latent-attention "
      "(transformer_config.py); re-plan without mla_up_proj"),
+    ("megatron", "llama3-8b", dict(dp=8, zero=1, recompute="selective", recompute_modules="moe_act"),
+     "recompute_modules moe_act: Megatron-Core accepts moe_act only with --moe-grouped-gemm, a MoE model's "
+     "(transformer_config.py); the model is dense: re-plan without moe_act"),
+    ("megatron", "mixtral-8x7b", dict(dp=8, ep=8, zero=1, dtype="fp8", fp8_recipe="rowwise", recompute="selective",
+                                     recompute_modules="layernorm"),
+     "recompute_modules layernorm with fp8_recipe rowwise: Megatron's --fp8-recipe has no such recipe and its default "
+     "(delayed) refuses moe_act and layernorm recompute (transformer_config.py); re-plan with --fp8-recipe tensorwise "
+     "or mxfp8"),
     ("mindspeed", "llama3-8b", dict(dp=8, zero=1, moment_dtype="bf16"),
      "moment_dtype=bf16: MindSpeed-LLM has no narrower Adam moments (its Megatron core_v0.12.1 takes --exp-avg-dtype "
      "from Transformer Engine's FusedAdam, absent on Ascend); re-plan with --moment-dtype fp32, or export --to megatron"),
