@@ -17,14 +17,11 @@ refusal - the pipelined loss with the refusal switched off, which is not the tru
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -231,67 +228,68 @@ class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, lambda h: h.t if isinstance(h, Held) else h)
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=60))
+def _run_case(case: str, rank: int) -> tuple[str, object]:
+    """One case on this rank of a 4-rank gloo process group that is up: ("ok", (losses, FLOPs per
+    step, parameters held, saved bytes after the forwards, stage, peak saved bytes)), ("error",
+    the PartitaError's text) or ("crash", the traceback)."""
     torch.set_num_threads(1)
     from partita.runtime.traced_pipeline import TracedPipeline
     from partita.runtime.traced import parallelize_traced
     check = TracedPipeline._check_cuts
     sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
-    for case, (name, plan) in CASES.items():
-        TracedPipeline._check_cuts = (lambda self, chunk: None) if case == "skip-unguarded" else check
-        torch.manual_seed(0)
-        model = globals()[name]()
-        replica = (rank // plan.tp) % plan.dp
-        share = 4 // plan.dp
-        try:
-            pm = parallelize_traced(model, plan, make_optimizer=sgd, device_type="cpu",
-                                    example_inputs=(_batch(0)[:plan.mbs],))
-            losses, flops = [], []
-            saved = _SavedBytes(pm.module) if plan.zero == 0 else contextlib.nullcontext()  # FSDP: DTensors
-            forwarded = []  # saved bytes once every forward of the measured step is done
-            first_backward = pm._backward
-            pm._backward = lambda *a: (forwarded.append(getattr(saved, "bytes", None)), first_backward(*a))[1]
-            for step in range(STEPS + 1):
-                batch = (_batch(step)[replica * share:(replica + 1) * share],)
-                if step == STEPS:  # apart: FlopCounterMode keeps the step's graphs alive until it exits
-                    forwarded.clear()
-                    with saved:
-                        pm.train_step(batch, _sum_loss if case == "pp4-m1" else _loss)
-                    continue
-                with FlopCounterMode(display=False) as counter:
-                    losses.append(pm.train_step(batch, _loss))
-                flops.append(counter.get_total_flops())
-            held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
-            queue.put((case, rank, "ok", (losses, flops, held, forwarded[0], pm.stage, getattr(saved, "peak", None))))
-        except PartitaError as e:
-            queue.put((case, rank, "error", str(e)))
-        except Exception as e:  # reported, not waited for
-            import traceback
-            queue.put((case, rank, "crash", f"{e!r}\n{traceback.format_exc()}"))
-        dist.barrier()
-    dist.barrier()
-    dist.destroy_process_group()
+    name, plan = CASES[case]
+    TracedPipeline._check_cuts = (lambda self, chunk: None) if case == "skip-unguarded" else check
+    torch.manual_seed(0)
+    model = globals()[name]()
+    replica = (rank // plan.tp) % plan.dp
+    share = 4 // plan.dp
+    try:
+        pm = parallelize_traced(model, plan, make_optimizer=sgd, device_type="cpu",
+                                example_inputs=(_batch(0)[:plan.mbs],))
+        losses, flops = [], []
+        saved = _SavedBytes(pm.module) if plan.zero == 0 else contextlib.nullcontext()  # FSDP: DTensors
+        forwarded = []  # saved bytes once every forward of the measured step is done
+        first_backward = pm._backward
+        pm._backward = lambda *a: (forwarded.append(getattr(saved, "bytes", None)), first_backward(*a))[1]
+        for step in range(STEPS + 1):
+            batch = (_batch(step)[replica * share:(replica + 1) * share],)
+            if step == STEPS:  # apart: FlopCounterMode keeps the step's graphs alive until it exits
+                forwarded.clear()
+                with saved:
+                    pm.train_step(batch, _sum_loss if case == "pp4-m1" else _loss)
+                continue
+            with FlopCounterMode(display=False) as counter:
+                losses.append(pm.train_step(batch, _loss))
+            flops.append(counter.get_total_flops())
+        held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in pm.module.parameters())
+        return "ok", (losses, flops, held, forwarded[0], pm.stage, getattr(saved, "peak", None))
+    except PartitaError as e:
+        return "error", str(e)
+    except Exception as e:  # reported, not waited for
+        import traceback
+        return "crash", f"{e!r}\n{traceback.format_exc()}"
+    finally:
+        TracedPipeline._check_cuts = check  # the processes run other test files' cases next
+
+
+#: every case runs on the session's shared 4-rank processes (tests/conftest.py ``equivalence``;
+#: :func:`shared_case`), not on 4 processes spawned for this file
+EQUIVALENCE_CASES = [(4, 0, case, str(Path(__file__).resolve())) for case in CASES]
+
+
+def shared_case(case: str) -> dict:
+    """:func:`_run_case` on every rank of the shared 4-rank process group; each rank's
+    (kind, value), gathered."""
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, _run_case(case, dist.get_rank()))
+    return {"ranks": got}
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(4)]
-    for p in procs:
-        p.start()
-    out: dict = {}
-    for _ in range(4 * len(CASES)):
-        case, rank, kind, value = queue.get(timeout=240)
-        out.setdefault(case, {})[rank] = (kind, value)
-    for p in procs:
-        p.join(60)
-    return out
+def runs(equivalence) -> dict:
+    """case -> {rank: (kind, value)} (:func:`_run_case`)."""
+    return {spec[2]: {rank: tuple(kv) for rank, kv in enumerate(equivalence["results"][spec]["ranks"])}
+            for spec in EQUIVALENCE_CASES}
 
 
 @pytest.mark.timeout(400)
