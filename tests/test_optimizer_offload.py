@@ -129,3 +129,13 @@ def test_precision_aware_moments_hold_what_megatron_stores(dtype, moment_bytes):
     assert mixed.plan.moment_dtype == "fp32" and mixed.not_modelled[0].startswith("--exp-avg-dtype bf16")
     assert read(LLAMA70 + "--use-distributed-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
                 8).plan.moment_dtype == "fp32"  # without the precision-aware optimizer the dtypes are unused
+
+
+def test_offloaded_optimizer_keeps_fp32_moments_on_the_device():
+    # Megatron-Core passes exp_avg_dtype / exp_avg_sq_dtype only to the non-offloaded Adam
+    # (megatron/core/optimizer/__init__.py: `if config.optimizer_cpu_offload:` builds
+    # HybridDeviceOptimizer first), so with an offload the device share holds fp32 master + m + v:
+    # (1 - f) x 12 / d bytes per parameter (dist_optimizer.md), whatever --exp-avg-dtype says
+    params = sum(_states("llama3-8b", 8, zero=1).values()) / (6 + 12 / 8)
+    offloaded = _states("llama3-8b", 8, zero=1, moment_dtype="bf16", optimizer_offload=0.5)
+    assert offloaded["optimizer"] == pytest.approx(params * 0.5 * 12 / 8)

@@ -66,7 +66,7 @@ from .compute import BYTES, LayerCost, embedding_forward, gemm_time, layer_forwa
 from .memo import memoised
 from .placement import RankShape
 from .shape import LayerShape
-from .states import _shape_params, _state_bytes, device_optimizer_share, moment_saving
+from .states import _shape_params, _state_bytes, device_optimizer_share, moment_saving, stored_moment_dtype
 
 
 class LoraLinear(NamedTuple):
@@ -235,7 +235,7 @@ def lora_states(model: ModelSpec, plan: Plan, shape: RankShape, zero: int, grad_
     for count, shard in zip(adapters, shards):
         if count:
             aw, ag, ao = _state_bytes(plan.dtype, grad_b, zero, count, shard, full_grads, autocast, False)
-            ao -= moment_saving(plan.moment_dtype, zero, count, shard)  # as cost/memory.py for the full model
+            ao -= moment_saving(stored_moment_dtype(plan), zero, count, shard)  # as cost/memory.py for the full model
             weights, grads, optimizer = weights + aw, grads + ag, optimizer + ao
     return weights, grads, optimizer * device_optimizer_share(plan)
 

@@ -36,7 +36,7 @@ from .shape import LayerShape, layer_shape
 from .step import _ddp_wraps
 from .states import (_grad_bytes, _shape_params, _state_bytes, device_optimizer_share,  # noqa: F401
                      expert_state_shard, fp8_weight_cache, moment_saving, full_gradients, grad_bytes, model_state_bytes,
-                     shape_params, state_shard,
+                     shape_params, state_shard, stored_moment_dtype,
                      tp_replicated_params)
 from .transient import (LOSS_MODE, _transient, _zero3_gathered, fsdp_stream_pool,  # noqa: F401
                         loss_bytes_per_logit)
@@ -204,9 +204,10 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
                 we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache,
                                           plan.fp8_param_gather, plan.reuse_fp32_param, master)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
-            if plan.moment_dtype != "fp32":  # --use-precision-aware-optimizer's narrower moments (states.py)
-                optimizer -= moment_saving(plan.moment_dtype, zero, dense, dense_shard) + \
-                    moment_saving(plan.moment_dtype, zero, expert, expert_shard)
+            moments = stored_moment_dtype(plan)  # --use-precision-aware-optimizer's narrower moments (states.py)
+            if moments != "fp32":
+                optimizer -= moment_saving(moments, zero, dense, dense_shard) + \
+                    moment_saving(moments, zero, expert, expert_shard)
             optimizer *= device_optimizer_share(plan)  # --optimizer-cpu-offload (states.py)
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
                             fsdp_stream_pool(model, plan, shape, zero)) if zero >= 3 else \

@@ -81,7 +81,7 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
                                              full_gradients(plan), _autocast(plan), fp8_weight_cache(plan),
                                              plan.fp8_param_gather, plan.reuse_fp32_param,
                                              FRAMEWORKS[plan.framework].master_in_params)
-    optimizer -= moment_saving(plan.moment_dtype, plan.zero, params, shard)
+    optimizer -= moment_saving(stored_moment_dtype(plan), plan.zero, params, shard)
     return {"weights": weights, "gradients": grads, "optimizer": optimizer * device_optimizer_share(plan)}
 
 
@@ -102,6 +102,16 @@ def moment_saving(moment_dtype: str, zero: int, params: float, shard: int) -> fl
     if moment_dtype == "fp32" or zero >= 3 or zero < 1:
         return 0.0
     return 2 * (4 - MOMENT_BYTES[moment_dtype]) * params / shard
+
+
+def stored_moment_dtype(plan: Plan) -> str:
+    """The dtype Adam's moments are really stored in: ``plan.moment_dtype``, except under
+    ``--optimizer-cpu-offload`` (any ``plan.optimizer_offload`` > 0), where Megatron-Core builds
+    ``HybridDeviceOptimizer`` with TE's ``Adam`` / ``CPUAdam`` and never passes ``exp_avg_dtype`` /
+    ``exp_avg_sq_dtype`` (those reach only the non-offloaded branch: NVIDIA/Megatron-LM@d98e8a6
+    megatron/core/optimizer/__init__.py, ``if config.optimizer_cpu_offload:`` before
+    ``if config.use_precision_aware_optimizer:``), so the device-side share keeps fp32 moments."""
+    return "fp32" if plan.optimizer_offload > 0 else plan.moment_dtype
 
 
 def device_optimizer_share(plan: Plan) -> float:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import PartitaError
-from ..cost.states import MOMENT_BYTES
 from ..plan import Plan
 from .context import ExportContext
 from .result import Export
@@ -172,9 +171,8 @@ def _optimizer_state_args(plan: Plan, args: MegatronArgs, fsdp: str, warn: list[
         if 0 < plan.optimizer_offload < 1:
             warn.append(f"moment_dtype={plan.moment_dtype} with optimizer_offload={plan.optimizer_offload:g}: "
                         "Megatron's HybridDeviceOptimizer builds its device Adam without --exp-avg-dtype "
-                        "(megatron/core/optimizer/__init__.py), so the device share keeps fp32 moments: "
-                        f"{2 * (4 - MOMENT_BYTES[plan.moment_dtype]) * (1 - plan.optimizer_offload):g} bytes per "
-                        "sharded parameter more than planned")
+                        "(megatron/core/optimizer/__init__.py), so the device share keeps fp32 moments "
+                        "(the estimate prices them so: cost/states.stored_moment_dtype)")
     return a
 
 
