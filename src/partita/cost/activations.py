@@ -49,8 +49,9 @@ def module_recompute_bytes(model: ModelSpec, shape: LayerShape, modules: frozens
     recompute-none bytes (:func:`activation_bytes`) less what each named module no longer stores.
 
     Megatron-Core's modules (megatron/core/transformer/transformer_config.py, ``recompute_modules``):
-    "layernorm" recomputes input_layernorm and pre_mlp_layernorm (output-discarding checkpoints:
-    their two outputs, the QKV and MLP inputs, are not kept: ``2h``); "core_attn" the core attention
+    "layernorm" recomputes input_layernorm and pre_mlp_layernorm where they are modules of their own
+    (output-discarding checkpoints: their outputs, the QKV and MLP inputs, are not kept; 0, h or 2h
+    a token: :func:`_norm_outputs_freed`); "core_attn" the core attention
     (with a fused kernel: its log-sum-exp; Q, K, V stay as the checkpoint's input, the output as
     the out-projection's); "mla_up_proj" the MLA up projections and RoPE (Q, K, V not kept; their
     low-rank inputs, which the model does not count either way, stay); "moe_act" the experts'
@@ -62,8 +63,7 @@ def module_recompute_bytes(model: ModelSpec, shape: LayerShape, modules: frozens
     tp, e = shape.tp, BYTES[shape.dtype]
     h, out_div = model.hidden, (tp if shape.sp else 1)
     kept = activation_bytes(model, shape, "none", moe) / shape.tokens  # per token
-    if "layernorm" in modules:
-        kept -= 2 * e * h / out_div
+    kept -= e * h / out_div * _norm_outputs_freed(model, shape, modules, moe)
     if "core_attn" in modules:
         kept -= FP32_BYTES * model.heads / tp
     if "mla_up_proj" in modules and model.mla:
@@ -80,6 +80,37 @@ def module_recompute_bytes(model: ModelSpec, shape: LayerShape, modules: frozens
     elif "mlp" in modules:
         kept -= e * (3 if model.gated else 2) * model.ffn_hidden / tp
     return shape.tokens * kept
+
+
+def _norm_outputs_freed(model: ModelSpec, shape: LayerShape, modules: frozenset, moe: bool) -> int:
+    """How many ``[s, b, h]`` norm outputs (the QKV and MLP inputs :func:`activation_bytes` counts)
+    a layer no longer keeps under ``modules``.
+
+    Megatron-Core discards a norm's output only where the norm is its own module
+    (megatron/core/transformer/transformer_layer.py, ``recompute_input_layernorm`` /
+    ``recompute_pre_mlp_layernorm`` are set only ``if not isinstance(..., IdentityOp)``; the same
+    check at core_v0.12.1, which MindSpeed-LLM runs). In the Transformer Engine spec
+    (megatron/core/models/gpt/gpt_layer_specs.py, ``get_gpt_layer_with_transformer_engine_spec``)
+    non-MLA attention fuses input_layernorm into ``linear_qkv`` (a LayerNormLinear; input_layernorm
+    stays IdentityOp), MLA keeps it a module, and pre_mlp_layernorm is a module only on MoE layers
+    (IdentityOp on dense layers: fused into ``linear_fc1``). So "layernorm" frees 0 on a dense
+    non-MLA layer (Llama), 1 on a MoE or an MLA dense layer, 2 on an MLA MoE layer. On a TE dense
+    layer "mlp" checkpoints the block from the pre-norm residual (already kept as the norm's input),
+    so the fused norm's output that ``linear_fc1`` saved goes too: 1.
+
+    Framework "mindspeed" is priced with Megatron's local spec (``--transformer-impl local``, which
+    180 of MindSpeed-LLM@HEAD's 375 example scripts pass): both norms are modules, "layernorm"
+    frees 2. Known gap: a MindSpeed run on its default (TE) spec, or Megatron with
+    ``--transformer-impl local``, is priced with the other spec (the plan does not carry it)."""
+    if shape.framework == "mindspeed":
+        return 2 if "layernorm" in modules else 0
+    moe_layer = moe and model.moe is not None
+    freed = 0
+    if "layernorm" in modules:
+        freed += (1 if model.mla else 0) + (1 if moe_layer else 0)
+    if "mlp" in modules and not moe_layer:
+        freed += 1
+    return freed
 
 
 @memoised
@@ -213,8 +244,12 @@ def unfused_attention_bytes(model: ModelSpec, plan: Plan) -> float:
 
 def _kept_attention_layers(plan: Plan, shape: RankShape, mode: str) -> float:
     """Layers of one in-flight chunk that keep :func:`unfused_attention_bytes`: all with
-    recompute none, the not-recomputed ones of a partial full recompute, none otherwise."""
-    if mode == "none":
+    recompute none, the not-recomputed ones of a partial full recompute, all with Megatron's
+    module-level selective recompute when ``plan.recompute_modules`` lacks "core_attn" (only that
+    module recomputes the core attention: megatron/core/transformer/transformer_layer.py), none
+    otherwise."""
+    if mode == "none" or (mode == "selective" and plan.recompute_modules
+                          and "core_attn" not in plan.recompute_modules.split(",")):
         return shape.n_layers / plan.vpp
     if mode == "full" and plan.recompute_layers:
         return (shape.n_layers - shape.rc_dense - shape.rc_moe) / plan.vpp
