@@ -91,3 +91,47 @@ def test_sample_len_longer_than_the_sequence_is_one_line(capsys):
     assert code != 0 and not out
     assert "sample_len 99999 must be at most seq_len 4096" in err and len(err.splitlines()) == 1
     assert run(E + ["--global-batch", "64", "--seq-len", "4096", "--sample-len", "4096"], capsys)[0] == 0
+
+
+def test_optimizer_offload_zero_its_default_is_taken_everywhere(tmp_path, capsys):
+    """0 (nothing offloaded, the default) is inside the field's range "0 to 1"; the float check
+    refused every number <= 0 before the field had bounds."""
+    code, out, err = run(E + ["--global-batch", "64", "--optimizer-offload", "0", "--json"], capsys)
+    assert code == 0, err
+    assert Plan.parse("optimizer_offload=0", world_size=16).optimizer_offload == 0.0
+    (tmp_path / "p.json").write_text(json.dumps({"dp": 16, "gbs": 64, "optimizer_offload": 0}))
+    code, out, err = run(E + ["--plan", str(tmp_path / "p.json"), "--json"], capsys)
+    assert code == 0, err
+    for value in ("1.5", "-0.1"):  # outside: the same words from the flag, a plan string and the Python API
+        code, _, err = run(E + ["--global-batch", "64", "--optimizer-offload", value], capsys)
+        assert code == 2 and f"is the fraction of the optimizer states in host memory, from 0 to 1, got {value}" in err and len(err.splitlines()) == 1
+        assert validate(Plan(optimizer_offload=float(value))) == \
+            [f"optimizer_offload is the fraction of the optimizer states in host memory, from 0 to 1, got {float(value)}"]
+
+
+def test_python_api_values_of_another_type_are_one_line_each():
+    assert validate(Plan(optimizer_offload="0.5")) == ["optimizer_offload must be a number, got '0.5'"]
+    assert validate(Plan(tp="2")) == ["tp must be an integer, got '2'"]
+
+
+@pytest.mark.parametrize("given, canonical", [
+    (["mlp"], "mlp"), ("mlp,mlp", "mlp"), ("layernorm,mlp", "layernorm,mlp"), ("mlp,layernorm", "layernorm,mlp"),
+    ("mlp,,core_attn", "core_attn,mlp"), (["moe", "mlp", "MLP"], "mlp,moe"),
+])
+def test_recompute_modules_are_one_canonical_set(given, canonical):
+    """A list (Python, a JSON plan file) or a string, repeats, blanks and order give one plan
+    (Megatron-Core checks the modules as a set: transformer_config.py)."""
+    from_python = Plan(recompute="selective", recompute_modules=given)
+    from_file = Plan.from_dict({"recompute": "selective", "recompute_modules": given})
+    assert from_python.recompute_modules == from_file.recompute_modules == canonical
+    assert from_python == from_file and validate(from_python) == []
+
+
+def test_unknown_recompute_modules_name_the_known_ones(capsys):
+    known = "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts"
+    assert validate(Plan(recompute="selective", recompute_modules=["mlp", "attn"])) == \
+        [f"recompute_modules must be comma-separated modules among {known} (Megatron-Core transformer_config.py), "
+         "got 'attn'"]
+    code, _, err = run(E + ["--global-batch", "64", "--recompute", "selective", "--recompute-modules", "mlp,attn"],
+                       capsys)
+    assert code == 2 and f"among {known}" in err and "got 'attn'" in err and len(err.splitlines()) == 1

@@ -170,11 +170,11 @@ _ESTIMATE = ("estimate",)
 
 
 def _flag(default: Any, help: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
-          choices: tuple | None = None, bounds: tuple[int, int] | None = None, commands: tuple[str, ...] = _ESTIMATE,
+          choices: tuple | None = None, bounds: tuple[float, float] | None = None, commands: tuple[str, ...] = _ESTIMATE,
           bounds_text: str | None = None) -> Any:
     """A plan field with what its command-line flag and its check are generated from, so that
     the flag, a plan string, a plan file and :func:`validate` refuse a bad value with the same
-    words (:func:`field_problem`): ``help``, the ``choices`` or integer ``bounds`` (low, high)
+    words (:func:`field_problem`): ``help``, the ``choices`` or numeric ``bounds`` (low, high)
     it must lie in (``bounds_text`` words the range where its low end means something), the
     ``flag`` spelling (default ``--`` + the field name with dashes) and other names (``aliases``), and
     the ``commands`` that offer it (``partita.cli.plan_flags`` builds the flags; only cli/
@@ -279,7 +279,9 @@ class Plan:
     #: HybridDeviceOptimizer steps that share on the CPU; --optimizer-offload-fraction, default 1.0)
     optimizer_offload: float = _flag(0.0, "fraction (0-1) of the optimizer states (fp32 master, Adam moments) kept "
                                           "in host memory (Megatron --optimizer-cpu-offload "
-                                          "--optimizer-offload-fraction; memory only, the host step is not timed)")
+                                          "--optimizer-offload-fraction; memory only, the host step is not timed)",
+                                   bounds=(0, 1), bounds_text="is the fraction of the optimizer states in host memory, "
+                                               "from 0 to 1")
     #: packed sequences whose attention runs per sample (document mask / varlen, as Partita's runtime,
     #: NeMo's packed THD and LLaMA-Factory's neat_packing do): the samples' length-weighted mean length
     #: sum(L^2) / sum(L), the causal attention span per token; 0: one sample fills the sequence (cost/compute.py)
@@ -287,6 +289,17 @@ class Plan:
                                "sum(L^2)/sum(L) in tokens (0, the default: one sample per sequence)",
                             bounds=(0, MAX_PLAN_SIZE), commands=_BOTH,
                             bounds_text="must be 0 (one sample per sequence) or a sample length in tokens")
+
+    def __post_init__(self) -> None:
+        """``recompute_modules`` canonical however the plan is built (:func:`canonical_modules`:
+        a list from Python or JSON, repeats, order); a value it cannot read is left for
+        :func:`validate` to name."""
+        modules = self.recompute_modules
+        if modules != "":
+            try:
+                object.__setattr__(self, "recompute_modules", canonical_modules(modules))
+            except ValueError:
+                pass
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with ``changes`` (unvalidated; a faster ``dataclasses.replace`` for the search)."""
@@ -521,12 +534,38 @@ def field_problem(name: str, value: Any) -> str | None:
     if meta["choices"] is not None and value not in meta["choices"]:
         return f"must be {_choices_text(meta['choices'])}, got {value!r}"
     bounds = meta["bounds"]
+    if bounds is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return f"must be {'an integer' if _FIELDS[name].type == 'int' else 'a number'}, got {value!r}"
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
         return (meta["bounds_text"] or f"must be from {_number_text(bounds[0])} to {_number_text(bounds[1])}") \
             + f", got {value}"
     if name == "layer_split" and value and not all(-1 < n <= MAX_PLAN_SIZE for n in value):
         return f"entries must be from 0 to {MAX_PLAN_SIZE:,}, got {list(value)}"
+    if name == "recompute_modules" and value:
+        unknown = [m for m in str(value).split(",") if m not in RECOMPUTE_MODULES]
+        if unknown or not isinstance(value, str):
+            return (f"must be comma-separated modules among {', '.join(RECOMPUTE_MODULES)} (Megatron-Core "
+                    f"transformer_config.py), got {', '.join(repr(m) for m in unknown) or repr(value)}")
     return None
+
+
+def canonical_modules(value: Any) -> str:
+    """``recompute_modules`` as one canonical string: a comma-separated string or a list (a
+    plan file's JSON list, the Python API) with blanks dropped, case and repeats folded and the
+    known modules in :data:`RECOMPUTE_MODULES` order (unknown names after them, sorted, for
+    :func:`field_problem` to name), so that "mlp,mlp" and "mlp", or "layernorm,mlp" and
+    "mlp,layernorm", are one plan (Megatron recomputes a set: transformer_config.py checks
+    membership only). ``ValueError`` for anything but text or a list of text."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(m, str) for m in value):
+            raise ValueError(f"must be a list of module names, got {value!r}")
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise ValueError(f"must be comma-separated module names, got {value!r}")
+    names = {m.strip().lower() for m in value.replace(" ", ",").split(",")} - {""}
+    return ",".join([m for m in RECOMPUTE_MODULES if m in names] + sorted(names - set(RECOMPUTE_MODULES)))
 
 
 def field_value(name: str, value: Any) -> Any:
@@ -564,6 +603,8 @@ def _typed(name: str, value: Any) -> Any:
     """``value`` as field ``name``'s type (``ValueError`` saying what it must be); string
     values lower-cased, with the schedule and recompute short names expanded."""
     kind = _FIELDS[name].type
+    if name == "recompute_modules":
+        return canonical_modules(value)
     if name == "layer_split":
         if value in (None, "", "none"):
             return None
@@ -586,8 +627,9 @@ def _typed(name: str, value: Any) -> Any:
             number = float(value)
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"must be a number, got {value!r}") from None
-        if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
-            raise ValueError(f"must be a positive number, got {value!r}")
+        bounded = field_meta(name)["bounds"] is not None  # a field with bounds says its own range
+        if isinstance(value, bool) or not math.isfinite(number) or (number <= 0 and not bounded):
+            raise ValueError(f"must be {'a' if bounded else 'a positive'} number, got {value!r}")
         return number
     if kind == "int":
         if isinstance(value, bool):
@@ -682,10 +724,16 @@ def _field_problems(plan: Plan) -> list[str]:
     """Each field by itself against its metadata (:func:`field_problem` words the line);
     inlined over :data:`_CHECKS` because the search validates every candidate."""
     values = plan.__dict__
-    errs = [f"{name} {field_problem(name, values[name])}" for name, choices, low, high in _CHECKS
-            if ((values[name] not in choices) if choices is not None else not low <= values[name] <= high)]
+    try:
+        errs = [f"{name} {field_problem(name, values[name])}" for name, choices, low, high in _CHECKS
+                if ((values[name] not in choices) if choices is not None else not low <= values[name] <= high)]
+    except TypeError:  # a value of another type (Plan(tp="2") from Python): the slow path words it
+        errs = [f"{name} {field_problem(name, values[name])}" for name, *_ in _CHECKS
+                if field_problem(name, values[name])]
     if plan.layer_split and field_problem("layer_split", plan.layer_split):
         errs.append(f"layer_split {field_problem('layer_split', plan.layer_split)}")
+    if plan.recompute_modules and field_problem("recompute_modules", plan.recompute_modules):
+        errs.append(f"recompute_modules {field_problem('recompute_modules', plan.recompute_modules)}")
     return errs
 
 
@@ -714,15 +762,9 @@ def _validate_weight_storage(plan: Plan) -> list[str]:
     if plan.reuse_fp32_param and (plan.dtype not in ("bf16", "fp8") or plan.zero > 2):
         errs.append(f"reuse_fp32_param needs dtype bf16 (or fp8 over bf16) and zero 0-2 (MindSpeed refuses it with "
                     f"fp16 and ZeRO-3), got dtype {plan.dtype}, zero {plan.zero}")
-    if plan.recompute_modules:
-        unknown = sorted(set(plan.recompute_modules.split(",")) - set(RECOMPUTE_MODULES))
-        if unknown or plan.recompute != "selective":
-            errs.append(f"recompute_modules {plan.recompute_modules!r} needs recompute selective and modules among "
-                        f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core transformer_config.py); got recompute "
-                        f"{plan.recompute}" + (f", unknown {', '.join(unknown)}" if unknown else ""))
-    if not 0.0 <= plan.optimizer_offload <= 1.0:  # Megatron's --optimizer-offload-fraction is a ratio
-        errs.append(f"optimizer_offload is the fraction of the optimizer states in host memory, 0 to 1; "
-                    f"got {plan.optimizer_offload}")
+    if plan.recompute_modules and plan.recompute != "selective":  # the names: field_problem
+        errs.append(f"recompute_modules {plan.recompute_modules!r} needs recompute selective (Megatron's "
+                    f"--recompute-modules go with --recompute-granularity selective), got recompute {plan.recompute}")
     return errs
 
 
