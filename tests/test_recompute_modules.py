@@ -43,7 +43,9 @@ def read(text: str, world: int):
     ("--recompute-granularity selective --recompute-modules mla_up_proj moe mlp layernorm",
      "mla_up_proj,moe,mlp,layernorm"),
     ("--recompute-granularity selective --recompute-modules moe_act layernorm", "moe_act,layernorm"),
-    ("--recompute-granularity selective", ""),  # Partita's op-level selective, as before
+    # no --recompute-modules: Megatron-Core's default list, ["core_attn"] (transformer_config.py __post_init__)
+    ("--recompute-granularity selective", "core_attn"),
+    ("--recompute-activations", "core_attn"),  # arguments.py: sets recompute_granularity = 'selective'
     ("--recompute-granularity selective --recompute-modules moe_act mhc", ""),  # mhc: not modelled, stays named
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --recompute-modules moe", ""),
 ])
@@ -52,7 +54,7 @@ def test_recompute_modules_are_read_with_selective_recompute(flags, modules):
     # order-free: the plan may hold them canonically sorted
     assert sorted(filter(None, r.plan.recompute_modules.split(","))) == sorted(filter(None, modules.split(",")))
     note = [n for n in r.not_modelled if n.startswith("--recompute-modules")]
-    if modules:
+    if modules and "--recompute-modules" in flags:
         assert note and "memory is modelled" in note[0]
     elif "--recompute-modules" in flags:
         assert note and "estimated as Partita's selective" in note[0]

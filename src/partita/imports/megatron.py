@@ -178,9 +178,18 @@ def _recompute(ns: argparse.Namespace, largest_chunk: int) -> tuple[str, int]:
 def _modules(ns: argparse.Namespace, recompute: str) -> str:
     """``recompute_modules`` of the plan: Megatron's ``--recompute-modules`` with selective recompute
     when Partita models every module named (:data:`partita.plan.RECOMPUTE_MODULES`), else "" (the
-    plan's op-level selective; the flag stays named)."""
+    plan's op-level selective; the flag stays named).
+
+    Selective recompute without ``--recompute-modules`` (``--recompute-activations``, which sets the
+    granularity to selective, or a bare ``--recompute-granularity selective``) runs Megatron-Core's
+    default module list, ``["core_attn"]`` (megatron/core/transformer/transformer_config.py,
+    ``__post_init__``: ``if self.recompute_granularity == "selective" and self.recompute_modules is
+    None``; the same at core_v0.12.1, the core MindSpeed-LLM runs, l.724), so it is read as
+    "core_attn", not as Partita's op-level selective (which keeps about half as much)."""
     from ..plan import RECOMPUTE_MODULES
     mods = [m for word in (ns.recompute_modules or ()) for m in word.split(",") if m]
+    if recompute == "selective" and ns.recompute_modules is None:
+        return "core_attn"
     if recompute != "selective" or not mods or not set(mods) <= set(RECOMPUTE_MODULES):
         return ""
     return ",".join(dict.fromkeys(mods))
