@@ -416,12 +416,14 @@ def _failed_save(name: str, pm, snaps: dict, master: Path, work: Path) -> dict:
         got = _attempt(lambda: save_checkpoint(pm, root, 2, {}, keep=1), pm, snaps)
     else:
         old = resource.getrlimit(resource.RLIMIT_FSIZE)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        # restored below: this runs in the session's shared equivalence processes (other files' cases next)
+        old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, old[1]))
         try:
             got = _attempt(lambda: save_checkpoint(pm, root, 2, {}, keep=1), pm, snaps)
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, old_handler)
     dist.barrier()
     _set_state(pm, snaps["A"])
     step = resume_checkpoint(pm, d)[0]
@@ -468,14 +470,14 @@ def _crc32_case(pm, step, snaps: dict, work: Path) -> tuple[dict, dict]:
     from partita.runtime import checkpoint_storage
     from partita.runtime.checkpoint import save_checkpoint
     master = work / "master-crc32"
-    checkpoint_storage.PREFERRED = "crc32"
+    preferred, checkpoint_storage.PREFERRED = checkpoint_storage.PREFERRED, "crc32"
     try:
         _set_state(pm, snaps["A"])
         save_checkpoint(pm, master, 0, {"note": "A"}, keep=0)
         _set_state(pm, snaps["B"])
         save_checkpoint(pm, master, 1, {"note": "B"}, keep=0)
-    finally:
-        checkpoint_storage.PREFERRED = "xxh3_64"
+    finally:  # what it was (crc32 where xxhash is missing), for the cases run after this one
+        checkpoint_storage.PREFERRED = preferred
     return _resume_case("flipped-tensor-bytes", master, work / "crc32", pm, snaps), {"path": str(master / STEP1)}
 
 

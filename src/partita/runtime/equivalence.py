@@ -179,6 +179,24 @@ def _load_worker(path: str) -> Callable[[str], dict]:
     return getattr(module, "shared_case", None) or module.run_case
 
 
+#: the process group's timeout for one collective (and the start-up): long, because the
+#: test-suite runs these ranks at nice 19 beside a loaded machine (load 15-50 on 2 cores), where
+#: a starved rank can reach a collective minutes after its peers; a real hang is still bounded
+#: by this and, below it, by the test-suite's per-torchrun wait (tests/conftest.py)
+GROUP_TIMEOUT_S = 1800
+
+
+def _write_error(out_path: str, key: str) -> None:
+    """Record that case ``key`` raised on this rank (its traceback) in ``OUT.rankR.error.json``,
+    which the caller reads besides OUT's progress lines."""
+    import traceback
+    traceback.print_exc()
+    path = f"{out_path}.rank{dist.get_rank()}.error.json"
+    with open(path + ".tmp", "w") as f:
+        json.dump({"case": key, "rank": dist.get_rank(), "error": traceback.format_exc()}, f)
+    os.replace(path + ".tmp", path)
+
+
 def main() -> None:
     """``torchrun ... -m partita.runtime.equivalence OUT.json [--steps=N] CASE [CASE ...]``
     (5 steps unless ``--steps`` says otherwise; a ``--steps=N`` between cases applies to
@@ -187,22 +205,41 @@ def main() -> None:
     ``--worker=FILE`` hands the cases after it to ``shared_case(case)`` or ``run_case(case)`` of the Python file FILE
     (``--worker=`` back to this module's): other test files' workers run their cases in the
     same process group, after this module's, and their results are keyed ``FILE::CASE``; a
-    worker that writes files puts them in the folder named by ``PARTITA_WORKER_DIR`` (OUT's)."""
+    worker that writes files puts them in the folder named by ``PARTITA_WORKER_DIR`` (OUT's).
+
+    Each finished case is appended to ``OUT.partial`` (one JSON line ``[key, result]``, by rank 0)
+    as it ends, so the cases done survive a later one's failure. A case that raises on a rank
+    writes ``OUT.rankR.error.json`` (the case and its traceback) and that rank exits at once
+    with status 1: its peers may be inside a collective it will never enter (they would wait
+    for the group's timeout, and a later case's collectives would pair with the wrong ones), so
+    torchrun then ends the others, and the caller starts a fresh group for the cases after it
+    (tests/conftest.py ``_run_equivalence``)."""
     out_path, args = sys.argv[1], sys.argv[2:]
     os.environ["PARTITA_WORKER_DIR"] = os.path.dirname(os.path.abspath(out_path))
     steps, worker, run_other = 5, "", None
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     results = {}
     for arg in args:
         if arg.startswith("--steps="):
             steps = int(arg.split("=", 1)[1])
             continue
-        if arg.startswith("--worker="):
-            worker = arg.split("=", 1)[1]
-            run_other = _load_worker(worker) if worker else None
-            continue
-        results[f"{worker}::{arg}" if worker else arg] = run_other(arg) if worker else run_case(arg, steps=steps)
-        dist.barrier()
+        key = arg
+        try:
+            if arg.startswith("--worker="):
+                worker = arg.split("=", 1)[1]
+                run_other = _load_worker(worker) if worker else None
+                continue
+            key = f"{worker}::{arg}" if worker else arg
+            results[key] = run_other(arg) if worker else run_case(arg, steps=steps)
+            dist.barrier()
+        except BaseException:  # this rank's stack, then out: the group may be out of step
+            _write_error(out_path, key)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        if dist.get_rank() == 0:
+            with open(out_path + ".partial", "a") as f:
+                f.write(json.dumps([key, results[key]]) + "\n")
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)
