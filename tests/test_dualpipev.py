@@ -13,6 +13,7 @@ from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
 from partita.cost.pipeline import fb_overlap_pairs, fb_overlap_share, in_flight_chunks, pipeline_time
 from partita.cost.placement import rank_shapes
+from partita.errors import PartitaError
 from partita.estimate import estimate
 from partita.plan import Plan, chunk_ranks, validate
 from partita.spec.hardware import make_cluster
@@ -218,7 +219,7 @@ def test_rank_layers_follow_the_placement_given() -> None:
     from partita.cost.placement import all_rank_layers
     assert all_rank_layers(8, 2, (2, 2, 2, 2), (0, 1, 0, 1)) == ((0, 1, 4, 5), (2, 3, 6, 7))
     assert all_rank_layers(8, 2, (2, 2, 2, 2), (0, 1, 1, 0)) == ((0, 1, 6, 7), (2, 3, 4, 5))
-    with pytest.raises(ValueError, match="does not place"):
+    with pytest.raises(PartitaError, match="does not place"):
         all_rank_layers(8, 2, (2, 2, 2, 2), (0, 1))
 
 
@@ -252,8 +253,9 @@ def test_dualpipev_limits_come_from_the_framework_table() -> None:
     assert layout_problem(mindspeed, base, model) is None
     cp = base.with_(cp=2, dp=2, ep=2)
     etp = base.with_(etp=2)
-    assert "DualPipeV with context parallelism" in layout_problem(mindspeed, cp, model)
-    assert "DualPipeV with expert tensor parallelism" in layout_problem(mindspeed, etp, model)
+    assert "DualPipeV with context parallelism (cp > 1): use cp 1, or another schedule" in layout_problem(
+        mindspeed, cp, model)  # the line names what is right, not only what is wrong
+    assert "DualPipeV with expert tensor parallelism (etp > 1): use etp 1" in layout_problem(mindspeed, etp, model)
     other = dataclasses.replace(CAPABILITIES["torchtitan"], name="other", dualpipev_cp=False, dualpipev_etp=False)
     assert "other cannot run DualPipeV with context parallelism" in layout_problem(other, cp, model)
     lifted = dataclasses.replace(mindspeed, dualpipev_cp=True, dualpipev_etp=True)

@@ -47,3 +47,37 @@ def test_a_fixed_vpp_is_kept_when_pp_is_searched(capsys) -> None:
     assert plans and all(p.vpp == 2 and p.pp > 1 for p in plans)
     assert main([*argv, "--vpp", "4"]) == 2  # 2*4 = 8 chunks > 6
     assert "so vpp <= 3 with pp 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,says", [
+    # tp 8 on 8 devices: 8 / 8 = 1 rank left for pp x dp, so pp 1 only; tp 1 would leave pp 2, 4 or 8
+    (["--model", "llama3-8b", "--devices", "8", "--tp", "8"],
+     "vpp 2 needs pp > 1, but 8 devices with tp 8 leave only pp 1: use vpp 1 or a smaller tp"),
+    # one device: pp 1 is all there is
+    (["--model", "tiny-llama", "--devices", "1"], "vpp 2 needs pp > 1, but 1 device leaves only pp 1: use vpp 1 or "
+                                                  "more devices"),
+    # 7 is prime and tiny-llama has 4 layers: pp is 1 or 7, and 7 > 4
+    (["--model", "tiny-llama", "--devices", "7"],
+     "vpp 2 needs pp > 1, but 7 devices leave only pp 1 (pp divides the devices and is at most tiny-llama's 4 "
+     "layers): use vpp 1 or a device count with a divisor from 2 to 4"),
+])
+def test_a_fixed_vpp_where_only_pp_1_is_possible_says_so(capsys, argv, says) -> None:
+    """A fixed vpp > 1 drops every pp 1 structure; where the devices and the fixed degrees allow
+    no other pp the line says that, not "no layout divides the devices and the global batch"
+    (what the empty search said when the rule assumed a free pp could always be 2)."""
+    assert main(["plan", *argv, "--hardware", "h100-sxm", "--vpp", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "global batch" not in err
+    assert says in err, err
+
+
+def test_a_free_pp_is_checked_at_the_shallowest_pipeline_it_can_take() -> None:
+    """With pp free the chunk rule is checked at the smallest pp > 1 the devices allow, not at
+    2: 9 devices of a 4-layer model allow pp 1 or 3 (9's divisors up to 4, counted by hand), so
+    vpp 2 (3 * 2 = 6 chunks <= 4 + 2) is fine and vpp 3 (9 > 6) is not, though pp 2 would hold
+    it (6 chunks)."""
+    from partita.search.space import SearchSpace, fixed_vpp_problem
+    assert fixed_vpp_problem(SearchSpace(vpp=2), "m", 4, devices=9, depths=(1, 3)) is None
+    said = fixed_vpp_problem(SearchSpace(vpp=3), "m", 4, devices=9, depths=(1, 3))
+    assert "at least 9 model chunks (pp >= 3)" in said and "vpp <= 2 with pp 3" in said, said
+    assert fixed_vpp_problem(SearchSpace(vpp=3), "m", 4) is None  # without depths: pp 2 assumed, 6 <= 6

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..errors import PartitaError
 from ..plan import Plan, chunk_ranks
 from ..spec.model import ModelSpec
 from .memo import memoised
@@ -36,8 +37,11 @@ def _placement(pp: int, vpp: int, schedule: str) -> tuple[int, ...]:
 
 
 def _check_owner(pp: int, split: tuple[int, ...], owner: tuple[int, ...]) -> None:
+    """Refuse a placement that does not put every chunk of ``split`` on one of the ``pp``
+    ranks, as :class:`PartitaError` (one line, like every other refused plan) rather than
+    an index error deep in the rank walk."""
     if len(owner) != len(split) or any(not 0 <= r < pp for r in owner):
-        raise ValueError(f"chunk placement {owner} does not place the {len(split)} chunks of the split on {pp} ranks")
+        raise PartitaError(f"chunk placement {owner} does not place the {len(split)} chunks of the split on {pp} ranks")
 
 
 @lru_cache(maxsize=4096)

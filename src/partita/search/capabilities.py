@@ -201,9 +201,11 @@ def layout_problem(caps: Capabilities, plan: Plan, model: ModelSpec) -> str | No
     name = caps.name
     for bad, why in ((plan.schedule == "dualpipev" and not caps.dualpipev, "the DualPipeV schedule"),
                      (plan.schedule == "dualpipev" and plan.cp > 1 and not caps.dualpipev_cp,
-                      "DualPipeV with context parallelism (cp > 1)"),
+                      "DualPipeV with context parallelism (cp > 1): use cp 1, or another schedule "
+                      "(interleaved-1f1b with the same vpp 2, or 1f1b)"),
                      (plan.schedule == "dualpipev" and plan.etp > 1 and plan.ep > 1 and not caps.dualpipev_etp,
-                      "DualPipeV with expert tensor parallelism (etp > 1)"),
+                      "DualPipeV with expert tensor parallelism (etp > 1): use etp 1, or another schedule "
+                      "(interleaved-1f1b with the same vpp 2, or 1f1b)"),
                      (plan.vpp > 1 and not caps.vpp, "an interleaved pipeline (vpp > 1)"),
                      (plan.cp > 1 and not caps.cp, "context parallelism (cp > 1)"),
                      (plan.ep > 1 and not caps.ep, "expert parallelism (ep > 1)"),

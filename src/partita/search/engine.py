@@ -53,7 +53,8 @@ from ..plan import Plan
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .. import uncertainty as unc
-from .layouts import EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound
+from .layouts import (EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound,
+                      pipeline_depths)
 from .partial_recompute import PartialPlans, partial_lower_bound
 from .result import Attempt, SearchResult
 from .why_not import alternatives as why_not_alternatives
@@ -534,7 +535,8 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     ``risk=False``: the limit alone decides and plans rank by step time (the brute-force
     oracle's reading, tests/brute_force_search.py)."""
     space = space or SearchSpace()
-    problem = fixed_vpp_problem(space, model.name, model.layers)  # said first: never enumerated (space.py)
+    problem = fixed_vpp_problem(space, model.name, model.layers, cluster.world_size,  # said first: never enumerated
+                                pipeline_depths(model, cluster, seq_len, space, cross_node_tp))  # (space.py)
     if problem:
         raise PartitaError(problem)
     t0 = time.perf_counter()

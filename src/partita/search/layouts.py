@@ -37,13 +37,14 @@ EXPLAINED_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "ze
 LADDER_KNOBS = ("recompute", "zero")  # the memory-saving knobs walked per layout, in ladder-step order
 
 
-def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: SearchSpace, cross_node_tp: bool,
-               refused: list[str] | None = None):
-    """Every (tp, cp, pp, dp, ep, mbs, vpp) the rules of :mod:`.space` allow, in an order
-    that helps memory dominance (deepest pipeline and largest ep first). A tp that does
-    not divide the attention or KV heads is refused - as :func:`partita.plan.validate`
-    refuses it in an estimate (no KV replication is modelled) - with the reason appended
-    to ``refused``."""
+def pipelines(model: ModelSpec, cluster: Cluster, seq: int, space: SearchSpace, cross_node_tp: bool,
+              refused: list[str] | None = None) -> Iterator[tuple[int, int, int]]:
+    """Every (tp, cp, pp) the rules of :mod:`.space` allow before the batch and vpp are
+    looked at, deepest pipeline first: what :func:`structures` enumerates from, and what
+    :func:`pipeline_depths` reads the reachable pp values off (one copy of the rules). A tp
+    that does not divide the attention or KV heads is refused - as
+    :func:`partita.plan.validate` refuses it in an estimate (no KV replication is modelled)
+    - with the reason appended to ``refused``."""
     n, dpn = cluster.world_size, cluster.devices_per_node
     tps = [space.tp] if space.tp else [t for t in powers_of_two(dpn * (2 if cross_node_tp else 1)) if n % t == 0]
     for tp in tps:
@@ -61,31 +62,51 @@ def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: Se
             # deepest pipeline first: memory per rank only grows as pp shrinks (see search_plans)
             pps = [space.pp] if space.pp else sorted((p for p in divisors(rest) if p <= model.layers), reverse=True)
             for pp in pps:
-                if rest % pp or (space.vpp and space.vpp > 1 and pp == 1):  # a fixed vpp > 1 needs a pipeline
+                if rest % pp or (space.dp and rest // pp != space.dp):
                     continue
-                dp = rest // pp
-                if space.dp and dp != space.dp:
-                    continue
-                if gbs % dp:
-                    continue
-                per_replica = gbs // dp
-                mbss = [space.mbs] if space.mbs else [b for b in divisors(per_replica)
-                                                      if b == 1 or b * seq <= space.max_tokens_per_microbatch]
-                eps = [1]
-                if model.moe:  # largest first: less expert memory, so a failure prunes the smaller ones
-                    eps = [space.ep] if space.ep else expert_degrees(model.moe.num_experts, tp if space.fold_ep else 1,
-                                                                     dp * cp)
-                vpps = [1]
-                if pp > 1:
-                    vpps = ([space.vpp] if space.vpp <= (model.layers + 2) // pp else []) if space.vpp \
-                        else virtual_stages(model.layers, pp, space.max_vpp)  # (a fixed vpp: only pipelines it splits)
-                for ep in eps:
-                    for mbs in mbss:
-                        m = per_replica // mbs
-                        for vpp in vpps:
-                            if vpp > 1 and m % pp and not (vpp == 2 and m >= 2 * pp):  # DualPipeV: any m >= 2 pp
-                                continue
-                            yield tp, cp, pp, dp, ep, mbs, vpp
+                yield tp, cp, pp
+
+
+def pipeline_depths(model: ModelSpec, cluster: Cluster, seq: int, space: SearchSpace,
+                    cross_node_tp: bool) -> tuple[int, ...]:
+    """The pp values the search can reach on ``cluster`` under the user's fixed degrees, in
+    increasing order (:func:`pipelines`, whatever vpp is fixed): what
+    :func:`.space.fixed_vpp_problem` checks a fixed vpp against, since a fixed vpp > 1 drops
+    every pp 1 structure (pp 1 has no virtual stages)."""
+    return tuple(sorted({pp for _, _, pp in pipelines(model, cluster, seq, space, cross_node_tp)}))
+
+
+def structures(model: ModelSpec, cluster: Cluster, gbs: int, seq: int, space: SearchSpace, cross_node_tp: bool,
+               refused: list[str] | None = None):
+    """Every (tp, cp, pp, dp, ep, mbs, vpp) the rules of :mod:`.space` allow, in an order
+    that helps memory dominance (deepest pipeline and largest ep first): each of
+    :func:`pipelines` (which appends refused tps to ``refused``) with the dp, ep, mbs and
+    vpp the global batch and the layers allow."""
+    n = cluster.world_size
+    for tp, cp, pp in pipelines(model, cluster, seq, space, cross_node_tp, refused):
+        if space.vpp and space.vpp > 1 and pp == 1:  # a fixed vpp > 1 needs a pipeline
+            continue
+        dp = n // (tp * cp * pp)
+        if gbs % dp:
+            continue
+        per_replica = gbs // dp
+        mbss = [space.mbs] if space.mbs else [b for b in divisors(per_replica)
+                                              if b == 1 or b * seq <= space.max_tokens_per_microbatch]
+        eps = [1]
+        if model.moe:  # largest first: less expert memory, so a failure prunes the smaller ones
+            eps = [space.ep] if space.ep else expert_degrees(model.moe.num_experts, tp if space.fold_ep else 1,
+                                                             dp * cp)
+        vpps = [1]
+        if pp > 1:
+            vpps = ([space.vpp] if space.vpp <= (model.layers + 2) // pp else []) if space.vpp \
+                else virtual_stages(model.layers, pp, space.max_vpp)  # (a fixed vpp: only pipelines it splits)
+        for ep in eps:
+            for mbs in mbss:
+                m = per_replica // mbs
+                for vpp in vpps:
+                    if vpp > 1 and m % pp and not (vpp == 2 and m >= 2 * pp):  # DualPipeV: any m >= 2 pp
+                        continue
+                    yield tp, cp, pp, dp, ep, mbs, vpp
 
 
 def expert_degrees(experts: int, tp: int, dp_cp: int) -> list[int]:

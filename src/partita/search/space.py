@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Sequence
 
 from ..uncertainty import DEFAULT_HEADROOM
 
@@ -101,7 +102,8 @@ class SearchSpace:
     partial_recompute: bool = True
 
 
-def fixed_vpp_problem(space: SearchSpace, model_name: str, layers: int) -> str | None:
+def fixed_vpp_problem(space: SearchSpace, model_name: str, layers: int, devices: int | None = None,
+                      depths: Sequence[int] | None = None) -> str | None:
     """Why the user's fixed ``vpp`` admits no layout, in one line, or None. Every one of the
     ``pp * vpp`` model chunks holds at least one layer, the embedding and the loss counting as
     one each at the ends (Megatron's ``--account-for-embedding/loss-in-pipeline-split``), so
@@ -110,17 +112,27 @@ def fixed_vpp_problem(space: SearchSpace, model_name: str, layers: int) -> str |
     alone would explain its empty result with an unrelated candidate's reason (a tp that
     does not divide the KV heads), so it is said first, with the vpp values whose chunks
     split the layers evenly (``layers`` or ``layers + 2`` a multiple of ``pp * vpp``, the
-    values :func:`.layouts.virtual_stages` searches)."""
+    values :func:`.layouts.virtual_stages` searches).
+
+    ``depths``: the pp values the search can reach on ``devices`` under the fixed tp, cp and
+    dp (:func:`.layouts.pipeline_depths`, the same rules the enumeration follows); with pp
+    free the rule is checked at the shallowest of them above 1, and when there is none - 8
+    devices with tp 8, or 7 devices and a 4-layer model - that is said instead, since every
+    structure the search has left is pp 1 (before, the empty search said "no layout divides
+    the devices and the global batch"). Without ``depths`` a free pp is taken to reach 2."""
     vpp, pp = space.vpp, space.pp
     if not vpp or vpp == 1:
         return None
     if pp == 1:
         return f"vpp {vpp} needs pp > 1 (virtual stages interleave a pipeline)"
-    least = pp or 2  # the shallowest pipeline a free pp can take
+    deeper = sorted(p for p in depths or () if p > 1)
+    if not pp and depths and not deeper and devices:
+        return _only_pp1(space, model_name, layers, devices)
+    least = pp or (deeper[0] if deeper else 2)  # the shallowest pipeline a free pp can take
     if least * vpp <= layers + 2:
         return None
     most = (layers + 2) // least
-    chunks = f"{least * vpp} model chunks" if pp else f"at least {least * vpp} model chunks (pp >= 2)"
+    chunks = f"{least * vpp} model chunks" if pp else f"at least {least * vpp} model chunks (pp >= {least})"
     head = (f"vpp {vpp} makes {chunks} of {model_name}'s {layers} layers: every chunk needs a layer (pp*vpp at most "
             f"{layers + 2}, the embedding and the loss counted as a layer each)")
     if most < 2:
@@ -130,6 +142,26 @@ def fixed_vpp_problem(space: SearchSpace, model_name: str, layers: int) -> str |
     fix = (f"the vpp values that split the layers evenly with pp {least}: {', '.join(map(str, even))}" if even else
            f"no vpp > 1 splits them evenly with pp {least} ({uneven} them unevenly)")
     return f"{head}, so vpp <= {most} with pp {least}{'' if pp else ' (the shallowest pipeline)'}; {fix}"
+
+
+def _only_pp1(space: SearchSpace, model_name: str, layers: int, devices: int) -> str:
+    """The one line for a fixed vpp > 1 where the devices and the fixed degrees leave only pp
+    1 (:func:`fixed_vpp_problem`), naming what would leave a pipeline: a smaller fixed degree
+    where the devices alone allow a pp in 2..layers (tp, cp and dp free include 1 each), else
+    vpp 1 or another device count."""
+    vpp = space.vpp
+    fixed = [(name, value) for name, value in (("tp", space.tp), ("cp", space.cp), ("dp", space.dp))
+             if value and value > 1]
+    units = f"{devices} device{'s' if devices != 1 else ''}"
+    with_ = f" with {' and '.join(f'{k} {v}' for k, v in fixed)}" if fixed else ""
+    verb = "leaves" if devices == 1 and not fixed else "leave"
+    head = f"vpp {vpp} needs pp > 1, but {units}{with_} {verb} only pp 1"
+    if fixed and any(2 <= d <= layers for d in divisors(devices)):
+        return f"{head}: use vpp 1 or a smaller {' or '.join(k for k, _ in fixed)}"
+    if devices == 1:
+        return f"{head}: use vpp 1 or more devices"
+    return (f"{head} (pp divides the devices and is at most {model_name}'s {layers} layers): use vpp 1 or a "
+            f"device count with a divisor from 2 to {layers}")
 
 
 @lru_cache(maxsize=65536)
