@@ -99,18 +99,44 @@ def _recompute_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> Meg
         a.set("--recompute-granularity", "full")
         a.set("--recompute-method", "block" if plan.recompute_layers else "uniform")
         a.set("--recompute-num-layers", plan.recompute_layers or 1)
-    elif plan.recompute == "selective" and plan.recompute_modules:  # the modules the estimate priced
-        modules = plan.recompute_modules.split(",")
-        _check_modules(plan, modules, model)
-        a.set("--recompute-granularity", "selective")
-        a.set("--recompute-modules", *modules)
     elif plan.recompute == "selective":
-        modules = ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])
-        warn.append(f"recompute=selective: Megatron recomputes whole modules ({', '.join(modules)}); "
-                    "partita's estimate assumed op-level selective checkpointing (a bit less memory, more recompute)")
+        modules = written_recompute_modules(plan, model)
+        _check_modules(plan, modules, model)
+        if not plan.recompute_modules:
+            warn.append(_op_level_selective_warning(plan, model, modules))
         a.set("--recompute-granularity", "selective")
         a.set("--recompute-modules", *modules)
     return a
+
+
+def written_recompute_modules(plan: Plan, model: ModelSpec | None) -> list[str]:
+    """The ``--recompute-modules`` the export writes for a selective plan: the plan's own (what
+    the estimate priced), else for Partita's op-level selective the modules nearest to it that
+    Megatron accepts with the plan: core_attn and layernorm (+ moe_act on a MoE model), but
+    core_attn alone with an fp8 recipe ``--fp8-recipe`` cannot name (its default, delayed,
+    refuses moe_act / layernorm recompute: transformer_config.py)."""
+    if plan.recompute_modules:
+        return plan.recompute_modules.split(",")
+    if plan.dtype == "fp8" and plan.fp8_recipe not in FP8_RECIPES:
+        return ["core_attn"]
+    return ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])
+
+
+def _op_level_selective_warning(plan: Plan, model: ModelSpec | None, modules: list[str]) -> str:
+    """The warning for an op-level selective plan written as Megatron's modules, with the
+    activation bytes a layer keeps per micro-batch under each (cost/activations.py prices both),
+    so that the difference is stated rather than guessed."""
+    head = (f"recompute=selective: Megatron recomputes whole modules (--recompute-modules {' '.join(modules)}); "
+            "the estimate priced Partita's op-level selective checkpointing")
+    if model is None:
+        return head + ": the activation memory differs; re-estimate with --recompute-modules " + ",".join(modules)
+    from ..cost.activations import activation_bytes_per_layer
+    moe = bool(model.moe)
+    priced = activation_bytes_per_layer(model, plan, moe)
+    megatron = activation_bytes_per_layer(model, plan.with_(recompute_modules=",".join(modules)), moe)
+    return (head + f": Megatron keeps {megatron / 2**20:,.1f} MiB of activations a layer per micro-batch where the "
+            f"estimate priced {priced / 2**20:,.1f} MiB ({(megatron - priced) / 2**20:+,.1f} MiB); re-estimate with "
+            f"--recompute-modules {','.join(modules)} for the memory of this script")
 
 
 def _check_modules(plan: Plan, modules: list[str], model: ModelSpec | None) -> None:
@@ -126,7 +152,7 @@ def _check_modules(plan: Plan, modules: list[str], model: ModelSpec | None) -> N
         raise PartitaError("recompute_modules mla_up_proj: Megatron-Core accepts it only with "
                            "--multi-latent-attention (transformer_config.py); re-plan without mla_up_proj")
     if plan.dtype == "fp8" and {"moe_act", "layernorm"} & set(modules) and plan.fp8_recipe not in FP8_RECIPES:
-        raise PartitaError(f"recompute_modules {plan.recompute_modules} with fp8_recipe {plan.fp8_recipe}: Megatron's "
+        raise PartitaError(f"recompute_modules {','.join(modules)} with fp8_recipe {plan.fp8_recipe}: Megatron's "
                            "--fp8-recipe has no such recipe and its default (delayed) refuses moe_act and layernorm "
                            "recompute (transformer_config.py); re-plan with --fp8-recipe tensorwise or mxfp8")
 
@@ -249,8 +275,8 @@ def _overlap_and_precision_args(plan: Plan, sharded_optimizer: bool) -> Megatron
         a.set("--fp16")
     if plan.dtype == "fp8":
         a.set("--fp8-format", "hybrid")
-        if {"moe_act", "layernorm"} & set(plan.recompute_modules.split(",")) and plan.fp8_recipe in FP8_RECIPES:
-            a.set("--fp8-recipe", plan.fp8_recipe)  # the default, delayed, refuses their recompute
+        if plan.fp8_recipe in FP8_RECIPES:  # the recipe the plan priced (default delayed would refuse
+            a.set("--fp8-recipe", plan.fp8_recipe)  # moe_act / layernorm recompute: transformer_config.py)
     if plan.fp8_param_gather:  # fp8 weights only, gathered in fp8 (megatron/training/arguments.py)
         a.set("--fp8-param-gather")
     if plan.grad_dtype == "bf16" and plan.dtype != "fp32":
@@ -271,6 +297,9 @@ def megatron_args(plan: Plan, model: ModelSpec | None = None, fsdp: str = "megat
     args.merge(_overlap_and_precision_args(plan, "--use-distributed-optimizer" in args))
     args.merge(_optimizer_state_args(plan, args, fsdp, warn))
     warn += comm_knob_warnings(plan)
+    if plan.dtype == "fp8" and plan.fp8_recipe not in FP8_RECIPES:
+        warn.append(f"fp8_recipe={plan.fp8_recipe}: Megatron's --fp8-recipe has no such recipe (arguments.py choices "
+                    "tensorwise, delayed, mxfp8, blockwise, custom); emitted its default, delayed scaling")
     if plan.reuse_fp32_param:
         warn.append("reuse_fp32_param is MindSpeed's --reuse-fp32-param (fp32 master = bf16 weight + 16-bit "
                     "residual); Megatron-LM has no such flag, so its optimizer holds 2 bytes per parameter more "
