@@ -155,8 +155,9 @@ class FailedCase(Mapping):
 #: test) instead of holding the session until CI's 90-minute limit ends it with no report.
 #: About 8x the runs' 550 CPU-seconds (ranks at nice 19 on a loaded 2-core machine), and 15
 #: minutes under CI's limit for the tests that read them (the rest of the suite, 25 minutes,
-#: runs meanwhile). Each torchrun also has its own bound, 300 s + 60 s a case (a hang), and
-#: each collective the group's 1800 s (partita.runtime.equivalence.GROUP_TIMEOUT_S)
+#: runs meanwhile). A hang ends sooner: a torchrun that finishes no case in CASE_STALL_S
+#: (1200 s) is ended, below the group's 1800 s collective timeout
+#: (partita.runtime.equivalence.GROUP_TIMEOUT_S)
 EQUIVALENCE_DEADLINE_S = 4500
 #: fresh torchruns started after failed cases, at most, per batch: a change that breaks every
 #: case then costs a few start-ups, not one per case (the cases left fail as not run)
@@ -228,24 +229,20 @@ def _run_equivalence(world: int, specs: list[tuple[int, str, str]], out: Path, d
             if _BACKGROUND["stopping"]:
                 results.update({spec: FailedCase("not run: the test session ended first") for spec in left})
                 break
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                    start_new_session=True)  # its own process group: ended whole at session end
+            out_file, err_file = path.parent / "stdout.txt", path.parent / "stderr.txt"
+            with open(out_file, "w") as o, open(err_file, "w") as e:  # files: no pipe a lingering rank holds
+                proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True, env=env,
+                                        start_new_session=True)  # its own process group: ended whole at session end
             _BACKGROUND["procs"].append(proc)
             if not _BACKGROUND["waited"]:  # once a test waits for them, nothing else wants the CPU more
                 _set_priority([proc.pid], 19)
-        limit = min(300 + 60 * len(left), remaining_s)  # the work, with room; a hang ends here
-        timed_out = False
-        try:
-            stdout, stderr = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            tree = _process_tree(proc.pid)  # its ranks too: in groups of their own, they hold its pipes
+        stalled = _wait_progress(proc, path.with_name(path.name + ".partial"), deadline)
+        timed_out = stalled is not None
+        if timed_out:
+            tree = _process_tree(proc.pid)  # its ranks too: they run in process groups of their own
             _kill_group(proc)
             _signal_all(tree[1:])
-            try:
-                stdout, stderr = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                stdout, stderr = "", "(its output was lost: a process still held its pipes)"
+        stdout, stderr = out_file.read_text(errors="replace"), err_file.read_text(errors="replace")
         stdouts.append(stdout)
         names = {_name(*spec): spec for spec in order}
         if proc.returncode == 0 and not timed_out:
@@ -272,7 +269,7 @@ def _run_equivalence(world: int, specs: list[tuple[int, str, str]], out: Path, d
                 elif key in names:
                     results[names[key]] = failed
             if not errors and first is not None:
-                what = f"exceeded {limit:.0f} s" if timed_out else f"exited with status {proc.returncode}"
+                what = stalled if timed_out else f"exited with status {proc.returncode}"
                 results[first] = FailedCase(f"the world-{world} equivalence torchrun {what} while running "
                                             f"{_name(*first)!r} (its first case without a result):\n{tail}")
         missing = [spec for spec in order if spec not in results]
@@ -280,6 +277,37 @@ def _run_equivalence(world: int, specs: list[tuple[int, str, str]], out: Path, d
             results.update({spec: FailedCase(f"no result from the world-{world} torchrun:\n{stdout[-3000:]}")
                             for spec in missing})
     return {"results": results, "stdout": "".join(stdouts)}
+
+
+#: seconds an equivalence torchrun may go without finishing a case before it counts as hung:
+#: the slowest case takes well under a minute of CPU; at nice 19 on a loaded machine a case can
+#: wait many minutes for CPU. Below the group's 1800 s collective timeout, so a rank waiting
+#: on a peer that will never come is ended here first
+CASE_STALL_S = 1200
+
+
+def _wait_progress(proc, partial: Path, deadline: float) -> str | None:
+    """Wait for ``proc`` (an equivalence torchrun); None once it has ended, or why it is to be
+    ended: no case finished (``partial`` did not grow) for :data:`CASE_STALL_S`, or the session's
+    ``deadline`` (``time.monotonic()``) passed. A bound on progress, not on the whole run: a
+    world's 78 cases at nice 19 may take long, one case does not."""
+    import subprocess
+    import time
+    last, seen = time.monotonic(), -1
+    while True:
+        try:
+            proc.wait(timeout=5)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        size = partial.stat().st_size if partial.exists() else 0
+        if size != seen:
+            last, seen = now, size
+        if now - last > CASE_STALL_S:
+            return f"finished no case in {CASE_STALL_S} s (tests/conftest.py CASE_STALL_S)"
+        if now > deadline:
+            return f"reached the session's {EQUIVALENCE_DEADLINE_S} s bound (tests/conftest.py EQUIVALENCE_DEADLINE_S)"
 
 
 def _kill_group(proc) -> None:

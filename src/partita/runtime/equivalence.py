@@ -182,7 +182,8 @@ def _load_worker(path: str) -> Callable[[str], dict]:
 #: the process group's timeout for one collective (and the start-up): long, because the
 #: test-suite runs these ranks at nice 19 beside a loaded machine (load 15-50 on 2 cores), where
 #: a starved rank can reach a collective minutes after its peers; a real hang is still bounded
-#: by this and, below it, by the test-suite's per-torchrun wait (tests/conftest.py)
+#: by this and, below it, by the test-suite's watch of the torchrun (tests/conftest.py
+#: CASE_STALL_S: no case finished in 1200 s)
 GROUP_TIMEOUT_S = 1800
 
 
