@@ -135,3 +135,24 @@ def test_unknown_recompute_modules_name_the_known_ones(capsys):
     code, _, err = run(E + ["--global-batch", "64", "--recompute", "selective", "--recompute-modules", "mlp,attn"],
                        capsys)
     assert code == 2 and f"among {known}" in err and "got 'attn'" in err and len(err.splitlines()) == 1
+
+
+def test_estimate_names_the_time_it_leaves_out_of_offload_and_module_recompute(capsys):
+    """--optimizer-offload prices the device bytes only (no host step, no device-host copies) and
+    --recompute-modules is timed as op-level selective: every estimate of such a plan says so, not
+    only one read from a script (whose importer's note is not repeated)."""
+    from partita.cli.estimate import plan_time_notes
+    from partita.imports.megatron import OFFLOAD_TIME_NOTE
+    argv = E + ["--global-batch", "64", "--optimizer-offload", "0.5", "--recompute", "selective",
+                "--recompute-modules", "mlp,core_attn"]
+    code, out, _ = run(argv + ["--json"], capsys)
+    notes = json.loads(out)["not_modelled"]
+    assert code == 0 and len(notes) == 2
+    assert notes[0].startswith("optimizer_offload=0.5: the optimizer step on the host")
+    assert notes[1].startswith("recompute_modules=core_attn,mlp: the recompute's time is estimated as Partita's")
+    code, out, _ = run(argv, capsys)
+    assert code == 0 and [l for l in out.splitlines() if l.startswith("not modelled: ")] == \
+        [f"not modelled: {n}" for n in notes]
+    code, out, _ = run(E + ["--global-batch", "64", "--json"], capsys)  # neither field: nothing to name
+    assert code == 0 and json.loads(out)["not_modelled"] == []
+    assert plan_time_notes(Plan(dp=16, gbs=64, optimizer_offload=1.0), (OFFLOAD_TIME_NOTE,)) == []

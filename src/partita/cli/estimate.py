@@ -61,6 +61,13 @@ def estimate_plan(args: argparse.Namespace, model, world_size: int):
     return plan.with_(framework=framework) if framework else plan  # "as run by": a plan file or script too
 
 
+def plan_time_notes(plan, script_notes: tuple[str, ...]) -> list[str]:
+    """The estimate's own notes on time it leaves out (:func:`partita.estimate.time_not_modelled`),
+    less those a script's importer already named by the same Megatron flag."""
+    from ..estimate import time_not_modelled
+    return [note for flag, note in time_not_modelled(plan) if not any(n.startswith(flag) for n in script_notes)]
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     if is_traced(args):  # --model module:factory or a traced spec (issue 19)
         return cmd_estimate_traced(args)
@@ -73,6 +80,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan = estimate_plan(args, model, cluster.world_size)
     check(plan, model, cluster.world_size)  # as given: estimate() normalises fields a pp=1 plan ignores (schedule)
     est = estimate(model, cluster, plan)
+    plan_notes = plan_time_notes(est.plan, args.not_modelled)
     from ..uncertainty import MemoryLimit
     est.memory_limit = MemoryLimit.of(cluster.device, args.headroom)  # plan's limit and risk rule, by the same flags
     est.min_p_fit = args.min_p_fit
@@ -85,7 +93,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         out = est.to_dict()
         out["framework"] = est.plan.framework
-        out["not_modelled"] = list(args.not_modelled)
+        out["not_modelled"] = list(args.not_modelled) + plan_notes
         out["reading_note"] = args.reading_note  # what reading a --from-script file assumed ("" for none)
         out["dp_gradient_bytes"] = dp_gradient_bytes(est.model, est.plan)
         if tokens:
@@ -106,6 +114,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             print(line)
         for line in not_modelled_lines(args.not_modelled):
             print(line)
+        for note in plan_notes:
+            print(f"not modelled: {note}")
         if args.reading_note:
             print(f"note: {args.reading_note}")  # what reading the script assumed
     return 0
