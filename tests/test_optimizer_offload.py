@@ -118,13 +118,19 @@ def test_a_fraction_megatron_cannot_parse_is_refused_in_one_line(tmp_path):
 def test_precision_aware_moments_hold_what_megatron_stores(dtype, moment_bytes):
     # Megatron-LM@d98e8a6 arguments.py: --exp-avg-dtype / --exp-avg-sq-dtype (fp32, fp16, bf16, fp8) store
     # Adam's moments "in memory during training" with --use-precision-aware-optimizer; the fp32 master
-    # stays (--main-params-dtype fp32): 6 + (4 + 2 x bytes) / d per parameter, against 6 + 12/d
+    # (--main-params-dtype fp32) is kept as its 16 low bits only: OptimizerConfig.store_param_remainders
+    # defaults True (megatron/core/optimizer/optimizer_config.py) and the distributed optimizer allocates
+    # the master shard as torch.int16 for bf16 params (distrib_optimizer.py, TE FusedAdam): weights 2 +
+    # fp32 grads 4 + (2 + 2 x bytes) / d per parameter, against 6 + 12/d
     params = load_model("llama3-8b").total_params()
     r = read(LLAMA70 + f"--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype {dtype} "
              f"--exp-avg-sq-dtype {dtype}", 8)
     assert r.plan.moment_dtype == dtype and r.not_modelled == ()
     states = _states("llama3-8b", 8, zero=1, moment_dtype=dtype)
-    assert sum(states.values()) == pytest.approx(params * (6 + (4 + 2 * moment_bytes) / 8))
+    assert sum(states.values()) == pytest.approx(params * (6 + (2 + 2 * moment_bytes) / 8))
+    # MindSpeed-LLM's core (core_v0.12.1) has no store_param_remainders: the 4-byte master stays
+    mindspeed = _states("llama3-8b", 8, zero=1, moment_dtype=dtype, framework="mindspeed")
+    assert sum(mindspeed.values()) == pytest.approx(params * (6 + (4 + 2 * moment_bytes) / 8))
     mixed = read(LLAMA70 + "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16", 8)
     assert mixed.plan.moment_dtype == "fp32" and mixed.not_modelled[0].startswith("--exp-avg-dtype bf16")
     assert read(LLAMA70 + "--use-distributed-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",

@@ -21,8 +21,9 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   adapters carry the full pre-training states (working weight, main gradient, fp32 master
   and Adam m, v: :func:`.states._state_bytes`) with the plan's ZeRO sharding, and the
   pre-training rules for those states: moments in ``plan.moment_dtype``
-  (:func:`.states.moment_saving`, zero 1-2) and the ``plan.optimizer_offload`` share on the
-  host (:func:`.states.device_optimizer_share`) - Megatron's distributed optimizer and
+  (:func:`.states.moment_saving`, zero 1-2), the master's 16-bit remainder
+  (:func:`.states.param_remainder_saving`) and the ``plan.optimizer_offload`` share on the
+  host (:func:`.states.device_optimizer_bytes`) - Megatron's distributed optimizer and
   HybridDeviceOptimizer step whatever parameters require a gradient, adapters included.
 * **Tensor parallel**: the adapters follow their base linear as Megatron / NeMo's
   ``ParallelLinearAdapter`` does, and as Partita's runtime does (partita.runtime.lora): on
@@ -66,7 +67,7 @@ from .compute import BYTES, LayerCost, embedding_forward, gemm_time, layer_forwa
 from .memo import memoised
 from .placement import RankShape
 from .shape import LayerShape
-from .states import _shape_params, _state_bytes, device_optimizer_share, moment_saving, stored_moment_dtype
+from .states import _shape_params, _state_bytes, device_optimizer_bytes
 
 
 class LoraLinear(NamedTuple):
@@ -235,9 +236,9 @@ def lora_states(model: ModelSpec, plan: Plan, shape: RankShape, zero: int, grad_
     for count, shard in zip(adapters, shards):
         if count:
             aw, ag, ao = _state_bytes(plan.dtype, grad_b, zero, count, shard, full_grads, autocast, False)
-            ao -= moment_saving(stored_moment_dtype(plan), zero, count, shard)  # as cost/memory.py for the full model
             weights, grads, optimizer = weights + aw, grads + ag, optimizer + ao
-    return weights, grads, optimizer * device_optimizer_share(plan)
+    # narrower precision-aware states and the host share, as cost/memory.py for the full model
+    return weights, grads, device_optimizer_bytes(plan, zero, optimizer, tuple(zip(adapters, shards)))
 
 
 def lora_memory_parts(model: ModelSpec, plan: Plan, shape: RankShape, parts: dict, grad_b: int,

@@ -34,7 +34,7 @@ from .pipeline import in_flight_chunks
 from .placement import RankShape, distinct_shapes, rank_shapes
 from .shape import LayerShape, layer_shape
 from .step import _ddp_wraps
-from .states import (_grad_bytes, _shape_params, _state_bytes, device_optimizer_share,  # noqa: F401
+from .states import (_grad_bytes, _shape_params, _state_bytes, device_optimizer_bytes, device_optimizer_share,  # noqa: F401
                      expert_state_shard, fp8_weight_cache, moment_saving, full_gradients, grad_bytes, model_state_bytes,
                      shape_params, state_shard, stored_moment_dtype,
                      tp_replicated_params)
@@ -204,11 +204,8 @@ def memory_parts(model: ModelSpec, device: Device, plan: Plan, rank: int, shape:
                 we, ge, oe = _state_bytes(plan.dtype, grad_b, zero, expert, expert_shard, full, autocast, fp8_cache,
                                           plan.fp8_param_gather, plan.reuse_fp32_param, master)
                 weights, grads, optimizer = weights + we, grads + ge, optimizer + oe
-            moments = stored_moment_dtype(plan)  # --use-precision-aware-optimizer's narrower moments (states.py)
-            if moments != "fp32":
-                optimizer -= moment_saving(moments, zero, dense, dense_shard) + \
-                    moment_saving(moments, zero, expert, expert_shard)
-            optimizer *= device_optimizer_share(plan)  # --optimizer-cpu-offload (states.py)
+            # --use-precision-aware-optimizer's narrower states, --optimizer-cpu-offload's host share (states.py)
+            optimizer = device_optimizer_bytes(plan, zero, optimizer, ((dense, dense_shard), (expert, expert_shard)))
             states[zero] = (weights, grads, optimizer, _zero3_gathered(model, plan, shape, zero),
                             fsdp_stream_pool(model, plan, shape, zero)) if zero >= 3 else \
                 (weights, grads, optimizer, 0.0, 0.0)  # both are 0 below zero 3

@@ -81,8 +81,44 @@ def model_state_bytes(plan: Plan, params: float, shard: int) -> dict[str, float]
                                              full_gradients(plan), _autocast(plan), fp8_weight_cache(plan),
                                              plan.fp8_param_gather, plan.reuse_fp32_param,
                                              FRAMEWORKS[plan.framework].master_in_params)
-    optimizer -= moment_saving(stored_moment_dtype(plan), plan.zero, params, shard)
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer * device_optimizer_share(plan)}
+    return {"weights": weights, "gradients": grads,
+            "optimizer": device_optimizer_bytes(plan, plan.zero, optimizer, ((params, shard),))}
+
+
+def device_optimizer_bytes(plan: Plan, zero: int, optimizer: float,
+                           groups: tuple[tuple[float, int], ...]) -> float:
+    """Optimizer bytes in device memory: ``optimizer`` (:func:`_state_bytes`' fp32 master + Adam m, v of
+    the ``groups``' (params, shard) at ZeRO ``zero``) less what Megatron's precision-aware optimizer
+    stores narrower (:func:`moment_saving` of :func:`stored_moment_dtype`, :func:`param_remainder_saving`),
+    times the device share (:func:`device_optimizer_share`). The one place the full model, the rank
+    states (cost/memory.py) and LoRA's adapters (cost/finetune.py) apply those rules."""
+    moments = stored_moment_dtype(plan)
+    for params, shard in groups:
+        optimizer -= moment_saving(moments, zero, params, shard) + param_remainder_saving(plan, zero, params, shard)
+    return optimizer * device_optimizer_share(plan)
+
+
+def param_remainder_saving(plan: Plan, zero: int, params: float, shard: int) -> float:
+    """Optimizer bytes saved when Transformer Engine's FusedAdam keeps only the 16 low bits of the fp32
+    master weight (the high 16 are the bf16 parameter): ``2 x params / shard``, so the master costs 2
+    bytes, as MindSpeed's ``--reuse-fp32-param`` (:func:`_weight_storage`, not counted twice).
+
+    Megatron-Core (NVIDIA/Megatron-LM@HEAD): ``OptimizerConfig.store_param_remainders`` defaults True
+    (megatron/core/optimizer/optimizer_config.py, no command-line flag turns it off); with
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` and ``bf16`` the distributed optimizer allocates
+    ``tensors["master_param"] = init_shard(torch.int16)`` (megatron/core/optimizer/distrib_optimizer.py)
+    and passes ``store_param_remainders`` to TE's FusedAdam (megatron/core/optimizer/__init__.py, TE >=
+    2.1). Priced when: framework megatron (core_v0.12.1, MindSpeed-LLM's core, has no remainders), the
+    plan's ``moment_dtype`` is not fp32 (the plan's only sign of ``--use-precision-aware-optimizer``),
+    bf16 (an fp8 recipe other than delayed scaling leaves the master to Megatron-Core in fp32), no
+    ``--optimizer-cpu-offload`` (HybridDeviceOptimizer is built without the precision-aware kwargs:
+    :func:`stored_moment_dtype`), zero 1-2 (the distributed optimizer). Known gap: a precision-aware
+    run with fp32 moments (plan ``moment_dtype`` fp32) and fp8 delayed-scaling runs are priced with a
+    4-byte master."""
+    if (plan.framework != "megatron" or stored_moment_dtype(plan) == "fp32" or plan.dtype != "bf16"
+            or plan.reuse_fp32_param or zero >= 3 or zero < 1):
+        return 0.0
+    return 2 * params / shard
 
 
 #: bytes of one Adam moment per parameter in each ``plan.moment_dtype`` (fp8: Megatron's uint8 storage)
