@@ -62,6 +62,7 @@ def test_same_losses_as_one_process(model, plan, nproc, same_losses_runs):
     ("tp=3", 3, "attention heads (4) must be divisible by tp=3"),
     ("pp=7", 7, "4 layers cannot be split over pp*vpp = 7*1 = 7 stages"),
 ])
+@pytest.mark.timeout(60)  # in-process: a plan check that went on to launch would otherwise hold the session
 def test_bad_plan_fails_before_launch(plan, nproc, needle, capfd):
     # in-process (the launcher's own main); capfd reads file descriptors 1 and 2, so a
     # torchrun or worker started from here would show its output there too
@@ -77,15 +78,18 @@ def test_bad_plan_fails_before_launch(plan, nproc, needle, capfd):
 def failing_runs(tmp_path_factory) -> dict:
     """The crashing and the hung job below: independent launches (each its own run directory),
     started together (tests/conftest.py run_together); a job that did not end in 240 s
-    raises TimeoutExpired."""
+    is killed and comes back as a ``TimedOut`` (failing the test that reads it)."""
     from conftest import run_together
     tmp = tmp_path_factory.mktemp("failing")
     crash, hung = run_together([
         train_cmd("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--timeout-s", "60",
                   "--run-dir", str(tmp / "crash")),
         # every rank stops making progress at step 2 (no collective fails, so no process-group
-        # timeout fires): the launcher's watchdog ends the job 2 x --timeout-s after step 1
-        train_cmd("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--steps", "4", "--timeout-s", "5",
+        # timeout fires): the launcher's watchdog ends the job 2 x --timeout-s after step 1.
+        # --timeout-s is also the process group's start-up and collective timeout: 20 s, not 5,
+        # as the two ranks import torch beside the other job's (load 15-50 on 2 cores) and can
+        # reach init_process_group seconds apart; the watchdog still fires 40 s after step 1
+        train_cmd("--model", "tiny-llama", "--plan", "dp=2", "--nproc", "2", "--steps", "4", "--timeout-s", "20",
                   "--run-dir", str(tmp / "hung"))],
         timeout=240, envs=[{"PARTITA_CRASH_RANK": "1"}, {"PARTITA_HANG_STEP": "2"}])
     return {"crash": crash, "hung": hung}
