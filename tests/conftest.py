@@ -55,7 +55,7 @@ def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None 
     time of one. Only for launches that share no files (each its own run directory). Output
     goes to files, not pipes, so no launch waits on a full pipe. After ``timeout`` every
     launch still running is killed with its process group (torchrun, workers) and returned as a
-    :class:`TimedOut` (``returncode`` -9, ``timed_out`` true, the reason first in ``stderr``),
+    :class:`TimedOut` (reading its ``returncode`` raises, the reason first in ``stderr``),
     the finished ones as they ended: each test asserts on its own launch, so one launch that
     hangs fails only the tests that read it."""
     import os
@@ -97,8 +97,21 @@ def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None 
 
 
 class TimedOut(subprocess.CompletedProcess):
-    """A :func:`run_together` launch killed at its timeout (what it had printed until then)."""
+    """A :func:`run_together` launch killed at its timeout (what it had printed until then in
+    ``stdout`` and ``stderr``). Reading its ``returncode`` raises: a test asserting that a
+    launch failed (``returncode != 0``) must not pass on one that only hung."""
     timed_out = True
+
+    @property
+    def returncode(self):
+        raise AssertionError(self.stderr.split("\n", 1)[0] + "\n" + self.stderr[-3000:])
+
+    @returncode.setter
+    def returncode(self, value) -> None:
+        self.killed_with = value
+
+    def __repr__(self) -> str:
+        return f"TimedOut(args={self.args!r})"
 
 
 @pytest.fixture
