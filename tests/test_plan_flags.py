@@ -156,3 +156,18 @@ def test_estimate_names_the_time_it_leaves_out_of_offload_and_module_recompute(c
     code, out, _ = run(E + ["--global-batch", "64", "--json"], capsys)  # neither field: nothing to name
     assert code == 0 and json.loads(out)["not_modelled"] == []
     assert plan_time_notes(Plan(dp=16, gbs=64, optimizer_offload=1.0), (OFFLOAD_TIME_NOTE,)) == []
+
+
+@pytest.mark.parametrize("module, words", [
+    ("moe_act", "recompute_modules moe_act needs a mixture-of-experts model"),
+    ("mla_up_proj", "recompute_modules mla_up_proj needs multi-latent attention"),
+])
+def test_recompute_modules_the_model_lacks_are_refused_by_validate(module, words):
+    """Megatron-Core refuses moe_act without --moe-grouped-gemm and mla_up_proj without
+    --multi-latent-attention (transformer_config.py); the estimate priced nothing for them."""
+    from partita.spec.load import load_model
+    plan = Plan(dp=8, gbs=8, recompute="selective", recompute_modules=module)
+    errs = validate(plan, load_model("llama3-8b"))
+    assert len(errs) == 1 and errs[0].startswith(words) and errs[0].endswith("llama3-8b is dense" if module == "moe_act"
+                                                                              else "llama3-8b has none")
+    assert validate(plan.with_(ep=8), load_model("deepseek-v3")) == []  # MoE with MLA: both accepted

@@ -828,6 +828,13 @@ def _validate_against_model(plan: Plan, model: Any) -> list[str]:
         if plan.recompute_layers > largest:
             errs.append(f"recompute_layers={plan.recompute_layers} exceeds the largest pipeline stage/chunk "
                         f"({largest} layers); use 1 to {largest}, or 0 for every layer")
+    modules = set(plan.recompute_modules.split(",")) if isinstance(plan.recompute_modules, str) else set()
+    if "moe_act" in modules and not model.moe:  # Megatron-Core: moe_act needs --moe-grouped-gemm, a MoE model's
+        errs.append(f"recompute_modules moe_act needs a mixture-of-experts model (Megatron-Core transformer_config.py "
+                    f"accepts it only with --moe-grouped-gemm); {model.name} is dense")
+    if "mla_up_proj" in modules and not model.mla:
+        errs.append(f"recompute_modules mla_up_proj needs multi-latent attention (Megatron-Core transformer_config.py: "
+                    f"--multi-latent-attention); {model.name} has none")
     if plan.ep > 1:
         if not model.moe:
             errs.append(f"ep={plan.ep} needs a mixture-of-experts model; {model.name} is dense")
