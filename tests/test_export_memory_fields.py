@@ -193,7 +193,7 @@ def test_unpriced_moments_are_dropped_with_a_warning(target):
 
 @pytest.mark.parametrize("dp,fields,per_param", [
     (8, {}, 12 / 8),                                                     # fp32 master + m + v over d
-    (8, {"moment_dtype": "bf16"}, (4 + 2 + 2) / 8),                      # precision-aware moments: 2 bytes
+    (8, {"moment_dtype": "bf16"}, (2 + 2 + 2) / 8),  # precision-aware: 2-byte moments, the master as 16 remainder bits
     (8, {"optimizer_offload": 0.5}, 0.5 * 12 / 8),                       # half on the host
     (4, {"optimizer_offload": 1.0}, 0.0),                                # all on the host
     # under --optimizer-cpu-offload Megatron's HybridDeviceOptimizer never gets exp_avg_dtype
