@@ -171,3 +171,16 @@ def test_recompute_modules_the_model_lacks_are_refused_by_validate(module, words
     assert len(errs) == 1 and errs[0].startswith(words) and errs[0].endswith("llama3-8b is dense" if module == "moe_act"
                                                                               else "llama3-8b has none")
     assert validate(plan.with_(ep=8), load_model("deepseek-v3")) == []  # MoE with MLA: both accepted
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"optimizer_offload": 0.5}, "optimizer_offload=0.5 under framework megatron needs zero 1-3"),
+    ({"moment_dtype": "bf16"}, "moment_dtype=bf16 under framework megatron needs zero 1-3"),
+])
+def test_megatron_precision_aware_optimizer_needs_the_distributed_optimizer(fields, words):
+    """Megatron-Core: "--use-precision-aware-optimizer only supported with distributed optimizer"
+    (megatron/core/optimizer/__init__.py get_megatron_optimizer); both fields need that flag."""
+    errs = validate(Plan(dp=8, gbs=8, zero=0, **fields))
+    assert len(errs) == 1 and errs[0].startswith(words)
+    assert validate(Plan(dp=8, gbs=8, zero=1, **fields)) == []
+    assert validate(Plan(dp=8, gbs=8, zero=0, framework="torchtitan", **fields)) == []  # not Megatron's rule

@@ -762,6 +762,13 @@ def _validate_weight_storage(plan: Plan) -> list[str]:
     if plan.reuse_fp32_param and (plan.dtype not in ("bf16", "fp8") or plan.zero > 2):
         errs.append(f"reuse_fp32_param needs dtype bf16 (or fp8 over bf16) and zero 0-2 (MindSpeed refuses it with "
                     f"fp16 and ZeRO-3), got dtype {plan.dtype}, zero {plan.zero}")
+    if plan.framework in ("megatron", "mindspeed") and plan.zero == 0 and \
+            (plan.optimizer_offload or plan.moment_dtype != "fp32"):
+        what = ", ".join(f for f, on in ((f"optimizer_offload={plan.optimizer_offload:g}", plan.optimizer_offload),
+                                         (f"moment_dtype={plan.moment_dtype}", plan.moment_dtype != "fp32")) if on)
+        errs.append(f"{what} under framework {plan.framework} needs zero 1-3: Megatron raises "
+                    "'--use-precision-aware-optimizer only supported with distributed optimizer' "
+                    "(megatron/core/optimizer/__init__.py), which zero 0 does not run")
     if plan.recompute_modules and plan.recompute != "selective":  # the names: field_problem
         errs.append(f"recompute_modules {plan.recompute_modules!r} needs recompute selective (Megatron's "
                     f"--recompute-modules go with --recompute-granularity selective), got recompute {plan.recompute}")
