@@ -184,3 +184,9 @@ def test_megatron_precision_aware_optimizer_needs_the_distributed_optimizer(fiel
     assert len(errs) == 1 and errs[0].startswith(words)
     assert validate(Plan(dp=8, gbs=8, zero=1, **fields)) == []
     assert validate(Plan(dp=8, gbs=8, zero=0, framework="torchtitan", **fields)) == []  # not Megatron's rule
+
+
+def test_a_module_list_of_separators_only_is_one_line(capsys):
+    """--recompute-modules ",," used to fold to no list at all (op-level selective) without a word."""
+    code, _, err = run(E + ["--global-batch", "64", "--recompute", "selective", "--recompute-modules", ",,"], capsys)
+    assert code == 2 and "names no module" in err and len(err.splitlines()) == 1

@@ -604,7 +604,10 @@ def _typed(name: str, value: Any) -> Any:
     values lower-cased, with the schedule and recompute short names expanded."""
     kind = _FIELDS[name].type
     if name == "recompute_modules":
-        return canonical_modules(value)
+        modules = canonical_modules(value)
+        if not modules and value not in (None, "", [], ()):  # ",," would silently mean "no module list"
+            raise ValueError(f"names no module (among {', '.join(RECOMPUTE_MODULES)}), got {value!r}")
+        return modules
     if name == "layer_split":
         if value in (None, "", "none"):
             return None
