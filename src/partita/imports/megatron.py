@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from ..errors import PartitaError
 from ..plan import Plan
 from ..spec.model import ModelSpec
+from .megatron_deepspeed import VALUE_FLAGS, is_megatron_deepspeed, translate
 from .megatron_features import unmodelled
 from .megatron_layout import LayoutFlags, chunk_ranges, layout_split, split_of
 from .megatron_model import ScriptModel, contradiction, model_from_megatron
@@ -252,7 +253,10 @@ class MegatronRead:
 def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = None, framework: str = "megatron",
                   name: str = "script") -> MegatronRead:
     """The plan, model and unmodelled flags of a Megatron-LM / MindSpeed-LLM command line on
-    ``world_size`` ranks; ``model`` (``--model``) gives the layer count where the script has none."""
+    ``world_size`` ranks; ``model`` (``--model``) gives the layer count where the script has none.
+    A Megatron-DeepSpeed command line is read in its own spellings (:mod:`.megatron_deepspeed`)."""
+    fork = is_megatron_deepspeed(argv)
+    argv, ds_zero, ds_notes = translate(argv) if fork else (argv, 0, ())
     ns, _ = _megatron_parser().parse_known_args(argv)
     try:  # the plan is read even where the script's model is not (the note says why)
         script = model_from_megatron(argv, name)
@@ -263,6 +267,8 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     moe = bool(ns.num_experts) or bool(model and model.moe)
     fields, lora_note = _finetune(ns)
     plan = _plan(ns, world_size, num_layers, moe, framework).with_(**fields)
+    if fork:  # DeepSpeed's ZeRO, not Megatron's distributed optimizer
+        plan = plan.with_(zero=ds_zero)
     skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
     notes = tuple(OFFLOAD_TIME_NOTE if n.startswith("--optimizer-cpu-offload")
                   else MODULES_TIME_NOTE.format(plan.recompute_modules.replace(",", " "))
@@ -270,6 +276,7 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
                   for n in unmodelled(argv) if n.split(" ", 1)[0].rstrip(":") not in skip)
     if ns.use_precision_aware_optimizer and ns.exp_avg_dtype != ns.exp_avg_sq_dtype:
         notes += (MOMENTS_NOTE.format(ns.exp_avg_dtype, ns.exp_avg_sq_dtype),)
+    notes += ds_notes
     return MegatronRead(plan, script.spec, notes + ((lora_note,) if lora_note else ()), script.missing_vocab)
 
 
@@ -277,6 +284,8 @@ def resolve_model(argv: list[str], given: ModelSpec | None, path: str) -> tuple[
     """(the model to estimate with, why the command line gives none): ``--model`` (``given``) if
     it agrees with the model the command line defines (else one line naming both values), else
     the command line's own model."""
+    if is_megatron_deepspeed(argv):
+        argv = translate(argv)[0]
     try:
         script = model_from_megatron(argv, path.rsplit("/", 1)[-1])
     except PartitaError as e:
@@ -291,10 +300,12 @@ def resolve_model(argv: list[str], given: ModelSpec | None, path: str) -> tuple[
 def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = None) -> Plan:
     """The plan a Megatron-LM / MindSpeed-LLM ``pretrain_gpt.py`` command line runs on ``world_size``
     ranks (``layers``: the model's, where the command line has no ``--num-layers``)."""
+    argv, zero = translate(argv)[:2] if is_megatron_deepspeed(argv) else (argv, None)
     ns, _ = _megatron_parser().parse_known_args(argv)
     noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
-    return _plan(ns, world_size, ns.num_layers or (layers + noop if layers else None), bool(ns.num_experts),
+    plan = _plan(ns, world_size, ns.num_layers or (layers + noop if layers else None), bool(ns.num_experts),
                  "megatron").with_(**_finetune(ns)[0])
+    return plan if zero is None else plan.with_(zero=zero)
 
 
 def switch_flags() -> set[str]:
@@ -303,5 +314,6 @@ def switch_flags() -> set[str]:
 
 
 def known_flags() -> set[str]:
-    """Every flag :func:`plan_from_megatron` reads (a value it cannot know is named, not guessed)."""
-    return {s for action in _megatron_parser()._actions for s in action.option_strings}
+    """Every flag :func:`plan_from_megatron` reads (a value it cannot know is named, not guessed),
+    Megatron-DeepSpeed's own spellings among them."""
+    return {s for action in _megatron_parser()._actions for s in action.option_strings} | set(VALUE_FLAGS)

@@ -1,0 +1,154 @@
+"""Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed) command lines: the fork's own flag spellings
+read as what they run, translated to the Megatron-LM spellings :mod:`.megatron` reads.
+
+The fork is recognised by ``--deepspeed`` / ``--deepspeed_config`` (Megatron-LM has neither).
+Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of that commit):
+
+- ZeRO is DeepSpeed's: the engine runs the stage of the ``--deepspeed_config`` JSON; the scripts
+  write that JSON from the same variable they pass as ``--zero-stage`` (e.g.
+  ``examples_deepspeed/universal_checkpointing/megatron_gpt/run_bf16.sh``), so ``--zero-stage`` is
+  the stage. Without ``--zero-stage`` the JSON alone knows it (the MoE examples ``sed`` a template):
+  read as 0, DeepSpeed's default when ``zero_optimization`` is absent, and said so in the output.
+- ``--num-key-value-heads N`` (megatron/arguments.py l.623; l.444: absent = every head its own
+  K/V) is Megatron-LM's ``--group-query-attention --num-query-groups N``.
+- ``--ds-sequence-parallel-size N`` (l.974) is DeepSpeed-Ulysses: the sequence split N ways and
+  the data-parallel size ``world / (tp * pp * N)`` (l.101-108): read as context parallel N, its
+  all-to-all named (priced as Megatron's context parallel).
+- ``--moe-expert-parallel-size`` (l.1159) is the expert-parallel degree; ``--num-experts`` takes a
+  list (l.608, default ``[1]``: dense), ``--expert-interval`` (l.614, default 2) places the MoE
+  layers at 1-based layer numbers divisible by it (megatron/model/transformer.py
+  ``get_num_experts_per_layer``, l.1650-1661), ``--topk`` (l.612) is the router's k, default 1.
+- Attention is the unfused ``CoreAttention`` (scores kept) unless one of ``--use-flash-attn``
+  (``-v1``), ``--use-flash-attn-v2``, ``--use-flash-attn-triton``, ``--use-flash-attn-builder`` is
+  given (megatron/model/transformer.py l.528-531).
+"""
+from __future__ import annotations
+
+from ..errors import PartitaError
+
+#: flags of the fork whose memory/time Partita does not model -> what they change
+NOT_MODELLED: dict[str, str] = {
+    "--partition-activations": "checkpointed activations split over the tensor-parallel ranks (less activation "
+                               "memory; megatron/arguments.py l.1526)",
+    "--cpu-optimizer": "the optimizer step on the host (DeepSpeedCPUAdam; the ZeRO-Offload of the ds_config "
+                       "is not read: more device memory than the run)",
+    "--ds-sequence-parallel-size": "DeepSpeed-Ulysses: all-to-all of Q/K/V and output, priced as context parallel",
+    "--ds-sequence-parallel-fpdt": "FPDT: attention over sequence chunks (--ds-sequence-parallel-fpdt-chunk-size), "
+                                   "with --ds-sequence-parallel-fpdt-offloading chunks kept in host memory "
+                                   "(less activation memory than estimated)",
+}
+#: noted only on a MoE model (the dense examples pass them too)
+MOE_NOT_MODELLED: dict[str, str] = {
+    "--moe-train-capacity-factor": "DeepSpeed-MoE's expert capacity (tokens over it dropped; estimated as routed "
+                                   "without a capacity limit)",
+}
+#: the fork's flags read here that take a value (an unknown value in a script is named, not guessed)
+VALUE_FLAGS = ("--zero-stage", "--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts",
+               "--moe-expert-parallel-size", "--expert-interval", "--topk", "--mlp-type")
+#: the fork's spellings of flash attention (megatron/arguments.py l.927-936)
+FLASH = ("--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2", "--use-flash-attn-triton",
+         "--use-flash-attn-builder")
+#: no --zero-stage under --deepspeed: the JSON's stage, not on the command line
+ZERO_NOTE = ("--deepspeed_config without --zero-stage: the ZeRO stage is the config file's, read as 0 (DeepSpeed's "
+             "default without zero_optimization)")
+
+
+def is_megatron_deepspeed(argv: list[str]) -> bool:
+    """Whether a Megatron command line is Megatron-DeepSpeed's (``--deepspeed``, ``--deepspeed_config``)."""
+    return any(tok == "--deepspeed" or tok.split("=", 1)[0] in ("--deepspeed_config", "--deepspeed-config")
+               for tok in argv)
+
+
+def _value(argv: list[str], flag: str) -> list[str] | None:
+    """The words after the last ``flag`` (``--flag=v`` or ``--flag v1 v2 ...`` up to the next flag), or None."""
+    found = None
+    for i, tok in enumerate(argv):
+        if tok == flag:
+            found = []
+            for word in argv[i + 1:]:
+                if word.startswith("--"):
+                    break
+                found.append(word)
+        elif tok.startswith(flag + "="):
+            found = [tok.split("=", 1)[1]]
+    return found
+
+
+def _int(flag: str, words: list[str] | None, default: int) -> int:
+    """One whole number of a flag, or ``default`` where absent; a bad value is one line."""
+    if words is None:
+        return default
+    if any("$" in w for w in words):
+        raise PartitaError(f"{flag} is {' '.join(words)[:60]}, which has no value when the script is read "
+                           "(an unset variable or positional argument: --args or --env sets it)")
+    if len(words) != 1 or not words[0].isdigit():
+        raise PartitaError(f"{flag} {' '.join(words)!r} must be one whole number")
+    return int(words[0])
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``argv`` less ``flags`` and the words that are their values."""
+    out: list[str] = []
+    skipping = False
+    for tok in argv:
+        if tok.split("=", 1)[0] in flags:
+            skipping = "=" not in tok
+            continue
+        if skipping and not tok.startswith("--"):
+            continue
+        skipping = False
+        out.append(tok)
+    return out
+
+
+def _moe(argv: list[str]) -> list[str]:
+    """Megatron-LM's MoE flags for the fork's ``--num-experts`` list, ``--expert-interval``, ``--topk``
+    and ``--moe-expert-parallel-size`` (module docstring); [] for a dense model (``--num-experts 1``)."""
+    words = _value(argv, "--num-experts") or ["1"]
+    if not all(w.isdigit() for w in words):
+        raise PartitaError(f"--num-experts {' '.join(words)!r} must be whole numbers")
+    counts = {int(w) for w in words}
+    ep = _int("--moe-expert-parallel-size", _value(argv, "--moe-expert-parallel-size"), 1)
+    if counts == {1}:
+        return ["--expert-model-parallel-size", str(ep)] if ep > 1 else []
+    if len(counts) > 1:
+        raise PartitaError(f"--num-experts {' '.join(words)}: a different expert count per MoE layer (Megatron-"
+                           "DeepSpeed's pyramid MoE) is not modelled; Partita's MoE has one expert count")
+    mlp_type = (_value(argv, "--mlp-type") or ["standard"])[0]
+    if mlp_type != "standard":
+        raise PartitaError(f"--mlp-type {mlp_type}: Megatron-DeepSpeed's residual MoE (a dense MLP beside the "
+                           "experts) is not modelled")
+    layers = _int("--num-layers", _value(argv, "--num-layers"), 0)
+    interval = _int("--expert-interval", _value(argv, "--expert-interval"), 2)
+    if not layers or not interval:
+        raise PartitaError("--num-experts needs --num-layers and an --expert-interval of 1 or more")
+    pattern = ",".join("1" if (i + 1) % interval == 0 else "0" for i in range(layers))
+    return ["--num-experts", str(counts.pop()), "--moe-layer-freq", f"[{pattern}]",
+            "--moe-router-topk", str(_int("--topk", _value(argv, "--topk"), 1)),
+            "--expert-model-parallel-size", str(ep)]
+
+
+def translate(argv: list[str]) -> tuple[list[str], int, tuple[str, ...]]:
+    """(the command line in Megatron-LM's spellings, the ZeRO stage, the fork's flags not modelled)."""
+    zero_words = _value(argv, "--zero-stage")
+    zero = _int("--zero-stage", zero_words, 0)
+    if zero > 3:
+        raise PartitaError(f"--zero-stage {zero}: DeepSpeed's ZeRO stages are 0-3")
+    moe = _moe(argv)
+    noted = {**NOT_MODELLED, **(MOE_NOT_MODELLED if moe and moe[0] == "--num-experts" else {})}
+    notes = [f"{flag}: {what}" for flag, what in noted.items() if _value(argv, flag) is not None
+             and not (flag == "--ds-sequence-parallel-size" and _value(argv, flag) == ["1"])]
+    if zero_words is None:
+        notes.append(ZERO_NOTE)
+    out = _without(argv, ("--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts", "--topk",
+                          "--moe-expert-parallel-size", "--expert-interval", "--mlp-type"))
+    kv = _value(argv, "--num-key-value-heads")
+    if kv is not None:
+        out += ["--group-query-attention", "--num-query-groups", str(_int("--num-key-value-heads", kv, 1))]
+    ulysses = _int("--ds-sequence-parallel-size", _value(argv, "--ds-sequence-parallel-size"), 1)
+    if ulysses > 1:
+        out += ["--context-parallel-size", str(ulysses)]
+    out += moe
+    if not any(tok in FLASH for tok in argv):
+        out += ["--attention-backend", "unfused"]
+    return out, zero, tuple(notes)
