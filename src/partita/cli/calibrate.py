@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     cal.add_argument("--from-profile", action="append", metavar="RUN_DIR",
                      help="refine --base (a calibrated file) from a `partita train`/`profile` run dir's measured "
                           "step times instead of measuring (repeatable)")
+    cal.add_argument("--pool", nargs="+", metavar="FILE",
+                     help="write the median of several calibrated files (each field and term) instead of measuring: "
+                          "calibrations taken at different moments of a shared machine, pooled")
     cal.add_argument("--timeout-s", type=positive_int(7 * 24 * 3600), default=300,
                      help="give up (and stop every process) after this many seconds")
     cal.set_defaults(func=cmd_calibrate)
@@ -42,6 +45,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_output_path(args.output, "-o")
     if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
         raise PartitaError(f"--name {args.name!r} must be a printable, non-empty device name")
+    if args.pool:
+        if args.from_profile:
+            raise PartitaError("--pool and --from-profile do not combine: pool calibrated files, then refine the result")
+        from ..calibrate.pool import pool_files
+        from ..outputs import write_output
+        data = pool_files(args.pool, args.name)
+        write_output(args.output, json.dumps(data, indent=2), "-o")
+        print(f"wrote {args.output}: the median of {len(args.pool)} calibrations (spread = half the IQR between them)")
+        print_terms(data)
+        return 0
     if args.from_profile:
         from ..calibrate.refine import refine_from_runs
         data = refine_from_runs(args.base, args.from_profile, args.name)

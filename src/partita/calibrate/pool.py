@@ -1,0 +1,166 @@
+"""``partita calibrate --pool a.json b.json ... -o c.json``: one hardware file from several calibrations.
+
+Why: on a shared machine one calibration's framework terms move as much as their own values
+between two runs minutes apart (2-vCPU VM, three quiet calibrations back to back:
+``tp_framework_us_per_layer`` 15.0 -> 33.5 ms, ``ep_framework_us_per_layer`` 0.17 -> 2.7 ms;
+docs/calibrate.md, "Pooling calibrations"): the machine's speed moves at the scale of a
+launch, and each term of one calibration is read from a few launches. Each launch is one
+sample of that state; the median over several calibrations, taken at different moments, is a
+figure no single burst decides - the same reasoning as the repeats inside one calibration
+(a median of repeats), one level up.
+
+What is pooled (pure functions, no torch: tests feed them synthetic files):
+
+* every numeric field the cost model reads (``peak_tflops``, ``memory``, ``intra_node``,
+  ``efficiency``, ``eager_decode``) -> the median of the files' written values (a clamped term
+  enters as its written value, so the pooled field is what the cost model would read from the
+  median calibration);
+* each collective fit (``collectives.<kind>``, per group size) -> the median latency and
+  bandwidth of the files that fitted that kind and group;
+* each term record (``calibration.terms``) with a ``value`` -> a record whose value is the
+  median of the files' values (signed: a negative term stays visible), whose spread is half
+  the inter-quartile range of those values (the spread *between* calibrations, the figure
+  pooling is meant to shrink), with every file's value listed under ``pooled_values``.
+
+Every file must extend the same base device with the same dtype and process count: pooling a
+2-process fit with a 4-process one would mix group sizes the cost model reads apart.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from ..errors import PartitaError
+
+#: top-level sections whose numeric leaves are pooled by their median
+POOLED_SECTIONS = ("peak_tflops", "memory", "intra_node", "efficiency", "eager_decode")
+
+
+def half_iqr(values: list[float]) -> float:
+    """Half the inter-quartile range (the spread calibrate prints for its repeats); 0 for one value."""
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return (q[2] - q[0]) / 2
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _median_tree(trees: list) -> object:
+    """The median of every numeric leaf present in all ``trees`` (dicts recursed; a leaf that
+    is not a number in every tree keeps the first tree's value)."""
+    first = trees[0]
+    if isinstance(first, dict):
+        keys = [k for k in first if all(isinstance(t, dict) and k in t for t in trees)]
+        return {k: _median_tree([t[k] for t in trees]) for k in keys}
+    if all(_is_number(t) for t in trees):
+        return statistics.median(trees)
+    return first
+
+
+def _pool_collectives(files: list[dict]) -> dict:
+    """Per kind and group size: the median latency and bandwidth of the files that fitted them."""
+    out: dict = {}
+    kinds = {k for f in files for k in f.get("collectives", {})}
+    for kind in sorted(kinds):
+        groups: dict[int, list[dict]] = {}
+        for f in files:
+            for fit in f.get("collectives", {}).get(kind, []):
+                groups.setdefault(fit["group"], []).append(fit)
+        fits = []
+        for group, rows in sorted(groups.items()):
+            fit = dict(rows[0])
+            for key in ("latency_us", "gbps", "worst_rel_error", "spread_rel"):
+                values = [r[key] for r in rows if _is_number(r.get(key))]
+                if values:
+                    fit[key] = statistics.median(values)
+            fit["pooled_from"] = len(rows)
+            fits.append(fit)
+        out[kind] = fits
+    return out
+
+
+def _pool_terms(files: list[dict], names: list[str]) -> dict:
+    terms_per_file = [f.get("calibration", {}).get("terms", {}) for f in files]
+    out: dict = {}
+    for name, first in terms_per_file[0].items():
+        records = [t[name] for t in terms_per_file if name in t]
+        if "value" in first and all(_is_number(r.get("value")) for r in records):
+            values = [r["value"] for r in records]
+            record = {k: v for k, v in first.items() if k not in ("samples", "clamped_to", "note")}
+            record.update(value=statistics.median(values), spread=half_iqr(values),
+                          repeats=sum(r.get("repeats", 0) for r in records), pooled_values=values,
+                          within_spreads=[r.get("spread") for r in records],
+                          method=f"median of {len(records)} calibrations (partita calibrate --pool); each: "
+                                 f"{first.get('method', '')}")
+            clamped = [r["clamped_to"] for r in records if "clamped_to" in r]
+            if record["value"] < 0 and name.startswith("efficiency."):
+                record["clamped_to"] = 0.0
+                record["note"] = "negative pooled value: written as 0"
+            elif clamped and len(clamped) == len(records) and len(set(clamped)) == 1:
+                record["clamped_to"] = clamped[0]
+                record["note"] = first.get("note", "outside its range: written clamped")
+            out[name] = record
+        else:
+            out[name] = first
+    return out
+
+
+def pool_calibrations(files: list[dict], names: list[str], name: str | None = None) -> dict:
+    """One hardware file from several calibrated ``files`` (parsed JSON; ``names`` label them in
+    the provenance): the median of each field and term (module docstring)."""
+    if len(files) < 2:
+        raise PartitaError("--pool needs two or more calibrated files (the median of one is itself)")
+    for f, path in zip(files, names):
+        if "calibration" not in f or "terms" not in f.get("calibration", {}):
+            raise PartitaError(f"--pool {path}: not a file written by partita calibrate (no calibration.terms)")
+    keys = [(f.get("extends"), f["calibration"].get("raw", {}).get("dtype"), f["calibration"].get("raw", {}).get("world"))
+            for f in files]
+    if len(set(keys)) > 1:
+        detail = ", ".join(f"{p}: base {k[0]}, {k[1]}, {k[2]} processes" for p, k in zip(names, keys))
+        raise PartitaError(f"--pool mixes calibrations of different bases, dtypes or process counts ({detail})")
+    first = files[0]
+    out = {k: v for k, v in first.items() if k not in POOLED_SECTIONS + ("collectives", "calibration",
+                                                                         "efficiency_provenance")}
+    for section in POOLED_SECTIONS:
+        present = [f[section] for f in files if section in f]
+        if len(present) == len(files):
+            out[section] = _median_tree(present)
+        elif section in first:
+            out[section] = first[section]
+    if any("collectives" in f for f in files):
+        out["collectives"] = _pool_collectives(files)
+    terms = _pool_terms(files, names)
+    provenance = dict(first.get("efficiency_provenance", {}))
+    for field in out.get("efficiency", {}):
+        term = terms.get(f"efficiency.{field}")
+        what = (f"{term['value']:.4g} +- {term['spread']:.2g} {term.get('unit', '')} between calibrations"
+                if term and "value" in term else "")
+        provenance[field] = f"pooled: median of {len(files)} calibrations ({', '.join(names)}) {what}".rstrip()
+    out["efficiency_provenance"] = provenance
+    raw = first["calibration"].get("raw", {})
+    out["calibration"] = {"terms": terms,
+                          "raw": {k: raw[k] for k in ("device", "dtype", "world", "clock") if k in raw},
+                          "pooled_from": list(names)}
+    if name:
+        out["name"] = name
+    out["description"] = f"median of {len(files)} calibrations by `partita calibrate` ({', '.join(names)})"
+    return out
+
+
+def pool_files(paths: list[str], name: str | None = None) -> dict:
+    """:func:`pool_calibrations` of the files at ``paths`` (a missing or unreadable one: one line)."""
+    files = []
+    for p in paths:
+        try:
+            files.append(json.loads(Path(p).read_text()))
+        except OSError as e:
+            raise PartitaError(f"--pool {p}: cannot read it ({e.strerror})") from None
+        except ValueError as e:
+            raise PartitaError(f"--pool {p}: not JSON ({e})") from None
+        if not isinstance(files[-1], dict):
+            raise PartitaError(f"--pool {p}: not a hardware file (a JSON object)")
+    return pool_calibrations(files, list(paths), name)
