@@ -72,6 +72,9 @@ def detect(path: str, text: str) -> str:
     from .openrlhf import is_openrlhf
     if is_openrlhf(text):  # OpenRLHF's SFT / RM / DPO trainers: the ds_config they build (.openrlhf)
         return "deepspeed"
+    from .dschat import is_dschat
+    if is_dschat(text):  # DeepSpeed-Chat's main.py: the ds_config it builds (.dschat)
+        return "deepspeed"
     if re.search(MINDSPEED_MARKERS, text, re.IGNORECASE):
         return "mindspeed"
     # Megatron's entry points and forks' (pretrain_gpt.py, pretrain_mamba.py, Pai-Megatron-Patch's pretrain_qwen.py,

@@ -52,9 +52,11 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
         return _swift(path, raw, text, world, layers, seq_len, fill, env)
     if target == "deepspeed" and swift.is_swift_trainer(raw):
         return _swift_trainer(path, raw, world, seq_len, pp, fill, env)
-    from . import openrlhf
+    from . import dschat, openrlhf
     if target == "deepspeed" and openrlhf.is_openrlhf(raw):
         return _openrlhf(path, raw, world, fill, env, args)
+    if target == "deepspeed" and dschat.is_dschat(raw):
+        return _dschat(path, raw, world, fill, env, args)
     check_kind(target, path, text)
     if target == "deepspeed":
         from ..inputs import read_json
@@ -133,6 +135,24 @@ def _openrlhf(path: str, raw: str, world: int | None, fill: dict[str, Any], env:
     deepspeed.check_ds_config(path, cfg)
     plan = deepspeed.plan_from_ds_config(cfg, world, length, None, fill, path).with_(**fields)
     return plan, deepspeed.ds_not_modelled(cfg) + openrlhf.not_modelled(argv, trainer)
+
+
+def _dschat(path: str, raw: str, world: int | None, fill: dict[str, Any], env: dict[str, str],
+            args: list[str] | tuple[str, ...]) -> tuple[Plan, tuple[str, ...]]:
+    """DeepSpeed-Chat's ``deepspeed main.py ...`` as the ds_config main.py builds (:mod:`.dschat`)."""
+    from . import deepspeed, dschat
+    from .script import _run
+    from .shell import launcher_world_size
+    launcher, argv = dschat.trainer_argv(_run(path, raw, list(args), env, False).commands, path)
+    dschat.check_trainer(argv, path)
+    world = world or launcher_world_size(launcher)
+    if world is None:
+        raise PartitaError(f"{path}: the launcher does not say how many devices ({' '.join(launcher)[:60] or 'none'}; "
+                           "deepspeed without --num_gpus takes every GPU of the node): pass --devices")
+    cfg, length, fields = dschat.ds_config(argv, world, path)
+    deepspeed.check_ds_config(path, cfg)
+    plan = deepspeed.plan_from_ds_config(cfg, world, length, None, fill, path).with_(**fields)
+    return plan, deepspeed.ds_not_modelled(cfg) + dschat.not_modelled(argv, path)
 
 
 def check_sizes(path: str, argv: list[str], flags: tuple[str, ...], minus_one: tuple[str, ...] = ()) -> None:
@@ -235,6 +255,11 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
     from . import openrlhf
     if given is None and target == "deepspeed" and openrlhf.is_openrlhf(raw):
         found = re.search(r"--model\.model_name_or_path[= ]+(\S+)", raw)
+        return None, (f"the script names the model {found.group(1) if found else '(none)'}: pass --model "
+                      "(a preset or its config.json)")
+    from . import dschat
+    if given is None and target == "deepspeed" and dschat.is_dschat(raw):
+        found = re.search(r"--model_name_or_path[= ]+(\S+)", raw)
         return None, (f"the script names the model {found.group(1) if found else '(none)'}: pass --model "
                       "(a preset or its config.json)")
     if given is None and (swift.is_swift(raw) or (target == "deepspeed" and swift.is_swift_trainer(raw))):
