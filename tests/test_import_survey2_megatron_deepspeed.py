@@ -195,6 +195,7 @@ def test_zero_is_deepspeeds_stage_and_attention_unfused_without_flash(tmp_path):
     # deepspeed --num_gpus $((2*2*2*1)); dp = world / (tp * pp * ds_sp) (arguments.py l.101-108)
     assert (p.dp, p.tp, p.pp, p.cp) == (2, 2, 2, 1)
     assert p.zero == 1  # --zero-stage=1 (the Megatron-LM reading: 0, no --use-distributed-optimizer)
+    assert p.framework == "deepspeed" and read.framework == "megatron"  # DeepSpeed's engine; the --from name
     assert (p.mbs, p.gbs, p.seq_len, p.dtype) == (2, 16, 512, "bf16")
     assert p.recompute == "full"  # --checkpoint-activations
     assert p.attention == "unfused"  # no --use-flash-attn*: CoreAttention (transformer.py l.528-531)

@@ -58,6 +58,9 @@ def detect(path: str, text: str) -> str:
     from .llamafactory import is_llamafactory
     if is_flagscale(path, text):  # FlagScale's Hydra YAML: Megatron-LM's flags in system/model/data (.flagscale)
         return "megatron"
+    from .nanotron import is_nanotron
+    if path.endswith((".yaml", ".yml")) and is_nanotron(text):  # nanotron's Config tree (.nanotron)
+        return "nanotron"
     if is_llamafactory(path, text):  # `stage:`, `finetuning_type:` ... in a .yaml: LLaMA-Factory's train config
         return "llamafactory"
     if stripped.startswith("{") or path.endswith(".json"):

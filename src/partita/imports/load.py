@@ -44,6 +44,10 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
     modelled); a Megatron/MindSpeed command line's own model is :func:`_script_model`'s."""
     layers = model.layers if model else None
     from . import deepspeed, llamafactory, megatron, swift, torchtitan
+    if target == "nanotron":  # a nanotron YAML: the layout and the model are fields of its Config tree
+        from .nanotron import plan_from_nanotron
+        from .yaml_file import read_yaml_mapping
+        return plan_from_nanotron(read_yaml_mapping(raw, path, "a nanotron config"), path, world)
     if target == "llamafactory":  # a LLaMA-Factory training YAML (its ds_config beside it, "auto" filled)
         return llamafactory.plan_from_llamafactory(path, raw, world or llamafactory.world_from_env(env), fill)
     if path.endswith(".toml") and target == "torchtitan":
@@ -75,7 +79,8 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
     argv = argv_from_script(text)
     check_sizes(path, argv, megatron.MEGATRON_SIZES)
     read = megatron.read_megatron(argv, _need_world(path, world), model, target, path)
-    return read.plan.with_(framework=target), read.not_modelled
+    from .megatron_deepspeed import is_megatron_deepspeed  # DeepSpeed's engine runs it (cost/frameworks.py)
+    return read.plan.with_(framework="deepspeed" if is_megatron_deepspeed(argv) else target), read.not_modelled
 
 
 def _swift(path: str, raw: str, text: str, world: int | None, layers: int | None, seq_len: int | None,
@@ -193,7 +198,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     reading = ""
     raw = read_text(path)
     target = source or detect(path, raw)
-    text = raw if target in ("deepspeed", "llamafactory") else expand_variables(raw)
+    text = raw if target in ("deepspeed", "llamafactory", "nanotron") else expand_variables(raw)
     world = devices or script_world_size(text)
     from .flagscale import is_flagscale
     if target in ("megatron", "mindspeed") and is_flagscale(path, raw):  # Megatron's flags in YAML (.flagscale)
@@ -248,6 +253,11 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
     own model (:func:`partita.imports.megatron_model.model_from_megatron`), checked against
     ``--model`` (a contradiction is one line); other files define no model."""
     from . import megatron, swift
+    if target == "nanotron":
+        from .nanotron import model_from_nanotron
+        from .yaml_file import read_yaml_mapping
+        return (given, "") if given is not None else model_from_nanotron(
+            read_yaml_mapping(raw, path, "a nanotron config"), path)
     if target == "llamafactory" and given is None:
         from .llamafactory import read_yaml
         name = read_yaml(raw, path).get("model_name_or_path")

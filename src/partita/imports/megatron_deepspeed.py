@@ -18,6 +18,9 @@ Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of t
   list (l.608, default ``[1]``: dense), ``--expert-interval`` (l.614, default 2) places the MoE
   layers at 1-based layer numbers divisible by it (megatron/model/transformer.py
   ``get_num_experts_per_layer``, l.1650-1661), ``--topk`` (l.612) is the router's k, default 1.
+- The plan's framework is ``deepspeed``: the DeepSpeed engine runs ZeRO, and Partita's deepspeed entry
+  (cost/frameworks.py) is Megatron-DeepSpeed's model code under it (reentrant checkpointing, no
+  tensor-parallel overlap, the ZeRO all-gather after the step).
 - Attention is the unfused ``CoreAttention`` (scores kept) unless one of ``--use-flash-attn``
   (``-v1``), ``--use-flash-attn-v2``, ``--use-flash-attn-triton``, ``--use-flash-attn-builder`` is
   given (megatron/model/transformer.py l.528-531).
