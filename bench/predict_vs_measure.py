@@ -3,6 +3,7 @@ them, and compare.
 
     python bench/predict_vs_measure.py [--repeats 2] [--steps 6] [--hardware calibrated.json]
                                        [--calibrate-model small-llama] [--only 1,2,3]
+                                       [--calibrations K] [--bind-cores on|auto|off]
                                        [--neighbour N] [--out rows.json]
 
 1. `partita calibrate --nproc 2 --model small-llama` writes a hardware file for this machine
@@ -24,6 +25,13 @@ them, and compare.
    absolute error, the Spearman rank correlation, how many plans are predicted under /
    over, and ``/proc/loadavg`` before calibrating and after each plan (timings on a shared
    machine move with it).
+
+``--calibrations K`` (default 3) calibrates K times spread over the run (3 with 2 repeats: before
+the plans, between the two rounds, after them) and predicts with the median of each term (``partita calibrate --pool``): one calibration's
+framework terms move as much as their values between runs minutes apart (docs/calibrate.md,
+"Pooling calibrations"); the predictions are made after every plan has run, from the pooled
+file, and each calibration's terms are printed beside the pooled ones. ``--bind-cores`` passes
+the flag to every ``partita train`` and ``partita calibrate`` of the run.
 
 ``--neighbour N`` runs N CPU-bound processes (``while True: pass``) beside the whole run, the
 "neighbour load" issue 33 asks the loop to hold under; ``--out`` writes every plan's row
@@ -69,11 +77,11 @@ def spearman(a: list[float], b: list[float]) -> float:
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
-def measure(model: str, plan: str, nproc: int, steps: int) -> tuple[float, float, list]:
+def measure(model: str, plan: str, nproc: int, steps: int, bind: str | None = None) -> tuple[float, float, list]:
     """``(busy, wall, per-step ranks' [wall, run, wait])``: median step seconds of one
     ``partita train`` run, steps 2.. ."""
     cmd = [sys.executable, "-m", "partita", "train", "--model", model, "--plan", plan + ",gbs=8,seq_len=128",
-           "--nproc", str(nproc), "--steps", str(steps), "--json", "--optimizer", "adamw", "--lr", "1e-3"]
+           "--nproc", str(nproc), "--steps", str(steps), "--json", "--optimizer", "adamw", "--lr", "1e-3"] + (["--bind-cores", bind] if bind else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise SystemExit(proc.stderr[-2000:])
@@ -122,6 +130,11 @@ def main() -> None:
                         f"(default {DENSE_MODEL}, the plans' own)")
     p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
     p.add_argument("--neighbour", type=int, default=0, help="CPU-bound processes to run beside the whole run")
+    p.add_argument("--calibrations", type=int, default=3,
+                   help="calibrate this many times, spread over the run (before the plans, between rounds, after "
+                        "them), and predict with their median (partita calibrate --pool); default 3")
+    p.add_argument("--bind-cores", choices=("on", "auto", "off"),
+                   help="partita train/calibrate --bind-cores for every launch (default: the commands' own default)")
     p.add_argument("--out", help="write every plan's row as JSON here")
     args = p.parse_args()
     spinners = neighbours(args.neighbour)
@@ -137,24 +150,38 @@ def run(args: argparse.Namespace) -> None:
     """Calibrate (unless given a file), then estimate and train each plan; print and check."""
     plans = [PLANS[int(i) - 1] for i in args.only.split(",")] if args.only else PLANS
     hardware = args.hardware
-    if not hardware:
-        hardware = os.path.join(tempfile.mkdtemp(), f"calibrated-{NPROC}.json")
-        print(f"calibrating ({load()})", flush=True)
-        subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", hardware,
-                        "--model", args.calibrate_model, "--timeout-s", "900"], check=True, timeout=960)
-    print_framework_terms(hardware)
-    names, predicted = [], []
+    folder = tempfile.mkdtemp()
+    calibrations: list[str] = []
+    # calibrations at round boundaries (0: before the plans, repeats: after them), spread evenly
+    at = calibration_slots(args.calibrations, args.repeats) if not hardware else []
+    names = []
     for model_name, text in plans:
         plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))
-        predicted.append(estimate(load_model(model_name), make_cluster(hardware, NPROC), plan).step_time_s)
         names.append(f"{model_name} {plan.summary()}")
     runs: list[list[tuple]] = [[] for _ in plans]
     loads: list[list[str]] = [[] for _ in plans]
     for rnd, i in round_robin(len(plans), args.repeats):
-        runs[i].append(measure(*plans[i], NPROC, args.steps))
+        if i == (0 if rnd % 2 == 0 else len(plans) - 1):  # a round starts: its calibrations first
+            calibrations += [calibrate(folder, len(calibrations), args) for _ in range(at.count(rnd))]
+        runs[i].append(measure(*plans[i], NPROC, args.steps, args.bind_cores))
         loads[i].append(load())
         print(f"  round {rnd + 1}/{args.repeats} {names[i]:44s} {runs[i][-1][0] * 1e3:8.1f} ms ({loads[i][-1]})",
               flush=True)
+    if not hardware:
+        calibrations += [calibrate(folder, len(calibrations), args) for _ in range(at.count(args.repeats))]
+        hardware = calibrations[0]
+        if len(calibrations) > 1:  # the median of each term (partita calibrate --pool)
+            for k, path in enumerate(calibrations):
+                print(f"calibration {k + 1}:")
+                print_framework_terms(path)
+            hardware = os.path.join(folder, f"pooled-{NPROC}.json")
+            subprocess.run([sys.executable, "-m", "partita", "calibrate", "--pool", *calibrations, "-o", hardware],
+                           check=True, capture_output=True)
+            print(f"pooled ({len(calibrations)} calibrations, spread = half the IQR between them):")
+    print_framework_terms(hardware)
+    predicted = [estimate(load_model(model_name), make_cluster(hardware, NPROC),
+                          Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))).step_time_s
+                 for model_name, text in plans]
     rows, out = [], []
     for i, name in enumerate(names):
         measured = statistics.median(r[0] for r in runs[i])
@@ -167,9 +194,39 @@ def run(args: argparse.Namespace) -> None:
                     "repeats_s": [r[0] for r in runs[i]], "load": loads[i][-1], "loads": loads[i],
                     "steps_sched_s": [r[2] for r in runs[i]]})
     summary(rows, args.repeats, hardware)
+    if len(calibrations) > 1:  # what each calibration alone would have given on the same measured steps
+        measured = [r[2] for r in rows]
+        for k, path in enumerate(calibrations):
+            alone = [estimate(load_model(m), make_cluster(path, NPROC),
+                              Plan.parse(t, world_size=NPROC, defaults=dict(COMMON))).step_time_s for m, t in plans]
+            errors = [abs(p_ - m) / m for p_, m in zip(alone, measured)]
+            print(f"  calibration {k + 1} alone: median |error| {statistics.median(errors):.0%}, worst {max(errors):.0%}, "
+                  f"Spearman {spearman(alone, measured):.2f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"hardware": hardware, "neighbour": args.neighbour, "rows": out}, f, indent=1)
+            json.dump({"hardware": hardware, "calibrations": calibrations, "bind_cores": args.bind_cores,
+                       "neighbour": args.neighbour, "rows": out}, f, indent=1)
+
+
+def calibration_slots(k: int, repeats: int) -> list[int]:
+    """The round boundary each of ``k`` calibrations runs at (0 before the first round of plans,
+    ``repeats`` after the last), spread evenly: 1 -> [0]; 2 -> [0, repeats]; 3 with 2 repeats ->
+    [0, 1, 2]. Why: the plans' measured steps follow the machine's load over the run, so the
+    calibrations are drawn across the same minutes (a calibration before the plans only is one
+    moment's draw, docs/accuracy.md runs 17-25)."""
+    if k <= 1:
+        return [0]
+    return [round(j * repeats / (k - 1)) for j in range(k)]
+
+
+def calibrate(folder: str, k: int, args: argparse.Namespace) -> str:
+    """Calibration ``k`` of this run (``partita calibrate --nproc 2 --model ...``), its file's path."""
+    path = os.path.join(folder, f"calibrated-{NPROC}-{k}.json")
+    print(f"calibrating {k + 1}/{args.calibrations} ({load()})", flush=True)
+    bind = ["--bind-cores", args.bind_cores] if args.bind_cores else []
+    subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", path,
+                    "--model", args.calibrate_model, "--timeout-s", "900", *bind], check=True, timeout=960)
+    return path
 
 
 def print_framework_terms(hardware: str) -> None:

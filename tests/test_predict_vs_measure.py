@@ -58,3 +58,44 @@ def test_round_robin_runs_every_plan_once_a_round_with_the_same_mean_position():
 def test_calibrates_on_the_plans_own_dense_model():
     dense = {model for model, _ in pvm.PLANS if model != "tiny-moe"}
     assert dense == {pvm.DENSE_MODEL}
+
+
+def test_calibration_slots_spread_over_the_run():
+    assert pvm.calibration_slots(1, 2) == [0]  # one calibration: before the plans
+    assert pvm.calibration_slots(2, 2) == [0, 2]  # before and after
+    assert pvm.calibration_slots(3, 2) == [0, 1, 2]  # before, between the rounds, after
+
+
+def test_the_loop_calibrates_between_rounds_and_predicts_with_the_pool(tmp_path, monkeypatch, capsys):
+    """Three calibrations with 2 repeats: one before the plans, one between the rounds, one after;
+    the predictions use their median (partita calibrate --pool, run for real on the files)."""
+    import json
+    events: list[str] = []
+    tp_us = [10_000.0, 40_000.0, 20_000.0]
+
+    def fake_calibrate(folder, k, args):
+        events.append(f"cal{k}")
+        path = tmp_path / f"c{k}.json"
+        term = {"value": tp_us[k], "spread": 1.0, "unit": "us", "repeats": 5, "method": "m"}
+        path.write_text(json.dumps({
+            "name": "c", "extends": "cpu", "efficiency": {"tp_framework_us_per_layer": tp_us[k]},
+            "calibration": {"terms": {"efficiency.tp_framework_us_per_layer": term},
+                            "raw": {"dtype": "fp32", "world": 2}}}))
+        return str(path)
+
+    def fake_measure(model, plan, nproc, steps, bind=None):
+        events.append(plan)
+        return 1.0, 1.0, []
+    monkeypatch.setattr(pvm, "calibrate", fake_calibrate)
+    monkeypatch.setattr(pvm, "measure", fake_measure)
+    args = pvm.argparse.Namespace(only="1,2", hardware=None, calibrations=3, repeats=2, steps=3, bind_cores=None,
+                                  calibrate_model="small-llama", neighbour=0, out=str(tmp_path / "rows.json"))
+    pvm.run(args)
+    assert events == ["cal0", "dp=2", "tp=2", "cal1", "tp=2", "dp=2", "cal2"]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    by_hand = tmp_path / "median.json"  # the median calibration (tp 20 ms), estimated directly
+    by_hand.write_text((tmp_path / "c2.json").read_text())
+    plan = pvm.Plan.parse("tp=2", world_size=2, defaults=dict(pvm.COMMON))
+    expected = pvm.estimate(pvm.load_model("small-llama"), pvm.make_cluster(str(by_hand), 2), plan).step_time_s
+    assert abs(rows["rows"][1]["predicted_s"] - expected) < 1e-12 * expected
+    assert len(rows["calibrations"]) == 3 and "calibration 2 alone" in capsys.readouterr().out

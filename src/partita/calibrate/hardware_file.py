@@ -216,6 +216,8 @@ def main() -> None:
     repeats = int(sys.argv[6]) if len(sys.argv) > 6 else REPEATS
     model = sys.argv[7] if len(sys.argv) > 7 else "tiny-llama"
     device_type = detect_device_type(device if device != "auto" else None)
+    from .binding import bind_cores
+    bind_cores(device_type)  # partita calibrate --bind-cores, as partita train binds its ranks
     dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=300))
     m = measure(device_type, dtype, repeats, model)
     if dist.get_rank() == 0:

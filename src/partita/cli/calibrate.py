@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     cal.add_argument("--from-profile", action="append", metavar="RUN_DIR",
                      help="refine --base (a calibrated file) from a `partita train`/`profile` run dir's measured "
                           "step times instead of measuring (repeatable)")
+    cal.add_argument("--bind-cores", choices=("auto", "on", "off"), default="off",
+                     help="pin each rank of the micro-runs to its own share of the cores, as partita train "
+                          "--bind-cores (CPU only; default off)")
     cal.add_argument("--pool", nargs="+", metavar="FILE",
                      help="write the median of several calibrated files (each field and term) instead of measuring: "
                           "calibrations taken at different moments of a shared machine, pooled")
@@ -73,6 +76,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "partita.calibrate.hardware_file", args.output, args.base, args.name or f"{args.base}-calibrated",
            args.device or "auto", args.dtype, str(args.repeats), args.model]
+    from ..calibrate.binding import BIND_CORES_ENV
+    os.environ[BIND_CORES_ENV] = args.bind_cores  # the ranks bind themselves (calibrate/binding.py)
     returncode, stderr = _run_group(cmd, args.timeout_s)
     if returncode:
         from ..train.supervise import root_cause

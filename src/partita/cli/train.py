@@ -22,6 +22,9 @@ def add_train_arguments(p: argparse.ArgumentParser, command: str) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model with a plan (torchrun; gloo on CPU, nccl/hccl on accelerators)")
     add_train_arguments(p, "train")
+    p.add_argument("--bind-cores", choices=("auto", "on", "off"), default="off",
+                   help="on a CPU device, pin each rank to its own share of the cores (on; auto: when the ranks "
+                        "are no more than the cores; default off). Accelerators: bind with your own launcher flags")
     p.set_defaults(func=cmd_train)
 
 
@@ -30,6 +33,10 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, LaunchConf
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import os
+
+    from ..calibrate.binding import BIND_CORES_ENV
+    os.environ[BIND_CORES_ENV] = args.bind_cores  # the workers bind themselves (calibrate/binding.py)
     return run_train(*configs_from_args(args))
 
 

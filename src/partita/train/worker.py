@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..calibrate.binding import bind_cores
 from ..calibrate.busy_clock import critical_busy_s, mark, since
 from ..errors import PartitaError
 from ..models.registry import family_of, resolve_model
@@ -533,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     device_type = detect_device_type(config.device)
+    try:
+        bind_cores(device_type)
+    except PartitaError as e:
+        print(f"partita: error: {e}", file=sys.stderr, flush=True)
+        return 2
     init_distributed(device_type, config.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     from .nodes import JOB_KEY, mark_rank0
