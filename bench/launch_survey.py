@@ -127,6 +127,7 @@ def estimate_all(repo: Path) -> dict[str, int]:
     scratch directory: counts of refused (one line) / no model / fits / does not fit, the last split
     by whether the output names a feature Partita does not model. Prints each file that does not
     fit without naming one, and each refusal."""
+    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.estimate import estimate
@@ -273,6 +274,61 @@ HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
         ("examples/scripts/train_sft.sh", "", {}, None, "named"),  # the device count: --devices
         ("examples/scripts/train_ppo_ray_hybrid_engine.sh", "", {}, None, "named"),  # an RL job
     ],
+    # issue 33's second survey (docs/import_megatron.md "Second survey"): repositories read after the set above,
+    # each file read by hand from the script and the framework's own argument parser. Devices: the count the
+    # script names (NUM_GPUS=64), else one node of 8 where the launcher takes every GPU of the node or a hostfile.
+    "microsoft/Megatron-DeepSpeed@f4157be": [
+        ("examples_deepspeed/universal_checkpointing/megatron_gpt/run_bf16.sh", "", {}, None,
+         dict(dp=2, tp=2, pp=2, cp=1, zero=1, mbs=2, gbs=16, seq_len=512, recompute="full", dtype="bf16",
+              attention="unfused", framework="deepspeed", model="read")),
+        ("examples_deepspeed/pretrain_llama2_distributed.sh", "", {}, None,  # the vocabulary: its tokenizer.model
+         dict(dp=2, tp=2, pp=2, zero=0, mbs=4, gbs=32, seq_len=2048, dtype="bf16", model="named")),
+        ("examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_MoE128.sh", "", {}, 64,
+         dict(dp=64, ep=64, zero=0, mbs=8, gbs=512, seq_len=2048, dtype="fp16", recompute="full", model="read")),
+        ("examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh", "", {}, 64, "named"),  # pyramid MoE
+        ("examples_deepspeed/sequence_parallel/ds_pretrain_gpt_30B_seq_parallel_32k.sh", "", {}, 8,
+         dict(dp=2, tp=1, pp=1, cp=4, zero=3, mbs=1, gbs=2, seq_len=32768, recompute="full", attention="fused",
+              model="read")),
+        ("examples_deepspeed/zero_bubble_pp/zbh1_pretrain_gpt_1.3b.sh", "", {}, 8,
+         dict(dp=1, pp=8, zero=0, mbs=1, gbs=16, seq_len=2048, dtype="fp16", schedule="zero-bubble", model="read")),
+        ("examples_deepspeed/azure/run-175b.sh", "", {}, 8,  # one node: the script's NODES=1 default
+         dict(dp=8, zero=3, mbs=4, gbs=32, seq_len=1024, dtype="fp16", recompute="full", model="read")),
+        ("examples_deepspeed/curriculum_learning/ds_pretrain_gpt2.sh", "", {}, 16, "named"),  # 16 positional args
+        # its micro-batch is $(( global / dp )) with dp from `ds_ssh nvidia-smi`: only a run knows it
+        ("examples_deepspeed/data_efficiency/gpt/pretrain/ds_pretrain_gpt_1.3B_dense_base_script.sh", "", {}, 8,
+         "named"),
+    ],
+    "deepspeedai/DeepSpeedExamples@45b4b71": [  # DeepSpeed-Chat: e2e_rlhf.py runs `bash SCRIPT OUTPUT ZERO_STAGE`
+        ("applications/DeepSpeed-Chat/training/step1_supervised_finetuning/training_scripts/opt/single_node/"
+         "run_1.3b.sh", "./o ''", {}, 8,
+         dict(dp=8, zero=2, mbs=8, gbs=64, seq_len=512, dtype="fp16", recompute="none", finetune="full",
+              model="named")),
+        ("applications/DeepSpeed-Chat/training/step1_supervised_finetuning/training_scripts/llama2/"
+         "run_llama2_7b_lora.sh", "./o ''", {}, 8,
+         dict(dp=8, zero=3, mbs=4, gbs=32, seq_len=512, recompute="full", finetune="lora", lora_rank=128,
+              model="named")),
+        ("applications/DeepSpeed-Chat/training/step1_supervised_finetuning/training_scripts/opt/single_gpu/"
+         "run_1.3b.sh", "./o ''", {}, None,
+         dict(dp=1, zero=0, mbs=16, gbs=128, seq_len=512, finetune="lora", lora_rank=128, model="named")),
+        ("applications/DeepSpeed-Chat/training/step2_dpo_finetuning/training_scripts/llama2/run_llama2_7b.sh",
+         "./o ''", {}, 8, dict(dp=8, zero=3, mbs=8, gbs=64, seq_len=512, recompute="full", model="named")),
+        ("applications/DeepSpeed-Chat/training/step3_rlhf_finetuning/training_scripts/opt/single_node/run_1.3b.sh",
+         "", {}, 8, "named"),  # RLHF: four models in one job
+        ("training/tensor_parallel/hf_integration/configs/ds_config.json", "", {}, 8, "named"),  # "auto": --mbs
+    ],
+    "huggingface/nanotron@2411b02": [
+        ("examples/config_tiny_llama.yaml", "", {}, None,
+         dict(dp=4, tp=2, pp=1, sp=True, zero=0, mbs=3, gbs=12, seq_len=4096, dtype="bf16", model="read")),
+        ("examples/config_qwen.yaml", "", {}, None,
+         dict(dp=2, tp=2, pp=1, sp=True, zero=0, mbs=3, gbs=6, seq_len=4096, schedule="1f1b", model="read")),
+        ("examples/doremi/configs/config_2.8b_llama.yaml", "", {}, None,
+         dict(dp=8, tp=2, sp=True, mbs=64, gbs=512, seq_len=1024, model="read")),
+        ("examples/mup/configs/mup_350m_llama_config.yaml", "", {}, None,
+         dict(dp=4, tp=2, sp=True, mbs=32, gbs=1024, seq_len=1024, model="read")),
+        ("examples/mamba/config_mamba.yaml", "", {}, None,  # the layout read, Mamba left to --model
+         dict(dp=2, tp=2, pp=2, sp=False, schedule="1f1b", model="named")),
+        ("examples/moe/config_llamoe.yaml", "", {}, None, "named"),  # expert_parallel_size 2
+    ],
 }
 
 
@@ -302,6 +358,7 @@ def _classify(expected, read=None, error: str | None = None) -> str:
 def held_out(checkouts: dict[str, Path]) -> dict[str, dict[str, int]]:
     """Read each held-out file of each checkout (``repo key -> path``; keys of :data:`HELD_OUT` matched
     on the repository's name) as a user would, and count the classes per repository."""
+    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.imports import load_config
@@ -324,7 +381,8 @@ def held_out(checkouts: dict[str, Path]) -> dict[str, dict[str, int]]:
                     (Path(scratch) / extra).parent.mkdir(parents=True, exist_ok=True)
                     (Path(scratch) / extra).write_text(_text_of(repo, extra) or "")
                 try:
-                    verdict = _classify(expected, load_config(str(path), devices=devices, args=args.split(), env=env))
+                    verdict = _classify(expected, load_config(str(path), devices=devices, args=shlex.split(args),
+                                                              env=env))
                 except PartitaError as e:
                     verdict = _classify(expected, error=str(e))
                 except Exception as e:  # noqa: BLE001 - a traceback is what the survey counts
@@ -440,6 +498,7 @@ def zoo_launches(repo: Path) -> list[tuple[str, str | None, dict[str, str], list
 
 def zoo(repo: Path) -> dict[str, int]:
     """``estimate`` on every ModelZoo launch (:func:`zoo_launches`): counts and one line per launch."""
+    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.estimate import estimate
@@ -479,6 +538,7 @@ def swift_peaks(repo: Path) -> list[tuple[str, float, float, float]]:
     line is a measured peak (``# 8 * 65GiB``), estimated on an 80 GB H100 (a peak above 80 GiB: H20, 96 GB) with
     the preset its ``--model`` names; scripts whose model has no preset are counted, not estimated."""
     import json
+    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.estimate import estimate

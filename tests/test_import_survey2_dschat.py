@@ -83,6 +83,7 @@ def test_llama2_lora_zero3_checkpointing_and_the_stage_named(tmp_path):
     p = read.plan
     assert (p.dp, p.zero, p.mbs, p.gbs, p.seq_len) == (8, 3, 4, 32, 512)
     assert p.recompute == "full" and p.finetune == "lora"
+    assert p.overlap_grad_reduce  # get_train_ds_config: "overlap_comm": True
     assert any(n.startswith("step2_dpo: DPO") for n in read.not_modelled)
     # the same file under step 1 names no stage
     again = _read(tmp_path, LLAMA2_LORA, "step1_supervised_finetuning/run.sh", args=["./o", ""], devices=8)

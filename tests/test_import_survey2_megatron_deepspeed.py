@@ -170,7 +170,7 @@ megatron_options=" \
     --max-position-embeddings ${seq_len} \
     --vocab-file gpt2-vocab.json \
     --merge-file gpt2-merges.txt \
-    --use-flash-attn-v2 \
+    --use-flash-attn-triton \
     --fp16 \
     --checkpoint-activations"
 deepspeed_options=" \
@@ -227,7 +227,7 @@ def test_ulysses_is_context_parallel_named(tmp_path):
     read = _read(tmp_path, ULYSSES, devices=8)
     p = read.plan
     assert (p.dp, p.tp, p.pp, p.cp, p.zero, p.seq_len) == (2, 1, 1, 4, 3, 32768)
-    assert p.attention == "fused"  # --use-flash-attn-v2
+    assert p.attention == "fused"  # --use-flash-attn-triton
     assert any(n.startswith("--ds-sequence-parallel-size") for n in read.not_modelled)
 
 
@@ -240,3 +240,11 @@ def test_what_is_not_read_is_one_line(tmp_path, edit, says):
     with pytest.raises(PartitaError) as e:
         _read(tmp_path, MOE128.replace(*edit), devices=64)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_zbh1_pipeline_is_the_zero_bubble_schedule(tmp_path):
+    # examples_deepspeed/zero_bubble_pp/zbh1_pretrain_gpt_1.3b.sh passes --enable-zbh1-pipeline (arguments.py
+    # l.856); ZB-H1 is what Partita's zero-bubble prices (a third of the 1F1B bubble, cost/pipeline.py)
+    text = RUN_BF16.replace("--deepspeed-activation-checkpointing \\", "--enable-zbh1-pipeline \\")
+    assert _read(tmp_path, text).plan.schedule == "zero-bubble"
+    assert _read(tmp_path, RUN_BF16).plan.schedule == "1f1b"

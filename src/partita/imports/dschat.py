@@ -10,7 +10,7 @@ Facts from DeepSpeedExamples@45b4b71 (applications/DeepSpeed-Chat/):
   the same defaults in step2_dpo_finetuning/main.py and step2_reward_model_finetuning/main.py;
 - main.py: ``train_micro_batch_size_per_gpu`` = ``--per_device_train_batch_size``, ``train_batch_size`` =
   that x the world size x ``--gradient_accumulation_steps``;
-- dschat/utils/ds_utils.py ``get_train_ds_config``: ZeRO stage ``--zero_stage``; with ``--offload`` both
+- dschat/utils/ds_utils.py ``get_train_ds_config``: ZeRO stage ``--zero_stage``, ``overlap_comm`` true; with ``--offload`` both
   ``offload_optimizer`` and ``offload_param`` on the CPU; fp16 or bf16 enabled by ``--dtype``;
 - dschat/utils/module/lora.py: ``LinearLayer_LoRA`` freezes the replaced linear's weight (l.49,
   ``self.weight.requires_grad = False``) for the linears whose name holds ``--lora_module_name``, with
@@ -102,7 +102,7 @@ def ds_config(argv: list[str], world: int, path: str) -> tuple[dict[str, Any], i
     offload = "cpu" if "--offload" in flags else "none"
     cfg = {"train_micro_batch_size_per_gpu": mbs,
            "train_batch_size": mbs * world * _whole(flags, "--gradient_accumulation_steps", path),
-           "zero_optimization": {"stage": stage, "offload_optimizer": {"device": offload},
+           "zero_optimization": {"stage": stage, "overlap_comm": True, "offload_optimizer": {"device": offload},
                                  "offload_param": {"device": offload}},
            dtype: {"enabled": True}, "gradient_clipping": 1.0}
     rank = _whole(flags, "--lora_dim", path)

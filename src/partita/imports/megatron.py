@@ -256,7 +256,7 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     ``world_size`` ranks; ``model`` (``--model``) gives the layer count where the script has none.
     A Megatron-DeepSpeed command line is read in its own spellings (:mod:`.megatron_deepspeed`)."""
     fork = is_megatron_deepspeed(argv)
-    argv, ds_zero, ds_notes = translate(argv) if fork else (argv, 0, ())
+    argv, ds_fields, ds_notes = translate(argv) if fork else (argv, {}, ())
     ns, _ = _megatron_parser().parse_known_args(argv)
     try:  # the plan is read even where the script's model is not (the note says why)
         script = model_from_megatron(argv, name)
@@ -267,8 +267,8 @@ def read_megatron(argv: list[str], world_size: int, model: ModelSpec | None = No
     moe = bool(ns.num_experts) or bool(model and model.moe)
     fields, lora_note = _finetune(ns)
     plan = _plan(ns, world_size, num_layers, moe, framework).with_(**fields)
-    if fork:  # DeepSpeed's ZeRO, not Megatron's distributed optimizer
-        plan = plan.with_(zero=ds_zero)
+    if fork:  # DeepSpeed's ZeRO, not Megatron's distributed optimizer; ZB-H1
+        plan = plan.with_(**ds_fields)
     skip = ("--context-parallel-algo",) if plan.cp == 1 else ()
     notes = tuple(OFFLOAD_TIME_NOTE if n.startswith("--optimizer-cpu-offload")
                   else MODULES_TIME_NOTE.format(plan.recompute_modules.replace(",", " "))
@@ -300,12 +300,12 @@ def resolve_model(argv: list[str], given: ModelSpec | None, path: str) -> tuple[
 def plan_from_megatron(argv: list[str], world_size: int, layers: int | None = None) -> Plan:
     """The plan a Megatron-LM / MindSpeed-LLM ``pretrain_gpt.py`` command line runs on ``world_size``
     ranks (``layers``: the model's, where the command line has no ``--num-layers``)."""
-    argv, zero = translate(argv)[:2] if is_megatron_deepspeed(argv) else (argv, None)
+    argv, fields = translate(argv)[:2] if is_megatron_deepspeed(argv) else (argv, {})
     ns, _ = _megatron_parser().parse_known_args(argv)
     noop = len(_int_list("--noop-layers", ns.noop_layers) or ())
     plan = _plan(ns, world_size, ns.num_layers or (layers + noop if layers else None), bool(ns.num_experts),
                  "megatron").with_(**_finetune(ns)[0])
-    return plan if zero is None else plan.with_(zero=zero)
+    return plan.with_(**fields)
 
 
 def switch_flags() -> set[str]:

@@ -131,8 +131,10 @@ def _moe(argv: list[str]) -> list[str]:
             "--expert-model-parallel-size", str(ep)]
 
 
-def translate(argv: list[str]) -> tuple[list[str], int, tuple[str, ...]]:
-    """(the command line in Megatron-LM's spellings, the ZeRO stage, the fork's flags not modelled)."""
+def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str, ...]]:
+    """(the command line in Megatron-LM's spellings, the plan fields set beside it - the ZeRO stage and,
+    with ``--enable-zbh1-pipeline`` (arguments.py l.856: "zero bubble pipeline parallelism", ZB-H1), the
+    schedule ``zero-bubble``, which is ZB-H1 in cost/pipeline.py - and the fork's flags not modelled)."""
     zero_words = _value(argv, "--zero-stage")
     zero = _int("--zero-stage", zero_words, 0)
     if zero > 3:
@@ -154,4 +156,8 @@ def translate(argv: list[str]) -> tuple[list[str], int, tuple[str, ...]]:
     out += moe
     if not any(tok in FLASH for tok in argv):
         out += ["--attention-backend", "unfused"]
-    return out, zero, tuple(notes)
+    fields: dict[str, object] = {"zero": zero}
+    if "--enable-zbh1-pipeline" in argv and _int("--pipeline-model-parallel-size",
+                                                 _value(argv, "--pipeline-model-parallel-size"), 1) > 1:
+        fields["schedule"] = "zero-bubble"
+    return out, fields, tuple(notes)
