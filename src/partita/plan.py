@@ -270,18 +270,18 @@ class Plan:
     #: Adam's moments stored in a narrower dtype (Megatron --use-precision-aware-optimizer; cost/states.py)
     moment_dtype: str = _flag("fp32", "storage dtype of Adam's exp_avg and exp_avg_sq (Megatron "
                                       "--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype; zero 1-2)",
-                              choices=("fp32", "bf16", "fp16", "fp8"))
+                              choices=("fp32", "bf16", "fp16", "fp8"), commands=_BOTH)
     #: Megatron-Core's module-level selective recompute (--recompute-modules; cost/activations.py)
     recompute_modules: str = _flag("", "with --recompute selective: Megatron's --recompute-modules, comma-separated "
                                        "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts); "
-                                       "empty (default): Partita's op-level selective checkpointing")
+                                       "empty (default): Partita's op-level selective checkpointing", commands=_BOTH)
     #: the fraction of the optimizer states kept in host memory (Megatron --optimizer-cpu-offload, whose
     #: HybridDeviceOptimizer steps that share on the CPU; --optimizer-offload-fraction, default 1.0)
     optimizer_offload: float = _flag(0.0, "fraction (0-1) of the optimizer states (fp32 master, Adam moments) kept "
                                           "in host memory (Megatron --optimizer-cpu-offload "
                                           "--optimizer-offload-fraction; memory only, the host step is not timed)",
                                    bounds=(0, 1), bounds_text="is the fraction of the optimizer states in host memory, "
-                                               "from 0 to 1")
+                                               "from 0 to 1", commands=_BOTH)
     #: packed sequences whose attention runs per sample (document mask / varlen, as Partita's runtime,
     #: NeMo's packed THD and LLaMA-Factory's neat_packing do): the samples' length-weighted mean length
     #: sum(L^2) / sum(L), the causal attention span per token; 0: one sample fills the sequence (cost/compute.py)

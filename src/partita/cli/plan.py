@@ -88,6 +88,7 @@ def search(args: argparse.Namespace, model, cluster):
                         allow_zero3=not args.no_zero3, allow_recompute=not args.no_recompute,
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom,
                         schedule=getattr(args, "schedule", None))
+    space.options.update(carried_choices(args))  # the script's / flags' offload, moments, modules (search/space.py)
     for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "sample_len"):  # every candidate fine-tunes so (issue 36)
         if getattr(args, name, None) is not None:
             space.options[name] = getattr(args, name)
@@ -108,6 +109,48 @@ def search(args: argparse.Namespace, model, cluster):
     ranked_all = result.plans
     result.plans = ranked_all[:max(args.top, KNOB_POOL)]  # the knob pass (comm_knob_lines) keeps --top of them
     return result, ranked_all
+
+
+def carried_choices(args: argparse.Namespace) -> dict:
+    """``{field: value}`` of the choices every candidate carries (:data:`partita.search.space.CARRIED_CHOICES`):
+    the ``--optimizer-offload``, ``--moment-dtype`` and ``--recompute-modules`` flags, or, with
+    ``--from-script`` / ``--plan``, your plan's values (:func:`your_plan` puts them in ``args``)."""
+    from ..plan import flag_dest
+    from ..search.space import CARRIED_CHOICES
+    return {name: getattr(args, flag_dest(name)) for name in CARRIED_CHOICES
+            if getattr(args, flag_dest(name), None) not in (None, "")}
+
+
+def check_carried_flags(args: argparse.Namespace, model, world_size: int) -> None:
+    """The carried-choice flags given (:func:`carried_choices`) with the fixed ``--recompute``,
+    ``--no-recompute``, ``--zero`` and ``--framework``, checked by :func:`partita.plan.validate` on a
+    plan that has them, so ``partita plan`` refuses them in ``partita estimate``'s words (e.g.
+    ``--recompute-modules`` with ``--recompute full``: Megatron reads the modules only with selective
+    recompute; ``--optimizer-offload`` with ``--zero 0`` under Megatron). One line, the first problem."""
+    from ..plan import Plan, validate
+    from ..search.space import CARRIED_CHOICES
+    given = carried_choices(args)
+    if not given:
+        return
+    recompute = "none" if args.no_recompute else args.recompute or ("selective" if "recompute_modules" in given
+                                                                     else "none")
+    fields = dict(given, dp=world_size, gbs=world_size, recompute=recompute,
+                  zero=1 if args.zero is None else args.zero)
+    framework = framework_arg(args)
+    if framework:
+        fields["framework"] = framework
+    problems = [e for e in validate(Plan(**fields), model) if any(name in e for name in CARRIED_CHOICES)]
+    if problems:
+        raise PartitaError(problems[0] + (" (--no-recompute)" if args.no_recompute and "recompute" in problems[0]
+                                          else ""))
+
+
+def plan_time_notes(est) -> list[str]:
+    """What the estimate of a proposed plan leaves untimed (the host optimizer step under
+    optimizer offload, the module recompute), in :func:`partita.estimate.time_not_modelled`'s
+    words - the notes ``partita estimate`` prints for the same plan."""
+    from ..estimate import time_not_modelled
+    return [note for _, note in time_not_modelled(est.plan)]
 
 
 def _framework_hint(target: str) -> str:
@@ -158,6 +201,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.report:
         from ..report import check_report_path
         check_report_path(args.report)
+    check_carried_flags(args, model, cluster.world_size)
     yours = your_plan(args, model, cluster)
     args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
     result, ranked_all = search(args, model, cluster)
@@ -196,6 +240,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .finetune_data import dataset_lines, dataset_report, finetune_lines
     for note in finetune_lines(result.plans[0]) + dataset_lines(dataset_report(args, result.plans[0])):  # issue 36: plan 1
         print("plan 1 " + note if note.startswith("dataset") else note)
+    for note in plan_time_notes(result.plans[0]):  # as partita estimate says of the same plan
+        print(f"plan 1, not modelled: {note}")
     if exported:
         if export_note:
             print(f"partita: warning: {export_note}", file=sys.stderr)
@@ -236,7 +282,12 @@ def your_plan(args: argparse.Namespace, model, cluster):
         plan = check(read_plan_arg(args.plan, cluster.world_size, defaults), model, cluster.world_size)
     else:
         return None
+    plan = plan.with_(**carried_choices(args))  # a flag given beside your plan changes it, as --framework does
     args.global_batch, args.seq_len, args.dtype = plan.gbs, plan.seq_len, plan.dtype
+    from ..plan import flag_dest
+    from ..search.space import CARRIED_CHOICES
+    for name in CARRIED_CHOICES:  # every candidate carries your plan's choices (search/space.py)
+        setattr(args, flag_dest(name), getattr(plan, name))
     return estimate(model, cluster, plan)
 
 
@@ -244,9 +295,10 @@ def plan_json(args: argparse.Namespace, model, cluster, result, reasons: list[st
               exported, export_note: str | None) -> dict:
     """The --json output of ``partita plan``."""
     def with_run(e) -> dict:
+        out = dict(e.to_dict(), not_modelled=plan_time_notes(e))  # estimate --json's field, for each plan
         if not tokens:
-            return e.to_dict()
-        return dict(e.to_dict(), run_days=e.run_days(tokens), device_hours=e.run_days(tokens) * 24 * cluster.world_size)
+            return out
+        return dict(out, run_days=e.run_days(tokens), device_hours=e.run_days(tokens) * 24 * cluster.world_size)
     out = {"model": model.name, "hardware": cluster.device.name, "devices": cluster.world_size,
            "devices_per_node": cluster.devices_per_node, "global_batch": args.global_batch, "seq_len": args.seq_len,
            "search_time_s": result.search_time_s, "candidates_evaluated": result.candidates_evaluated,

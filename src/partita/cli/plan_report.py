@@ -64,6 +64,8 @@ def write_estimate_report(args: argparse.Namespace, est, tokens: float | None) -
     from ..search.space import SearchSpace
     model, cluster, plan = est.model, est.cluster, est.plan
     space = SearchSpace(dtype=plan.dtype, memory_headroom=est.limit.headroom, max_memory_gib=est.limit.cap_gib)
+    from ..search.space import CARRIED_CHOICES
+    space.options.update({name: getattr(plan, name) for name in CARRIED_CHOICES})  # the plan's offload, moments, modules
 
     def search(c, top: int = 1):  # the same limit and risk rule as the estimate's verdict
         return search_plans(model, c, plan.gbs, plan.seq_len, space, top=top, min_p_fit=est.min_p_fit)

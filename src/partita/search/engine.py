@@ -59,7 +59,7 @@ from .partial_recompute import PartialPlans, partial_lower_bound
 from .result import Attempt, SearchResult
 from .why_not import alternatives as why_not_alternatives
 from .why_not import partial_neighbours
-from .space import SearchSpace, fixed_vpp_problem
+from .space import SearchSpace, carried_plan, fixed_vpp_problem
 
 
 def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, int]], bool],
@@ -549,7 +549,10 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     usable = memory_risk.admission_gib
     invalid: list[str] = []
     layouts = layouts_by_bound(model, cluster, global_batch, seq_len, space, cross_node_tp, invalid)
-    search = _Search(model, cluster, usable, top, space.partial_recompute, memory_risk)
+    # partial recompute plans are full recompute of some layers: not when the user fixed selective
+    # (before, `partita plan --recompute selective` proposed rc-full:N plans)
+    partial = space.partial_recompute and space.recompute in (None, "full")
+    search = _Search(model, cluster, usable, top, partial, memory_risk)
     for layout in layouts:
         if layout.rankable:
             if layout.floor >= search.kth_best():
@@ -576,12 +579,27 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     if ranked and ranked[0].plan.recompute_layers:
         search.attempts += partial_neighbours(model, cluster, ranked[0].plan, memory_risk.confident_gib,
                                               search.attempts)
+    if space.options.get("recompute_modules"):  # the user's module list: only selective candidates run it
+        _drop_unused_modules(search.attempts, fitting)
     return SearchResult(model=model, cluster=cluster, plans=ranked[:top] if top else ranked, attempts=search.attempts,
                         candidates_evaluated=search.evaluated, candidates_pruned=search.pruned,
                         candidates_bounded=search.bounded + skipped, search_time_s=time.perf_counter() - t0,
                         memory_limit_gib=limit.gib, invalid=invalid, alternatives=alternatives, limit=limit,
                         admission_limit_gib=usable, min_p_fit=memory_risk.min_p_fit,
                         confident_limit_gib=memory_risk.confident_gib)
+
+
+def _drop_unused_modules(attempts: list[Attempt], estimates: list[Estimate]) -> None:
+    """Every candidate carries the user's ``recompute_modules`` while it is priced (the memory
+    of its selective setting reads them); the plans returned keep them only with recompute
+    selective (:func:`.space.carried_plan`): the list has no effect on none or full in the cost
+    model nor in Megatron, and a plan with it and recompute full would not validate or export."""
+    for attempt in attempts:
+        attempt.plan = carried_plan(attempt.plan)
+        if attempt.estimate is not None:
+            attempt.estimate.plan = carried_plan(attempt.estimate.plan)
+    for est in estimates:
+        est.plan = carried_plan(est.plan)
 
 
 def _rank_key(est: Estimate) -> tuple[float, float]:
@@ -603,7 +621,8 @@ def infeasible_message(result: SearchResult) -> str:
     need = smallest.peak_gib / result.admission_limit_gib if result.admission_limit_gib else \
         smallest.peak_gib / result.memory_limit_gib
     hints.append(f"about {need:.1f}x the devices ({int(result.cluster.world_size * need + 0.999)}+) or devices with more memory")
-    hints.append("optimizer offload (not modelled)")
+    if not result.attempts[0].plan.optimizer_offload:
+        hints.append("optimizer offload (--optimizer-offload 1: its memory is modelled, its host step is not timed)")
     return (f"no plan fits: the smallest any plan reaches is {smallest.peak_gib:.1f} GiB per device "
             f"({smallest.plan.summary()}), P(fit) < {result.min_p_fit:g} against the "
             f"{result.limit.describe() if result.limit else f'{result.memory_limit_gib:.1f} GiB usable'}; try: "

@@ -27,7 +27,7 @@ from ..plan import RECOMPUTE, Plan, automatic_split, balanced_split, validate
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .capabilities import capabilities, ends_lighter_split, layout_problem, setting_problem
-from .space import SearchSpace, best_split, divisors, powers_of_two
+from .space import SearchSpace, best_split, carried_plan, divisors, least_zero, powers_of_two
 
 #: memory-saving settings (recompute, zero) in order of cost: ZeRO <= 2, then ZeRO-3
 LADDER = [("none", 1), ("none", 2), ("selective", 1), ("selective", 2), ("full", 1), ("full", 2)]
@@ -350,7 +350,8 @@ def _ladder(space: SearchSpace, dp: int, cp: int) -> list[tuple[str, int]]:
     ladder = [step for step in LADDER + (LADDER_Z3 if allow_z3 else [])
               if (not space.recompute or step[0] == space.recompute)
               and (space.allow_recompute or step[0] == "none")]
-    ladder = [(rc, 0 if dp * cp == 1 and z < 3 else z) for rc, z in ladder]
+    low = least_zero(space.options)  # 1 where the carried choices need the distributed optimizer
+    ladder = [(rc, low if dp * cp == 1 and z < 3 else z) for rc, z in ladder]
     return [step for step in dict.fromkeys(ladder) if space.zero is None or step[1] == space.zero]
 
 
@@ -436,7 +437,8 @@ class _LayoutBuilder:
         if not ladder:
             return []
         sp = tp > 1 and (self.caps is None or self.caps.sp)
-        base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero=1 if replicated else 0,
+        base = self.proto.with_(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp,
+                                zero=1 if replicated else least_zero(self.space.options),
                                 mbs=mbs, schedule=schedule or ("interleaved-1f1b" if vpp > 1 else "1f1b"), etp=etp)
         ladder_values = self.ladder_values[replicated]
         if self.caps is not None:  # the settings the framework runs on this layout
@@ -459,7 +461,7 @@ class _LayoutBuilder:
         pairs = (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs))
         knobs = tuple(kv for kv, keep in zip(pairs, self.explained) if keep) + ladder_values
         for i, plan in enumerate(plans):
-            errs = validate(plan, model, cluster.world_size)
+            errs = validate(carried_plan(plan), model, cluster.world_size)  # modules: for its selective settings
             if not errs and self.caps is not None:
                 errs = [e for e in (layout_problem(self.caps, plan, model),) if e]
             if errs:

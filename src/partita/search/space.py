@@ -33,6 +33,15 @@
   memory and is tried when allowed.
 * recompute: none, selective and full; with ``partial_recompute`` also full recompute of
   the fewest layers per stage/chunk that fit (``recompute_layers``).
+* the user's fixed choices (``SearchSpace.options``, :data:`CARRIED_CHOICES`): a launch
+  script's (or the flags') ``optimizer_offload``, ``moment_dtype`` and ``recompute_modules``
+  are carried by every candidate, as precision and framework are, so the search prices its
+  proposals as ``partita estimate`` prices the script. The module list applies to the
+  candidates with recompute selective (Megatron reads ``--recompute-modules`` only with
+  ``--recompute-granularity selective``, megatron/training/arguments.py); candidates with
+  recompute none or full run without it (:func:`carried_plan`). Offload or narrower moments
+  need Megatron's distributed optimizer, so under megatron/mindspeed a layout without data
+  parallelism takes zero 1 instead of 0 (:func:`least_zero`).
 * mbs: every divisor of the per-replica batch up to ``max_tokens_per_microbatch``
   (128k) tokens per micro-batch; larger micro-batches only add activation memory once
   the GEMMs are saturated. mbs 1 always (sequences beyond 128k tokens: NeMo's 256k-1M
@@ -44,6 +53,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
 
+from ..plan import Plan
 from ..uncertainty import DEFAULT_HEADROOM
 
 
@@ -100,6 +110,34 @@ class SearchSpace:
     #: fit (``recompute_layers``, :meth:`partita.search.engine._Search._try_partial`). On by
     #: default: tests/test_search.py's brute-force oracle enumerates every recompute_layers.
     partial_recompute: bool = True
+
+
+#: plan fields a user fixes for every candidate, that the search never varies (issue 33: a
+#: script's own layout, priced by ``estimate --from-script`` with them, was called "does not fit"
+#: by ``plan --from-script`` whose candidates were priced without them)
+CARRIED_CHOICES = ("optimizer_offload", "moment_dtype", "recompute_modules")
+
+
+def carried_plan(plan: Plan) -> Plan:
+    """``plan`` as the framework runs it: a ``recompute_modules`` list carried from the
+    user's choices is dropped where the candidate's recompute is not selective (Megatron
+    uses ``--recompute-modules`` only with selective granularity; the cost model reads the
+    list only then, cost/activations.py, so the plan is priced the same either way, and a
+    plan with the list and recompute full would fail :func:`partita.plan.validate`)."""
+    if plan.recompute_modules and plan.recompute != "selective":
+        return plan.with_(recompute_modules="")
+    return plan
+
+
+def least_zero(options: dict) -> int:
+    """The ZeRO stage of a layout without data parallelism (dp*cp 1): 0, or 1 where the
+    carried choices need Megatron's distributed optimizer - optimizer offload or moments
+    not in fp32 under megatron/mindspeed (Megatron-Core raises '--use-precision-aware-optimizer
+    only supported with distributed optimizer', megatron/core/optimizer/__init__.py; with one
+    data-parallel rank zero 1 shards nothing, so it prices as zero 0 otherwise)."""
+    framework = options.get("framework", "megatron")
+    needs = options.get("optimizer_offload", 0) or options.get("moment_dtype", "fp32") != "fp32"
+    return 1 if needs and framework in ("megatron", "mindspeed") else 0
 
 
 def fixed_vpp_problem(space: SearchSpace, model_name: str, layers: int, devices: int | None = None,
