@@ -135,8 +135,12 @@ def main() -> None:
                         "them), and predict with their median (partita calibrate --pool); default 3")
     p.add_argument("--bind-cores", choices=("on", "auto", "off"),
                    help="partita train/calibrate --bind-cores for every launch (default: the commands' own default)")
+    p.add_argument("--rows", help="predict the steps measured in an earlier run's --out file instead of training "
+                                  "(with --hardware: e.g. a pooled file, to see what it gives on the same steps)")
     p.add_argument("--out", help="write every plan's row as JSON here")
     args = p.parse_args()
+    if args.rows and not args.hardware:
+        p.error("--rows predicts earlier measured steps: give the hardware file to predict them with (--hardware)")
     spinners = neighbours(args.neighbour)
     try:
         run(args)
@@ -160,7 +164,12 @@ def run(args: argparse.Namespace) -> None:
         names.append(f"{model_name} {plan.summary()}")
     runs: list[list[tuple]] = [[] for _ in plans]
     loads: list[list[str]] = [[] for _ in plans]
-    for rnd, i in round_robin(len(plans), args.repeats):
+    saved = {row["plan"]: row for row in json.load(open(args.rows))["rows"]} if getattr(args, "rows", None) else None
+    for i, name in enumerate(names if saved else []):  # an earlier run's measured steps, re-predicted
+        runs[i] = [(busy, saved[name]["wall_s"], steps) for busy, steps in zip(saved[name]["repeats_s"],
+                                                                              saved[name]["steps_sched_s"])]
+        loads[i] = saved[name]["loads"]
+    for rnd, i in round_robin(len(plans), args.repeats) if not saved else []:
         if i == (0 if rnd % 2 == 0 else len(plans) - 1):  # a round starts: its calibrations first
             calibrations += [calibrate(folder, len(calibrations), args) for _ in range(at.count(rnd))]
         runs[i].append(measure(*plans[i], NPROC, args.steps, args.bind_cores))

@@ -99,3 +99,19 @@ def test_the_loop_calibrates_between_rounds_and_predicts_with_the_pool(tmp_path,
     expected = pvm.estimate(pvm.load_model("small-llama"), pvm.make_cluster(str(by_hand), 2), plan).step_time_s
     assert abs(rows["rows"][1]["predicted_s"] - expected) < 1e-12 * expected
     assert len(rows["calibrations"]) == 3 and "calibration 2 alone" in capsys.readouterr().out
+
+
+def test_rows_re_predicts_an_earlier_runs_steps_without_training(tmp_path, monkeypatch, capsys):
+    import json
+    monkeypatch.setattr(pvm, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    names = ["small-llama dp2 tp1 pp1 z1 mbs1x4", "small-llama dp1 tp2+sp pp1 z1 mbs1x8"]
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({"rows": [{"plan": n, "repeats_s": [0.2, 0.4, 0.3], "wall_s": 0.5, "loads": ["l"] * 3,
+                                          "steps_sched_s": [[], [], []]} for n in names]}))
+    args = pvm.argparse.Namespace(only="1,2", hardware="cpu", calibrations=3, repeats=3, steps=3, bind_cores=None,
+                                  calibrate_model="small-llama", neighbour=0, rows=str(rows),
+                                  out=str(tmp_path / "out.json"))
+    pvm.run(args)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [r["measured_s"] for r in out["rows"]] == [0.3, 0.3]  # the median of the saved repeats
+    assert [r["plan"] for r in out["rows"]] == names and out["calibrations"] == []
