@@ -20,7 +20,8 @@ Partita was not developed against, each read by hand) from local checkouts or ba
 per repository, exact / misread / refused (named or not) / traceback::
 
     python bench/launch_survey.py --held-out Pai-Megatron-Patch=/path/Pai-Megatron-Patch FlagScale=/path/FlagScale \
-        verl=/path/verl OpenRLHF=/path/OpenRLHF
+        verl=/path/verl OpenRLHF=/path/OpenRLHF Megatron-DeepSpeed=/path/Megatron-DeepSpeed \
+        DeepSpeedExamples=/path/DeepSpeedExamples nanotron=/path/nanotron InternEvo=/path/InternEvo
 
 ``--estimate`` runs ``estimate --from-script`` on each training script as a user would, on the
 hardware it ships for (:func:`hardware_for`), and counts the verdicts (issue 32: no shipped
@@ -328,6 +329,15 @@ HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
         ("examples/mamba/config_mamba.yaml", "", {}, None,  # the layout read, Mamba left to --model
          dict(dp=2, tp=2, pp=2, sp=False, schedule="1f1b", model="named")),
         ("examples/moe/config_llamoe.yaml", "", {}, None, "named"),  # expert_parallel_size 2
+    ],
+    "InternLM/InternEvo@c628a8c": [  # `torchrun --nproc_per_node=8 train.py --config ...` (its README): 8 devices
+        ("configs/7B_sft.py", "", {}, 8,
+         dict(dp=8, tp=1, pp=1, zero=1, mbs=2, gbs=64, seq_len=2048, dtype="bf16", recompute="none",
+              framework="internevo", model="named")),
+        ("configs/7B_internlm2.py", "", {}, 8, dict(dp=8, zero=1, mbs=1, gbs=32, seq_len=2048, model="named")),
+        ("configs/7B_llama2.py", "", {}, 8, dict(dp=8, zero=1, mbs=1, gbs=32, seq_len=2048, model="named")),
+        ("configs/7B_isp_sft.py", "", {}, 8, "named"),  # tensor mode isp
+        ("configs/demo.py", "", {}, 8, "named"),  # built from _base_ files
     ],
 }
 

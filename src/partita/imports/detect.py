@@ -58,6 +58,9 @@ def detect(path: str, text: str) -> str:
     from .llamafactory import is_llamafactory
     if is_flagscale(path, text):  # FlagScale's Hydra YAML: Megatron-LM's flags in system/model/data (.flagscale)
         return "megatron"
+    from .internevo import is_internevo
+    if is_internevo(path, text):  # InternEvo's Python config (.internevo; read, never executed)
+        return "internevo"
     from .nanotron import is_nanotron
     if path.endswith((".yaml", ".yml")) and is_nanotron(text):  # nanotron's Config tree (.nanotron)
         return "nanotron"

@@ -44,6 +44,9 @@ def _parse(target: str, path: str, text: str, world: int | None, model: Any, seq
     modelled); a Megatron/MindSpeed command line's own model is :func:`_script_model`'s."""
     layers = model.layers if model else None
     from . import deepspeed, llamafactory, megatron, swift, torchtitan
+    if target == "internevo":  # an InternEvo Python config: its assignments evaluated, nothing executed
+        from .internevo import plan_from_internevo, read_assignments
+        return plan_from_internevo(read_assignments(raw, path), path, world)
     if target == "nanotron":  # a nanotron YAML: the layout and the model are fields of its Config tree
         from .nanotron import plan_from_nanotron
         from .yaml_file import read_yaml_mapping
@@ -198,7 +201,7 @@ def load_config(path: str, source: str | None = None, devices: int | None = None
     reading = ""
     raw = read_text(path)
     target = source or detect(path, raw)
-    text = raw if target in ("deepspeed", "llamafactory", "nanotron") else expand_variables(raw)
+    text = raw if target in ("deepspeed", "llamafactory", "nanotron", "internevo") else expand_variables(raw)
     world = devices or script_world_size(text)
     from .flagscale import is_flagscale
     if target in ("megatron", "mindspeed") and is_flagscale(path, raw):  # Megatron's flags in YAML (.flagscale)
@@ -253,6 +256,9 @@ def _script_model(target: str, path: str, text: str, raw: str, given: Any) -> tu
     own model (:func:`partita.imports.megatron_model.model_from_megatron`), checked against
     ``--model`` (a contradiction is one line); other files define no model."""
     from . import megatron, swift
+    if target == "internevo":
+        from .internevo import model_note, read_assignments
+        return (given, "") if given is not None else (None, model_note(read_assignments(raw, path)))
     if target == "nanotron":
         from .nanotron import model_from_nanotron
         from .yaml_file import read_yaml_mapping
