@@ -262,11 +262,13 @@ micro-batch (Partita's default, sharded accumulation), which costs when micro-ba
 ZeRO-3 (FSDP) also shards the weights and gathers them for every micro-batch: the least memory,
 the most traffic. Use 1 by default, 2 or 3 only when memory demands it, with few micro-batches.""",
      lambda: both(DENSE, [(f"zero={z}", dict(tp=8, zero=z, recompute="selective")) for z in (0, 1, 2, 3)])),
-    ("## 7. Activation recomputation", """Recomputation trades compute for activation memory. Selective
-recomputation (the attention's element-wise work and part of the GEMMs, Korthikanti et al. 2022)
-frees most of the activation memory for a few percent of time; full recomputation keeps only
-each layer's input and runs the forward again (about a third more compute). Use none if it fits,
-selective next, full only when nothing else fits.""",
+    ("## 7. Activation recomputation", """Recomputation trades compute for activation memory. What
+selective recomputation reruns depends on the framework: Megatron-LM (the default here) reruns its
+core attention (Korthikanti et al. 2022), which with a flash kernel frees only the kernel's
+log-sum-exp - little memory for little time; torchtitan's op-level selective (every other GEMM and
+the element-wise work) frees about half of a layer's activations for a few percent of time. Full
+recomputation keeps only each layer's input and runs the forward again (about a third more
+compute). Use none if it fits, selective next, full only when nothing else fits.""",
      lambda: both(DENSE, [(f"recompute={r}", dict(tp=8, pp=4, recompute=r)) for r in ("none", "selective", "full")])),
     ("## 8. Micro-batch size and gradient accumulation", """The global batch is micro-batch x accumulation
 steps x dp. A larger micro-batch keeps the GEMMs busier and, in a pipeline, leaves fewer

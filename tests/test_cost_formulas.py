@@ -231,7 +231,9 @@ def test_hand_recompute_terms():
     # the forward's 2 + 2 collectives again; the host work of a forward (a third) again
     assert full.dense.tp_comm == pytest.approx(6 * ar + 100e-6 * (1 + 1 / 3), rel=1e-12)
     assert full.embedding.recompute == 0.0 and full.output.recompute == 0.0
-    sel, _ = stage_terms(HAND, cluster, Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, recompute="selective"))
+    # op-level SAC (torchtitan's; under megatron selective is the core_attn module: tests/test_megatron_selective.py)
+    sel, _ = stage_terms(HAND, cluster, Plan(dp=2, tp=2, pp=2, sp=True, gbs=4, seq_len=1024, recompute="selective",
+                                             framework="torchtitan"))
     # every other matmul of wq wk wv wo w1 w3 w2: wk, wo, w3 = (kv + o + f) / (q + 2 kv + o + 3 f)
     share = (256 + 1024 + 4096) / (1024 + 2 * 256 + 1024 + 3 * 4096)
     assert sel.dense.recompute == pytest.approx(elem + share * gemm, rel=1e-12)
@@ -329,10 +331,13 @@ def test_hand_memory_parts():
     assert last["transient"] == pytest.approx(1024 * 16000 * 6, rel=1e-12)
     assert last["activations"] == pytest.approx(1 * 2 * per_layer, rel=1e-12)  # rank 1 holds 1 micro-batch
     assert peak_memory(HAND, cluster.device, plan) == (sum(last.values()), 1)  # the logits make rank 1 the peak
-    # selective: keep the input (2h / tp), q, v, o, w1 output and LSE: 1024 x (2048 + 2304 + 16 + 4096)
-    sel = estimate_rank_memory(HAND, cluster.device, plan.with_(recompute="selective"), 1).parts
+    # op-level selective (torchtitan): keep the input (2h / tp), q, v, o, w1 output and LSE: 1024 x (2048 + 2304 + 16 + 4096)
+    sel = estimate_rank_memory(HAND, cluster.device, plan.with_(recompute="selective", framework="torchtitan"), 1).parts
     kept = 1024 * (2 * 2 * 1024 / 2 + 2 * (1024 + 256 + 1024 + 4096) / 2 + 4 * 8 / 2)
     assert sel["activations"] == pytest.approx(2 * kept, rel=1e-12)
+    # megatron's selective is its core_attn module: everything but the fp32 LSE (8 heads / tp) is kept
+    sel = estimate_rank_memory(HAND, cluster.device, plan.with_(recompute="selective"), 1).parts
+    assert sel["activations"] == pytest.approx(2 * (per_layer - 1024 * 4 * 8 / 2), rel=1e-12)
 
 
 def test_hand_zero3_and_tied_embedding():

@@ -223,16 +223,18 @@ def test_llamafactory_refuses_the_optimizer_fields(fields, words):
 
 
 def test_megatron_fp8_op_level_selective_writes_a_recipe_its_modules_allow():
-    """An fp8 plan with Partita's op-level selective (no module list) is written as core_attn
+    """An fp8 plan estimated with op-level selective (no module list, a framework whose selective is
+    op-level: torchtitan; under megatron it is core_attn, cost/frameworks.py) is written as core_attn
     layernorm moe_act; Megatron's default recipe (delayed) refuses moe_act/layernorm recompute
     ("Delayed scaling does not support moe_act and layernorm recompute for fp8"), so the export
     must name the plan's recipe for the list it actually writes (it wrote none before)."""
     model = load_model("mixtral-8x7b")
-    ns, _ = _megatron_ns(Plan(dp=8, ep=8, zero=1, gbs=64, dtype="fp8", recompute="selective"), model)
+    ns, _ = _megatron_ns(Plan(dp=8, ep=8, zero=1, gbs=64, dtype="fp8", recompute="selective", framework="torchtitan"),
+                         model)
     assert ns.fp8_recipe == "tensorwise" and {"layernorm", "moe_act"} <= set(ns.recompute_modules)
     # a recipe Megatron cannot name: the default list drops the modules delayed scaling refuses
     ns, out = _megatron_ns(Plan(dp=8, ep=8, zero=1, gbs=64, dtype="fp8", fp8_recipe="rowwise",
-                                recompute="selective"), model)
+                                recompute="selective", framework="torchtitan"), model)
     assert ns.recompute_modules == ["core_attn"] and ns.fp8_recipe == "delayed"
     assert any(w.startswith("fp8_recipe=rowwise: Megatron's --fp8-recipe has no such recipe") for w in out.warnings)
 
@@ -250,12 +252,11 @@ def test_megatron_op_level_selective_warning_states_the_priced_difference():
     the former "a bit less memory" (for llama3-8b Megatron's modules keep more, not less)."""
     from partita.cost.activations import activation_bytes_per_layer
     model = load_model("llama3-8b")
-    plan = Plan(dp=8, zero=1, gbs=64, seq_len=4096, recompute="selective")
+    plan = Plan(dp=8, zero=1, gbs=64, seq_len=4096, recompute="selective", framework="torchtitan")  # op-level
     ns, out = _megatron_ns(plan, model)
     written = ",".join(ns.recompute_modules)
     op_level = activation_bytes_per_layer(model, plan, False) / 2**20
-    modules = activation_bytes_per_layer(model, Plan(dp=8, zero=1, gbs=64, seq_len=4096, recompute="selective",
-                                                     recompute_modules=written), False) / 2**20
+    modules = activation_bytes_per_layer(model, plan.with_(recompute_modules=written), False) / 2**20
     assert modules > op_level
     (line,) = [w for w in out.warnings if w.startswith("recompute=selective")]
     assert "a bit less memory" not in line and f"--recompute-modules {written}" in line

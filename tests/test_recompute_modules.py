@@ -57,7 +57,7 @@ def test_recompute_modules_are_read_with_selective_recompute(flags, modules):
     if modules and "--recompute-modules" in flags:
         assert note and "memory is modelled" in note[0]
     elif "--recompute-modules" in flags:
-        assert note and "estimated as Partita's selective" in note[0]
+        assert note and "estimated as Megatron-Core's default, core_attn" in note[0]
 
 
 def _layer(model_name: str, **fields):

@@ -217,17 +217,14 @@ def time_not_modelled(plan: Plan) -> list[tuple[str, str]]:
     """(Megatron flag, note) for each plan field whose memory the estimate prices but whose time
     it does not, so that every estimate of such a plan says so (not only one read from a script,
     whose importer names the flag): ``optimizer_offload`` (HybridDeviceOptimizer's host step and
-    its device-host copies: cost/states.py prices only the device bytes) and ``recompute_modules``
-    (cost/activations.py prices the modules' bytes; cost/compute.py times the recompute as
-    Partita's op-level selective)."""
+    its device-host copies: cost/states.py prices only the device bytes). ``recompute_modules`` is
+    priced in both: bytes (cost/activations.py) and the modules' recompute time
+    (cost/compute.py ``module_recompute_forward``)."""
     notes = []
     if plan.optimizer_offload:
         notes.append(("--optimizer-cpu-offload", f"optimizer_offload={plan.optimizer_offload:g}: the optimizer step on "
                       "the host and its device-host copies take time the estimate does not count (the states' "
                       "memory is modelled)"))
-    if plan.recompute == "selective" and plan.recompute_modules:
-        notes.append(("--recompute-modules", f"recompute_modules={plan.recompute_modules}: the recompute's time is "
-                      "estimated as Partita's op-level selective, not these modules' (their memory is modelled)"))
     return notes
 
 

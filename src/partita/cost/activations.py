@@ -21,7 +21,7 @@ from ..plan import Plan
 from ..spec.model import ModelSpec
 from .compute import BYTES, FP32_BYTES
 from .finetune import lora_activation_bytes
-from .frameworks import FRAMEWORKS
+from .frameworks import FRAMEWORKS, selective_modules
 from .memo import memoised
 from .placement import RankShape
 from .shape import LayerShape, layer_shape
@@ -35,10 +35,12 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, moe: bool, recomput
 
 
 def _layer_bytes(model: ModelSpec, plan: Plan, layer: LayerShape, mode: str, moe: bool) -> float:
-    """:func:`activation_bytes`, or with ``mode`` selective and ``plan.recompute_modules`` set,
-    :func:`module_recompute_bytes` of those modules."""
-    if mode == "selective" and plan.recompute_modules:
-        return module_recompute_bytes(model, layer, frozenset(plan.recompute_modules.split(",")), moe)
+    """:func:`activation_bytes`, or where selective recompute is module-level
+    (:func:`.frameworks.selective_modules`: ``plan.recompute_modules`` set, or a Megatron-Core
+    framework's default ``core_attn``) :func:`module_recompute_bytes` of those modules."""
+    modules = selective_modules(plan.framework, mode, plan.recompute_modules)
+    if modules:
+        return module_recompute_bytes(model, layer, modules, moe)
     return activation_bytes(model, layer, mode, moe)
 
 
@@ -51,19 +53,21 @@ def module_recompute_bytes(model: ModelSpec, shape: LayerShape, modules: frozens
     Megatron-Core's modules (megatron/core/transformer/transformer_config.py, ``recompute_modules``):
     "layernorm" recomputes input_layernorm and pre_mlp_layernorm where they are modules of their own
     (output-discarding checkpoints: their outputs, the QKV and MLP inputs, are not kept; 0, h or 2h
-    a token: :func:`_norm_outputs_freed`); "core_attn" the core attention
+    a token: :func:`norm_outputs_freed`); "core_attn" the core attention
     (with a fused kernel: its log-sum-exp; Q, K, V stay as the checkpoint's input, the output as
     the out-projection's); "mla_up_proj" the MLA up projections and RoPE (Q, K, V not kept; their
     low-rank inputs, which the model does not count either way, stay); "moe_act" the experts'
     activation function (its output, ``top_k x f_e``, not kept); "mlp" the dense MLP and "moe" the
     MoE layer (normal checkpoints: everything inside the block goes, its input - the norm output -
-    stays); "shared_experts" the shared experts. Default (no modules): ``core_attn``.
-    Known gaps: the recompute's time is Partita's selective's (cost/compute.py), and fp8 activations
-    stored by Transformer Engine in 1 byte are counted at the plan's activation width."""
+    stays); "shared_experts" the shared experts. Default (no modules, framework megatron or
+    mindspeed): ``core_attn`` (:func:`.frameworks.selective_modules`). The recompute's time is the
+    forward of these modules (:func:`.compute.module_recompute_forward`).
+    Known gap: fp8 activations stored by Transformer Engine in 1 byte are counted at the plan's
+    activation width."""
     tp, e = shape.tp, BYTES[shape.dtype]
     h, out_div = model.hidden, (tp if shape.sp else 1)
     kept = activation_bytes(model, shape, "none", moe) / shape.tokens  # per token
-    kept -= e * h / out_div * _norm_outputs_freed(model, shape, modules, moe)
+    kept -= e * h / out_div * norm_outputs_freed(model, shape, modules, moe)
     if "core_attn" in modules:
         kept -= FP32_BYTES * model.heads / tp
     if "mla_up_proj" in modules and model.mla:
@@ -82,7 +86,7 @@ def module_recompute_bytes(model: ModelSpec, shape: LayerShape, modules: frozens
     return shape.tokens * kept
 
 
-def _norm_outputs_freed(model: ModelSpec, shape: LayerShape, modules: frozenset, moe: bool) -> int:
+def norm_outputs_freed(model: ModelSpec, shape: LayerShape, modules: frozenset, moe: bool) -> int:
     """How many ``[s, b, h]`` norm outputs (the QKV and MLP inputs :func:`activation_bytes` counts)
     a layer no longer keeps under ``modules``.
 
@@ -245,11 +249,11 @@ def unfused_attention_bytes(model: ModelSpec, plan: Plan) -> float:
 def _kept_attention_layers(plan: Plan, shape: RankShape, mode: str) -> float:
     """Layers of one in-flight chunk that keep :func:`unfused_attention_bytes`: all with
     recompute none, the not-recomputed ones of a partial full recompute, all with Megatron's
-    module-level selective recompute when ``plan.recompute_modules`` lacks "core_attn" (only that
-    module recomputes the core attention: megatron/core/transformer/transformer_layer.py), none
-    otherwise."""
-    if mode == "none" or (mode == "selective" and plan.recompute_modules
-                          and "core_attn" not in plan.recompute_modules.split(",")):
+    module-level selective recompute (:func:`.frameworks.selective_modules`) whose modules lack
+    "core_attn" (only that module recomputes the core attention:
+    megatron/core/transformer/transformer_layer.py), none otherwise."""
+    modules = selective_modules(plan.framework, mode, plan.recompute_modules)
+    if mode == "none" or (modules and "core_attn" not in modules):
         return shape.n_layers / plan.vpp
     if mode == "full" and plan.recompute_layers:
         return (shape.n_layers - shape.rc_dense - shape.rc_moe) / plan.vpp

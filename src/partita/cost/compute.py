@@ -214,6 +214,80 @@ def selective_gemm_fraction(model: ModelSpec, moe: bool) -> float:
     return recomputed / (sum(gemms) + halves)
 
 
+def module_recompute_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool, modules: frozenset,
+                             norms: int, layer: LayerCost) -> LayerCost:
+    """Forward cost (one layer, one micro-batch, one rank) of what Megatron-Core's module-level
+    selective recompute reruns in backward: each checkpointed module's forward once more
+    (``tensor_parallel.checkpoint`` / ``CheckpointWithoutOutput`` rerun the wrapped function;
+    megatron/core/transformer/attention.py ``_checkpointed_attention_forward``, mlp.py,
+    moe/moe_layer.py, moe/experts.py, transformer_layer.py; modules: :func:`.frameworks.selective_modules`).
+    ``layer`` is the layer's own forward (:func:`layer_forward`), ``norms`` how many norm modules
+    rerun (:func:`.activations.norm_outputs_freed`: those whose output is no longer kept).
+
+    * core_attn: the core attention - the score, softmax and context work and nothing else (the
+      Q/K/V projections and RoPE run before, the out-projection after it): the layer's flash
+      attention FLOPs at the attention efficiency, or with ``attention == "unfused"``
+      :func:`unfused_attention_core` (its two score GEMMs and the softmax passes over the scores);
+    * layernorm: ``norms`` norms, each reading and writing ``h`` per token (element-wise, HBM-bound);
+    * mlp (dense layer): the MLP's ``mats`` GEMMs and its activation (read 2f, write f gated);
+    * moe (MoE layer): router, routed and shared experts' GEMMs, their activations and the
+      permutation (the dispatch/combine all-to-all again: :mod:`.step`);
+    * moe_act: the routed experts' activation; shared_experts: the shared experts' GEMMs and
+      activation; mla_up_proj: MLA's q and kv up-projections and RoPE.
+
+    Known gaps: fp8 cast/quantize passes of the recomputed GEMMs are not charged; the launch
+    overhead of the rerun kernels is not charged."""
+    tp, tokens, h, dtype = shape.tp, shape.tokens, model.hidden, shape.dtype
+    e = BYTES[dtype]
+    mats = 3 if model.gated else 2
+    act = 3 if model.gated else 2  # activation bytes per FFN element: read 2f, write f (gated)
+    cost = LayerCost()
+    elem_bytes = 0.0
+    if "core_attn" in modules:
+        if shape.attention == "unfused":
+            span = min(shape.sample_len, shape.seq_len) if shape.sample_len else shape.seq_len
+            cost += unfused_attention_core(model, device, shape, span, "bf16" if dtype == "fp8" else dtype)
+        else:
+            cost += LayerCost(attn_flops=layer.attn_flops, attn_time=layer.attn_time)
+    elem_bytes += norms * 2 * tokens * e * h / (tp if shape.sp else 1)
+    if moe and model.moe:
+        mo = model.moe
+        shared = 2 * tokens * mats * h * mo.shared_ffn_hidden * mo.shared_experts / tp
+        shared_act = tokens * e * act * mo.shared_experts * mo.shared_ffn_hidden / tp
+        if "moe" in modules:
+            router = 2 * tokens * h * mo.num_experts / tp
+            routed = 2 * tokens * mo.top_k * shape.etp / tp * mats * h * mo.expert_ffn_hidden / shape.etp
+            cost.gemm_flops += router + routed + shared
+            cost.gemm_time += (gemm_time(device, router, dtype)
+                               + gemm_time(device, routed, dtype, max(1, int(mo.num_experts / shape.ep * mats)))
+                               + (gemm_time(device, shared, dtype, mats) if shared else 0.0))
+            elem_bytes += tokens * e * act * mo.top_k * mo.expert_ffn_hidden / tp + shared_act
+            elem_bytes += 4 * e * tokens * mo.top_k * h / tp  # permutation, as layer_forward's
+        else:
+            if "moe_act" in modules:
+                elem_bytes += tokens * e * act * mo.top_k * mo.expert_ffn_hidden / tp
+            if "shared_experts" in modules and shared:
+                cost.gemm_flops += shared
+                cost.gemm_time += gemm_time(device, shared, dtype, mats)
+                elem_bytes += shared_act
+    elif "mlp" in modules:
+        mlp = 2 * tokens * mats * h * model.ffn_hidden / tp
+        cost.gemm_flops += mlp
+        cost.gemm_time += gemm_time(device, mlp, dtype, mats)
+        elem_bytes += tokens * e * act * model.ffn_hidden / tp
+    if "mla_up_proj" in modules and model.mla:
+        m = model.mla
+        qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        up = ((m.q_lora_rank * model.heads * qk_head if m.q_lora_rank else 0)
+              + m.kv_lora_rank * model.heads * (m.qk_nope_head_dim + m.v_head_dim))
+        flops = 2 * tokens * up / tp
+        cost.gemm_flops += flops
+        cost.gemm_time += gemm_time(device, flops, dtype, 2 if m.q_lora_rank else 1)
+        elem_bytes += tokens * e * 2 * (model.q_dim + model.kv_dim) / tp  # RoPE
+    cost.elementwise_time += elem_bytes / (device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth)
+    return cost
+
+
 def _layer_forward(model: ModelSpec, device: Device, shape: LayerShape, moe: bool) -> LayerCost:
     tp = shape.tp
     tokens = shape.tokens  # tokens this rank's GEMMs see (SP gathers them back)

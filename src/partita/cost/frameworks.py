@@ -375,6 +375,38 @@ FRAMEWORKS: dict[str, Framework] = {
 
 assert tuple(FRAMEWORKS) == FRAMEWORK_NAMES, "partita.plan.FRAMEWORKS names the frameworks of this table"
 
+#: The frameworks whose ``--recompute-granularity selective`` is Megatron-Core's module-level
+#: selective recompute (MindSpeed-LLM runs Megatron-Core core_v0.12.1's TransformerConfig).
+MODULE_SELECTIVE_FRAMEWORKS = frozenset({"megatron", "mindspeed"})
+#: Megatron-Core's default ``recompute_modules``.
+DEFAULT_RECOMPUTE_MODULES = frozenset({"core_attn"})
+
+
+def selective_modules(framework: str, recompute: str, recompute_modules: str) -> frozenset[str]:
+    """The Megatron modules a plan's selective recompute reruns; empty: none, or op-level SAC.
+
+    The one rule for what ``recompute=selective`` means (memory: cost/activations.py; time:
+    cost/compute.py :func:`~.compute.module_recompute_forward`; the Megatron export writes it):
+
+    * ``recompute_modules`` named: those modules, whatever the framework (the user said so);
+    * framework in :data:`MODULE_SELECTIVE_FRAMEWORKS`, no modules: Megatron-Core's default,
+      ``["core_attn"]`` - NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/
+      transformer_config.py l.560-575 (``recompute_modules`` "default: ["core_attn"]") and
+      l.1940-1941 (``__post_init__``: ``if self.recompute_modules is None:
+      self.recompute_modules = ["core_attn"]``); core_v0.12.1 (MindSpeed-LLM's) l.723-724. With
+      selective granularity attention.py (d98e8a64dd l.392-395, core_v0.12.1 l.137-140) sets
+      ``checkpoint_core_attention`` and wraps only the core attention in
+      ``_checkpointed_attention_forward`` (l.446-492: ``tensor_parallel.checkpoint`` of
+      ``_run_core_attention``), the Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.2 scheme;
+    * any other framework (partita, torchtitan, deepspeed, internevo, mindformers): op-level
+      selective activation checkpointing (torchtitan's "op" SAC, partita's runtime), empty.
+    """
+    if recompute != "selective":
+        return frozenset()
+    if recompute_modules:
+        return frozenset(recompute_modules.split(","))
+    return DEFAULT_RECOMPUTE_MODULES if framework in MODULE_SELECTIVE_FRAMEWORKS else frozenset()
+
 
 def unfused_elementwise_bytes(model: ModelSpec, shape: Any, moe: bool, e: int) -> float:
     """HBM bytes one layer's forward moves per micro-batch on one rank beyond the fused

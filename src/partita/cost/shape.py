@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..plan import Plan, ep_folded, group_span
-from .frameworks import FRAMEWORKS
+from .frameworks import FRAMEWORKS, selective_modules
 
 
 class LayerShape(NamedTuple):
@@ -88,13 +88,15 @@ class StageShape(NamedTuple):
     tp_comm_overlap: bool
     pipelined: bool  # pp > 1: stages exchange activations
     spans: CollectiveSpans
+    modules: frozenset = frozenset()  # Megatron modules selective recomputes (frameworks.selective_modules)
 
 
 def stage_shape(plan: Plan, devices_per_node: int) -> StageShape:
     spans = collective_spans(plan.pp, plan.dp, plan.cp, plan.tp, plan.ep, devices_per_node, plan.etp)
     # the plan's tp overlap counts only where the framework can run it (cost/frameworks.py)
     overlap = plan.tp_comm_overlap and FRAMEWORKS[plan.framework].tp_comm_overlap
-    return StageShape(layer_shape(plan), plan.recompute, overlap, plan.pp > 1, spans)
+    return StageShape(layer_shape(plan), plan.recompute, overlap, plan.pp > 1, spans,
+                      selective_modules(plan.framework, plan.recompute, plan.recompute_modules))
 
 
 class ParamShape(NamedTuple):

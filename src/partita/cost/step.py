@@ -61,8 +61,9 @@ from ..plan import Plan, group_span
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
 from . import comm, compression
+from .activations import norm_outputs_freed
 from .compute import (BYTES, LayerCost, embedding_forward, fp8_tp_gathered, last_gemm, layer_forward,
-                      output_forward, selective_gemm_fraction)
+                      module_recompute_forward, output_forward, selective_gemm_fraction)
 from .finetune import lora_shape, lora_stage_terms, rank_adapter_params, trained_shape_params
 from .frameworks import FRAMEWORKS
 from .memo import memoised
@@ -172,13 +173,17 @@ _ZERO = StageTerms()
 
 
 def _layer_terms(layer: LayerCost, recompute: str, selective: float, tp_coll: float, n_tp: float, tp_framework: float,
-                 cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0)) -> StageTerms:
+                 cp_pass: float, a2a: float, skipped: tuple[float, float] = (0.0, 0.0),
+                 modules_rc: LayerCost | None = None) -> StageTerms:
     """One layer's contribution: forward + 2x backward, recompute (full: the forward again,
     less the ``skipped`` (FLOPs, seconds) of a checkpoint that stops early,
     :func:`.compute.last_gemm`; selective: element-wise ops and the ``selective`` share of
-    the GEMMs), and its communication."""
+    the GEMMs, or with Megatron's module-level selective ``modules_rc``, the recomputed
+    modules' forward, :func:`.compute.module_recompute_forward`), and its communication."""
     if recompute == "full":
         rc, rc_flops = layer.time - skipped[1], layer.flops - skipped[0]
+    elif recompute == "selective" and modules_rc is not None:
+        rc, rc_flops = modules_rc.time, modules_rc.flops
     elif recompute == "selective":
         # op-level SAC recomputes every other GEMM (about a third of the layer's GEMM FLOPs,
         # :func:`.compute.selective_gemm_fraction`) and the element-wise ops
@@ -257,11 +262,12 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         cp_pass = (1 + BACKWARD_PER_FORWARD + rc_full) * ((1.0 - f) * ring + max(0.0, f * ring - attn))
     # expert parallel all-to-all: dispatch + combine, forward and backward (+ recompute)
     a2a = 0.0
+    rc_moe = 1 if rc_full or "moe" in shape.modules else 0  # module "moe" reruns dispatch and combine too
     if layer.ep > 1 and model.moe:
         size = tokens / layer.tp * model.moe.top_k * model.hidden * e
-        a2a = 2 * (2 + rc_full) * comm.all_to_all(dev, size, eg, ek)
+        a2a = 2 * (2 + rc_moe) * comm.all_to_all(dev, size, eg, ek)
     if layer.etp > 1 and model.moe:
-        a2a += etp_dispatch_time(model, dev, layer, spans.etp, rc_full)
+        a2a += etp_dispatch_time(model, dev, layer, spans.etp, rc_moe)
     # Interleaving multiplies pipeline traffic by vpp [Narayanan et al. SC'21 sec. 2.2],
     # but Megatron overlaps those transfers with the other chunks' compute
     # (overlap_p2p_comm, on by default with vpp); one send per direction and
@@ -285,11 +291,17 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     # block the float8 PrepareModuleInput / colwise / rowwise styles - only the dense MLP's are
     # conditional on ``not transformer_block.moe_enabled`` - so both kinds take the share
     dense_tp = tp_coll * FP8_GATHERED_TP_SHARE if fp8_tp_gathered(layer) else tp_coll
+    # Megatron's module-level selective: the recomputed modules' forward (frameworks.selective_modules)
+    mods = shape.modules if shape.recompute == "selective" else frozenset()
+    rc_dense = (module_recompute_forward(model, dev, layer, False, mods, norm_outputs_freed(model, layer, mods, False),
+                                         dense) if mods and dense else None)
+    rc_moe_layer = (module_recompute_forward(model, dev, layer, True, mods, norm_outputs_freed(model, layer, mods, True),
+                                             moe) if mods and moe else None)
     return add_framework(TermsByKind(
         dense=_layer_terms(dense, shape.recompute, selective_gemm_fraction(model, False), dense_tp, n_dense_tp,
-                           tp_framework, cp_pass, 0.0, skip_dense) if dense else _ZERO,
+                           tp_framework, cp_pass, 0.0, skip_dense, rc_dense) if dense else _ZERO,
         moe=_layer_terms(moe, shape.recompute, selective_gemm_fraction(model, True), dense_tp, 2 + rc_full,
-                         tp_framework, cp_pass, a2a, skip_moe) if moe else _ZERO,
+                         tp_framework, cp_pass, a2a, skip_moe, rc_moe_layer) if moe else _ZERO,
         embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
         output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
         per_stage=per_stage), dev, shape, bool(model.moe))

@@ -102,7 +102,8 @@ def _recompute_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> Meg
     elif plan.recompute == "selective":
         modules = written_recompute_modules(plan, model)
         _check_modules(plan, modules, model)
-        if not plan.recompute_modules:
+        from ..cost.frameworks import selective_modules
+        if not selective_modules(plan.framework, plan.recompute, plan.recompute_modules):
             warn.append(_op_level_selective_warning(plan, model, modules))
         a.set("--recompute-granularity", "selective")
         a.set("--recompute-modules", *modules)
@@ -110,13 +111,19 @@ def _recompute_args(plan: Plan, model: ModelSpec | None, warn: list[str]) -> Meg
 
 
 def written_recompute_modules(plan: Plan, model: ModelSpec | None) -> list[str]:
-    """The ``--recompute-modules`` the export writes for a selective plan: the plan's own (what
-    the estimate priced), else for Partita's op-level selective the modules nearest to it that
+    """The ``--recompute-modules`` the export writes for a selective plan: the modules the
+    estimate priced (:func:`partita.cost.frameworks.selective_modules`: the plan's own, or under
+    framework megatron / mindspeed Megatron-Core's default core_attn), else - a plan estimated
+    with op-level selective (torchtitan, partita, ...) - the modules nearest to it that
     Megatron accepts with the plan: core_attn and layernorm (+ moe_act on a MoE model), but
     core_attn alone with an fp8 recipe ``--fp8-recipe`` cannot name (its default, delayed,
     refuses moe_act / layernorm recompute: transformer_config.py)."""
+    from ..cost.frameworks import selective_modules
+    priced = selective_modules(plan.framework, plan.recompute, plan.recompute_modules)
     if plan.recompute_modules:
         return plan.recompute_modules.split(",")
+    if priced:
+        return sorted(priced)
     if plan.dtype == "fp8" and plan.fp8_recipe not in FP8_RECIPES:
         return ["core_attn"]
     return ["core_attn", "layernorm"] + (["moe_act"] if model is not None and model.moe else [])

@@ -47,9 +47,10 @@ from .megatron_model import ScriptModel, contradiction, model_from_megatron
 OFFLOAD_TIME_NOTE = ("--optimizer-cpu-offload: the optimizer step on the host and its device-host copies take time "
                      "the estimate does not count (the states' memory is modelled)")
 
-#: ``--recompute-modules`` Partita models: the memory (plan ``recompute_modules``, cost/activations.py), not the time.
-MODULES_TIME_NOTE = ("--recompute-modules {}: the recompute's time is estimated as Partita's selective "
-                     "(the modules' memory is modelled)")
+#: ``--recompute-modules`` Partita models: the memory (plan ``recompute_modules``, cost/activations.py) and the
+#: recompute's time (the modules' forward, cost/compute.py ``module_recompute_forward``); not the fp8 casts.
+MODULES_TIME_NOTE = ("--recompute-modules {}: the modules' memory is modelled and their recompute's time as their "
+                     "forward again (not its fp8 casts)")
 
 #: Adam's two moments in different dtypes: the plan has one moment dtype.
 MOMENTS_NOTE = ("--exp-avg-dtype {} / --exp-avg-sq-dtype {}: moments in two dtypes, estimated in fp32 "

@@ -19,7 +19,7 @@ NOT_MODELLED: dict[str, str] = {
     "--schedules-method": "a pipeline schedule Partita does not model (dualpipev is modelled: schedule=dualpipev)",
     "--recompute-activation-function": "the MLP activation recomputed (less activation memory)",
     "--recompute-norm": "the norms recomputed (less activation memory)",
-    "--recompute-modules": "the modules recomputed with selective recompute (estimated as Partita's selective)",
+    "--recompute-modules": "the modules recomputed with selective recompute (estimated as Megatron-Core's default, core_attn)",
     "--moe-zero-memory": "MoE activations freed and recomputed (less activation memory)",
     "--moe-alltoall-overlap-comm": "the MoE all-to-all overlapped with expert computation",
     "--mtp-num-layers": "multi-token-prediction layers after the decoder (more weights and activations)",
