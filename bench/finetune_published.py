@@ -56,6 +56,22 @@ HF_CONFIGS: dict[str, dict] = {
 }
 
 
+#: Which memory statistic each source's memory column reads (:meth:`partita.estimate.Estimate.peak_memory_gib_as`),
+#: so each row compares like with like; opt-in per source, a source not named here reads the whole device
+#: ("device": allocated + the allocator's slack + the runtime's context and workspaces).
+#: - ms-swift: nvidia-smi (the device's reading; examples/megatron/benchmark/deepspeed.sh at 3602360a runs with
+#:   PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True', so the caching allocator's slack is small there);
+#: - LLaMA-Factory: a hardware requirement (what the device must hold: the whole peak);
+#: - torchtune: 'Peak Memory Active' = torch.cuda.memory_stats()["active_bytes.all.peak"] (torchtune's
+#:   get_memory_stats, torchtune/training/memory.py; utils/memory.py in early releases): allocated, no slack, no
+#:   context (the rows are not modelled: notes).
+MEMORY_READING: dict[str, str] = {
+    "ms-swift-megatron-benchmark": "device",
+    "llama-factory-readme": "device",
+    "torchtune-readme-optimization-flags": "allocated",
+}
+
+
 @dataclass
 class Result:
     """One published figure and Partita's prediction of it."""
@@ -104,10 +120,11 @@ def predict(r: dict[str, str]) -> float:
     devices = int(r["devices"])
     est = estimate(model_of(r["model"]), make_cluster(r["hardware"], devices), plan_of(r))
     metric = r["metric"]
+    reading = MEMORY_READING.get(r["source"], "device")
     if metric == "memory_gb":
-        return est.peak_memory_gib * GIB / 1e9
+        return est.peak_memory_gib_as(reading) * GIB / 1e9
     if metric == "memory_gib":
-        return est.peak_memory_gib
+        return est.peak_memory_gib_as(reading)
     if metric == "step_time_s":
         return est.step_time_s
     if metric == "tokens_per_s_per_device":

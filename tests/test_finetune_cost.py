@@ -56,7 +56,7 @@ def _peft_counts(model: torch.nn.Module, rank: int, targets: str) -> tuple[int, 
 @pytest.mark.parametrize("targets", ["attention", "mlp", "all-linear"])
 def test_trainable_params_equal_peft_on_tiny_models(cfg: dict, targets: str) -> None:
     spec = parse_hf_config(cfg)
-    plan = Plan(finetune="lora", lora_rank=8, lora_targets=targets)
+    plan = Plan(finetune="lora", lora_rank=8, lora_targets=targets, framework="deepspeed")  # HF + PEFT, unfused
     trainable, frozen = _peft_counts(_hf_model(cfg, meta=True), 8, targets)
     assert trainable_params(spec, plan) == trainable
     assert frozen_params(spec, plan) == frozen
@@ -69,7 +69,7 @@ def test_trainable_params_equal_peft_on_qwen25_72b() -> None:
            "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads,
            "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab, "tie_word_embeddings": False}
     trainable, frozen = _peft_counts(_hf_model(cfg, meta=True), 16, "all-linear")
-    plan = Plan(finetune="lora", lora_rank=16)
+    plan = Plan(finetune="lora", lora_rank=16, framework="deepspeed")  # HF + PEFT: one adapter per nn.Linear
     assert trainable_params(spec, plan) == trainable == 210_534_400
     assert frozen_params(spec, plan) == frozen
     full = estimate(spec, make_cluster("ascend-910b3", 16), Plan.parse("tp=8,pp=2,gbs=16,finetune=full", 16)).to_dict()
@@ -106,7 +106,7 @@ def test_lora_flops_equal_torch_flop_counter(targets: str) -> None:
     counted_full = _counted_gemm_flops(_hf_model(TINY_LLAMA), seq)
     assert counted_full == pytest.approx(full, rel=1e-12)
     model = get_peft_model(_hf_model(TINY_LLAMA), LoraConfig(r=4, lora_alpha=8, target_modules=PEFT_TARGETS[targets]))
-    plan = Plan(seq_len=seq, dtype="fp32", finetune="lora", lora_rank=4, lora_targets=targets)
+    plan = Plan(seq_len=seq, dtype="fp32", finetune="lora", lora_rank=4, lora_targets=targets, framework="deepspeed")
     counted = _counted_gemm_flops(model, seq)
     assert counted == pytest.approx(_modelled_gemm_flops(plan), rel=1e-12)
     assert counted < 0.8 * counted_full  # the skipped weight gradients show
@@ -124,9 +124,10 @@ def test_lora_memory_freezes_the_base_and_full_sft_is_pretraining() -> None:
     mem = {k: v * GIB for k, v in lora.to_dict()["memory"].items()}
     rank = lora.peak_rank.rank
     pre_mem = pre.memory[rank].parts
-    # per rank, by hand: 40 layers; A replicated + B split 8 ways on q, k, v, gate, up; A split, B replicated on o, down
+    # per rank, by hand: 40 layers; Megatron-Core's fused linear_qkv and linear_fc1 (one adapter each: A replicated,
+    # B split 8 ways); A split, B replicated on linear_proj (o) and linear_fc2 (down)
     h, kv, f, r = 8192, 1024, 29568, 16
-    column = r * (h + h / 8) + 2 * r * (h + kv / 8) + 2 * r * (h + f / 8)
+    column = r * (h + (h + 2 * kv) / 8) + r * (h + 2 * f / 8)
     row = r * (h / 8 + h) + r * (f / 8 + h)
     adapters = 40 * (column + row)
     assert mem["weights"] == pytest.approx(pre_mem["weights"] + 2 * adapters, rel=1e-3)
@@ -222,7 +223,7 @@ def test_cli_reports_trainable_params_and_days_for_the_dataset(capsys, tmp_path)
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(str(n) for n in [4096, 3000, 1000, 96, 2048, 2048] * 100))
     common = ["--model", "qwen2.5-72b", "--hardware", "ascend-910b3", "--devices", "16", "--seq-lengths", str(lengths),
-              "--epochs", "2", "--json"]
+              "--epochs", "2", "--json", "--framework", "deepspeed"]  # HF + PEFT: PEFT's count
     assert main(["estimate", *common, "--plan", "dp=8,cp=2,zero=3,recompute=selective,gbs=64,seq_len=4096,"
                  "finetune=lora,lora_rank=16"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -36,9 +36,9 @@ CLAIMS = {
     ("llama-factory-readme", "memory"): (6, 0.05, 0.15),
     ("ms-swift-megatron-benchmark", "memory"): (2, 0.20, 0.25),
     ("ms-swift-megatron-benchmark", "throughput"): (3, 0.07, 0.13),
-    ("nemo-24.07-perf-summary", "throughput"): (6, 0.15, 0.19),
-    ("nemo-automodel-perf-summary", "throughput"): (6, 0.13, 0.25),
-    ("torchtune-readme-optimization-flags", "throughput"): (3, 0.10, 0.15),
+    ("nemo-24.07-perf-summary", "throughput"): (6, 0.11, 0.19),
+    ("nemo-automodel-perf-summary", "throughput"): (6, 0.08, 0.16),
+    ("torchtune-readme-optimization-flags", "throughput"): (3, 0.11, 0.15),
 }
 
 

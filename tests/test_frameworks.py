@@ -191,7 +191,8 @@ def test_torchtitan_eager_is_torchtitan_but_for_what_compile_changes():
     read 2 + write 1 per element."""
     tt, eager = FRAMEWORKS["torchtitan"], FRAMEWORKS["torchtitan-eager"]
     changed = {f.name for f in dataclasses.fields(tt) if getattr(tt, f.name) != getattr(eager, f.name)}
-    assert changed == {"name", "sources", "eager_activations", "tp_comm_overlap", "unfused_elementwise"}
+    assert changed == {"name", "sources", "eager_activations", "tp_comm_overlap", "unfused_elementwise",
+                       "lora_fused_epilogue"}  # LoRA's scale + add: one Inductor kernel only when compiled
     assert eager.eager_activations and not tt.eager_activations and not eager.tp_comm_overlap
     assert eager.fp8_cast_bytes == 2 + 2 + 1
     assert {k for k, _ in eager.sources} >= {"eager_activations", "tp_comm_overlap", "fp8_cast_bytes",

@@ -46,13 +46,23 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   untargeted linear whose input no other op keeps frees it - the MLP input and the
   gated product (``h + f``) when only attention is targeted, the QKV input and the
   attention output (``h + o``) when only the MLP is (:func:`activation_delta`).
+* **Adapter structure per framework** (:func:`lora_linears`): PEFT on a Hugging Face model
+  wraps every ``nn.Linear`` (q, k, v, o, gate, up, down: seven adapters, three reading the
+  attention input); Megatron-Core (NeMo, Megatron-Bridge, Megatron-SWIFT, MindSpeed) builds
+  fused ``linear_qkv`` and ``linear_fc1`` (gate + up), and its LoRA puts one adapter on each
+  (four adapters; ``A`` reads the input once). The framework entry says which
+  (:attr:`.frameworks.Framework.lora_fused_projections`): parameter counts, activations and
+  time follow it.
 * **Time**: a frozen linear's backward runs the input-gradient GEMM only (``dX = dY W``),
   one forward's FLOPs instead of two (the weight-gradient GEMM ``dW = dY^T X`` is skipped);
   the output layer likewise; the embedding has no backward. Each adapter adds its two
-  skinny GEMMs forward and their four backward (both weight and input gradients), charged
-  as the slower of their FLOPs and their HBM traffic (reading ``x`` of width ``in`` and
-  writing the ``out``-wide update, then the scale and the add): at r = 16 they are
-  bandwidth-bound. The data-parallel gradient reduction, the ZeRO-1/2 weight all-gather
+  skinny GEMMs forward and their four backward (both weight and input gradients) and its
+  pointwise ops, counted op by op as autograd runs them (:func:`adapter_traffic`: ``1 in + 6
+  out`` passes forward, ``5 in + 4 out`` backward in eager PyTorch; 2 fewer forward where
+  torch.compile fuses the scale and the add: ``Framework.lora_fused_epilogue``), each GEMM
+  the slower of its FLOPs and its HBM traffic: at r = 16 they are bandwidth-bound.
+  tests/test_finetune_adapters_*.py check the counts against torch's own FLOP counter and
+  the bytes its dispatcher sees, on PEFT's and on a NeMo-style fused adapter. The data-parallel gradient reduction, the ZeRO-1/2 weight all-gather
   and the optimizer step cover the adapter parameters only (ZeRO-3 still gathers every
   weight, frozen ones included, and reduce-scatters the adapters' gradients only).
 """
@@ -63,6 +73,7 @@ from typing import NamedTuple
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
+from .frameworks import get_framework
 from .compute import BYTES, LayerCost, embedding_forward, gemm_time, layer_forward, output_forward
 from .memo import memoised
 from .placement import RankShape
@@ -87,18 +98,29 @@ class LoraLinear(NamedTuple):
 
 
 class LoraShape(NamedTuple):
-    """What the LoRA terms depend on beyond the layer shape (a memo key)."""
+    """What the LoRA terms depend on beyond the layer shape (a memo key): the rank, the target
+    set, whether the framework's model fuses q/k/v and gate/up into one linear each (one adapter
+    per fused linear: :func:`lora_linears`) and whether its scale and add run as one compiled
+    kernel (:func:`adapter_passes`)."""
 
     rank: int
     targets: str
+    fused: bool = False
+    fused_epilogue: bool = False
 
 
 def lora_shape(plan: Plan) -> LoraShape:
-    return LoraShape(plan.lora_rank, plan.lora_targets)
+    """The plan's :class:`LoraShape`, the adapter structure taken from its framework entry
+    (:attr:`.frameworks.Framework.lora_fused_projections`, ``lora_fused_epilogue``)."""
+    fw = get_framework(plan.framework)
+    return LoraShape(plan.lora_rank, plan.lora_targets, fw.lora_fused_projections, fw.lora_fused_epilogue)
 
 
-def _attention_linears(model: ModelSpec) -> list[LoraLinear]:
+def _attention_linears(model: ModelSpec, fused: bool = False) -> list[LoraLinear]:
     h = model.hidden
+    if fused and not model.mla:  # Megatron-Core linear_qkv: one adapter over q + 2 kv, then linear_proj
+        return [LoraLinear(h, model.q_dim + 2 * model.kv_dim, 1, 1.0, False, "attention", True),
+                LoraLinear(model.attn_out_dim, h, 1, 1.0, False, "attention", False)]
     if model.mla:
         m = model.mla
         qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -111,28 +133,41 @@ def _attention_linears(model: ModelSpec) -> list[LoraLinear]:
     return [LoraLinear(i, o, 1, 1.0, False, "attention", n < len(dims) - 1) for n, (i, o) in enumerate(dims)]
 
 
-def _mlp(model: ModelSpec, ffn: int, count: int, share: float, expert: bool) -> list[LoraLinear]:
+def _mlp(model: ModelSpec, ffn: int, count: int, share: float, expert: bool, fused: bool = False) -> list[LoraLinear]:
     h = model.hidden
-    ins = [(h, ffn, True)] * (2 if model.gated else 1) + [(ffn, h, False)]
+    if fused:  # Megatron-Core linear_fc1: gate and up in one linear of width 2 ffn (gated), then linear_fc2
+        ins = [(h, ffn * (2 if model.gated else 1), True), (ffn, h, False)]
+    else:
+        ins = [(h, ffn, True)] * (2 if model.gated else 1) + [(ffn, h, False)]
     return [LoraLinear(i, o, count, share, expert, "mlp", column) for i, o, column in ins]
 
 
 @memoised
-def lora_linears(model: ModelSpec, moe: bool, targets: str) -> tuple[LoraLinear, ...]:
+def lora_linears(model: ModelSpec, moe: bool, targets: str, fused: bool = False) -> tuple[LoraLinear, ...]:
     """The targeted linears of one dense (``moe=False``) or MoE layer. A MoE layer's shared
     experts are one MLP of ``shared_experts x shared_ffn_hidden`` (as HF's Qwen2-MoE and
-    DeepSeek-V3 define them); each routed expert its own."""
+    DeepSeek-V3 define them); each routed expert its own.
+
+    ``fused`` (Megatron / MindSpeed: :attr:`.frameworks.Framework.lora_fused_projections`):
+    the adapters sit on the linears Megatron-Core builds - one ``linear_qkv`` of width
+    ``q + 2 kv`` (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/attention.py:1689) and,
+    gated, one ``linear_fc1`` of width ``2 ffn`` (mlp.py:206; experts' fc1 likewise) - so one
+    adapter reads the input once: ``A`` is ``r x h``, ``B`` ``(q + 2 kv) x r`` (NeMo: "a single
+    Low-Rank projection for KQV in a combined fashion", NVIDIA/NeMo
+    docs/source/nlp/nemo_megatron/peft/supported_methods.rst). PEFT on a Hugging Face model
+    (``fused=False``) wraps each ``nn.Linear``: three ``A`` of ``r x h`` for q, k, v and two for
+    gate, up. MLA projections are separate linears in both (not fused)."""
     out: list[LoraLinear] = []
     if targets in ("attention", "all-linear"):
-        out += _attention_linears(model)
+        out += _attention_linears(model, fused)
     if targets in ("mlp", "all-linear"):
         if moe and model.moe:
             mo = model.moe
-            out += _mlp(model, mo.expert_ffn_hidden, mo.num_experts, mo.top_k / mo.num_experts, True)
+            out += _mlp(model, mo.expert_ffn_hidden, mo.num_experts, mo.top_k / mo.num_experts, True, fused)
             if mo.shared_experts:
-                out += _mlp(model, mo.shared_experts * mo.shared_ffn_hidden, 1, 1.0, False)
+                out += _mlp(model, mo.shared_experts * mo.shared_ffn_hidden, 1, 1.0, False, fused)
         else:
-            out += _mlp(model, model.ffn_hidden, 1, 1.0, False)
+            out += _mlp(model, model.ffn_hidden, 1, 1.0, False, fused)
     return tuple(out)
 
 
@@ -140,7 +175,7 @@ def layer_adapter_params(model: ModelSpec, moe: bool, shape: LoraShape) -> tuple
     """(tp-split, routed-expert) adapter parameters of one layer: ``r (in + out)`` per
     targeted linear (A is ``r x in``, B ``out x r``)."""
     dense = expert = 0
-    for lin in lora_linears(model, moe, shape.targets):
+    for lin in lora_linears(model, moe, shape.targets, shape.fused):
         n = lin.count * shape.rank * (lin.in_features + lin.out_features)
         if lin.expert:
             expert += n
@@ -183,7 +218,7 @@ def layer_rank_adapter_params(model: ModelSpec, moe: bool, lora: LoraShape, tp: 
     """(tp-split, routed-expert) adapter parameters of one layer on one rank
     (:func:`local_adapter`; a rank holds ``E / ep`` of the routed experts)."""
     dense = expert = 0.0
-    for lin in lora_linears(model, moe, lora.targets):
+    for lin in lora_linears(model, moe, lora.targets, lora.fused):
         if lin.expert:
             expert += lin.count / ep * sum(local_adapter(lin, lora.rank, etp))
         else:
@@ -268,7 +303,7 @@ def activation_delta(model: ModelSpec, plan: Plan, moe: bool, mode: str) -> floa
         return 0.0
     e = BYTES[plan.dtype]
     tokens = plan.mbs * plan.seq_len / plan.cp
-    linears = lora_linears(model, moe, plan.lora_targets)
+    linears = lora_linears(model, moe, plan.lora_targets, lora_shape(plan).fused)
     per_token = sum(lin.count * lin.token_share for lin in linears) * plan.lora_rank * e
     if mode == "none" and plan.lora_targets != "all-linear" and not (moe and model.moe):
         out_div = plan.tp if plan.sp else 1
@@ -280,42 +315,106 @@ def activation_delta(model: ModelSpec, plan: Plan, moe: bool, mode: str) -> floa
 
 
 # ------------------------------------------------------------------ time
+class AdapterTraffic(NamedTuple):
+    """One adapter's work on ``tokens`` rows, forward and backward: FLOPs and HBM bytes of its
+    two GEMMs each pass (``*_gemm``: (flops, bytes) per GEMM) and the bytes of its pointwise
+    ops (``*_pointwise``)."""
+
+    forward_gemm: tuple[tuple[float, float], ...]
+    forward_pointwise: float
+    backward_gemm: tuple[tuple[float, float], ...]
+    backward_pointwise: float
+
+    @property
+    def flops(self) -> float:
+        return sum(f for f, _ in self.forward_gemm + self.backward_gemm)
+
+    @property
+    def bytes(self) -> float:
+        return sum(b for _, b in self.forward_gemm + self.backward_gemm) + self.forward_pointwise + self.backward_pointwise
+
+
+def adapter_traffic(tokens: float, din: float, dout: float, rank: int, e: int, fused_epilogue: bool = False,
+                    scale_on_intermediate: bool = False, b_tokens: float | None = None) -> AdapterTraffic:
+    """What autograd runs for one adapter ``y = base(x) + s B(A x)`` over a frozen base whose
+    input needs a gradient, counted op by op (``b_tokens``: the rows ``B`` sees, the sequence
+    shard of a replicated ``B`` with SP; default ``tokens``). Eager PEFT
+    (huggingface/peft ``tuners/lora/layer.py`` ``Linear.forward``: ``result = result +
+    lora_B(lora_A(dropout(x))) * scaling``; dropout 0 is ``nn.Identity``) and NeMo's
+    ``ParallelLinearAdapter`` (``linear_out`` then ``x * (alpha / dim)``, added by the wrapper):
+
+    * forward: ``A x`` (``2 T r in`` FLOPs; read ``T in``, write ``T r``), ``B (.)`` (``2 T r
+      out``; read ``T r``, write ``T out``), the scale (read, write ``T out``) and the add (read
+      2, write 1): ``1 in + 6 out`` passes with the GEMM outputs;
+    * backward (the derivatives of ``mm``, ``mul`` by a number and ``add`` in PyTorch's
+      tools/autograd/derivatives.yaml): the add passes its gradient through (no kernel), the
+      scale's backward reads and writes ``T out``, ``B``'s weight and input gradients each read
+      the ``T out`` gradient (``2 x 2 T r out`` FLOPs), ``A``'s weight gradient reads ``x`` and
+      its input gradient writes ``T in`` (``2 x 2 T r in``), and autograd sums that input
+      gradient into the base's (read 2, write 1 of ``T in``): ``5 in + 4 out`` passes - not
+      twice the forward's ``1 in + 6 out``, which Partita charged before.
+
+    ``fused_epilogue`` (torch.compile: Inductor fuses the scale and the add into one pointwise
+    kernel, read 2 write 1): forward pointwise ``3 out`` instead of 5. ``scale_on_intermediate``
+    (NeMo AutoModel's ``LinearLoRA``: ``lora_B(lora_A(x) * scale)``,
+    NVIDIA-NeMo/Automodel nemo_automodel/components/_peft/lora.py): the scale runs on the
+    ``r``-wide intermediate, no ``T out`` pass in either direction for it. The weights' own
+    reads (``r x in``, ``out x r``) are not counted (``r / T`` of the rest)."""
+    bt = tokens if b_tokens is None else b_tokens
+    t_in, t_out, t_r, bt_r = tokens * din * e, bt * dout * e, tokens * rank * e, bt * rank * e
+    fa, fb = 2 * tokens * rank * din, 2 * bt * rank * dout
+    if scale_on_intermediate:
+        fwd_pw, bwd_pw = 3 * t_out + 2 * t_r, 2 * t_r
+    elif fused_epilogue:
+        fwd_pw, bwd_pw = 3 * t_out, 2 * t_out
+    else:
+        fwd_pw, bwd_pw = 5 * t_out, 2 * t_out
+    return AdapterTraffic(forward_gemm=((fa, t_in + t_r), (fb, bt_r + t_out)), forward_pointwise=fwd_pw,
+                          backward_gemm=((fb, t_out + bt_r), (fb, t_out + bt_r), (fa, t_r + t_in), (fa, t_r + t_in)),
+                          backward_pointwise=bwd_pw + 3 * t_in)
+
+
 def adapter_forward(model: ModelSpec, device: Device, layer: LayerShape, moe: bool, lora: LoraShape) -> LayerCost:
-    """Forward cost of one layer's adapters per micro-batch on one rank: for each targeted
-    linear, ``A`` (``2 T r in`` FLOPs, reading ``T x in`` and writing ``T x r``) and ``B``
-    (``2 T r out``, reading ``T x r`` and writing ``T x out``), each the slower of its GEMM
-    time (:func:`.compute.gemm_time`) and its HBM traffic, plus the scale and the add to
-    the base output (read 3, write 2 of ``T x out``). ``in``/``out`` are the rank's local
-    widths (the base linear's tp split); routed experts see ``top_k / E`` of the tokens."""
-    return _adapter_forward(model, device, layer, moe, lora)
+    """Forward cost of one layer's adapters per micro-batch on one rank (:func:`adapter_costs`)."""
+    return adapter_costs(model, device, layer, moe, lora)[0]
 
 
 @memoised
-def _adapter_forward(model: ModelSpec, device: Device, layer: LayerShape, moe: bool, lora: LoraShape) -> LayerCost:
+def adapter_costs(model: ModelSpec, device: Device, layer: LayerShape, moe: bool,
+                  lora: LoraShape) -> tuple[LayerCost, LayerCost]:
+    """(forward, backward) cost of one layer's adapters per micro-batch on one rank: for each
+    targeted linear (:func:`lora_linears`, fused where the framework fuses), the work
+    :func:`adapter_traffic` counts, each GEMM the slower of its time (:func:`.compute.gemm_time`)
+    and its HBM traffic, each pointwise op its traffic at the device's bandwidth (both in
+    ``gemm_time``). ``in``/``out`` are the rank's local widths (the base linear's tp split);
+    routed experts see ``top_k / E`` of the tokens."""
     e, r, tp = BYTES[layer.dtype], lora.rank, layer.tp
     bandwidth = device.hbm_tbps * 1e12 * device.efficiency.memory_bandwidth
-    cost = LayerCost()
-    for lin in lora_linears(model, moe, lora.targets):
+    fwd, bwd = LayerCost(), LayerCost()
+    for lin in lora_linears(model, moe, lora.targets, lora.fused):
         # routed experts: the rank's top_k token slots (etp-gathered) over its E / ep local
         # experts, each split etp ways (as .compute counts them); else every token, split tp ways
         n, split = (lin.count / layer.ep, layer.etp) if lin.expert else (lin.count, tp)
         slots = layer.tokens * lin.token_share * lin.count * (layer.etp / tp if lin.expert else 1.0)
         din = lin.in_features if lin.column else lin.in_features / split
         dout = lin.out_features / split if lin.column else lin.out_features
-        a, b = local_adapter(lin, r, split)
         # a replicated B after a row-parallel base runs on the sequence shard with SP
         b_slots = slots / tp if (layer.sp and not lin.column and not lin.expert) else slots
-        for flops, moved in ((2 * slots * a, e * slots * (din + r)), (2 * b_slots * b, e * b_slots * (r + 6 * dout))):
-            cost.gemm_flops += flops
-            cost.gemm_time += max(gemm_time(device, flops, layer.dtype, max(1, int(n))), moved / bandwidth)
-    return cost
+        tr = adapter_traffic(slots, din, dout, r, e, lora.fused_epilogue, b_tokens=b_slots)
+        for cost, gemms, pointwise in ((fwd, tr.forward_gemm, tr.forward_pointwise),
+                                       (bwd, tr.backward_gemm, tr.backward_pointwise)):
+            for flops, moved in gemms:
+                cost.gemm_flops += flops
+                cost.gemm_time += max(gemm_time(device, flops, layer.dtype, max(1, int(n))), moved / bandwidth)
+            cost.gemm_time += pointwise / bandwidth
+    return fwd, bwd
 
 
 def lora_stage_terms(model: ModelSpec, device: Device, shape, lora: LoraShape, terms: tuple,
                      flash_backward: float) -> tuple:
     """:func:`.step.stage_terms` of a LoRA plan from pre-training's: per layer the base GEMMs'
     backward runs the input gradient only (one forward's GEMM time and FLOPs less), the
-    adapters' forward and backward (2x) are added, and full recompute reruns their forward;
+    adapters' forward and backward (:func:`adapter_costs`) are added, and full recompute reruns their forward;
     the output layer's backward likewise loses its weight gradient and the embedding its
     backward, and the first stage skips the first layer's backward that reads the frozen
     embedding (:func:`first_layer_saving`; ``flash_backward``: its attention factor).
@@ -329,14 +428,15 @@ def _lora_stage_terms(model: ModelSpec, device: Device, shape, lora: LoraShape, 
     layer = shape.layer
     rc_full = 1 if shape.recompute == "full" else 0
 
-    def adjust(t, base: LayerCost | None, adapter: LayerCost | None, drop_backward: bool = False):
+    def adjust(t, base: LayerCost | None, adapters: tuple[LayerCost, LayerCost] | None, drop_backward: bool = False):
         if base is None:
             return t
+        adapter = adapters[0] if adapters is not None else None
         d_time = -base.gemm_time - (base.time if drop_backward else 0.0)
         d_flops = -base.gemm_flops
-        if adapter is not None:
-            d_time += 3 * adapter.gemm_time
-            d_flops += 3 * adapter.gemm_flops
+        if adapters is not None:
+            d_time += adapters[0].gemm_time + adapters[1].gemm_time
+            d_flops += adapters[0].gemm_flops + adapters[1].gemm_flops
         rc = rc_full * adapter.gemm_time if adapter is not None else 0.0
         rc_flops = rc_full * adapter.gemm_flops if adapter is not None else 0.0
         return t._replace(compute=t.compute + d_time, recompute=t.recompute + rc,
@@ -347,10 +447,10 @@ def _lora_stage_terms(model: ModelSpec, device: Device, shape, lora: LoraShape, 
     dense = moe = None
     if model.dense_layers:
         dense = adjust(kinds.dense, layer_forward(model, device, layer, False),
-                       adapter_forward(model, device, layer, False, lora))
+                       adapter_costs(model, device, layer, False, lora))
     if model.moe:
         moe = adjust(kinds.moe, layer_forward(model, device, layer, True),
-                     adapter_forward(model, device, layer, True, lora))
+                     adapter_costs(model, device, layer, True, lora))
     emb = embedding_forward(model, device, layer)
     first_t, first_flops = first_layer_saving(model, device, layer, lora, flash_backward)
     embedding = kinds.embedding._replace(compute=kinds.embedding.compute - 2 * emb.time - first_t,
@@ -383,7 +483,7 @@ def first_layer_saving(model: ModelSpec, device: Device, layer: LayerShape, lora
 
     With attention targeted (``attention``, ``all-linear``): the q, k, v projections' input
     gradients (one forward's GEMM, ``2 T h (q + 2 kv) / tp``) and their adapters' ``A``
-    input gradients (``3 x 2 T r h / tp``). With ``mlp`` only: the whole attention block has
+    input gradients (``3 x 2 T r h / tp``; one ``A`` on a fused ``linear_qkv``). With ``mlp`` only: the whole attention block has
     no trainable parameter and an input without gradient, so its backward is skipped -
     q, k, v and o input gradients, the attention kernel's backward - and so are the MLP
     input projections' input gradients and their ``A`` input gradients (the down projection
@@ -394,14 +494,16 @@ def first_layer_saving(model: ModelSpec, device: Device, layer: LayerShape, lora
         return 0.0, 0.0
     tp, tokens, h, r = layer.tp, layer.tokens, model.hidden, lora.rank
     qkv = 2 * tokens * h * (model.q_dim + 2 * model.kv_dim) / tp
+    n_a = 1 if lora.fused else 3  # A matrices reading the layer input: one on a fused linear_qkv
     if lora.targets != "mlp":
-        adapters = 3 * 2 * tokens * r * h / tp
-        return gemm_time(device, qkv, layer.dtype, 3) + gemm_time(device, adapters, layer.dtype, 3), qkv + adapters
+        adapters = n_a * 2 * tokens * r * h / tp
+        return gemm_time(device, qkv, layer.dtype, 3) + gemm_time(device, adapters, layer.dtype, n_a), qkv + adapters
     base = layer_forward(model, device, layer, False)
     proj = qkv + 2 * tokens * model.attn_out_dim * h / tp
     ins = 2 if model.gated else 1
     mlp_in = ins * 2 * tokens * h * model.ffn_hidden / tp
-    adapters = ins * 2 * tokens * r * h / tp
+    n_a = 1 if lora.fused else ins  # one A on a fused linear_fc1
+    adapters = n_a * 2 * tokens * r * h / tp
     seconds = (gemm_time(device, proj, layer.dtype, 4) + flash_backward * base.attn_time
-               + gemm_time(device, mlp_in, layer.dtype, ins) + gemm_time(device, adapters, layer.dtype, ins))
+               + gemm_time(device, mlp_in, layer.dtype, ins) + gemm_time(device, adapters, layer.dtype, n_a))
     return seconds, proj + flash_backward * base.attn_flops + mlp_in + adapters

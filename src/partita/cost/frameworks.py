@@ -156,6 +156,12 @@ class Framework:
     fp8_tp_gather: bool = False
     #: fp8 MoE: bytes per routed-expert GEMM input element quantized in its own kernel (TE GroupedLinear)
     fp8_grouped_quantize_bytes: float = 0.0
+    #: LoRA on the fused projections the framework's model has (Megatron-Core linear_qkv, and linear_fc1 = gate
+    #: and up): one adapter per fused linear, reading its input once (cost/finetune.py); False: PEFT's one
+    #: adapter per nn.Linear (HF q/k/v/gate/up separate)
+    lora_fused_projections: bool = False
+    #: LoRA's scale and add run as one compiled pointwise kernel (torch.compile / Inductor), not two eager ops
+    lora_fused_epilogue: bool = False
     sources: tuple[tuple[str, str], ...] = ()
 
 
@@ -196,8 +202,21 @@ _FSDP2_COPIES = ("torch FSDP2 (fully_shard): all-gather copy-out and reduce-scat
                  "stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce, "
                  "_fsdp_param_group.py wait_for_unshard)")
 
+#: LoRA on Megatron-Core's fused projections (cost/finetune.py lora_linears): SelfAttention builds one linear_qkv of
+#: width q + 2 kv (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/attention.py:1689-1692) and a gated MLP one
+#: linear_fc1 of width 2 ffn (mlp.py:206, ffn_hidden_size *= 2); NeMo's LoRA "learns a single Low-Rank projection
+#: for KQV in a combined fashion" (NVIDIA/NeMo docs/source/nlp/nemo_megatron/peft/supported_methods.rst), its
+#: ParallelLinearAdapter reading the layernorm output once (AdapterParallelAdd in nemo/collections/llm/peft/lora.py)
+_LORA_FUSED_SOURCE = ("lora_fused_projections", "Megatron-Core linear_qkv (q + 2 kv) and linear_fc1 (gate + up): one "
+                      "adapter per fused linear (Megatron-LM@d98e8a64 attention.py:1689, mlp.py:206; NeMo "
+                      "supported_methods.rst: a single low-rank projection for KQV)")
+
 _TORCHTITAN = Framework("torchtitan", checkpoint_early_stop=True, zero0_autocast=True, fp8_cast_bytes=5.0,
+                        lora_fused_epilogue=True,
                         fsdp2_stream_copies=True, fp8_tp_gather=True, sources=(
+    ("lora_fused_epilogue", "torch.compile (Inductor) fuses pointwise ops that follow each other into one kernel: "
+     "LoRA's scale and add read B's output and the base output once and write the sum (cost/finetune.py "
+     "adapter_traffic)"),
         ("fsdp2_stream_copies", _FSDP2_COPIES),
         ("eager_activations", "torchtitan compiles each TransformerBlock (apply_compile in "
          "torchtitan/models/llama3/infra/parallelize.py); the min-cut partitioner "
@@ -285,11 +304,12 @@ MINDFORMERS_CE_BYTES = float(sum(r + w for _, r, w in MINDFORMERS_CE_OPS))  # 10
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", fp8_cast_bytes=0.0, fp8_grouped_quantize_bytes=4.0, sources=_MEGATRON_SOURCES),
+    "megatron": Framework("megatron", fp8_cast_bytes=0.0, fp8_grouped_quantize_bytes=4.0, lora_fused_projections=True,
+                          sources=_MEGATRON_SOURCES + (_LORA_FUSED_SOURCE,)),
     # MindSpeed patches Megatron-LM on Ascend (torch_npu fused kernels npu_rms_norm,
     # npu_swiglu, npu_fusion_attention with GQA; Megatron's reentrant checkpoint and
     # distributed optimizer; MC2 for tp overlap): every modelled term as Megatron's.
-    "mindspeed": Framework("mindspeed", fp8_cast_bytes=0.0, sources=(
+    "mindspeed": Framework("mindspeed", fp8_cast_bytes=0.0, lora_fused_projections=True, sources=(_LORA_FUSED_SOURCE,
         ("*", "Ascend/MindSpeed: a Megatron-LM patch set; fused kernels via --use-fused-rmsnorm, --use-fused-swiglu, "
          "--use-flash-attn (npu_fusion_attention, GQA native), MC2 for tp overlap (--use-ascend-mc2); Megatron's "
          "reentrant checkpoint and distributed optimizer"),)),
@@ -297,6 +317,7 @@ FRAMEWORKS: dict[str, Framework] = {
     # torchtitan without --compile.enable (eager; the rows of torchao's float8nocompile
     # table): the torchtitan entry with the fields compile changes, and only those.
     "torchtitan-eager": replace(_TORCHTITAN, name="torchtitan-eager", eager_activations=True, tp_comm_overlap=False,
+                                lora_fused_epilogue=False,
                                 unfused_elementwise=True, sources=_TORCHTITAN_EAGER_SOURCES),
     # torchtitan with compiled blocks but an eager loss: every torchtitan run before its commit
     # bbb1b616e (2025-04-02), when the loss joined compile (torchtitan/components/loss.py had
