@@ -18,6 +18,25 @@ Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of t
   list (l.608, default ``[1]``: dense), ``--expert-interval`` (l.614, default 2) places the MoE
   layers at 1-based layer numbers divisible by it (megatron/model/transformer.py
   ``get_num_experts_per_layer``, l.1650-1661), ``--topk`` (l.612) is the router's k, default 1.
+- **The ds_config JSON** (issue 33): where the script writes it (``cat <<EOT > $config_json``, ``sed``
+  over a template; :func:`partita.imports.script.inline_ds_config` passes its content as the base64
+  string DeepSpeed accepts for ``--deepspeed_config``), it is read (:func:`merge_ds_config`) and merged
+  as the run merges it: the engine is built from the JSON alone (megatron/training.py
+  ``_create_ds_config_dict`` l.73-87 and ``deepspeed.initialize(..., config=args.deepspeed_config_dict)``
+  l.604-624), so the **ZeRO stage, offload and overlap_comm are the JSON's** (``--zero-stage``, default 1
+  at arguments.py l.1487, only selects Megatron's own optimizer statistics, training.py l.1056); the
+  **micro-batch and global batch** are both sides': Megatron's loader yields ``--micro-batch-size``
+  samples and the engine steps after the JSON's accumulation steps, so a JSON value that differs from
+  the flag is the run's error (DeepSpeed's ``_batch_assertion``, runtime/config.py: ``train_batch_size
+  == micro x accumulation x data-parallel ranks``), a JSON value the command line does not give fills it;
+  the **dtype** is the JSON's (the engine casts the model to its ``bf16``/``fp16``, runtime/engine.py),
+  a command line enabling the other one is refused; **recompute** stays the command line's
+  (``--checkpoint-activations`` / ``--deepspeed-activation-checkpointing`` / ``--recompute-*`` turn it
+  on; the JSON's ``activation_checkpointing`` only configures it, megatron/initialize.py l.186-190),
+  its ``cpu_checkpointing`` named. bf16 at ZeRO 0 on the ``PipelineModule`` the fork builds under
+  ``--deepspeed`` (pretrain_gpt.py l.51, unless ``--no-pipeline-parallel``) is DeepSpeed's
+  ``BF16_Optimizer`` (runtime/engine.py ``_do_optimizer_sanity_check``): ZeRO-1, as
+  :func:`partita.imports.deepspeed.plan_from_ds_config` reads it.
 - The plan's framework is ``deepspeed``: the DeepSpeed engine runs ZeRO, and Partita's deepspeed entry
   (cost/frameworks.py) is Megatron-DeepSpeed's model code under it (reentrant checkpointing, no
   tensor-parallel overlap, the ZeRO all-gather after the step).
@@ -26,6 +45,10 @@ Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of t
   given (megatron/model/transformer.py l.528-531).
 """
 from __future__ import annotations
+
+import base64
+import binascii
+import json
 
 from ..errors import PartitaError
 
@@ -54,6 +77,82 @@ FLASH = ("--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2", "--us
 #: no --zero-stage under --deepspeed: the JSON's stage, not on the command line
 ZERO_NOTE = ("--deepspeed_config without --zero-stage: the ZeRO stage is the config file's, read as 0 (DeepSpeed's "
              "default without zero_optimization)")
+
+
+#: the flag the JSON's stage overrides, when it disagrees
+ZERO_WINS = "--zero-stage {0}: the engine runs the --deepspeed_config JSON's ZeRO stage {1} (megatron/training.py " \
+            "passes the JSON alone to deepspeed.initialize); read as {1}"
+
+
+def ds_config(argv: list[str]) -> dict | None:
+    """The JSON of ``--deepspeed_config`` when its value is the base64 string DeepSpeed also accepts
+    (what :func:`partita.imports.script.inline_ds_config` puts there); None for a path. A file that is
+    not a JSON object when read is one line."""
+    words = _value(argv, "--deepspeed_config") or _value(argv, "--deepspeed-config")
+    if not words or "/" in words[0] or words[0].endswith(".json"):
+        return None
+    try:
+        text = base64.urlsafe_b64decode(words[0].encode("ascii")).decode("utf-8")
+    except (binascii.Error, UnicodeError, ValueError):
+        return None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        line = text.splitlines()[e.lineno - 1].strip() if 0 < e.lineno <= len(text.splitlines()) else ""
+        raise PartitaError(f"the --deepspeed_config file the script writes is not JSON when read (line {e.lineno}: "
+                           f"{line[:60]!r}; a variable with no value? --env sets it)") from None
+    if not isinstance(cfg, dict):
+        raise PartitaError("the --deepspeed_config file the script writes must hold a JSON object")
+    return cfg
+
+
+def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list[str], list[str]]:
+    """(plan fields, the flags to add to the command line, notes) of the ds_config ``cfg`` merged with
+    the command line as the run merges them (module docstring); a batch or dtype that DeepSpeed and
+    Megatron would disagree on is one line."""
+    from .deepspeed import check_ds_config, ds_not_modelled
+    where = "the --deepspeed_config JSON"
+    check_ds_config(where, cfg)
+    t, m, g = (cfg.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                     "gradient_accumulation_steps"))
+    if "auto" in (t, m, g):
+        raise PartitaError(f"{where} has \"auto\" batch values: only the Hugging Face Trainer fills those; "
+                           "Megatron-DeepSpeed passes the file as it is")
+    micro = _int("--micro-batch-size", _value(argv, "--micro-batch-size"), 0) or None
+    glob = _int("--global-batch-size", _value(argv, "--global-batch-size"), 0) or None
+    if m is not None and micro is not None and m != micro:
+        raise PartitaError(f"{where} sets train_micro_batch_size_per_gpu {m}; --micro-batch-size {micro} disagrees "
+                           "(the engine steps after the JSON's micro-batches, the loader yields the flag's)")
+    if t is not None and glob is not None and t != glob:
+        raise PartitaError(f"{where} sets train_batch_size {t}; --global-batch-size {glob} disagrees (DeepSpeed "
+                           "asserts train_batch_size == micro x accumulation x data-parallel ranks)")
+    if t is not None and m is not None and g is not None and t % (m * g):
+        raise PartitaError(f"DeepSpeed refuses this batch: train_batch_size {t} is not train_micro_batch_size_per_gpu "
+                           f"{m} x gradient_accumulation_steps {g} x data-parallel ranks")
+    fields: dict[str, object] = {}
+    add: list[str] = []
+    if micro is None and m is not None:
+        add += ["--micro-batch-size", str(m)]
+    if glob is None and t is not None:
+        add += ["--global-batch-size", str(t)]
+    bf16 = (cfg.get("bf16") if cfg.get("bf16") is not None else cfg.get("bfloat16")) or {}
+    on = [name for name, block in (("bf16", bf16), ("fp16", cfg.get("fp16") or {})) if block.get("enabled") is True]
+    given = [name for name in ("bf16", "fp16") if f"--{name}" in argv]
+    if on and given and given != on[:1]:
+        raise PartitaError(f"{where} enables {on[0]}; --{given[0]} disagrees (the engine casts the model to the "
+                           "JSON's dtype)")
+    if on and not given:
+        add.append(f"--{on[0]}")
+    zero = int((cfg.get("zero_optimization") or {}).get("stage", 0))
+    notes = [ZERO_WINS.format(_value(argv, "--zero-stage")[0], zero)] \
+        if _value(argv, "--zero-stage") not in (None, [str(zero)]) else []
+    dtype = on[0] if on else given[0] if given else "fp32"
+    if zero == 0 and dtype == "bf16" and "--no-pipeline-parallel" not in argv:
+        zero = 1  # BF16_Optimizer on the PipelineModule (module docstring)
+    fields["zero"] = zero
+    fields["overlap_grad_reduce"] = bool((cfg.get("zero_optimization") or {}).get("overlap_comm", zero == 3))
+    notes += list(ds_not_modelled(cfg))
+    return fields, add, notes
 
 
 def is_megatron_deepspeed(argv: list[str]) -> bool:
@@ -139,13 +238,16 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
     zero = _int("--zero-stage", zero_words, 0)
     if zero > 3:
         raise PartitaError(f"--zero-stage {zero}: DeepSpeed's ZeRO stages are 0-3")
+    cfg = ds_config(argv)
+    json_fields, json_flags, json_notes = merge_ds_config(argv, cfg) if cfg is not None else ({}, [], [])
     moe = _moe(argv)
     noted = {**NOT_MODELLED, **(MOE_NOT_MODELLED if moe and moe[0] == "--num-experts" else {})}
     notes = [f"{flag}: {what}" for flag, what in noted.items() if _value(argv, flag) is not None
              and not (flag == "--ds-sequence-parallel-size" and _value(argv, flag) == ["1"])]
-    if zero_words is None:
+    if zero_words is None and cfg is None:
         notes.append(ZERO_NOTE)
-    out = _without(argv, ("--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts", "--topk",
+    notes += json_notes
+    out = _without(argv + json_flags, ("--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts", "--topk",
                           "--moe-expert-parallel-size", "--expert-interval", "--mlp-type"))
     kv = _value(argv, "--num-key-value-heads")
     if kv is not None:
@@ -156,7 +258,7 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
     out += moe
     if not any(tok in FLASH for tok in argv):
         out += ["--attention-backend", "unfused"]
-    fields: dict[str, object] = {"zero": zero}
+    fields: dict[str, object] = {"zero": zero, **json_fields}
     if "--enable-zbh1-pipeline" in argv and _int("--pipeline-model-parallel-size",
                                                  _value(argv, "--pipeline-model-parallel-size"), 1) > 1:
         fields["schedule"] = "zero-bubble"

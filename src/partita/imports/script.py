@@ -31,7 +31,42 @@ def script_command(path: str, raw: str, args: list[str] | tuple[str, ...] = (), 
     if devices is None:
         _check_known(path, launcher, set(LAUNCHER_FLAGS), run, " (or --devices)")
     world = devices or launcher_world_size(launcher)
+    argv = inline_ds_config(path, argv, run)
     return shlex.join(["pretrain_gpt.py", *argv]), world, assumed_line(run) or ""
+
+
+#: Megatron-DeepSpeed's spellings of the DeepSpeed config path (megatron/arguments.py, deepspeed.add_config_arguments)
+DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed-config")
+
+
+def inline_ds_config(path: str, argv: list[str], run: ShellRun) -> list[str]:
+    """``argv`` with the value of ``--deepspeed_config FILE`` replaced by the file's content, base64
+    (URL-safe) encoded, where the script writes FILE itself (:attr:`ShellRun.files`: a here-document or
+    a ``sed`` over a template) or FILE is beside the script: DeepSpeed itself takes such a string as
+    its config (deepspeed/runtime/config.py ``DeepSpeedConfig.__init__``: a path that does not exist is
+    decoded with ``base64.urlsafe_b64decode``), so the command line stays one DeepSpeed accepts and
+    :mod:`.megatron_deepspeed` reads the JSON the run would load. A file neither written nor here is
+    left as the path (its ZeRO stage is then unknown, and said so)."""
+    import base64
+    from pathlib import Path
+    out = list(argv)
+    for i, tok in enumerate(out):
+        name, eq, inline = tok.partition("=")
+        if name not in DS_CONFIG_FLAGS or (not eq and i + 1 >= len(out)):
+            continue
+        value = inline if eq else out[i + 1]
+        text = run.files.get(value)
+        if text is None:
+            here = next((p for p in (Path(path).parent / value, Path(value)) if value and p.is_file()), None)
+            text = here.read_text(encoding="utf-8", errors="replace") if here else None
+        if text is None:
+            continue
+        encoded = base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii")
+        if eq:
+            out[i] = f"{name}={encoded}"
+        else:
+            out[i + 1] = encoded
+    return out
 
 
 def _run(path: str, raw: str, args: list[str], env: dict[str, str], run_script: bool) -> ShellRun:

@@ -29,6 +29,10 @@ class ShellRun:
     unknown: dict[str, str] = field(default_factory=dict)
     #: variables a condition read while unset (bash took them as empty): {"$NAME": "--env NAME=..."}
     assumed: dict[str, str] = field(default_factory=dict)
+    #: files the script writes itself, as bash would leave them: ``cat <<EOT > FILE`` (the here-document,
+    #: expanded unless its delimiter is quoted) and ``sed "s/A/B/g" TEMPLATE [| sed ...] > FILE`` over a
+    #: template that exists here; {the path as the script names it, expanded: its content}
+    files: dict[str, str] = field(default_factory=dict)
 
 
 class ShellError(ValueError):

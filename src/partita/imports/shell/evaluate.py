@@ -96,6 +96,9 @@ class _Evaluator(_Expander):
             self.status = int(self.status == 0)
         elif kind == "group":
             self.execute(node[1])
+        elif kind == "pipe":
+            if not self.pipe_to_file(node[1]):
+                self.execute(node[1])
         elif kind == "if":
             self.if_(node[1], node[2])
         elif kind == "case":
@@ -170,6 +173,8 @@ class _Evaluator(_Expander):
             return self.job(argv, heredocs[-1] if heredocs else None)
         if argv and argv[0] == "read" and heredocs:
             return self.read_heredoc(argv, heredocs[-1])
+        if argv and argv[0] in ("cat", "sed") and self.write_file(rest, self.filter_text(argv, heredocs, None)):
+            return 0
         return self.call(argv, rest, line) if argv else 0
 
     def job(self, argv: list[str], heredoc: str | None) -> int:
@@ -213,6 +218,79 @@ class _Evaluator(_Expander):
         if names:
             self.vars[names[-1]] = text.strip()
         return 1 if whole else 0
+
+    def _heredoc_body(self, heredoc: str) -> str:
+        """A here-document's text as bash feeds it: expanded, unless its delimiter was quoted."""
+        return heredoc[1:] if heredoc[0] == "Q" else self._heredoc_text(heredoc[1:])
+
+    def filter_text(self, argv: list[str], heredocs: list[str], stdin: str | None) -> str | None:
+        """What ``cat`` or ``sed`` (``s`` commands only) writes to its output, or None when the reader
+        cannot know it (a file not here, another sed command). Input: the files named (beside the
+        script first), else the here-document, else ``stdin`` (the pipe before it)."""
+        name, rest = argv[0], argv[1:]
+        scripts: list[str] = []
+        files: list[str] = []
+        k = 0
+        while k < len(rest):
+            a = rest[k]
+            if name == "sed" and a in ("-e", "--expression") and k + 1 < len(rest):
+                scripts.append(rest[k + 1])
+                k += 2
+                continue
+            if a.startswith("-") and a != "-":
+                return None  # sed -i / -n / -E, cat -n ...: not a plain copy or substitution
+            files.append(a)
+            k += 1
+        if name == "sed" and not scripts:
+            if not files:
+                return None
+            scripts.append(files.pop(0))
+        if files:
+            paths = [self._existing(f) for f in files]
+            if any(p is None for p in paths):
+                return None
+            text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in paths)
+        elif heredocs:
+            text = self._heredoc_body(heredocs[-1])
+        elif stdin is not None:
+            text = stdin
+        else:
+            return None
+        for script in scripts:
+            text = _sed_substitute(script, text)
+            if text is None:
+                return None
+        return text
+
+    def write_file(self, words: list[str], text: str | None) -> bool:
+        """Record ``text`` as the file of the command's ``> FILE`` / ``>> FILE`` (bash(1), "Redirecting
+        Output" / "Appending Redirected Output"); False when it has none or ``text`` is unknown."""
+        target = _stdout_target(words)
+        if target is None or text is None:
+            return False
+        path = self.expand_string(target[0])
+        self.run.files[path] = (self.run.files.get(path, "") if target[1] else "") + text
+        return True
+
+    def pipe_to_file(self, commands: list) -> bool:
+        """``cat``/``sed ... | sed ... > FILE``: the file each stage's output leads to, recorded; False
+        (the pipeline read as its commands) for any other pipeline."""
+        text: str | None = None
+        for i, node in enumerate(commands):
+            if node[0] != "cmd":
+                return False
+            words = node[1]
+            heredocs = [w[len(HEREDOC):] for w in words if w.startswith(HEREDOC)]
+            rest = [w for w in words if not w.startswith(HEREDOC)]
+            argv = [f for w in _drop_redirections(rest) for f in self.expand_word(w)]
+            if not argv or argv[0] not in ("cat", "sed"):
+                return False
+            text = self.filter_text(argv, heredocs, text if i else None)
+            if text is None:
+                return False
+            if i == len(commands) - 1:
+                return self.write_file(rest, text)
+        return False
 
     def inner_script(self, text: str, prefix: list[str]) -> int:
         """``bash -c TEXT`` (under ``srun``: each command of TEXT recorded after ``prefix``)."""
@@ -460,6 +538,69 @@ def _binary(sh: _Evaluator, a: str, op: str, raw_b: str, double: bool) -> bool:
         return re.search(b, a) is not None
     x, y = sh.arith(a or "0"), sh.arith(b or "0")
     return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
+
+
+def _stdout_target(words: list[str]) -> tuple[str, bool] | None:
+    """(the unexpanded target word, appended) of the last ``>`` / ``>>`` / ``1>`` redirection of
+    standard output among a command's words; None when its output goes elsewhere."""
+    found = None
+    for k, w in enumerate(words):
+        m = _REDIRECT.match(w)
+        if not m or m.end() == 0 or w.startswith(("'", '"')) or m.group(2):
+            continue
+        if m.group(1) not in (">", ">>") or w[:m.start(1)] not in ("", "1"):
+            continue
+        target = w[m.end():] or (words[k + 1] if k + 1 < len(words) else "")
+        if target:
+            found = (target, m.group(1) == ">>")
+    return found
+
+
+def _sed_substitute(script: str, text: str) -> str | None:
+    """``text`` through one sed ``s/REGEX/REPLACEMENT/[g]`` (GNU sed(1), "The s Command"): each line,
+    the first match (every match with ``g``) replaced, ``&`` the match. Only basic regular
+    expressions without groups, back-references or intervals (what ds_config templates use); None for anything
+    else (another command, other flags), so the file is left unknown rather than guessed."""
+    if len(script) < 4 or script[0] != "s":
+        return None
+    d = script[1]
+    parts, cur, k = [], "", 2
+    while k < len(script):
+        c = script[k]
+        if c == "\\" and k + 1 < len(script):
+            cur += script[k:k + 2] if script[k + 1] != d else d
+            k += 2
+            continue
+        if c == d:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+        k += 1
+    parts.append(cur)
+    if len(parts) != 3 or parts[2] not in ("", "g"):
+        return None
+    pattern, replacement = parts[0], parts[1]
+    if re.search(r"\\[(){}|+?]", pattern) or re.search(r"\\[1-9]", replacement):
+        return None
+    regex = "".join(re.escape(c) if c in "+?(){}|" else c for c in pattern)  # literal in a basic regex
+    def replace(m: re.Match) -> str:
+        out, j = "", 0
+        while j < len(replacement):
+            c = replacement[j]
+            if c == "\\" and j + 1 < len(replacement):
+                out += "\n" if replacement[j + 1] == "n" else replacement[j + 1]
+                j += 2
+                continue
+            out += m.group(0) if c == "&" else c
+            j += 1
+        return out
+    try:
+        compiled = re.compile(regex)
+    except re.error:
+        return None
+    count = 0 if parts[2] == "g" else 1
+    return "".join(compiled.sub(replace, line, count=count) for line in text.splitlines(keepends=True))
 
 
 def _drop_redirections(words: list[str]) -> list[str]:

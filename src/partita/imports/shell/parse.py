@@ -8,7 +8,8 @@ from .base import ShellError
 class _Parser:
     """Tokens -> nested tuples: ``("cmd", words, line)``, ``("andor", [node, op, node, ...])``,
     ``("if", [(cond, body), ...], else_body)``, ``("case", word, [(patterns, body), ...])``,
-    ``("for", name, words, body)``, ``("while", cond, body)``, ``("func", name, body)``, ``("group", body)``."""
+    ``("for", name, words, body)``, ``("while", cond, body)``, ``("func", name, body)``, ``("group", body)``,
+    ``("pipe", commands)`` (a pipeline: its commands in order)."""
 
     def __init__(self, tokens: list[tuple[str, str, int]]):
         self.toks, self.i = tokens, 0
@@ -58,7 +59,7 @@ class _Parser:
         while (t := self.peek()) is not None and t[0] == "op" and t[1] in ("|", "|&"):
             self.i += 1
             cmds.append(self.parse_command())
-        node = cmds[0] if len(cmds) == 1 else ("group", cmds)
+        node = cmds[0] if len(cmds) == 1 else ("pipe", cmds)
         return ("not", node) if negate else node
 
     def parse_command(self):
