@@ -80,6 +80,11 @@ field                       what it changes (where)
 ``fsdp2_stream_copies``     zero 3 is torch FSDP2: the all-gather's copy-out and the reduce-scatter's
                             copy-in run on the compute stream, beside no overlap
                             (:func:`.step._zero3_exposed`)
+``lora_fused_projections``  LoRA adapters sit on Megatron-Core's fused linear_qkv and linear_fc1,
+                            one per fused linear (megatron, mindspeed; a LoRA plan under megatron
+                            counts these, not PEFT's per-nn.Linear adapters: .finetune.lora_linears)
+``lora_fused_epilogue``     LoRA's scale and add are one compiled kernel (torchtitan, compiled)
+                            (:func:`.finetune.adapter_traffic`)
 ==========================  ==================================================================
 
 Entries: ``megatron`` (reference), ``mindspeed``, ``torchtitan`` (compiled blocks, the
