@@ -181,6 +181,13 @@ def test_named_mlp_recompute_time_is_the_mlps_forward():
     for fw in ("megatron", "torchtitan"):
         plan = _plan(mbs=b, seq_len=s, recompute="selective", recompute_modules="mlp", framework=fw)
         assert _recompute_flops(plan) == pytest.approx(counted, rel=1e-12)
+    # with tp the checkpointed MLP (transformer_layer.py _forward_mlp) reruns its forward collective: one
+    # more of the layer's four (attention and MLP, forward and backward) tp collectives
+    plan = _plan(dp=1, tp=2, sp=True, seq_len=s, recompute="selective", recompute_modules="mlp")
+    sel = stage_terms(MODEL, CLUSTER, plan)[0].dense.tp_comm
+    none = stage_terms(MODEL, CLUSTER, plan.with_(recompute="none", recompute_modules=""))[0].dense.tp_comm
+    host = CLUSTER.device.efficiency.tp_framework_us_per_layer * 1e-6
+    assert sel - none == pytest.approx((none - host) / 4, rel=1e-9) and sel > none
 
 
 def test_export_writes_what_the_estimate_priced_without_a_warning():

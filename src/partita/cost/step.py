@@ -284,6 +284,9 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
     skip_dense = last_gemm(model, dev, layer, False) if early and dense else (0.0, 0.0)
     skip_moe = last_gemm(model, dev, layer, True) if early and moe else (0.0, 0.0)
     n_dense_tp = 2 * (2 + rc_full) - ((0.5 if layer.sp else 1.0) if early else 0.0)
+    # Megatron's "mlp" module: the checkpointed MLP (transformer_layer.py _forward_mlp,
+    # tensor_parallel.checkpoint of self.mlp) reruns its forward tp collective too
+    n_dense_tp += 1 if "mlp" in shape.modules else 0
     # fp8 tensorwise tp under torchao's float8 TP: each block's all-gather (forward, and the
     # gradient's before wo / w2 backward) moves 1-byte elements; its reduce-scatter stays 16-bit.
     # A MoE layer's tp collectives are its attention block's, and torchtitan's apply_non_moe_tp
