@@ -422,7 +422,7 @@ def selective_modules(framework: str, recompute: str, recompute_modules: str) ->
       self.recompute_modules = ["core_attn"]``); core_v0.12.1 (MindSpeed-LLM's) l.723-724. With
       selective granularity attention.py (d98e8a64dd l.392-395, core_v0.12.1 l.137-140) sets
       ``checkpoint_core_attention`` and wraps only the core attention in
-      ``_checkpointed_attention_forward`` (l.446-492: ``tensor_parallel.checkpoint`` of
+      ``_checkpointed_attention_forward`` (l.446-497: ``tensor_parallel.checkpoint`` of
       ``_run_core_attention``), the Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4.2 scheme;
     * any other framework (partita, torchtitan, deepspeed, internevo, mindformers): op-level
       selective activation checkpointing (torchtitan's "op" SAC, partita's runtime), empty.
