@@ -282,8 +282,10 @@ HELD_OUT: dict[str, list[tuple[str, str, dict, int | None, object]]] = {
         ("examples_deepspeed/universal_checkpointing/megatron_gpt/run_bf16.sh", "", {}, None,
          dict(dp=2, tp=2, pp=2, cp=1, zero=1, mbs=2, gbs=16, seq_len=512, recompute="full", dtype="bf16",
               attention="unfused", framework="deepspeed", model="read")),
-        ("examples_deepspeed/pretrain_llama2_distributed.sh", "", {}, None,  # the vocabulary: its tokenizer.model
-         dict(dp=2, tp=2, pp=2, zero=0, mbs=4, gbs=32, seq_len=2048, dtype="bf16", model="named")),
+        # the vocabulary: its tokenizer.model; zero 1: its JSON's bf16 at stage 0 on the PipelineModule is DeepSpeed's
+        # BF16_Optimizer (deepspeed runtime/engine.py _do_optimizer_sanity_check), partitioned as ZeRO-1
+        ("examples_deepspeed/pretrain_llama2_distributed.sh", "", {}, None,
+         dict(dp=2, tp=2, pp=2, zero=1, mbs=4, gbs=32, seq_len=2048, dtype="bf16", model="named")),
         ("examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_MoE128.sh", "", {}, 64,
          dict(dp=64, ep=64, zero=0, mbs=8, gbs=512, seq_len=2048, dtype="fp16", recompute="full", model="read")),
         ("examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh", "", {}, 64, "named"),  # pyramid MoE
@@ -405,9 +407,12 @@ def held_out(checkouts: dict[str, Path]) -> dict[str, dict[str, int]]:
 
 
 def _sidecars(repo: Path, name: str, text: str) -> list[str]:
-    """The files a held-out file reads beside itself: a FlagScale experiment's ``train/NAME.yaml``."""
+    """The files a held-out file reads beside itself: a FlagScale experiment's ``train/NAME.yaml``, a
+    Megatron-DeepSpeed script's ds_config template (``template_json=...``, which it ``sed``s)."""
     found = re.findall(r"^\s*-\s*train:\s*(\S+)", text, re.MULTILINE)
-    return [str(Path(name).parent / "train" / f"{found[-1]}.yaml")] if found else []
+    templates = re.findall(r"^template_json=\"?([\w.-]+\.json)", text, re.MULTILINE)  # Megatron-DeepSpeed's sed
+    return [str(Path(name).parent / "train" / f"{found[-1]}.yaml")] if found else \
+        [str(Path(name).parent / t) for t in templates[-1:]]
 
 
 #: ModelZoo's model names -> Partita presets (the YAMLs leave the vocabulary to the tokenizer).

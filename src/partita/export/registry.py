@@ -65,9 +65,14 @@ def target_names() -> list[str]:
     return [t.name for t in TARGETS]
 
 
+#: Frameworks ``partita import`` reads but Partita does not export to (partita.imports.load reads them by name:
+#: nanotron's YAML Config tree, InternEvo's Python config).
+IMPORT_ONLY: tuple[str, ...] = ("nanotron", "internevo")
+
+
 def importable_names() -> list[str]:
-    """The targets with an importer (the ``choices`` of ``import --from``)."""
-    return [t.name for t in TARGETS if t.importer is not None]
+    """The targets with an importer, then the import-only frameworks (the ``choices`` of ``import --from``)."""
+    return [t.name for t in TARGETS if t.importer is not None] + list(IMPORT_ONLY)
 
 
 def targets_help() -> str:

@@ -23,16 +23,20 @@ Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of t
   string DeepSpeed accepts for ``--deepspeed_config``), it is read (:func:`merge_ds_config`) and merged
   as the run merges it: the engine is built from the JSON alone (megatron/training.py
   ``_create_ds_config_dict`` l.73-87 and ``deepspeed.initialize(..., config=args.deepspeed_config_dict)``
-  l.604-624), so the **ZeRO stage, offload and overlap_comm are the JSON's** (``--zero-stage``, default 1
-  at arguments.py l.1487, only selects Megatron's own optimizer statistics, training.py l.1056); the
-  **micro-batch and global batch** are both sides': Megatron's loader yields ``--micro-batch-size``
-  samples and the engine steps after the JSON's accumulation steps, so a JSON value that differs from
-  the flag is the run's error (DeepSpeed's ``_batch_assertion``, runtime/config.py: ``train_batch_size
-  == micro x accumulation x data-parallel ranks``), a JSON value the command line does not give fills it;
-  the **dtype** is the JSON's (the engine casts the model to its ``bf16``/``fp16``, runtime/engine.py),
-  a command line enabling the other one is refused; **recompute** stays the command line's
-  (``--checkpoint-activations`` / ``--deepspeed-activation-checkpointing`` / ``--recompute-*`` turn it
-  on; the JSON's ``activation_checkpointing`` only configures it, megatron/initialize.py l.186-190),
+  l.606-624), so the **ZeRO stage, offload and overlap_comm are the JSON's** (``offload_optimizer`` on
+  the host: ``optimizer_offload`` 1, the inverse of Partita's DeepSpeed export; ``--zero-stage``, default
+  1 at arguments.py l.1487, only selects Megatron's own optimizer statistics, training.py l.1056); the
+  **global batch is the command line's** (training.py l.1252-1258 calls the engine's
+  ``set_train_batch_size(dp x --micro-batch-size x micro-batches)`` every iteration; without
+  ``--global-batch-size`` Megatron's default is micro x dp, arguments.py l.166): the JSON's
+  ``train_batch_size`` is only checked as DeepSpeed checks it at start (``_batch_assertion``,
+  runtime/config.py: a multiple of micro x accumulation) and named where it differs; the **micro-batch
+  is both sides'**: Megatron's loader yields ``--micro-batch-size`` samples while the engine counts
+  accumulation in the JSON's ``train_micro_batch_size_per_gpu``, so a difference is one line;
+  the **dtype** is the JSON's where it enables one (the engine casts the parameters to its
+  ``bf16``/``fp16``, runtime/engine.py ``_configure_distributed_model``), a disagreeing flag named;
+  **recompute** stays the command line's (``--checkpoint-activations`` /
+  ``--deepspeed-activation-checkpointing`` / ``--recompute-*`` turn it on; the JSON's ``activation_checkpointing`` only configures it, megatron/initialize.py l.186-190),
   its ``cpu_checkpointing`` named. bf16 at ZeRO 0 on the ``PipelineModule`` the fork builds under
   ``--deepspeed`` (pretrain_gpt.py l.51, unless ``--no-pipeline-parallel``) is DeepSpeed's
   ``BF16_Optimizer`` (runtime/engine.py ``_do_optimizer_sanity_check``): ZeRO-1, as
@@ -100,16 +104,17 @@ def ds_config(argv: list[str]) -> dict | None:
     except json.JSONDecodeError as e:
         line = text.splitlines()[e.lineno - 1].strip() if 0 < e.lineno <= len(text.splitlines()) else ""
         raise PartitaError(f"the --deepspeed_config file the script writes is not JSON when read (line {e.lineno}: "
-                           f"{line[:60]!r}; a variable with no value? --env sets it)") from None
+                           f"{line[:60]!r}: a placeholder the script leaves, which DeepSpeed refuses too, or a "
+                           "variable with no value, which --env sets)") from None
     if not isinstance(cfg, dict):
         raise PartitaError("the --deepspeed_config file the script writes must hold a JSON object")
     return cfg
 
 
-def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list[str], list[str]]:
-    """(plan fields, the flags to add to the command line, notes) of the ds_config ``cfg`` merged with
-    the command line as the run merges them (module docstring); a batch or dtype that DeepSpeed and
-    Megatron would disagree on is one line."""
+def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list[str], list[str], list[str]]:
+    """(plan fields, the switches to add to the command line, those to remove from it, notes) of
+    the ds_config ``cfg`` merged with the command line as the run merges them (module docstring); a
+    batch DeepSpeed refuses, or a micro-batch the JSON and the flag disagree on, is one line."""
     from .deepspeed import check_ds_config, ds_not_modelled
     where = "the --deepspeed_config JSON"
     check_ds_config(where, cfg)
@@ -120,39 +125,43 @@ def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list
                            "Megatron-DeepSpeed passes the file as it is")
     micro = _int("--micro-batch-size", _value(argv, "--micro-batch-size"), 0) or None
     glob = _int("--global-batch-size", _value(argv, "--global-batch-size"), 0) or None
+    if t is not None and m is not None and t % (m * (g or 1)):
+        raise PartitaError(f"DeepSpeed refuses this batch: {where}'s train_batch_size {t} is not "
+                           f"train_micro_batch_size_per_gpu {m} x gradient_accumulation_steps {g or 'g'} x "
+                           "data-parallel ranks (runtime/config.py _batch_assertion)")
     if m is not None and micro is not None and m != micro:
         raise PartitaError(f"{where} sets train_micro_batch_size_per_gpu {m}; --micro-batch-size {micro} disagrees "
-                           "(the engine steps after the JSON's micro-batches, the loader yields the flag's)")
+                           "(the engine counts its accumulation in the JSON's micro-batches, the loader yields the "
+                           "flag's: the step's batch is neither)")
+    notes: list[str] = []
     if t is not None and glob is not None and t != glob:
-        raise PartitaError(f"{where} sets train_batch_size {t}; --global-batch-size {glob} disagrees (DeepSpeed "
-                           "asserts train_batch_size == micro x accumulation x data-parallel ranks)")
-    if t is not None and m is not None and g is not None and t % (m * g):
-        raise PartitaError(f"DeepSpeed refuses this batch: train_batch_size {t} is not train_micro_batch_size_per_gpu "
-                           f"{m} x gradient_accumulation_steps {g} x data-parallel ranks")
-    fields: dict[str, object] = {}
-    add: list[str] = []
-    if micro is None and m is not None:
-        add += ["--micro-batch-size", str(m)]
-    if glob is None and t is not None:
-        add += ["--global-batch-size", str(t)]
+        notes.append(f"train_batch_size {t} of {where}: replaced by --global-batch-size {glob} (megatron/training.py "
+                     "l.1252-1258 sets the engine's batch to dp x micro x micro-batches every iteration)")
     bf16 = (cfg.get("bf16") if cfg.get("bf16") is not None else cfg.get("bfloat16")) or {}
     on = [name for name, block in (("bf16", bf16), ("fp16", cfg.get("fp16") or {})) if block.get("enabled") is True]
     given = [name for name in ("bf16", "fp16") if f"--{name}" in argv]
-    if on and given and given != on[:1]:
-        raise PartitaError(f"{where} enables {on[0]}; --{given[0]} disagrees (the engine casts the model to the "
-                           "JSON's dtype)")
-    if on and not given:
+    add: list[str] = []
+    drop: list[str] = []
+    if on and given != on[:1]:
         add.append(f"--{on[0]}")
+        drop += [f"--{name}" for name in given if name != on[0]]
+        if drop:
+            notes.append(f"{drop[0]}: {where} enables {on[0]}, and the engine casts the parameters to it "
+                         "(deepspeed runtime/engine.py _configure_distributed_model): read as " + on[0])
     zero = int((cfg.get("zero_optimization") or {}).get("stage", 0))
-    notes = [ZERO_WINS.format(_value(argv, "--zero-stage")[0], zero)] \
-        if _value(argv, "--zero-stage") not in (None, [str(zero)]) else []
+    if _value(argv, "--zero-stage") not in (None, [str(zero)]):
+        notes.append(ZERO_WINS.format(_value(argv, "--zero-stage")[0], zero))
     dtype = on[0] if on else given[0] if given else "fp32"
     if zero == 0 and dtype == "bf16" and "--no-pipeline-parallel" not in argv:
         zero = 1  # BF16_Optimizer on the PipelineModule (module docstring)
-    fields["zero"] = zero
+    fields: dict[str, object] = {"zero": zero}
     fields["overlap_grad_reduce"] = bool((cfg.get("zero_optimization") or {}).get("overlap_comm", zero == 3))
-    notes += list(ds_not_modelled(cfg))
-    return fields, add, notes
+    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer")
+    if zero >= 1 and isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme"):
+        fields["optimizer_offload"] = 1.0  # ZeRO-Offload: every optimizer state on the host (export/deepspeed.py)
+    notes += [n for n in ds_not_modelled(cfg)
+              if not ("optimizer_offload" in fields and n.startswith("zero_optimization.offload_optimizer"))]
+    return fields, add, drop, notes
 
 
 def is_megatron_deepspeed(argv: list[str]) -> bool:
@@ -239,7 +248,7 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
     if zero > 3:
         raise PartitaError(f"--zero-stage {zero}: DeepSpeed's ZeRO stages are 0-3")
     cfg = ds_config(argv)
-    json_fields, json_flags, json_notes = merge_ds_config(argv, cfg) if cfg is not None else ({}, [], [])
+    json_fields, json_flags, dropped, json_notes = merge_ds_config(argv, cfg) if cfg is not None else ({}, [], [], [])
     moe = _moe(argv)
     noted = {**NOT_MODELLED, **(MOE_NOT_MODELLED if moe and moe[0] == "--num-experts" else {})}
     notes = [f"{flag}: {what}" for flag, what in noted.items() if _value(argv, flag) is not None
@@ -247,8 +256,9 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
     if zero_words is None and cfg is None:
         notes.append(ZERO_NOTE)
     notes += json_notes
-    out = _without(argv + json_flags, ("--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts", "--topk",
-                          "--moe-expert-parallel-size", "--expert-interval", "--mlp-type"))
+    out = _without([tok for tok in argv if tok not in dropped] + json_flags,
+                   ("--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts", "--topk",
+                    "--moe-expert-parallel-size", "--expert-interval", "--mlp-type"))
     kv = _value(argv, "--num-key-value-heads")
     if kv is not None:
         out += ["--group-query-attention", "--num-query-groups", str(_int("--num-key-value-heads", kv, 1))]

@@ -6,7 +6,9 @@ with their own contents, ``${VAR:-x}`` / ``${VAR:=x}`` / ``${VAR:+x}`` / ``${#VA
 trims, ``$((...))``, ``\\`` continuations, ``if``/``elif``/``else``, ``case``, ``for``, ``[ ]`` and
 ``[[ ]]`` tests, ``&&`` / ``||`` / ``!``, ``while`` / ``break``, shell functions, positional arguments
 and ``shift`` / ``set --``, ``source`` of files that exist, ``$(...)`` that only prints, and the job
-scripts of ``sbatch <<EOF`` / ``bash -c`` / ``srun ... bash -c`` (``#SBATCH`` flags given to ``srun``).
+scripts of ``sbatch <<EOF`` / ``bash -c`` / ``srun ... bash -c`` (``#SBATCH`` flags given to ``srun``), and
+the files a script writes itself (``cat <<EOT > FILE``, ``sed "s/A/B/g" TEMPLATE | sed ... > FILE``:
+:attr:`ShellRun.files`, e.g. the ds_config a Megatron-DeepSpeed script passes as ``--deepspeed_config``).
 Commands are never executed: every command the script would run is recorded with its expanded argv
 (:attr:`ShellRun.commands`), so the launcher and the training entry point are found as bash would
 call them. What cannot be known without running the script (a variable with no value, another
