@@ -389,6 +389,12 @@ ERRATA: tuple[tuple[str, str, str, str, str], ...] = (
      "NVIDIA/dgxc-benchmarking nemotron/README_340b.md, 'maintain these values ... "
      "training.model.virtual_pipeline_model_parallel_size=12' (tp 8, pp 8, mbs 1, gbs = nodes x 2, "
      "the layout of these rows); the v25.04.02 results table prints VP=NA, the run config sets 12"),
+    ("mindformers", "TeleChat2-115B", "vpp", "3",
+     "mindspore-lab/mindformers research/telechat2/telechat2-115b/finetune_telechat_115b.yaml at bff73eaf6 (the "
+     "row's linked yaml): parallel.pipeline_config.pipeline_interleave True and model_config.pp_interleave_num 3; "
+     "research/telechat2/telechat.py passes it to LayerSetting, which splits each of the 8 stages into 3 "
+     "interleaved chunks (mindformers/parallel_core/training_graph/transformer/utils.py); the README table "
+     "prints no layout. The only MindFormers row with pp > 1 whose yaml sets pipeline_interleave"),
 )
 
 
