@@ -433,4 +433,7 @@ def read_msprof_outputs(output_dir: str | Path) -> dict:
             value = reader(d / name)
             if value:
                 out[key] = value
+    if not out:  # the export_type=db capture: the same summaries from analysis.db and the profiler db
+        from .ascend_db import read_db_outputs
+        out = read_db_outputs(d)
     return out

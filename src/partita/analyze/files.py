@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PartitaError
+from .ascend_db import find_db, is_db, load_db_trace
 
 #: default limit on the traces' JSON text together (decompressed). Measured on this 2-core
 #: machine: 165 MB (810k events) load in 8-30 s and analyse in 15-35 s more with ~1 GB of
@@ -35,6 +36,8 @@ ASCEND_OUTPUT = "ASCEND_PROFILER_OUTPUT"
 ASCEND_TRACE = "trace_view.json"
 #: Kineto's own file names, looked for recursively when a directory holds no trace itself
 KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+#: where msprof (without torch_npu) writes its msprof_*.db
+MSPROF_OUTPUT = "mindstudio_profiler_output"
 
 
 @dataclass
@@ -55,12 +58,16 @@ def _ascend_traces(path: Path) -> list[Path]:
     directory of them (searched recursively)."""
     if path.name == ASCEND_OUTPUT:
         if not (path / ASCEND_TRACE).is_file():
-            raise PartitaError(f"{path} holds no {ASCEND_TRACE} (export the torch_npu profile with "
-                               "export_type='text')")
+            db = find_db(path)  # the export_type=db capture (partita.analyze.ascend_db)
+            if db is not None:
+                return [db]
+            raise PartitaError(f"{path} holds no {ASCEND_TRACE} nor ascend_pytorch_profiler_<rank>.db (export the "
+                               "torch_npu profile with export_type='text' or 'db')")
         return [path / ASCEND_TRACE]
     if (path / ASCEND_OUTPUT).is_dir():
         return _ascend_traces(path / ASCEND_OUTPUT)
-    return sorted(path.rglob(f"{ASCEND_OUTPUT}/{ASCEND_TRACE}"))
+    return [t for d in sorted(path.rglob(ASCEND_OUTPUT)) if d.is_dir() and ((d / ASCEND_TRACE).is_file() or find_db(d))
+            for t in _ascend_traces(d)] or sorted(p for p in path.rglob(f"{MSPROF_OUTPUT}/*.db") if is_db(p))
 
 
 def find_trace_files(inputs: list[str]) -> list[Path]:
@@ -263,9 +270,12 @@ def load_rank_traces(inputs: list[str], max_mb: int = DEFAULT_MAX_MB) -> list[Ra
     budget = max_mb * 2**20
     files = find_trace_files(inputs)
     for i, path in enumerate(files):
-        doc = load_chrome_trace(path, budget, "" if not out else f"takes the {len(out) + 1} traces past {max_mb} MB "
-                                                                 "of JSON together")
-        budget -= doc.pop("_bytes")
+        if path.suffix == ".db":  # torch_npu's export_type=db: its tables rebuilt as trace_view.json's events
+            doc = normalise_npu_trace(load_db_trace(path))
+        else:
+            doc = load_chrome_trace(path, budget, "" if not out else f"takes the {len(out) + 1} traces past "
+                                                                     f"{max_mb} MB of JSON together")
+            budget -= doc.pop("_bytes")
         capture = ascend_capture(path)
         capture_dir = msprof_dir = None
         if capture:

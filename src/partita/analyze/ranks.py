@@ -80,6 +80,8 @@ def _memory(rt: RankTrace) -> dict:
         record = read_memory_record(Path(rt.msprof_dir) / "memory_record.csv")
         if record:
             return record
+    if rt.msprof_dir and (record := read_msprof_outputs(rt.msprof_dir).get("memory_record")):
+        return record  # the export_type=db capture's MEMORY_RECORD table
     return memory_timeline(rt.trace)
 
 
