@@ -132,6 +132,11 @@ def test_bad_databases_are_one_line_errors(tmp_path, capsys):
         con.execute("CREATE TABLE STRING_IDS (id INTEGER PRIMARY KEY, value TEXT)")
     con.close()
     assert "has no TASK table" in _cli_error(capsys, tmp_path)
+    with sqlite3.connect(db) as con:   # the tables, without a device task (a CPU-only profile)
+        con.execute("CREATE TABLE TASK (startNs INTEGER, endNs INTEGER, deviceId INTEGER, connectionId INTEGER, "
+                    "globalTaskId INTEGER, streamId INTEGER, taskType INTEGER)")
+    con.close()
+    assert "holds no device tasks" in _cli_error(capsys, db)
     # msprof's summary database alone is not a capture
     assert "has no TASK or STRING_IDS table" in _cli_error(capsys, _out(0) / "analysis.db")
 

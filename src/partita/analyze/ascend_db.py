@@ -159,6 +159,9 @@ def load_db_trace(path: str | Path) -> dict:
             events.append(_event(PID_HARDWARE, stream, name, start, end, {"Task Type": task_type}))
             if gid in compute:
                 connected[conn] = (PID_HARDWARE, stream, events[-1]["ts"])
+        if not streams:
+            raise PartitaError(f"{path} holds no device tasks (TASK is empty): nothing to analyse (profile with "
+                               "ProfilerActivity.NPU)")
         events += [_meta(PID_HARDWARE, t, "thread_name", f"Stream {t}") for t in sorted(streams)]
         if "COMMUNICATION_OP" in tables:
             events.append(_meta(PID_HCCL, None, "process_name", "HCCL"))
