@@ -129,6 +129,20 @@ def test_zero_offload_of_the_json_is_the_optimizer_on_the_host(tmp_path: Path) -
     assert (plan.zero, plan.optimizer_offload) == (2, 1.0)
 
 
+@pytest.mark.parametrize("edit, needle", [
+    # DeepSpeed's start-up assertion: train_batch_size a multiple of micro x accumulation (runtime/config.py)
+    (('"train_batch_size" : $GLOBAL_BATCH_SIZE', '"train_batch_size" : 30'), "DeepSpeed refuses this batch"),
+    (('"train_micro_batch_size_per_gpu": $MICRO_BATCH_SIZE', '"train_micro_batch_size_per_gpu": 2'),
+     "train_micro_batch_size_per_gpu 2; --micro-batch-size 4 disagrees"),
+    (('"stage": $ZERO_STAGE', '"stage": $UNSET_STAGE'), "not JSON when read"),  # bash writes '"stage": ,' too
+    (('"stage": $ZERO_STAGE', '"stage": 5'), "zero_optimization.stage"),  # DeepSpeed's stages are 0-3
+])
+def test_a_json_the_run_refuses_is_one_line(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
+    with pytest.raises(PartitaError) as e:
+        _read(tmp_path, LLAMA2.replace(*edit))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
 # microsoft/Megatron-DeepSpeed@f4157be:examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_dense_cl.sh l.239-251 (the sed
 # over ds_config_gpt_TEMPLATE.json of the same folder) with its command line trimmed to the layout.
 TEMPLATE_JSON = """{
@@ -195,3 +209,12 @@ def test_import_from_names_nanotron_and_internevo(tmp_path: Path, capsys: pytest
     assert main(["import", "--from", "nanotron", str(tmp_path / "config.txt"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # the values test_import_survey2_nanotron.py reads by hand
     assert (out["dp"], out["tp"], out["mbs"], out["gbs"], out["seq_len"]) == (2, 2, 3, 6, 4096)
+
+
+def test_run_script_keeps_the_config_the_script_wrote(tmp_path: Path) -> None:
+    # --run-script: bash itself writes the file in the scratch directory; it is read before that is deleted
+    path = tmp_path / "run.sh"
+    # BASE_PATH=. : bash cannot write ./tmp/deepspeed.json where ./tmp does not exist (set -e stops the script)
+    path.write_text(LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 2').replace("BASE_PATH=./tmp", "BASE_PATH=."))
+    read = load_config(str(path), run_script=True)
+    assert (read.plan.zero, read.plan.mbs, read.plan.gbs, read.plan.dtype) == (2, 4, 32, "bf16")

@@ -149,6 +149,8 @@ def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list
             notes.append(f"{drop[0]}: {where} enables {on[0]}, and the engine casts the parameters to it "
                          "(deepspeed runtime/engine.py _configure_distributed_model): read as " + on[0])
     zero = int((cfg.get("zero_optimization") or {}).get("stage", 0))
+    if zero > 3:
+        raise PartitaError(f"{where}: zero_optimization.stage {zero}: DeepSpeed's ZeRO stages are 0-3")
     if _value(argv, "--zero-stage") not in (None, [str(zero)]):
         notes.append(ZERO_WINS.format(_value(argv, "--zero-stage")[0], zero))
     dtype = on[0] if on else given[0] if given else "fp32"

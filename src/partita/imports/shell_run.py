@@ -62,7 +62,24 @@ def run_script(path: str, args: list[str], env: dict[str, str], timeout_s: float
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             raise ShellError(f"the script ran over {timeout_s:g} s under --run-script (waiting on something?)") from None
-        return ShellRun(commands=_commands(record.read_bytes()))
+        commands = _commands(record.read_bytes())
+        return ShellRun(commands=commands, files=_written_configs(commands, Path(scratch)))
+
+
+def _written_configs(commands: list[list[str]], scratch: Path) -> dict[str, str]:
+    """The ``--deepspeed_config`` files the script wrote inside its scratch directory (read before it is
+    deleted; a path outside it is not read), as :attr:`ShellRun.files` holds them for the static reader."""
+    out: dict[str, str] = {}
+    for argv in commands:
+        for i, tok in enumerate(argv):
+            name, eq, inline = tok.partition("=")
+            if name not in ("--deepspeed_config", "--deepspeed-config") or (not eq and i + 1 >= len(argv)):
+                continue
+            value = inline if eq else argv[i + 1]
+            path = (scratch / value).resolve()
+            if path.is_relative_to(scratch.resolve()) and path.is_file() and path.stat().st_size < 1 << 20:
+                out[value] = path.read_text(encoding="utf-8", errors="replace")
+    return out
 
 
 def _commands(data: bytes) -> list[list[str]]:
