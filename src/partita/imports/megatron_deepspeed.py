@@ -99,6 +99,8 @@ def ds_config(argv: list[str]) -> dict | None:
         text = base64.urlsafe_b64decode(words[0].encode("ascii")).decode("utf-8")
     except (binascii.Error, UnicodeError, ValueError):
         return None
+    if not text.lstrip().startswith("{"):
+        return None  # a path that happens to decode: not a config written here
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as e:
