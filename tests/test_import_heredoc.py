@@ -127,6 +127,12 @@ def test_zero_offload_of_the_json_is_the_optimizer_on_the_host(tmp_path: Path) -
     text = LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 2, "offload_optimizer": {"device": "cpu"}')
     plan = _read(tmp_path, text).plan
     assert (plan.zero, plan.optimizer_offload) == (2, 1.0)
+    # Megatron-DeepSpeed@f4157be examples_deepspeed/offload_pp/ds_config_gpt_TEMPLATE.json: ZeRO-3, 30 % offloaded
+    # ("ratio", DeepSpeed's partial offload); the script passes --cpu-optimizer beside it
+    text = LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}')
+    read = _read(tmp_path, text.replace("       $ds_args", "       --cpu-optimizer $ds_args"))
+    assert (read.plan.zero, read.plan.optimizer_offload) == (3, 0.3)
+    assert not any("not read" in n for n in read.not_modelled)
 
 
 @pytest.mark.parametrize("edit, needle", [

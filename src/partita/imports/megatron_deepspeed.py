@@ -162,7 +162,14 @@ def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list
     fields["overlap_grad_reduce"] = bool((cfg.get("zero_optimization") or {}).get("overlap_comm", zero == 3))
     offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer")
     if zero >= 1 and isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme"):
-        fields["optimizer_offload"] = 1.0  # ZeRO-Offload: every optimizer state on the host (export/deepspeed.py)
+        # ZeRO-Offload: the optimizer states on the host, all of them unless "ratio" (deepspeed
+        # runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig.ratio, default 1.0, ZeRO-3's
+        # partial offload) says which share: the plan's optimizer_offload fraction
+        ratio = offload.get("ratio", 1.0)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise PartitaError(f"{where}: zero_optimization.offload_optimizer.ratio must be a number from 0 to 1, "
+                               f"got {ratio!r}"[:200])
+        fields["optimizer_offload"] = float(ratio)
     notes += [n for n in ds_not_modelled(cfg)
               if not ("optimizer_offload" in fields and n.startswith("zero_optimization.offload_optimizer"))]
     return fields, add, drop, notes
@@ -259,6 +266,9 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
              and not (flag == "--ds-sequence-parallel-size" and _value(argv, flag) == ["1"])]
     if zero_words is None and cfg is None:
         notes.append(ZERO_NOTE)
+    if cfg is not None:  # the JSON is read: its offload is the plan's (merge_ds_config)
+        notes = [n.replace("the ZeRO-Offload of the ds_config is not read: more device memory than the run",
+                           "the optimizer memory is the --deepspeed_config JSON's offload_optimizer") for n in notes]
     notes += json_notes
     out = _without([tok for tok in argv if tok not in dropped] + json_flags,
                    ("--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts", "--topk",
