@@ -140,7 +140,6 @@ def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: b
         routed = mo.top_k * (e * h * shape.etp + e * mats * mo.expert_ffn_hidden) / tp
         shared = mo.shared_experts * e * mats * mo.shared_ffn_hidden / tp
         inside += routed + shared + FP32_BYTES * mo.num_experts / tp  # router probabilities (fp32)
-        inside += torchtitan_moe_body_bytes_per_token(model, shape)
     else:
         inside += e * mats * model.ffn_hidden / tp
     full = tokens * (outside / out_div + inside)
@@ -156,42 +155,6 @@ def activation_bytes(model: ModelSpec, shape: LayerShape, recompute: str, moe: b
         kept_inside = e * (model.q_dim + model.kv_dim + model.attn_out_dim + ffn) / tp + FP32_BYTES * model.heads / tp
         return tokens * (e * 2 * h / out_div + kept_inside)
     return full
-
-
-#: Frameworks whose MoE layer is torchtitan's ``MoE`` (:func:`torchtitan_moe_body_bytes_per_token`).
-TORCHTITAN_MOE_FRAMEWORKS = frozenset({"torchtitan", "torchtitan-eager", "torchtitan-eager-loss"})
-
-
-def torchtitan_moe_body_bytes_per_token(model: ModelSpec, shape: LayerShape) -> float:
-    """Bytes per token that torchtitan's ``MoE.forward`` body saves for backward beyond the
-    experts' GEMM inputs and intermediates and the router probabilities: ``k (4 h + 20)``
-    (``/ tp``), 0 for other frameworks or a dense layer.
-
-    torchtitan compiles the MoE's router, reorderer and shared experts and the grouped-GEMM
-    experts function separately, but the body between them runs eager with or without
-    compile (``apply_compile``, torchtitan/models/llama4/infra/parallelize.py at commit
-    cbdb3113, lines 517-576: ``if attr_name == "experts": continue`` and the separate
-    ``torch.compile(moe_module._run_experts_grouped_mm)``). The body
-    (torchtitan/models/moe/moe.py at the same commit, ``MoE.forward``, lines 405-480):
-
-    * ``score_before_experts`` (Llama 4's default): ``routed_input.to(torch.float32) *
-      top_scores_experts_sorted.reshape(-1, 1)``; the product's autograd node saves both
-      factors: an fp32 copy of the ``k`` routed rows of each token (``4 k h``) and the
-      sorted fp32 scores (``4 k``);
-    * otherwise (DeepSeek-V3): ``torch.bmm(top_scores.reshape(-1, 1, k),
-      routed_output_unsorted.float())`` saves the fp32 copy of the routed outputs (``4 k
-      h``) and the scores (``4 k``);
-    * either way the gather ``x[token_indices_experts_sorted // top_k]`` saves its int64
-      index (``8 k``) and the scatter ``routed_output_unsorted[token_indices_experts_sorted]
-      = routed_output`` its own (``8 k``).
-
-    Pinned by ``saved_tensors_hooks`` on a re-statement of that body
-    (tests/test_moe_peak_memory.py). The routed tokens are the rank's own ``k`` per token
-    (balanced routing, as the experts' term assumes)."""
-    if shape.framework not in TORCHTITAN_MOE_FRAMEWORKS or model.moe is None:
-        return 0.0
-    k = model.moe.top_k
-    return k * (FP32_BYTES * model.hidden + FP32_BYTES + 2 * 8) / shape.tp
 
 
 def eager_extra_bytes(model: ModelSpec, shape: LayerShape, moe: bool) -> float:
