@@ -33,8 +33,13 @@ def _out(rank: int) -> Path:
 
 
 def _sql(path: Path, query: str) -> list[tuple]:
-    with sqlite3.connect(path) as con:
+    """Plain SQL on a capture, opened read-only and immutable so that no -shm / -wal file is left
+    beside it (``with sqlite3.connect(..)`` commits but does not close)."""
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    try:
         return con.execute(query).fetchall()
+    finally:
+        con.close()
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +158,18 @@ def test_a_database_of_several_devices_is_refused(tmp_path, capsys):
         con.executemany("INSERT INTO TASK VALUES (?, ?, ?, 0, ?, 2, 0)", [(0, 10, 0, 1), (5, 20, 3, 2)])
     con.close()
     assert "holds the tasks of 2 devices (0, 3)" in _cli_error(capsys, tmp_path)
+
+
+def test_reading_a_capture_leaves_no_files_beside_it(tmp_path):
+    """torch_npu's databases are in WAL mode (header bytes 18-19, the read/write format versions,
+    are 2 = WAL: https://www.sqlite.org/fileformat2.html#database_header); a plain SQLite open of
+    one creates ``-shm`` / ``-wal`` files beside it. Reading a copy must leave the directory
+    listing exactly as it was."""
+    import shutil
+    copy = tmp_path / "capture"
+    shutil.copytree(DATA, copy)
+    db = next(copy.rglob("ascend_pytorch_profiler_0.db"))
+    assert db.read_bytes()[18:20] == b"\x02\x02"
+    before = sorted(p.relative_to(copy) for p in copy.rglob("*"))
+    assert len(analyze_traces([str(copy)])[0]["ranks"]) == 2
+    assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before

@@ -73,8 +73,13 @@ def is_db(path: Path) -> bool:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    """Open the capture read-only and ``immutable``: torch_npu writes its databases in WAL mode,
+    and a plain (even ``mode=ro``) open of a WAL database creates ``-shm`` / ``-wal`` files beside
+    the user's file (SQLite's URI docs, https://www.sqlite.org/uri.html#uriimmutable: immutable
+    means no locking and no change detection, so no side files; a finished capture does not change).
+    ``as_uri`` percent-encodes a path holding ``?`` or ``#``."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error:
         raise PartitaError(f"{path} is not an SQLite database (a torch_npu profiler export with "
