@@ -171,12 +171,40 @@ def torchtitan_settings(plan: Plan, model=None) -> tuple[dict[str, dict], str, l
                     "checkpointing (selective_ac_option was removed); emitted full AC on every block: less "
                     "activation memory and more recompute than planned")
     if ac == "selective":
-        warn.append("recompute=selective: torchtitan's SelectiveAC saves its own op list (op-level), "
-                    "close to partita's selective estimate")
+        warn.append(_selective_warning(plan, model))
     for section, fields, allowed in (("parallelism", par, PARALLELISM_FIELDS), ("training", train, TRAINING_FIELDS)):
         bad = set(fields) - allowed
         assert not bad, (section, bad)
     return {"parallelism": par, "training": train}, ac, warn
+
+
+def _selective_warning(plan: Plan, model=None) -> str:
+    """The warning for a selective plan: torchtitan's SelectiveAC is op-level SAC (its save list,
+    distributed/activation_checkpoint.py), close to Partita's estimate only where the estimate priced
+    op-level SAC. Under framework megatron / mindspeed the estimate priced Megatron-Core's module
+    recompute (:func:`partita.cost.frameworks.selective_modules`: core_attn by default), which
+    (dense llama3-8b) keeps more activations than op-level SAC and reruns other work (the core attention, where SAC saves
+    its output and reruns part of the GEMMs and the element-wise ops: less recompute at long
+    sequences, more at short ones): say so, with both memory figures when the model is known
+    (cost/activations.py prices both), as export/megatron.py does the other way round."""
+    from ..cost.frameworks import selective_modules
+    modules = selective_modules(plan.framework, plan.recompute, plan.recompute_modules)
+    if not modules:
+        return ("recompute=selective: torchtitan's SelectiveAC saves its own op list (op-level), "
+                "close to partita's selective estimate")
+    names = ",".join(sorted(modules))
+    head = (f"recompute=selective: the estimate priced Megatron's module recompute ({names}, framework "
+            f"{plan.framework}); torchtitan's SelectiveAC is op-level SAC (it saves the "
+            "attention output and reruns part of the GEMMs and the element-wise ops instead)")
+    tail = "; re-estimate with --framework torchtitan"
+    if model is None:
+        return head + ": the activation memory and the recompute differ" + tail
+    from ..cost.activations import activation_bytes_per_layer
+    moe = bool(model.moe)
+    priced = activation_bytes_per_layer(model, plan, moe)
+    titan = activation_bytes_per_layer(model, plan.with_(framework="torchtitan"), moe)
+    return (head + f": torchtitan keeps {titan / 2**20:,.1f} MiB of activations a layer per micro-batch where the "
+            f"estimate priced {priced / 2**20:,.1f} MiB ({(titan - priced) / 2**20:+,.1f} MiB)" + tail)
 
 
 def torchtitan_flags(sections: dict[str, dict], ac: str) -> list[str]:
