@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
+from partita.cost import comm
 from partita.cost.activations import activation_bytes_per_layer
 from partita.cost.frameworks import FRAMEWORKS, MODULE_SELECTIVE_FRAMEWORKS, selective_modules
 from partita.cost.step import stage_terms
@@ -189,6 +190,29 @@ def test_named_mlp_recompute_time_is_the_mlps_forward():
     none = stage_terms(MODEL, CLUSTER, plan.with_(recompute="none", recompute_modules=""))[0].dense.tp_comm
     host = CLUSTER.device.efficiency.tp_framework_us_per_layer * 1e-6
     assert sel - none == pytest.approx((none - host) / 4, rel=1e-9) and sel > none
+
+
+def test_core_attn_recompute_reruns_the_context_parallel_exchange():
+    """With cp the K/V exchange runs inside the core attention (Megatron's TEDotProductAttention
+    -> TransformerEngine's AttnFuncWithCPAndKVP2P, whose forward sends and receives the K/V
+    chunks: context_parallel.py d0067d0da6 l.1356, l.1707), so the checkpointed core_attn reruns
+    it in the backward: the cp term grows by one forward exchange, as under full recompute.
+    Without recompute the ring runs once forward and twice backward (dK and dV), the all-gather
+    once each way (K/V gathered forward, gradients reduce-scattered backward)."""
+    for fw in ("megatron", "partita"):  # the ring p2p and the all-gather exchange (cp_kv_all_gather)
+        plan = _plan(cp=2, seq_len=4096, framework=fw)
+        none, attn, mlp, full = (stage_terms(MODEL, CLUSTER, plan.with_(**kw))[0].dense.cp_comm for kw in (
+            {}, {"recompute": "selective", "recompute_modules": "core_attn"},
+            {"recompute": "selective", "recompute_modules": "mlp"}, {"recompute": "full"}))
+        assert none > 0 and mlp == none  # recomputing the MLP reruns no exchange
+        assert attn == full > none
+        if fw == "megatron":
+            assert attn - none == pytest.approx(none / 3, rel=1e-12)
+        else:
+            # one more all-gather each of K and V: the gathered [mbs 2, seq 4096, kv_dim] bf16 buffer
+            # over the 2 cp ranks inside one node
+            ag = comm.all_gather(CLUSTER.device, 2 * 4096 * MODEL.kv_dim * 2, 2, 1)
+            assert attn - none == pytest.approx(2 * ag, rel=1e-12)
 
 
 def test_export_writes_what_the_estimate_priced_without_a_warning():

@@ -248,18 +248,26 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         # forward, a third of it)
         tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6 * (1 + rc_full * FORWARD_SHARE)
     # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
-    # dense and MoE layers)
+    # dense and MoE layers). The exchange lives inside the core attention, so recomputing the
+    # attention reruns the forward exchange: under full recompute, and under Megatron's selective
+    # core_attn (attention.py ``_checkpointed_attention_forward`` checkpoints
+    # ``_run_core_attention``, NVIDIA/Megatron-LM d98e8a64dd l.446-497; with cp its
+    # TEDotProductAttention runs TransformerEngine's AttnFuncWithCPAndKVP2P, whose forward
+    # sends and receives the K/V chunks: NVIDIA/TransformerEngine d0067d0da6
+    # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py l.1356,
+    # l.1707; the all-gather variant AttnFuncWithCPAndKVAllGather, l.3014, likewise)
+    rc_attn = 1 if rc_full or "core_attn" in shape.modules else 0
     cp_pass = 0.0
     if layer.cp > 1 and FRAMEWORKS[layer.framework].cp_kv_all_gather:
-        cp_pass = _cp_all_gather_time(model, dev, layer, spans.cp, rc_full)
+        cp_pass = _cp_all_gather_time(model, dev, layer, spans.cp, rc_attn)
     elif layer.cp > 1:
         kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
         hop = comm.send_recv(dev, tokens * kv_width * e / layer.tp, spans.cp_crosses)
         attn = (dense or moe).attn_time  # type: ignore[union-attr]
-        # forward once, backward twice (dK and dV travel back), full recompute once more; the
-        # device's comm_overlap share of the ring hides behind attention, the rest is serial
+        # forward once, backward twice (dK and dV travel back), an attention recompute once
+        # more; the device's comm_overlap share of the ring hides behind attention, the rest is serial
         ring, f = (layer.cp - 1) * hop, dev.efficiency.comm_overlap
-        cp_pass = (1 + BACKWARD_PER_FORWARD + rc_full) * ((1.0 - f) * ring + max(0.0, f * ring - attn))
+        cp_pass = (1 + BACKWARD_PER_FORWARD + rc_attn) * ((1.0 - f) * ring + max(0.0, f * ring - attn))
     # expert parallel all-to-all: dispatch + combine, forward and backward (+ recompute)
     a2a = 0.0
     rc_moe = 1 if rc_full or "moe" in shape.modules else 0  # module "moe" reruns dispatch and combine too
@@ -328,17 +336,17 @@ def etp_dispatch_time(model: ModelSpec, dev: Device, layer: LayerShape, span: tu
 
 
 def _cp_all_gather_time(model: ModelSpec, dev: Device, layer: LayerShape, span: tuple[int, int],
-                        rc_full: int) -> float:
+                        rc_attn: int) -> float:
     """Seconds of one layer's K/V exchange per micro-batch where the framework all-gathers K
     and V over the cp group (:attr:`.frameworks.Framework.cp_kv_all_gather`): one all-gather
-    each of K and V forward (again under full recompute) and one reduce-scatter each of their
-    gradients backward, each buffer the gathered ``b s kv_dim / tp`` elements (the whole
+    each of K and V forward (again when the attention is recomputed, ``rc_attn``) and one
+    reduce-scatter each of their gradients backward, each buffer the gathered ``b s kv_dim / tp`` elements (the whole
     sequence; :mod:`.comm`'s convention), synchronous: nothing overlaps attention [Llama 3
     paper, Dubey et al. 2024, sec. 3.3.2; partita.runtime.context_parallel]."""
     kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
     each = layer.tokens * layer.cp * kv_width / 2 * BYTES[layer.dtype] / layer.tp
     g, k = span
-    return 2 * ((1 + rc_full) * comm.all_gather(dev, each, g, k) + comm.reduce_scatter(dev, each, g, k))
+    return 2 * ((1 + rc_attn) * comm.all_gather(dev, each, g, k) + comm.reduce_scatter(dev, each, g, k))
 
 
 def _shape_terms(model: ModelSpec, cluster: Cluster, plan: Plan, shape: RankShape) -> StageTerms:
