@@ -71,6 +71,22 @@ def test_export_then_import_cli_gives_the_plan_back(tmp_path, capsys, target):
     assert imported >= {"deepspeed": 3}.get(target, 8), f"only {imported} of the cases exported to {target}"
 
 
+@pytest.mark.parametrize("zero, offload", [(2, 1.0), (3, 1.0), (3, 0.4)])
+def test_optimizer_offload_survives_export_then_import(tmp_path, capsys, zero, offload):
+    # export/deepspeed.py writes offload_optimizer {"device": "cpu"} (a "ratio" below 1, ZeRO-3 only); DeepSpeed
+    # runs that as ZeRO-Offload of that share (runtime/zero/offload_config.py, ratio default 1.0), so import
+    # reads the same fraction back (it was "not modelled" and lost before)
+    plan = Plan(dp=8, zero=zero, mbs=1, gbs=8, seq_len=2048, dtype="bf16", optimizer_offload=offload)
+    plan_file, out, back = tmp_path / "p.json", tmp_path / "ds.json", tmp_path / "back.json"
+    plan.to_json(plan_file)
+    assert main(["export", "--to", "deepspeed", str(plan_file), "--model", "llama3-8b", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert main(["import", str(out), "--devices", "8", "-o", str(back)]) == 0, capsys.readouterr().err
+    got = Plan.load(back)
+    assert (got.zero, got.optimizer_offload) == (zero, offload)
+    assert "offload_optimizer" not in capsys.readouterr().out  # no longer listed as not modelled
+
+
 MEGATRON_SCRIPT = """#!/bin/bash
 # a Megatron-LM example-style launcher: flags in variables and a bash array
 GPUS_PER_NODE=8

@@ -148,11 +148,23 @@ def test_deepspeed_autotp_ranks_count_in_its_batch_world(tmp_path):
     assert (plan.tp, plan.dp, plan.mbs, plan.grad_accum, plan.gbs) == (2, 4, 1, 4, 16)
 
 
-def test_deepspeed_offload_is_named_not_modelled(tmp_path):
+def test_deepspeed_offload_is_the_plans_optimizer_offload(tmp_path):
+    # runtime/zero/offload_config.py: ratio default 1.0 (all the optimizer states on the host); a part only at ZeRO-3
+    # (runtime/zero/config.py offload_ratio_check); parameter offload (ZeRO-Infinity) stays named
+    fill = {"mbs": 1, "gbs": 8, "dtype": "bf16"}
     cfg = dict(HF_AUTO, zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                           "offload_param": {"device": "none"}})
-    read = load_config(_ds(tmp_path, cfg), devices=8, fill={"mbs": 1, "gbs": 8, "dtype": "bf16"})
-    assert [n.split(" ")[0] for n in read.not_modelled] == ["zero_optimization.offload_optimizer"]
+                                           "offload_param": {"device": "cpu"}})
+    read = load_config(_ds(tmp_path, cfg), devices=8, fill=fill)
+    assert read.plan.optimizer_offload == 1.0
+    assert [n.split(" ")[0] for n in read.not_modelled] == ["zero_optimization.offload_param"]
+    cfg["zero_optimization"]["offload_optimizer"]["ratio"] = 0.25
+    assert load_config(_ds(tmp_path, cfg), devices=8, fill=fill).plan.optimizer_offload == 0.25
+    cfg["zero_optimization"]["stage"] = 2
+    with pytest.raises(PartitaError, match="Partial offloading only supported for ZeRO Stage 3"):
+        load_config(_ds(tmp_path, cfg), devices=8, fill=fill)
+    cfg["zero_optimization"] = {"stage": 0, "offload_optimizer": {"device": "cpu"}}  # no ZeRO optimizer: no offload
+    read = load_config(_ds(tmp_path, cfg), devices=8, fill=fill)
+    assert read.plan.optimizer_offload == 0 and read.not_modelled[0].startswith("zero_optimization.offload_optimizer")
 
 
 # --------------------------------------------------------------------------------------------- torchtitan
@@ -336,8 +348,8 @@ def test_swift_trainer_with_deepspeed_is_the_ds_config_it_runs(tmp_path):
     assert read.framework == "deepspeed" and plan.framework == "deepspeed"
     assert (plan.dp, plan.zero, plan.mbs, plan.grad_accum, plan.gbs, plan.seq_len, plan.dtype) == \
         (4, 3, 2, 4, 32, 2048, "bf16")
-    assert sorted(n.split(" ")[0] for n in read.not_modelled) == ["zero_optimization.offload_optimizer",
-                                                                  "zero_optimization.offload_param"]
+    assert plan.optimizer_offload == 1.0  # zero3_offload.json: offload_optimizer on the cpu, no ratio
+    assert sorted(n.split(" ")[0] for n in read.not_modelled) == ["zero_optimization.offload_param"]
     # gradient_accumulation_steps unset: max(1, ceil(16 / per_device / world)) (swift/trainers/arguments.py)
     path.write_text(TRAINER.replace("    --gradient_accumulation_steps $(expr 16 / $nproc) \\\n", "")
                     .replace("zero3_offload", "zero2").replace("--torch_dtype bfloat16", "--tuner_type lora"))

@@ -90,6 +90,12 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES \
 """
 
 
+def _no_pipe(text: str) -> str:
+    """LLAMA2 on the fork's plain model (ZeRO-2/3 need it: DeepSpeed's pipeline engine refuses them,
+    runtime/pipe/engine.py l.77); one stage, as megatron/arguments.py l.94-96 requires."""
+    return text.replace("PP=2", "PP=1").replace("       $ds_args", "       --no-pipeline-parallel $ds_args")
+
+
 def _read(tmp_path: Path, text: str, name: str = "run.sh", **kw):
     path = tmp_path / name
     path.write_text(text)
@@ -101,12 +107,12 @@ def test_bf16_at_stage_0_on_the_pipeline_module_is_zero_1(tmp_path: Path) -> Non
     # l.51), so DeepSpeed's BF16_Optimizer partitions master weights and optimizer states: ZeRO-1.
     plan = _read(tmp_path, LLAMA2).plan
     assert (plan.dp, plan.tp, plan.pp, plan.zero, plan.mbs, plan.gbs, plan.dtype) == (2, 2, 2, 1, 4, 32, "bf16")
-    plain = _read(tmp_path, LLAMA2.replace("       $ds_args", "       --no-pipeline-parallel $ds_args")).plan
+    plain = _read(tmp_path, _no_pipe(LLAMA2)).plan
     assert plain.zero == 0  # DDP_BFLOAT16: nothing partitioned
 
 
 def test_the_engine_runs_the_json_stage_not_the_flag(tmp_path: Path) -> None:
-    text = LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 3')  # the JSON says 3, --zero-stage=0
+    text = _no_pipe(LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 3'))  # the JSON says 3, --zero-stage=0
     read = _read(tmp_path, text)
     assert read.plan.zero == 3 and read.plan.overlap_grad_reduce  # overlap_comm unset: on at ZeRO-3
     assert any(n.startswith("--zero-stage 0: the engine runs") for n in read.not_modelled)
@@ -124,12 +130,13 @@ def test_the_command_line_batch_wins_the_json_dtype_wins(tmp_path: Path) -> None
 
 
 def test_zero_offload_of_the_json_is_the_optimizer_on_the_host(tmp_path: Path) -> None:
-    text = LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 2, "offload_optimizer": {"device": "cpu"}')
+    text = _no_pipe(LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 2, "offload_optimizer": {"device": "cpu"}'))
     plan = _read(tmp_path, text).plan
     assert (plan.zero, plan.optimizer_offload) == (2, 1.0)
     # Megatron-DeepSpeed@f4157be examples_deepspeed/offload_pp/ds_config_gpt_TEMPLATE.json: ZeRO-3, 30 % offloaded
     # ("ratio", DeepSpeed's partial offload); the script passes --cpu-optimizer beside it
-    text = LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}')
+    text = _no_pipe(LLAMA2.replace('"stage": $ZERO_STAGE',
+                                   '"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}'))
     read = _read(tmp_path, text.replace("       $ds_args", "       --cpu-optimizer $ds_args"))
     assert (read.plan.zero, read.plan.optimizer_offload) == (3, 0.3)
     assert not any("not read" in n for n in read.not_modelled)
@@ -142,11 +149,31 @@ def test_zero_offload_of_the_json_is_the_optimizer_on_the_host(tmp_path: Path) -
      "train_micro_batch_size_per_gpu 2; --micro-batch-size 4 disagrees"),
     (('"stage": $ZERO_STAGE', '"stage": $UNSET_STAGE'), "not JSON when read"),  # bash writes '"stage": ,' too
     (('"stage": $ZERO_STAGE', '"stage": 5'), "zero_optimization.stage"),  # DeepSpeed's stages are 0-3
+    # deepspeed runtime/pipe/engine.py l.77: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", and the
+    # fork builds GPTModelPipe under --deepspeed unless --no-pipeline-parallel (pretrain_gpt.py l.51)
+    (('"stage": $ZERO_STAGE', '"stage": 2'), "add --no-pipeline-parallel"),
+    (('"stage": $ZERO_STAGE', '"stage": 3'), "add --no-pipeline-parallel"),
+    (("PP=2", "PP=1"), None),  # one stage is still a PipelineModule: checked in the test body with stage 3
+    # megatron/arguments.py l.94-96: pipeline_model_parallel_size must be 1 if pipeline parallel is disabled
+    (("       $ds_args", "       --no-pipeline-parallel $ds_args"), "--pipeline-model-parallel-size 2"),
+    # deepspeed runtime/zero/config.py offload_ratio_check: "Partial offloading only supported for ZeRO Stage 3."
+    (('"stage": $ZERO_STAGE', '"stage": 1, "offload_optimizer": {"device": "cpu", "ratio": 0.5}'),
+     "Partial offloading only supported for ZeRO Stage 3"),
 ])
-def test_a_json_the_run_refuses_is_one_line(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
+def test_a_json_the_run_refuses_is_one_line(tmp_path: Path, edit: tuple[str, str], needle: str | None) -> None:
+    text = LLAMA2.replace(*edit)
+    if needle is None:
+        text, needle = text.replace('"stage": $ZERO_STAGE', '"stage": 3'), "add --no-pipeline-parallel"
     with pytest.raises(PartitaError) as e:
-        _read(tmp_path, LLAMA2.replace(*edit))
+        _read(tmp_path, text)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_partial_offload_at_zero_3_without_the_pipeline_reads(tmp_path: Path) -> None:
+    # the same ratio the stage-1 case above refuses is DeepSpeed's ZeRO-Offload++ at stage 3
+    text = _no_pipe(LLAMA2.replace('"stage": $ZERO_STAGE',
+                                   '"stage": 3, "offload_optimizer": {"device": "nvme", "ratio": 0.5}'))
+    assert _read(tmp_path, text).plan.optimizer_offload == 0.5
 
 
 # microsoft/Megatron-DeepSpeed@f4157be:examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_dense_cl.sh l.239-251 (the sed
@@ -186,7 +213,7 @@ sed "s/CONFIG_BATCH_SIZE/${GLOBAL_BATCH_SIZE}/" ${template_json} \
       > ${config_json}
 deepspeed pretrain_gpt.py --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 \
     --max-position-embeddings 2048 --padded-vocab-size 50304 --micro-batch-size ${BATCH_SIZE} \
-    --global-batch-size ${GLOBAL_BATCH_SIZE} --deepspeed --deepspeed_config ${config_json} --fp16
+    --global-batch-size ${GLOBAL_BATCH_SIZE} --deepspeed --deepspeed_config ${config_json} --fp16 --no-pipeline-parallel
 """
 
 
@@ -221,6 +248,6 @@ def test_run_script_keeps_the_config_the_script_wrote(tmp_path: Path) -> None:
     # --run-script: bash itself writes the file in the scratch directory; it is read before that is deleted
     path = tmp_path / "run.sh"
     # BASE_PATH=. : bash cannot write ./tmp/deepspeed.json where ./tmp does not exist (set -e stops the script)
-    path.write_text(LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 2').replace("BASE_PATH=./tmp", "BASE_PATH=."))
+    path.write_text(_no_pipe(LLAMA2.replace('"stage": $ZERO_STAGE', '"stage": 2').replace("BASE_PATH=./tmp", "BASE_PATH=.")))
     read = load_config(str(path), run_script=True)
     assert (read.plan.zero, read.plan.mbs, read.plan.gbs, read.plan.dtype) == (2, 4, 32, "bf16")

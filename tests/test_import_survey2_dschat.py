@@ -93,8 +93,10 @@ def test_llama2_lora_zero3_checkpointing_and_the_stage_named(tmp_path):
 def test_offload_and_dtype_reach_the_ds_config(tmp_path):
     text = LLAMA2_LORA.replace("--lora_dim 128 \\", "--offload --dtype bf16 \\")
     read = _read(tmp_path, text, args=["./o", "2"], devices=8)
-    assert (read.plan.zero, read.plan.dtype, read.plan.finetune) == (2, "bf16", "full")
-    assert any(n.startswith("zero_optimization.offload_optimizer") for n in read.not_modelled)
+    # get_train_ds_config with --offload: offload_optimizer on the cpu, no ratio (DeepSpeed's default 1.0: all of it)
+    assert (read.plan.zero, read.plan.dtype, read.plan.finetune, read.plan.optimizer_offload) == (2, "bf16", "full", 1.0)
+    assert not any(n.startswith("zero_optimization.offload_optimizer") for n in read.not_modelled)
+    assert any(n.startswith("zero_optimization.offload_param") for n in read.not_modelled)  # not a ZeRO-3 run: moot
 
 
 @pytest.mark.parametrize("text, args, says", [

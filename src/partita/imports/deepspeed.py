@@ -28,6 +28,10 @@ the same logic since 0.9):
   ``DDP_BFLOAT16`` (the fp16 optimizer wrapper in bf16, nothing partitioned): ZeRO 0.
 - **overlap_comm** (``runtime/zero/config.py`` ``overlap_comm_valid``): unset means on at ZeRO-3
   and off below.
+- **offload_optimizer** (``runtime/zero/offload_config.py``): device cpu/nvme under ZeRO 1-3 keeps
+  the optimizer states on the host, the share ``ratio`` (default 1.0; below 1 at ZeRO-3 only,
+  ``runtime/zero/config.py`` ``offload_ratio_check``): the plan's ``optimizer_offload``
+  (:func:`optimizer_offload`, which the Megatron-DeepSpeed reader shares).
 """
 from __future__ import annotations
 
@@ -166,9 +170,47 @@ def _derive(t: int | None, m: int | None, g: int | None, world: int, path: str) 
 
 
 def ds_not_modelled(cfg: dict) -> tuple[str, ...]:
-    """``"key value: what it changes"`` for each feature of the config the cost model does not hold."""
+    """``"key value: what it changes"`` for each feature of the config the cost model does not hold
+    (ZeRO-Offload of the optimizer is held where :func:`optimizer_offload` reads it: not listed)."""
+    modelled = {"zero_optimization.offload_optimizer"} if _offloads(cfg) else set()
     return tuple(f"{key} {_short(_get(cfg, key))}: {REMOVED if key.split('.')[0] in REMOVED_KEYS else ''}{what}"[:240]
-                 for key, on, what in _NOT_MODELLED if on(_get(cfg, key)))
+                 for key, on, what in _NOT_MODELLED if key not in modelled and on(_get(cfg, key)))
+
+
+def _offloads(cfg: dict) -> bool:
+    """Whether DeepSpeed runs the config's optimizer on the host: ``offload_optimizer.device`` cpu or
+    nvme under a ZeRO stage (the offload lives in the ZeRO optimizers, runtime/zero/stage_1_and_2.py
+    and stage3.py; ``offload_config.py``: "valid with stage 1, 2, and 3")."""
+    zero_cfg = cfg.get("zero_optimization") or {}
+    offload = zero_cfg.get("offload_optimizer")
+    return (isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme")
+            and isinstance(zero_cfg.get("stage", 0), int) and zero_cfg.get("stage", 0) >= 1)
+
+
+def optimizer_offload(cfg: dict, where: str) -> float | None:
+    """The plan's ``optimizer_offload`` of a ds_config: ZeRO-Offload keeps the optimizer states (fp32
+    master, Adam moments) and their step on the host, all of them unless ``ratio`` says which share
+    (deepspeed runtime/zero/offload_config.py ``DeepSpeedZeroOffloadOptimizerConfig.ratio``,
+    default 1.0, ZeRO-Offload++); None where nothing is offloaded. A ratio below 1 below ZeRO
+    stage 3 is refused as DeepSpeed refuses it (runtime/zero/config.py ``offload_ratio_check``:
+    "Partial offloading only supported for ZeRO Stage 3", whatever the device). Shared by every
+    reader of a ds_config (this module, Megatron-DeepSpeed's --deepspeed_config JSON)."""
+    zero_cfg = cfg.get("zero_optimization") or {}
+    offload = zero_cfg.get("offload_optimizer")
+    if offload is None:
+        return None
+    if not isinstance(offload, dict):
+        raise PartitaError(f"{where}: zero_optimization.offload_optimizer must be a JSON object, got {offload!r}"[:200])
+    ratio = offload.get("ratio", 1.0)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise PartitaError(f"{where}: zero_optimization.offload_optimizer.ratio must be a number from 0 to 1, "
+                           f"got {ratio!r}"[:200])
+    zero = zero_cfg.get("stage", 0)
+    if ratio < 1 and zero != 3:
+        raise PartitaError(f"{where}: zero_optimization.offload_optimizer.ratio {ratio:g} with ZeRO stage {zero}: "
+                           "DeepSpeed refuses it (\"Partial offloading only supported for ZeRO Stage 3\", "
+                           "runtime/zero/config.py); use stage 3 or drop the ratio")
+    return float(ratio) if _offloads(cfg) else None
 
 
 #: Top-level blocks DeepSpeed has removed: its config parser now refuses a file that holds one
@@ -211,12 +253,14 @@ def plan_from_ds_config(cfg: dict, world_size: int, seq_len: int = 2048, pp: int
         raise PartitaError(f"{path} gives a global batch of {m * g * dp} ({m} x {g} accumulation steps x {dp} "
                            f"data-parallel ranks); {flag_name('gbs')} {fill['gbs']} disagrees (drop the flag)")
     zero_cfg = cfg.get("zero_optimization") or {}
+    offload = optimizer_offload(cfg, path)
     zero = int(zero_cfg.get("stage", 0))
     if zero == 0 and pp > 1 and dtype == "bf16":
         zero = 1  # BF16_Optimizer: fp32 master weights and optimizer states partitioned (module docstring)
     return Plan(dp=dp, tp=tp, pp=pp, zero=zero, mbs=m, gbs=m * g * dp, seq_len=seq_len,
                 recompute="full" if "activation_checkpointing" in cfg else "none", dtype=dtype,
-                overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", zero == 3)), framework="deepspeed")
+                overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", zero == 3)), framework="deepspeed",
+                optimizer_offload=offload or 0.0)
 
 
 def check_ds_config(path: str, cfg: dict) -> None:

@@ -37,7 +37,10 @@ Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of t
   ``bf16``/``fp16``, runtime/engine.py ``_configure_distributed_model``), a disagreeing flag named;
   **recompute** stays the command line's (``--checkpoint-activations`` /
   ``--deepspeed-activation-checkpointing`` / ``--recompute-*`` turn it on; the JSON's ``activation_checkpointing`` only configures it, megatron/initialize.py l.186-190),
-  its ``cpu_checkpointing`` named. bf16 at ZeRO 0 on the ``PipelineModule`` the fork builds under
+  its ``cpu_checkpointing`` named. ZeRO 2/3 under ``--deepspeed`` without ``--no-pipeline-parallel``
+  is refused (that ``PipelineModule``'s engine asserts "ZeRO-2 and ZeRO-3 are incompatible with
+  pipeline parallelism", deepspeed runtime/pipe/engine.py), as is ``--no-pipeline-parallel`` beside
+  more than one stage (arguments.py l.94-96). bf16 at ZeRO 0 on the ``PipelineModule`` the fork builds under
   ``--deepspeed`` (pretrain_gpt.py l.51, unless ``--no-pipeline-parallel``) is DeepSpeed's
   ``BF16_Optimizer`` (runtime/engine.py ``_do_optimizer_sanity_check``): ZeRO-1, as
   :func:`partita.imports.deepspeed.plan_from_ds_config` reads it.
@@ -117,7 +120,7 @@ def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list
     """(plan fields, the switches to add to the command line, those to remove from it, notes) of
     the ds_config ``cfg`` merged with the command line as the run merges them (module docstring); a
     batch DeepSpeed refuses, or a micro-batch the JSON and the flag disagree on, is one line."""
-    from .deepspeed import check_ds_config, ds_not_modelled
+    from .deepspeed import check_ds_config, ds_not_modelled, optimizer_offload
     where = "the --deepspeed_config JSON"
     check_ds_config(where, cfg)
     t, m, g = (cfg.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
@@ -160,18 +163,10 @@ def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list
         zero = 1  # BF16_Optimizer on the PipelineModule (module docstring)
     fields: dict[str, object] = {"zero": zero}
     fields["overlap_grad_reduce"] = bool((cfg.get("zero_optimization") or {}).get("overlap_comm", zero == 3))
-    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer")
-    if zero >= 1 and isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme"):
-        # ZeRO-Offload: the optimizer states on the host, all of them unless "ratio" (deepspeed
-        # runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig.ratio, default 1.0, ZeRO-3's
-        # partial offload) says which share: the plan's optimizer_offload fraction
-        ratio = offload.get("ratio", 1.0)
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            raise PartitaError(f"{where}: zero_optimization.offload_optimizer.ratio must be a number from 0 to 1, "
-                               f"got {ratio!r}"[:200])
-        fields["optimizer_offload"] = float(ratio)
-    notes += [n for n in ds_not_modelled(cfg)
-              if not ("optimizer_offload" in fields and n.startswith("zero_optimization.offload_optimizer"))]
+    offload = optimizer_offload(cfg, where)  # ZeRO-Offload, shared with the ds_config reader
+    if offload is not None:
+        fields["optimizer_offload"] = offload
+    notes += ds_not_modelled(cfg)
     return fields, add, drop, notes
 
 
@@ -283,7 +278,17 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
     if not any(tok in FLASH for tok in argv):
         out += ["--attention-backend", "unfused"]
     fields: dict[str, object] = {"zero": zero, **json_fields}
-    if "--enable-zbh1-pipeline" in argv and _int("--pipeline-model-parallel-size",
-                                                 _value(argv, "--pipeline-model-parallel-size"), 1) > 1:
+    stages = _int("--pipeline-model-parallel-size", _value(argv, "--pipeline-model-parallel-size"), 1)
+    if "--no-pipeline-parallel" in argv and stages > 1:
+        raise PartitaError(f"--no-pipeline-parallel with --pipeline-model-parallel-size {stages}: Megatron-DeepSpeed "
+                           "refuses it (megatron/arguments.py l.94-96: the size must be 1 without the pipeline)")
+    if int(fields["zero"]) >= 2 and "--deepspeed" in argv and "--no-pipeline-parallel" not in argv:
+        # pretrain_gpt.py l.51 (finetune_llama.py l.46) builds GPTModelPipe, a PipelineModule, under --deepspeed unless
+        # --no-pipeline-parallel, even at one stage, and DeepSpeed's PipelineEngine asserts "ZeRO-2 and
+        # ZeRO-3 are incompatible with pipeline parallelism" (deepspeed runtime/pipe/engine.py l.77)
+        raise PartitaError(f"ZeRO stage {fields['zero']} under --deepspeed without --no-pipeline-parallel: the fork "
+                           "builds a pipeline model and DeepSpeed's pipeline engine refuses ZeRO-2/3; add "
+                           "--no-pipeline-parallel (with --pipeline-model-parallel-size 1) or use ZeRO 0-1")
+    if "--enable-zbh1-pipeline" in argv and stages > 1:
         fields["schedule"] = "zero-bubble"
     return out, fields, tuple(notes)
