@@ -173,3 +173,16 @@ def test_reading_a_capture_leaves_no_files_beside_it(tmp_path):
     before = sorted(p.relative_to(copy) for p in copy.rglob("*"))
     assert len(analyze_traces([str(copy)])[0]["ranks"]) == 2
     assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before
+
+
+def test_the_databases_count_against_max_mb(capsys):
+    """--max-mb bounds the captures together, a database by its file size as a JSON trace by its
+    text: the two ranks' databases are 0.82 + 0.73 MiB on disk (``ls -l``), so 1 MB takes one
+    rank and refuses both, in one line."""
+    sizes = [p.stat().st_size for p in sorted(DATA.rglob("ascend_pytorch_profiler_*.db"))]
+    assert max(sizes) < 2**20 < sum(sizes)
+    assert main(["analyze", "--max-mb", "1", str(DATA / "rank0_ascend_pt")]) == 0
+    capsys.readouterr()
+    assert main(["analyze", "--max-mb", "1", str(DATA)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "takes the 2 traces past 1 MB together" in err and "--max-mb" in err and "\n" not in err

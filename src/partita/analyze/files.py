@@ -110,10 +110,14 @@ def _read_text(path: Path, max_bytes: int, what: str = "") -> bytes:
     except OSError as e:
         raise PartitaError(f"cannot read {path}: {e.strerror or e}") from None
     if len(data) > max_bytes:
-        size = what or f"holds more than {max_bytes // 2**20} MB of trace JSON"
-        raise PartitaError(f"{path} {size} (the limit keeps the analysis within memory and minutes; raise it "
-                           "with --max-mb, or profile fewer steps)")
+        raise PartitaError(_too_big(path, what or f"holds more than {max_bytes // 2**20} MB of trace JSON"))
     return data
+
+
+def _too_big(path: Path, what: str) -> str:
+    """The one line for a trace past the --max-mb budget (JSON text and profiler databases alike)."""
+    return (f"{path} {what} (the limit keeps the analysis within memory and minutes; raise it with --max-mb, "
+            "or profile fewer steps)")
 
 
 def load_chrome_trace(path: str | Path, max_bytes: int = DEFAULT_MAX_MB * 2**20, what: str = "") -> dict:
@@ -271,6 +275,12 @@ def load_rank_traces(inputs: list[str], max_mb: int = DEFAULT_MAX_MB) -> list[Ra
     files = find_trace_files(inputs)
     for i, path in enumerate(files):
         if path.suffix == ".db":  # torch_npu's export_type=db: its tables rebuilt as trace_view.json's events
+            # its file size is charged to the same budget: the rebuilt events grow with it
+            size = path.stat().st_size
+            if size > budget:
+                raise PartitaError(_too_big(path, f"holds more than {max_mb} MB of trace data" if not out else
+                                            f"takes the {len(out) + 1} traces past {max_mb} MB together"))
+            budget -= size
             doc = normalise_npu_trace(load_db_trace(path))
         else:
             doc = load_chrome_trace(path, budget, "" if not out else f"takes the {len(out) + 1} traces past "
