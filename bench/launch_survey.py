@@ -128,7 +128,6 @@ def estimate_all(repo: Path) -> dict[str, int]:
     scratch directory: counts of refused (one line) / no model / fits / does not fit, the last split
     by whether the output names a feature Partita does not model. Prints each file that does not
     fit without naming one, and each refusal."""
-    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.estimate import estimate
@@ -513,7 +512,6 @@ def zoo_launches(repo: Path) -> list[tuple[str, str | None, dict[str, str], list
 
 def zoo(repo: Path) -> dict[str, int]:
     """``estimate`` on every ModelZoo launch (:func:`zoo_launches`): counts and one line per launch."""
-    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.estimate import estimate
@@ -553,7 +551,6 @@ def swift_peaks(repo: Path) -> list[tuple[str, float, float, float]]:
     line is a measured peak (``# 8 * 65GiB``), estimated on an 80 GB H100 (a peak above 80 GiB: H20, 96 GB) with
     the preset its ``--model`` names; scripts whose model has no preset are counted, not estimated."""
     import json
-    import shlex
     import tempfile
     from partita.errors import PartitaError
     from partita.estimate import estimate

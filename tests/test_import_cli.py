@@ -237,3 +237,14 @@ def test_torchtitan_unset_shard_degree_fills_the_devices(tmp_path, capsys):
     assert (plan["dp"], plan["tp"], plan["zero"]) == (8, 2, 3)
     assert main(["import", str(path)]) == 2
     assert "pass --devices" in capsys.readouterr().err
+
+
+def test_import_help_names_every_reader(capsys):
+    # the readers partita.imports holds: the --from choices (export/registry.py importable_names) and the
+    # script dialects read under them (imports/megatron_deepspeed.py, dschat.py, swift.py, openrlhf.py, flagscale.py)
+    from partita.export.registry import importable_names
+    main(["import", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).lower().replace("- ", "-")
+    names = [n.replace("llamafactory", "llama-factory") for n in importable_names()]
+    names += ["megatron-deepspeed", "deepspeed-chat", "ms-swift", "openrlhf", "flagscale", "ds_config.json", "toml"]
+    assert [n for n in names if n not in text] == []

@@ -1,5 +1,14 @@
-"""``partita import``: a Megatron-LM / MindSpeed-LLM launch script, a DeepSpeed ``ds_config.json``
-or torchtitan overrides / TOML read back into a Partita plan (issue 14 item 2).
+"""``partita import``: a launch file read back into a Partita plan (issue 14 item 2, issues 32-33).
+
+What it reads (:mod:`partita.imports`; ``--from`` names the reader where detection does not):
+
+- launch scripts of Megatron-LM, MindSpeed-LLM, Megatron-DeepSpeed (its ``--deepspeed_config``
+  JSON too, where the script writes it or it lies beside the script), Pai-Megatron-Patch and
+  Megatron-SWIFT (ms-swift ``megatron sft/pt``), and FlagScale's Hydra YAML;
+- DeepSpeed: a ``ds_config.json``, DeepSpeed-Chat step-1/2 scripts, ms-swift Trainer scripts
+  (``swift sft --deepspeed``) and OpenRLHF trainer scripts (the ds_config each builds);
+- torchtitan overrides (``--section.field``) or its TOML; a LLaMA-Factory training YAML;
+  a nanotron YAML config; an InternEvo ``.py`` config (its assignments, nothing executed).
 
 The reading itself is :mod:`partita.imports` (the framework, the world size the script launches,
 every failure one line, exit 2); this module parses the flags and prints. ``estimate --from-script``
@@ -20,9 +29,14 @@ load_script = load_config  # the name cli/estimate.py and cli/plan.py import
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("import", help="read a Megatron/MindSpeed launch script, a ds_config.json or torchtitan "
-                                      "overrides into a plan")
-    p.add_argument("script", metavar="FILE", help="launch script, ds_config.json, torchtitan overrides or TOML")
+    p = sub.add_parser("import", help="read a launch file into a plan: Megatron-LM / MindSpeed-LLM / "
+                                      "Megatron-DeepSpeed / Pai-Megatron-Patch / Megatron-SWIFT scripts, FlagScale "
+                                      "YAML, ds_config.json, DeepSpeed-Chat / ms-swift / OpenRLHF scripts, "
+                                      "torchtitan overrides or TOML, LLaMA-Factory YAML, nanotron YAML, InternEvo .py")
+    p.add_argument("script", metavar="FILE", help="launch script (Megatron-LM, MindSpeed-LLM, Megatron-DeepSpeed, "
+                                                  "Pai-Megatron-Patch, Megatron-SWIFT, DeepSpeed-Chat, ms-swift, "
+                                                  "OpenRLHF), ds_config.json, torchtitan overrides or TOML, "
+                                                  "LLaMA-Factory / FlagScale / nanotron YAML or InternEvo .py config")
     p.add_argument("--devices", type=positive_int(MAX_DEGREE),
                    help="world size (default: the script's torchrun/deepspeed --nproc-per-node x --nnodes)")
     p.add_argument("--from", dest="source", choices=importable_names(), help="the file's framework (default: detected)")
