@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     add_train_arguments(p, "train")
     p.add_argument("--bind-cores", choices=("auto", "on", "off"), default="off",
                    help="on a CPU device, pin each rank to its own share of the cores (on; auto: when the ranks "
-                        "are no more than the cores; default off). Accelerators: bind with your own launcher flags")
+                        "are no more than the cores; default off). Accelerators, and --scheduler slurm: bind with the "
+                        "launcher's own flags (numactl, srun --cpu-bind)")
     p.set_defaults(func=cmd_train)
 
 
