@@ -165,6 +165,10 @@ def run(args: argparse.Namespace) -> None:
     runs: list[list[tuple]] = [[] for _ in plans]
     loads: list[list[str]] = [[] for _ in plans]
     saved = {row["plan"]: row for row in json.load(open(args.rows))["rows"]} if getattr(args, "rows", None) else None
+    missing = [name for name in names if saved is not None and name not in saved]
+    if missing:
+        raise SystemExit(f"--rows {args.rows}: no measured row for {', '.join(missing)} (it holds: "
+                         f"{', '.join(saved)}); pass --only with the plans that run measured")
     for i, name in enumerate(names if saved else []):  # an earlier run's measured steps, re-predicted
         runs[i] = [(busy, saved[name]["wall_s"], steps) for busy, steps in zip(saved[name]["repeats_s"],
                                                                               saved[name]["steps_sched_s"])]

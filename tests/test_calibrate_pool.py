@@ -93,6 +93,10 @@ def test_pooled_file_is_what_the_estimate_reads(tmp_path):
     ([calibrated(1.0, 1.0, 0.7, 700.0)], "two or more"),
     ([calibrated(1.0, 1.0, 0.7, 700.0), calibrated(1.0, 1.0, 0.7, 700.0, world=4)], "process counts"),
     ([calibrated(1.0, 1.0, 0.7, 700.0), {"name": "x", "extends": "cpu"}], "not a file written by partita calibrate"),
+    # hand-edited collectives: a list instead of a mapping, a fit without its group size (were TypeError / KeyError)
+    ([calibrated(1.0, 1.0, 0.7, 700.0), {**calibrated(1.0, 1.0, 0.7, 700.0), "collectives": []}], "not a mapping"),
+    ([calibrated(1.0, 1.0, 0.7, 700.0), {**calibrated(1.0, 1.0, 0.7, 700.0),
+                                         "collectives": {"all_reduce": [{"latency_us": 700.0}]}}], "integer 'group'"),
 ])
 def test_pool_refuses_what_it_cannot_pool(files, needle):
     with pytest.raises(PartitaError, match=needle):

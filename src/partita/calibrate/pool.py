@@ -61,6 +61,20 @@ def _median_tree(trees: list) -> object:
     return first
 
 
+def collectives_problem(collectives: object) -> str:
+    """What is wrong with a file's ``collectives`` section for pooling ("" when it is as
+    ``partita calibrate`` writes it: ``{kind: [{"group": int, ...}, ...]}``); a hand-edited
+    file otherwise reaches :func:`_pool_collectives` as a TypeError or KeyError."""
+    if not isinstance(collectives, dict):
+        return f"is a {type(collectives).__name__}, not a mapping"
+    for kind, fits in collectives.items():
+        if not isinstance(fits, list) or not all(isinstance(f, dict) for f in fits):
+            return f"{kind!r} is not a list of fits"
+        if not all(isinstance(f.get("group"), int) and not isinstance(f.get("group"), bool) for f in fits):
+            return f"{kind!r} has a fit without an integer 'group'"
+    return ""
+
+
 def _pool_collectives(files: list[dict]) -> dict:
     """Per kind and group size: the median latency and bandwidth of the files that fitted them."""
     out: dict = {}
@@ -117,6 +131,9 @@ def pool_calibrations(files: list[dict], names: list[str], name: str | None = No
     for f, path in zip(files, names):
         if "calibration" not in f or "terms" not in f.get("calibration", {}):
             raise PartitaError(f"--pool {path}: not a file written by partita calibrate (no calibration.terms)")
+        if collectives_problem(f.get("collectives", {})):
+            raise PartitaError(f"--pool {path}: collectives {collectives_problem(f['collectives'])} (partita calibrate "
+                               "writes a mapping of kind -> list of fits, each with an integer 'group')")
     keys = [(f.get("extends"), f["calibration"].get("raw", {}).get("dtype"), f["calibration"].get("raw", {}).get("world"))
             for f in files]
     if len(set(keys)) > 1:
