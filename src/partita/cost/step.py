@@ -247,27 +247,7 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         # host-side DTensor work per layer (forward + backward; full recompute repeats the
         # forward, a third of it)
         tp_framework = dev.efficiency.tp_framework_us_per_layer * 1e-6 * (1 + rc_full * FORWARD_SHARE)
-    # context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
-    # dense and MoE layers). The exchange lives inside the core attention, so recomputing the
-    # attention reruns the forward exchange: under full recompute, and under Megatron's selective
-    # core_attn (attention.py ``_checkpointed_attention_forward`` checkpoints
-    # ``_run_core_attention``, NVIDIA/Megatron-LM d98e8a64dd l.446-497; with cp its
-    # TEDotProductAttention runs TransformerEngine's AttnFuncWithCPAndKVP2P, whose forward
-    # sends and receives the K/V chunks: NVIDIA/TransformerEngine d0067d0da6
-    # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py l.1356,
-    # l.1707; the all-gather variant AttnFuncWithCPAndKVAllGather, l.3014, likewise)
-    rc_attn = 1 if rc_full or "core_attn" in shape.modules else 0
-    cp_pass = 0.0
-    if layer.cp > 1 and FRAMEWORKS[layer.framework].cp_kv_all_gather:
-        cp_pass = _cp_all_gather_time(model, dev, layer, spans.cp, rc_attn)
-    elif layer.cp > 1:
-        kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
-        hop = comm.send_recv(dev, tokens * kv_width * e / layer.tp, spans.cp_crosses)
-        attn = (dense or moe).attn_time  # type: ignore[union-attr]
-        # forward once, backward twice (dK and dV travel back), an attention recompute once
-        # more; the device's comm_overlap share of the ring hides behind attention, the rest is serial
-        ring, f = (layer.cp - 1) * hop, dev.efficiency.comm_overlap
-        cp_pass = (1 + BACKWARD_PER_FORWARD + rc_attn) * ((1.0 - f) * ring + max(0.0, f * ring - attn))
+    cp_pass = _cp_exchange_time(model, dev, shape, dense or moe, e, rc_full)  # type: ignore[arg-type]
     # expert parallel all-to-all: dispatch + combine, forward and backward (+ recompute)
     a2a = 0.0
     rc_moe = 1 if rc_full or "moe" in shape.modules else 0  # module "moe" reruns dispatch and combine too
@@ -316,6 +296,34 @@ def _compute_stage_terms(model: ModelSpec, dev: Device, shape: StageShape) -> Te
         embedding=_end_terms(embedding_forward(model, dev, layer), tp_coll, 1),
         output=_end_terms(output_forward(model, dev, layer), tp_coll, 2),
         per_stage=per_stage), dev, shape, bool(model.moe))
+
+
+def _cp_exchange_time(model: ModelSpec, dev: Device, shape: StageShape, layer_cost: LayerCost, e: float,
+                      rc_full: int) -> float:
+    """Seconds of one layer's context-parallel K/V exchange per micro-batch, forward, backward
+    and recompute (0 without cp).
+
+    Context parallel: ring K/V exchange, hidden behind the attention kernel (the same in
+    dense and MoE layers). The exchange lives inside the core attention, so recomputing the
+    attention reruns the forward exchange: under full recompute, and under Megatron's selective
+    core_attn (attention.py ``_checkpointed_attention_forward`` checkpoints
+    ``_run_core_attention``, NVIDIA/Megatron-LM d98e8a64dd l.446-497; with cp its
+    TEDotProductAttention runs TransformerEngine's AttnFuncWithCPAndKVP2P, whose forward
+    sends and receives the K/V chunks: NVIDIA/TransformerEngine d0067d0da6
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py l.1356,
+    l.1707; the all-gather variant AttnFuncWithCPAndKVAllGather, l.3014, likewise)."""
+    layer, spans = shape.layer, shape.spans
+    if layer.cp <= 1:
+        return 0.0
+    rc_attn = 1 if rc_full or "core_attn" in shape.modules else 0
+    if FRAMEWORKS[layer.framework].cp_kv_all_gather:
+        return _cp_all_gather_time(model, dev, layer, spans.cp, rc_attn)
+    kv_width = (model.q_dim + model.attn_out_dim) if model.mla else 2 * model.kv_dim
+    hop = comm.send_recv(dev, layer.tokens * kv_width * e / layer.tp, spans.cp_crosses)
+    # forward once, backward twice (dK and dV travel back), an attention recompute once
+    # more; the device's comm_overlap share of the ring hides behind attention, the rest is serial
+    ring, f = (layer.cp - 1) * hop, dev.efficiency.comm_overlap
+    return (1 + BACKWARD_PER_FORWARD + rc_attn) * ((1.0 - f) * ring + max(0.0, f * ring - layer_cost.attn_time))
 
 
 def etp_dispatch_time(model: ModelSpec, dev: Device, layer: LayerShape, span: tuple[int, int], rc_full: int) -> float:
