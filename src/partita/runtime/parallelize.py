@@ -33,7 +33,7 @@ from .mesh import build_mesh, new_subgroups
 from ..models.registry import family_of
 from ..models.init import is_meta
 from .modules import aux_loss, logits as logits_of
-from .recompute import apply_recompute
+from .recompute import SPLIT_BACKWARD_SCHEDULES as SPLIT_BACKWARD, apply_recompute
 from .traced import is_traced_model, parallelize_traced
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -358,7 +358,7 @@ def parallelize(model: nn.Module, plan: Plan | str, make_optimizer: Callable[[li
             attach_aux_losses(mod, aux_record)
     # 5. recomputation
     for mod in modules:
-        apply_recompute(mod, plan.recompute, plan.recompute_layers)
+        apply_recompute(mod, plan.recompute, plan.recompute_layers, plan.pp > 1 and plan.schedule in SPLIT_BACKWARD)
     data_mesh = _data_mesh(plan, mesh, device_type)
     fsdp = data_mesh.size() > 1 and plan.zero >= 2  # FSDP2 shards meta parameters; DDP needs real ones
     written = _materialize(modules, device, source, ep_group, plan) if source is not None and not fsdp else 0

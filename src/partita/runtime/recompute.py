@@ -42,12 +42,28 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_recompute(model: nn.Module, mode: str, layers: int = 0) -> None:
+#: pipeline schedules whose backward runs in two autograd calls per chunk (input gradients,
+#: then weight gradients: torch's ScheduleInterleavedZeroBubble and ScheduleDualPipeV,
+#: ``stage_backward_input`` / ``stage_backward_weight``)
+SPLIT_BACKWARD_SCHEDULES = ("zero-bubble", "dualpipev")
+
+
+def apply_recompute(model: nn.Module, mode: str, layers: int = 0, split_backward: bool = False) -> None:
     """Wrap every block of ``model.layers`` for ``mode`` in {"none", "selective", "full"};
     with ``layers`` N > 0 (``plan.recompute_layers``, full only) just the first N blocks of
-    this chunk, in order."""
+    this chunk, in order.
+
+    ``split_backward`` (a schedule of :data:`SPLIT_BACKWARD_SCHEDULES`): each checkpointed
+    block is recomputed once per autograd call, twice per backward. torch's selective
+    checkpoint hands each saved op output to one recomputation only and refuses the second
+    ("Trying to backward an extra time ... selective activation checkpoint",
+    torch/utils/checkpoint.py ``_CachedTorchDispatchMode``), so under such a schedule selective
+    blocks are checkpointed whole, as full recompute does: the same gradients (recomputation
+    never changes them), more recompute time and less activation memory than priced."""
     if mode == "none":
         return
+    if mode == "selective" and split_backward:
+        mode = "full"
     chosen = blocks(model)
     if layers and mode == "full":
         chosen = chosen[:layers]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import uncertainty as unc
-from ..estimate import Estimate
+from ..estimate import Estimate, estimate
 from .layouts import EXPLAINED_KNOBS as KNOBS
 from .result import Attempt, SearchResult
 from .why_not import nearest_values
@@ -80,8 +80,12 @@ def _partial_lines(result: SearchResult, best: Estimate) -> list[str]:
             continue
         a = found[0]
         limit = result.confident_limit_gib or result.memory_limit_gib  # partial N: solved at P(fit) = 1
-        if a.estimate is not None and (k == 0 or a.peak_gib <= limit):
-            lines.append(f"recompute_layers={k} ({a.estimate.plan.summary()}): {_compared(a.estimate, best)}")
+        alt = a.estimate
+        if alt is None and k == 0:  # pruned by the search's time bound before its full estimate: price it here
+            alt = estimate(result.model, result.cluster, a.plan)
+            alt.memory_limit = result.memory_limit_gib
+        if alt is not None and (k == 0 or a.peak_gib <= limit):
+            lines.append(f"recompute_layers={k} ({alt.plan.summary()}): {_compared(alt, best)}")
         elif a.peak_gib > limit:
             lines.append(f"recompute_layers={k} ({a.plan.summary()}): rank {a.peak_rank} needs {a.peak_gib:.1f} GiB, "
                          f"over the {limit:.1f} GiB that fit with P(fit) 1 under the {result.memory_limit_gib:.1f} GiB "
