@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from ..errors import PartitaError
+from .openrlhf import command_flags
 
 #: ``main.py`` with DeepSpeed-Chat's own flags (``--model_name_or_path`` or the actor's, and one of its others).
 _MAIN = re.compile(r"\bmain\.py\b")
@@ -60,18 +61,6 @@ def trainer_argv(commands: list[list[str]], path: str) -> tuple[list[str], list[
     raise PartitaError(f"{path}: no command runs DeepSpeed-Chat's main.py")
 
 
-def _flags(argv: list[str]) -> dict[str, str]:
-    """``--name value`` / ``--name=value`` / a bare switch (``"true"``) of main.py's command line."""
-    out: dict[str, str] = {}
-    for i, word in enumerate(argv):
-        if not word.startswith("--"):
-            continue
-        name, eq, inline = word.partition("=")
-        nxt = argv[i + 1] if i + 1 < len(argv) else ""
-        out[name] = inline if eq else (nxt if nxt and not nxt.startswith("--") else "true")
-    return out
-
-
 def _whole(flags: dict[str, str], name: str, path: str) -> int:
     value = flags.get(name, _DEFAULTS[name])
     if not value.isdigit():
@@ -82,7 +71,7 @@ def _whole(flags: dict[str, str], name: str, path: str) -> int:
 
 def check_trainer(argv: list[str], path: str) -> None:
     """A one-line refusal of step 3 (RLHF), whatever the device count."""
-    if "--actor_model_name_or_path" in _flags(argv):
+    if "--actor_model_name_or_path" in command_flags(argv):
         raise PartitaError(f"{path}: DeepSpeed-Chat step 3 (RLHF: actor, critic, reference and reward models in one "
                            "job) is not a layout Partita reads; estimate the actor's training with partita estimate "
                            "--model M --devices N --zero Z --mbs B --global-batch G")
@@ -90,7 +79,7 @@ def check_trainer(argv: list[str], path: str) -> None:
 
 def ds_config(argv: list[str], world: int, path: str) -> tuple[dict[str, Any], int, dict[str, Any]]:
     """(the ds_config main.py builds, the sequence length, the plan fields it sets beside it)."""
-    flags = _flags(argv)
+    flags = command_flags(argv)
     check_trainer(argv, path)
     dtype = flags.get("--dtype", _DEFAULTS["--dtype"])
     if dtype not in ("fp16", "bf16"):
@@ -115,7 +104,7 @@ def ds_config(argv: list[str], world: int, path: str) -> tuple[dict[str, Any], i
 
 def not_modelled(argv: list[str], path: str) -> tuple[str, ...]:
     """``"name: what it changes"`` for what the command line runs that Partita does not model."""
-    flags = _flags(argv)
+    flags = command_flags(argv)
     found = [f"{stage}: {what}" for stage, what in _STAGES.items() if stage in path.replace("\\", "/")]
     if flags.get("--lora_dim", "0") not in ("0", "") and "--only_optimize_lora" not in flags:
         found.append(PARTIAL_LORA)
@@ -124,5 +113,5 @@ def not_modelled(argv: list[str], path: str) -> tuple[str, ...]:
 
 def model_note(argv: list[str]) -> str:
     """Why the model is not read: main.py loads it by name (``--model_name_or_path``)."""
-    name = _flags(argv).get("--model_name_or_path", "(none)")
+    name = command_flags(argv).get("--model_name_or_path", "(none)")
     return f"the script names the model {name}: pass --model (a preset or its config.json)"

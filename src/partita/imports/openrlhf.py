@@ -58,8 +58,9 @@ def trainer_argv(commands: list[list[str]], path: str) -> tuple[list[str], list[
     raise PartitaError(f"{path}: no command runs openrlhf.cli.train_sft|train_rm|train_dpo")
 
 
-def _flags(argv: list[str]) -> dict[str, str]:
-    """``--name value`` / ``--name=value`` / a bare switch (``"true"``) of the trainer's command line."""
+def command_flags(argv: list[str]) -> dict[str, str]:
+    """``--name value`` / ``--name=value`` / a bare switch (``"true"``) of a trainer's command line
+    (OpenRLHF's, DeepSpeed-Chat's main.py)."""
     out: dict[str, str] = {}
     for i, word in enumerate(argv):
         if not word.startswith("--"):
@@ -79,7 +80,7 @@ def _whole(flags: dict[str, str], name: str, path: str) -> int:
 
 def ds_config(argv: list[str], path: str) -> tuple[dict[str, Any], int, dict[str, Any]]:
     """(the ds_config the trainer builds, the sequence length, the plan fields it sets beside it)."""
-    flags = _flags(argv)
+    flags = command_flags(argv)
     old = [f for f in _OLD_STYLE if f in flags]
     if old:
         raise PartitaError(f"{path}: {old[0]} is OpenRLHF's older flag spelling, not read here: write it as "
@@ -109,7 +110,7 @@ def ds_config(argv: list[str], path: str) -> tuple[dict[str, Any], int, dict[str
 
 def not_modelled(argv: list[str], trainer: str) -> tuple[str, ...]:
     """``"name: what it changes"`` for what the command line runs that Partita does not model."""
-    flags = _flags(argv)
+    flags = command_flags(argv)
     found = [f"{name}: {_NOT_MODELLED[name]}" for name in ("--ds.packing_samples", "--ds.load_in_4bit")
              if name in flags]
     return tuple(([f"{trainer}: {_NOT_MODELLED[trainer]}"] if trainer in _NOT_MODELLED else []) + found)
@@ -117,5 +118,5 @@ def not_modelled(argv: list[str], trainer: str) -> tuple[str, ...]:
 
 def model_note(argv: list[str]) -> str:
     """Why the model is not read: the trainer loads it by name (``--model.model_name_or_path``)."""
-    name = _flags(argv).get("--model.model_name_or_path", "(none)")
+    name = command_flags(argv).get("--model.model_name_or_path", "(none)")
     return f"the script names the model {name}: pass --model (a preset or its config.json)"
