@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--from-script", metavar="FILE",
                    help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
+    p.add_argument("--free-overlaps", action="store_true",
+                   help="with --from-script: let the search choose the communication overlaps (tensor-parallel, "
+                        "gradient reduce, parameter gather) instead of keeping the script's")
     add_script_flags(p)
     p.add_argument("--headroom", type=finite_float(0, 1, min_open=False, max_open=True), default=DEFAULT_HEADROOM,
                    help=f"fraction of usable memory kept free (default {DEFAULT_HEADROOM:g}: P(fit) carries the risk)")
@@ -89,6 +92,7 @@ def search(args: argparse.Namespace, model, cluster):
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom,
                         schedule=getattr(args, "schedule", None))
     space.options.update(carried_choices(args))  # the script's / flags' offload, moments, modules (search/space.py)
+    space.options.update(getattr(args, "script_overlaps", None) or {})  # the script's overlaps (space.script_overlaps)
     for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "sample_len"):  # every candidate fine-tunes so (issue 36)
         if getattr(args, name, None) is not None:
             space.options[name] = getattr(args, name)
@@ -267,7 +271,9 @@ def your_plan(args: argparse.Namespace, model, cluster):
     from ..plan import check
     if args.from_script and args.plan is not None:
         raise PartitaError(f"--plan {args.plan} and --from-script {args.from_script} both give your plan; give one")
-    args.not_modelled, args.reading_note = (), ""
+    args.not_modelled, args.reading_note, args.script_overlaps = (), "", {}
+    if getattr(args, "free_overlaps", False) and not args.from_script:
+        raise PartitaError("--free-overlaps frees the overlaps a --from-script file chose; give --from-script FILE")
     if args.from_script:
         from ..imports import load_config as load_script
         read = load_script(args.from_script, devices=cluster.world_size, model=model, seq_len=args.seq_len,
@@ -276,6 +282,9 @@ def your_plan(args: argparse.Namespace, model, cluster):
         if framework_arg(args):
             plan = plan.with_(framework=framework_arg(args))  # "as run by" the framework named
         args.framework = plan.framework  # the search estimates every candidate as the file's framework runs it
+        if not args.free_overlaps:  # every candidate keeps the script's overlaps (search/space.py OVERLAP_CHOICES)
+            from ..search.space import script_overlaps
+            args.script_overlaps = script_overlaps(plan)
     elif args.plan is not None:
         defaults = {"gbs": args.global_batch or DEFAULT_GLOBAL_BATCH, "seq_len": args.seq_len,
                     **({"dtype": args.dtype} if args.dtype else {})}

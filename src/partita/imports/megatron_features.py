@@ -22,6 +22,11 @@ NOT_MODELLED: dict[str, str] = {
     "--recompute-modules": "the modules recomputed with selective recompute (estimated as Megatron-Core's default, core_attn)",
     "--moe-zero-memory": "MoE activations freed and recomputed (less activation memory)",
     "--moe-alltoall-overlap-comm": "the MoE all-to-all overlapped with expert computation",
+    # Megatron-Core's combined 1F1B (NVIDIA/Megatron-LM@d98e8a6 megatron/core/model_parallel_config.py
+    # l.343-349, megatron/core/pipeline_parallel/combined_1f1b.py): estimated with the all-to-all exposed
+    "--overlap-moe-expert-parallel-comm": "the expert-parallel all-to-all overlapped with another micro-batch's "
+                                          "computation (Megatron-Core's combined 1F1B; estimated exposed)",
+    "--delay-wgrad-compute": "the weight-gradient GEMMs delayed to overlap the expert-parallel all-to-all",
     "--mtp-num-layers": "multi-token-prediction layers after the decoder (more weights and activations)",
     "--optimizer-cpu-offload": "optimizer states offloaded to host memory",
     "--cpu-offloading": "activations offloaded to host memory",

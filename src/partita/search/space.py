@@ -117,6 +117,32 @@ class SearchSpace:
 #: by ``plan --from-script`` whose candidates were priced without them)
 CARRIED_CHOICES = ("optimizer_offload", "moment_dtype", "recompute_modules")
 
+#: the communication overlaps a launch script turns on or leaves off (Megatron ``--tp-comm-overlap`` /
+#: MindSpeed ``--use-ascend-mc2``, ``--overlap-grad-reduce``, ``--overlap-param-gather``; DeepSpeed
+#: ``overlap_comm``; torchtitan async TP), read by the importers into these plan fields. ``plan
+#: --from-script`` carries them as the script's choices (:func:`script_overlaps`); ``--free-overlaps``
+#: lets the search use its own (:attr:`SearchSpace.options`: tensor-parallel overlap on, the plan's
+#: defaults for the others). Issue 33: before, every candidate ran with the overlaps on while the
+#: script's own layout was priced with them off, so the comparison priced a knob, not a layout.
+OVERLAP_CHOICES = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def script_overlaps(plan: Plan) -> dict:
+    """The overlap fields (:data:`OVERLAP_CHOICES`) a script's ``plan`` chose, where its layout
+    makes the flag act: ``tp_comm_overlap`` with tp > 1; ``overlap_grad_reduce`` with data (or
+    context) parallelism; ``overlap_param_gather`` with it and a sharded optimizer (Megatron-LM
+    arguments.py: "--overlap-param-gather only supported with distributed optimizer ..."). A flag
+    the layout gives nothing to do (``--tp-comm-overlap`` absent from a tp 1 script) is no choice,
+    so candidates that need it take the search's default."""
+    out: dict = {}
+    if plan.tp > 1:
+        out["tp_comm_overlap"] = plan.tp_comm_overlap
+    if plan.dp * plan.cp > 1:
+        out["overlap_grad_reduce"] = plan.overlap_grad_reduce
+        if plan.zero >= 1:
+            out["overlap_param_gather"] = plan.overlap_param_gather
+    return out
+
 
 def carried_plan(plan: Plan) -> Plan:
     """``plan`` as the framework runs it: a ``recompute_modules`` list carried from the

@@ -79,8 +79,8 @@ def alternatives(search: RankedSearch, layouts: LayoutQueue, best: Plan,
     rest = layouts.with_cross_node(any(v > per_node for v in found["tp"]))
     best_by_knob = search.best_by_knob
     for layout in rest:
-        if layout.floor >= max(best_by_knob.get(kv, float("inf")) for kv in targets):
-            break  # sorted by bound: no later layout can improve any alternative
+        if not targets or layout.floor >= max(best_by_knob.get(kv, float("inf")) for kv in targets):
+            break  # sorted by bound: no later layout can improve any alternative (none wanted: every knob fixed)
         wanted = [kv for kv in layout.knob_values if kv in targets and (layout.rankable or kv[0] == "tp")
                   and kv not in layout.resolved and search.bound_for(layout, kv) < best_by_knob.get(kv, float("inf"))]
         if wanted and search.evaluate(layout, wanted):
