@@ -387,7 +387,7 @@ def read_memory_record(path: Path) -> dict[str, dict]:
     the PyTorch allocator's rows (component ``PTA``; ``PTA+GE`` or ``APP`` where absent)
     give allocated and reserved, so fragmentation (reserved - allocated) over time; the
     ``APP`` rows (the whole process on the device) give ``app_peak_reserved_bytes``."""
-    from .memory import _thin
+    from .memory import component_peaks
     series: dict[str, dict[str, list]] = {}
     for r in _csv_rows(path):
         t = _float(r.get("Timestamp(us)"))
@@ -397,25 +397,8 @@ def read_memory_record(path: Path) -> dict[str, dict]:
         alloc, reserved = _float(r.get("Total Allocated(MB)")), _float(r.get("Total Reserved(MB)"))
         series.setdefault(device, {}).setdefault(r.get("Component", ""), []).append(
             (t, (alloc or 0.0) * 2**20, (reserved or 0.0) * 2**20))
-    out = {}
-    for device, parts in sorted(series.items()):
-        component = next((c for c in ("PTA", "PTA+GE", "APP") if parts.get(c)), next(iter(parts)))
-        points = sorted(parts[component])
-        t0 = points[0][0]
-        peak_reserved = max(points, key=lambda p: (p[2], p[1]))
-        unallocated = [p[2] - p[1] for p in points]
-        app = parts.get("APP") or []
-        out[device] = {
-            "events": len(points), "source": f"memory_record.csv ({component})",
-            "peak_allocated_bytes": max(p[1] for p in points),
-            "peak_reserved_bytes": peak_reserved[2],
-            "unallocated_at_peak_reserved_bytes": peak_reserved[2] - peak_reserved[1],
-            "fragmentation_at_peak_reserved": (1 - peak_reserved[1] / peak_reserved[2]) if peak_reserved[2] else None,
-            "peak_unallocated_bytes": max(unallocated),
-            "app_peak_reserved_bytes": max((p[2] for p in app), default=None),
-            "timeline": [[t - t0, a, r] for t, a, r in _thin(points)],
-        }
-    return out
+    app = {device: max(p[2] for p in parts["APP"]) for device, parts in series.items() if parts.get("APP")}
+    return component_peaks(series, "memory_record.csv ({})", app)
 
 
 def read_msprof_outputs(output_dir: str | Path) -> dict:

@@ -286,7 +286,7 @@ def _communication(con: sqlite3.Connection, path: Path, tables: set[str]) -> dic
 def read_db_memory(path: str | Path) -> dict[str, dict]:
     """``MEMORY_RECORD`` (and ``NPU_MEM``'s ``app`` rows) in the shape of
     :func:`partita.analyze.ascend.read_memory_record`; bytes and ns in the database."""
-    from .memory import _thin
+    from .memory import component_peaks
     path = Path(path)
     con = _connect(path)
     try:
@@ -306,20 +306,4 @@ def read_db_memory(path: str | Path) -> dict[str, dict]:
                     app.setdefault(f"npu:{device}", []).append(float(hbm or 0))
     finally:
         con.close()
-    out = {}
-    for device, parts in sorted(series.items()):
-        component = next((c for c in ("PTA", "PTA+GE", "APP") if parts.get(c)), next(iter(parts)))
-        points = sorted(parts[component])
-        t0 = points[0][0]
-        peak_reserved = max(points, key=lambda p: (p[2], p[1]))
-        out[device] = {
-            "events": len(points), "source": f"{path.name} MEMORY_RECORD ({component})",
-            "peak_allocated_bytes": max(p[1] for p in points),
-            "peak_reserved_bytes": peak_reserved[2],
-            "unallocated_at_peak_reserved_bytes": peak_reserved[2] - peak_reserved[1],
-            "fragmentation_at_peak_reserved": (1 - peak_reserved[1] / peak_reserved[2]) if peak_reserved[2] else None,
-            "peak_unallocated_bytes": max(p[2] - p[1] for p in points),
-            "app_peak_reserved_bytes": max(app[device]) if app.get(device) else None,
-            "timeline": [[t - t0, a, r] for t, a, r in _thin(points)],
-        }
-    return out
+    return component_peaks(series, f"{path.name} MEMORY_RECORD ({{}})", {d: max(v) for d, v in app.items()})

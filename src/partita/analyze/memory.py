@@ -38,6 +38,48 @@ def _thin(points: list[tuple[float, float, float]]) -> list[tuple[float, float, 
     return [max(points[i:i + size], key=lambda p: p[1]) for i in range(0, len(points), size)]
 
 
+def _peaks(points: list[tuple[float, float, float]]) -> dict:
+    """One device's summary of its time-sorted ``(t_us, allocated, reserved)`` points: the
+    peaks, the reserved-but-unallocated bytes and fragmentation at peak reservation (a tie on
+    reserved goes to the higher allocation), and the thinned timeline from the first point."""
+    t0 = points[0][0]
+    peak_reserved = max(points, key=lambda p: (p[2], p[1]))
+    return {
+        "events": len(points),
+        "peak_allocated_bytes": max(p[1] for p in points),
+        "peak_reserved_bytes": peak_reserved[2],
+        "unallocated_at_peak_reserved_bytes": peak_reserved[2] - peak_reserved[1],
+        "fragmentation_at_peak_reserved": (1 - peak_reserved[1] / peak_reserved[2]) if peak_reserved[2] else None,
+        "timeline": [[t - t0, a, r] for t, a, r in _thin(points)],
+    }
+
+
+def component_peaks(series: dict[str, dict[str, list[tuple[float, float, float]]]], source: str,
+                    app_peak_reserved: dict[str, float]) -> dict[str, dict]:
+    """Per device, :func:`_peaks` of one component of msprof's memory records
+    ``{device: {component: [(t_us, allocated, reserved)]}}`` - the one body behind
+    ``memory_record.csv`` (:func:`partita.analyze.ascend.read_memory_record`) and the profiler
+    database's ``MEMORY_RECORD`` (:func:`partita.analyze.ascend_db.read_db_memory`).
+
+    The component is the PyTorch allocator's, ``PTA``; ``PTA+GE``, then ``APP`` (the whole
+    process), where a capture has no PTA rows; else the first one recorded. ``source`` is
+    formatted with the component chosen (``"memory_record.csv ({})"``); ``app_peak_reserved``
+    holds each device's whole-process peak where one was recorded (None elsewhere). Adds
+    ``source``, ``peak_unallocated_bytes`` and ``app_peak_reserved_bytes`` to :func:`_peaks`'s
+    fields, in the order the two readers have always written them."""
+    out = {}
+    for device, parts in sorted(series.items()):
+        component = next((c for c in ("PTA", "PTA+GE", "APP") if parts.get(c)), next(iter(parts)))
+        points = sorted(parts[component])
+        peaks = _peaks(points)
+        timeline = peaks.pop("timeline")
+        out[device] = {"events": peaks.pop("events"), "source": source.format(component), **peaks,
+                       "peak_unallocated_bytes": max(p[2] - p[1] for p in points),
+                       "app_peak_reserved_bytes": app_peak_reserved.get(device),
+                       "timeline": timeline}
+    return out
+
+
 def memory_timeline(trace: dict) -> dict[str, dict]:
     """Per device: peaks (bytes), fragmentation at peak reservation and a thinned timeline
     ``[[t_us, allocated, reserved], ...]`` (t from the device's first memory event).
@@ -52,17 +94,4 @@ def memory_timeline(trace: dict) -> dict[str, dict]:
         except (TypeError, ValueError):
             continue
         series.setdefault(_device(args), []).append((float(e["ts"]), allocated, reserved))
-    out = {}
-    for device, points in sorted(series.items()):
-        points.sort()
-        t0 = points[0][0]
-        peak_reserved = max(points, key=lambda p: (p[2], p[1]))
-        out[device] = {
-            "events": len(points),
-            "peak_allocated_bytes": max(p[1] for p in points),
-            "peak_reserved_bytes": peak_reserved[2],
-            "unallocated_at_peak_reserved_bytes": peak_reserved[2] - peak_reserved[1],
-            "fragmentation_at_peak_reserved": (1 - peak_reserved[1] / peak_reserved[2]) if peak_reserved[2] else None,
-            "timeline": [[t - t0, a, r] for t, a, r in _thin(points)],
-        }
-    return out
+    return {device: _peaks(sorted(points)) for device, points in sorted(series.items())}
