@@ -50,6 +50,17 @@ Every fact below is from microsoft/Megatron-DeepSpeed@f4157be (line numbers of t
 - Attention is the unfused ``CoreAttention`` (scores kept) unless one of ``--use-flash-attn``
   (``-v1``), ``--use-flash-attn-v2``, ``--use-flash-attn-triton``, ``--use-flash-attn-builder`` is
   given (megatron/model/transformer.py l.528-531).
+- **Selective recompute** (``--recompute-granularity selective``, or ``--recompute-activations``,
+  which sets it, megatron/arguments.py l.145-146) checkpoints the core attention as a module:
+  microsoft/Megatron-DeepSpeed@f4157bea69f3df8c6cb66f2ebcda66ba03d1288e megatron/model/transformer.py
+  l.624-629 sets ``checkpoint_core_attention`` for the unfused ``CoreAttention`` only, and l.864-869
+  runs ``_checkpointed_attention_forward`` (l.642-663: ``tensor_parallel.checkpoint`` of
+  ``self.core_attention``) - the same scheme as Megatron-Core's module-level ``core_attn``
+  (Korthikanti et al. 2022 sec. 4.2), so the plan is ``recompute_modules=core_attn`` (priced by
+  cost/frameworks.py ``selective_modules``). With flash attention (the ``core_attention_flash``
+  branch, l.624-626 and l.850-862) or DeepSpeed-Ulysses (``dist_attn``, l.613-622 and l.845-847) the
+  attribute is never set and nothing is checkpointed: the plan is ``recompute=none``, said in a note
+  (:data:`SELECTIVE_NOOP`).
 """
 from __future__ import annotations
 
@@ -75,6 +86,10 @@ MOE_NOT_MODELLED: dict[str, str] = {
     "--moe-train-capacity-factor": "DeepSpeed-MoE's expert capacity (tokens over it dropped; estimated as routed "
                                    "without a capacity limit)",
 }
+#: selective recompute that the fork's model code does not run (module docstring)
+SELECTIVE_NOOP = ("--recompute-granularity selective: Megatron-DeepSpeed checkpoints only the unfused CoreAttention "
+                  "(megatron/model/transformer.py checkpoint_core_attention); with {} nothing is recomputed: read as "
+                  "recompute none")
 #: the fork's flags read here that take a value (an unknown value in a script is named, not guessed)
 VALUE_FLAGS = ("--zero-stage", "--num-key-value-heads", "--ds-sequence-parallel-size", "--num-experts",
                "--moe-expert-parallel-size", "--expert-interval", "--topk", "--mlp-type")
@@ -168,6 +183,13 @@ def merge_ds_config(argv: list[str], cfg: dict) -> tuple[dict[str, object], list
         fields["optimizer_offload"] = offload
     notes += ds_not_modelled(cfg)
     return fields, add, drop, notes
+
+
+def _selective(argv: list[str]) -> bool:
+    """Whether the fork runs ``recompute_granularity == 'selective'``: ``--recompute-activations``
+    sets it whatever ``--recompute-granularity`` says (megatron/arguments.py l.145-146), else the last
+    ``--recompute-granularity``."""
+    return "--recompute-activations" in argv or _value(argv, "--recompute-granularity") == ["selective"]
 
 
 def is_megatron_deepspeed(argv: list[str]) -> bool:
@@ -275,9 +297,13 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, object], tuple[str,
     if ulysses > 1:
         out += ["--context-parallel-size", str(ulysses)]
     out += moe
-    if not any(tok in FLASH for tok in argv):
+    flash = any(tok in FLASH for tok in argv)
+    if not flash:
         out += ["--attention-backend", "unfused"]
     fields: dict[str, object] = {"zero": zero, **json_fields}
+    if _selective(argv) and (flash or ulysses > 1):  # no checkpoint_core_attention (module docstring)
+        fields.update(recompute="none", recompute_modules="", recompute_layers=0)
+        notes.append(SELECTIVE_NOOP.format("flash attention" if flash else "DeepSpeed-Ulysses attention"))
     stages = _int("--pipeline-model-parallel-size", _value(argv, "--pipeline-model-parallel-size"), 1)
     if "--no-pipeline-parallel" in argv and stages > 1:
         raise PartitaError(f"--no-pipeline-parallel with --pipeline-model-parallel-size {stages}: Megatron-DeepSpeed "
