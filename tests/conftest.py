@@ -45,6 +45,33 @@ def pytest_make_collect_report(collector):
         report.longrepr = f"module skipped, and this suite allows no skips (tests/conftest.py): {reason}"
 
 
+# -- small helpers several test files share -----------------------------------------------------
+
+def load_script(path: Path, name: str):
+    """Execute a script (``bench/*.py``) as a fresh module named ``name``, registered in
+    ``sys.modules`` first because its dataclasses look their module up there; each call
+    gives a new module, so no test sees another's changes to its globals."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def rank0_states(model_name: str, devices: int, **fields) -> dict[str, float]:
+    """Weights, gradients and optimizer bytes on pipeline rank 0 of a pure data-parallel plan
+    (tp = pp = 1: every parameter), ``Plan`` fields on top; seq_len 4096, one sample a rank."""
+    from partita.cost.memory import estimate_rank_memory
+    from partita.plan import Plan
+    from partita.spec.hardware import make_cluster
+    from partita.spec.load import load_model
+    device = make_cluster("h100-sxm", devices).device
+    plan = Plan(dp=devices, gbs=devices, seq_len=4096, **fields)
+    parts = estimate_rank_memory(load_model(model_name), device, plan, 0).parts
+    return {k: parts[k] for k in ("weights", "gradients", "optimizer")}
+
+
 # -- independent launches started together ------------------------------------------------------
 
 def run_together(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None, cwd=None) -> list:

@@ -2,23 +2,18 @@
 (issue 18): regenerating it gives the committed file byte for byte, so the guide's numbers are
 the cost model's. When a cost-model change moves them, rerun `python bench/guide.py` and commit
 docs/guide.md with the change. The scenario numbers are also checked against the CLI's --json."""
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
+from conftest import load_script
 from partita.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _guide():
-    spec = importlib.util.spec_from_file_location("partita_bench_guide", ROOT / "bench" / "guide.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "guide.py", "partita_bench_guide")
 
 
 def test_guide_regenerates_byte_identical():

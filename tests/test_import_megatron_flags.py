@@ -11,6 +11,7 @@ import shlex
 
 import pytest
 
+from conftest import rank0_states
 from partita.errors import PartitaError
 from partita.imports.megatron import plan_from_megatron, read_megatron
 from partita.imports.megatron_layout import parse_pipeline_layout
@@ -240,23 +241,12 @@ def test_fp8_param_gather_and_reuse_fp32_param_are_plan_fields():
     assert r.plan.reuse_fp32_param is True and r.not_modelled == ()
 
 
-def _states(model_name: str, devices: int, **fields) -> dict[str, float]:
-    """Weights, gradients and optimizer bytes of pipeline rank 0 (tp = pp = 1: every parameter)."""
-    from partita.cost.memory import estimate_rank_memory
-    from partita.plan import Plan
-    from partita.spec.hardware import make_cluster
-    device = make_cluster("h100-sxm", devices).device
-    plan_ = Plan(dp=devices, gbs=devices, seq_len=4096, **fields)
-    parts = estimate_rank_memory(load_model(model_name), device, plan_, 0).parts
-    return {k: parts[k] for k in ("weights", "gradients", "optimizer")}
-
-
 def test_fp8_param_gather_keeps_one_byte_per_weight():
     # Megatron's parameter buffer for fp8 params is torch.uint8 (param_and_grad_buffer.py), in place
     # of the bf16 weight (2 bytes) and Transformer Engine's cached fp8 copy (1 byte)
     params = load_model("llama3-8b").total_params()
-    base = _states("llama3-8b", 8, dtype="fp8", grad_dtype="bf16")
-    fp8 = _states("llama3-8b", 8, dtype="fp8", grad_dtype="bf16", fp8_param_gather=True)
+    base = rank0_states("llama3-8b", 8, dtype="fp8", grad_dtype="bf16")
+    fp8 = rank0_states("llama3-8b", 8, dtype="fp8", grad_dtype="bf16", fp8_param_gather=True)
     assert fp8["weights"] == pytest.approx(params * 1)
     assert base["weights"] == pytest.approx(params * 3)
     assert (fp8["gradients"], fp8["optimizer"]) == (base["gradients"], base["optimizer"])
@@ -267,8 +257,8 @@ def test_reuse_fp32_param_saves_what_mindspeed_documents(zero, dp):
     # Ascend/MindSpeed@028de58 docs/zh/features/reuse-fp32-param.md: saves sizeof(bfloat16) x params
     # (Float16OptimizerWithFloat16Params), sizeof(bfloat16) x params / DP with the distributed optimizer
     params = load_model("llama3-8b").total_params()
-    base = _states("llama3-8b", dp, zero=zero)
-    reused = _states("llama3-8b", dp, zero=zero, reuse_fp32_param=True)
+    base = rank0_states("llama3-8b", dp, zero=zero)
+    reused = rank0_states("llama3-8b", dp, zero=zero, reuse_fp32_param=True)
     saved = sum(base.values()) - sum(reused.values())
     assert saved == pytest.approx(2 * params / (dp if zero >= 1 else 1))
 

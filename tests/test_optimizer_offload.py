@@ -10,6 +10,7 @@ import shlex
 
 import pytest
 
+from conftest import rank0_states
 from partita.errors import PartitaError
 from partita.imports.megatron import read_megatron
 from partita.spec.load import load_model
@@ -22,17 +23,6 @@ LLAMA70 = ("--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-att
 
 def read(text: str, world: int):
     return read_megatron(shlex.split(text), world)
-
-
-def _states(model_name: str, devices: int, **fields) -> dict[str, float]:
-    """Weights, gradients and optimizer bytes on pipeline rank 0 (tp = pp = 1: every parameter)."""
-    from partita.cost.memory import estimate_rank_memory
-    from partita.plan import Plan
-    from partita.spec.hardware import make_cluster
-    device = make_cluster("h100-sxm", devices).device
-    plan_ = Plan(dp=devices, gbs=devices, seq_len=4096, **fields)
-    parts = estimate_rank_memory(load_model(model_name), device, plan_, 0).parts
-    return {k: parts[k] for k in ("weights", "gradients", "optimizer")}
 
 
 @pytest.mark.parametrize("flags,fraction", [("", 0.0), ("--optimizer-cpu-offload", 1.0),
@@ -56,8 +46,8 @@ def test_optimizer_cpu_offload_leaves_what_megatron_documents(dp, fraction):
     # HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py) holds the offloaded
     # fraction's fp32 copies and moments in host memory, the device keeps the 6
     params = load_model("llama3-8b").total_params()
-    on_device = _states("llama3-8b", dp, zero=1, optimizer_offload=fraction)
-    assert sum(_states("llama3-8b", dp, zero=1).values()) == pytest.approx(params * (6 + 12 / dp))
+    on_device = rank0_states("llama3-8b", dp, zero=1, optimizer_offload=fraction)
+    assert sum(rank0_states("llama3-8b", dp, zero=1).values()) == pytest.approx(params * (6 + 12 / dp))
     assert sum(on_device.values()) == pytest.approx(params * (6 + (1 - fraction) * 12 / dp))
 
 
@@ -126,10 +116,10 @@ def test_precision_aware_moments_hold_what_megatron_stores(dtype, moment_bytes):
     r = read(LLAMA70 + f"--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype {dtype} "
              f"--exp-avg-sq-dtype {dtype}", 8)
     assert r.plan.moment_dtype == dtype and r.not_modelled == ()
-    states = _states("llama3-8b", 8, zero=1, moment_dtype=dtype)
+    states = rank0_states("llama3-8b", 8, zero=1, moment_dtype=dtype)
     assert sum(states.values()) == pytest.approx(params * (6 + (2 + 2 * moment_bytes) / 8))
     # MindSpeed-LLM's core (core_v0.12.1) has no store_param_remainders: the 4-byte master stays
-    mindspeed = _states("llama3-8b", 8, zero=1, moment_dtype=dtype, framework="mindspeed")
+    mindspeed = rank0_states("llama3-8b", 8, zero=1, moment_dtype=dtype, framework="mindspeed")
     assert sum(mindspeed.values()) == pytest.approx(params * (6 + (4 + 2 * moment_bytes) / 8))
     mixed = read(LLAMA70 + "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16", 8)
     assert mixed.plan.moment_dtype == "fp32" and mixed.not_modelled[0].startswith("--exp-avg-dtype bf16")
@@ -142,6 +132,6 @@ def test_offloaded_optimizer_keeps_fp32_moments_on_the_device():
     # (megatron/core/optimizer/__init__.py: `if config.optimizer_cpu_offload:` builds
     # HybridDeviceOptimizer first), so with an offload the device share holds fp32 master + m + v:
     # (1 - f) x 12 / d bytes per parameter (dist_optimizer.md), whatever --exp-avg-dtype says
-    params = sum(_states("llama3-8b", 8, zero=1).values()) / (6 + 12 / 8)
-    offloaded = _states("llama3-8b", 8, zero=1, moment_dtype="bf16", optimizer_offload=0.5)
+    params = sum(rank0_states("llama3-8b", 8, zero=1).values()) / (6 + 12 / 8)
+    offloaded = rank0_states("llama3-8b", 8, zero=1, moment_dtype="bf16", optimizer_offload=0.5)
     assert offloaded["optimizer"] == pytest.approx(params * 0.5 * 12 / 8)

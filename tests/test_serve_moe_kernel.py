@@ -8,11 +8,11 @@ num_experts_per_tok 2) for the FLOPs, the kernel times as vLLM pull request #247
 and the bench's own recomputation for the stored docs table."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "serve.md"
@@ -20,11 +20,7 @@ DOC = ROOT / "docs" / "serve.md"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("serve_moe_kernel", ROOT / "bench" / "serve_moe_kernel.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serve_moe_kernel"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "serve_moe_kernel.py", "serve_moe_kernel")
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,14 @@ registry and device files, an order-statistic computation written out here (not
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from partita.uncertainty import effective_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,11 +24,7 @@ STORED = ROOT / "src" / "partita" / "catalog" / "serve_intervals.json"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("serve_published", ROOT / "bench" / "serve_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serve_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "serve_published.py", "serve_published")
 
 
 @pytest.fixture(scope="module")
