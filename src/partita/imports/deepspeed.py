@@ -169,11 +169,26 @@ def _derive(t: int | None, m: int | None, g: int | None, world: int, path: str) 
     return m, g
 
 
+#: ``offload_param`` below ZeRO-3: DeepSpeed accepts it and does nothing with it. Its config says "Valid only
+#: with stage 3" (deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641 deepspeed/runtime/zero/config.py
+#: l.157-161) and has no validator refusing it (l.382-393 check only overlap_comm and the optimizer offload
+#: ratio); runtime/engine.py ``_configure_zero_optimizer`` passes ``offload_param_config`` only in its
+#: ``zero_stage == ZeroStageEnum.weights`` branch (l.2434-2555), the stage 1/2 branch (l.2382-2432) never. So the
+#: run keeps its parameters on the device, as the plan is priced; the note says so.
+PARAM_OFFLOAD_BELOW_3 = ("zero_optimization.offload_param {} at ZeRO stage {}: DeepSpeed offloads parameters only at "
+                         "stage 3 (runtime/engine.py _configure_zero_optimizer) and ignores it here; priced with the "
+                         "parameters on the device, as it runs")
+
+
 def ds_not_modelled(cfg: dict) -> tuple[str, ...]:
     """``"key value: what it changes"`` for each feature of the config the cost model does not hold
     (ZeRO-Offload of the optimizer is held where :func:`optimizer_offload` reads it: not listed)."""
     modelled = {"zero_optimization.offload_optimizer"} if _offloads(cfg) else set()
-    return tuple(f"{key} {_short(_get(cfg, key))}: {REMOVED if key.split('.')[0] in REMOVED_KEYS else ''}{what}"[:240]
+    stage = (cfg.get("zero_optimization") or {}).get("stage", 0)
+    below_3 = isinstance(stage, int) and stage < 3
+    return tuple(PARAM_OFFLOAD_BELOW_3.format(_short(_get(cfg, key)), stage)
+                 if key == "zero_optimization.offload_param" and below_3 else
+                 f"{key} {_short(_get(cfg, key))}: {REMOVED if key.split('.')[0] in REMOVED_KEYS else ''}{what}"[:240]
                  for key, on, what in _NOT_MODELLED if key not in modelled and on(_get(cfg, key)))
 
 
