@@ -36,7 +36,7 @@ CLAIMS = {
     ("llama-factory-readme", "memory"): (6, 0.05, 0.15),
     ("ms-swift-megatron-benchmark", "memory"): (2, 0.20, 0.25),
     ("ms-swift-megatron-benchmark", "throughput"): (3, 0.07, 0.13),
-    ("nemo-24.07-perf-summary", "throughput"): (6, 0.11, 0.19),
+    ("nemo-24.07-perf-summary", "throughput"): (6, 0.10, 0.19),
     ("nemo-automodel-perf-summary", "throughput"): (6, 0.08, 0.16),
     ("torchtune-readme-optimization-flags", "throughput"): (3, 0.11, 0.15),
 }
@@ -66,17 +66,18 @@ def test_per_source_errors_within_the_documented_tolerance(bench, results) -> No
 def test_per_sample_attention_is_what_closes_the_packed_rows(bench) -> None:
     """NeMo 24.07 packs SQuAD samples of a few hundred tokens into 4096-token sequences and runs
     attention per sample (THD): charged over the whole 4096 tokens instead (``sample_len`` 0),
-    every row is predicted slower than published, by 26 % at the median; per sample, within
-    the 15 % above. The assumed sample length hardly matters (200 to 512: under 2 points)."""
+    every row is predicted slower than published, by 24 % at the median (26 % while the LoRA rows
+    also adapted linear_proj, before NeMo's qkv-only default); per sample, within the 10 % above. The assumed sample length hardly matters (200 to 512: 2.1 points at most, on a qkv-only LoRA row
+    where attention is the larger share)."""
     import statistics
     rows = [r for r in bench.read_rows() if r["source"] == "nemo-24.07-perf-summary"]
     def errors(sample_len: str | None) -> list[float]:
         return [bench.predict(r if sample_len is None else dict(r, sample_len=sample_len)) / float(r["published"]) - 1
                 for r in rows]
     whole = errors("")
-    assert len(whole) == 6 and all(e < 0 for e in whole) and statistics.median(abs(e) for e in whole) > 0.25
-    assert statistics.median(abs(e) for e in errors(None)) < 0.15
-    assert max(abs(a - b) for a, b in zip(errors("200"), errors("512"))) < 0.02
+    assert len(whole) == 6 and all(e < 0 for e in whole) and statistics.median(abs(e) for e in whole) > 0.2
+    assert statistics.median(abs(e) for e in errors(None)) < 0.10
+    assert max(abs(a - b) for a, b in zip(errors("200"), errors("512"))) < 0.025
 
 
 def test_unknown_metric_is_a_one_line_error(bench) -> None:

@@ -217,8 +217,10 @@ def test_mindspeed_llm_lora_and_full_fine_tuning_are_plan_fields():
     p = plan(LLAMA70 + "--lora-target-modules linear_q linear_kv linear_fc1 linear_fc2 linear_q_up_proj "
              "linear_o_down_proj linear_o_up_proj", 8)  # DeepSeek-V4's names (MindSpeed-LLM deepseek4_flash)
     assert p.lora_targets == "all-linear"
-    r = read(LLAMA70 + "--lora-target-modules linear_qkv", 8)  # part of the attention linears: read wider, named
-    assert r.plan.lora_targets == "attention" and "linear_qkv: adapters on these linears only" in r.not_modelled[0]
+    r = read(LLAMA70 + "--lora-target-modules linear_qkv", 8)  # q/k/v exactly: plan qkv (NeMo 1.x's default)
+    assert r.plan.lora_targets == "qkv" and not r.not_modelled
+    r = read(LLAMA70 + "--lora-target-modules linear_proj", 8)  # part of the attention linears: read wider, named
+    assert r.plan.lora_targets == "attention" and "linear_proj: adapters on these linears only" in r.not_modelled[0]
     with pytest.raises(PartitaError, match="lm_head is not a linear Partita knows"):
         plan(LLAMA70 + "--lora-target-modules lm_head", 8)
 

@@ -141,7 +141,7 @@ GRAD_COMPRESSIONS = ("none", "powersgd")
 #: ``finetune``: none (pre-training: every weight trained), full (SFT of every weight), lora (frozen
 #: base weights, low-rank adapters trained); ``lora_targets``: which linears get an adapter
 FINETUNES = ("none", "full", "lora")
-LORA_TARGETS = ("attention", "mlp", "all-linear")
+LORA_TARGETS = ("attention", "qkv", "mlp", "all-linear")
 ZERO_STAGES = (0, 1, 2, 3)
 #: ``framework``: what the plan is estimated as run by (partita.cost.frameworks holds each one's differences)
 FRAMEWORKS = ("megatron", "mindspeed", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss", "deepspeed", "partita", "internevo",
@@ -258,8 +258,9 @@ class Plan:
     lora_rank: int = _flag(16, "LoRA rank r of every adapter (with --finetune lora; default 16)", bounds=(1, 65536),
                            commands=_BOTH)
     lora_alpha: float = _flag(32.0, "LoRA alpha (scale alpha/r; with --finetune lora; default 32)", commands=_BOTH)
-    lora_targets: str = _flag("all-linear", "linears given a LoRA adapter: attention (q,k,v,o), mlp (gate,up,down) "
-                                            "or all-linear (both; default)", choices=LORA_TARGETS, commands=_BOTH)
+    lora_targets: str = _flag("all-linear", "linears given a LoRA adapter: attention (q,k,v,o), qkv (q,k,v: NeMo "
+                                            "1.x's attention_qkv default), mlp (gate,up,down) or all-linear (default)",
+                              choices=LORA_TARGETS, commands=_BOTH)
     #: weight storage knobs read from Megatron/MindSpeed scripts (issue 32; cost/states.py has the bytes):
     #: fp8 weights with no bf16 copy (Megatron --fp8-param-gather), and the fp32 master weight kept as the
     #: bf16 weight plus a 16-bit residual (MindSpeed --reuse-fp32-param)

@@ -10,7 +10,11 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
 
 * **Adapter parameters** per targeted linear ``r (in + out)`` (no bias; PEFT's default
   ``bias="none"``), over the linears ``plan.lora_targets`` names: ``attention`` = q, k, v, o
-  (MLA: q_a, q_b, kv_a, kv_b, o), ``mlp`` = gate, up, down (or fc1, fc2; every routed and
+  (MLA: q_a, q_b, kv_a, kv_b, o), ``qkv`` = the same less o (Megatron-Core's ``linear_qkv``
+  alone: NeMo 1.x's default ``target_modules: ['attention_qkv']`` at NeMo 24.07, NVIDIA/NeMo
+  r2.0.0rc1 = 579983fb examples/nlp/language_modeling/tuning/conf/megatron_gpt_finetuning_config.yaml
+  l.105; NeMo 2.0's ``llm.peft.LoRA`` at the same tag defaults to all four Megatron linears,
+  nemo/collections/llm/peft/lora.py l.69), ``mlp`` = gate, up, down (or fc1, fc2; every routed and
   shared expert's), ``all-linear`` = both - PEFT's ``target_modules="all-linear"`` (every
   ``nn.Linear`` but the output layer). :func:`trainable_params` equals PEFT's
   ``get_nb_trainable_parameters`` (tests/test_finetune_cost.py). The MoE router is not
@@ -73,7 +77,7 @@ from typing import NamedTuple
 from ..plan import Plan
 from ..spec.hardware import Device
 from ..spec.model import ModelSpec
-from .frameworks import get_framework
+from .frameworks import get_framework, selective_modules
 from .compute import BYTES, LayerCost, embedding_forward, gemm_time, layer_forward, output_forward
 from .memo import memoised
 from .placement import RankShape
@@ -160,6 +164,8 @@ def lora_linears(model: ModelSpec, moe: bool, targets: str, fused: bool = False)
     out: list[LoraLinear] = []
     if targets in ("attention", "all-linear"):
         out += _attention_linears(model, fused)
+    elif targets == "qkv":  # every attention projection but the output one (o / linear_proj: the last)
+        out += _attention_linears(model, fused)[:-1]
     if targets in ("mlp", "all-linear"):
         if moe and model.moe:
             mo = model.moe
@@ -295,22 +301,55 @@ def lora_memory_parts(model: ModelSpec, plan: Plan, shape: RankShape, parts: dic
 # ------------------------------------------------------------------ activations
 def activation_delta(model: ModelSpec, plan: Plan, moe: bool, mode: str) -> float:
     """Bytes one layer keeps per micro-batch under LoRA beyond pre-training's count
-    (:func:`.activations.activation_bytes`), on one rank: each adapter's ``r``-wide
-    intermediate, less the inputs only an untargeted frozen linear would have saved (module
-    docstring). Full recompute keeps the layer input only (no change); selective keeps the
-    adapters' intermediates only."""
+    (:func:`.activations.activation_bytes`, or :func:`.activations.module_recompute_bytes` under a
+    module-level selective plan), on one rank: each adapter's ``r``-wide intermediate, less the
+    inputs only an untargeted frozen linear would have saved (module docstring). Full recompute
+    keeps the layer input only (no change).
+
+    What ``selective`` means is the framework's (:func:`.frameworks.selective_modules`, the one
+    rule the pre-training count follows too):
+
+    * op-level selective checkpointing (partita's runtime, torchtitan's "op" SAC): the layer
+      keeps only its listed GEMM outputs, so the adapters' intermediates are all it adds;
+    * Megatron-Core's module-level selective (megatron / mindspeed, default ``core_attn``): only
+      the named modules are checkpointed, everything else saves what it saves with recompute
+      none - so the delta is recompute none's, less what the checkpointed modules already drop:
+      the MLP's adapters and frozen inputs inside a checkpointed ``mlp`` (dense) or ``moe``
+      block; norm outputs ``layernorm`` discards (:func:`.activations.norm_outputs_freed`:
+      the QKV input on MLA or MindSpeed's local spec, the MLP input on MindSpeed's); and with
+      ``core_attn`` checkpointed and the out projection frozen and untargeted (``qkv``, ``mlp``
+      targets), its input - the core attention's output, which no kernel keeps then - goes
+      too (without the checkpoint the fused attention kernel saves its own output for its
+      backward: flash-attention's ``out`` and ``lse``, the tensor ``linear_proj`` reads, so a
+      frozen ``linear_proj`` frees nothing under ``qkv``).
+
+    tests/test_finetune_targets_recompute.py checks it with saved-tensor hooks on a layer
+    written as Megatron-Core builds it, its core attention checkpointed."""
     if plan.finetune != "lora" or mode == "full":
         return 0.0
     e = BYTES[plan.dtype]
     tokens = plan.mbs * plan.seq_len / plan.cp
-    linears = lora_linears(model, moe, plan.lora_targets, lora_shape(plan).fused)
-    per_token = sum(lin.count * lin.token_share for lin in linears) * plan.lora_rank * e
-    if mode == "none" and plan.lora_targets != "all-linear" and not (moe and model.moe):
-        out_div = plan.tp if plan.sp else 1
-        if plan.lora_targets == "attention":  # MLP input (norm output) and the gated product (w2's input)
-            per_token -= e * model.hidden / out_div + e * model.ffn_hidden / plan.tp
-        else:  # QKV input and the attention output (wo's input)
-            per_token -= e * model.hidden / out_div + e * model.attn_out_dim / plan.tp
+    targets = plan.lora_targets
+    linears = lora_linears(model, moe, targets, lora_shape(plan).fused)
+    modules = selective_modules(plan.framework, mode, plan.recompute_modules)
+    if mode == "selective" and not modules:  # op-level SAC: the adapters' intermediates only
+        return tokens * sum(lin.count * lin.token_share for lin in linears) * plan.lora_rank * e
+    moe_layer = moe and model.moe is not None
+    mlp_checkpointed = ("moe" if moe_layer else "mlp") in modules
+    per_token = sum(lin.count * lin.token_share for lin in linears
+                    if not (lin.group == "mlp" and mlp_checkpointed)) * plan.lora_rank * e
+    if targets == "all-linear" or moe_layer:
+        return tokens * per_token
+    out_div = plan.tp if plan.sp else 1
+    norms_freed = "layernorm" in modules and (plan.framework == "mindspeed" or model.mla is not None)
+    if targets in ("attention", "qkv"):  # frozen MLP: its input (norm output) and the gated product (w2's input)
+        if not mlp_checkpointed:
+            per_token -= (0.0 if norms_freed and plan.framework == "mindspeed" else e * model.hidden / out_div) \
+                + e * model.ffn_hidden / plan.tp
+        if targets == "qkv" and "core_attn" in modules:  # frozen linear_proj: the checkpointed attention's output
+            per_token -= e * model.attn_out_dim / plan.tp
+    else:  # frozen attention: the QKV input and the attention output (wo's input)
+        per_token -= (0.0 if norms_freed else e * model.hidden / out_div) + e * model.attn_out_dim / plan.tp
     return tokens * per_token
 
 

@@ -1,6 +1,6 @@
 """LoRA target modules as the fine-tuning frameworks name them, read into the plan's
-``lora_targets`` (issue 36 item 4): ``attention`` (q, k, v, o), ``mlp`` (gate, up, down) or
-``all-linear`` (both).
+``lora_targets`` (issue 36 item 4): ``attention`` (q, k, v, o), ``qkv`` (q, k, v exactly: NeMo's
+``linear_qkv`` alone), ``mlp`` (gate, up, down) or ``all-linear`` (both).
 
 The names are each framework's own module names:
 
@@ -34,11 +34,15 @@ _COMPLETE: dict[str, tuple[frozenset[str], ...]] = {
 #: every module name of each group (a name in no group is refused in one line).
 _NAMES = {group: frozenset().union(*sets) for group, sets in _COMPLETE.items()}
 _NAMES["attention"] |= {"linear_q_proj", "linear_q_down_proj", "linear_kv_down_proj"}  # MLA's other projections
+#: complete sets of the q/k/v projections alone (plan ``qkv``: NeMo 1.x's default ``attention_qkv``).
+_QKV = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"qkv_proj"}), frozenset({"query_key_value"}),
+        frozenset({"c_attn"}), frozenset({"linear_qkv"}), frozenset({"linear_q", "linear_kv"}))
 #: names meaning every linear layer of the blocks.
 ALL_LINEAR = frozenset({"all", "all-linear", "all_linear"})
 #: the plan's value -> the module names each framework writes for it (exporters; Hugging Face / PEFT first).
-HF_NAMES = {"attention": "q_proj,k_proj,v_proj,o_proj", "mlp": "gate_proj,up_proj,down_proj", "all-linear": "all"}
-MEGATRON_NAMES = {"attention": ("linear_qkv", "linear_proj"), "mlp": ("linear_fc1", "linear_fc2"),
+HF_NAMES = {"attention": "q_proj,k_proj,v_proj,o_proj", "qkv": "q_proj,k_proj,v_proj", "mlp": "gate_proj,up_proj,down_proj",
+            "all-linear": "all"}
+MEGATRON_NAMES = {"attention": ("linear_qkv", "linear_proj"), "qkv": ("linear_qkv",), "mlp": ("linear_fc1", "linear_fc2"),
                   "all-linear": ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")}
 
 
@@ -55,6 +59,8 @@ def lora_targets(names: list[str] | tuple[str, ...], source: str) -> tuple[str, 
         raise PartitaError(f"{source}: {', '.join(unknown)} is not a linear Partita knows (attention: q_proj ... "
                            f"o_proj, linear_qkv, linear_proj; MLP: gate_proj, up_proj, down_proj, linear_fc1, "
                            f"linear_fc2; or all)")
+    if words in _QKV:  # the q/k/v projections exactly, the out projection not
+        return "qkv", ""
     groups = [g for g in _COMPLETE if words & _NAMES[g]]
     targets = "all-linear" if len(groups) == 2 else groups[0]
     partial = [g for g in groups if not any(s <= words for s in _COMPLETE[g])]

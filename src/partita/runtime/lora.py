@@ -4,7 +4,7 @@ Injection: :func:`inject_lora` calls ``peft.inject_adapter_in_model`` on the (me
 before the plan is applied - the model keeps its own class and parameter names, each
 target linear becomes PEFT's ``lora.Linear`` holding ``base_layer`` (frozen) and
 ``lora_A.default`` / ``lora_B.default`` (trained); every other parameter is frozen.
-Targets (plan ``lora_targets``): attention = q/k/v/o projections, mlp = gate/up/down,
+Targets (plan ``lora_targets``): attention = q/k/v/o projections, qkv = q/k/v, mlp = gate/up/down,
 all-linear = both (PEFT's own "all-linear" on these models: every linear but the head).
 
 Values: a meta model's shards are filled by :class:`LoraSource` - the base weights from
@@ -63,8 +63,9 @@ from ..errors import PartitaError
 
 ADAPTER = "default"
 TARGETS = {
-    "hf": {"attention": ["q_proj", "k_proj", "v_proj", "o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"]},
-    "reference": {"attention": ["wq", "wk", "wv", "wo"], "mlp": ["w1", "w2", "w3"]},
+    "hf": {"attention": ["q_proj", "k_proj", "v_proj", "o_proj"], "qkv": ["q_proj", "k_proj", "v_proj"],
+           "mlp": ["gate_proj", "up_proj", "down_proj"]},
+    "reference": {"attention": ["wq", "wk", "wv", "wo"], "qkv": ["wq", "wk", "wv"], "mlp": ["w1", "w2", "w3"]},
 }
 PEFT_PREFIX = "base_model.model."
 
@@ -97,7 +98,7 @@ MOE_TARGETS = ("--finetune lora on an MoE model adapts attention only in this ru
 
 def lora_problem(plan, model: nn.Module | None = None) -> str | None:
     """Why this runtime cannot run LoRA under ``plan`` on ``model`` (None: it can)."""
-    if plan.finetune != "lora" or plan.lora_targets == "attention" or model is None:
+    if plan.finetune != "lora" or plan.lora_targets in ("attention", "qkv") or model is None:
         return None
     return MOE_TARGETS if is_moe(model) else None
 

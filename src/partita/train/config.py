@@ -183,7 +183,7 @@ class LaunchConfig:
                                   plan_field="finetune")
     lora_rank: int | None = option(None, "LoRA rank r (with --finetune lora; default 16)", plan_field="lora_rank")
     lora_alpha: float | None = option(None, "LoRA alpha (scale alpha/r; default 32)", plan_field="lora_alpha")
-    lora_targets: str | None = option(None, "linears given an adapter: attention, mlp or all-linear (default)",
+    lora_targets: str | None = option(None, "linears given an adapter: attention, qkv, mlp or all-linear (default)",
                                       plan_field="lora_targets")
     # a scheduler in front of torchrun (issue 34): train/slurm.py
     scheduler: str = option("local", "local (torchrun here) or slurm (sbatch: one torchrun per node, c10d rendezvous "
