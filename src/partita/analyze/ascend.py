@@ -61,7 +61,7 @@ import json
 import re
 from pathlib import Path
 
-from .events import Interval, TraceBreakdown, collective_kind, intersect, length, union
+from .events import Interval, TraceBreakdown, collective_kind, intersect, length, union, with_bandwidth
 
 HARDWARE = "Ascend Hardware"
 HCCL = "HCCL"
@@ -336,8 +336,7 @@ def read_communication(path: Path) -> dict:
                     t = transport.setdefault(link, {"size_mb": 0.0, "time_ms": 0.0})
                     t["size_mb"] += _float(bw.get("Transit Size(MB)")) or 0.0
                     t["time_ms"] += _float(bw.get("Transit Time(ms)")) or 0.0
-    transport = {k: {**v, "bandwidth_gb_s": round(v["size_mb"] / v["time_ms"], 3) if v["time_ms"] else None}
-                 for k, v in transport.items() if v["size_mb"]}
+    transport = with_bandwidth(transport)
     return {"operations": operations, "by_collective_us": dict(sorted(by_kind.items())), "transport": transport}
 
 

@@ -50,7 +50,7 @@ import sqlite3
 from pathlib import Path
 
 from ..errors import PartitaError
-from .events import collective_kind
+from .events import collective_kind, with_bandwidth
 
 #: the database torch_npu writes per rank, and the one ``msprof`` writes
 TORCH_NPU_DB = "ascend_pytorch_profiler*.db"
@@ -277,8 +277,7 @@ def _communication(con: sqlite3.Connection, path: Path, tables: set[str]) -> dic
             t = transport.setdefault(str(link), {"size_mb": 0.0, "time_ms": 0.0})
             t["size_mb"] += float(size or 0.0)
             t["time_ms"] += float(time or 0.0)
-    transport = {k: {**v, "bandwidth_gb_s": round(v["size_mb"] / v["time_ms"], 3) if v["time_ms"] else None}
-                 for k, v in transport.items() if v["size_mb"]}
+    transport = with_bandwidth(transport)
     operations = sum(1 for name, _ in rows if not str(name).startswith("Total"))
     return {"operations": operations, "by_collective_us": dict(sorted(by_kind.items())), "transport": transport}
 

@@ -101,6 +101,14 @@ def collective_kind(name: str) -> str:
     return "other"
 
 
+def with_bandwidth(transport: dict[str, dict]) -> dict[str, dict]:
+    """Each transport's summed ``size_mb`` / ``time_ms`` with its bandwidth (MB/ms = GB/s, as
+    msprof's ``Bandwidth(GB/s)`` column), those that moved no bytes left out; shared by the
+    msprof readers of the text export and of the database."""
+    return {k: {**v, "bandwidth_gb_s": round(v["size_mb"] / v["time_ms"], 3) if v["time_ms"] else None}
+            for k, v in transport.items() if v["size_mb"]}
+
+
 @dataclass
 class TraceBreakdown:
     """Where the analysed window's time went (microseconds, as traces record them)."""

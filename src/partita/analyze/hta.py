@@ -38,6 +38,7 @@ from collections import Counter
 
 from ..errors import PartitaError
 from .breakdown import _group_of
+from .events import intersect, length
 
 COMM_RE = re.compile(r"^nccl.*Kernel")
 MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
@@ -123,22 +124,6 @@ def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _total(merged: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in merged)
-
-
-def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def temporal_breakdown(events: list[dict], path: str) -> dict:
     """Rules 4-6 on one rank's kept events (microseconds and HTA's percentages)."""
     kernels = [e for e in events if e["stream"] != -1]
@@ -147,18 +132,18 @@ def temporal_breakdown(events: list[dict], path: str) -> dict:
                            "conventions need a GPU/NPU trace; use --conventions partita for CPU traces")
     merged = merge([(e["ts"], e["end"]) for e in kernels])
     kernel_time = merged[-1][1] - merged[0][0]
-    idle = kernel_time - _total(merged)
+    idle = kernel_time - length(merged)
     kinds = {k: merge([(e["ts"], e["end"]) for e in kernels if kernel_type(e["name"]) == k])
              for k in ("computation", "communication", "memory")}
-    compute = _total(kinds["computation"])
-    comm = _total(kinds["communication"])
-    overlap = _intersection(kinds["computation"], kinds["communication"])
+    compute = length(kinds["computation"])
+    comm = length(kinds["communication"])
+    overlap = float(length(intersect(kinds["computation"], kinds["communication"])))
 
     def pct(x: float) -> float:
         return round(100 * x / kernel_time, 2) if kernel_time else 0.0
     return {"kernel_time_us": kernel_time, "idle_us": idle, "compute_us": compute,
             "non_compute_us": kernel_time - compute - idle, "communication_us": comm,
-            "memory_us": _total(kinds["memory"]), "overlapped_us": overlap,
+            "memory_us": length(kinds["memory"]), "overlapped_us": overlap,
             "idle_pct": pct(idle), "compute_pct": pct(compute), "non_compute_pct": pct(kernel_time - compute - idle),
             "overlap_pct": round(100 * overlap / comm, 2) if comm else None}
 
