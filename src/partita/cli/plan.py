@@ -41,6 +41,10 @@ def add_parser(sub) -> None:
     p.add_argument("--from-script", metavar="FILE",
                    help="also compare your own launch script / ds_config.json / torchtitan overrides with the best "
                         "plan (the search then uses the script's global batch, sequence length and dtype)")
+    p.add_argument("--no-module-lists", action="store_true",
+                   help="under megatron/mindspeed, do not try Megatron's --recompute-modules lists (layernorm, "
+                        "core_attn, mlp, moe_act, ...) on the best plans that recompute (default: tried, kept where "
+                        "they rank higher)")
     p.add_argument("--free-overlaps", action="store_true",
                    help="with --from-script: let the search choose the communication overlaps (tensor-parallel, "
                         "gradient reduce, parameter gather) instead of keeping the script's")
@@ -190,6 +194,17 @@ def comm_knob_lines(args: argparse.Namespace, result) -> list[str]:
     return try_comm_knobs(result, knobs, args.powersgd_rank, keep=args.top) + left_out
 
 
+def module_list_lines(args: argparse.Namespace, result) -> list[str]:
+    """Try Megatron's selective-recompute module lists on the search's best plans
+    (search/recompute_modules.py) unless ``--no-module-lists``, the framework runs op-level selective
+    recompute, or the user's (or script's) ``--recompute-modules`` is carried; its why-not line."""
+    from ..search.comm_knobs import KNOB_POOL
+    from ..search.recompute_modules import applies, try_module_lists
+    if args.no_module_lists or not applies(framework_arg(args), carried_choices(args)):
+        return []
+    return try_module_lists(result, KNOB_POOL)
+
+
 #: The search's global batch when neither --global-batch nor your plan (--from-script / --plan) gives one.
 DEFAULT_GLOBAL_BATCH = 2048
 
@@ -214,7 +229,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tokens = dataset_tokens(args, args.seq_len, tokens)  # --seq-lengths: days for the dataset (issue 36)
     if not result.plans:
         raise PartitaError(infeasible_message(result))
-    knob_lines = comm_knob_lines(args, result)  # issue 17: the best plans re-ranked with --grad-knobs (default: bf16)
+    module_lines = module_list_lines(args, result)  # Megatron's --recompute-modules lists (search/recompute_modules.py)
+    knob_lines = module_lines + comm_knob_lines(args, result)  # issue 17: re-ranked with --grad-knobs (default: bf16)
     reasons = why_not(result) + knob_lines
     # plan 1 as printed: the ranking after the knob re-ranking first, then the rest of the search's
     shown = {id(e) for e in result.plans}
