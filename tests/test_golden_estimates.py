@@ -9,16 +9,15 @@ regenerates the file in the same commit (``--check`` prints what moved).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("golden_estimates", ROOT / "bench" / "golden_estimates.py")
-golden = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(golden)  # type: ignore[union-attr]
+golden = load_script(ROOT / "bench" / "golden_estimates.py", "golden_estimates")
 
 DATA = json.loads(golden.GOLDEN.read_text())
 

@@ -2,11 +2,12 @@
 torch measures now: re-measure every case with the recorder's own function and compare.
 When torch (or the recorded loss code) changes what the allocator holds, this fails: run
 ``python tests/measure_memory_physics.py`` and review the diff of the data file."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 torch = pytest.importorskip("torch")
 
@@ -14,14 +15,7 @@ ROOT = Path(__file__).resolve().parent
 DATA = json.loads((ROOT / "data" / "memory_physics_oracles.json").read_text())
 
 
-def _recorder():
-    spec = importlib.util.spec_from_file_location("measure_memory_physics", ROOT / "measure_memory_physics.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REC = _recorder()
+REC = load_script(ROOT / "measure_memory_physics.py", "measure_memory_physics")
 
 
 @pytest.mark.parametrize("case", DATA["loss"], ids=lambda c: f"{c['mode']}-{c['dtype']}")

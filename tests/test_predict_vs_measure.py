@@ -3,15 +3,14 @@ against the Pearson correlation of the ranks (``statistics.correlation``, the de
 the targets it prints against hand-computed errors."""
 from __future__ import annotations
 
-import importlib.util
 import random
 import statistics
 from pathlib import Path
 
+from conftest import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "predict_vs_measure.py"
-spec = importlib.util.spec_from_file_location("predict_vs_measure", BENCH)
-pvm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pvm)
+pvm = load_script(BENCH, "predict_vs_measure")
 
 
 def _ranks(xs: list[float]) -> list[int]:
