@@ -49,7 +49,10 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   (``should_compute_output`` in the generated ``addmm``/``mm`` backward), so an
   untargeted linear whose input no other op keeps frees it - the MLP input and the
   gated product (``h + f``) when only attention is targeted, the QKV input and the
-  attention output (``h + o``) when only the MLP is (:func:`activation_delta`).
+  attention output (``h + o``) when only the MLP is (:func:`activation_delta`). Selective
+  recompute is the framework's (:func:`.frameworks.selective_modules`): op-level SAC keeps the
+  adapters' intermediates only; Megatron-Core's module-level ``core_attn`` keeps recompute
+  none's set less the checkpointed modules' (:func:`activation_delta`).
 * **Adapter structure per framework** (:func:`lora_linears`): PEFT on a Hugging Face model
   wraps every ``nn.Linear`` (q, k, v, o, gate, up, down: seven adapters, three reading the
   attention input); Megatron-Core (NeMo, Megatron-Bridge, Megatron-SWIFT, MindSpeed) builds
