@@ -22,7 +22,7 @@ from partita.cost.finetune import layer_adapter_params, lora_shape, trainable_pa
 from partita.cost.shape import layer_shape
 from partita.cost.step import stage_terms
 from partita.errors import PartitaError
-from partita.imports.finetune import lora_targets, mindspeed_finetune_flags
+from partita.imports.finetune import HF_NAMES, lora_targets, mindspeed_finetune_flags
 from partita.plan import LORA_TARGETS, Plan
 from partita.runtime.lora import target_names
 from partita.spec.hardware import make_cluster
@@ -97,8 +97,10 @@ def test_unknown_target_is_a_one_line_error_naming_the_valid_ones() -> None:
 
 def test_qkv_round_trips_through_framework_names() -> None:
     """MindSpeed-LLM's ``--lora-target-modules linear_qkv`` and PEFT's q/k/v names read as ``qkv``
-    exactly (no note), and a ``qkv`` plan writes ``linear_qkv`` alone."""
+    exactly (no note), and a ``qkv`` plan writes ``linear_qkv`` alone (Megatron names) and q/k/v
+    (LLaMA-Factory's ``lora_target``), both read back as ``qkv``."""
     assert lora_targets(["linear_qkv"], "--lora-target-modules") == ("qkv", "")
     assert lora_targets(["q_proj,k_proj,v_proj"], "lora_target") == ("qkv", "")
+    assert lora_targets([HF_NAMES["qkv"]], "lora_target") == ("qkv", "")  # LLaMA-Factory's export, read back
     flags, _ = mindspeed_finetune_flags(_plan("qkv", "mindspeed"))
     assert ("--lora-target-modules", "linear_qkv") in flags
