@@ -68,7 +68,8 @@ from .finetune import lora_shape, lora_stage_terms, rank_adapter_params, trained
 from .frameworks import FRAMEWORKS
 from .memo import memoised
 from .overheads import add_framework
-from .pipeline import fb_overlap_share, hide_all_to_all, pipeline_time, pipeline_time_of
+from .pipeline import (async_p2p_period, fb_overlap_share, hidden_send_bound, hide_all_to_all, pipeline_time,
+                       pipeline_time_of)
 from .placement import RankShape, distinct_shapes, rank_shapes
 from .shape import LayerShape, StageShape, Zero3Shape, expert_dp_span, replica_span, shard_span, stage_shape, zero3_shape
 from .states import (_grad_bytes, _shape_params, expert_state_shard, full_gradients, grad_bytes, shape_params,
@@ -652,7 +653,9 @@ def step_time_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, after:
         slowest = max(slowest, t)
     if after is None:
         after = _after_pipeline_bound(model, cluster, plan)
-    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule) + after
+    hidden = plan.grad_accum * hidden_send_bound(plan.framework, plan.schedule, plan.pp,
+                                                 _one_send(kinds.per_stage, cluster.device))
+    return pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule) - hidden + after
 
 
 def _rank_sum(kinds: TermsByKind, shape: RankShape, index: int) -> float:
@@ -661,6 +664,22 @@ def _rank_sum(kinds: TermsByKind, shape: RankShape, index: int) -> float:
     n_moe = shape.n_moe
     return ((shape.n_layers - n_moe) * kinds.dense[index] + n_moe * kinds.moe[index]
             + shape.first * kinds.embedding[index] + shape.last * kinds.output[index] + kinds.per_stage[index])
+
+
+def async_send(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """One pipeline send's time per micro-batch (half the per-stage ``pp_send_recv``) where the
+    framework's sends only delay their receiver (:data:`.pipeline.ASYNC_P2P_FRAMEWORKS` under
+    1F1B / interleaved 1F1B, :func:`.pipeline.async_p2p_period`); 0 where they block."""
+    if not hidden_send_bound(plan.framework, plan.schedule, plan.pp, 1.0):
+        return 0.0
+    return _one_send(stage_terms(model, cluster, plan)[0].per_stage, cluster.device)
+
+
+def _one_send(per_stage: StageTerms, dev: Device) -> float:
+    """One send of the per-stage constant: its ``pp_send_recv`` holds two sends and the
+    runtime's host time per micro-batch (``pp_framework_us_per_microbatch``, cost/overheads.py
+    ``add_framework``), which is the stage's own work and never hidden."""
+    return max(0.0, per_stage.pp_send_recv - dev.efficiency.pp_framework_us_per_microbatch * 1e-6) / 2
 
 
 def after_pipeline_bound(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
@@ -709,6 +728,25 @@ def zero2_accumulation_floor(model: ModelSpec, cluster: Cluster, plan: Plan) -> 
     return worst
 
 
+def _pipeline_parts(stages: list[StageTime], m: int, plan: Plan, send: float) -> tuple[float, StageTime, dict]:
+    """The pipeline's time, its slowest stage and the step parts it accounts for: the slowest
+    stage's parts times ``m`` and the bubble; with sends that only delay their receiver
+    (``send`` > 0, :func:`.pipeline.async_p2p_period`) the exposed send time is what the
+    steady-state period adds to the slowest stage's own work."""
+    per_mb = [s.total for s in stages]
+    pipe = pipeline_time(per_mb, m, plan.vpp, plan.schedule, send)
+    slowest = max(stages, key=lambda s: s.total)
+    parts = {k: v * m for k, v in slowest.parts.items()}
+    if plan.pp > 1:
+        steady = m * slowest.total
+        if send:
+            period = async_p2p_period(per_mb, send)
+            parts[STAGE_PARTS["pp_send_recv"]] = m * (period - (slowest.total - 2 * send))
+            steady = m * period
+        parts["pipeline bubble"] = pipe - steady
+    return pipe, slowest, parts
+
+
 def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTime:
     dev, dpn = cluster.device, cluster.devices_per_node
     stages = []
@@ -722,12 +760,7 @@ def estimate_step_time(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepTi
         stages.append(st if st.rank == r else StageTime(rank=r, parts=st.parts, flops=st.flops,
                                                         forward=st.forward, backward=st.backward))
     m = plan.grad_accum
-    per_mb = [s.total for s in stages]
-    pipe = pipeline_time(per_mb, m, plan.vpp, plan.schedule)
-    slowest = max(stages, key=lambda s: s.total)
-    parts = {k: v * m for k, v in slowest.parts.items()}
-    if plan.pp > 1:
-        parts["pipeline bubble"] = pipe - m * slowest.total
+    pipe, slowest, parts = _pipeline_parts(stages, m, plan, async_send(model, cluster, plan))
 
     # data-parallel gradient sync and optimizer, on the rank holding the most parameters
     worst_dp, worst_opt = 0.0, 0.0

@@ -85,12 +85,15 @@ def rank_order(p: int, v: int, m: int, rank: int, schedule: str) -> list[tuple[s
     return order + [op("B", k) for k in range(n - warmup, n)]
 
 
-def simulate(forward: list[float], backward: list[float], m: int, v: int, schedule: str) -> list[tuple]:
+def simulate(forward: list[float], backward: list[float], m: int, v: int, schedule: str,
+             latency: float = 0.0) -> list[tuple]:
     """Run ``m`` micro-batches through ``p = len(forward)`` ranks with ``v`` chunks each (chunk
     times ``forward[r] / v``, ``backward[r] / v``), each rank in :func:`rank_order`; an op
     starts when its rank is free and its dependency is done (forward: the previous virtual
     stage's forward of the micro-batch; backward: the next one's backward, or at the last
-    virtual stage its own forward). Returns ops ``(rank, "F"|"B", microbatch, chunk, start, end)``."""
+    virtual stage its own forward), plus ``latency`` when the dependency ran on another rank (a
+    transfer that delays its receiver only, the sender goes on: cost/pipeline.py
+    ``async_p2p_period`` is checked against this). Returns ops ``(rank, "F"|"B", microbatch, chunk, start, end)``."""
     p = len(forward)
     last = p * v - 1
     orders = [rank_order(p, v, m, r, schedule) for r in range(p)]
@@ -108,7 +111,7 @@ def simulate(forward: list[float], backward: list[float], m: int, v: int, schedu
                 dep = (("F", j - 1, i) if j else None) if kind == "F" else (("B", j + 1, i) if j < last else ("F", j, i))
                 if dep is not None and dep not in done:
                     break
-                start = max(free[r], done[dep] if dep else 0.0)
+                start = max(free[r], done[dep] + (latency if dep[1] % p != r else 0.0) if dep else 0.0)
                 end = start + (forward[r] if kind == "F" else backward[r]) / v
                 done[(kind, j, i)] = free[r] = end
                 ops.append((r, kind, i, c, start, end))

@@ -15,7 +15,7 @@ import math
 
 from ..cost.memory import GIB, distinct_shapes, fits, memory_parts, peak_memory
 from ..cost.pipeline import pipeline_time_of
-from ..cost.step import stage_terms, step_time_lower_bound
+from ..cost.step import async_send, stage_terms, step_time_lower_bound
 from ..plan import Plan
 from ..spec.hardware import Cluster, Device
 from ..spec.model import ModelSpec
@@ -68,6 +68,7 @@ def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, none_bou
     _, (dn, mn, emb, out, const) = stage_terms(model, cluster, none)
     _, (df, mf, _, _, _) = stage_terms(model, cluster, plan.with_(recompute_layers=0))
     totals = {}
+    hidden = 2 * plan.grad_accum * async_send(model, cluster, plan)
     for key, p in (("none", none), ("partial", plan)):
         total = slowest = 0.0
         for _, shape, count in distinct_shapes(model, p):
@@ -77,7 +78,8 @@ def partial_lower_bound(model: ModelSpec, cluster: Cluster, plan: Plan, none_bou
                  + shape.first * emb + shape.last * out + const)
             total += count * t
             slowest = max(slowest, t)
-        totals[key] = pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule)
+        # less the sends an asynchronous pipeline hides, as step_time_lower_bound takes them off
+        totals[key] = pipeline_time_of(total, slowest, plan.grad_accum, plan.vpp, plan.schedule) - hidden
     if none_bound is None:
         none_bound = step_time_lower_bound(model, cluster, none)
     after = none_bound - totals["none"]
