@@ -48,8 +48,10 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   torch's autograd saves a ``mm``'s input only when the weight's gradient is required
   (``should_compute_output`` in the generated ``addmm``/``mm`` backward), so an
   untargeted linear whose input no other op keeps frees it - the MLP input and the
-  gated product (``h + f``) when only attention is targeted, the QKV input and the
-  attention output (``h + o``) when only the MLP is (:func:`activation_delta`). Selective
+  gated product (``h + f``) when only attention (or q, k, v) is targeted, the QKV input
+  (``h``) when only the MLP is; a frozen out projection's input is the attention kernel's
+  saved output and stays, unless the core attention is checkpointed (:func:`activation_delta`,
+  :func:`_proj_input_freed`; before, ``h + o`` was freed for the MLP set). Selective
   recompute is the framework's (:func:`.frameworks.selective_modules`): op-level SAC keeps the
   adapters' intermediates only; Megatron-Core's module-level ``core_attn`` keeps recompute
   none's set less the checkpointed modules' (:func:`activation_delta`).
@@ -323,8 +325,9 @@ def activation_delta(model: ModelSpec, plan: Plan, moe: bool, mode: str) -> floa
       ``core_attn`` checkpointed and the out projection frozen and untargeted (``qkv``, ``mlp``
       targets), its input - the core attention's output, which no kernel keeps then - goes
       too (without the checkpoint the fused attention kernel saves its own output for its
-      backward: flash-attention's ``out`` and ``lse``, the tensor ``linear_proj`` reads, so a
-      frozen ``linear_proj`` frees nothing under ``qkv``).
+      backward, the tensor ``linear_proj`` reads: a frozen ``linear_proj`` frees nothing there,
+      under any framework - :func:`_proj_input_freed`; before this the ``mlp`` set freed it
+      with no recompute too).
 
     tests/test_finetune_targets_recompute.py checks it with saved-tensor hooks on a layer
     written as Megatron-Core builds it, its core attention checkpointed."""
@@ -349,11 +352,23 @@ def activation_delta(model: ModelSpec, plan: Plan, moe: bool, mode: str) -> floa
         if not mlp_checkpointed:
             per_token -= (0.0 if norms_freed and plan.framework == "mindspeed" else e * model.hidden / out_div) \
                 + e * model.ffn_hidden / plan.tp
-        if targets == "qkv" and "core_attn" in modules:  # frozen linear_proj: the checkpointed attention's output
+        if targets == "qkv" and _proj_input_freed(plan, modules):  # frozen linear_proj: its input
             per_token -= e * model.attn_out_dim / plan.tp
-    else:  # frozen attention: the QKV input and the attention output (wo's input)
-        per_token -= (0.0 if norms_freed else e * model.hidden / out_div) + e * model.attn_out_dim / plan.tp
+    else:  # frozen attention: the QKV input and, checkpointed, the attention output (wo's input)
+        per_token -= (0.0 if norms_freed else e * model.hidden / out_div) \
+            + (e * model.attn_out_dim / plan.tp if _proj_input_freed(plan, modules) else 0.0)
     return tokens * per_token
+
+
+def _proj_input_freed(plan: Plan, modules: frozenset) -> bool:
+    """Whether a frozen, untargeted out projection frees its input (the attention output): only
+    where ``core_attn`` is checkpointed. Without the checkpoint the projection reads the attention
+    kernel's own output, which the kernel saves for its backward - Transformer Engine's
+    ``FusedAttnFunc`` saves q, k, v and out, and returns that out viewed as ``[s, b, h]``; torch's
+    SDPA flash kernels allocate their output in the query's ``(b, s, heads, d)`` memory order, so the
+    Hugging Face / torchtitan ``transpose(1, 2).contiguous()`` before ``o_proj`` is a view of it, not
+    a copy (tests/test_finetune_targets_recompute.py measures both layers)."""
+    return "core_attn" in modules
 
 
 # ------------------------------------------------------------------ time
