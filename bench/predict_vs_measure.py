@@ -1,7 +1,7 @@
 """Close the loop on this machine: calibrate, predict the step time of several plans, run
 them, and compare.
 
-    python bench/predict_vs_measure.py [--repeats 2] [--steps 6] [--hardware calibrated.json]
+    python bench/predict_vs_measure.py [--repeats 3] [--steps 6] [--hardware calibrated.json]
                                        [--calibrate-model small-llama] [--only 1,2,3]
                                        [--calibrations K] [--bind-cores on|auto|off]
                                        [--neighbour N] [--out rows.json]
@@ -26,8 +26,8 @@ them, and compare.
    over, and ``/proc/loadavg`` before calibrating and after each plan (timings on a shared
    machine move with it).
 
-``--calibrations K`` (default 3) calibrates K times spread over the run (3 with 2 repeats: before
-the plans, between the two rounds, after them) and predicts with the median of each term (``partita calibrate --pool``): one calibration's
+``--calibrations K`` (default 4) calibrates K times spread over the run (4 with 3 repeats: before
+the plans, between each two rounds, after them) and predicts with the median of each term (``partita calibrate --pool``): one calibration's
 framework terms move as much as their values between runs minutes apart (docs/calibrate.md,
 "Pooling calibrations"); the predictions are made after every plan has run, from the pooled
 file, and each calibration's terms are printed beside the pooled ones. ``--bind-cores`` passes
@@ -122,7 +122,9 @@ def neighbours(n: int) -> list[subprocess.Popen]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of every plan, round-robin (default 3: a plan's step moves by a median 25 %% between "
+                        "launches on a 2-core VM, docs/accuracy.md; the median of three drops one outlier)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--hardware", help="an existing calibrated file (default: calibrate now)")
     p.add_argument("--calibrate-model", default=DENSE_MODEL,
@@ -130,9 +132,9 @@ def main() -> None:
                         f"(default {DENSE_MODEL}, the plans' own)")
     p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
     p.add_argument("--neighbour", type=int, default=0, help="CPU-bound processes to run beside the whole run")
-    p.add_argument("--calibrations", type=int, default=3,
+    p.add_argument("--calibrations", type=int, default=4,
                    help="calibrate this many times, spread over the run (before the plans, between rounds, after "
-                        "them), and predict with their median (partita calibrate --pool); default 3")
+                        "them), and predict with their median (partita calibrate --pool); default 4 (one per round boundary with 3 repeats)")
     p.add_argument("--bind-cores", choices=("on", "auto", "off"),
                    help="partita train/calibrate --bind-cores for every launch (default: the commands' own default)")
     p.add_argument("--rows", help="predict the steps measured in an earlier run's --out file instead of training "
