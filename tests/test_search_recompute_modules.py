@@ -12,8 +12,12 @@ import json
 
 import pytest
 
+from partita import uncertainty as unc
 from partita.cli import main
+from partita.estimate import estimate
+from partita.plan import Plan
 from partita.search.recompute_modules import candidate_lists
+from partita.spec.hardware import make_cluster
 from partita.spec.load import load_model
 
 #: transformer_config.py l.1945-1957 (the modules of architectures Partita models)
@@ -21,6 +25,12 @@ MEGATRON_ALLOWED = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "
 #: Llama-3-8B at 16K tokens on 8 H100s with tp 2, dp 4, ZeRO 1 fixed: it needs recompute to fit
 FIXED = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--devices", "8", "--seq-len", "16384",
          "--global-batch", "64", "--tp", "2", "--cp", "1", "--pp", "1", "--zero", "1", "--top", "3"]
+
+
+#: Mixtral-8x7B at 8K tokens on 16 H100s capped at 60 GiB: free layout search (the module-list plan that
+#: wins is of a layout whose plans without a list rank below the search's best 5)
+CAPPED_MOE = ["--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "16", "--seq-len", "8192",
+              "--global-batch", "128", "--max-memory-gib", "60", "--top", "5"]
 
 
 def _json(capsys, argv: list[str]) -> dict:
@@ -80,3 +90,75 @@ def test_op_level_frameworks_get_no_module_lists(capsys):
     assert any(p["plan"]["recompute"] != "none" for p in out["plans"])
     assert not any(p["plan"].get("recompute_modules") for p in out["plans"])
     assert not any("--recompute-modules" in line for line in out["why_not"])
+
+
+def _export_flags(capsys, tmp_path, plan: dict, model: str, devices: str) -> list[str]:
+    """``partita export --to megatron`` of ``plan``: the launch words."""
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    capsys.readouterr()
+    assert main(["export", str(plan_file), "--to", "megatron", "--model", model, "--hardware", "h100-sxm",
+                 "--devices", devices]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out.split()
+
+
+def test_only_a_module_list_fits_and_the_search_finds_it(capsys, tmp_path):
+    """Memory-tight: recompute fixed to selective and 60 GiB, the fixed layout fits only with a module
+    list (Megatron's default core_attn leaves it at 79 GiB). Before, the lists were tried only on the
+    plans the search had ranked - none here, so `partita plan` said no plan fits."""
+    out = _json(capsys, ["plan", *FIXED, "--recompute", "selective", "--max-memory-gib", "60"])
+    best = out["plans"][0]
+    assert best["plan"]["recompute"] == "selective"
+    assert best["plan"]["recompute_modules"] in candidate_lists(load_model("llama3-8b"))
+    assert best["p_fit"] >= best["min_p_fit"]
+    # the oracle: the public estimator says the same plan with the framework's default list cannot fit
+    model, cluster = load_model("llama3-8b"), make_cluster("h100-sxm", 8)
+    limit = unc.MemoryLimit.of(cluster.device, None, 60.0)
+    default = estimate(model, cluster, Plan.from_dict({**best["plan"], "recompute_modules": ""}))
+    default.memory_limit, default.min_p_fit = limit, best["min_p_fit"]
+    assert default.p_fit < best["min_p_fit"], default.peak_memory_gib
+    listed = estimate(model, cluster, Plan.from_dict(best["plan"]))
+    assert listed.step_time_s == best["step_time_s"] and listed.peak_memory_gib == best["peak_memory_gib"]
+    assert listed.peak_memory_gib < default.peak_memory_gib
+    # the table names the list (it is not the framework's default)
+    capsys.readouterr()
+    assert main(["plan", *FIXED, "--recompute", "selective", "--max-memory-gib", "60"]) == 0
+    assert f"selective:{best['plan']['recompute_modules']}" in capsys.readouterr().out.replace("\n", "")
+    words = _export_flags(capsys, tmp_path, best["plan"], "llama3-8b", "8")
+    assert words[words.index("--recompute-granularity") + 1] == "selective"
+    at = words.index("--recompute-modules")
+    modules = best["plan"]["recompute_modules"].split(",")
+    assert set(words[at + 1:at + 1 + len(modules)]) == set(modules)
+
+
+def test_a_layout_outside_the_best_five_wins_with_a_list(capsys):
+    """Free search: the best plan runs a module list on a layout none of whose plans without a list is
+    among the best five; the old approach (every list on those five, re-estimated here by the public
+    estimator) is beaten by the search's own ranking key (step time over P(fit))."""
+    new = _json(capsys, ["plan", *CAPPED_MOE])
+    old = _json(capsys, ["plan", *CAPPED_MOE, "--no-module-lists"])
+    model, cluster = load_model("mixtral-8x7b"), make_cluster("h100-sxm", 16)
+    limit = unc.MemoryLimit.of(cluster.device, None, 60.0)
+
+    def key(entry: dict) -> float:
+        return unc.risk_adjusted(entry["step_time_s"], entry["p_fit"])
+
+    old_keys = [key(p) for p in old["plans"]]
+    for entry in old["plans"][:5]:
+        if entry["plan"]["recompute"] == "none":
+            continue
+        for modules in candidate_lists(model):
+            plan = Plan.from_dict({**entry["plan"], "recompute": "selective", "recompute_layers": 0,
+                                   "recompute_modules": modules})
+            est = estimate(model, cluster, plan)
+            est.memory_limit, est.min_p_fit = limit, old["plans"][0]["min_p_fit"]
+            if est.p_fit >= est.min_p_fit:
+                old_keys.append(unc.risk_adjusted(est.step_time_s, est.p_fit))
+    best = new["plans"][0]
+    assert best["plan"].get("recompute_modules")
+    assert key(best) < min(old_keys)
+
+    def layout(plan: dict) -> tuple:
+        return tuple(plan.get(k) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "schedule"))
+
+    assert layout(best["plan"]) not in {layout(p["plan"]) for p in old["plans"][:5]}

@@ -11,6 +11,7 @@ from ..errors import PartitaError
 from ..export.registry import target_names
 from ..inputs import MAX_TOP
 from ..search.space import SearchSpace
+from ..search.recompute_modules import applies as module_lists_apply  # Megatron's --recompute-modules lists
 from ..uncertainty import DEFAULT_HEADROOM, DEFAULT_MIN_P_FIT
 from .types import finite_float, positive_int
 from .common import add_cluster_args, cluster_and_model, framework_arg, parse_tokens
@@ -96,6 +97,7 @@ def search(args: argparse.Namespace, model, cluster):
                         max_memory_gib=args.max_memory_gib, memory_headroom=args.headroom,
                         schedule=getattr(args, "schedule", None))
     space.options.update(carried_choices(args))  # the script's / flags' offload, moments, modules (search/space.py)
+    space.module_lists = not getattr(args, "no_module_lists", False) and module_lists_apply(framework_arg(args), space.options)
     space.options.update(getattr(args, "script_overlaps", None) or {})  # the script's overlaps (space.script_overlaps)
     for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "sample_len"):  # every candidate fine-tunes so (issue 36)
         if getattr(args, name, None) is not None:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..cost.term_sources import term_sources
 from ..estimate import Estimate
+from .plan_report import modules_shown
 
 GIB = 1024 ** 3
 
@@ -126,7 +127,7 @@ KEY_EFFICIENCIES = ("gemm", "attention", "tp_overlap", "intra_node_comm", "inter
 LEGEND = ("layout: dp/tp/pp/cp/ep = data/tensor/pipeline/context/expert parallel degree, +sp sequence "
           "parallel, pp2v4 = 2 stages x 4 interleaved chunks, pp2-dualpipev (vpp column: 2 V) = 2 ranks x 2 "
           "chunks in DualPipeV's V, z = ZeRO stage, mbs2x4 = micro-batch 2 x "
-          "4 accumulation steps, rc- = recomputation (full:N = only the first N layers of each stage/chunk); GiB = peak of the most loaded rank; tok/s per device")
+          "4 accumulation steps, rc- = recomputation (full:N = only the first N layers of each stage/chunk; selective:M = Megatron's --recompute-modules M); GiB = peak of the most loaded rank; tok/s per device")
 
 
 def _search_line(result) -> str:
@@ -171,7 +172,7 @@ def plans_table(result, tokens: float | None, world_size: int, width: int = 160)
     for col in ("GiB", "P(fit)", "step s", "tok/s", "MFU") + (("days",) if tokens else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for i, e in enumerate(result.plans, 1):
-        row = [str(i), e.plan.summary(), f"{e.peak_memory_gib:.1f}", _p_fit_cell(e), f"{e.step_time_s:.2f}",
+        row = [str(i), e.plan.summary() + (f":{modules_shown(e.plan)}" if modules_shown(e.plan) else ""), f"{e.peak_memory_gib:.1f}", _p_fit_cell(e), f"{e.step_time_s:.2f}",
                f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
         if tokens:
             row.append(f"{e.run_days(tokens):.1f}")
@@ -187,7 +188,7 @@ def _wide_plans_table(result, tokens: float | None, world_size: int) -> Table:
     for i, e in enumerate(result.plans, 1):
         p = e.plan
         row = [str(i), str(p.dp), str(p.tp) + ("+sp" if p.sp else ""), str(p.pp), str(p.vpp) + (" V" if p.schedule == "dualpipev" else ""), str(p.cp),
-               str(p.ep) + (f" etp{p.etp}" if p.etp > 1 else ""), str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute + (f":{p.recompute_layers}" if p.recompute_layers else ""), f"{e.peak_memory_gib:.1f}", _p_fit_cell(e), f"{e.step_time_s:.2f}",
+               str(p.ep) + (f" etp{p.etp}" if p.etp > 1 else ""), str(p.zero), f"{p.mbs}x{p.grad_accum}", p.recompute + (f":{p.recompute_layers}" if p.recompute_layers else "") + (f":{modules_shown(p)}" if modules_shown(p) else ""), f"{e.peak_memory_gib:.1f}", _p_fit_cell(e), f"{e.step_time_s:.2f}",
                f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}"]
         if tokens:
             days = e.run_days(tokens)

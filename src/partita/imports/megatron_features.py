@@ -19,7 +19,13 @@ NOT_MODELLED: dict[str, str] = {
     "--schedules-method": "a pipeline schedule Partita does not model (dualpipev is modelled: schedule=dualpipev)",
     "--recompute-activation-function": "the MLP activation recomputed (less activation memory)",
     "--recompute-norm": "the norms recomputed (less activation memory)",
-    "--recompute-modules": "the modules recomputed with selective recompute (estimated as Megatron-Core's default, core_attn)",
+    # named here only where the plan carries no list; a list of modelled modules with selective
+    # granularity is read into plan.recompute_modules and named with MODULES_TIME_NOTE (imports/megatron.py)
+    "--recompute-modules": "the modules selective recompute reruns: core_attn, moe_act, layernorm, mla_up_proj, "
+                           "mlp, moe and shared_experts are modelled (their memory and rerun forward, plan "
+                           "recompute_modules; `partita plan` searches lists of them); a list naming another module "
+                           "is estimated as Megatron-Core's default, core_attn, and with --recompute-granularity "
+                           "full Megatron reads no list (megatron/training/arguments.py)",
     "--moe-zero-memory": "MoE activations freed and recomputed (less activation memory)",
     "--moe-alltoall-overlap-comm": "the MoE all-to-all overlapped with expert computation",
     # Megatron-Core's combined 1F1B (NVIDIA/Megatron-LM@d98e8a6 megatron/core/model_parallel_config.py

@@ -30,6 +30,16 @@ layout comes up again); the partial plan is estimated unless its bound rules it 
 ranking pass is exact against tests/brute_force_search.py, which enumerates every N; the
 "why not" pass does not hunt partial plans (it reuses those the ranking estimated).
 
+Module lists (``SearchSpace.module_lists``, on under ``partita plan --framework megatron/mindspeed``):
+a family whose first fit recomputes also stands for its selective plan with the first of Megatron's
+cumulative ``--recompute-modules`` lists that fits (:func:`.recompute_modules.candidate_lists`: each
+list reruns a superset of the one before, so the first that fits is the fastest that fits), and the
+next ones while a list fits only at risk (:meth:`_Search.module_fits`). Its floor takes the lesser of
+the other bounds and that plan's (:func:`step_time_lower_bound` of the cheapest list when first filed,
+of the first list that fits when the layout comes up again); a list only adds recompute over
+``recompute="none"``, so the layout's own bound still bounds it. With recompute fixed to selective
+(no full recompute on the ladder) a selective setting fits when a list does. Ranking pass only.
+
 Memory risk (issue 33, :mod:`partita.uncertainty`, docs/planning.md "Intervals and P(fit)"):
 "fits" above means P(fit) >= ``min_p_fit`` - a predicted peak at most the admission limit,
 one comparison per setting. A setting at risk (0 < P(fit) < 1) is estimated but does not end
@@ -45,17 +55,18 @@ import heapq
 import time
 from typing import Callable
 
-from ..cost.memory import GIB, fits, peak_memory_ladder
+from ..cost.memory import GIB, fits, peak_memory, peak_memory_ladder
 from ..cost.step import after_pipeline_bound, estimate_step_time, step_time_lower_bound, zero2_accumulation_floor
 from ..errors import PartitaError
 from ..estimate import Estimate
-from ..plan import Plan
+from ..plan import Plan, validate
 from ..spec.hardware import Cluster
 from ..spec.model import ModelSpec
 from .. import uncertainty as unc
 from .layouts import (EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound,
                       pipeline_depths)
 from .partial_recompute import PartialPlans, partial_lower_bound
+from .recompute_modules import candidate_lists
 from .result import Attempt, SearchResult
 from .why_not import alternatives as why_not_alternatives
 from .why_not import partial_neighbours
@@ -124,7 +135,7 @@ class _Search:
     """The evaluation state shared by the two passes of :func:`search_plans`."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, usable: float, top: int, partial: bool = False,
-                 risk: "_Risk | None" = None):
+                 risk: "_Risk | None" = None, module_lists: tuple[str, ...] = (), lists_stand_in: bool = False):
         # usable: the admission limit - the largest predicted peak with P(fit) >= min_p_fit
         self.model, self.cluster, self.usable, self.top = model, cluster, usable, top
         self.risk = risk or _Risk.none(usable)
@@ -158,6 +169,14 @@ class _Search:
         self.partial_plans = PartialPlans(model, cluster.device, self.risk.confident_gib)
         self.refined: set[int] = set()  # id(layout) of layouts whose floor has the solved partial N
         self.partial_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose partial plan is estimated
+        self.module_lists = module_lists  # SearchSpace.module_lists: Megatron's lists, cumulative
+        # recompute fixed to selective (no full on the ladder): a selective setting whose default list
+        # does not fit still fits when one of Megatron's lists does (_fits_step)
+        self.lists_stand_in = lists_stand_in and bool(module_lists)
+        # (id(layout), zero) -> (plan, peak bytes, rank) of the lists that can rank (module_fits)
+        self._module_fits: dict[tuple[int, int], list[tuple[Plan, float, int]]] = {}
+        self._module_bounds: dict[tuple[int, str, int], float] = {}  # (id(layout), list, zero)
+        self.modules_estimated: set[tuple[int, int]] = set()  # (id(layout), zero) whose list plan is settled
 
     def close_ranking(self, layouts: LayoutQueue) -> None:
         """End the first pass (the "why not" pass, :func:`.why_not.alternatives`, calls
@@ -169,6 +188,7 @@ class _Search:
         # partial plans the ranking pass estimated still serve them, and every other plan of a
         # value is found exactly as without partial recompute
         self.partial = False
+        self.module_lists = ()  # nor module lists (the same reason; the ranking's list plans still explain)
         for lay in layouts.layouts:  # the floors without partial plans: what this pass can find
             if lay.peaks is not None and not lay.done:
                 if self._family_firsts(lay):
@@ -209,7 +229,7 @@ class _Search:
                 return True
         elif layout.waiting:
             layout.waiting = False
-            if self.partial and self._refine_floor(layout, wanted):
+            if (self.partial or self.module_lists) and self._refine_floor(layout, wanted):
                 return True
             if self._rules_out(layout, layout.floor, wanted):  # the floor bounds every plan that fits
                 self.bounded += 1
@@ -263,7 +283,7 @@ class _Search:
         self.tried.update(layout.knob_values)
         leanest = max(ladder, key=lambda st: (st[1], RECOMPUTE_ORDER[st[0]]))
         peak_bytes, peak_rank = peaks[leanest]
-        if not fits(peak_bytes, self.usable):
+        if not fits(peak_bytes, self.usable) and not (self.lists_stand_in and self.module_fits(layout, leanest[1])):
             self.attempts.append(Attempt(plan=base.with_(recompute=leanest[0], zero=leanest[1]),
                                          peak_gib=peak_bytes / GIB, peak_rank=peak_rank, memory_limit_gib=self.usable))
             if layout.primary:  # the dominance rules reason about the structure's own split
@@ -309,9 +329,15 @@ class _Search:
         firsts = self._firsts.get(key)
         if firsts is None:
             firsts = self._firsts[key] = family_firsts(
-                layout.ladder, lambda step: fits(layout.peaks[step][0], self.usable),
+                layout.ladder, lambda step: self._fits_step(layout, step),
                 (lambda zero: True) if self.partial else None)
         return firsts
+
+    def _fits_step(self, layout: Layout, step: tuple[str, int]) -> bool:
+        """Whether a ladder setting fits; with recompute fixed to selective (``lists_stand_in``) a
+        selective setting also fits when one of Megatron's module lists does (:meth:`module_fits`)."""
+        return fits(layout.peaks[step][0], self.usable) or (
+            self.lists_stand_in and step[0] == "selective" and bool(self.module_fits(layout, step[1])))
 
     def _refine_floor(self, layout: Layout, wanted) -> bool:
         """A waiting layout's floor came from partial plans bounded at N >= 1 (cheap, as
@@ -337,6 +363,12 @@ class _Search:
         """Lower bound of the plans a family's first fit stands for: its own, and with
         partial recompute and a recomputing setting also the partial plan's (N >= 1), the
         lesser of the two (a partial plan can beat selective recompute, or lose to it)."""
+        if step[0] != "none" and self.module_lists:  # the family's module-list plan (see module_bound)
+            return min(self._first_bound_without_lists(layout, step, exact), self.module_bound(layout, step[1], exact))
+        return self._first_bound_without_lists(layout, step, exact)
+
+    def _first_bound_without_lists(self, layout: Layout, step: tuple[str, int], exact: bool = False) -> float:
+        """:meth:`_first_bound` of the setting and its partial plan."""
         if not self.partial or step[0] == "none":
             return self.setting_bound(layout, *step)
         # full recompute of every layer is the partial plan at N = all layers: never below
@@ -363,6 +395,78 @@ class _Search:
                 lb = max(lb, partial_lower_bound(self.model, self.cluster, plan, layout.bound) + zero2)
             self._partial_bounds[key] = lb
         return lb
+
+    def module_fits(self, layout: Layout, zero: int) -> list[tuple[Plan, float, int]]:
+        """(plan, peak bytes, rank) of the layout's selective plans at ``zero`` with the module lists
+        that can rank (memoised; each list's memory counts as a candidate evaluated): the first list
+        that fits and, while a list fits only at risk (P(fit) < 1), the next ones up to the first that
+        fits confidently - as a ladder setting at risk does not end its family's walk (more recompute
+        may rank better once the risk is counted). The lists are cumulative
+        (:func:`.recompute_modules.candidate_lists`), so a later confident list only reruns more.
+        A list that fails Megatron's rules for the plan (:func:`partita.plan.validate`) is passed over."""
+        key = (id(layout), zero)
+        found = self._module_fits.get(key)
+        if found is None:
+            found = self._module_fits[key] = []
+            for modules in self.module_lists:
+                plan = layout.plan.with_(recompute="selective", recompute_layers=0, recompute_modules=modules,
+                                         zero=zero)
+                pb, pr = peak_memory(self.model, self.cluster.device, plan)
+                self.evaluated += 1
+                if fits(pb, self.usable) and not validate(plan, self.model):
+                    found.append((plan, pb, pr))
+                    if pb / GIB <= self.risk.confident_gib:
+                        break
+        return found
+
+    def module_bound(self, layout: Layout, zero: int, exact: bool = False, modules: str | None = None) -> float:
+        """Lower bound of the layout's module-list plans at ``zero``: :func:`step_time_lower_bound`
+        of the plan with the cheapest list (``exact`` False: no memory needed; every list reruns
+        at least it), with the first list that fits (``exact``: inf when none fits) or with
+        ``modules``, plus ZeRO-2's floor - as :meth:`setting_bound` prices a setting; never below
+        the layout's bound without recompute (a list only adds recompute)."""
+        if modules is None and not exact:
+            modules = self.module_lists[0]
+        elif modules is None:
+            fitting = self.module_fits(layout, zero)
+            if not fitting:
+                return float("inf")
+            modules = fitting[0][0].recompute_modules
+        key = (id(layout), modules, zero)
+        lb = self._module_bounds.get(key)
+        if lb is None:
+            after = self._after.get(id(layout))
+            if after is None:
+                after = self._after[id(layout)] = after_pipeline_bound(self.model, self.cluster, layout.plan)
+            plan = layout.plan.with_(recompute="selective", recompute_modules=modules, zero=zero)
+            own = step_time_lower_bound(self.model, self.cluster, plan, after)
+            lb = max(self.setting_bound(layout, "none", zero), own + (self._zero2_floor(layout) if zero == 2 else 0.0))
+            self._module_bounds[key] = lb
+        return lb
+
+    def _try_modules(self, layout: Layout, zero: int, wanted, estimated: list[Plan]) -> None:
+        """The family's selective plans with the module lists that can rank (:meth:`module_fits`):
+        each an attempt and - unless its bound rules it out - an estimate ranked beside the
+        family's first fit. Once per (layout, zero) once its memory is known."""
+        key = (id(layout), zero)
+        if key in self.modules_estimated:
+            return
+        may_bound = (wanted is None and layout.rankable and self.kth_best() != float("inf")) or wanted is not None
+        if may_bound and self._rules_out(layout, self.module_bound(layout, zero), wanted):
+            self.bounded += 1  # bounded before its memory is computed; a later walk may try it again
+            return
+        self.modules_estimated.add(key)
+        for plan, pb, pr in self.module_fits(layout, zero):
+            attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
+            self.attempts.append(attempt)
+            if may_bound and self._rules_out(layout, self.module_bound(layout, zero, modules=plan.recompute_modules),
+                                             wanted):
+                attempt.bounded = True
+                self.bounded += 1
+                continue
+            attempt.estimate = self._estimate(plan, pb)
+            self._record(attempt.estimate, layout.rankable)
+            estimated.append(plan)
 
     def _walk(self, layout: Layout, peaks: dict, wanted, estimated: list[Plan]) -> None:
         """Each ZeRO family - zero <= 1, zero 2, zero 3 - in order of recompute, keeping
@@ -415,19 +519,27 @@ class _Search:
         # a setting at risk (P(fit) < 1) is kept but does not end its family's walk: more
         # recompute or sharding may rank better once its risk is counted (unc.risk_adjusted)
         confident = pb / GIB <= self.risk.confident_gib
+        lists = bool(self.module_lists) and step[0] != "none"  # its module-list plan (_try_modules)
         if (id(layout), step) in self.estimated_steps:  # estimated by an earlier walk of this layout
             if partial:
                 self._try_partial(layout, plan, wanted, estimated)
+            if lists:
+                self._try_modules(layout, step[1], wanted, estimated)
             return confident
         attempt = Attempt(plan=plan, peak_gib=pb / GIB, peak_rank=pr, memory_limit_gib=self.usable)
         self.attempts.append(attempt)
         if not fits(pb, self.usable):
+            if lists and self.lists_stand_in and self.module_fits(layout, step[1]):  # only a list fits
+                self._try_modules(layout, step[1], wanted, estimated)
+                return self.module_fits(layout, step[1])[-1][1] / GIB <= self.risk.confident_gib
             return False
         if self._cannot_matter(layout, plan, wanted):
             attempt.bounded = True
             self.bounded += 1
             if partial:  # its partial plan has a lower bound: it may still matter
                 self._try_partial(layout, plan, wanted, estimated)
+            if lists:  # and so has its module-list plan
+                self._try_modules(layout, step[1], wanted, estimated)
             return confident
         attempt.estimate = self._estimate(plan, pb)
         self._record(attempt.estimate, layout.rankable)
@@ -435,6 +547,8 @@ class _Search:
         self.estimated_steps.add((id(layout), step))
         if partial:
             self._try_partial(layout, plan, wanted, estimated)
+        if lists:
+            self._try_modules(layout, step[1], wanted, estimated)
         return confident
 
     def _estimate(self, plan: Plan, peak_bytes: float) -> Estimate:
@@ -552,7 +666,12 @@ def search_plans(model: ModelSpec, cluster: Cluster, global_batch: int, seq_len:
     # partial recompute plans are full recompute of some layers: not when the user fixed selective
     # (before, `partita plan --recompute selective` proposed rc-full:N plans)
     partial = space.partial_recompute and space.recompute in (None, "full")
-    search = _Search(model, cluster, usable, top, partial, memory_risk)
+    # Megatron's module lists: selective plans (not when the user fixed full or no recompute, nor
+    # when the user's own list is carried: that list is the user's choice)
+    lists = space.module_lists and space.allow_recompute and space.recompute in (None, "selective") \
+        and not space.options.get("recompute_modules")
+    search = _Search(model, cluster, usable, top, partial, memory_risk,
+                     tuple(candidate_lists(model)) if lists else (), lists_stand_in=space.recompute == "selective")
     for layout in layouts:
         if layout.rankable:
             if layout.floor >= search.kth_best():

@@ -10,12 +10,19 @@ with full recompute never meets the cheaper lists Megatron users set for exactly
 DeepSeek-V3 proxy of Megatron-LM's tests runs ``mla_up_proj moe_act``, Megatron-MoE-ModelZoo's
 best practices ``mla_up_proj moe_act layernorm`` and similar.
 
-After the layout search, each of the best plans (:data:`partita.search.comm_knobs.KNOB_POOL` of them)
-that recomputes (selective with the default list, or full) is re-estimated with each list of
-:func:`candidate_lists` for the model; a variant joins the ranking when it is admitted as the search
-admits plans (``P(fit) >= --min-p-fit`` against the same limit) and ranks above the plan it is a
-variant of by the search's own key (step time over P(fit)). Plans without recompute are left alone:
-recomputing more only adds time. The lists are cumulative, cheapest rerun first - the norms (the
+The layout search walks the lists as recompute settings (``SearchSpace.module_lists``,
+:meth:`partita.search.engine._Search._try_modules`): every ZeRO family of a layout whose first fit
+recomputes (selective with the default list, or full) also gets its selective plan with the first list
+of :func:`candidate_lists` that fits - the lists are cumulative, so it reruns the least of those that
+fit - and, while a list fits only at risk (P(fit) < 1), the next ones, ranked by the search's own key
+(step time over P(fit)). With ``--recompute selective`` a layout whose default list does not fit is
+kept when a list does. Its lower bound is the plan with the cheapest list, never below the layout's
+bound without recompute (a list only adds recompute time), so the branch and bound stays exact.
+Before (commit 77ad19c) only the best plans of a search without the lists were re-estimated with them,
+which missed a layout outside those plans whose list plan ranks first, and a layout that fits only with
+a list under ``--recompute selective``. :func:`try_module_lists` is what is left of that pass: the
+why-not line, and the variants for a search run without the lists. Plans without recompute are left
+alone: recomputing more only adds time. The lists are cumulative, cheapest rerun first - the norms (the
 layer's cheapest saved tensors to rebuild: element-wise), then the attention core (or MLA's
 up-projections), then the MLP's activation (``moe_act`` in MoE layers, Megatron accepts it only with
 grouped GEMM, Partita's MoE plans' kernel), the shared experts, the whole MLP or MoE block - each
@@ -33,7 +40,7 @@ from .. import uncertainty as unc
 from ..cost.frameworks import MODULE_SELECTIVE_FRAMEWORKS
 from ..estimate import Estimate, estimate
 from ..plan import validate
-from .engine import SearchResult
+from .result import SearchResult
 
 
 def candidate_lists(model) -> list[str]:
@@ -57,37 +64,68 @@ def applies(framework: str | None, options: dict) -> bool:
 
 
 def try_module_lists(result: SearchResult, pool: int, keep: int | None = None) -> list[str]:
-    """Add the module-list variants of the best ``pool`` plans that are admitted and rank above their
-    plan, re-rank (keeping ``keep`` plans, default as many as given) and return one "why not" line."""
+    """Add the module-list variants of the best ``pool`` plans that are admitted, rank above their
+    plan and are not ranked already, re-rank (keeping ``keep`` plans, default as many as given) and
+    return one "why not" line: the best module-list plan of the ranking against its layout without a
+    list. A search run with ``SearchSpace.module_lists`` (``partita plan`` under megatron/mindspeed)
+    has tried each layout's lists itself (:meth:`partita.search.engine._Search._try_modules`), so there
+    the variants add nothing and only the line is left; a search run without them gets them here."""
     if not result.plans:
         return []
     top = keep or len(result.plans)
     model = result.model
     lists = candidate_lists(model)
+    ranked_plans = {e.plan for e in result.plans}
     found: list[tuple[Estimate, Estimate]] = []  # (variant, its plan)
     for base in result.plans[:pool]:
         if base.plan.recompute == "none":
             continue
         for modules in lists:
             plan = base.plan.with_(recompute="selective", recompute_layers=0, recompute_modules=modules)
-            if plan == base.plan or validate(plan, model):
+            if plan == base.plan or plan in ranked_plans or validate(plan, model):
                 continue
-            est = estimate(model, result.cluster, plan)
-            est.memory_limit, est.min_p_fit = result.limit, result.min_p_fit
+            est = _admitted(result, plan)
             if est.fits and _key(est) < _key(base):
                 found.append((est, base))
-    if not found:
-        return []
-    best_of = {}
+    best_of: dict[int, tuple[Estimate, Estimate]] = {}
     for est, base in sorted(found, key=lambda pair: _key(pair[0])):
         best_of.setdefault(id(base), (est, base))  # the best list per plan
-    ranked = sorted(list(result.plans) + [est for est, _ in best_of.values()], key=_key)
-    result.plans = ranked[:top]
-    est, base = min(best_of.values(), key=lambda pair: _key(pair[0]))
-    return [f"recompute selective --recompute-modules {est.plan.recompute_modules.replace(',', ' ')} "
-            f"({est.plan.summary()}): {est.step_time_s / base.step_time_s - 1:+.1%} step time, peak "
-            f"{est.peak_memory_gib:.1f} GiB vs {base.peak_memory_gib:.1f} GiB with recompute {base.plan.recompute}"
-            + (f" ({base.plan.recompute_modules or 'core_attn'})" if base.plan.recompute == "selective" else "")]
+    if best_of:
+        ranked = sorted(list(result.plans) + [est for est, _ in best_of.values()], key=_key)
+        result.plans = ranked[:top]
+    best = next((e for e in result.plans if e.plan.recompute == "selective" and e.plan.recompute_modules), None)
+    if best is None:
+        return []
+    base = next((b for e, b in best_of.values() if e is best), None) or _without_list(result, best)
+    if base is None:
+        return []
+    return [f"recompute selective --recompute-modules {best.plan.recompute_modules.replace(',', ' ')} "
+            f"({best.plan.summary()}): {best.step_time_s / base.step_time_s - 1:+.1%} step time, peak "
+            f"{best.peak_memory_gib:.1f} GiB vs {base.peak_memory_gib:.1f} GiB with recompute {base.plan.recompute}"
+            + (f" ({base.plan.recompute_modules or 'core_attn'})" if base.plan.recompute == "selective" else "")
+            + (f":{base.plan.recompute_layers}" if base.plan.recompute_layers else "")]
+
+
+def _admitted(result: SearchResult, plan) -> Estimate:
+    """``plan``'s estimate judged as the search judges its own (limit and ``--min-p-fit``)."""
+    est = estimate(result.model, result.cluster, plan)
+    est.memory_limit, est.min_p_fit = result.limit, result.min_p_fit
+    return est
+
+
+def _without_list(result: SearchResult, est: Estimate) -> Estimate | None:
+    """What the module-list plan ``est`` replaces: its layout's best admitted plan without a list -
+    the ranking's, else the framework's default selective recompute or, failing that, full."""
+    layout = est.plan.with_(recompute="none", recompute_modules="", recompute_layers=0)
+    same = [e for e in result.plans if not e.plan.recompute_modules and e.plan.recompute != "none"
+            and e.plan.with_(recompute="none", recompute_layers=0) == layout]
+    if same:
+        return min(same, key=_key)
+    for plan in (layout.with_(recompute="selective"), layout.with_(recompute="full")):
+        other = _admitted(result, plan)
+        if other.fits:
+            return other
+    return None
 
 
 def _key(e: Estimate) -> float:

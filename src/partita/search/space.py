@@ -110,6 +110,13 @@ class SearchSpace:
     #: fit (``recompute_layers``, :meth:`partita.search.engine._Search._try_partial`). On by
     #: default: tests/test_search.py's brute-force oracle enumerates every recompute_layers.
     partial_recompute: bool = True
+    #: Megatron's ``--recompute-modules`` lists as recompute settings (issue 33 follow-up,
+    #: :mod:`partita.search.recompute_modules`): every layout whose ZeRO family first fits with
+    #: recompute (selective or full) also gets its selective plan with the first of
+    #: :func:`~partita.search.recompute_modules.candidate_lists` that fits. Off by default (the
+    #: brute-force oracle of tests/test_search.py enumerates none); ``partita plan`` turns it on
+    #: under megatron / mindspeed unless ``--no-module-lists`` or the user's own list is carried.
+    module_lists: bool = False
 
 
 #: plan fields a user fixes for every candidate, that the search never varies (issue 33: a
