@@ -162,3 +162,43 @@ def test_a_layout_outside_the_best_five_wins_with_a_list(capsys):
         return tuple(plan.get(k) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "schedule"))
 
     assert layout(best["plan"]) not in {layout(p["plan"]) for p in old["plans"][:5]}
+
+
+@pytest.mark.parametrize("scenario", [(("llama3-70b", 4), "a100-40gb", 4, 8, 4096),
+                                      (("llama3-70b", 3), "h100-sxm", 8, 4, 16384)])
+def test_lists_in_the_search_match_a_brute_force_with_lists(scenario):
+    """The branch and bound with module lists against tests/brute_force_search.py's enumeration (every
+    valid selective plan of the space, each also with every list of candidate_lists, estimated by the
+    public estimator), recompute fixed to selective (the lists' own ground: no partial plan competes),
+    at three memory caps drawn from the enumeration's own peaks: the same best step time, and every plan
+    the search estimated is one the enumeration found fitting, at the same step time. Three small
+    layer counts keep the enumeration under a second."""
+    from dataclasses import replace
+
+    from brute_force_search import plans
+
+    from partita.plan import validate
+    from partita.search import search_plans
+    from partita.search.space import SearchSpace
+    (name, layers), hardware, devices, gbs, seq = scenario
+    model, cluster = replace(load_model(name), layers=layers, name=f"{name}-{layers}"), make_cluster(hardware, devices)
+    every = []
+    for plan in plans(model, cluster, gbs, seq, "bf16", False, **SearchSpace().options):
+        if plan.recompute == "selective":
+            every += [estimate(model, cluster, p) for p in
+                      [plan] + [plan.with_(recompute_modules=m) for m in candidate_lists(model)] if not validate(p, model)]
+    peaks = sorted(e.peak_memory_gib for e in every)
+    listed_best = 0
+    for cap in (peaks[len(peaks) // 100], peaks[len(peaks) // 10], peaks[len(peaks) * 3 // 10]):
+        fitting = sorted((e for e in every if e.peak_memory_gib <= cap), key=lambda e: e.step_time_s)
+        found = search_plans(model, cluster, gbs, seq, SearchSpace(module_lists=True, recompute="selective",
+                                                                   max_memory_gib=cap), top=5, risk=False)
+        assert found.best is not None and found.best.step_time_s == fitting[0].step_time_s, cap
+        listed_best += bool(fitting[0].plan.recompute_modules)
+
+        def written(plan):
+            return plan if plan.layer_split else plan.with_(layer_split=plan.stage_layers(model.layers))
+        times = {written(e.plan): e.step_time_s for e in fitting}
+        estimated = [a.estimate for a in found.attempts if a.estimate and a.plan.tp <= cluster.devices_per_node]
+        assert estimated and all(times.get(written(e.plan)) == e.step_time_s for e in estimated)
+    assert listed_best  # the lists decide at least one cap: the comparison exercises them

@@ -89,8 +89,9 @@ def family_firsts(ladder: list[tuple[str, int]], accept: Callable[[tuple[str, in
     full-recompute plan (``recompute_layers`` N) whose time lies between none and full,
     and a later family's smaller N (ZeRO-2/3 free memory) can beat the earlier family's
     larger one. ``uncap(zero)`` says whether the family of that ZeRO stage is walked to
-    full recompute regardless (its partial plan may still matter); a first fit without
-    recompute caps every later family."""
+    full recompute regardless (its partial plan may still matter; likewise its module-list
+    plan, ``SearchSpace.module_lists``: ZeRO-2/3 free memory, so a later family's list can
+    rerun less than the earlier family's); a first fit without recompute caps every later family."""
     firsts: list[tuple[str, int]] = []
     full = len(RECOMPUTE_ORDER)
     limit = full
@@ -325,12 +326,13 @@ class _Search:
         a later family only with a lighter recompute than the earlier ones needed (at
         equal recompute ZeRO-2 and ZeRO-3 only add time). Every plan of the layout that
         fits is at least as slow as one of them."""
-        key = (id(layout), self.partial)  # the peaks, once set, and the limit never change
+        # the peaks, once set, and the limit never change
+        key = (id(layout), self.partial or bool(self.module_lists))
         firsts = self._firsts.get(key)
         if firsts is None:
             firsts = self._firsts[key] = family_firsts(
                 layout.ladder, lambda step: self._fits_step(layout, step),
-                (lambda zero: True) if self.partial else None)
+                (lambda zero: True) if key[1] else None)
         return firsts
 
     def _fits_step(self, layout: Layout, step: tuple[str, int]) -> bool:
@@ -472,12 +474,16 @@ class _Search:
         """Each ZeRO family - zero <= 1, zero 2, zero 3 - in order of recompute, keeping
         the first setting of each that fits (:func:`family_firsts`), each tried - and
         estimated if it can matter - by :meth:`_try`."""
-        def uncap(zero: int) -> bool:  # the family's partial plan (N >= 1) may still matter
+        def uncap(zero: int) -> bool:  # the family's partial plan (N >= 1) or module-list plan may still matter
             may_bound = wanted is not None or (layout.rankable and self.kth_best() != float("inf"))
-            return not (may_bound and self._rules_out(layout, self.partial_bound(layout, zero, 1), wanted))
+            if not may_bound:
+                return True
+            # a later family's list (ZeRO-2/3 free memory) can rerun less than the earlier family's
+            return (self.partial and not self._rules_out(layout, self.partial_bound(layout, zero, 1), wanted)) or (
+                bool(self.module_lists) and not self._rules_out(layout, self.module_bound(layout, zero), wanted))
 
         family_firsts(layout.ladder, lambda step: self._try(layout, step, peaks, wanted, estimated),
-                      uncap if self.partial else None)
+                      uncap if self.partial or self.module_lists else None)
 
     def setting_bound(self, layout: Layout, recompute: str, zero: int) -> float:
         """Lower bound of the layout's plan with this setting (memoised per layout):
