@@ -11,20 +11,6 @@ from ..errors import PartitaError
 CONTEXT_PLANS = 3
 
 
-def modules_shown(plan) -> str:
-    """The ``--recompute-modules`` list a plan's row names (``partita plan``'s table, cli/render.py):
-    the plan's own list where its recompute is selective and the list is not what the framework runs
-    without one (Megatron-Core's default ``core_attn``, :func:`partita.cost.frameworks.selective_modules`),
-    comma-separated, cheapest rerun first as the search tries them; else "" (nothing to say)."""
-    from ..cost.frameworks import selective_modules
-    if plan.recompute != "selective" or not plan.recompute_modules:
-        return ""
-    modules = selective_modules(plan.framework, "selective", plan.recompute_modules)
-    if modules == selective_modules(plan.framework, "selective", ""):
-        return ""
-    return plan.recompute_modules
-
-
 def add_report_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE.html",
                    help="also write an HTML report (plans side by side, memory per rank, step time, the "

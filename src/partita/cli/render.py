@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..cost.term_sources import term_sources
 from ..estimate import Estimate
-from .plan_report import modules_shown
+from ..search.recompute_modules import modules_shown
 
 GIB = 1024 ** 3
 

@@ -37,7 +37,7 @@ user's choice. The plan exports as the flags Megatron reads (``--recompute-granu
 from __future__ import annotations
 
 from .. import uncertainty as unc
-from ..cost.frameworks import MODULE_SELECTIVE_FRAMEWORKS
+from ..cost.frameworks import MODULE_SELECTIVE_FRAMEWORKS, selective_modules
 from ..estimate import Estimate, estimate
 from ..plan import validate
 from .result import SearchResult
@@ -126,6 +126,19 @@ def _without_list(result: SearchResult, est: Estimate) -> Estimate | None:
         if other.fits:
             return other
     return None
+
+
+def modules_shown(plan) -> str:
+    """The ``--recompute-modules`` list a plan's row names (``partita plan``'s table, cli/render.py):
+    the plan's own list where its recompute is selective and the list is not what the framework runs
+    without one (Megatron-Core's default ``core_attn``, :func:`partita.cost.frameworks.selective_modules`),
+    comma-separated in the plan's canonical (sorted) order; else "" (nothing to say)."""
+    if plan.recompute != "selective" or not plan.recompute_modules:
+        return ""
+    modules = selective_modules(plan.framework, "selective", plan.recompute_modules)
+    if modules == selective_modules(plan.framework, "selective", ""):
+        return ""
+    return plan.recompute_modules
 
 
 def _key(e: Estimate) -> float:
