@@ -202,3 +202,35 @@ def test_lists_in_the_search_match_a_brute_force_with_lists(scenario):
         estimated = [a.estimate for a in found.attempts if a.estimate and a.plan.tp <= cluster.devices_per_node]
         assert estimated and all(times.get(written(e.plan)) == e.step_time_s for e in estimated)
     assert listed_best  # the lists decide at least one cap: the comparison exercises them
+
+
+def test_export_constants_agree():
+    """search/ keeps its own copy of the export's MindSpeed module list and fp8 recipes (no import of export/)."""
+    from partita.export.megatron import FP8_RECIPES, MINDSPEED_RECOMPUTE_MODULES
+    from partita.search.recompute_modules import MEGATRON_FP8_RECIPES, MINDSPEED_MODULES
+    assert MINDSPEED_MODULES == set(MINDSPEED_RECOMPUTE_MODULES) and MEGATRON_FP8_RECIPES == set(FP8_RECIPES)
+
+
+def test_mindspeed_list_plans_are_ones_its_export_writes(capsys, tmp_path):
+    """Under --framework mindspeed the lists the search proposes are ones `partita export --to mindspeed`
+    writes: MindSpeed-LLM refuses grouped GEMM (moe_act's kernel) beside --use-ascend-mc2 (tp > 1 with
+    sp in a MoE model) unless DualPipeV's --moe-fb-overlap keeps it. Before, a capped Mixtral-8x7B search
+    ranked tp 8 + sp 1F1B with moe_act, which the export refuses."""
+    base = ["--model", "mixtral-8x7b", "--hardware", "ascend-910b2", "--devices", "32", "--global-batch", "128",
+            "--framework", "mindspeed", "--top", "5"]
+    listed = 0
+    for extra in (["--seq-len", "8192", "--max-memory-gib", "50"], ["--seq-len", "16384"]):
+        out = _json(capsys, ["plan", *base, *extra])
+        for entry in out["plans"]:
+            if not entry["plan"].get("recompute_modules"):
+                continue
+            listed += 1
+            plan_file = tmp_path / "plan.json"
+            plan_file.write_text(json.dumps(entry["plan"]))
+            capsys.readouterr()
+            assert main(["export", str(plan_file), "--to", "mindspeed", "--model", "mixtral-8x7b", "--hardware",
+                         "ascend-910b2", "--devices", "32"]) == 0, capsys.readouterr().err
+            words = capsys.readouterr().out.split()
+            at = words.index("--recompute-modules")
+            assert set(entry["plan"]["recompute_modules"].split(",")) <= set(words[at + 1:])
+    assert listed  # a list plan was proposed and exported

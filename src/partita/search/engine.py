@@ -66,7 +66,7 @@ from .. import uncertainty as unc
 from .layouts import (EXPLAINED_KNOBS, LADDER_KNOBS, RECOMPUTE_ORDER, Layout, LayoutQueue, layouts_by_bound,
                       pipeline_depths)
 from .partial_recompute import PartialPlans, partial_lower_bound
-from .recompute_modules import candidate_lists
+from .recompute_modules import candidate_lists, framework_refuses
 from .result import Attempt, SearchResult
 from .why_not import alternatives as why_not_alternatives
 from .why_not import partial_neighbours
@@ -405,7 +405,8 @@ class _Search:
         fits confidently - as a ladder setting at risk does not end its family's walk (more recompute
         may rank better once the risk is counted). The lists are cumulative
         (:func:`.recompute_modules.candidate_lists`), so a later confident list only reruns more.
-        A list that fails Megatron's rules for the plan (:func:`partita.plan.validate`) is passed over."""
+        A list that fails Megatron's rules for the plan (:func:`partita.plan.validate`) or that the
+        framework's export refuses (:func:`.recompute_modules.framework_refuses`) is passed over."""
         key = (id(layout), zero)
         found = self._module_fits.get(key)
         if found is None:
@@ -415,7 +416,8 @@ class _Search:
                                          zero=zero)
                 pb, pr = peak_memory(self.model, self.cluster.device, plan)
                 self.evaluated += 1
-                if fits(pb, self.usable) and not validate(plan, self.model):
+                if fits(pb, self.usable) and not validate(plan, self.model) \
+                        and not framework_refuses(plan, self.model):
                     found.append((plan, pb, pr))
                     if pb / GIB <= self.risk.confident_gib:
                         break

@@ -58,6 +58,34 @@ def candidate_lists(model) -> list[str]:
     return list(dict.fromkeys(",".join(sorted(s)) for s in steps))
 
 
+#: the modules MindSpeed-LLM's Megatron (core_v0.12.1 transformer_config.py) accepts in
+#: ``--recompute-modules``; the same list :data:`partita.export.megatron.MINDSPEED_RECOMPUTE_MODULES`
+#: writes against (kept here: search/ must not import export/, tests/test_search_recompute_modules.py
+#: checks the two agree)
+MINDSPEED_MODULES = frozenset({"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe"})
+#: Megatron's ``--fp8-recipe`` values that accept moe_act / layernorm recompute (transformer_config.py;
+#: :data:`partita.export.megatron.FP8_RECIPES`, checked equal by the same test)
+MEGATRON_FP8_RECIPES = frozenset({"tensorwise", "mxfp8"})
+
+
+def framework_refuses(plan, model) -> bool:
+    """Whether the framework would refuse ``plan``'s module list though :func:`partita.plan.validate`
+    passes it - the rules :mod:`partita.export.megatron` raises on, so that the search never proposes
+    a list its export cannot write: MindSpeed-LLM's Megatron core_v0.12.1 has no ``shared_experts``
+    (transformer_config.py there: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe); MindSpeed-LLM
+    refuses grouped GEMM (which moe_act needs) beside ``--use-ascend-mc2``, written for tp > 1 with
+    sequence parallelism in a MoE model unless DualPipeV's ``--moe-fb-overlap`` keeps grouped GEMM; with
+    fp8 Megatron's default delayed recipe refuses moe_act and layernorm recompute (transformer_config.py)."""
+    modules = set(plan.recompute_modules.split(",")) if plan.recompute_modules else set()
+    if plan.framework == "mindspeed":
+        if modules - set(MINDSPEED_MODULES):
+            return True
+        if "moe_act" in modules and model.moe and plan.tp > 1 and plan.sp and plan.schedule != "dualpipev":
+            return True
+    return plan.dtype == "fp8" and bool({"moe_act", "layernorm"} & modules) \
+        and plan.fp8_recipe not in MEGATRON_FP8_RECIPES
+
+
 def applies(framework: str | None, options: dict) -> bool:
     """Whether the post-pass runs: a module-level framework and no module list the user chose."""
     return (framework or "megatron") in MODULE_SELECTIVE_FRAMEWORKS and not options.get("recompute_modules")
@@ -82,7 +110,7 @@ def try_module_lists(result: SearchResult, pool: int, keep: int | None = None) -
             continue
         for modules in lists:
             plan = base.plan.with_(recompute="selective", recompute_layers=0, recompute_modules=modules)
-            if plan == base.plan or plan in ranked_plans or validate(plan, model):
+            if plan == base.plan or plan in ranked_plans or validate(plan, model) or framework_refuses(plan, model):
                 continue
             est = _admitted(result, plan)
             if est.fits and _key(est) < _key(base):
