@@ -91,8 +91,10 @@ def test_deepspeed_differs_in_the_exposed_param_gather_and_tp_overlap_only():
 def test_torchtitan_full_recompute_skips_the_last_gemm_and_its_collective():
     plan = BASE.with_(recompute="full")
     meg, tt = _est(plan, "megatron"), _est(plan, "torchtitan")
+    # pp send/recv: torchtitan runs torch.distributed.pipelining, whose sends only delay their
+    # receiver (cost/pipeline.py async_p2p_period); Megatron's stay exposed
     assert _differing(meg.time.parts, tt.time.parts) <= {"recompute", "tp communication", "pipeline bubble",
-                                                           "dp gradient sync"}
+                                                           "dp gradient sync", "pp send/recv"}
     assert tt.time.parts["recompute"] < meg.time.parts["recompute"]
     assert tt.time.parts["tp communication"] < meg.time.parts["tp communication"]
     # the recompute saved is the w2 GEMM: one of the MLP's three equal GEMMs, per layer and micro-batch
@@ -130,7 +132,8 @@ def test_torchtitan_fp8_casts_are_their_own_hbm_passes():
     tensorwise one casts before the tp all-gather, tests/test_cost_fp8_tp_gather.py.)"""
     plan = BASE.with_(dtype="fp8", fp8_recipe="rowwise")
     meg, tt = _est(plan, "megatron"), _est(plan, "torchtitan")
-    assert _differing(meg.time.parts, tt.time.parts) <= {"compute", "pipeline bubble", "dp gradient sync"}
+    assert _differing(meg.time.parts, tt.time.parts) <= {"compute", "pipeline bubble", "dp gradient sync",
+                                                           "pp send/recv"}  # (torch's pipelining sends)
     per_token = 5 * 4096 + 4096 / 2 + 14336 / 2
     weights = 218_103_808 / 2
     elements = 4096 * per_token + weights
