@@ -79,6 +79,35 @@ def test_partita_pipeline_hides_sends_and_the_bounds_stay_below(text):
     assert cheap_bound(model, cluster, plan) <= exact <= est.step_time_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("framework, text", [("partita", "pp=2,dp=4"), ("torchtitan", "pp=4,dp=2")])
+def test_parts_keep_the_pipeline_host_time(framework, text):
+    """A calibrated file with the runtime's pipeline host time (``pp_framework_us_per_microbatch``,
+    1.5 ms here, what calibrate writes on a CPU): it is the stage's own work, never hidden, and the
+    step's parts still add up to the step."""
+    from partita.spec.hardware import Cluster, load_device
+    device = load_device("h100-sxm", overrides={"efficiency": {"pp_framework_us_per_microbatch": 1500.0}})
+    cluster = Cluster(device=device, nodes=1, devices_per_node=8)
+    plan = _partita(text).with_(framework=framework)
+    est = estimate(load_model("llama3-8b"), cluster, plan)
+    assert sum(est.time.parts.values()) == pytest.approx(est.step_time_s, rel=1e-9)
+    assert est.time.parts["pp send/recv"] >= plan.grad_accum * 1.5e-3 * (1 - 1e-9)
+
+
+def test_plan_timeline_runs_the_transfers_as_latencies():
+    """`partita plan --report`'s timeline of a torch-pipelining plan simulates its transfers as
+    latencies: its pipeline is the estimate's closed form within the simulation's few per cent, each
+    rank's blocks fill the step, and its work is the rank's own (no send time drawn as work)."""
+    from partita.report.schedule import step_schedule
+    model, cluster = load_model("llama3-8b"), make_cluster("h100-sxm", 8)
+    est = estimate(model, cluster, _partita("pp=4,dp=2"))
+    sched = step_schedule(est)
+    assert sched.pipeline_s == pytest.approx(sched.closed_form_s, rel=0.03)
+    assert sched.step_s == pytest.approx(est.step_time_s, rel=0.03)
+    for stage in est.time.stages:
+        mine = [b for b in sched.blocks if b.rank == stage.rank]
+        assert sum(b.length for b in mine) == pytest.approx(sched.step_s, rel=1e-9)
+
+
 def test_megatron_and_zero_bubble_keep_blocking_sends():
     """Megatron's schedules and the zero-bubble / DualPipeV forms are not the async steady state."""
     model, cluster = load_model("llama3-8b"), make_cluster("h100-sxm", 8)

@@ -93,6 +93,12 @@ class Layer(torch.nn.Module):
     def _core_attention(self, q, k, v) -> torch.Tensor:
         if self.attention == "kernel":
             return KernelAttention.apply(q, k, v)
+        if self.attention == "unfused":  # matmul, softmax, matmul; then the contiguous copy (HF eager)
+            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+            scores = (q @ k.transpose(-1, -2)) / self.head ** 0.5
+            mask = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).triu(1)
+            out = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+            return out.transpose(1, 2).contiguous().view(q.shape[0], q.shape[2], -1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
@@ -174,3 +180,12 @@ def test_no_recompute_delta_follows_where_the_out_projection_reads(targets: str)
     assert activation_delta(spec, _plan(targets, "megatron", "none"), False, "none") == megatron
     peft = measured_delta(targets, False, "sdpa")
     assert activation_delta(spec, _plan(targets, "deepspeed", "none"), False, "none") == peft
+
+
+@pytest.mark.parametrize("targets", TARGET_SETS)
+def test_unfused_attention_hands_the_out_projection_its_own_copy(targets: str) -> None:
+    """attention=unfused, recompute none: the attention output reaches the out projection as a
+    contiguous copy only the projection saves, so a frozen projection frees it."""
+    spec = parse_hf_config(CFG)
+    plan = _plan(targets, "deepspeed", "none").with_(attention="unfused")
+    assert activation_delta(spec, plan, False, "none") == measured_delta(targets, False, "unfused")

@@ -75,6 +75,24 @@ def test_a_module_list_is_proposed_and_priced_as_estimate_prices_it(capsys, tmp_
         proposal["plan"]["recompute_modules"].split(","))])
 
 
+def test_recompute_full_gets_no_selective_list_plans(capsys):
+    """--recompute full fixes the setting: no plan of the ranking recomputes selectively (the
+    post-pass added list variants before)."""
+    out = _json(capsys, ["plan", *FIXED, "--recompute", "full"])
+    assert out["plans"] and all(p["plan"].get("recompute", "none") == "full" for p in out["plans"])
+
+
+def test_mindspeed_dualpipev_without_ep_refuses_moe_act_beside_mc2():
+    """DualPipeV keeps grouped GEMM only through --moe-fb-overlap, which the export writes with ep > 1
+    (export/megatron.py _dualpipev_args): at ep 1 a moe_act list beside MC2 is one the export refuses."""
+    from partita.search.recompute_modules import framework_refuses
+    model = load_model("mixtral-8x7b")
+    plan = Plan(tp=2, sp=True, pp=2, vpp=2, schedule="dualpipev", ep=1, dp=1, mbs=1, gbs=8, seq_len=4096,
+                framework="mindspeed", recompute="selective", recompute_modules="core_attn,layernorm,moe_act")
+    assert framework_refuses(plan, model)
+    assert not framework_refuses(plan.with_(ep=2, dp=2, gbs=16), model)
+
+
 def test_no_module_lists_and_a_users_list_keep_the_search_as_it_was(capsys):
     plain = _json(capsys, ["plan", *FIXED, "--no-module-lists"])
     assert not any(p["plan"].get("recompute_modules") for p in plain["plans"])

@@ -305,4 +305,4 @@ def read_db_memory(path: str | Path) -> dict[str, dict]:
                     app.setdefault(f"npu:{device}", []).append(float(hbm or 0))
     finally:
         con.close()
-    return component_peaks(series, f"{path.name} MEMORY_RECORD ({{}})", {d: max(v) for d, v in app.items()})
+    return component_peaks(series, path.name + " MEMORY_RECORD ({})", {d: max(v) for d, v in app.items()})

@@ -63,7 +63,8 @@ def component_peaks(series: dict[str, dict[str, list[tuple[float, float, float]]
 
     The component is the PyTorch allocator's, ``PTA``; ``PTA+GE``, then ``APP`` (the whole
     process), where a capture has no PTA rows; else the first one recorded. ``source`` is
-    formatted with the component chosen (``"memory_record.csv ({})"``); ``app_peak_reserved``
+    with ``{}`` replaced by the component chosen (``"memory_record.csv ({})"``; replaced, not
+    ``str.format``-ed: the label holds the user's file name); ``app_peak_reserved``
     holds each device's whole-process peak where one was recorded (None elsewhere). Adds
     ``source``, ``peak_unallocated_bytes`` and ``app_peak_reserved_bytes`` to :func:`_peaks`'s
     fields, in the order the two readers have always written them."""
@@ -73,7 +74,7 @@ def component_peaks(series: dict[str, dict[str, list[tuple[float, float, float]]
         points = sorted(parts[component])
         peaks = _peaks(points)
         timeline = peaks.pop("timeline")
-        out[device] = {"events": peaks.pop("events"), "source": source.format(component), **peaks,
+        out[device] = {"events": peaks.pop("events"), "source": source.replace("{}", component), **peaks,
                        "peak_unallocated_bytes": max(p[2] - p[1] for p in points),
                        "app_peak_reserved_bytes": app_peak_reserved.get(device),
                        "timeline": timeline}

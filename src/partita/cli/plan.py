@@ -202,7 +202,8 @@ def module_list_lines(args: argparse.Namespace, result) -> list[str]:
     recompute, or the user's (or script's) ``--recompute-modules`` is carried; its why-not line."""
     from ..search.comm_knobs import KNOB_POOL
     from ..search.recompute_modules import applies, try_module_lists
-    if args.no_module_lists or not applies(framework_arg(args), carried_choices(args)):
+    if args.no_module_lists or getattr(args, "recompute", None) == "full" \
+            or not applies(framework_arg(args), carried_choices(args)):
         return []
     return try_module_lists(result, KNOB_POOL)
 

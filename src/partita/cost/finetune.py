@@ -367,8 +367,12 @@ def _proj_input_freed(plan: Plan, modules: frozenset) -> bool:
     ``FusedAttnFunc`` saves q, k, v and out, and returns that out viewed as ``[s, b, h]``; torch's
     SDPA flash kernels allocate their output in the query's ``(b, s, heads, d)`` memory order, so the
     Hugging Face / torchtitan ``transpose(1, 2).contiguous()`` before ``o_proj`` is a view of it, not
-    a copy (tests/test_finetune_targets_recompute.py measures both layers)."""
-    return "core_attn" in modules
+    a copy (tests/test_finetune_targets_recompute.py measures both layers). Unfused attention
+    (``attention=unfused``: Megatron-Core's ``DotProductAttention`` ends in ``permute(...)
+    .contiguous()``, Hugging Face eager in ``transpose(1, 2).contiguous()``) hands the projection a
+    copy only it saves, so freezing it frees that copy. (Megatron-DeepSpeed's flash path also copies
+    with mbs > 1 - ``rearrange(...).contiguous()`` - not distinguished here.)"""
+    return "core_attn" in modules or plan.attention == "unfused"
 
 
 # ------------------------------------------------------------------ time

@@ -92,6 +92,7 @@ def pipeline_time(stage_times: list[float], m: int, v: int, schedule: str, send:
 #: (docs/accuracy.md). Megatron's schedules keep each send exposed (blocking
 #: ``send_forward_recv_backward`` pairs on NCCL, not measured here).
 ASYNC_P2P_FRAMEWORKS = frozenset({"partita", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss"})
+#: (the same frameworks run DualPipeV as torch's ScheduleDualPipeV: :data:`SEQUENTIAL_PAIRS` is this set)
 #: the schedules :func:`async_p2p_period` is derived for (zero-bubble and DualPipeV keep their forms)
 ASYNC_P2P_SCHEDULES = frozenset({"1f1b", "interleaved-1f1b"})
 
@@ -109,7 +110,7 @@ def async_p2p_period(stage_times: list[float], send: float) -> float:
     slower than its neighbours by ``2c`` hides its sends entirely. Checked against an
     event-driven run of the 1F1B order with a transfer latency on every cross-rank dependency
     (tests/test_async_p2p_pipeline.py: p 2-8, vpp 1-2, within a few per cent where the
-    blocking form is 8-15 % over), and on this machine's pp=2 runs (docs/accuracy.md,
+    blocking form is 5-15 % over), and on this machine's pp=2 runs (docs/accuracy.md,
     calibrated loop: the last stage's busy time plus the fill/drain is the measured step)."""
     own = [t - 2 * send for t in stage_times]
     pairs = [(a + b) / 2 + send for a, b in zip(own, own[1:])]
@@ -157,7 +158,7 @@ def fb_overlap_pairs(p: int, m: int) -> int:
 #: ``OVERLAP_F_B`` pair's forward and backward run one after the other (torch 2.13
 #: schedules.py ``_PipelineScheduleRuntime``; torchtitan 0.3.0 distributed/pipeline_parallel.py
 #: registers none; Partita's runtime neither), so nothing is hidden - the bubble still applies
-SEQUENTIAL_PAIRS = frozenset({"partita", "torchtitan", "torchtitan-eager", "torchtitan-eager-loss"})
+SEQUENTIAL_PAIRS = ASYNC_P2P_FRAMEWORKS
 
 
 def fb_overlap_share(schedule: str, p: int, m: int, framework: str = "") -> float:

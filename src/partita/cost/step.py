@@ -741,7 +741,10 @@ def _pipeline_parts(stages: list[StageTime], m: int, plan: Plan, send: float) ->
         steady = m * slowest.total
         if send:
             period = async_p2p_period(per_mb, send)
-            parts[STAGE_PARTS["pp_send_recv"]] = m * (period - (slowest.total - 2 * send))
+            # the transfer the period exposes, plus the runtime's host time the stage's part holds
+            # (pp_framework_us_per_microbatch, never hidden: _one_send takes it out of ``send``)
+            held = slowest.parts.get(STAGE_PARTS["pp_send_recv"], 0.0)
+            parts[STAGE_PARTS["pp_send_recv"]] = m * (period - slowest.total + held)
             steady = m * period
         parts["pipeline bubble"] = pipe - steady
     return pipe, slowest, parts

@@ -61,6 +61,9 @@ def lora_targets(names: list[str] | tuple[str, ...], source: str) -> tuple[str, 
                            f"linear_fc2; or all)")
     if words in _QKV:  # the q/k/v projections exactly, the out projection not
         return "qkv", ""
+    if any(words < s for s in _QKV):  # e.g. PEFT's common q_proj,v_proj: the nearest set is qkv
+        return "qkv", (f"{source} {','.join(sorted(words))}: adapters on these linears only, estimated with "
+                       f"adapters on q, k and v (lora_targets qkv)")
     groups = [g for g in _COMPLETE if words & _NAMES[g]]
     targets = "all-linear" if len(groups) == 2 else groups[0]
     partial = [g for g in groups if not any(s <= words for s in _COMPLETE[g])]

@@ -26,7 +26,9 @@ KNOB_CHANGE = re.compile(r"^(?P<pct>[+-]\d+(?:\.\d+)?)% step time")
 def plan_row(label: str, est: Estimate, tokens: float) -> dict[str, Any]:
     """One plan as the comparison chart and table show it."""
     days = est.run_days(tokens)
-    return {"label": label, "layout": est.plan.summary(), "step_time_s": est.step_time_s,
+    from ..search.recompute_modules import modules_shown
+    shown = modules_shown(est.plan)
+    return {"label": label, "layout": est.plan.summary() + (f":{shown}" if shown else ""), "step_time_s": est.step_time_s,
             "peak_memory_gib": est.peak_memory_gib, "memory_limit_gib": est.memory_limit_gib,
             "fits": est.fits, "p_fit": est.p_fit, "verdict": est.verdict, "interval": est.interval,
             "memory_verdict": est.memory_verdict,

@@ -144,20 +144,37 @@ def _spans(ops: list[tuple], v: int) -> list[tuple[int, float, float, float, str
     return spans
 
 
+def _async_send(est: Estimate) -> float:
+    """One pipeline transfer where the estimate priced the sends as delaying their receiver only
+    (cost/step.py ``async_send``; 0 for every other framework and for traced models, whose
+    pipeline keeps both sends)."""
+    from ..cost.step import async_send
+    from ..spec.model import ModelSpec
+    return async_send(est.model, est.cluster, est.plan) if isinstance(est.model, ModelSpec) else 0.0
+
+
 def step_schedule(est: Estimate) -> Schedule:
     """The predicted timeline of one step of ``est``'s plan (see the module docstring)."""
     plan, stages = est.plan, est.time.stages
     m, v = plan.grad_accum, plan.vpp
     totals = [s.total for s in stages]
-    fwd = [s.total * s.forward / (s.forward + s.backward) if s.forward + s.backward else 0.0 for s in stages]
-    bwd = [t - f for t, f in zip(totals, fwd)]
-    ops = simulate(fwd, bwd, m, v, "gpipe" if plan.schedule == "gpipe" else "interleaved-1f1b" if v > 1 else "1f1b")
+    send = _async_send(est)
+    # a rank runs its work and posts its sends; a transfer delays its receiver (cost/pipeline.py
+    # async_p2p_period) - with send 0, every stage total as before
+    own = [t - 2 * send for t in totals]
+    fwd = [o * s.forward / (s.forward + s.backward) if s.forward + s.backward else 0.0 for o, s in zip(own, stages)]
+    bwd = [o - f for o, f in zip(own, fwd)]
+    ops = simulate(fwd, bwd, m, v, "gpipe" if plan.schedule == "gpipe" else "interleaved-1f1b" if v > 1 else "1f1b",
+                   latency=send)
     pipe = max((op[5] for op in ops), default=0.0)
     spans = _spans(ops, v)
     blocks: list[Block] = []
     bubble = "idle (pipeline bubble)"
     for r, start, busy, idle, text in spans:
-        _split(blocks, stages[r].parts, r, start, busy, text)
+        parts = stages[r].parts
+        if send:  # the transfers are latencies in the timeline, not the rank's own work
+            parts = {**parts, "pp send/recv": parts.get("pp send/recv", 0.0) - 2 * send}
+        _split(blocks, parts, r, start, busy, text)
         if idle > 0:
             blocks.append(Block(r, "bubble", start + busy, idle, bubble + ", the gaps of this run"))
     for r in range(len(stages)):  # bubbles: the gaps of each rank inside the pipeline
@@ -174,7 +191,7 @@ def step_schedule(est: Estimate) -> Schedule:
         if length > 0:
             blocks.extend(Block(r, part, t, length, part) for r in range(len(stages)))
             t += length
-    return Schedule(blocks=blocks, pipeline_s=pipe, closed_form_s=pipeline_time(totals, m, v, plan.schedule),
+    return Schedule(blocks=blocks, pipeline_s=pipe, closed_form_s=pipeline_time(totals, m, v, plan.schedule, send),
                     step_s=t, schedule=plan.schedule, ranks=len(stages), microbatches=m, chunks=v,
                     coalesced=len(spans) < len(ops))
 

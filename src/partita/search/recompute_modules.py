@@ -80,7 +80,8 @@ def framework_refuses(plan, model) -> bool:
     if plan.framework == "mindspeed":
         if modules - set(MINDSPEED_MODULES):
             return True
-        if "moe_act" in modules and model.moe and plan.tp > 1 and plan.sp and plan.schedule != "dualpipev":
+        if "moe_act" in modules and model.moe and plan.tp > 1 and plan.sp \
+                and not (plan.schedule == "dualpipev" and plan.ep > 1):
             return True
     return plan.dtype == "fp8" and bool({"moe_act", "layernorm"} & modules) \
         and plan.fp8_recipe not in MEGATRON_FP8_RECIPES
