@@ -39,3 +39,16 @@ def test_a_killed_rank_without_a_message_is_named_as_killed():
     killed = ABORTED.split("torch.distributed.elastic", 1)[1].replace("exitcode  : -6", "exitcode  : -9")
     assert root_cause(killed) == ("rank 1 died (killed by SIGKILL: out of memory, or killed from outside?); "
                                   "the other ranks stopped because they lost it")
+
+
+def test_a_rank_that_raised_then_aborted_is_named_with_its_error():
+    # seen in CI: rank 1 raised, and gloo's teardown then aborted it (SIGABRT, no C++ message);
+    # its own Python error is the cause, not the signal
+    raised = ("[rank1]: Traceback (most recent call last):\n"
+              "[rank1]: RuntimeError: injected crash on rank 1\n"
+              + ABORTED.split("\n", 2)[2])
+    assert "what():" not in raised
+    assert root_cause(raised) == "rank 1 failed: RuntimeError: injected crash on rank 1"
+    # another rank's lost-peer error does not count as rank 1's own
+    peer_only = ABORTED.split("\n", 2)[2]
+    assert root_cause(peer_only).startswith("rank 1 died (killed by SIGABRT: out of memory")

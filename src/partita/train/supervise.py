@@ -213,6 +213,8 @@ def _torchrun_failures(stderr: str) -> list[tuple[int, int]]:
 
 def root_cause(stderr: str) -> str:
     """The one line that says why the job failed: a worker's ``partita: error:`` line; else
+    the error a rank raised before a signal ended it (gloo's teardown may abort a rank that
+    is leaving with an exception: its Python error, not the SIGABRT, is the cause); else
     the rank that was killed by a signal (the others then fail with a lost-peer error -
     gloo's "Connection closed by peer" / "Read error" - which is not the cause); else the
     first error of a rank that is not such a lost-peer error; else torchrun's own."""
@@ -222,16 +224,19 @@ def root_cause(stderr: str) -> str:
         if "partita: error:" in line:  # two ranks' lines may run together: the first one
             return "partita: error:" + line.split("partita: error:")[1].rstrip()
     failures = _torchrun_failures(stderr)
+    pattern = re.compile(r"^(\[rank(\d+)\]:\s*)?[A-Za-z_.]*(Error|Exception|Interrupt): ")
+    causes = [m for m in map(pattern.match, lines) if m and "ChildFailedError" not in m.string]
+    primary = [m for m in causes if not any(p in m.string for p in PEER_LOSS)]
     for rank, code in failures:
         if code < 0 and -code not in (signal.SIGTERM, signal.SIGINT):
+            own = [m for m in primary if m.group(2) == str(rank)]
+            if own:  # it raised, then aborted on its way out (gloo's teardown): the error is the cause
+                return f"rank {rank} failed: {own[0].string[own[0].end(1):]}"
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
             what = [ln.split("what():", 1)[1].strip() for ln in lines if "what():" in ln]
             why = f"C++ exception: {what[0]}" if what else "out of memory, or killed from outside?"
             return (f"rank {rank} died (killed by {name}: {why}); "
                     "the other ranks stopped because they lost it")
-    pattern = re.compile(r"^(\[rank(\d+)\]:\s*)?[A-Za-z_.]*(Error|Exception|Interrupt): ")
-    causes = [m for m in map(pattern.match, lines) if m and "ChildFailedError" not in m.string]
-    primary = [m for m in causes if not any(p in m.string for p in PEER_LOSS)]
     if primary:
         m = primary[0]
         text = m.string[m.end(1):] if m.group(1) else m.string
