@@ -9,7 +9,21 @@ sample of that state; the median over several calibrations, taken at different m
 figure no single burst decides - the same reasoning as the repeats inside one calibration
 (a median of repeats), one level up.
 
-What is pooled (pure functions, no torch: tests feed them synthetic files):
+How: where every file carries its raw measurements (``calibration.raw`` as ``partita
+calibrate`` writes it), the measurements are pooled - each measured quantity's samples from
+every calibration together, its median re-taken (:func:`pool_measurements`) - and the file is
+fitted once from them (:func:`partita.calibrate.hardware_file.hardware_file`). A term is a
+small residual on a large step (the base per-layer overhead is 36 us of a ~150 ms increment
+per us): one calibration whose launches met a burst reads it 5x too high, and the median of
+four files' *fitted values* then averages a good and a bad one (loop run 34: 1125 / 254 /
+660 / 1875 us -> 892 us; predictions median 10 %, worst 30 %). The median of the twenty
+pooled increments is decided by the calibrations' quiet launches (run 34 refitted: median
+6.5 %, worst 15 %; docs/calibrate.md "Pooling calibrations"). Each pooled term keeps every
+file's own value (``pooled_values``) and their spread (``between_spread``, half the IQR), so
+a disagreement between calibrations stays visible.
+
+Files without raw measurements (a pooled file, a hand-written one) are pooled field by field
+instead (pure functions, no torch: tests feed them synthetic files):
 
 * every numeric field the cost model reads (``peak_tflops``, ``memory``, ``intra_node``,
   ``efficiency``, ``eager_decode``) -> the median of the files' written values (a clamped term
@@ -123,9 +137,78 @@ def _pool_terms(files: list[dict], names: list[str]) -> dict:
     return out
 
 
+#: the raw sections a calibration must carry to be pooled by its measurements
+RAW_SECTIONS = ("gemm", "copy", "runtime")
+
+
+def _concat(trees: list, path: str = "") -> object:
+    """The union of ``trees``' samples, recursively (see :func:`pool_measurements`)."""
+    first = trees[0]
+    if isinstance(first, dict):
+        out = {k: _concat([t[k] for t in trees], f"{path}.{k}") for k in first
+               if all(isinstance(t, dict) and k in t for t in trees)}
+        if "samples" in out and _is_number(first.get("seconds")):
+            out["seconds"] = statistics.median(out["samples"])
+            if "spread" in first:  # as measure_collectives writes it: half the range of its repeats
+                out["spread"] = (max(out["samples"]) - min(out["samples"])) / 2
+        return out
+    if isinstance(first, list):
+        if all(_is_number(x) for t in trees for x in t):
+            return [x for t in trees for x in t]
+        if all(isinstance(x, dict) for t in trees for x in t):  # rows of one measured quantity each
+            keys = [[_row_key(x) for x in t] for t in trees]
+            if any(k != keys[0] for k in keys):
+                raise PartitaError(f"--pool: the calibrations measured different {path.lstrip('.')} rows "
+                                   "(written by different partita versions?); pool files of one version")
+            return [_concat(list(rows), path) for rows in zip(*trees)]
+        return [x for t in trees for x in t] if all(isinstance(t, list) for t in trees) else first
+    if path.endswith(".repeats") or path == ".repeats":
+        return sum(trees) if all(_is_number(t) for t in trees) else first
+    return first
+
+
+def _row_key(row: dict) -> tuple:
+    """What a measured row is (its shape, collective, group and size), not what it measured."""
+    return tuple((k, json.dumps(v)) for k, v in sorted(row.items())
+                 if k not in ("seconds", "samples", "spread", "gap_s"))
+
+
+def pool_measurements(raws: list[dict]) -> dict:
+    """One raw record from several calibrations' ``calibration.raw``: every measured quantity's
+    samples from all of them (in file order), its ``seconds`` the median of the union. A
+    micro-run's samples and its longer run's stay paired (each calibration contributes as many
+    of one as of the other). ``repeats`` is the sum."""
+    return _concat(raws)
+
+
+def _has_measurements(f: dict) -> bool:
+    raw = f.get("calibration", {}).get("raw", {})
+    return isinstance(raw, dict) and all(k in raw for k in RAW_SECTIONS)
+
+
+def _refit(files: list[dict], names: list[str], name: str | None) -> dict:
+    """The file fitted once from the pooled measurements, each term keeping every file's value."""
+    from .hardware_file import hardware_file
+    first = files[0]
+    out = hardware_file(pool_measurements([f["calibration"]["raw"] for f in files]), first.get("extends", "cpu"),
+                        name or first.get("name", "calibrated"))
+    own = [f["calibration"]["terms"] for f in files]
+    for term_name, record in out["calibration"]["terms"].items():
+        values = [t[term_name]["value"] for t in own if _is_number(t.get(term_name, {}).get("value"))]
+        if "value" in record and len(values) == len(files):
+            record.update(pooled_values=values, between_spread=half_iqr(values),
+                          method=f"one fit to the samples of {len(files)} calibrations (partita calibrate --pool); "
+                                 f"{record.get('method', '')}")
+    out["calibration"]["pooled_from"] = list(names)
+    out["description"] = (f"{first.get('extends', 'cpu')} calibrated by `partita calibrate`, the measurements of "
+                          f"{len(files)} calibrations pooled ({', '.join(names)})")
+    return out
+
+
 def pool_calibrations(files: list[dict], names: list[str], name: str | None = None) -> dict:
     """One hardware file from several calibrated ``files`` (parsed JSON; ``names`` label them in
-    the provenance): the median of each field and term (module docstring)."""
+    the provenance): one fit to their pooled measurements where every file carries them, else
+    the median of each field and term (module docstring)."""
     if len(files) < 2:
         raise PartitaError("--pool needs two or more calibrated files (the median of one is itself)")
     for f, path in zip(files, names):
@@ -139,6 +222,8 @@ def pool_calibrations(files: list[dict], names: list[str], name: str | None = No
     if len(set(keys)) > 1:
         detail = ", ".join(f"{p}: base {k[0]}, {k[1]}, {k[2]} processes" for p, k in zip(names, keys))
         raise PartitaError(f"--pool mixes calibrations of different bases, dtypes or process counts ({detail})")
+    if all(_has_measurements(f) for f in files):
+        return _refit(files, names, name)
     first = files[0]
     out = {k: v for k, v in first.items() if k not in POOLED_SECTIONS + ("collectives", "calibration",
                                                                          "efficiency_provenance")}

@@ -557,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr, flush=True)
         code = 2
+    except Exception:  # noqa: BLE001 - print it as Python would, then leave before teardown:
+        # interpreter finalization destroys gloo's pairs while a peer still waits on them and
+        # can abort this rank (SIGABRT) - the launcher would then name a signal, not this error
+        sys.excepthook(*sys.exc_info())
+        sys.stderr.flush()
+        os._exit(1)
     if code == 0:
         dist.barrier()
     dist.destroy_process_group()
