@@ -155,3 +155,13 @@ def test_modelzoo_deepseek_v3_4k_on_256_h100s_is_not_ruled_out():
     cluster = make_cluster("h100-sxm", 256)
     assert estimate(model, cluster, plan).p_fit >= 0.05
     assert estimate(model, cluster, plan.with_(recompute_modules="")).p_fit < 0.05
+
+
+def test_the_plan_summary_names_a_module_list():
+    """Two selective plans that recompute different modules were summarized alike (a table of
+    the search's plans showed two equal rows); the list is named, the default is not."""
+    default = Plan(dp=8, gbs=8, recompute="selective")
+    listed = Plan(dp=8, gbs=8, recompute="selective", recompute_modules="mlp,core_attn")
+    assert default.summary().endswith("rc-selective")
+    assert f"rc-selective[{listed.recompute_modules}]" in listed.summary()
+    assert set(listed.recompute_modules.split(",")) == {"mlp", "core_attn"}

@@ -351,7 +351,9 @@ class Plan:
         parts.append(f"z{self.zero}")
         parts.append(f"mbs{self.mbs}x{self.grad_accum}")
         if self.recompute != "none":
-            parts.append(f"rc-{self.recompute}" + (f":{self.recompute_layers}" if self.recompute_layers else ""))
+            parts.append(f"rc-{self.recompute}" + (f":{self.recompute_layers}" if self.recompute_layers else "")
+                         + (f"[{self.recompute_modules}]" if self.recompute == "selective" and self.recompute_modules
+                            else ""))
         if 0 < self.dp_shard < self.dp:
             parts.append(f"hsdp{self.dp_shard}")
         if self.grad_accum_mode != "sharded" and self.zero >= 2 and self.grad_accum > 1:

@@ -201,6 +201,29 @@ def to_yaml(docs: Sequence[dict], header: str) -> str:
     return "".join(f"# {line}\n" for line in header.splitlines()) + body
 
 
+def _job(ctx: ExportContext, options: K8sOptions | None, train_args: Sequence[str] | None, target: str,
+         rdzv_endpoint, need_npu: bool = False) -> tuple[K8sOptions, object, str, list, list[str]]:
+    """What every manifest starts from: the options (checked), the cluster, its accelerator,
+    the ``partita train`` command line each node runs (rendezvous at ``rdzv_endpoint``, as the
+    operator names its master) and the warnings."""
+    options = options or k8s_options(ctx.job)
+    _check(options)
+    cluster = _cluster(ctx, target)
+    acc = accelerator_of(cluster.device)
+    if need_npu and acc != "npu":
+        raise PartitaError(f"--to {target} runs on Ascend NPUs; {cluster.device.name} is not one "
+                           "(use k8s-trainjob or k8s-pytorchjob)")
+    args, warnings = _args(ctx, options, train_args)
+    argv = train_argv(ctx.plan, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, accelerator=acc,
+                      rdzv_endpoint=rdzv_endpoint, rdzv_id=options.name, train_args=args, launcher=options.launcher)
+    return options, cluster, acc, argv, warnings
+
+
+def _replicas(nodes: int, replica) -> dict:
+    """The operators' Master (node 0) and Worker (the other nodes) replica specs."""
+    return {"Master": replica(1), **({"Worker": replica(nodes - 1)} if nodes > 1 else {})}
+
+
 def _header(ctx: ExportContext, what: str) -> str:
     c = ctx.cluster
     return (f"partita: {ctx.plan.summary()} on {c.nodes} node(s) x {c.devices_per_node} {c.device.name}\n"
@@ -210,14 +233,8 @@ def _header(ctx: ExportContext, what: str) -> str:
 def trainjob_manifest(ctx: ExportContext, train_args: Sequence[str] | None = None,
                       options: K8sOptions | None = None) -> tuple[list[dict], list[str]]:
     """The TrainJob (one document) and the warnings."""
-    options = options or k8s_options(ctx.job)
-    _check(options)
-    cluster = _cluster(ctx, "k8s-trainjob")
-    acc = accelerator_of(cluster.device)
-    args, warnings = _args(ctx, options, train_args)
-    argv = train_argv(ctx.plan, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, accelerator=acc,
-                      rdzv_endpoint="$(PET_MASTER_ADDR):$(PET_MASTER_PORT)", rdzv_id=options.name,
-                      train_args=args, launcher=options.launcher)
+    options, cluster, acc, argv, warnings = _job(ctx, options, train_args, "k8s-trainjob",
+                                                 "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)")
     trainer: dict = {"image": options.image, "command": argv, "numNodes": cluster.nodes,
                      "numProcPerNode": cluster.devices_per_node}
     if acc in RESOURCE:
@@ -238,14 +255,8 @@ def trainjob_manifest(ctx: ExportContext, train_args: Sequence[str] | None = Non
 def pytorchjob_manifest(ctx: ExportContext, train_args: Sequence[str] | None = None,
                         options: K8sOptions | None = None) -> tuple[list[dict], list[str]]:
     """The PyTorchJob (one document) and the warnings."""
-    options = options or k8s_options(ctx.job)
-    _check(options)
-    cluster = _cluster(ctx, "k8s-pytorchjob")
-    acc = accelerator_of(cluster.device)
-    args, warnings = _args(ctx, options, train_args)
-    argv = train_argv(ctx.plan, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, accelerator=acc,
-                      rdzv_endpoint="$(MASTER_ADDR):$(MASTER_PORT)", rdzv_id=options.name, train_args=args,
-                      launcher=options.launcher)
+    options, cluster, acc, argv, warnings = _job(ctx, options, train_args, "k8s-pytorchjob",
+                                                 "$(MASTER_ADDR):$(MASTER_PORT)")
     container: dict = {"name": "pytorch", "image": options.image, "command": argv}
     env = {**device_env(acc, cluster.devices_per_node), **check_env(options.env)}
     if env:
@@ -262,10 +273,7 @@ def pytorchjob_manifest(ctx: ExportContext, train_args: Sequence[str] | None = N
             pod["volumes"] = volumes
         return {"replicas": count, "restartPolicy": "Never", "template": {"spec": pod}}
 
-    replicas = {"Master": replica(1)}
-    if cluster.nodes > 1:
-        replicas["Worker"] = replica(cluster.nodes - 1)
-    spec = {"nprocPerNode": str(cluster.devices_per_node), "pytorchReplicaSpecs": replicas,
+    spec = {"nprocPerNode": str(cluster.devices_per_node), "pytorchReplicaSpecs": _replicas(cluster.nodes, replica),
             "runPolicy": {"cleanPodPolicy": "None"}}
     return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _metadata(options),
              "spec": spec}], warnings
@@ -280,17 +288,9 @@ def ring_controller(device) -> str:
 def ascendjob_manifest(ctx: ExportContext, train_args: Sequence[str] | None = None,
                        options: K8sOptions | None = None) -> tuple[list[dict], list[str]]:
     """The rank-table ConfigMap and the AscendJob (two documents) and the warnings."""
-    options = options or k8s_options(ctx.job)
-    _check(options)
-    cluster = _cluster(ctx, "k8s-ascendjob")
-    if accelerator_of(cluster.device) != "npu":
-        raise PartitaError(f"--to k8s-ascendjob runs on Ascend NPUs; {cluster.device.name} is not one "
-                           "(use k8s-trainjob or k8s-pytorchjob)")
-    args, warnings = _args(ctx, options, train_args)
+    options, cluster, _, argv, warnings = _job(ctx, options, train_args, "k8s-ascendjob",
+                                               Raw('"$MASTER_ADDR:$MASTER_PORT"'), need_npu=True)
     ring = ring_controller(cluster.device)
-    argv = train_argv(ctx.plan, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, accelerator="npu",
-                      rdzv_endpoint=Raw('"$MASTER_ADDR:$MASTER_PORT"'), rdzv_id=options.name, train_args=args,
-                      launcher=options.launcher)
     # bash: the CANN environment first (as MindSpeed-LLM's scripts), then partita train; the
     # rendezvous is the operator's MASTER_ADDR/MASTER_PORT, read by the shell
     script = f"if [ -f {ASCEND_SET_ENV} ]; then source {ASCEND_SET_ENV}; fi; exec {shell_join(argv)}"
@@ -320,15 +320,12 @@ def ascendjob_manifest(ctx: ExportContext, train_args: Sequence[str] | None = No
         return {"replicas": count, "restartPolicy": "Never",
                 "template": {"metadata": {"labels": {"ring-controller.atlas": ring}}, "spec": pod}}
 
-    replicas = {"Master": replica(1)}
-    if cluster.nodes > 1:
-        replicas["Worker"] = replica(cluster.nodes - 1)
     job = {"apiVersion": "mindxdl.gitee.com/v1", "kind": "AscendJob",
            "metadata": _metadata(options, {"framework": "pytorch", "ring-controller.atlas": ring,
                                            "tor-affinity": "null"}),
            "spec": {"schedulerName": "volcano",
                     "runPolicy": {"schedulingPolicy": {"minAvailable": cluster.nodes, "queue": options.queue}},
-                    "successPolicy": "AllWorkers", "replicaSpecs": replicas}}
+                    "successPolicy": "AllWorkers", "replicaSpecs": _replicas(cluster.nodes, replica)}}
     cm_meta = {"name": f"rings-config-{options.name}", "labels": {"ring-controller.atlas": ring}}
     if options.namespace:
         cm_meta["namespace"] = options.namespace
