@@ -65,3 +65,17 @@ def test_calibrations_of_different_measured_rows_are_refused_in_one_line():
     b["calibration"]["raw"]["gemm"][0]["gflop"] *= 2  # another shape: another partita version's calibration
     with pytest.raises(PartitaError, match="measured different gemm rows"):
         pool_calibrations([a, b], ["a", "b"])
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_each_run_is_timed_right_before_its_longer_run(world):
+    """A term is read from a run and its longer run: they are timed back to back in each repeat
+    (before, every run was timed, then every longer run - tens of seconds apart)."""
+    from partita.calibrate.measure import increment_plans, measurement_order, runtime_plans
+    order = list(measurement_order(world))
+    longer = increment_plans(world)
+    assert set(order) == set(runtime_plans(world)) | {f"{m}@long" for m in longer if m in runtime_plans(world)}
+    for mech in runtime_plans(world):
+        if f"{mech}@long" in order:
+            assert order.index(f"{mech}@long") == order.index(mech) + 1, order
+    assert "base@long" in order  # the base term is read by its increment at every world size

@@ -314,8 +314,8 @@ def test_swift_false_flags_defaults_and_lora(tmp_path):
     plan = read.plan
     assert (plan.zero, plan.dtype, plan.ep, plan.etp, plan.recompute) == (0, "fp16", 2, 1, "none")
     assert read.not_modelled == ()  # LoRA is a plan (issue 36): ms-swift's defaults rank 8, alpha 32, all-linear
-    assert (read.plan.finetune, read.plan.lora_rank, read.plan.lora_alpha, read.plan.lora_targets) == \
-        ("lora", 8, 32.0, "all-linear")
+    assert (read.plan.finetune, read.plan.lora_rank, read.plan.lora_alpha, read.plan.lora_targets,
+            read.plan.lora_dropout) == ("lora", 8, 32.0, "all-linear", 0.05)
 
 
 def test_swift_without_a_length_names_seq_len(tmp_path):
@@ -358,8 +358,8 @@ def test_swift_trainer_with_deepspeed_is_the_ds_config_it_runs(tmp_path):
     read = load_config(str(path), fill={"dtype": "bf16"})
     assert (read.plan.zero, read.plan.grad_accum, read.plan.gbs) == (2, 2, 16)
     assert read.not_modelled == ()  # LoRA is a plan (issue 36): ms-swift's defaults rank 8, alpha 32, all-linear
-    assert (read.plan.finetune, read.plan.lora_rank, read.plan.lora_alpha, read.plan.lora_targets) == \
-        ("lora", 8, 32.0, "all-linear")
+    assert (read.plan.finetune, read.plan.lora_rank, read.plan.lora_alpha, read.plan.lora_targets,
+            read.plan.lora_dropout) == ("lora", 8, 32.0, "all-linear", 0.05)
 
 
 # ------------------------------------------------------------------------------ the CLI: estimate and plan

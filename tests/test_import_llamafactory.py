@@ -26,13 +26,13 @@ ORACLE = json.loads((Path(__file__).parent / "export_oracles" / "llamafactory_fi
 #: our own ds_config using the construct of LLaMA-Factory's presets (every batch and dtype value "auto")
 DS_AUTO = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
            "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
-FINETUNE_FIELDS = ("finetune", "lora_rank", "lora_alpha", "lora_targets", "mbs", "gbs", "seq_len", "dtype", "zero",
+FINETUNE_FIELDS = ("finetune", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "mbs", "gbs", "seq_len", "dtype", "zero",
                    "recompute", "dp")
 
 PLANS = [Plan(dp=8, mbs=2, gbs=64, seq_len=4096, zero=0, recompute="full", finetune="lora", lora_rank=16,
               lora_alpha=32.0, lora_targets="all-linear"),
          Plan(dp=8, mbs=1, gbs=16, seq_len=2048, zero=3, recompute="none", finetune="lora", lora_rank=64,
-              lora_alpha=128.0, lora_targets="attention"),
+              lora_alpha=128.0, lora_targets="attention", lora_dropout=0.1),
          Plan(dp=16, mbs=4, gbs=128, seq_len=8192, zero=2, recompute="full", finetune="lora", lora_rank=8,
               lora_alpha=16.0, lora_targets="mlp", dtype="fp16"),
          Plan(dp=4, mbs=1, gbs=32, seq_len=1024, zero=3, recompute="full", finetune="full"),

@@ -157,7 +157,7 @@ _OPTIONAL_DEFAULTS: dict[str, object] = {"etp": 1, "grad_compression": "none", "
                                          "fsdp_prefetch": 1, "grad_accum_mode": "sharded", "dp_shard": 0, "framework": "megatron",
                                          "recompute_layers": 0, "attention": "fused", "fp8_recipe": "tensorwise",
                                          "finetune": "none", "lora_rank": 16, "lora_alpha": 32.0,
-                                         "lora_targets": "all-linear", "fp8_param_gather": False,
+                                         "lora_targets": "all-linear", "lora_dropout": 0.0, "fp8_param_gather": False,
                                          "reuse_fp32_param": False, "sample_len": 0,
                                          "optimizer_offload": 0.0, "recompute_modules": "",
                                          "moment_dtype": "fp32"}
@@ -261,6 +261,12 @@ class Plan:
     lora_targets: str = _flag("all-linear", "linears given a LoRA adapter: attention (q,k,v,o), qkv (q,k,v: NeMo "
                                             "1.x's attention_qkv default), mlp (gate,up,down) or all-linear (default)",
                               choices=LORA_TARGETS, commands=_BOTH)
+    #: dropout on each adapter's input (PEFT / ms-swift / LLaMA-Factory ``lora_dropout``; ms-swift's default is
+    #: 0.05): each adapter then keeps its own dropped copy of its input and a mask (cost/finetune.py)
+    lora_dropout: float = _flag(0.0, "LoRA dropout on each adapter's input (PEFT lora_dropout; with --finetune lora; "
+                                     "default 0): each adapter keeps a dropped copy of its input and a mask",
+                                bounds=(0, 0.99), bounds_text="is a dropout probability, from 0 to below 1",
+                                commands=_BOTH)
     #: weight storage knobs read from Megatron/MindSpeed scripts (issue 32; cost/states.py has the bytes):
     #: fp8 weights with no bf16 copy (Megatron --fp8-param-gather), and the fp32 master weight kept as the
     #: bf16 weight plus a 16-bit residual (MindSpeed --reuse-fp32-param)
@@ -363,7 +369,8 @@ class Plan:
         elif self.grad_dtype == "bf16" and self.dtype != "fp32":
             parts.append("g-bf16")
         if self.finetune != "none":
-            parts.append("sft-full" if self.finetune == "full" else f"lora{self.lora_rank}-{self.lora_targets}")
+            parts.append("sft-full" if self.finetune == "full" else f"lora{self.lora_rank}-{self.lora_targets}"
+                         + (f"-drop{self.lora_dropout:g}" if self.lora_dropout else ""))
         return " ".join(parts)
 
     # ------------------------------------------------------------ io

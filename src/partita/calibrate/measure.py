@@ -316,10 +316,28 @@ def increment_plans(world: int) -> dict[str, str]:
     return out
 
 
+def measurement_order(world: int, model: str = RUNTIME_MODEL) -> dict[str, tuple[str, str]]:
+    """Every micro-run of :func:`measure_runtime` in the order one repeat times them: each
+    mechanism's run (:func:`runtime_plans`) with its longer run (``<mech>@long``,
+    :func:`increment_plans`) right after it."""
+    plans, longer = runtime_plans(world, model), increment_plans(world)
+    ordered: dict[str, tuple[str, str]] = {}
+    for mech, run in plans.items():
+        ordered[mech] = run
+        if mech in longer:
+            ordered[f"{mech}@long"] = (run[0], longer[mech])
+    return ordered
+
+
 def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUNTIME_MODEL) -> dict[str, dict]:
     """Each mechanism's micro-run through :func:`partita.parallelize` (SGD, synthetic
     tokens), the repeats interleaved across mechanisms so a load change on the machine
-    hits all of them alike: busy seconds per training step, smallest rank, per repeat."""
+    hits all of them alike: busy seconds per training step, smallest rank, per repeat.
+
+    A mechanism's run and its longer run go back to back in every repeat: a term is read from
+    their difference, so the two must see the same state of the machine - a few hundred
+    milliseconds apart, not a sweep over every other mechanism (tens of seconds, across which a
+    neighbour's burst moved the base per-layer term of one calibration 5x: docs/calibrate.md)."""
     import torch
     import torch.distributed as dist
     from ..models.llama import TransformerConfig, build_model
@@ -328,9 +346,7 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
     from ..runtime.parallelize import parallelize
     world, rank = dist.get_world_size(), dist.get_rank()
     runs, steps = {}, {}
-    plans = runtime_plans(world, model)
-    longer = {f"{mech}@long": (plans[mech][0], text) for mech, text in increment_plans(world).items()}
-    for mech, (model_name, text) in {**plans, **longer}.items():
+    for mech, (model_name, text) in measurement_order(world, model).items():
         plan = Plan.parse(text, world_size=world, defaults={"mbs": 1, "seq_len": RUNTIME_SEQ, "dtype": dtype})
         probe = model_name in PROBE_MODELS
         model = build_model(TransformerConfig.from_spec(run_model(model_name)) if probe else model_name)
@@ -355,6 +371,6 @@ def measure_runtime(device_type: str, dtype: str, repeats: int, model: str = RUN
         n = RUNTIME_STEPS_OF.get(mech.split("@")[0], RUNTIME_STEPS)
         steps_busy = _across_ranks(run.pop("sched"), device, per=n)  # run share over each repeat's steps
         run["samples"] = [statistics.median(steps_busy[i:i + n]) for i in range(0, len(steps_busy), n)]
-    for name in longer:  # the longer run travels with its mechanism's run
+    for name in [n for n in runs if n.endswith("@long")]:  # the longer run travels with its mechanism's run
         runs[name.split("@")[0]]["long"] = runs.pop(name)
     return runs

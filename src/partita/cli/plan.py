@@ -99,7 +99,7 @@ def search(args: argparse.Namespace, model, cluster):
     space.options.update(carried_choices(args))  # the script's / flags' offload, moments, modules (search/space.py)
     space.module_lists = not getattr(args, "no_module_lists", False) and module_lists_apply(framework_arg(args), space.options)
     space.options.update(getattr(args, "script_overlaps", None) or {})  # the script's overlaps (space.script_overlaps)
-    for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "sample_len"):  # every candidate fine-tunes so (issue 36)
+    for name in ("finetune", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "sample_len"):  # every candidate fine-tunes so (issue 36)
         if getattr(args, name, None) is not None:
             space.options[name] = getattr(args, name)
     framework = framework_arg(args)

@@ -55,6 +55,14 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   recompute is the framework's (:func:`.frameworks.selective_modules`): op-level SAC keeps the
   adapters' intermediates only; Megatron-Core's module-level ``core_attn`` keeps recompute
   none's set less the checkpointed modules' (:func:`activation_delta`).
+* **LoRA dropout** (``plan.lora_dropout > 0``; ms-swift's default 0.05, NeMo AutoModel's recipes
+  0.1; PEFT's and LLaMA-Factory's 0): each adapter drops its own input before ``A``, so it keeps
+  the dropped copy (``A``'s input, ``T in`` elements) and the mask (1 byte each on an accelerator)
+  - PEFT's q, k, v adapters three copies of the attention input - while the input itself is no
+  longer saved by ``A``: a frozen base linear's input that only the adapter kept is freed
+  (:func:`activation_delta`, :func:`dropout_inputs_per_token`). Time: the dropout's forward and
+  backward passes over ``T in`` (:func:`adapter_traffic`). Op-level selective recompute recomputes
+  the dropout (its RNG state is replayed): nothing kept.
 * **Adapter structure per framework** (:func:`lora_linears`): PEFT on a Hugging Face model
   wraps every ``nn.Linear`` (q, k, v, o, gate, up, down: seven adapters, three reading the
   attention input); Megatron-Core (NeMo, Megatron-Bridge, Megatron-SWIFT, MindSpeed) builds
@@ -116,13 +124,41 @@ class LoraShape(NamedTuple):
     targets: str
     fused: bool = False
     fused_epilogue: bool = False
+    dropout: bool = False
 
 
 def lora_shape(plan: Plan) -> LoraShape:
     """The plan's :class:`LoraShape`, the adapter structure taken from its framework entry
     (:attr:`.frameworks.Framework.lora_fused_projections`, ``lora_fused_epilogue``)."""
     fw = get_framework(plan.framework)
-    return LoraShape(plan.lora_rank, plan.lora_targets, fw.lora_fused_projections, fw.lora_fused_epilogue)
+    return LoraShape(plan.lora_rank, plan.lora_targets, fw.lora_fused_projections, fw.lora_fused_epilogue,
+                     plan.lora_dropout > 0)
+
+
+#: bytes per element of a dropout mask: the accelerators' fused ``native_dropout`` returns a bool
+#: mask (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``: CUDA, XPU, lazy and
+#: PrivateUse1 devices - torch_npu's NPU); on a CPU torch runs ``input * noise`` with a noise
+#: tensor of the input's dtype instead (``_dropout_impl``), which this count does not follow
+DROPOUT_MASK_BYTES = 1
+
+
+def dropout_inputs_per_token(model: ModelSpec, moe: bool, plan: Plan, skip_mlp: bool = False) -> float:
+    """Elements per token of the inputs the adapters' dropouts read, over one layer's adapters on
+    one rank (``skip_mlp``: the MLP's adapters run inside a checkpointed module). PEFT
+    (``lora_B(lora_A(dropout(x)))``, huggingface/peft tuners/lora/layer.py ``Linear.forward``) and
+    NeMo's ``ParallelLinearAdapter`` (``dropout_position="pre"``) drop each adapter's input
+    separately: PEFT's q, k and v adapters each drop the attention input. The local width is the
+    base linear's: the whole input of a column-parallel base, the tp (or etp) shard of a
+    row-parallel one; routed experts see ``top_k / E`` of the tokens each."""
+    total = 0.0
+    tp = plan.tp
+    for lin in lora_linears(model, moe, plan.lora_targets, lora_shape(plan).fused):
+        if skip_mlp and lin.group == "mlp":
+            continue
+        split = plan.etp if lin.expert else tp
+        din = lin.in_features if lin.column else lin.in_features / split
+        total += lin.count * lin.token_share * din
+    return total
 
 
 def _attention_linears(model: ModelSpec, fused: bool = False) -> list[LoraLinear]:
@@ -338,25 +374,31 @@ def activation_delta(model: ModelSpec, plan: Plan, moe: bool, mode: str) -> floa
     targets = plan.lora_targets
     linears = lora_linears(model, moe, targets, lora_shape(plan).fused)
     modules = selective_modules(plan.framework, mode, plan.recompute_modules)
-    if mode == "selective" and not modules:  # op-level SAC: the adapters' intermediates only
+    if mode == "selective" and not modules:  # op-level SAC: the adapters' intermediates only (a dropout recomputed)
         return tokens * sum(lin.count * lin.token_share for lin in linears) * plan.lora_rank * e
     moe_layer = moe and model.moe is not None
     mlp_checkpointed = ("moe" if moe_layer else "mlp") in modules
     per_token = sum(lin.count * lin.token_share for lin in linears
                     if not (lin.group == "mlp" and mlp_checkpointed)) * plan.lora_rank * e
-    if targets == "all-linear" or moe_layer:
+    dropout = plan.lora_dropout > 0
+    if dropout:  # each adapter keeps its dropped input (A's input) and the dropout's mask
+        per_token += dropout_inputs_per_token(model, moe, plan, mlp_checkpointed) * (e + DROPOUT_MASK_BYTES)
+    if (targets == "all-linear" and not dropout) or moe_layer:
         return tokens * per_token
+    # a frozen linear frees the input only it saved: an untargeted one, or - with dropout, where
+    # A saves its dropped copy instead of the input itself - a targeted one too
+    frozen_attention = targets == "mlp" or dropout
+    frozen_mlp = targets in ("attention", "qkv") or dropout
+    frozen_proj = targets in ("qkv", "mlp") or dropout
     out_div = plan.tp if plan.sp else 1
     norms_freed = "layernorm" in modules and (plan.framework == "mindspeed" or model.mla is not None)
-    if targets in ("attention", "qkv"):  # frozen MLP: its input (norm output) and the gated product (w2's input)
-        if not mlp_checkpointed:
-            per_token -= (0.0 if norms_freed and plan.framework == "mindspeed" else e * model.hidden / out_div) \
-                + e * model.ffn_hidden / plan.tp
-        if targets == "qkv" and _proj_input_freed(plan, modules):  # frozen linear_proj: its input
-            per_token -= e * model.attn_out_dim / plan.tp
-    else:  # frozen attention: the QKV input and, checkpointed, the attention output (wo's input)
-        per_token -= (0.0 if norms_freed else e * model.hidden / out_div) \
-            + (e * model.attn_out_dim / plan.tp if _proj_input_freed(plan, modules) else 0.0)
+    if frozen_mlp and not mlp_checkpointed:  # the MLP input (norm output) and the gated product (w2's input)
+        per_token -= (0.0 if norms_freed and plan.framework == "mindspeed" else e * model.hidden / out_div) \
+            + e * model.ffn_hidden / plan.tp
+    if frozen_attention:  # the QKV input
+        per_token -= 0.0 if norms_freed else e * model.hidden / out_div
+    if frozen_proj and _proj_input_freed(plan, modules):  # linear_proj's input, where only it saved it
+        per_token -= e * model.attn_out_dim / plan.tp
     return tokens * per_token
 
 
@@ -396,7 +438,8 @@ class AdapterTraffic(NamedTuple):
 
 
 def adapter_traffic(tokens: float, din: float, dout: float, rank: int, e: int, fused_epilogue: bool = False,
-                    scale_on_intermediate: bool = False, b_tokens: float | None = None) -> AdapterTraffic:
+                    scale_on_intermediate: bool = False, b_tokens: float | None = None,
+                    dropout: bool = False) -> AdapterTraffic:
     """What autograd runs for one adapter ``y = base(x) + s B(A x)`` over a frozen base whose
     input needs a gradient, counted op by op (``b_tokens``: the rows ``B`` sees, the sequence
     shard of a replicated ``B`` with SP; default ``tokens``). Eager PEFT
@@ -420,7 +463,12 @@ def adapter_traffic(tokens: float, din: float, dout: float, rank: int, e: int, f
     (NeMo AutoModel's ``LinearLoRA``: ``lora_B(lora_A(x) * scale)``,
     NVIDIA-NeMo/Automodel nemo_automodel/components/_peft/lora.py): the scale runs on the
     ``r``-wide intermediate, no ``T out`` pass in either direction for it. The weights' own
-    reads (``r x in``, ``out x r``) are not counted (``r / T`` of the rest)."""
+    reads (``r x in``, ``out x r``) are not counted (``r / T`` of the rest).
+
+    ``dropout`` (``lora_dropout > 0``): ``native_dropout`` on ``x`` before ``A`` reads ``T in`` and
+    writes the dropped copy and its mask (:data:`DROPOUT_MASK_BYTES` per element); its backward
+    (``native_dropout_backward``, derivatives.yaml) reads the gradient and the mask and writes the
+    input's gradient - torch's own op signatures, checked by tests/test_finetune_lora_dropout.py."""
     bt = tokens if b_tokens is None else b_tokens
     t_in, t_out, t_r, bt_r = tokens * din * e, bt * dout * e, tokens * rank * e, bt * rank * e
     fa, fb = 2 * tokens * rank * din, 2 * bt * rank * dout
@@ -430,6 +478,9 @@ def adapter_traffic(tokens: float, din: float, dout: float, rank: int, e: int, f
         fwd_pw, bwd_pw = 3 * t_out, 2 * t_out
     else:
         fwd_pw, bwd_pw = 5 * t_out, 2 * t_out
+    if dropout:
+        mask = tokens * din * DROPOUT_MASK_BYTES
+        fwd_pw, bwd_pw = fwd_pw + 2 * t_in + mask, bwd_pw + 2 * t_in + mask
     return AdapterTraffic(forward_gemm=((fa, t_in + t_r), (fb, bt_r + t_out)), forward_pointwise=fwd_pw,
                           backward_gemm=((fb, t_out + bt_r), (fb, t_out + bt_r), (fa, t_r + t_in), (fa, t_r + t_in)),
                           backward_pointwise=bwd_pw + 3 * t_in)
@@ -461,7 +512,7 @@ def adapter_costs(model: ModelSpec, device: Device, layer: LayerShape, moe: bool
         dout = lin.out_features / split if lin.column else lin.out_features
         # a replicated B after a row-parallel base runs on the sequence shard with SP
         b_slots = slots / tp if (layer.sp and not lin.column and not lin.expert) else slots
-        tr = adapter_traffic(slots, din, dout, r, e, lora.fused_epilogue, b_tokens=b_slots)
+        tr = adapter_traffic(slots, din, dout, r, e, lora.fused_epilogue, b_tokens=b_slots, dropout=lora.dropout)
         for cost, gemms, pointwise in ((fwd, tr.forward_gemm, tr.forward_pointwise),
                                        (bwd, tr.backward_gemm, tr.backward_pointwise)):
             for flops, moved in gemms:

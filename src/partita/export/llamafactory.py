@@ -56,6 +56,8 @@ def _method(plan: Plan) -> list[str]:
     if plan.finetune == "lora":
         alpha = int(plan.lora_alpha) if float(plan.lora_alpha).is_integer() else plan.lora_alpha
         lines += [f"lora_rank: {plan.lora_rank}", f"lora_alpha: {alpha}", f"lora_target: {HF_NAMES[plan.lora_targets]}"]
+        if plan.lora_dropout:
+            lines.append(f"lora_dropout: {plan.lora_dropout:g}")
     if plan.zero in DS_PRESETS:
         lines.append(f"deepspeed: {DS_PRESETS[plan.zero]}")
     return lines

@@ -88,4 +88,7 @@ def mindspeed_finetune_flags(plan) -> tuple[list[tuple[str, ...]], list[str]]:
             warnings.append(f"lora_alpha {plan.lora_alpha}: MindSpeed-LLM's --lora-alpha is an integer; written {alpha}")
         flags += [("--lora-r", str(plan.lora_rank)), ("--lora-alpha", str(alpha)),
                   ("--lora-target-modules", *MEGATRON_NAMES[plan.lora_targets])]
+        if plan.lora_dropout:  # no such argument at c77308a (mindspeed_llm/features_manager/finetune/lora.py)
+            warnings.append(f"lora_dropout {plan.lora_dropout:g}: MindSpeed-LLM's LoRA has no dropout argument; "
+                            "not written (the run keeps no dropout copies: it needs less memory than estimated)")
     return flags, warnings

@@ -7,7 +7,8 @@ is tests/export_oracles/llamafactory_fields.json):
 
 - ``stage`` (``sft``) and ``finetuning_type`` (``lora``): LoRA -> ``finetune lora`` with ``lora_rank`` (8),
   ``lora_alpha`` (unset: ``lora_rank * 2``, FinetuningArguments.__post_init__) and ``lora_target``
-  (``all``: every linear but the output layer, ``find_all_linear_modules``); ``full`` -> ``finetune
+  (``all``: every linear but the output layer, ``find_all_linear_modules``), ``lora_dropout`` (0);
+  ``full`` -> ``finetune
   full`` (``none`` under ``stage: pt``); ``freeze`` / ``oft`` and the preference stages (rm, ppo, dpo,
   kto) are named as not modelled;
 - ``per_device_train_batch_size`` (Hugging Face's default 8) and ``gradient_accumulation_steps`` (1);
@@ -107,8 +108,11 @@ def _finetune(cfg: dict[str, Any], path: str) -> tuple[dict[str, Any], list[str]
         alpha = cfg.get("lora_alpha") or rank * 2
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
             raise PartitaError(f"{path}: lora_alpha {alpha!r} must be a positive number")
-        return ({"finetune": "lora", "lora_rank": rank, "lora_alpha": float(alpha), "lora_targets": targets},
-                notes + ([note] if note else []))
+        dropout = cfg.get("lora_dropout") or 0.0
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise PartitaError(f"{path}: lora_dropout {dropout!r} must be a dropout probability, from 0 to below 1")
+        return ({"finetune": "lora", "lora_rank": rank, "lora_alpha": float(alpha), "lora_targets": targets,
+                 "lora_dropout": float(dropout)}, notes + ([note] if note else []))
     if kind in ("freeze", "oft"):
         notes.append(f"finetuning_type {kind}: part of the weights trained ({kind}), estimated with every weight "
                      "trained")

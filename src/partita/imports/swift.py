@@ -212,7 +212,8 @@ def swift_finetune(argv: list[str], command: str, megatron: bool, path: str) -> 
     ``--tuner_type`` (``--train_type`` before ms-swift 4) defaults to ``lora`` for ``swift sft|pt|rlhf``
     (swift/arguments/base_args/base_args.py) and to ``full`` for Megatron-SWIFT
     (swift/megatron/arguments/megatron_args.py); ``--lora_rank`` 8, ``--lora_alpha`` 32,
-    ``--target_modules all-linear`` in both (swift/arguments/tuner_args.py). ``full`` under ``sft`` /
+    ``--target_modules all-linear``, ``--lora_dropout`` 0.05 in both (swift/arguments/tuner_args.py l.135,
+    swift/megatron/arguments/megatron_args.py l.467 at ms-swift@3602360a). ``full`` under ``sft`` /
     ``rlhf`` is a fine-tune of every weight, under ``pt`` a pre-training run; a tuner other than LoRA is
     named, the plan then estimating every weight trained."""
     args = _flag_values(argv)
@@ -227,8 +228,20 @@ def swift_finetune(argv: list[str], command: str, megatron: bool, path: str) -> 
         alpha = float(args.get("--lora_alpha", "32"))
     except ValueError:
         raise PartitaError(f"{path}: --lora_alpha {args['--lora_alpha'][:30]} must be a number") from None
+    dropout = _probability(args, "--lora_dropout", "0.05", path)
     return {"finetune": "lora", "lora_rank": _whole(args, "--lora_rank", 8, path), "lora_alpha": alpha,
-            "lora_targets": targets}, note
+            "lora_targets": targets, "lora_dropout": dropout}, note
+
+
+def _probability(args: dict, flag: str, default: str, path: str) -> float:
+    """``flag``'s value as a dropout probability in [0, 1) (one line naming it otherwise)."""
+    try:
+        value = float(args.get(flag, default))
+    except ValueError:
+        raise PartitaError(f"{path}: {flag} {args[flag][:30]} must be a number") from None
+    if not 0 <= value < 1:
+        raise PartitaError(f"{path}: {flag} {value:g} must be a dropout probability, from 0 to below 1")
+    return value
 
 
 def swift_subcommand(raw: str) -> str:

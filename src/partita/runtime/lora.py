@@ -86,9 +86,10 @@ def target_names(model: nn.Module, targets: str) -> list[str]:
 
 
 def lora_config(model: nn.Module, plan):
-    """PEFT's ``LoraConfig`` of the plan (no dropout, no bias: the runs must be exact)."""
-    return _peft().LoraConfig(r=plan.lora_rank, lora_alpha=plan.lora_alpha, lora_dropout=0.0, bias="none",
-                              target_modules=target_names(model, plan.lora_targets))
+    """PEFT's ``LoraConfig`` of the plan (no bias; the plan's dropout, 0 by default so that runs are
+    exact against one process)."""
+    return _peft().LoraConfig(r=plan.lora_rank, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
+                              bias="none", target_modules=target_names(model, plan.lora_targets))
 
 
 #: the one LoRA restriction of this runtime (module docstring, "expert parallel")
@@ -96,8 +97,16 @@ MOE_TARGETS = ("--finetune lora on an MoE model adapts attention only in this ru
                "reach the fused routed experts); pass --lora-targets attention")
 
 
+#: the other: PEFT's dropout on a replicated adapter input would draw a different mask on each
+#: tensor-parallel rank of the same tokens
+TP_DROPOUT = ("--lora-dropout > 0 with tp > 1 is not run by this runtime (each tensor-parallel rank would drop the "
+              "replicated adapter input with its own mask); use --lora-dropout 0 or tp=1 (the estimate prices it)")
+
+
 def lora_problem(plan, model: nn.Module | None = None) -> str | None:
     """Why this runtime cannot run LoRA under ``plan`` on ``model`` (None: it can)."""
+    if plan.finetune == "lora" and plan.lora_dropout > 0 and plan.tp > 1:
+        return TP_DROPOUT
     if plan.finetune != "lora" or plan.lora_targets in ("attention", "qkv") or model is None:
         return None
     return MOE_TARGETS if is_moe(model) else None

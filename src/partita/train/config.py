@@ -185,6 +185,8 @@ class LaunchConfig:
     lora_alpha: float | None = option(None, "LoRA alpha (scale alpha/r; default 32)", plan_field="lora_alpha")
     lora_targets: str | None = option(None, "linears given an adapter: attention, qkv, mlp or all-linear (default)",
                                       plan_field="lora_targets")
+    lora_dropout: float | None = option(None, "LoRA dropout on each adapter's input (default 0: exact against one "
+                                               "process; tp=1 only)", plan_field="lora_dropout")
     # a scheduler in front of torchrun (issue 34): train/slurm.py
     scheduler: str = option("local", "local (torchrun here) or slurm (sbatch: one torchrun per node, c10d rendezvous "
                                      "on the allocation's first node)", choices=("local", "slurm"), commands=("train",))

@@ -181,7 +181,7 @@ def batch_flags(launch: LaunchConfig) -> dict:
 #: the gradient-communication flags of partita train, which override the plan (issue 17)
 KNOB_FLAGS = ("grad_dtype", "grad_compression", "powersgd_rank")
 #: the fine-tuning flags (issue 36): set those plan fields (silently over the plan's defaults)
-FINETUNE_FLAGS = ("finetune", "lora_rank", "lora_alpha", "lora_targets")
+FINETUNE_FLAGS = ("finetune", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
 
 
 def knob_flags(plan: Plan, launch: LaunchConfig, say: Callable[[str], None]) -> Plan:
