@@ -55,8 +55,8 @@ and ``B (out x r)``: ``y = W x + (alpha / r) B A x``. Counted here:
   recompute is the framework's (:func:`.frameworks.selective_modules`): op-level SAC keeps the
   adapters' intermediates only; Megatron-Core's module-level ``core_attn`` keeps recompute
   none's set less the checkpointed modules' (:func:`activation_delta`).
-* **LoRA dropout** (``plan.lora_dropout > 0``; ms-swift's default 0.05, NeMo AutoModel's recipes
-  0.1; PEFT's and LLaMA-Factory's 0): each adapter drops its own input before ``A``, so it keeps
+* **LoRA dropout** (``plan.lora_dropout > 0``; ms-swift's default 0.05, PEFT's and LLaMA-Factory's
+  0), as PEFT runs it (before ``A``): each adapter drops its own input, so it keeps
   the dropped copy (``A``'s input, ``T in`` elements) and the mask (1 byte each on an accelerator)
   - PEFT's q, k, v adapters three copies of the attention input - while the input itself is no
   longer saved by ``A``: a frozen base linear's input that only the adapter kept is freed
@@ -146,8 +146,10 @@ def dropout_inputs_per_token(model: ModelSpec, moe: bool, plan: Plan, skip_mlp: 
     """Elements per token of the inputs the adapters' dropouts read, over one layer's adapters on
     one rank (``skip_mlp``: the MLP's adapters run inside a checkpointed module). PEFT
     (``lora_B(lora_A(dropout(x)))``, huggingface/peft tuners/lora/layer.py ``Linear.forward``) and
-    NeMo's ``ParallelLinearAdapter`` (``dropout_position="pre"``) drop each adapter's input
-    separately: PEFT's q, k and v adapters each drop the attention input. The local width is the
+    ms-swift drop each adapter's input separately: PEFT's q, k and v adapters each drop the
+    attention input. (NeMo's ``ParallelLinearAdapter`` and NeMo AutoModel's ``LinearLoRA`` default to
+    ``dropout_position="post"``, a dropout of the adapter's output - a ``T x out`` mask only -
+    which is not distinguished here; NeMo's default dropout is 0.) The local width is the
     base linear's: the whole input of a column-parallel base, the tp (or etp) shard of a
     row-parallel one; routed experts see ``top_k / E`` of the tokens each."""
     total = 0.0
