@@ -239,8 +239,12 @@ def calibrate(folder: str, k: int, args: argparse.Namespace) -> str:
     path = os.path.join(folder, f"calibrated-{NPROC}-{k}.json")
     print(f"calibrating {k + 1}/{args.calibrations} ({load()})", flush=True)
     bind = ["--bind-cores", args.bind_cores] if args.bind_cores else []
-    subprocess.run([sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", path,
-                    "--model", args.calibrate_model, "--timeout-s", "900", *bind], check=True, timeout=960)
+    cmd = [sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", path,
+           "--model", args.calibrate_model, "--timeout-s", "900", *bind]
+    if subprocess.run(cmd, timeout=960).returncode:  # a crashed launch (a torch/gloo segfault seen once in
+        # ~100 calibrations) costs one calibration, not the run: said, and run again once
+        print(f"calibration {k + 1} failed (its one-line error above): running it again", flush=True)
+        subprocess.run(cmd, check=True, timeout=960)
     return path
 
 
