@@ -210,8 +210,11 @@ def _provenance(term: dict | None, m: dict) -> str:
 
 def main() -> None:
     """``torchrun ... -m partita.calibrate.hardware_file OUT.json BASE NAME DEVICE DTYPE [REPEATS [MODEL]]``"""
+    import faulthandler
+
     import torch.distributed as dist
     from ..runtime.device import backend_for, detect_device_type
+    faulthandler.enable()  # a native crash (SIGSEGV in a collective) prints where each thread was
     out_path, base, name, device, dtype = sys.argv[1:6]
     repeats = int(sys.argv[6]) if len(sys.argv) > 6 else REPEATS
     model = sys.argv[7] if len(sys.argv) > 7 else "tiny-llama"

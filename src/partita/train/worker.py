@@ -516,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
+    import faulthandler
+    faulthandler.enable()  # a native crash (SIGSEGV in a collective) prints where each thread was
     try:
         config, plan = load_run(run_dir)
     except PartitaError as e:
