@@ -79,3 +79,11 @@ def test_each_run_is_timed_right_before_its_longer_run(world):
         if f"{mech}@long" in order:
             assert order.index(f"{mech}@long") == order.index(mech) + 1, order
     assert "base@long" in order  # the base term is read by its increment at every world size
+
+
+def test_a_damaged_raw_measurement_is_one_line():
+    a, b = calibration(0), calibration(0)
+    b["calibration"]["raw"]["runtime"]["base"]["samples"] = ["fast"] * 3  # hand-edited
+    with pytest.raises(PartitaError, match="raw measurements .* cannot be fitted") as e:
+        pool_calibrations([a, b], ["a", "b"])
+    assert "\n" not in str(e.value)

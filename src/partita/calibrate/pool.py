@@ -162,7 +162,7 @@ def _concat(trees: list, path: str = "") -> object:
                                    "(written by different partita versions?); pool files of one version")
             return [_concat(list(rows), path) for rows in zip(*trees)]
         return [x for t in trees for x in t] if all(isinstance(t, list) for t in trees) else first
-    if path.endswith(".repeats") or path == ".repeats":
+    if path.endswith(".repeats"):
         return sum(trees) if all(_is_number(t) for t in trees) else first
     return first
 
@@ -223,7 +223,12 @@ def pool_calibrations(files: list[dict], names: list[str], name: str | None = No
         detail = ", ".join(f"{p}: base {k[0]}, {k[1]}, {k[2]} processes" for p, k in zip(names, keys))
         raise PartitaError(f"--pool mixes calibrations of different bases, dtypes or process counts ({detail})")
     if all(_has_measurements(f) for f in files):
-        return _refit(files, names, name)
+        try:
+            return _refit(files, names, name)
+        except (TypeError, KeyError, ValueError, IndexError, ZeroDivisionError, AttributeError) as e:
+            raise PartitaError(f"--pool: the files' raw measurements (calibration.raw) cannot be fitted - a damaged or "
+                               f"hand-edited file? ({type(e).__name__}: {str(e)[:80]}); pool files as partita calibrate "
+                               "wrote them") from None
     first = files[0]
     out = {k: v for k, v in first.items() if k not in POOLED_SECTIONS + ("collectives", "calibration",
                                                                          "efficiency_provenance")}
