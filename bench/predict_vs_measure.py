@@ -1,9 +1,9 @@
 """Close the loop on this machine: calibrate, predict the step time of several plans, run
 them, and compare.
 
-    python bench/predict_vs_measure.py [--repeats 3] [--steps 6] [--hardware calibrated.json]
+    python bench/predict_vs_measure.py [--repeats 5] [--steps 6] [--hardware calibrated.json]
                                        [--calibrate-model small-llama] [--only 1,2,3]
-                                       [--calibrations K] [--bind-cores on|auto|off]
+                                       [--calibrations K] [--calibrate-repeats 3] [--bind-cores on|auto|off]
                                        [--neighbour N] [--out rows.json]
 
 1. `partita calibrate --nproc 2 --model small-llama` writes a hardware file for this machine
@@ -26,12 +26,17 @@ them, and compare.
    over, and ``/proc/loadavg`` before calibrating and after each plan (timings on a shared
    machine move with it).
 
-``--calibrations K`` (default 4) calibrates K times spread over the run (4 with 3 repeats: before
-the plans, between each two rounds, after them) and predicts with the median of each term (``partita calibrate --pool``): one calibration's
-framework terms move as much as their values between runs minutes apart (docs/calibrate.md,
-"Pooling calibrations"); the predictions are made after every plan has run, from the pooled
-file, and each calibration's terms are printed beside the pooled ones. ``--bind-cores`` passes
-the flag to every ``partita train`` and ``partita calibrate`` of the run.
+``--calibrations K`` (default: one per round) calibrates K times, each in the middle of its own
+K-th of the run's launches (one per round: in the middle of the round), and predicts with the pool
+of their samples (``partita calibrate --pool``): one calibration's framework terms move as much as
+their values between runs minutes apart (docs/calibrate.md, "Pooling calibrations"), and the
+machine's slow stretches last minutes, so the calibrations are drawn across the same minutes as the
+plans' launches, one per stretch the plans' medians are taken over (a slow round then weighs one in
+K on both sides). ``--calibrate-repeats`` (default 3) is each calibration's ``--repeats``: five
+calibrations of three repeats pool 15 samples of every term over five launches. The predictions are
+made after every plan has run, from the pooled file, and each calibration's terms are printed beside
+the pooled ones. ``--bind-cores`` passes the flag to every ``partita train`` and ``partita calibrate``
+of the run.
 
 ``--neighbour N`` runs N CPU-bound processes (``while True: pass``) beside the whole run, the
 "neighbour load" issue 33 asks the loop to hold under; ``--out`` writes every plan's row
@@ -122,9 +127,10 @@ def neighbours(n: int) -> list[subprocess.Popen]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3,
-                   help="runs of every plan, round-robin (default 3: a plan's step moves by a median 25 %% between "
-                        "launches on a 2-core VM, docs/accuracy.md; the median of three drops one outlier)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="runs of every plan, round-robin (default 5: a plan's step moves by a median 25 %% between "
+                        "launches on a 2-core VM and a third of a run can be 1.4x slow, docs/accuracy.md; the median "
+                        "of five drops two outliers, of three one)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--hardware", help="an existing calibrated file (default: calibrate now)")
     p.add_argument("--calibrate-model", default=DENSE_MODEL,
@@ -132,15 +138,18 @@ def main() -> None:
                         f"(default {DENSE_MODEL}, the plans' own)")
     p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
     p.add_argument("--neighbour", type=int, default=0, help="CPU-bound processes to run beside the whole run")
-    p.add_argument("--calibrations", type=int, default=4,
-                   help="calibrate this many times, spread over the run (before the plans, between rounds, after "
-                        "them), and predict with their median (partita calibrate --pool); default 4 (one per round boundary with 3 repeats)")
+    p.add_argument("--calibrations", type=int,
+                   help="calibrate this many times, each in the middle of its share of the run's launches, and "
+                        "predict with the pool of their samples (partita calibrate --pool); default: one per round")
+    p.add_argument("--calibrate-repeats", type=int, default=3,
+                   help="partita calibrate --repeats of each calibration (default 3)")
     p.add_argument("--bind-cores", choices=("on", "auto", "off"),
                    help="partita train/calibrate --bind-cores for every launch (default: the commands' own default)")
     p.add_argument("--rows", help="predict the steps measured in an earlier run's --out file instead of training "
                                   "(with --hardware: e.g. a pooled file, to see what it gives on the same steps)")
     p.add_argument("--out", help="write every plan's row as JSON here")
     args = p.parse_args()
+    args.calibrations = args.calibrations or args.repeats
     if args.rows and not args.hardware:
         p.error("--rows predicts earlier measured steps: give the hardware file to predict them with (--hardware)")
     spinners = neighbours(args.neighbour)
@@ -158,8 +167,8 @@ def run(args: argparse.Namespace) -> None:
     hardware = args.hardware
     folder = tempfile.mkdtemp()
     calibrations: list[str] = []
-    # calibrations at round boundaries (0: before the plans, repeats: after them), spread evenly
-    at = calibration_slots(args.calibrations, args.repeats) if not hardware else []
+    # each calibration in the middle of its share of the launches (one per round by default)
+    at = calibration_points(args.calibrations, len(plans) * args.repeats) if not hardware else []
     names = []
     for model_name, text in plans:
         plan = Plan.parse(text, world_size=NPROC, defaults=dict(COMMON))
@@ -175,15 +184,13 @@ def run(args: argparse.Namespace) -> None:
         runs[i] = [(busy, saved[name]["wall_s"], steps) for busy, steps in zip(saved[name]["repeats_s"],
                                                                               saved[name]["steps_sched_s"])]
         loads[i] = saved[name]["loads"]
-    for rnd, i in round_robin(len(plans), args.repeats) if not saved else []:
-        if i == (0 if rnd % 2 == 0 else len(plans) - 1):  # a round starts: its calibrations first
-            calibrations += [calibrate(folder, len(calibrations), args) for _ in range(at.count(rnd))]
+    for launch, (rnd, i) in enumerate(round_robin(len(plans), args.repeats) if not saved else []):
+        calibrations += [calibrate(folder, len(calibrations), args) for _ in range(at.count(launch))]
         runs[i].append(measure(*plans[i], NPROC, args.steps, args.bind_cores))
         loads[i].append(load())
         print(f"  round {rnd + 1}/{args.repeats} {names[i]:44s} {runs[i][-1][0] * 1e3:8.1f} ms ({loads[i][-1]})",
               flush=True)
     if not hardware:
-        calibrations += [calibrate(folder, len(calibrations), args) for _ in range(at.count(args.repeats))]
         hardware = calibrations[0]
         if len(calibrations) > 1:  # the median of each term (partita calibrate --pool)
             for k, path in enumerate(calibrations):
@@ -223,15 +230,18 @@ def run(args: argparse.Namespace) -> None:
                        "neighbour": args.neighbour, "rows": out}, f, indent=1)
 
 
-def calibration_slots(k: int, repeats: int) -> list[int]:
-    """The round boundary each of ``k`` calibrations runs at (0 before the first round of plans,
-    ``repeats`` after the last), spread evenly: 1 -> [0]; 2 -> [0, repeats]; 3 with 2 repeats ->
-    [0, 1, 2]. Why: the plans' measured steps follow the machine's load over the run, so the
-    calibrations are drawn across the same minutes (a calibration before the plans only is one
-    moment's draw, docs/accuracy.md runs 17-25)."""
-    if k <= 1:
-        return [0]
-    return [round(j * repeats / (k - 1)) for j in range(k)]
+def calibration_points(k: int, launches: int) -> list[int]:
+    """The launch (0-based, in :func:`round_robin`'s order) each of ``k`` calibrations runs
+    before: the middle of each of ``k`` equal shares of the run's ``launches`` - with one per
+    round, the middle of every round (12 plans, 5 rounds: 6, 18, 30, 42, 54).
+
+    Why the middle of a share and not the round boundaries: the machine's speed moves in
+    stretches of minutes (a third of run 41 ran 1.4-1.5x slow, docs/accuracy.md); a plan's
+    measured step is the median of its rounds, so a slow round weighs one in ``repeats`` on the
+    measured side. Calibrations at the ``repeats + 1`` boundaries put two of them at the edges of
+    a slow last round (both then slow: two in four), one per share puts one calibration in each
+    stretch the plans' medians are drawn over - a stratified sample of the same minutes."""
+    return [(2 * j + 1) * launches // (2 * k) for j in range(k)]
 
 
 def calibrate(folder: str, k: int, args: argparse.Namespace) -> str:
@@ -240,7 +250,7 @@ def calibrate(folder: str, k: int, args: argparse.Namespace) -> str:
     print(f"calibrating {k + 1}/{args.calibrations} ({load()})", flush=True)
     bind = ["--bind-cores", args.bind_cores] if args.bind_cores else []
     cmd = [sys.executable, "-m", "partita", "calibrate", "--nproc", str(NPROC), "-o", path,
-           "--model", args.calibrate_model, "--timeout-s", "900", *bind]
+           "--model", args.calibrate_model, "--repeats", str(args.calibrate_repeats), "--timeout-s", "900", *bind]
     if subprocess.run(cmd, timeout=960).returncode:  # a crashed launch (a torch/gloo segfault seen once in
         # ~100 calibrations) costs one calibration, not the run: said, and run again once
         print(f"calibration {k + 1} failed (its one-line error above): running it again", flush=True)

@@ -59,15 +59,20 @@ def test_calibrates_on_the_plans_own_dense_model():
     assert dense == {pvm.DENSE_MODEL}
 
 
-def test_calibration_slots_spread_over_the_run():
-    assert pvm.calibration_slots(1, 2) == [0]  # one calibration: before the plans
-    assert pvm.calibration_slots(2, 2) == [0, 2]  # before and after
-    assert pvm.calibration_slots(3, 2) == [0, 1, 2]  # before, between the rounds, after
+def test_calibration_points_sit_in_the_middle_of_each_share_of_the_launches():
+    assert pvm.calibration_points(5, 60) == [6, 18, 30, 42, 54]  # 12 plans x 5 rounds: mid-round each
+    assert pvm.calibration_points(1, 24) == [12]  # one calibration: the middle of the run
+    assert pvm.calibration_points(3, 2) == [0, 1, 1]  # more calibrations than launches: all still run
+    for k, launches in ((4, 36), (3, 36), (7, 60)):
+        points = pvm.calibration_points(k, launches)
+        assert points == sorted(points) and all(0 <= x < launches for x in points)
+        # each point is within one launch of the centre of its share
+        assert all(abs(x - (j + 0.5) * launches / k) <= 1 for j, x in enumerate(points))
 
 
-def test_the_loop_calibrates_between_rounds_and_predicts_with_the_pool(tmp_path, monkeypatch, capsys):
-    """Three calibrations with 2 repeats: one before the plans, one between the rounds, one after;
-    the predictions use their median (partita calibrate --pool, run for real on the files)."""
+def test_the_loop_calibrates_mid_round_and_predicts_with_the_pool(tmp_path, monkeypatch, capsys):
+    """Three calibrations with 3 repeats: one in the middle of every round; the predictions use
+    their median (partita calibrate --pool, run for real on the files)."""
     import json
     events: list[str] = []
     tp_us = [10_000.0, 40_000.0, 20_000.0]
@@ -87,10 +92,11 @@ def test_the_loop_calibrates_between_rounds_and_predicts_with_the_pool(tmp_path,
         return 1.0, 1.0, []
     monkeypatch.setattr(pvm, "calibrate", fake_calibrate)
     monkeypatch.setattr(pvm, "measure", fake_measure)
-    args = pvm.argparse.Namespace(only="1,2", hardware=None, calibrations=3, repeats=2, steps=3, bind_cores=None,
-                                  calibrate_model="small-llama", neighbour=0, out=str(tmp_path / "rows.json"))
+    args = pvm.argparse.Namespace(only="1,2", hardware=None, calibrations=3, repeats=3, steps=3, bind_cores=None,
+                                  calibrate_model="small-llama", calibrate_repeats=3, neighbour=0,
+                                  out=str(tmp_path / "rows.json"))
     pvm.run(args)
-    assert events == ["cal0", "dp=2", "tp=2", "cal1", "tp=2", "dp=2", "cal2"]
+    assert events == ["dp=2", "cal0", "tp=2", "tp=2", "cal1", "dp=2", "dp=2", "cal2", "tp=2"]
     rows = json.loads((tmp_path / "rows.json").read_text())
     by_hand = tmp_path / "median.json"  # the median calibration (tp 20 ms), estimated directly
     by_hand.write_text((tmp_path / "c2.json").read_text())
