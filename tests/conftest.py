@@ -1,6 +1,7 @@
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,24 @@ def load_script(path: Path, name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextmanager
+def saved_storages(excluded: set[int]) -> Iterator[dict[int, int]]:
+    """The distinct storages autograd saves for backward inside the block, ``data_ptr -> bytes``
+    (``torch.autograd.graph.saved_tensors_hooks``), those in ``excluded`` (the weights' data
+    pointers) left out: the oracle for an activation-memory term - a tensor saved by several ops
+    (a view, the same input to two linears) counts once, as it occupies memory once."""
+    import torch
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in excluded:
+            storages[st.data_ptr()] = st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield storages
 
 
 def rank0_states(model_name: str, devices: int, **fields) -> dict[str, float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import saved_storages
 from peft import LoraConfig, get_peft_model
 from test_finetune_cost import PEFT_TARGETS, TINY_LLAMA, _hf_model
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -55,16 +56,8 @@ def saved_bytes(targets: str, dropout: float) -> int:
                 module.lora_dropout[key] = _FusedDropout(sub.p)
     model.train()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in weights:
-            storages[st.data_ptr()] = st.nbytes()
-        return t
-
     embeds = torch.randn(1, SEQ, TINY_LLAMA["hidden_size"], requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(weights) as storages:
         model(inputs_embeds=embeds).logits.sum()
     return sum(storages.values())
 

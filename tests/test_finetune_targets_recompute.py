@@ -24,6 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import saved_storages
 from test_finetune_adapters_fused import CFG, RANK, NemoLoraLinear
 
 from partita.cost.finetune import activation_delta
@@ -128,16 +129,8 @@ def saved_activation_bytes(layer: Layer) -> int:
     layer's input requiring a gradient (a layer above the first)."""
     weights = {p.untyped_storage().data_ptr() for m in layer.lin.values() for p in m.parameters()}
     weights |= {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in weights:
-            storages[st.data_ptr()] = st.nbytes()
-        return t
-
     x = torch.randn(1, SEQ, CFG["hidden_size"], requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(weights) as storages:
         layer(x)
     return sum(storages.values())
 

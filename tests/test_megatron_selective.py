@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import saved_storages
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
@@ -81,14 +82,7 @@ def _saved_bytes(b: int, s: int, wrap: bool) -> int:
     w = _layer_weights(torch.bfloat16)
     params = {t.untyped_storage().data_ptr() for t in w.values()}
     x = torch.randn(b, s, MODEL.hidden, dtype=torch.bfloat16, requires_grad=True)
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            storages[st.data_ptr()] = st.nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(params) as storages:
         out = _layer(x, w, wrap)
     out.sum().backward()  # the wrapped layer's backward runs (reentrant recompute) and agrees with it
     return sum(storages.values())
