@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 
+from partita.cli.types import positive_int
 from partita.estimate import estimate
 from partita.plan import Plan
 from partita.spec.hardware import make_cluster
@@ -127,21 +128,22 @@ def neighbours(n: int) -> list[subprocess.Popen]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--repeats", type=positive_int(100), default=5,
                    help="runs of every plan, round-robin (default 5: a plan's step moves by a median 25 %% between "
                         "launches on a 2-core VM and a third of a run can be 1.4x slow, docs/accuracy.md; the median "
                         "of five drops two outliers, of three one)")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=positive_int(1000, minimum=3), default=6,
+                   help="training steps per launch (default 6; at least 3: the first two are warm-up, not timed)")
     p.add_argument("--hardware", help="an existing calibrated file (default: calibrate now)")
     p.add_argument("--calibrate-model", default=DENSE_MODEL,
                    help="partita calibrate --model: the dense model of the framework micro-runs "
                         f"(default {DENSE_MODEL}, the plans' own)")
     p.add_argument("--only", help="comma-separated plan numbers (1-12) to run, e.g. 3,4,5 (default: all)")
-    p.add_argument("--neighbour", type=int, default=0, help="CPU-bound processes to run beside the whole run")
-    p.add_argument("--calibrations", type=int,
+    p.add_argument("--neighbour", type=positive_int(64, minimum=0), default=0, help="CPU-bound processes to run beside the whole run")
+    p.add_argument("--calibrations", type=positive_int(100),
                    help="calibrate this many times, each in the middle of its share of the run's launches, and "
                         "predict with the pool of their samples (partita calibrate --pool); default: one per round")
-    p.add_argument("--calibrate-repeats", type=int, default=3,
+    p.add_argument("--calibrate-repeats", type=positive_int(100), default=3,
                    help="partita calibrate --repeats of each calibration (default 3)")
     p.add_argument("--bind-cores", choices=("on", "auto", "off"),
                    help="partita train/calibrate --bind-cores for every launch (default: the commands' own default)")
@@ -149,7 +151,8 @@ def main() -> None:
                                   "(with --hardware: e.g. a pooled file, to see what it gives on the same steps)")
     p.add_argument("--out", help="write every plan's row as JSON here")
     args = p.parse_args()
-    args.calibrations = args.calibrations or args.repeats
+    if args.calibrations is None:
+        args.calibrations = args.repeats
     if args.rows and not args.hardware:
         p.error("--rows predicts earlier measured steps: give the hardware file to predict them with (--hardware)")
     spinners = neighbours(args.neighbour)

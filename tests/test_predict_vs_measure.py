@@ -120,3 +120,14 @@ def test_rows_re_predicts_an_earlier_runs_steps_without_training(tmp_path, monke
     out = json.loads((tmp_path / "out.json").read_text())
     assert [r["measured_s"] for r in out["rows"]] == [0.3, 0.3]  # the median of the saved repeats
     assert [r["plan"] for r in out["rows"]] == names and out["calibrations"] == []
+
+
+def test_counts_out_of_range_end_in_one_usage_line():
+    """``--repeats 0`` ran no launch and no calibration and died on an IndexError; ``--steps 2`` left no
+    timed step. Each is now argparse's one-line error before anything runs (partita.cli.types.positive_int)."""
+    import subprocess
+    import sys
+    for flag, value in (("--repeats", "0"), ("--steps", "2"), ("--calibrations", "-1"), ("--calibrate-repeats", "x")):
+        proc = subprocess.run([sys.executable, str(BENCH), flag, value], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (flag, proc.stderr)
+        assert proc.stderr.strip().splitlines()[-1].startswith(f"predict_vs_measure.py: error: argument {flag}:")
